@@ -1,0 +1,4 @@
+//! placeholder (being written)
+pub mod config;
+pub mod validate;
+pub mod world;

@@ -1,0 +1,1636 @@
+//! The simulated Manager's world as a pure state machine: commands and timer
+//! ticks in, events out. No I/O, no clock, no async — the server layer owns
+//! those — so every rule here is unit- and property-testable.
+//!
+//! Rules of the model:
+//! - Every change emits one or more [`Event`]s with consecutive revisions; the
+//!   world keeps a bounded log of them so watchers can resume.
+//! - A job instance holds its job's capacity and cores on its node while it
+//!   is STARTING, RUNNING or STOPPING; STOPPED and FAILED release them.
+//! - Delayed transitions (node provisioning, instance start and stop) are
+//!   timers; [`World::advance`] fires those that are due.
+//! - Migrations ask the job things (get-state, initial-state, cutover); those
+//!   asks leave the world as [`JobAsk`]s and the answers come back through
+//!   [`World::migration_reply`], so the answering side can be an in-process
+//!   default ([`default_reply`]) or, later, a real job socket.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
+
+use manager_proto::{
+    Bundle, BundleDeleted, BundleJob, BundleUpdated, ConfigUpdated, CreateNodeRequest, Event,
+    FailedParticipant, InventoryUpdated, Job, JobInstance, JobRejected, JobRemoved, JobRequirements,
+    JobRole, JobState, JobStopping, JobUpdated, Migration, MigrationParty, MigrationPhase,
+    MigrationPhaseChanged, Node, NodeInventory, NodeStarted, NodeStarting, NodeState, NodeStopped,
+    NodeTerminated, Pool, ProviderKind, RejectionReason, StopReason, event,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{PoolConfig, TimingConfig};
+use crate::validate;
+
+/// Why a command was refused. Maps one-to-one onto gRPC status codes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// Malformed input (`INVALID_ARGUMENT`).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The named object does not exist (`NOT_FOUND`).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The request conflicts with the current state (`FAILED_PRECONDITION`).
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    /// The id is taken (`ALREADY_EXISTS`).
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+}
+
+/// The outcome of a start that reached the worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StartOutcome {
+    /// The instance is STARTING.
+    Accepted,
+    /// The worker refused.
+    Rejected {
+        /// Typed reason.
+        reason: RejectionReason,
+        /// Detail for people.
+        message: String,
+    },
+}
+
+/// Something the world asks a job during a migration (the worker → job
+/// frames of the job socket).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobAsk {
+    /// `get-state` to the source instance.
+    GetState {
+        /// Migration id.
+        migration_id: String,
+        /// Job id.
+        job_id: String,
+        /// Source node.
+        node_id: String,
+    },
+    /// `initial-state` to the freshly started target instance.
+    InitialState {
+        /// Migration id.
+        migration_id: String,
+        /// Job id.
+        job_id: String,
+        /// Target node.
+        node_id: String,
+        /// The state (UTF-8 JSON).
+        payload: Vec<u8>,
+    },
+    /// `cutover-ready` to the source instance.
+    CutoverReady {
+        /// Migration id.
+        migration_id: String,
+        /// Job id.
+        job_id: String,
+        /// Source node.
+        node_id: String,
+        /// Controller payload (UTF-8 JSON).
+        payload: Vec<u8>,
+    },
+    /// `cutover-apply` to the target instance.
+    CutoverApply {
+        /// Migration id.
+        migration_id: String,
+        /// Job id.
+        job_id: String,
+        /// Target node.
+        node_id: String,
+        /// The source's source-stopped-output payload (UTF-8 JSON).
+        payload: Vec<u8>,
+    },
+}
+
+impl JobAsk {
+    /// The migration the ask belongs to.
+    pub fn migration_id(&self) -> &str {
+        match self {
+            JobAsk::GetState { migration_id, .. }
+            | JobAsk::InitialState { migration_id, .. }
+            | JobAsk::CutoverReady { migration_id, .. }
+            | JobAsk::CutoverApply { migration_id, .. } => migration_id,
+        }
+    }
+}
+
+/// A job's answer to a [`JobAsk`] (the job → worker frames).
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobReply {
+    /// `state` (answer to GetState).
+    State(Vec<u8>),
+    /// `state-refused` (answer to GetState).
+    StateRefused(String),
+    /// `target-ready` (answer to InitialState).
+    TargetReady(Vec<u8>),
+    /// `source-stopped-output` (answer to CutoverReady).
+    SourceStoppedOutput(Vec<u8>),
+    /// `target-applied` (answer to CutoverApply).
+    TargetApplied {
+        /// Participants applied.
+        applied: Vec<String>,
+        /// Participants that failed.
+        failed: Vec<FailedParticipant>,
+        /// Measured skew.
+        skew_ms: f64,
+    },
+    /// `abort` from either side.
+    Abort(String),
+}
+
+/// What a cooperative job with nothing special to hand over answers: an
+/// empty (`null`) state, ready at once, applied with no participants.
+pub fn default_reply(ask: &JobAsk) -> JobReply {
+    match ask {
+        JobAsk::GetState { .. } => JobReply::State(b"null".to_vec()),
+        JobAsk::InitialState { .. } => JobReply::TargetReady(b"null".to_vec()),
+        JobAsk::CutoverReady { .. } => JobReply::SourceStoppedOutput(b"null".to_vec()),
+        JobAsk::CutoverApply { .. } => JobReply::TargetApplied {
+            applied: Vec::new(),
+            failed: Vec::new(),
+            skew_ms: 0.0,
+        },
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+enum Timer {
+    NodeUp(String),
+    InstanceRunning(String, i32),
+    InstanceStopped(String, i32),
+}
+
+#[derive(Debug, Clone)]
+struct PoolRuntime {
+    config: PoolConfig,
+    provision_delay_ms: u64,
+    next_zone: usize,
+}
+
+/// The part of the world that survives a restart (`--state-dir`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistedWorld {
+    /// World identity.
+    pub epoch: String,
+    /// Last revision.
+    pub revision: u64,
+    /// Next elastic node sequence number.
+    pub next_node_seq: u64,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Jobs.
+    pub jobs: Vec<Job>,
+    /// Bundles.
+    pub bundles: Vec<Bundle>,
+    /// Migrations.
+    pub migrations: Vec<Migration>,
+    /// The retained event log.
+    pub log: Vec<Event>,
+    /// Provisioning delay per pool (changed by slow-provision).
+    pub pool_delays: BTreeMap<String, u64>,
+}
+
+/// A consistent copy of the world's objects at one revision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorldSnapshot {
+    /// World identity.
+    pub epoch: String,
+    /// The revision the copy is consistent at.
+    pub revision: u64,
+    /// Nodes by id.
+    pub nodes: Vec<Node>,
+    /// Jobs by id.
+    pub jobs: Vec<Job>,
+    /// Bundles by id.
+    pub bundles: Vec<Bundle>,
+    /// Migrations by id.
+    pub migrations: Vec<Migration>,
+}
+
+/// Answer of [`World::events_after`].
+#[derive(Debug, PartialEq)]
+pub enum Resume {
+    /// The events after the revision (possibly none: up to date).
+    Events(Vec<Event>),
+    /// The revision is older than the log; a snapshot is needed.
+    TooOld,
+    /// The revision is in the future of this world; it restarted without state.
+    Unknown,
+}
+
+/// The simulated Manager.
+#[derive(Debug)]
+pub struct World {
+    epoch: String,
+    revision: u64,
+    timing: TimingConfig,
+    pools: BTreeMap<String, PoolRuntime>,
+    nodes: BTreeMap<String, Node>,
+    jobs: BTreeMap<String, Job>,
+    bundles: BTreeMap<String, Bundle>,
+    migrations: BTreeMap<String, Migration>,
+    /// node id → (job id, role) of the instances holding resources there.
+    holding: BTreeMap<String, BTreeSet<(String, i32)>>,
+    timers: BinaryHeap<Reverse<(i64, u64, Timer)>>,
+    timer_seq: u64,
+    log: VecDeque<Event>,
+    log_capacity: usize,
+    outbox: Vec<Event>,
+    asks: Vec<JobAsk>,
+    next_node_seq: u64,
+    reject_next: u32,
+    partitioned: BTreeSet<String>,
+}
+
+fn role_of(role: i32) -> i32 {
+    if role == JobRole::MigrationTarget as i32 {
+        JobRole::MigrationTarget as i32
+    } else {
+        JobRole::Normal as i32
+    }
+}
+
+fn holds(state: i32) -> bool {
+    state == JobState::Starting as i32
+        || state == JobState::Running as i32
+        || state == JobState::Stopping as i32
+}
+
+fn is_final(phase: i32) -> bool {
+    phase == MigrationPhase::Completed as i32 || phase == MigrationPhase::Aborted as i32
+}
+
+/// The deterministic id of a bundle's runtime job.
+pub fn job_id(bundle_id: &str, replica: u32, job_name: &str) -> String {
+    format!("{bundle_id}/{replica}/{job_name}")
+}
+
+impl World {
+    /// A new world: fixed pools' declared nodes are STARTED at `now_ms`.
+    pub fn new(
+        pools: &[PoolConfig],
+        timing: TimingConfig,
+        event_log_capacity: usize,
+        epoch: String,
+        now_ms: i64,
+    ) -> World {
+        let mut world = World::empty(pools, timing, event_log_capacity, epoch);
+        world.add_declared_nodes(now_ms);
+        world
+    }
+
+    fn empty(
+        pools: &[PoolConfig],
+        timing: TimingConfig,
+        event_log_capacity: usize,
+        epoch: String,
+    ) -> World {
+        let pools = pools
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone(),
+                    PoolRuntime {
+                        provision_delay_ms: p.provision_delay_ms.unwrap_or(timing.provision_delay_ms),
+                        config: p.clone(),
+                        next_zone: 0,
+                    },
+                )
+            })
+            .collect();
+        World {
+            epoch,
+            revision: 0,
+            timing,
+            pools,
+            nodes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            bundles: BTreeMap::new(),
+            migrations: BTreeMap::new(),
+            holding: BTreeMap::new(),
+            timers: BinaryHeap::new(),
+            timer_seq: 0,
+            log: VecDeque::new(),
+            log_capacity: event_log_capacity.max(1),
+            outbox: Vec::new(),
+            asks: Vec::new(),
+            next_node_seq: 1,
+            reject_next: 0,
+            partitioned: BTreeSet::new(),
+        }
+    }
+
+    fn add_declared_nodes(&mut self, now_ms: i64) {
+        let declared: Vec<(PoolConfig, crate::config::DeclaredNode)> = self
+            .pools
+            .values()
+            .filter(|p| p.config.scale_out == crate::config::ScaleOutConfig::Fixed)
+            .flat_map(|p| p.config.nodes.iter().map(|n| (p.config.clone(), n.clone())))
+            .collect();
+        for (pool, decl) in declared {
+            if self.nodes.contains_key(&decl.id) {
+                continue;
+            }
+            let mut capabilities = decl.capabilities.clone();
+            if pool.job_socket {
+                capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
+            }
+            capabilities.sort();
+            capabilities.dedup();
+            let node = Node {
+                node_id: decl.id.clone(),
+                pool: pool.name.clone(),
+                provider: pool.kind.to_proto() as i32,
+                region: pool.region.clone(),
+                zone: decl.zone.clone(),
+                instance_type: String::new(),
+                tags: Default::default(),
+                state: NodeState::Started as i32,
+                inventory: Some(NodeInventory {
+                    node_id: decl.id.clone(),
+                    zone: decl.zone.clone(),
+                    capacity: decl.capacity,
+                    cores: decl.cores,
+                    capabilities,
+                }),
+                created_at_ms: now_ms,
+                state_changed_at_ms: now_ms,
+            };
+            self.nodes.insert(node.node_id.clone(), node.clone());
+            let inventory = node.inventory.clone();
+            self.emit(now_ms, event::Kind::NodeStarted(NodeStarted { node: Some(node) }));
+            self.emit(now_ms, event::Kind::Inventory(InventoryUpdated { inventory }));
+        }
+    }
+
+    /// Restores a persisted world. Pending transitions are rescheduled from
+    /// the objects' states; migrations waiting on a job are aborted, since
+    /// the conversation with the job did not survive the restart.
+    pub fn restore(
+        pools: &[PoolConfig],
+        timing: TimingConfig,
+        event_log_capacity: usize,
+        saved: PersistedWorld,
+        now_ms: i64,
+    ) -> World {
+        let mut world = World::empty(pools, timing, event_log_capacity, saved.epoch);
+        world.revision = saved.revision;
+        world.next_node_seq = saved.next_node_seq;
+        world.nodes = saved.nodes.into_iter().map(|n| (n.node_id.clone(), n)).collect();
+        world.jobs = saved.jobs.into_iter().map(|j| (j.job_id.clone(), j)).collect();
+        world.bundles = saved.bundles.into_iter().map(|b| (b.bundle_id.clone(), b)).collect();
+        world.migrations = saved
+            .migrations
+            .into_iter()
+            .map(|m| (m.migration_id.clone(), m))
+            .collect();
+        world.log = saved.log.into_iter().collect();
+        while world.log.len() > world.log_capacity {
+            world.log.pop_front();
+        }
+        for (pool, delay) in saved.pool_delays {
+            if let Some(p) = world.pools.get_mut(&pool) {
+                p.provision_delay_ms = delay;
+            }
+        }
+        let starting: Vec<(String, String)> = world
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::Starting as i32)
+            .map(|n| (n.node_id.clone(), n.pool.clone()))
+            .collect();
+        for (node_id, pool) in starting {
+            let delay = world.pools.get(&pool).map_or(0, |p| p.provision_delay_ms);
+            world.schedule(now_ms, delay, Timer::NodeUp(node_id));
+        }
+        let mut timers = Vec::new();
+        for job in world.jobs.values() {
+            for inst in &job.instances {
+                if holds(inst.state) {
+                    world
+                        .holding
+                        .entry(inst.node_id.clone())
+                        .or_default()
+                        .insert((job.job_id.clone(), inst.role));
+                }
+                if inst.state == JobState::Starting as i32 {
+                    timers.push((
+                        world.timing.job_start_delay_ms,
+                        Timer::InstanceRunning(job.job_id.clone(), inst.role),
+                    ));
+                } else if inst.state == JobState::Stopping as i32 {
+                    timers.push((
+                        world.timing.job_stop_delay_ms,
+                        Timer::InstanceStopped(job.job_id.clone(), inst.role),
+                    ));
+                }
+            }
+        }
+        for (delay, t) in timers {
+            world.schedule(now_ms, delay, t);
+        }
+        let waiting: Vec<String> = world
+            .migrations
+            .values()
+            .filter(|m| !is_final(m.phase))
+            .map(|m| m.migration_id.clone())
+            .collect();
+        for id in waiting {
+            world.abort_migration(&id, MigrationParty::Manager, "manager restarted", now_ms);
+        }
+        world.add_declared_nodes(now_ms);
+        world
+    }
+
+    /// What survives a restart.
+    pub fn persisted(&self) -> PersistedWorld {
+        PersistedWorld {
+            epoch: self.epoch.clone(),
+            revision: self.revision,
+            next_node_seq: self.next_node_seq,
+            nodes: self.nodes.values().cloned().collect(),
+            jobs: self.jobs.values().cloned().collect(),
+            bundles: self.bundles.values().cloned().collect(),
+            migrations: self.migrations.values().cloned().collect(),
+            log: self.log.iter().cloned().collect(),
+            pool_delays: self
+                .pools
+                .iter()
+                .map(|(k, p)| (k.clone(), p.provision_delay_ms))
+                .collect(),
+        }
+    }
+
+    // ───────────────────────────── reads ─────────────────────────────
+
+    /// World identity; changes only when the state is lost.
+    pub fn epoch(&self) -> &str {
+        &self.epoch
+    }
+
+    /// The revision of the last event.
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: &str) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    /// A job by id.
+    pub fn job(&self, id: &str) -> Option<&Job> {
+        self.jobs.get(id)
+    }
+
+    /// A migration by id.
+    pub fn migration(&self, id: &str) -> Option<&Migration> {
+        self.migrations.get(id)
+    }
+
+    /// All nodes, sorted by id, optionally of one pool.
+    pub fn nodes(&self, pool: Option<&str>) -> Vec<Node> {
+        self.nodes
+            .values()
+            .filter(|n| pool.is_none_or(|p| n.pool == p))
+            .cloned()
+            .collect()
+    }
+
+    /// The pools, sorted by name.
+    pub fn pools(&self) -> Vec<Pool> {
+        self.pools
+            .values()
+            .map(|p| p.config.to_proto(p.provision_delay_ms))
+            .collect()
+    }
+
+    /// Capacity and cores in use on a node.
+    pub fn usage(&self, node_id: &str) -> (f64, i32) {
+        let mut capacity = 0.0;
+        let mut cores = 0i32;
+        if let Some(set) = self.holding.get(node_id) {
+            for (job_id, _) in set {
+                if let Some(req) = self.jobs.get(job_id).and_then(|j| j.requirements.as_ref()) {
+                    capacity += req.required_capacity;
+                    cores = cores.saturating_add(req.required_cores);
+                }
+            }
+        }
+        (capacity, cores)
+    }
+
+    /// A consistent copy of every object.
+    pub fn snapshot(&self) -> WorldSnapshot {
+        WorldSnapshot {
+            epoch: self.epoch.clone(),
+            revision: self.revision,
+            nodes: self.nodes.values().cloned().collect(),
+            jobs: self.jobs.values().cloned().collect(),
+            bundles: self.bundles.values().cloned().collect(),
+            migrations: self.migrations.values().cloned().collect(),
+        }
+    }
+
+    /// Up to `max` events after `revision`.
+    pub fn events_after(&self, revision: u64, max: usize) -> Resume {
+        if revision > self.revision {
+            return Resume::Unknown;
+        }
+        if revision == self.revision {
+            return Resume::Events(Vec::new());
+        }
+        let Some(first) = self.log.front().map(|e| e.revision) else {
+            return Resume::TooOld;
+        };
+        if revision + 1 < first {
+            return Resume::TooOld;
+        }
+        let skip = usize::try_from(revision + 1 - first).unwrap_or(usize::MAX);
+        Resume::Events(self.log.iter().skip(skip).take(max).cloned().collect())
+    }
+
+    /// The earliest pending timer, if any.
+    pub fn next_due_ms(&self) -> Option<i64> {
+        self.timers.peek().map(|Reverse((due, _, _))| *due)
+    }
+
+    /// Events emitted since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Questions for jobs emitted since the last call.
+    pub fn take_asks(&mut self) -> Vec<JobAsk> {
+        std::mem::take(&mut self.asks)
+    }
+
+    // ───────────────────────────── plumbing ─────────────────────────────
+
+    fn emit(&mut self, now_ms: i64, kind: event::Kind) {
+        self.revision += 1;
+        let ev = Event {
+            revision: self.revision,
+            at_ms: now_ms,
+            kind: Some(kind),
+        };
+        if self.log.len() >= self.log_capacity {
+            self.log.pop_front();
+        }
+        self.log.push_back(ev.clone());
+        self.outbox.push(ev);
+    }
+
+    fn schedule(&mut self, now_ms: i64, delay_ms: u64, timer: Timer) {
+        self.timer_seq += 1;
+        let due = now_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+        self.timers.push(Reverse((due, self.timer_seq, timer)));
+    }
+
+    fn emit_job(&mut self, job_id: &str, now_ms: i64) {
+        if let Some(job) = self.jobs.get_mut(job_id) {
+            job.updated_at_ms = now_ms;
+            let job = job.clone();
+            self.emit(now_ms, event::Kind::JobUpdated(JobUpdated { job: Some(job) }));
+        }
+    }
+
+    fn emit_migration(&mut self, id: &str, now_ms: i64) {
+        if let Some(m) = self.migrations.get_mut(id) {
+            m.updated_at_ms = now_ms;
+            let m = m.clone();
+            self.emit(
+                now_ms,
+                event::Kind::MigrationPhase(MigrationPhaseChanged { migration: Some(m) }),
+            );
+        }
+    }
+
+    /// Sets an instance's state, keeps the holding index and the job's
+    /// summary fields true. Returns false when there is no such instance.
+    fn set_instance_state(
+        &mut self,
+        job_id: &str,
+        role: i32,
+        state: JobState,
+        reason: Option<StopReason>,
+        message: &str,
+    ) -> bool {
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return false;
+        };
+        let Some(inst) = job.instances.iter_mut().find(|i| i.role == role) else {
+            return false;
+        };
+        inst.state = state as i32;
+        if let Some(r) = reason {
+            inst.stop_reason = r as i32;
+        }
+        if !message.is_empty() {
+            inst.message = message.to_owned();
+        }
+        let node_id = inst.node_id.clone();
+        if !holds(state as i32)
+            && let Some(set) = self.holding.get_mut(&node_id)
+        {
+            set.remove(&(job_id.to_owned(), role));
+        }
+        Self::refresh_summary(job);
+        true
+    }
+
+    fn refresh_summary(job: &mut Job) {
+        match job.instances.iter().find(|i| i.role == JobRole::Normal as i32) {
+            Some(inst) => {
+                job.state = inst.state;
+                job.node_id = inst.node_id.clone();
+            }
+            None => {
+                job.state = JobState::Pending as i32;
+                job.node_id.clear();
+            }
+        }
+    }
+
+    fn instance(&self, job_id: &str, role: i32) -> Option<&JobInstance> {
+        self.jobs
+            .get(job_id)
+            .and_then(|j| j.instances.iter().find(|i| i.role == role))
+    }
+
+    /// Stops a holding instance: JobStopping, then STOPPING (to be STOPPED by
+    /// a timer) or straight to `end` when given.
+    fn stop_instance(
+        &mut self,
+        job_id: &str,
+        role: i32,
+        reason: StopReason,
+        end: Option<JobState>,
+        now_ms: i64,
+    ) {
+        let Some(inst) = self.instance(job_id, role) else {
+            return;
+        };
+        if !holds(inst.state) {
+            return;
+        }
+        let node_id = inst.node_id.clone();
+        let already_stopping = inst.state == JobState::Stopping as i32;
+        if !already_stopping || end.is_some() {
+            self.emit(
+                now_ms,
+                event::Kind::JobStopping(JobStopping {
+                    job_id: job_id.to_owned(),
+                    node_id,
+                    role,
+                    reason: reason as i32,
+                }),
+            );
+        }
+        match end {
+            Some(state) => {
+                self.set_instance_state(job_id, role, state, Some(reason), "");
+            }
+            None => {
+                self.set_instance_state(job_id, role, JobState::Stopping, Some(reason), "");
+                self.schedule(
+                    now_ms,
+                    self.timing.job_stop_delay_ms,
+                    Timer::InstanceStopped(job_id.to_owned(), role),
+                );
+            }
+        }
+        self.emit_job(job_id, now_ms);
+        self.abort_migrations_touching(job_id, role, now_ms);
+    }
+
+    /// A participant of an ongoing migration went away: abort it.
+    fn abort_migrations_touching(&mut self, job_id: &str, role: i32, now_ms: i64) {
+        let target_of = self
+            .instance(job_id, role)
+            .filter(|_| role == JobRole::MigrationTarget as i32)
+            .map(|i| i.migration_id.clone());
+        let ids: Vec<String> = self
+            .migrations
+            .values()
+            .filter(|m| m.job_id == job_id && !is_final(m.phase))
+            .filter(|m| target_of.as_ref().is_none_or(|t| *t == m.migration_id))
+            .map(|m| m.migration_id.clone())
+            .collect();
+        let why = if target_of.is_some() {
+            "the target instance stopped"
+        } else {
+            "the source instance stopped"
+        };
+        for id in ids {
+            self.abort_migration(&id, MigrationParty::Manager, why, now_ms);
+        }
+    }
+
+    fn abort_migration(&mut self, id: &str, by: MigrationParty, reason: &str, now_ms: i64) {
+        let Some(m) = self.migrations.get_mut(id) else {
+            return;
+        };
+        if is_final(m.phase) {
+            return;
+        }
+        m.phase = MigrationPhase::Aborted as i32;
+        m.aborted_by = by as i32;
+        m.abort_reason = reason.to_owned();
+        let job_id = m.job_id.clone();
+        let mid = m.migration_id.clone();
+        self.emit_migration(id, now_ms);
+        // A target started for this migration is stopped.
+        let target_role = JobRole::MigrationTarget as i32;
+        if self
+            .instance(&job_id, target_role)
+            .is_some_and(|i| i.migration_id == mid && holds(i.state))
+        {
+            self.stop_instance(&job_id, target_role, StopReason::MigrationAborted, None, now_ms);
+        }
+    }
+
+    // ───────────────────────────── timers ─────────────────────────────
+
+    /// Fires every timer due at or before `now_ms`.
+    pub fn advance(&mut self, now_ms: i64) {
+        while let Some(Reverse((due, _, _))) = self.timers.peek() {
+            if *due > now_ms {
+                break;
+            }
+            let Some(Reverse((_, _, timer))) = self.timers.pop() else {
+                break;
+            };
+            match timer {
+                Timer::NodeUp(id) => self.node_up(&id, now_ms),
+                Timer::InstanceRunning(job_id, role) => {
+                    if self
+                        .instance(&job_id, role)
+                        .is_some_and(|i| i.state == JobState::Starting as i32)
+                    {
+                        self.set_instance_state(&job_id, role, JobState::Running, None, "");
+                        self.emit_job(&job_id, now_ms);
+                    }
+                }
+                Timer::InstanceStopped(job_id, role) => {
+                    if self
+                        .instance(&job_id, role)
+                        .is_some_and(|i| i.state == JobState::Stopping as i32)
+                    {
+                        self.set_instance_state(&job_id, role, JobState::Stopped, None, "");
+                        self.emit_job(&job_id, now_ms);
+                    }
+                }
+            }
+        }
+    }
+
+    fn node_up(&mut self, id: &str, now_ms: i64) {
+        let Some(node) = self.nodes.get(id) else {
+            return;
+        };
+        if node.state != NodeState::Starting as i32 {
+            return;
+        }
+        let Some(pool) = self.pools.get(&node.pool) else {
+            return;
+        };
+        let it = pool
+            .config
+            .instance_types
+            .iter()
+            .find(|t| t.instance_type == node.instance_type)
+            .cloned();
+        let job_socket = pool.config.job_socket;
+        let Some(node) = self.nodes.get_mut(id) else {
+            return;
+        };
+        let (capacity, cores, mut capabilities) = it
+            .map(|t| (t.capacity, t.cores, t.capabilities))
+            .unwrap_or_default();
+        if job_socket {
+            capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
+        }
+        capabilities.sort();
+        capabilities.dedup();
+        node.state = NodeState::Started as i32;
+        node.state_changed_at_ms = now_ms;
+        node.inventory = Some(NodeInventory {
+            node_id: id.to_owned(),
+            zone: node.zone.clone(),
+            capacity,
+            cores,
+            capabilities,
+        });
+        let node = node.clone();
+        let inventory = node.inventory.clone();
+        self.emit(now_ms, event::Kind::NodeStarted(NodeStarted { node: Some(node) }));
+        self.emit(now_ms, event::Kind::Inventory(InventoryUpdated { inventory }));
+    }
+
+    // ───────────────────────────── nodes ─────────────────────────────
+
+    /// CreateNode.
+    pub fn create_node(&mut self, req: &CreateNodeRequest, now_ms: i64) -> Result<Node, CommandError> {
+        validate::id("pool", &req.pool)?;
+        validate::tags("tags", &req.tags)?;
+        validate::reason("region", &req.region)?;
+        validate::reason("instance_type", &req.instance_type)?;
+        validate::reason("zone", &req.zone)?;
+        let Some(pool) = self.pools.get_mut(&req.pool) else {
+            return Err(CommandError::InvalidArgument(format!(
+                "unknown pool {:?}",
+                validate::excerpt(&req.pool)
+            )));
+        };
+        let cfg = &pool.config;
+        if cfg.scale_out != crate::config::ScaleOutConfig::Elastic {
+            return Err(CommandError::FailedPrecondition(format!(
+                "pool {:?} is fixed; its nodes are declared hardware",
+                cfg.name
+            )));
+        }
+        let kind = cfg.kind.to_proto();
+        if req.provider != ProviderKind::Unspecified as i32 && req.provider != kind as i32 {
+            return Err(CommandError::InvalidArgument(format!(
+                "provider {} does not match pool {:?} of kind {}",
+                ProviderKind::try_from(req.provider).map_or("unknown", |k| k.as_str_name()),
+                cfg.name,
+                kind.as_str_name()
+            )));
+        }
+        if !req.region.is_empty() && req.region != cfg.region {
+            return Err(CommandError::InvalidArgument(format!(
+                "region {:?} does not match pool {:?} region {:?}",
+                validate::excerpt(&req.region),
+                cfg.name,
+                cfg.region
+            )));
+        }
+        let instance_type = if req.instance_type.is_empty() {
+            cfg.instance_types.first().map(|t| t.instance_type.clone())
+        } else {
+            cfg.instance_types
+                .iter()
+                .find(|t| t.instance_type == req.instance_type)
+                .map(|t| t.instance_type.clone())
+        };
+        let Some(instance_type) = instance_type else {
+            return Err(CommandError::InvalidArgument(format!(
+                "pool {:?} has no instance type {:?} (known: {})",
+                cfg.name,
+                validate::excerpt(&req.instance_type),
+                cfg.instance_types
+                    .iter()
+                    .map(|t| t.instance_type.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        let zone = if req.zone.is_empty() {
+            let n = cfg.zones.len().max(1);
+            let z = cfg.zones.get(pool.next_zone % n).cloned().unwrap_or_default();
+            pool.next_zone = pool.next_zone.wrapping_add(1);
+            z
+        } else if cfg.zones.contains(&req.zone) {
+            req.zone.clone()
+        } else {
+            return Err(CommandError::InvalidArgument(format!(
+                "zone {:?} is not one of pool {:?}'s zones ({})",
+                validate::excerpt(&req.zone),
+                cfg.name,
+                cfg.zones.join(", ")
+            )));
+        };
+        let delay = pool.provision_delay_ms;
+        let node = Node {
+            node_id: String::new(),
+            pool: cfg.name.clone(),
+            provider: kind as i32,
+            region: cfg.region.clone(),
+            zone,
+            instance_type,
+            tags: req.tags.clone(),
+            state: NodeState::Starting as i32,
+            inventory: None,
+            created_at_ms: now_ms,
+            state_changed_at_ms: now_ms,
+        };
+        let mut node = node;
+        loop {
+            let id = format!("{}-{}", node.pool, self.next_node_seq);
+            self.next_node_seq += 1;
+            if !self.nodes.contains_key(&id) {
+                node.node_id = id;
+                break;
+            }
+        }
+        self.nodes.insert(node.node_id.clone(), node.clone());
+        self.emit(now_ms, event::Kind::NodeStarting(NodeStarting { node: Some(node.clone()) }));
+        self.schedule(now_ms, delay, Timer::NodeUp(node.node_id.clone()));
+        Ok(node)
+    }
+
+    fn node_gone(&mut self, node_id: &str, reason: StopReason, end: JobState, now_ms: i64) {
+        let hosted: Vec<(String, i32)> = self
+            .holding
+            .get(node_id)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        for (job_id, role) in hosted {
+            self.stop_instance(&job_id, role, reason, Some(end), now_ms);
+        }
+        // Migrations whose target was meant for this node.
+        let ids: Vec<String> = self
+            .migrations
+            .values()
+            .filter(|m| !is_final(m.phase) && (m.target_node_id == node_id || m.source_node_id == node_id))
+            .map(|m| m.migration_id.clone())
+            .collect();
+        for id in ids {
+            self.abort_migration(&id, MigrationParty::Manager, "a participant's node went away", now_ms);
+        }
+    }
+
+    /// TerminateNode: stops every hosted instance (JobStopping each), then
+    /// the node is TERMINATED.
+    pub fn terminate_node(&mut self, node_id: &str, now_ms: i64) -> Result<Node, CommandError> {
+        self.end_node(node_id, StopReason::NodeTerminated, JobState::Stopped, now_ms)
+    }
+
+    /// Chaos: the node dies; hosted instances FAIL.
+    pub fn kill_node(&mut self, node_id: &str, now_ms: i64) -> Result<Node, CommandError> {
+        self.end_node(node_id, StopReason::NodeLost, JobState::Failed, now_ms)
+    }
+
+    fn end_node(
+        &mut self,
+        node_id: &str,
+        reason: StopReason,
+        end: JobState,
+        now_ms: i64,
+    ) -> Result<Node, CommandError> {
+        validate::id("node_id", node_id)?;
+        let Some(node) = self.nodes.get(node_id) else {
+            return Err(CommandError::NotFound(format!("node {:?}", validate::excerpt(node_id))));
+        };
+        if node.state == NodeState::Terminated as i32 {
+            return Ok(node.clone());
+        }
+        self.node_gone(node_id, reason, end, now_ms);
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Err(CommandError::NotFound(format!("node {node_id:?}")));
+        };
+        node.state = NodeState::Terminated as i32;
+        node.state_changed_at_ms = now_ms;
+        let node = node.clone();
+        self.emit(now_ms, event::Kind::NodeTerminated(NodeTerminated { node: Some(node.clone()) }));
+        Ok(node)
+    }
+
+    // ───────────────────────────── bundles ─────────────────────────────
+
+    fn validate_bundle(bundle: &Bundle) -> Result<(), CommandError> {
+        validate::name("bundle_id", &bundle.bundle_id, validate::MAX_ID_BYTES)?;
+        if bundle.replicas == 0 || bundle.replicas > validate::MAX_REPLICAS {
+            return Err(CommandError::InvalidArgument(format!(
+                "replicas must be 1..={}, got {}",
+                validate::MAX_REPLICAS,
+                bundle.replicas
+            )));
+        }
+        if bundle.jobs.is_empty() || bundle.jobs.len() > validate::MAX_JOBS_PER_BUNDLE {
+            return Err(CommandError::InvalidArgument(format!(
+                "a bundle needs 1..={} jobs, got {}",
+                validate::MAX_JOBS_PER_BUNDLE,
+                bundle.jobs.len()
+            )));
+        }
+        validate::tags("labels", &bundle.labels)?;
+        let mut names = BTreeSet::new();
+        for job in &bundle.jobs {
+            validate::name("job_name", &job.job_name, validate::MAX_JOB_NAME_BYTES)?;
+            if !names.insert(job.job_name.as_str()) {
+                return Err(CommandError::InvalidArgument(format!(
+                    "job name {:?} appears twice",
+                    job.job_name
+                )));
+            }
+            let Some(req) = &job.requirements else {
+                return Err(CommandError::InvalidArgument(format!(
+                    "job {:?} has no requirements",
+                    job.job_name
+                )));
+            };
+            validate_requirements(&job.job_name, req)?;
+            validate::json("config", &job.config)?;
+        }
+        Ok(())
+    }
+
+    /// RegisterBundle (create or update).
+    pub fn register_bundle(&mut self, bundle: &Bundle, now_ms: i64) -> Result<(Bundle, Vec<String>), CommandError> {
+        Self::validate_bundle(bundle)?;
+        let mut stored = bundle.clone();
+        let previous = self.bundles.get(&bundle.bundle_id);
+        stored.generation = previous.map_or(1, |p| p.generation);
+        let ids = |b: &Bundle| -> BTreeMap<String, BundleJob> {
+            (0..b.replicas)
+                .flat_map(|r| b.jobs.iter().map(move |j| (job_id(&b.bundle_id, r, &j.job_name), j.clone())))
+                .collect()
+        };
+        let wanted = ids(&stored);
+        if previous.is_some_and(|p| *p == stored) {
+            return Ok((stored, wanted.into_keys().collect()));
+        }
+        let old: BTreeSet<String> = previous.map(|p| ids(p).into_keys().collect()).unwrap_or_default();
+        if previous.is_some() {
+            stored.generation += 1;
+        }
+        self.bundles.insert(stored.bundle_id.clone(), stored.clone());
+        self.emit(now_ms, event::Kind::BundleUpdated(BundleUpdated { bundle: Some(stored.clone()) }));
+        for gone in old.iter().filter(|id| !wanted.contains_key(*id)) {
+            self.remove_job(gone, now_ms);
+        }
+        for (id, spec) in &wanted {
+            let replica = id
+                .rsplit('/')
+                .nth(1)
+                .and_then(|r| r.parse::<u32>().ok())
+                .unwrap_or_default();
+            match self.jobs.get_mut(id) {
+                Some(job) => {
+                    if job.requirements != spec.requirements {
+                        job.requirements.clone_from(&spec.requirements);
+                        self.emit_job(id, now_ms);
+                    }
+                }
+                None => {
+                    let job = Job {
+                        job_id: id.clone(),
+                        bundle_id: stored.bundle_id.clone(),
+                        replica,
+                        job_name: spec.job_name.clone(),
+                        requirements: spec.requirements.clone(),
+                        state: JobState::Pending as i32,
+                        node_id: String::new(),
+                        instances: Vec::new(),
+                        config: spec.config.clone(),
+                        updated_at_ms: now_ms,
+                    };
+                    self.jobs.insert(id.clone(), job);
+                    self.emit_job(id, now_ms);
+                }
+            }
+        }
+        Ok((stored, wanted.into_keys().collect()))
+    }
+
+    fn remove_job(&mut self, job_id: &str, now_ms: i64) {
+        for role in [JobRole::MigrationTarget as i32, JobRole::Normal as i32] {
+            self.stop_instance(job_id, role, StopReason::BundleRemoved, Some(JobState::Stopped), now_ms);
+        }
+        let ids: Vec<String> = self
+            .migrations
+            .values()
+            .filter(|m| m.job_id == job_id && !is_final(m.phase))
+            .map(|m| m.migration_id.clone())
+            .collect();
+        for id in ids {
+            self.abort_migration(&id, MigrationParty::Manager, "the job was removed", now_ms);
+        }
+        if self.jobs.remove(job_id).is_some() {
+            self.emit(now_ms, event::Kind::JobRemoved(JobRemoved { job_id: job_id.to_owned() }));
+        }
+    }
+
+    /// DeleteBundle.
+    pub fn delete_bundle(&mut self, bundle_id: &str, now_ms: i64) -> Result<Vec<String>, CommandError> {
+        validate::id("bundle_id", bundle_id)?;
+        let Some(bundle) = self.bundles.get(bundle_id) else {
+            return Err(CommandError::NotFound(format!("bundle {:?}", validate::excerpt(bundle_id))));
+        };
+        let ids: Vec<String> = (0..bundle.replicas)
+            .flat_map(|r| bundle.jobs.iter().map(move |j| job_id(bundle_id, r, &j.job_name)))
+            .collect();
+        for id in &ids {
+            self.remove_job(id, now_ms);
+        }
+        self.bundles.remove(bundle_id);
+        self.emit(now_ms, event::Kind::BundleDeleted(BundleDeleted { bundle_id: bundle_id.to_owned() }));
+        Ok(ids)
+    }
+
+    // ───────────────────────────── jobs ─────────────────────────────
+
+    fn worker_check(&mut self, job_id: &str, node_id: &str) -> Option<(RejectionReason, String)> {
+        if self.reject_next > 0 {
+            self.reject_next -= 1;
+            return Some((RejectionReason::InjectedFault, "fault injected by reject-next".to_owned()));
+        }
+        let node = self.nodes.get(node_id)?;
+        if node.state != NodeState::Started as i32 {
+            return Some((
+                RejectionReason::NodeNotReady,
+                format!(
+                    "node {node_id} is {}",
+                    NodeState::try_from(node.state).map_or("unknown", |s| s.as_str_name())
+                ),
+            ));
+        }
+        let inv = node.inventory.clone().unwrap_or_default();
+        let req = self.jobs.get(job_id).and_then(|j| j.requirements.clone()).unwrap_or_default();
+        if let Some(missing) = req
+            .required_capabilities
+            .iter()
+            .find(|c| !inv.capabilities.contains(c))
+        {
+            return Some((
+                RejectionReason::MissingCapability,
+                format!("node {node_id} lacks capability {missing:?}"),
+            ));
+        }
+        let (used_capacity, used_cores) = self.usage(node_id);
+        let free_cores = inv.cores.saturating_sub(used_cores);
+        if req.required_cores > free_cores {
+            return Some((
+                RejectionReason::InsufficientCores,
+                format!("needs {} cores, {} free on {node_id}", req.required_cores, free_cores),
+            ));
+        }
+        let free_capacity = inv.capacity - used_capacity;
+        // A small epsilon so that sums of fractional capacities that fill a
+        // node exactly are not refused for rounding.
+        if req.required_capacity > free_capacity + 1e-9 {
+            return Some((
+                RejectionReason::InsufficientCapacity,
+                format!("needs {} capacity, {} free on {node_id}", req.required_capacity, free_capacity),
+            ));
+        }
+        None
+    }
+
+    fn check_job_and_node(&self, job_id: &str, node_id: &str) -> Result<(), CommandError> {
+        validate::id("job_id", job_id)?;
+        validate::id("node_id", node_id)?;
+        if !self.jobs.contains_key(job_id) {
+            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+        }
+        if !self.nodes.contains_key(node_id) {
+            return Err(CommandError::NotFound(format!("node {:?}", validate::excerpt(node_id))));
+        }
+        Ok(())
+    }
+
+    /// StartJob.
+    pub fn start_job(
+        &mut self,
+        job_id: &str,
+        node_id: &str,
+        role: i32,
+        now_ms: i64,
+    ) -> Result<StartOutcome, CommandError> {
+        self.start_instance(job_id, node_id, role_of(role), "", now_ms)
+    }
+
+    fn start_instance(
+        &mut self,
+        job_id: &str,
+        node_id: &str,
+        role: i32,
+        migration_id: &str,
+        now_ms: i64,
+    ) -> Result<StartOutcome, CommandError> {
+        self.check_job_and_node(job_id, node_id)?;
+        if self.instance(job_id, role).is_some_and(|i| holds(i.state)) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {job_id} already has a live {} instance",
+                JobRole::try_from(role).map_or("unknown", |r| r.as_str_name())
+            )));
+        }
+        if let Some((reason, message)) = self.worker_check(job_id, node_id) {
+            self.emit(
+                now_ms,
+                event::Kind::JobRejected(JobRejected {
+                    job_id: job_id.to_owned(),
+                    node_id: node_id.to_owned(),
+                    role,
+                    reason: reason as i32,
+                    message: message.clone(),
+                }),
+            );
+            return Ok(StartOutcome::Rejected { reason, message });
+        }
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return Err(CommandError::NotFound(format!("job {job_id:?}")));
+        };
+        job.instances.retain(|i| i.role != role);
+        job.instances.push(JobInstance {
+            node_id: node_id.to_owned(),
+            role,
+            state: JobState::Starting as i32,
+            migration_id: migration_id.to_owned(),
+            started_at_ms: now_ms,
+            stop_reason: StopReason::Unspecified as i32,
+            message: String::new(),
+        });
+        job.instances.sort_by_key(|i| i.role);
+        Self::refresh_summary(job);
+        self.holding
+            .entry(node_id.to_owned())
+            .or_default()
+            .insert((job_id.to_owned(), role));
+        self.emit_job(job_id, now_ms);
+        self.schedule(
+            now_ms,
+            self.timing.job_start_delay_ms,
+            Timer::InstanceRunning(job_id.to_owned(), role),
+        );
+        Ok(StartOutcome::Accepted)
+    }
+
+    /// StopJob: idempotent (stopping a stopped instance is a no-op).
+    pub fn stop_job(&mut self, job_id: &str, role: i32, now_ms: i64) -> Result<Job, CommandError> {
+        validate::id("job_id", job_id)?;
+        if !self.jobs.contains_key(job_id) {
+            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+        }
+        self.stop_instance(job_id, role_of(role), StopReason::Requested, None, now_ms);
+        self.jobs
+            .get(job_id)
+            .cloned()
+            .ok_or_else(|| CommandError::NotFound(format!("job {job_id:?}")))
+    }
+
+    /// UpdateJobConfig.
+    pub fn update_job_config(&mut self, job_id: &str, config: &[u8], now_ms: i64) -> Result<Job, CommandError> {
+        validate::id("job_id", job_id)?;
+        validate::json("config", config)?;
+        let Some(job) = self.jobs.get_mut(job_id) else {
+            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+        };
+        job.config = config.to_vec();
+        self.emit(
+            now_ms,
+            event::Kind::ConfigUpdated(ConfigUpdated {
+                job_id: job_id.to_owned(),
+                config: config.to_vec(),
+            }),
+        );
+        self.emit_job(job_id, now_ms);
+        self.jobs
+            .get(job_id)
+            .cloned()
+            .ok_or_else(|| CommandError::NotFound(format!("job {job_id:?}")))
+    }
+
+    // ───────────────────────────── migration ─────────────────────────────
+
+    fn migration_mut(&mut self, id: &str) -> Result<&mut Migration, CommandError> {
+        validate::id("migration_id", id)?;
+        self.migrations
+            .get_mut(id)
+            .ok_or_else(|| CommandError::NotFound(format!("migration {:?}", validate::excerpt(id))))
+    }
+
+    fn expect_phase(m: &Migration, phase: MigrationPhase) -> Result<(), CommandError> {
+        if m.phase != phase as i32 {
+            return Err(CommandError::FailedPrecondition(format!(
+                "migration {} is {}, expected {}",
+                m.migration_id,
+                MigrationPhase::try_from(m.phase).map_or("unknown", |p| p.as_str_name()),
+                phase.as_str_name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// NodeControllerMigrationGetState (the propose).
+    pub fn migration_get_state(&mut self, migration_id: &str, job_id: &str, now_ms: i64) -> Result<Migration, CommandError> {
+        validate::name("migration_id", migration_id, validate::MAX_ID_BYTES)?;
+        validate::id("job_id", job_id)?;
+        if self.migrations.contains_key(migration_id) {
+            return Err(CommandError::AlreadyExists(format!("migration {migration_id}")));
+        }
+        let Some(source) = self.instance(job_id, JobRole::Normal as i32).cloned() else {
+            if self.jobs.contains_key(job_id) {
+                return Err(CommandError::FailedPrecondition(format!("job {job_id} has no running instance")));
+            }
+            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+        };
+        if source.state != JobState::Running as i32 {
+            return Err(CommandError::FailedPrecondition(format!("job {job_id} is not RUNNING")));
+        }
+        if let Some(other) = self.migrations.values().find(|m| m.job_id == job_id && !is_final(m.phase)) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {job_id} is already being migrated by {}",
+                other.migration_id
+            )));
+        }
+        let m = Migration {
+            migration_id: migration_id.to_owned(),
+            job_id: job_id.to_owned(),
+            source_node_id: source.node_id.clone(),
+            phase: MigrationPhase::Proposed as i32,
+            created_at_ms: now_ms,
+            updated_at_ms: now_ms,
+            ..Default::default()
+        };
+        self.migrations.insert(migration_id.to_owned(), m.clone());
+        self.emit_migration(migration_id, now_ms);
+        self.asks.push(JobAsk::GetState {
+            migration_id: migration_id.to_owned(),
+            job_id: job_id.to_owned(),
+            node_id: source.node_id,
+        });
+        Ok(m)
+    }
+
+    /// NodeControllerMigrationPrepareTarget.
+    pub fn migration_prepare_target(
+        &mut self,
+        migration_id: &str,
+        target_node_id: &str,
+        initial_state: &[u8],
+        now_ms: i64,
+    ) -> Result<(Migration, StartOutcome), CommandError> {
+        validate::id("target_node_id", target_node_id)?;
+        validate::json("initial_state", initial_state)?;
+        let m = self.migration_mut(migration_id)?.clone();
+        Self::expect_phase(&m, MigrationPhase::StateReceived)?;
+        if target_node_id == m.source_node_id {
+            return Err(CommandError::InvalidArgument(
+                "the target node must differ from the source node".to_owned(),
+            ));
+        }
+        let outcome = self.start_instance(
+            &m.job_id,
+            target_node_id,
+            JobRole::MigrationTarget as i32,
+            migration_id,
+            now_ms,
+        )?;
+        if outcome != StartOutcome::Accepted {
+            return Ok((m, outcome));
+        }
+        let m = self.migration_mut(migration_id)?;
+        m.phase = MigrationPhase::PreparingTarget as i32;
+        m.target_node_id = target_node_id.to_owned();
+        let job_id = m.job_id.clone();
+        self.emit_migration(migration_id, now_ms);
+        self.asks.push(JobAsk::InitialState {
+            migration_id: migration_id.to_owned(),
+            job_id,
+            node_id: target_node_id.to_owned(),
+            payload: initial_state.to_vec(),
+        });
+        let m = self.migration_mut(migration_id)?.clone();
+        Ok((m, outcome))
+    }
+
+    /// NodeControllerMigrationCutover.
+    pub fn migration_cutover(&mut self, migration_id: &str, payload: &[u8], now_ms: i64) -> Result<Migration, CommandError> {
+        validate::json("payload", payload)?;
+        let m = self.migration_mut(migration_id)?;
+        Self::expect_phase(m, MigrationPhase::TargetReady)?;
+        m.phase = MigrationPhase::CuttingOver as i32;
+        let ask = JobAsk::CutoverReady {
+            migration_id: migration_id.to_owned(),
+            job_id: m.job_id.clone(),
+            node_id: m.source_node_id.clone(),
+            payload: payload.to_vec(),
+        };
+        self.emit_migration(migration_id, now_ms);
+        self.asks.push(ask);
+        Ok(self.migration_mut(migration_id)?.clone())
+    }
+
+    /// NodeControllerMigrationAbort: idempotent on an aborted migration,
+    /// refused on a completed one.
+    pub fn migration_abort(&mut self, migration_id: &str, reason: &str, now_ms: i64) -> Result<Migration, CommandError> {
+        validate::reason("reason", reason)?;
+        let m = self.migration_mut(migration_id)?;
+        if m.phase == MigrationPhase::Completed as i32 {
+            return Err(CommandError::FailedPrecondition(format!(
+                "migration {migration_id} already completed"
+            )));
+        }
+        self.abort_migration(migration_id, MigrationParty::Controller, reason, now_ms);
+        Ok(self.migration_mut(migration_id)?.clone())
+    }
+
+    /// A job's answer to an ask. Answers to migrations that moved on
+    /// (aborted, or a different phase) are ignored.
+    pub fn migration_reply(&mut self, ask: &JobAsk, reply: JobReply, now_ms: i64) {
+        let id = ask.migration_id().to_owned();
+        let Some(m) = self.migrations.get_mut(&id) else {
+            return;
+        };
+        let expected = match ask {
+            JobAsk::GetState { .. } => MigrationPhase::Proposed,
+            JobAsk::InitialState { .. } => MigrationPhase::PreparingTarget,
+            JobAsk::CutoverReady { .. } | JobAsk::CutoverApply { .. } => MigrationPhase::CuttingOver,
+        };
+        if m.phase != expected as i32 {
+            return;
+        }
+        let from_source = matches!(ask, JobAsk::GetState { .. } | JobAsk::CutoverReady { .. });
+        match reply {
+            JobReply::Abort(reason) | JobReply::StateRefused(reason) => {
+                let by = if from_source { MigrationParty::Source } else { MigrationParty::Target };
+                self.abort_migration(&id, by, &reason, now_ms);
+            }
+            JobReply::State(payload) if matches!(ask, JobAsk::GetState { .. }) => {
+                m.phase = MigrationPhase::StateReceived as i32;
+                m.source_state = payload;
+                self.emit_migration(&id, now_ms);
+            }
+            JobReply::TargetReady(payload) if matches!(ask, JobAsk::InitialState { .. }) => {
+                m.phase = MigrationPhase::TargetReady as i32;
+                m.target_ready_payload = payload;
+                self.emit_migration(&id, now_ms);
+            }
+            JobReply::SourceStoppedOutput(payload) if matches!(ask, JobAsk::CutoverReady { .. }) => {
+                m.source_stopped_payload.clone_from(&payload);
+                let next = JobAsk::CutoverApply {
+                    migration_id: id.clone(),
+                    job_id: m.job_id.clone(),
+                    node_id: m.target_node_id.clone(),
+                    payload,
+                };
+                self.asks.push(next);
+            }
+            JobReply::TargetApplied { applied, failed, skew_ms } if matches!(ask, JobAsk::CutoverApply { .. }) => {
+                m.applied = applied;
+                m.failed = failed;
+                m.skew_ms = skew_ms;
+                m.phase = MigrationPhase::Completed as i32;
+                let job_id = m.job_id.clone();
+                self.complete_handover(&job_id, &id, now_ms);
+            }
+            other => {
+                let why = format!("unexpected answer {other:?} to {ask:?}");
+                let by = if from_source { MigrationParty::Source } else { MigrationParty::Target };
+                self.abort_migration(&id, by, &validate::excerpt(&why), now_ms);
+            }
+        }
+    }
+
+    /// The target becomes the job's normal instance; the source stops.
+    fn complete_handover(&mut self, job_id: &str, migration_id: &str, now_ms: i64) {
+        let normal = JobRole::Normal as i32;
+        let target = JobRole::MigrationTarget as i32;
+        // Stop the source first (emits JobStopping with reason MIGRATED).
+        if let Some(src) = self.instance(job_id, normal).cloned() {
+            if holds(src.state) {
+                self.emit(
+                    now_ms,
+                    event::Kind::JobStopping(JobStopping {
+                        job_id: job_id.to_owned(),
+                        node_id: src.node_id.clone(),
+                        role: normal,
+                        reason: StopReason::Migrated as i32,
+                    }),
+                );
+            }
+            if let Some(set) = self.holding.get_mut(&src.node_id) {
+                set.remove(&(job_id.to_owned(), normal));
+            }
+        }
+        if let Some(job) = self.jobs.get_mut(job_id) {
+            job.instances.retain(|i| i.role != normal);
+            if let Some(inst) = job.instances.iter_mut().find(|i| i.role == target) {
+                inst.role = normal;
+                inst.migration_id.clear();
+                let node_id = inst.node_id.clone();
+                if let Some(set) = self.holding.get_mut(&node_id) {
+                    if set.remove(&(job_id.to_owned(), target)) {
+                        set.insert((job_id.to_owned(), normal));
+                    }
+                }
+            }
+            Self::refresh_summary(job);
+        }
+        self.emit_job(job_id, now_ms);
+        self.emit_migration(migration_id, now_ms);
+    }
+
+    // ───────────────────────────── chaos ─────────────────────────────
+
+    /// Chaos: the job's normal instance FAILS.
+    pub fn fail_job(&mut self, job_id: &str, message: &str, now_ms: i64) -> Result<Job, CommandError> {
+        validate::id("job_id", job_id)?;
+        validate::reason("message", message)?;
+        let normal = JobRole::Normal as i32;
+        match self.instance(job_id, normal) {
+            None if !self.jobs.contains_key(job_id) => {
+                return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+            }
+            Some(i) if holds(i.state) => {}
+            _ => {
+                return Err(CommandError::FailedPrecondition(format!("job {job_id} has no live instance")));
+            }
+        }
+        let msg = if message.is_empty() { "failure injected by fail-job" } else { message };
+        self.set_instance_state(job_id, normal, JobState::Failed, None, msg);
+        self.emit_job(job_id, now_ms);
+        self.abort_migrations_touching(job_id, normal, now_ms);
+        self.jobs
+            .get(job_id)
+            .cloned()
+            .ok_or_else(|| CommandError::NotFound(format!("job {job_id:?}")))
+    }
+
+    /// Chaos: refuse the next `count` starts.
+    pub fn reject_next(&mut self, count: u32) {
+        self.reject_next = count;
+    }
+
+    /// Chaos: set every elastic pool's provisioning delay.
+    pub fn slow_provision(&mut self, delay_ms: u64) -> Result<(), CommandError> {
+        if delay_ms > 3_600_000 {
+            return Err(CommandError::InvalidArgument(format!(
+                "delay_ms must be at most 3600000 (one hour), got {delay_ms}"
+            )));
+        }
+        for p in self.pools.values_mut() {
+            if p.config.scale_out == crate::config::ScaleOutConfig::Elastic {
+                p.provision_delay_ms = delay_ms;
+            }
+        }
+        Ok(())
+    }
+
+    /// Chaos: partition (STARTED nodes → STOPPED, instances FAIL) or heal
+    /// (STOPPED nodes of a partitioned zone → STARTED) a zone. Returns the
+    /// affected node ids.
+    pub fn partition_zone(&mut self, zone: &str, heal: bool, now_ms: i64) -> Result<Vec<String>, CommandError> {
+        validate::id("zone", zone)?;
+        let (from, to) = if heal {
+            if !self.partitioned.remove(zone) {
+                return Ok(Vec::new());
+            }
+            (NodeState::Stopped, NodeState::Started)
+        } else {
+            self.partitioned.insert(zone.to_owned());
+            (NodeState::Started, NodeState::Stopped)
+        };
+        let ids: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|n| n.zone == zone && n.state == from as i32)
+            .map(|n| n.node_id.clone())
+            .collect();
+        for id in &ids {
+            if !heal {
+                self.node_gone(id, StopReason::NodeLost, JobState::Failed, now_ms);
+            }
+            if let Some(n) = self.nodes.get_mut(id) {
+                n.state = to as i32;
+                n.state_changed_at_ms = now_ms;
+                let n = n.clone();
+                let kind = if heal {
+                    event::Kind::NodeStarted(NodeStarted { node: Some(n) })
+                } else {
+                    event::Kind::NodeStopped(NodeStopped { node: Some(n) })
+                };
+                self.emit(now_ms, kind);
+            }
+        }
+        Ok(ids)
+    }
+}
+
+fn validate_requirements(job_name: &str, req: &JobRequirements) -> Result<(), CommandError> {
+    validate::non_negative(&format!("job {job_name:?} required_capacity"), req.required_capacity)?;
+    if req.required_cores < 0 {
+        return Err(CommandError::InvalidArgument(format!(
+            "job {job_name:?} required_cores must be >= 0, got {}",
+            req.required_cores
+        )));
+    }
+    if req.required_capabilities.len() > validate::MAX_CAPABILITIES {
+        return Err(CommandError::InvalidArgument(format!(
+            "job {job_name:?} has {} required capabilities, at most {} allowed",
+            req.required_capabilities.len(),
+            validate::MAX_CAPABILITIES
+        )));
+    }
+    for c in &req.required_capabilities {
+        validate::id("required capability", c)?;
+    }
+    if !matches!(req.priority_band.as_str(), "" | "gold" | "silver" | "bronze") {
+        return Err(CommandError::InvalidArgument(format!(
+            "job {job_name:?} priority_band must be gold, silver or bronze, got {:?}",
+            validate::excerpt(&req.priority_band)
+        )));
+    }
+    Ok(())
+}
