@@ -1,1 +1,211 @@
-fn main() {}
+//! `manager-sim`: serve a simulated Norsk Manager, or inject faults into a
+//! running one.
+//!
+//! ```text
+//! manager-sim serve [--config FILE] [--listen ADDR] [--state-dir DIR] [--token T]
+//! manager-sim check-config FILE
+//! manager-sim chaos kill-node ID        --addr http://127.0.0.1:PORT [--token T]
+//! manager-sim chaos fail-job ID [--message M]
+//! manager-sim chaos reject-next N
+//! manager-sim chaos cut-streams
+//! manager-sim chaos slow-provision MS
+//! manager-sim chaos partition-zone ZONE [--heal]
+//! ```
+//!
+//! `serve` prints exactly one line `manager-sim listening on ADDR` on stdout
+//! once the port is bound, so scripts can read the address.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use manager_proto::sim_admin_client::SimAdminClient;
+use manager_proto::{
+    CutStreamsRequest, FailJobRequest, KillNodeRequest, PartitionZoneRequest, RejectNextRequest,
+    SlowProvisionRequest,
+};
+use manager_sim::{Sim, SimConfig};
+
+#[derive(Parser)]
+#[command(name = "manager-sim", version, about = "A simulated Norsk Manager (gRPC) with fault injection")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the Manager and SimAdmin gRPC services.
+    Serve {
+        /// YAML config (default: the built-in demo config, examples/demo.yaml).
+        #[arg(long, env = "MANAGER_SIM_CONFIG")]
+        config: Option<PathBuf>,
+        /// Override the listen address.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Persist the world here so it survives a restart.
+        #[arg(long, env = "MANAGER_SIM_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+        /// Require this bearer token (overrides the config).
+        #[arg(long, env = "MANAGER_SIM_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+    },
+    /// Validate a config file and list every problem.
+    CheckConfig {
+        /// The file.
+        config: PathBuf,
+    },
+    /// Inject a fault into a running sim.
+    Chaos {
+        /// The sim's endpoint, e.g. http://127.0.0.1:6789.
+        #[arg(long, global = true, env = "MANAGER_SIM_ADDR", default_value = "http://127.0.0.1:6789")]
+        addr: String,
+        /// Bearer token, if the sim requires one.
+        #[arg(long, global = true, env = "MANAGER_SIM_TOKEN", hide_env_values = true)]
+        token: Option<String>,
+        #[command(subcommand)]
+        fault: Fault,
+    },
+}
+
+#[derive(Subcommand)]
+enum Fault {
+    /// Kill a node: its job instances fail, it is terminated at once.
+    KillNode {
+        /// Node id.
+        id: String,
+    },
+    /// Make a job's running instance fail.
+    FailJob {
+        /// Job id (`bundle/replica/job`).
+        id: String,
+        /// Failure detail.
+        #[arg(long, default_value = "")]
+        message: String,
+    },
+    /// Refuse the next N job starts (0 clears).
+    RejectNext {
+        /// How many.
+        n: u32,
+    },
+    /// Close every open Watch stream.
+    CutStreams,
+    /// Set every elastic pool's provisioning delay.
+    SlowProvision {
+        /// Delay in milliseconds.
+        ms: u64,
+    },
+    /// Partition a zone (or heal it with --heal).
+    PartitionZone {
+        /// Zone name.
+        zone: String,
+        /// Heal instead.
+        #[arg(long)]
+        heal: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("manager-sim: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("manager-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    match cli.command {
+        Command::Serve { config, listen, state_dir, token } => {
+            let mut cfg = match config {
+                Some(path) => SimConfig::from_file(&path).map_err(|e| e.to_string())?,
+                None => SimConfig::demo(),
+            };
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
+            if state_dir.is_some() {
+                cfg.state_dir = state_dir;
+            }
+            if token.is_some() {
+                cfg.token = token;
+            }
+            let sim = Sim::start(cfg).await.map_err(|e| e.to_string())?;
+            println!("manager-sim listening on {}", sim.addr());
+            let sigterm = async {
+                #[cfg(unix)]
+                {
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                        Ok(mut s) => {
+                            s.recv().await;
+                        }
+                        Err(_) => std::future::pending::<()>().await,
+                    }
+                }
+                #[cfg(not(unix))]
+                std::future::pending::<()>().await;
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = sigterm => {}
+            }
+            sim.shutdown().await;
+            Ok(())
+        }
+        Command::CheckConfig { config } => {
+            SimConfig::from_file(&config).map_err(|e| e.to_string())?;
+            println!("{}: ok", config.display());
+            Ok(())
+        }
+        Command::Chaos { addr, token, fault } => chaos(addr, token, fault).await,
+    }
+}
+
+async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
+        .map_err(|e| format!("bad --addr {addr:?}: {e}"))?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(10));
+    let channel = endpoint.connect().await.map_err(|e| format!("cannot reach {addr}: {e}"))?;
+    let header = match &token {
+        Some(t) => Some(
+            format!("Bearer {t}")
+                .parse::<tonic::metadata::MetadataValue<_>>()
+                .map_err(|_| "the token contains characters not allowed in a header".to_owned())?,
+        ),
+        None => None,
+    };
+    let mut client = SimAdminClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
+        if let Some(h) = &header {
+            r.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(r)
+    });
+    let resp = match fault {
+        Fault::KillNode { id } => client.kill_node(KillNodeRequest { node_id: id }).await,
+        Fault::FailJob { id, message } => client.fail_job(FailJobRequest { job_id: id, message }).await,
+        Fault::RejectNext { n } => client.reject_next(RejectNextRequest { count: n }).await,
+        Fault::CutStreams => client.cut_streams(CutStreamsRequest {}).await,
+        Fault::SlowProvision { ms } => client.slow_provision(SlowProvisionRequest { delay_ms: ms }).await,
+        Fault::PartitionZone { zone, heal } => client.partition_zone(PartitionZoneRequest { zone, heal }).await,
+    }
+    .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
+    println!("{}", resp.into_inner().summary);
+    Ok(())
+}

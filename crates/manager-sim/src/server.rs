@@ -1,0 +1,850 @@
+//! The tonic layer: serves [`World`] as the `Manager` and `SimAdmin` gRPC
+//! services, drives its timers, fans events out to watchers, answers
+//! migration asks through a [`JobAgent`], persists to `--state-dir`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use manager_proto::manager_server::{Manager, ManagerServer};
+use manager_proto::sim_admin_server::{SimAdmin, SimAdminServer};
+use manager_proto::{
+    AdminResponse, CreateNodeRequest, CreateNodeResponse, CutStreamsRequest, DeleteBundleRequest,
+    DeleteBundleResponse, EventBatch, FailJobRequest, KillNodeRequest, ListNodesRequest,
+    ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
+    NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
+    RegisterBundleResponse, RejectNextRequest, RejectionReason, SlowProvisionRequest, Snapshot,
+    SnapshotReason, StartJobRequest, StartJobResponse, StopJobRequest, StopJobResponse, Synced,
+    TerminateNodeRequest, TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse,
+    WatchRequest, WatchResponse, watch_response,
+};
+use subtle::ConstantTimeEq;
+use tokio::sync::{Notify, mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status};
+
+use crate::config::{LimitsConfig, SimConfig};
+use crate::world::{
+    CommandError, JobAsk, JobReply, PersistedWorld, Resume, StartOutcome, World, WorldSnapshot,
+    default_reply,
+};
+
+/// Events per message while a resuming watcher catches up from the log.
+const CATCH_UP_BATCH: usize = 1024;
+/// How often a dirty world is written to the state dir.
+const PERSIST_EVERY: Duration = Duration::from_millis(250);
+/// The file in the state dir.
+const STATE_FILE: &str = "manager-sim-state.json";
+
+/// Why the sim could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// Configuration problem.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    /// Binding, reading TLS files or the state dir.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The persisted state could not be read.
+    #[error("state file {path} is corrupt: {message}")]
+    CorruptState {
+        /// The file.
+        path: PathBuf,
+        /// Parser message.
+        message: String,
+    },
+    /// TLS set-up failed.
+    #[error("tls: {0}")]
+    Tls(String),
+}
+
+/// Answers the questions a migration asks a job (the job side of the job
+/// socket). The default, [`DefaultAgent`], answers like a cooperative job
+/// with nothing to hand over; a job-socket relay can be plugged in instead.
+pub trait JobAgent: Send + Sync + 'static {
+    /// The job's answer to `ask`.
+    fn answer(&self, ask: JobAsk) -> BoxFuture<'static, JobReply>;
+}
+
+/// Answers every ask at once with [`default_reply`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct DefaultAgent;
+
+impl JobAgent for DefaultAgent {
+    fn answer(&self, ask: JobAsk) -> BoxFuture<'static, JobReply> {
+        Box::pin(async move { default_reply(&ask) })
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+struct Subscriber {
+    tx: mpsc::Sender<WatchResponse>,
+    cut: Arc<Mutex<Option<Status>>>,
+}
+
+struct Shared {
+    world: World,
+    subs: Vec<Subscriber>,
+    dirty: bool,
+}
+
+struct Inner {
+    shared: Mutex<Shared>,
+    timer_wake: Notify,
+    agent: Arc<dyn JobAgent>,
+    limits: LimitsConfig,
+    state_file: Option<PathBuf>,
+    shutdown: watch::Sender<bool>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves the world as it was between two
+    // commands' statements at worst; keep serving rather than cascade.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    fn subscribe(&mut self, buffer: usize) -> (mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>) {
+        let (tx, rx) = mpsc::channel(buffer);
+        let cut = Arc::new(Mutex::new(None));
+        self.subs.push(Subscriber { tx, cut: cut.clone() });
+        (rx, cut)
+    }
+
+    fn broadcast(&mut self, events: Vec<manager_proto::Event>) {
+        let revision = events.last().map_or(0, |e| e.revision);
+        let msg = WatchResponse {
+            kind: Some(watch_response::Kind::Events(EventBatch { events })),
+        };
+        self.subs.retain(|s| match s.tx.try_send(msg.clone()) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!(revision, "cutting a watcher that fell behind");
+                *lock(&s.cut) = Some(Status::resource_exhausted(format!(
+                    "watcher too slow: its buffer of event batches is full; resume from your last revision (now {revision})"
+                )));
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        });
+    }
+
+    /// Broadcasts new events; returns new migration asks.
+    fn publish(&mut self) -> Vec<JobAsk> {
+        let events = self.world.take_events();
+        if !events.is_empty() {
+            self.dirty = true;
+            self.broadcast(events);
+        }
+        self.world.take_asks()
+    }
+
+    fn cut_all(&mut self, status: &Status) {
+        for s in self.subs.drain(..) {
+            *lock(&s.cut) = Some(status.clone());
+        }
+    }
+}
+
+impl Inner {
+    /// Runs `f` on the world at the current time, then publishes what it did.
+    fn apply<R>(self: &Arc<Self>, f: impl FnOnce(&mut World, i64) -> R) -> R {
+        let now = now_ms();
+        let (r, asks) = {
+            let mut g = lock(&self.shared);
+            g.world.advance(now);
+            let r = f(&mut g.world, now);
+            (r, g.publish())
+        };
+        self.dispatch(asks);
+        self.timer_wake.notify_one();
+        r
+    }
+
+    /// Hands migration asks to the agent; answers come back to the world.
+    fn dispatch(self: &Arc<Self>, asks: Vec<JobAsk>) {
+        for ask in asks {
+            let inner = self.clone();
+            tokio::spawn(async move {
+                let reply = inner.agent.answer(ask.clone()).await;
+                inner.on_reply(&ask, reply);
+            });
+        }
+    }
+
+    fn on_reply(self: &Arc<Self>, ask: &JobAsk, reply: JobReply) {
+        let asks = {
+            let mut g = lock(&self.shared);
+            let now = now_ms();
+            g.world.advance(now);
+            g.world.migration_reply(ask, reply, now);
+            g.publish()
+        };
+        self.dispatch(asks);
+        self.timer_wake.notify_one();
+    }
+
+    fn persist(&self) -> Result<(), SimError> {
+        let Some(path) = &self.state_file else {
+            return Ok(());
+        };
+        let saved: PersistedWorld = {
+            let mut g = lock(&self.shared);
+            if !g.dirty {
+                return Ok(());
+            }
+            g.dirty = false;
+            g.world.persisted()
+        };
+        write_state(path, &saved)
+    }
+}
+
+fn write_state(path: &std::path::Path, saved: &PersistedWorld) -> Result<(), SimError> {
+    let io = |what: &str| {
+        let what = format!("{what} {}", path.display());
+        move |source| SimError::Io { what, source }
+    };
+    let bytes = serde_json::to_vec(saved).map_err(|e| SimError::Io {
+        what: "serialising the world".to_owned(),
+        source: std::io::Error::other(e),
+    })?;
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, bytes).map_err(io("writing"))?;
+    // rename is atomic: a crash leaves the previous complete state.
+    std::fs::rename(&tmp, path).map_err(io("replacing"))?;
+    Ok(())
+}
+
+fn status(e: CommandError) -> Status {
+    match e {
+        CommandError::InvalidArgument(m) => Status::invalid_argument(m),
+        CommandError::NotFound(m) => Status::not_found(m),
+        CommandError::FailedPrecondition(m) => Status::failed_precondition(m),
+        CommandError::AlreadyExists(m) => Status::already_exists(m),
+    }
+}
+
+fn missing(field: &str) -> Status {
+    Status::invalid_argument(format!("{field} is required"))
+}
+
+/// Checks the bearer token in constant time.
+fn authorize(token: Option<&Arc<str>>, req: &Request<()>) -> Result<(), Status> {
+    let Some(expected) = token else {
+        return Ok(());
+    };
+    let given = req
+        .metadata()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if bool::from(given.as_bytes().ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("missing or wrong bearer token"))
+    }
+}
+
+fn snapshot_messages(snap: WorldSnapshot, reason: SnapshotReason, chunk: usize) -> Vec<WatchResponse> {
+    let chunk = chunk.max(1);
+    let mut out = Vec::new();
+    let mut cur = Snapshot {
+        epoch: snap.epoch.clone(),
+        revision: snap.revision,
+        reason: reason as i32,
+        ..Default::default()
+    };
+    let mut n = 0usize;
+    let flush = |cur: &mut Snapshot, n: &mut usize, out: &mut Vec<WatchResponse>| {
+        let next = Snapshot {
+            epoch: cur.epoch.clone(),
+            revision: cur.revision,
+            reason: cur.reason,
+            ..Default::default()
+        };
+        out.push(WatchResponse {
+            kind: Some(watch_response::Kind::Snapshot(std::mem::replace(cur, next))),
+        });
+        *n = 0;
+    };
+    for node in snap.nodes {
+        cur.nodes.push(node);
+        n += 1;
+        if n == chunk {
+            flush(&mut cur, &mut n, &mut out);
+        }
+    }
+    for job in snap.jobs {
+        cur.jobs.push(job);
+        n += 1;
+        if n == chunk {
+            flush(&mut cur, &mut n, &mut out);
+        }
+    }
+    for b in snap.bundles {
+        cur.bundles.push(b);
+        n += 1;
+        if n == chunk {
+            flush(&mut cur, &mut n, &mut out);
+        }
+    }
+    for m in snap.migrations {
+        cur.migrations.push(m);
+        n += 1;
+        if n == chunk {
+            flush(&mut cur, &mut n, &mut out);
+        }
+    }
+    cur.last = true;
+    out.push(WatchResponse {
+        kind: Some(watch_response::Kind::Snapshot(cur)),
+    });
+    out.push(WatchResponse {
+        kind: Some(watch_response::Kind::Synced(Synced {
+            epoch: snap.epoch,
+            revision: snap.revision,
+        })),
+    });
+    out
+}
+
+type Out = mpsc::Sender<Result<WatchResponse, Status>>;
+
+async fn run_watch(inner: Arc<Inner>, req: WatchRequest, out: Out, mut shutdown: watch::Receiver<bool>) {
+    enum Step {
+        More(Vec<WatchResponse>, u64),
+        Done(Vec<WatchResponse>, mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>),
+    }
+    let mut cursor = (req.resume_revision > 0).then_some(req.resume_revision);
+    let mut reason = SnapshotReason::Initial;
+    {
+        let g = lock(&inner.shared);
+        if cursor.is_some() && !req.epoch.is_empty() && req.epoch != g.world.epoch() {
+            cursor = None;
+            reason = SnapshotReason::EpochChanged;
+        }
+    }
+    let (live, cut) = loop {
+        let step = {
+            let mut g = lock(&inner.shared);
+            match cursor {
+                Some(rev) => match g.world.events_after(rev, CATCH_UP_BATCH) {
+                    Resume::Events(evs) if evs.len() < CATCH_UP_BATCH => {
+                        let revision = evs.last().map_or(rev, |e| e.revision);
+                        let mut msgs = Vec::new();
+                        if !evs.is_empty() {
+                            msgs.push(WatchResponse {
+                                kind: Some(watch_response::Kind::Events(EventBatch { events: evs })),
+                            });
+                        }
+                        msgs.push(WatchResponse {
+                            kind: Some(watch_response::Kind::Synced(Synced {
+                                epoch: g.world.epoch().to_owned(),
+                                revision,
+                            })),
+                        });
+                        let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
+                        Step::Done(msgs, rx, cut)
+                    }
+                    Resume::Events(evs) => {
+                        let revision = evs.last().map_or(rev, |e| e.revision);
+                        let msg = WatchResponse {
+                            kind: Some(watch_response::Kind::Events(EventBatch { events: evs })),
+                        };
+                        Step::More(vec![msg], revision)
+                    }
+                    Resume::TooOld => {
+                        reason = SnapshotReason::RevisionTooOld;
+                        let snap = g.world.snapshot();
+                        let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
+                        drop(g);
+                        Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                    }
+                    Resume::Unknown => {
+                        reason = SnapshotReason::EpochChanged;
+                        let snap = g.world.snapshot();
+                        let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
+                        drop(g);
+                        Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                    }
+                },
+                None => {
+                    let snap = g.world.snapshot();
+                    let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
+                    drop(g);
+                    Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                }
+            }
+        };
+        let (msgs, done) = match step {
+            Step::More(msgs, rev) => {
+                cursor = Some(rev);
+                (msgs, None)
+            }
+            Step::Done(msgs, rx, cut) => (msgs, Some((rx, cut))),
+        };
+        for m in msgs {
+            tokio::select! {
+                r = out.send(Ok(m)) => if r.is_err() { return },
+                _ = shutdown.changed() => {
+                    let _ = out.send(Err(Status::unavailable("manager-sim is shutting down"))).await;
+                    return;
+                }
+            }
+        }
+        if let Some(done) = done {
+            break done;
+        }
+    };
+    let mut live = live;
+    loop {
+        tokio::select! {
+            m = live.recv() => match m {
+                Some(m) => if out.send(Ok(m)).await.is_err() { return },
+                None => {
+                    let st = lock(&cut).take().unwrap_or_else(|| Status::unavailable("watch closed by the server"));
+                    let _ = out.send(Err(st)).await;
+                    return;
+                }
+            },
+            _ = out.closed() => return,
+            _ = shutdown.changed() => {
+                let _ = out.send(Err(Status::unavailable("manager-sim is shutting down"))).await;
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ManagerSvc(Arc<Inner>);
+
+type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Manager for ManagerSvc {
+    async fn create_node(&self, req: Request<CreateNodeRequest>) -> Result<Response<CreateNodeResponse>, Status> {
+        let req = req.into_inner();
+        let node = self.0.apply(|w, now| w.create_node(&req, now)).map_err(status)?;
+        Ok(Response::new(CreateNodeResponse { node: Some(node) }))
+    }
+
+    async fn terminate_node(&self, req: Request<TerminateNodeRequest>) -> Result<Response<TerminateNodeResponse>, Status> {
+        let req = req.into_inner();
+        let node = self.0.apply(|w, now| w.terminate_node(&req.node_id, now)).map_err(status)?;
+        Ok(Response::new(TerminateNodeResponse { node: Some(node) }))
+    }
+
+    async fn list_nodes(&self, req: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+        let req = req.into_inner();
+        let pool = (!req.pool.is_empty()).then_some(req.pool.as_str());
+        let nodes = self.0.apply(|w, _| w.nodes(pool));
+        Ok(Response::new(ListNodesResponse { nodes }))
+    }
+
+    async fn list_pools(&self, _req: Request<ListPoolsRequest>) -> Result<Response<ListPoolsResponse>, Status> {
+        let pools = self.0.apply(|w, _| w.pools());
+        Ok(Response::new(ListPoolsResponse { pools }))
+    }
+
+    async fn register_bundle(&self, req: Request<RegisterBundleRequest>) -> Result<Response<RegisterBundleResponse>, Status> {
+        let bundle = req.into_inner().bundle.ok_or_else(|| missing("bundle"))?;
+        let (bundle, job_ids) = self.0.apply(|w, now| w.register_bundle(&bundle, now)).map_err(status)?;
+        Ok(Response::new(RegisterBundleResponse { bundle: Some(bundle), job_ids }))
+    }
+
+    async fn delete_bundle(&self, req: Request<DeleteBundleRequest>) -> Result<Response<DeleteBundleResponse>, Status> {
+        let req = req.into_inner();
+        let removed_job_ids = self.0.apply(|w, now| w.delete_bundle(&req.bundle_id, now)).map_err(status)?;
+        Ok(Response::new(DeleteBundleResponse { removed_job_ids }))
+    }
+
+    async fn start_job(&self, req: Request<StartJobRequest>) -> Result<Response<StartJobResponse>, Status> {
+        let req = req.into_inner();
+        let (outcome, job) = self
+            .0
+            .apply(|w, now| {
+                let o = w.start_job(&req.job_id, &req.node_id, req.role, now)?;
+                Ok((o, w.job(&req.job_id).cloned()))
+            })
+            .map_err(status)?;
+        let resp = match outcome {
+            StartOutcome::Accepted => StartJobResponse {
+                accepted: true,
+                rejection_reason: RejectionReason::Unspecified as i32,
+                message: String::new(),
+                job,
+            },
+            StartOutcome::Rejected { reason, message } => StartJobResponse {
+                accepted: false,
+                rejection_reason: reason as i32,
+                message,
+                job,
+            },
+        };
+        Ok(Response::new(resp))
+    }
+
+    async fn stop_job(&self, req: Request<StopJobRequest>) -> Result<Response<StopJobResponse>, Status> {
+        let req = req.into_inner();
+        let job = self.0.apply(|w, now| w.stop_job(&req.job_id, req.role, now)).map_err(status)?;
+        Ok(Response::new(StopJobResponse { job: Some(job) }))
+    }
+
+    async fn update_job_config(&self, req: Request<UpdateJobConfigRequest>) -> Result<Response<UpdateJobConfigResponse>, Status> {
+        let req = req.into_inner();
+        let job = self.0.apply(|w, now| w.update_job_config(&req.job_id, &req.config, now)).map_err(status)?;
+        Ok(Response::new(UpdateJobConfigResponse { job: Some(job) }))
+    }
+
+    async fn migration_get_state(&self, req: Request<NodeControllerMigrationGetState>) -> Result<Response<MigrationResponse>, Status> {
+        let req = req.into_inner();
+        let m = self.0.apply(|w, now| w.migration_get_state(&req.migration_id, &req.job_id, now)).map_err(status)?;
+        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+    }
+
+    async fn migration_prepare_target(&self, req: Request<NodeControllerMigrationPrepareTarget>) -> Result<Response<MigrationResponse>, Status> {
+        let req = req.into_inner();
+        let (m, outcome) = self
+            .0
+            .apply(|w, now| w.migration_prepare_target(&req.migration_id, &req.target_node_id, &req.initial_state, now))
+            .map_err(status)?;
+        let mut resp = MigrationResponse { migration: Some(m), ..Default::default() };
+        if let StartOutcome::Rejected { reason, message } = outcome {
+            resp.target_rejected = true;
+            resp.rejection_reason = reason as i32;
+            resp.message = message;
+        }
+        Ok(Response::new(resp))
+    }
+
+    async fn migration_cutover(&self, req: Request<NodeControllerMigrationCutover>) -> Result<Response<MigrationResponse>, Status> {
+        let req = req.into_inner();
+        let m = self.0.apply(|w, now| w.migration_cutover(&req.migration_id, &req.payload, now)).map_err(status)?;
+        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+    }
+
+    async fn migration_abort(&self, req: Request<NodeControllerMigrationAbort>) -> Result<Response<MigrationResponse>, Status> {
+        let req = req.into_inner();
+        let m = self.0.apply(|w, now| w.migration_abort(&req.migration_id, &req.reason, now)).map_err(status)?;
+        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let req = req.into_inner();
+        let (tx, rx) = mpsc::channel(32);
+        let shutdown = self.0.shutdown.subscribe();
+        if *shutdown.borrow() {
+            return Err(Status::unavailable("manager-sim is shutting down"));
+        }
+        tokio::spawn(run_watch(self.0.clone(), req, tx, shutdown));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[derive(Clone)]
+struct AdminSvc(Arc<Inner>);
+
+fn done(summary: String) -> Result<Response<AdminResponse>, Status> {
+    tracing::info!(%summary, "chaos");
+    Ok(Response::new(AdminResponse { summary }))
+}
+
+#[tonic::async_trait]
+impl SimAdmin for AdminSvc {
+    async fn kill_node(&self, req: Request<KillNodeRequest>) -> Result<Response<AdminResponse>, Status> {
+        let req = req.into_inner();
+        self.0.apply(|w, now| w.kill_node(&req.node_id, now)).map_err(status)?;
+        done(format!("killed node {}", req.node_id))
+    }
+
+    async fn fail_job(&self, req: Request<FailJobRequest>) -> Result<Response<AdminResponse>, Status> {
+        let req = req.into_inner();
+        self.0.apply(|w, now| w.fail_job(&req.job_id, &req.message, now)).map_err(status)?;
+        done(format!("failed job {}", req.job_id))
+    }
+
+    async fn reject_next(&self, req: Request<RejectNextRequest>) -> Result<Response<AdminResponse>, Status> {
+        let count = req.into_inner().count;
+        self.0.apply(|w, _| w.reject_next(count));
+        done(format!("the next {count} starts will be rejected"))
+    }
+
+    async fn cut_streams(&self, _req: Request<CutStreamsRequest>) -> Result<Response<AdminResponse>, Status> {
+        let n = {
+            let mut g = lock(&self.0.shared);
+            let n = g.subs.len();
+            g.cut_all(&Status::unavailable("stream cut by chaos cut-streams"));
+            n
+        };
+        done(format!("cut {n} watch streams"))
+    }
+
+    async fn slow_provision(&self, req: Request<SlowProvisionRequest>) -> Result<Response<AdminResponse>, Status> {
+        let ms = req.into_inner().delay_ms;
+        self.0.apply(|w, _| w.slow_provision(ms)).map_err(status)?;
+        done(format!("elastic provisioning now takes {ms} ms"))
+    }
+
+    async fn partition_zone(&self, req: Request<PartitionZoneRequest>) -> Result<Response<AdminResponse>, Status> {
+        let req = req.into_inner();
+        let ids = self.0.apply(|w, now| w.partition_zone(&req.zone, req.heal, now)).map_err(status)?;
+        let verb = if req.heal { "healed" } else { "partitioned" };
+        done(format!("{verb} zone {} ({} nodes: {})", req.zone, ids.len(), ids.join(", ")))
+    }
+}
+
+/// Starts simulated Managers.
+#[derive(Debug)]
+pub struct Sim;
+
+/// A running sim. Dropping it shuts the server down (and writes the state
+/// dir); [`SimHandle::shutdown`] does the same and waits for it.
+pub struct SimHandle {
+    addr: SocketAddr,
+    tls: bool,
+    inner: Arc<Inner>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SimHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimHandle").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl Sim {
+    /// Binds, loads `state_dir` if any, and serves in the background.
+    pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
+        Sim::start_with_agent(config, Arc::new(DefaultAgent)).await
+    }
+
+    /// As [`Sim::start`], with a custom [`JobAgent`] answering migration asks.
+    pub async fn start_with_agent(config: SimConfig, agent: Arc<dyn JobAgent>) -> Result<SimHandle, SimError> {
+        config.validate()?;
+        let now = now_ms();
+        let state_file = match &config.state_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|source| SimError::Io {
+                    what: format!("creating state dir {}", dir.display()),
+                    source,
+                })?;
+                Some(dir.join(STATE_FILE))
+            }
+            None => None,
+        };
+        let log_cap = config.limits.event_log_capacity;
+        let world = match state_file.as_ref().filter(|p| p.exists()) {
+            Some(path) => {
+                let text = std::fs::read(path).map_err(|source| SimError::Io {
+                    what: format!("reading {}", path.display()),
+                    source,
+                })?;
+                let saved: PersistedWorld = serde_json::from_slice(&text).map_err(|e| SimError::CorruptState {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+                tracing::info!(path = %path.display(), revision = saved.revision, "restored world");
+                World::restore(&config.pools, config.timing, log_cap, saved, now)
+            }
+            None => World::new(&config.pools, config.timing, log_cap, new_epoch(), now),
+        };
+        let tls = match &config.tls {
+            Some(files) => {
+                let read = |p: &PathBuf| {
+                    std::fs::read(p).map_err(|source| SimError::Io {
+                        what: format!("reading {}", p.display()),
+                        source,
+                    })
+                };
+                Some(ServerTlsConfig::new().identity(Identity::from_pem(read(&files.cert_file)?, read(&files.key_file)?)))
+            }
+            None => None,
+        };
+        let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| SimError::Io {
+            what: format!("binding {}", config.listen),
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| SimError::Io {
+            what: "reading the bound address".to_owned(),
+            source,
+        })?;
+        let (shutdown, _) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            shared: Mutex::new(Shared { world, subs: Vec::new(), dirty: true }),
+            timer_wake: Notify::new(),
+            agent,
+            limits: config.limits,
+            state_file,
+            shutdown,
+        });
+        inner.persist()?;
+        // Events produced while building the world (declared nodes) go to
+        // the log only; there are no watchers yet.
+        {
+            let mut g = lock(&inner.shared);
+            g.world.take_events();
+        }
+
+        let token: Option<Arc<str>> = config.token.as_deref().map(Arc::from);
+        let t1 = token.clone();
+        let manager = InterceptedService::new(
+            ManagerServer::new(ManagerSvc(inner.clone()))
+                .max_decoding_message_size(config.limits.max_request_bytes)
+                .max_encoding_message_size(64 * 1024 * 1024),
+            move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
+        );
+        let t2 = token;
+        let admin = InterceptedService::new(
+            SimAdminServer::new(AdminSvc(inner.clone())).max_decoding_message_size(config.limits.max_request_bytes),
+            move |r: Request<()>| authorize(t2.as_ref(), &r).map(|()| r),
+        );
+        let mut builder = Server::builder();
+        let is_tls = tls.is_some();
+        if let Some(tls) = tls {
+            builder = builder.tls_config(tls).map_err(|e| SimError::Tls(e.to_string()))?;
+        }
+        let router = builder
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .add_service(manager)
+            .add_service(admin);
+        let mut stop = inner.shutdown.subscribe();
+        let serve_inner = inner.clone();
+        let task = tokio::spawn(async move {
+            let timers = tokio::spawn(run_timers(serve_inner.clone()));
+            let persister = tokio::spawn(run_persist(serve_inner.clone()));
+            let result = router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "manager-sim server failed");
+            }
+            timers.abort();
+            persister.abort();
+            if let Err(e) = serve_inner.persist() {
+                tracing::error!(error = %e, "final state write failed");
+            }
+        });
+        tracing::info!(%addr, "manager-sim serving");
+        Ok(SimHandle {
+            addr,
+            tls: is_tls,
+            inner,
+            task: Some(task),
+        })
+    }
+}
+
+fn new_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+async fn run_timers(inner: Arc<Inner>) {
+    let mut stop = inner.shutdown.subscribe();
+    loop {
+        let due = lock(&inner.shared).world.next_due_ms();
+        let wait = due.map_or(1000, |d| (d - now_ms()).clamp(0, 1000));
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))) => {}
+            () = inner.timer_wake.notified() => continue,
+            _ = stop.changed() => return,
+        }
+        inner.apply(|w, now| w.advance(now));
+    }
+}
+
+async fn run_persist(inner: Arc<Inner>) {
+    if inner.state_file.is_none() {
+        return;
+    }
+    let mut tick = tokio::time::interval(PERSIST_EVERY);
+    loop {
+        tick.tick().await;
+        let i = inner.clone();
+        match tokio::task::spawn_blocking(move || i.persist()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "writing the state dir failed"),
+            Err(e) => tracing::error!(error = %e, "state writer panicked"),
+        }
+    }
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR` (or `https://` with TLS): what a client connects to.
+    pub fn endpoint(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Runs `f` on the world as a command would, publishing its events to
+    /// watchers. For tests and benchmarks that set up state quickly.
+    pub fn with_world<R>(&self, f: impl FnOnce(&mut World, i64) -> R) -> R {
+        self.inner.apply(f)
+    }
+
+    /// A consistent copy of the world.
+    pub fn snapshot(&self) -> WorldSnapshot {
+        lock(&self.inner.shared).world.snapshot()
+    }
+
+    /// Number of open watch streams.
+    pub fn watchers(&self) -> usize {
+        lock(&self.inner.shared).subs.len()
+    }
+
+    /// Stops serving, ends every stream with UNAVAILABLE, writes the state
+    /// dir, and waits until the port is released.
+    pub async fn shutdown(mut self) {
+        self.begin_shutdown();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+
+    fn begin_shutdown(&self) {
+        {
+            let mut g = lock(&self.inner.shared);
+            g.cut_all(&Status::unavailable("manager-sim is shutting down"));
+        }
+        self.inner.shutdown.send_replace(true);
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        if self.task.is_some() {
+            self.begin_shutdown();
+            if let Err(e) = self.inner.persist() {
+                tracing::error!(error = %e, "final state write failed");
+            }
+        }
+    }
+}
