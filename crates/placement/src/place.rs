@@ -1,0 +1,971 @@
+//! The placement driver: request → groups → pools in order → decision and trace.
+//!
+//! Generic over the [`Searcher`], so the naive reference placer runs exactly these semantics
+//! with a full scan instead of the indexes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::decision::{
+    Assignment, Decision, JobUnplaceable, NodeScore, Outcome, PoolAttempt, PoolLeftReason,
+    PoolOutcome, RejectReason, RejectionCount, SoftRule, Tier, Trace, UnplaceableReason, strongest,
+};
+use crate::engine::{
+    Class, Engine, NodeIdx, PoolIdx, VIRTUAL, ZoneId, check_cores, from_milli, set_bit, to_milli,
+};
+use crate::model::{PlacementRequest, Strength};
+use crate::search::{
+    Cand, Check, Cons, Need, Overlay, Query, Readiness, Rule, Searcher, VirtualNode, check_node,
+    name_of, tiers,
+};
+use crate::validate::rule_conflict;
+
+/// Most jobs one replica may have; placement of a bigger replica is refused, not attempted.
+pub const MAX_JOBS_PER_REPLICA: usize = 256;
+
+/// Jobs that share a node (`coLocateWith`, or a hard intra-replica `sameNode`).
+#[derive(Debug, Clone)]
+struct Group {
+    /// Indexes into the request's jobs, in request order.
+    jobs: Vec<usize>,
+    need: Need,
+    /// Nodes of running siblings this group must join.
+    pinned: Option<Vec<NodeIdx>>,
+    /// Nodes of running siblings this group must avoid.
+    avoid: Vec<NodeIdx>,
+    /// Other groups this group must not share a node with.
+    separate: BTreeSet<usize>,
+}
+
+/// Positions of jobs outside the groups being placed (other replicas, or running siblings).
+#[derive(Debug, Clone, Default)]
+struct Positions {
+    nodes: Vec<NodeIdx>,
+    any_node: bool,
+    zones: Vec<ZoneId>,
+    any_zone: bool,
+}
+
+impl Positions {
+    fn add(&mut self, e: &Engine, node: &str, zone: Option<&str>) {
+        self.any_node = true;
+        let idx = e.node_by_id.get(node).copied();
+        if let Some(i) = idx
+            && !self.nodes.contains(&i)
+        {
+            self.nodes.push(i);
+        }
+        let z = match zone {
+            Some(z) => {
+                self.any_zone = true;
+                e.zones.get(z)
+            }
+            None => {
+                let z = idx.and_then(|i| e.node(i)).and_then(|n| n.zone);
+                self.any_zone |= z.is_some();
+                z
+            }
+        };
+        if let Some(z) = z
+            && !self.zones.contains(&z)
+        {
+            self.zones.push(z);
+        }
+    }
+}
+
+struct Prepared {
+    groups: Vec<Group>,
+    inter: Positions,
+    siblings: Positions,
+}
+
+/// Where one group landed during an attempt.
+#[derive(Debug, Clone, Copy)]
+struct Landing {
+    cand: Cand,
+    zone: Option<ZoneId>,
+    tier: Tier,
+    pending: bool,
+}
+
+struct Attempt {
+    landings: Vec<Option<Landing>>,
+    broken: BTreeSet<SoftRule>,
+}
+
+struct Failure {
+    group: usize,
+    rules: Vec<Rule>,
+    overlay: Overlay,
+}
+
+pub(crate) fn place<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64) -> Decision {
+    let decision = place_inner(e, s, req, now);
+    tracing::debug!(
+        bundle = %req.bundle_id,
+        replica = req.replica_index,
+        outcome = ?decision.kind(),
+        pools_tried = decision.trace.pools.len(),
+        "placement decision"
+    );
+    decision
+}
+
+fn decision(req: &PlacementRequest, outcome: Outcome, trace: Trace) -> Decision {
+    Decision {
+        bundle_id: req.bundle_id.clone(),
+        replica_index: req.replica_index,
+        outcome,
+        trace,
+    }
+}
+
+fn unplaceable(
+    req: &PlacementRequest,
+    jobs: Vec<JobUnplaceable>,
+    pools: Vec<PoolAttempt>,
+    message: String,
+) -> Decision {
+    decision(
+        req,
+        Outcome::Unplaceable { jobs },
+        Trace {
+            pools,
+            broken_soft_rules: Vec::new(),
+            message,
+        },
+    )
+}
+
+fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64) -> Decision {
+    let prepared = match prepare(e, req) {
+        Ok(p) => p,
+        Err((jobs, message)) => return unplaceable(req, jobs, Vec::new(), message),
+    };
+    let mut pools_tried: Vec<PoolAttempt> = Vec::new();
+    // Per group: the first pool's rejection counts where it did not fit.
+    let mut group_fail: BTreeMap<usize, Option<RejectReason>> = BTreeMap::new();
+    let mut first_blocking: Option<usize> = None;
+    let mut seen: Vec<&str> = Vec::new();
+    for name in &req.pools {
+        let left = |reason| PoolAttempt {
+            pool: name.clone(),
+            outcome: PoolOutcome::Left,
+            reason: Some(reason),
+            failed_job: None,
+            rejections: Vec::new(),
+        };
+        if seen.contains(&name.as_str()) {
+            pools_tried.push(left(PoolLeftReason::Duplicate));
+            continue;
+        }
+        seen.push(name);
+        let Some(&pidx) = e.pool_by_name.get(name) else {
+            pools_tried.push(left(PoolLeftReason::UnknownPool));
+            continue;
+        };
+        let Some(pool) = e.pool(pidx) else {
+            pools_tried.push(left(PoolLeftReason::UnknownPool));
+            continue;
+        };
+        let failure = match attempt(e, s, req, &prepared, pidx, None, now) {
+            Ok(a) => {
+                pools_tried.push(PoolAttempt {
+                    pool: name.clone(),
+                    outcome: PoolOutcome::Placed,
+                    reason: None,
+                    failed_job: None,
+                    rejections: Vec::new(),
+                });
+                return placed(e, req, &prepared, name, a, pools_tried);
+            }
+            Err(f) => f,
+        };
+        let reason = if !pool.elastic {
+            PoolLeftReason::NoNodeFits
+        } else if pool
+            .spec
+            .max_nodes
+            .is_some_and(|m| pool.members.len() >= m as usize)
+        {
+            PoolLeftReason::MaxNodesReached
+        } else {
+            match provision(e, s, req, &prepared, pidx, now) {
+                Some((type_name, zone, broken)) => {
+                    pools_tried.push(PoolAttempt {
+                        pool: name.clone(),
+                        outcome: PoolOutcome::Provision,
+                        reason: None,
+                        failed_job: None,
+                        rejections: Vec::new(),
+                    });
+                    let message = format!(
+                        "no node of pool {name} can take the replica; provision a {type_name} node{}",
+                        zone.as_deref()
+                            .map(|z| format!(" in zone {z}"))
+                            .unwrap_or_default()
+                    );
+                    return decision(
+                        req,
+                        Outcome::Provision {
+                            pool: name.clone(),
+                            instance_type: type_name,
+                            zone,
+                        },
+                        Trace {
+                            pools: pools_tried,
+                            broken_soft_rules: broken.into_iter().collect(),
+                            message,
+                        },
+                    );
+                }
+                None => PoolLeftReason::NoInstanceTypeFits,
+            }
+        };
+        let rejections = diagnose(e, req, &prepared, pidx, &failure, now);
+        let dominant = rejections
+            .iter()
+            .max_by(|a, b| a.count.cmp(&b.count).then(b.reason.cmp(&a.reason)));
+        group_fail
+            .entry(failure.group)
+            .or_insert(dominant.map(|r| r.reason));
+        first_blocking.get_or_insert(failure.group);
+        let failed_job = prepared
+            .groups
+            .get(failure.group)
+            .and_then(|g| g.jobs.first())
+            .and_then(|&j| req.jobs.get(j))
+            .map(|j| j.job_name.clone());
+        pools_tried.push(PoolAttempt {
+            pool: name.clone(),
+            outcome: PoolOutcome::Left,
+            reason: Some(reason),
+            failed_job,
+            rejections,
+        });
+    }
+    let jobs = unplaceable_jobs(req, &prepared, &group_fail, first_blocking);
+    let message = if first_blocking.is_none() {
+        "no usable pool in the preference list".to_owned()
+    } else {
+        let parts: Vec<String> = pools_tried
+            .iter()
+            .map(|p| {
+                let why = p.reason.map(|r| r.as_str()).unwrap_or("");
+                match (&p.failed_job, p.rejections.iter().max_by_key(|r| r.count)) {
+                    (Some(j), Some(r)) => format!(
+                        "{}: {why} for job {j}, mostly {}",
+                        p.pool,
+                        r.reason.as_str()
+                    ),
+                    (Some(j), None) => format!("{}: {why} for job {j}", p.pool),
+                    _ => format!("{}: {why}", p.pool),
+                }
+            })
+            .collect();
+        format!("replica not placed; {}", parts.join("; "))
+    };
+    unplaceable(req, jobs, pools_tried, message)
+}
+
+fn unplaceable_jobs(
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    group_fail: &BTreeMap<usize, Option<RejectReason>>,
+    first_blocking: Option<usize>,
+) -> Vec<JobUnplaceable> {
+    let Some(blocking) = first_blocking else {
+        return req
+            .jobs
+            .iter()
+            .map(|j| JobUnplaceable {
+                job_name: j.job_name.clone(),
+                reason: UnplaceableReason::NoUsablePool,
+            })
+            .collect();
+    };
+    let blocking_job = prepared
+        .groups
+        .get(blocking)
+        .and_then(|g| g.jobs.first())
+        .and_then(|&j| req.jobs.get(j))
+        .map(|j| j.job_name.clone())
+        .unwrap_or_default();
+    let mut reasons: Vec<Option<UnplaceableReason>> = vec![None; req.jobs.len()];
+    for (gi, g) in prepared.groups.iter().enumerate() {
+        let r = match group_fail.get(&gi) {
+            Some(dominant) => UnplaceableReason::NoNodeFits { reason: *dominant },
+            None => UnplaceableReason::ReplicaIncomplete {
+                blocking_job: blocking_job.clone(),
+            },
+        };
+        for &j in &g.jobs {
+            if let Some(slot) = reasons.get_mut(j) {
+                *slot = Some(r.clone());
+            }
+        }
+    }
+    req.jobs
+        .iter()
+        .zip(reasons)
+        .map(|(j, r)| JobUnplaceable {
+            job_name: j.job_name.clone(),
+            reason: r.unwrap_or(UnplaceableReason::ReplicaIncomplete {
+                blocking_job: blocking_job.clone(),
+            }),
+        })
+        .collect()
+}
+
+fn placed(
+    e: &Engine,
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    pool: &str,
+    a: Attempt,
+    pools: Vec<PoolAttempt>,
+) -> Decision {
+    let mut per_job: Vec<Option<Assignment>> = vec![None; req.jobs.len()];
+    for (g, landing) in prepared.groups.iter().zip(&a.landings) {
+        let Some(l) = landing else { continue };
+        let after_cap = l.cand.free.saturating_sub(g.need.cap);
+        let after_cores = l.cand.cores.saturating_sub(g.need.cores);
+        for &j in &g.jobs {
+            let Some(job) = req.jobs.get(j) else { continue };
+            if let Some(slot) = per_job.get_mut(j) {
+                *slot = Some(Assignment {
+                    job_name: job.job_name.clone(),
+                    node: name_of(e, l.cand.node).to_owned(),
+                    zone: e.zone_name(l.zone),
+                    node_pending: l.pending,
+                    capacity: job.requirements.required_capacity,
+                    cores: job.requirements.required_cores,
+                    score: NodeScore {
+                        tier: l.tier,
+                        free_capacity_after: from_milli(after_cap),
+                        free_cores_after: after_cores,
+                    },
+                });
+            }
+        }
+    }
+    let assignments: Vec<Assignment> = per_job.into_iter().flatten().collect();
+    let mut nodes: Vec<&str> = Vec::new();
+    for a in &assignments {
+        if !nodes.contains(&a.node.as_str()) {
+            nodes.push(&a.node);
+        }
+    }
+    let mut message = format!(
+        "placed {} job(s) in pool {pool} on {}{}",
+        assignments.len(),
+        nodes.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+        if nodes.len() > 4 {
+            format!(" and {} more", nodes.len() - 4)
+        } else {
+            String::new()
+        }
+    );
+    if !a.broken.is_empty() {
+        let rules: Vec<&str> = a.broken.iter().map(|r| r.as_str()).collect();
+        message.push_str(&format!("; soft rules not honoured: {}", rules.join(", ")));
+    }
+    decision(
+        req,
+        Outcome::Placed {
+            pool: pool.to_owned(),
+            assignments,
+        },
+        Trace {
+            pools,
+            broken_soft_rules: a.broken.into_iter().collect(),
+            message,
+        },
+    )
+}
+
+/// Validates the request and turns its jobs into groups. On error: one reason per job.
+#[allow(clippy::type_complexity)]
+fn prepare(e: &Engine, req: &PlacementRequest) -> Result<Prepared, (Vec<JobUnplaceable>, String)> {
+    let n = req.jobs.len();
+    if n == 0 {
+        return Err((Vec::new(), "replica has no jobs to place".into()));
+    }
+    if n > MAX_JOBS_PER_REPLICA {
+        let jobs = req
+            .jobs
+            .iter()
+            .map(|j| JobUnplaceable {
+                job_name: j.job_name.clone(),
+                reason: UnplaceableReason::TooManyJobs {
+                    count: n,
+                    limit: MAX_JOBS_PER_REPLICA,
+                },
+            })
+            .collect();
+        return Err((
+            jobs,
+            format!("replica has {n} jobs; at most {MAX_JOBS_PER_REPLICA} are placed as a unit"),
+        ));
+    }
+    let mut problems: Vec<Option<UnplaceableReason>> = vec![None; n];
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    let sibling_node: HashMap<&str, &str> = req
+        .placed_siblings
+        .iter()
+        .map(|s| (s.job_name.as_str(), s.node.as_str()))
+        .collect();
+    let invalid = |d: String| Some(UnplaceableReason::InvalidJob { detail: d });
+    for (i, j) in req.jobs.iter().enumerate() {
+        if j.job_name.is_empty() {
+            problems[i] = invalid("empty jobName".into());
+        } else if by_name.insert(&j.job_name, i).is_some() {
+            problems[i] = invalid(format!("jobName {:?} is listed twice", j.job_name));
+        } else if sibling_node.contains_key(j.job_name.as_str()) {
+            problems[i] = invalid(format!(
+                "job {:?} is also listed as already placed",
+                j.job_name
+            ));
+        }
+    }
+    let mut caps_cache: Vec<(u64, u32)> = vec![(0, 0); n];
+    for (i, j) in req.jobs.iter().enumerate() {
+        if problems[i].is_some() {
+            continue;
+        }
+        match (
+            to_milli(j.requirements.required_capacity, true),
+            check_cores(j.requirements.required_cores),
+        ) {
+            (Ok(c), Ok(k)) => caps_cache[i] = (c, k),
+            (Err(p), _) => problems[i] = invalid(format!("requiredCapacity is {p}")),
+            (_, Err(p)) => problems[i] = invalid(format!("requiredCores is {p}")),
+        }
+        for t in j.co_locate_with.iter().chain(&j.separate_from) {
+            if !by_name.contains_key(t.as_str()) && !sibling_node.contains_key(t.as_str()) {
+                problems[i] = invalid(format!("references unknown job {t:?}"));
+            }
+        }
+        if j.separate_from.contains(&j.job_name) {
+            problems[i] = Some(UnplaceableReason::Contradictory {
+                detail: "job is separated from itself".into(),
+            });
+        }
+    }
+    if let Some(d) = rule_conflict(&req.intra_replica).or(rule_conflict(&req.inter_replica)) {
+        let detail = format!("hard placement rules contradict each other: {d}");
+        let jobs = req
+            .jobs
+            .iter()
+            .map(|j| JobUnplaceable {
+                job_name: j.job_name.clone(),
+                reason: UnplaceableReason::Contradictory {
+                    detail: detail.clone(),
+                },
+            })
+            .collect();
+        return Err((jobs, detail));
+    }
+    // Union-find over coLocateWith (cycles are harmless: they just join the same set).
+    let mut parent: Vec<usize> = (0..n).collect();
+    fn find(p: &mut [usize], mut x: usize) -> usize {
+        while let Some(&px) = p.get(x) {
+            if px == x {
+                break;
+            }
+            let gp = p.get(px).copied().unwrap_or(px);
+            if let Some(slot) = p.get_mut(x) {
+                *slot = gp;
+            }
+            x = gp;
+        }
+        x
+    }
+    let mut union = |a: usize, b: usize| {
+        let (ra, rb) = (find(&mut parent, a), find(&mut parent, b));
+        if ra != rb {
+            let (lo, hi) = if ra < rb { (ra, rb) } else { (rb, ra) };
+            if let Some(slot) = parent.get_mut(hi) {
+                *slot = lo;
+            }
+        }
+    };
+    if req.intra_replica.same_node == Some(Strength::Hard) {
+        for i in 1..n {
+            union(0, i);
+        }
+    }
+    for (i, j) in req.jobs.iter().enumerate() {
+        for t in &j.co_locate_with {
+            if let Some(&k) = by_name.get(t.as_str()) {
+                union(i, k);
+            }
+        }
+    }
+    let roots: Vec<usize> = (0..n).map(|i| find(&mut parent, i)).collect();
+    // Separation inside one co-located group is a contradiction.
+    for (i, j) in req.jobs.iter().enumerate() {
+        for t in &j.separate_from {
+            if let Some(&k) = by_name.get(t.as_str())
+                && k != i
+                && roots.get(i) == roots.get(k)
+            {
+                let detail = format!(
+                    "{:?} must share a node with {t:?} and also avoid it",
+                    j.job_name
+                );
+                for x in [i, k] {
+                    if problems[x].is_none() {
+                        problems[x] = Some(UnplaceableReason::Contradictory {
+                            detail: detail.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let mut group_of_root: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, &(cap, cores)) in caps_cache.iter().enumerate() {
+        let root = roots.get(i).copied().unwrap_or(i);
+        let gi = *group_of_root.entry(root).or_insert_with(|| {
+            groups.push(Group {
+                jobs: Vec::new(),
+                need: Need {
+                    cap: 0,
+                    cores: 0,
+                    caps: Vec::new(),
+                    caps_unknown: false,
+                    band: req.jobs[i].requirements.priority_band,
+                },
+                pinned: None,
+                avoid: Vec::new(),
+                separate: BTreeSet::new(),
+            });
+            groups.len() - 1
+        });
+        let job = &req.jobs[i];
+        if let Some(g) = groups.get_mut(gi) {
+            g.jobs.push(i);
+            g.need.cap = g.need.cap.saturating_add(cap);
+            g.need.cores = g.need.cores.saturating_add(cores);
+            g.need.band = strongest(g.need.band, job.requirements.priority_band);
+            for c in &job.requirements.required_capabilities {
+                match e.caps.get(c) {
+                    Some(id) => set_bit(&mut g.need.caps, id),
+                    None => g.need.caps_unknown = true,
+                }
+            }
+        }
+    }
+    let group_of = |i: usize| roots.get(i).and_then(|r| group_of_root.get(r)).copied();
+    for (i, j) in req.jobs.iter().enumerate() {
+        let Some(gi) = group_of(i) else { continue };
+        for t in &j.co_locate_with {
+            if let Some(node) = sibling_node.get(t.as_str()) {
+                let idx = e.node_by_id.get(*node).copied();
+                if let Some(g) = groups.get_mut(gi) {
+                    let pins = g.pinned.get_or_insert_with(Vec::new);
+                    // An unknown node pins to nothing: the group cannot be placed.
+                    if let Some(idx) = idx
+                        && !pins.contains(&idx)
+                    {
+                        pins.push(idx);
+                    }
+                }
+            }
+        }
+        for t in &j.separate_from {
+            if let Some(&k) = by_name.get(t.as_str()) {
+                if let Some(gk) = group_of(k)
+                    && gk != gi
+                {
+                    if let Some(g) = groups.get_mut(gi) {
+                        g.separate.insert(gk);
+                    }
+                    if let Some(g) = groups.get_mut(gk) {
+                        g.separate.insert(gi);
+                    }
+                }
+            } else if let Some(node) = sibling_node.get(t.as_str())
+                && let Some(&idx) = e.node_by_id.get(*node)
+                && let Some(g) = groups.get_mut(gi)
+            {
+                g.avoid.push(idx);
+            }
+        }
+    }
+    // Pinned to two different nodes, or pinned to a node it must avoid.
+    for g in &groups {
+        if let Some(p) = &g.pinned
+            && (p.len() > 1 || p.iter().any(|x| g.avoid.contains(x)))
+        {
+            for &j in &g.jobs {
+                if problems[j].is_none() {
+                    problems[j] = Some(UnplaceableReason::Contradictory {
+                        detail: "coLocateWith names running jobs on different nodes, or a node it must avoid".into(),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(first_bad) = problems.iter().position(Option::is_some) {
+        let blocking_job = req.jobs[first_bad].job_name.clone();
+        let jobs: Vec<JobUnplaceable> = req
+            .jobs
+            .iter()
+            .zip(problems)
+            .map(|(j, p)| JobUnplaceable {
+                job_name: j.job_name.clone(),
+                reason: p.unwrap_or(UnplaceableReason::ReplicaIncomplete {
+                    blocking_job: blocking_job.clone(),
+                }),
+            })
+            .collect();
+        let message = format!(
+            "replica not placed: job {blocking_job:?}: {}",
+            jobs[first_bad].reason
+        );
+        return Err((jobs, message));
+    }
+    // Most constrained first: pinned groups, then the biggest; ties by first job name.
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (ga, gb) = (&groups[a], &groups[b]);
+        gb.pinned
+            .is_some()
+            .cmp(&ga.pinned.is_some())
+            .then(gb.need.cap.cmp(&ga.need.cap))
+            .then(gb.need.cores.cmp(&ga.need.cores))
+            .then_with(|| first_name(req, ga).cmp(first_name(req, gb)))
+    });
+    let mut remap = vec![0usize; groups.len()];
+    for (new, &old) in order.iter().enumerate() {
+        remap[old] = new;
+    }
+    let mut sorted: Vec<Group> = order.iter().map(|&o| groups[o].clone()).collect();
+    for g in &mut sorted {
+        g.separate = g.separate.iter().map(|&x| remap[x]).collect();
+    }
+    let mut inter = Positions::default();
+    for p in &req.other_replicas {
+        inter.add(e, &p.node, p.zone.as_deref());
+    }
+    let mut siblings = Positions::default();
+    for p in &req.placed_siblings {
+        siblings.add(e, &p.node, p.zone.as_deref());
+    }
+    Ok(Prepared {
+        groups: sorted,
+        inter,
+        siblings,
+    })
+}
+
+fn first_name<'a>(req: &'a PlacementRequest, g: &Group) -> &'a str {
+    g.jobs
+        .iter()
+        .filter_map(|&j| req.jobs.get(j))
+        .map(|j| j.job_name.as_str())
+        .min()
+        .unwrap_or("")
+}
+
+/// Hard rules and soft rules (in the order they are given up) for one group, given where the
+/// replica's earlier groups landed.
+fn rules_for(
+    req: &PlacementRequest,
+    p: &Prepared,
+    gi: usize,
+    landings: &[Option<Landing>],
+) -> (Vec<Rule>, Vec<(SoftRule, Rule)>) {
+    let mut hard = Vec::new();
+    let mut soft = Vec::new();
+    let Some(g) = p.groups.get(gi) else {
+        return (hard, soft);
+    };
+    if let Some(pins) = &g.pinned {
+        hard.push(Rule {
+            reason: RejectReason::CoLocateWith,
+            cons: Cons::NodeIn(pins.clone()),
+        });
+    }
+    let mut avoid = g.avoid.clone();
+    for &o in &g.separate {
+        if let Some(Some(l)) = landings.get(o)
+            && !avoid.contains(&l.cand.node)
+        {
+            avoid.push(l.cand.node);
+        }
+    }
+    if !avoid.is_empty() {
+        hard.push(Rule {
+            reason: RejectReason::SeparateFrom,
+            cons: Cons::NodeNotIn(avoid),
+        });
+    }
+    let mut intra = p.siblings.clone();
+    for l in landings.iter().flatten() {
+        intra.any_node = true;
+        if !intra.nodes.contains(&l.cand.node) {
+            intra.nodes.push(l.cand.node);
+        }
+        if let Some(z) = l.zone {
+            intra.any_zone = true;
+            if !intra.zones.contains(&z) {
+                intra.zones.push(z);
+            }
+        }
+    }
+    let scopes = [
+        (
+            &req.inter_replica,
+            &p.inter,
+            [
+                SoftRule::InterSameNode,
+                SoftRule::InterDifferentNode,
+                SoftRule::InterSameZone,
+                SoftRule::InterDifferentZone,
+            ],
+        ),
+        (
+            &req.intra_replica,
+            &intra,
+            [
+                SoftRule::IntraSameNode,
+                SoftRule::IntraDifferentNode,
+                SoftRule::IntraSameZone,
+                SoftRule::IntraDifferentZone,
+            ],
+        ),
+    ];
+    for (rules, pos, names) in scopes {
+        let [same_node, diff_node, same_zone, diff_zone] = names;
+        let entries = [
+            (
+                rules.same_node,
+                same_node,
+                pos.any_node,
+                Cons::NodeIn(pos.nodes.clone()),
+            ),
+            (
+                rules.different_node,
+                diff_node,
+                pos.any_node,
+                Cons::NodeNotIn(pos.nodes.clone()),
+            ),
+            (
+                rules.same_zone,
+                same_zone,
+                pos.any_zone,
+                Cons::ZoneIn(pos.zones.clone()),
+            ),
+            (
+                rules.different_zone,
+                diff_zone,
+                pos.any_zone,
+                Cons::ZoneNotIn(pos.zones.clone()),
+            ),
+        ];
+        for (strength, name, applies, cons) in entries {
+            let Some(strength) = strength else { continue };
+            if !applies {
+                continue;
+            }
+            let rule = Rule {
+                reason: name.reject_reason(),
+                cons,
+            };
+            match strength {
+                Strength::Hard => hard.push(rule),
+                Strength::Soft => soft.push((name, rule)),
+            }
+        }
+    }
+    soft.sort_by_key(|(name, _)| *name);
+    (hard, soft)
+}
+
+/// Places every group in one pool (plus, when simulating a provision, one new node).
+#[allow(clippy::too_many_arguments)]
+fn attempt<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    p: &Prepared,
+    pool: PoolIdx,
+    virt: Option<&VirtualNode>,
+    now: u64,
+) -> Result<Attempt, Failure> {
+    let Some(state) = e.pool(pool) else {
+        return Err(Failure {
+            group: 0,
+            rules: Vec::new(),
+            overlay: Overlay::default(),
+        });
+    };
+    let strategy = state.strategy;
+    let mut overlay = Overlay::default();
+    let mut landings: Vec<Option<Landing>> = vec![None; p.groups.len()];
+    let mut broken = BTreeSet::new();
+    for (gi, g) in p.groups.iter().enumerate() {
+        let (hard, soft) = rules_for(req, p, gi, &landings);
+        let tier_list = tiers(req.kind, g.need.band);
+        let find = |rules: &[Rule], overlay: &Overlay| -> Option<Landing> {
+            for readiness in [Readiness::Ready, Readiness::Pending] {
+                for tier in &tier_list {
+                    let q = Query {
+                        pool,
+                        strategy,
+                        need: &g.need,
+                        rules,
+                        tier: Some(tier),
+                        readiness,
+                        overlay,
+                        virt,
+                        now,
+                        kind: req.kind,
+                    };
+                    if let Some(c) = s.best(e, &q) {
+                        return Some(landing_of(e, c, virt, readiness));
+                    }
+                }
+            }
+            None
+        };
+        let mut all = hard.clone();
+        all.extend(soft.iter().map(|(_, r)| r.clone()));
+        let found = match find(&all, &overlay) {
+            Some(l) => Some(l),
+            None if soft.is_empty() => None,
+            None => {
+                // Keep each soft rule, most important first, while some node still honours it.
+                let mut kept = hard.clone();
+                let mut last = None;
+                for (name, rule) in &soft {
+                    kept.push(rule.clone());
+                    match find(&kept, &overlay) {
+                        Some(l) => last = Some(l),
+                        None => {
+                            kept.pop();
+                            broken.insert(*name);
+                        }
+                    }
+                }
+                last.or_else(|| find(&kept, &overlay))
+            }
+        };
+        let Some(l) = found else {
+            return Err(Failure {
+                group: gi,
+                rules: hard,
+                overlay,
+            });
+        };
+        overlay.add(l.cand.node, g.need.cap, g.need.cores);
+        if let Some(slot) = landings.get_mut(gi) {
+            *slot = Some(l);
+        }
+    }
+    Ok(Attempt { landings, broken })
+}
+
+fn landing_of(e: &Engine, c: Cand, virt: Option<&VirtualNode>, readiness: Readiness) -> Landing {
+    if c.node == VIRTUAL {
+        return Landing {
+            cand: c,
+            zone: virt.and_then(|v| v.zone),
+            tier: Tier::NewNode,
+            pending: false,
+        };
+    }
+    let n = e.node(c.node);
+    let tier = match n.map(|n| n.class()) {
+        Some(Class::Spare(Some(_))) => Tier::BandSpare,
+        Some(Class::Spare(None)) => Tier::Spare,
+        _ => Tier::Node,
+    };
+    Landing {
+        cand: c,
+        zone: n.and_then(|n| n.zone),
+        tier,
+        pending: readiness == Readiness::Pending,
+    }
+}
+
+/// The smallest candidate type whose one new node lets the whole replica place; per type the
+/// zone breaking the fewest soft rules (ties: the pool's zone order).
+fn provision<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    p: &Prepared,
+    pool: PoolIdx,
+    now: u64,
+) -> Option<(String, Option<String>, BTreeSet<SoftRule>)> {
+    let state = e.pool(pool)?;
+    for t in &state.types {
+        let mut best: Option<(Option<ZoneId>, BTreeSet<SoftRule>)> = None;
+        for &zone in &state.provision_zones {
+            let v = VirtualNode {
+                cap: t.cap,
+                cores: t.cores,
+                capset: t.capset,
+                zone,
+            };
+            if let Ok(a) = attempt(e, s, req, p, pool, Some(&v), now)
+                && best.as_ref().is_none_or(|(_, b)| a.broken.len() < b.len())
+            {
+                best = Some((zone, a.broken));
+            }
+        }
+        if let Some((zone, broken)) = best {
+            return Some((t.name.clone(), e.zone_name(zone), broken));
+        }
+    }
+    None
+}
+
+/// Counts, for the group that did not fit, every node of the pool under its first rejection
+/// reason.
+fn diagnose(
+    e: &Engine,
+    req: &PlacementRequest,
+    p: &Prepared,
+    pool: PoolIdx,
+    f: &Failure,
+    now: u64,
+) -> Vec<RejectionCount> {
+    let (Some(state), Some(g)) = (e.pool(pool), p.groups.get(f.group)) else {
+        return Vec::new();
+    };
+    let q = Query {
+        pool,
+        strategy: state.strategy,
+        need: &g.need,
+        rules: &f.rules,
+        tier: None,
+        readiness: Readiness::Any,
+        overlay: &f.overlay,
+        virt: None,
+        now,
+        kind: req.kind,
+    };
+    let mut counts = [0u64; RejectReason::ALL.len()];
+    for &m in &state.members {
+        if let Check::Reject(r) = check_node(e, &q, m)
+            && let Some(c) = counts.get_mut(r.index())
+        {
+            *c += 1;
+        }
+    }
+    RejectReason::ALL
+        .iter()
+        .zip(counts)
+        .filter(|(_, c)| *c > 0)
+        .map(|(r, c)| RejectionCount {
+            reason: *r,
+            count: c,
+        })
+        .collect()
+}
