@@ -1,0 +1,706 @@
+//! The connection: a lazily connected tonic channel, the Watch loop that
+//! keeps the [`Mirror`] current (reconnect with backoff, resume, resync),
+//! and the command methods.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use manager_proto::manager_client::ManagerClient as GrpcClient;
+use manager_proto::{
+    Bundle, CreateNodeRequest, DeleteBundleRequest, Job, JobRole, ListNodesRequest,
+    ListPoolsRequest, Migration, NodeControllerMigrationAbort, NodeControllerMigrationCutover,
+    NodeControllerMigrationGetState, NodeControllerMigrationPrepareTarget, Node,
+    RegisterBundleRequest, RegisterBundleResponse, RejectionReason, SnapshotReason,
+    StartJobRequest, StopJobRequest, TerminateNodeRequest, UpdateJobConfigRequest, WatchRequest,
+    watch_response,
+};
+use manager_proto::Pool;
+use rand::Rng;
+use tokio::sync::{broadcast, watch};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::mirror::{Mirror, MirrorChange, SnapshotData};
+
+/// Errors of the client. Command errors keep the gRPC meaning so callers
+/// can tell "fix the request" from "try again".
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ClientError {
+    /// The [`ClientConfig`] is unusable.
+    #[error("invalid client configuration: {0}")]
+    Config(String),
+    /// Manager refused the request as malformed.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The named object does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The id is already taken.
+    #[error("already exists: {0}")]
+    AlreadyExists(String),
+    /// The request conflicts with Manager's current state.
+    #[error("failed precondition: {0}")]
+    FailedPrecondition(String),
+    /// Wrong or missing token.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// Manager cannot be reached (retry later).
+    #[error("manager unavailable: {0}")]
+    Unavailable(String),
+    /// No answer in time.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+    /// A worker refused to start a job instance.
+    #[error("job {job_id} rejected by node {node_id}: {}: {message}", reason.as_str_name())]
+    Rejected {
+        /// The job.
+        job_id: String,
+        /// The node that refused.
+        node_id: String,
+        /// Why.
+        reason: RejectionReason,
+        /// Detail.
+        message: String,
+    },
+    /// [`ManagerClient::close`] was called.
+    #[error("the client is closed")]
+    Closed,
+    /// Any other gRPC status.
+    #[error("{code:?}: {message}")]
+    Rpc {
+        /// gRPC code.
+        code: tonic::Code,
+        /// Message.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// True when repeating the same call later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ClientError::Unavailable(_) | ClientError::Timeout(_))
+            || matches!(self, ClientError::Rpc { code, .. } if matches!(code, tonic::Code::ResourceExhausted | tonic::Code::Aborted | tonic::Code::Internal | tonic::Code::Unknown))
+    }
+}
+
+impl From<tonic::Status> for ClientError {
+    fn from(s: tonic::Status) -> Self {
+        let m = s.message().to_owned();
+        match s.code() {
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => ClientError::InvalidArgument(m),
+            tonic::Code::NotFound => ClientError::NotFound(m),
+            tonic::Code::AlreadyExists => ClientError::AlreadyExists(m),
+            tonic::Code::FailedPrecondition => ClientError::FailedPrecondition(m),
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ClientError::Unauthenticated(m),
+            tonic::Code::Unavailable => ClientError::Unavailable(m),
+            tonic::Code::DeadlineExceeded => ClientError::Timeout(Duration::ZERO),
+            code => ClientError::Rpc { code, message: m },
+        }
+    }
+}
+
+/// TLS settings (PEM).
+#[derive(Debug, Clone, Default)]
+pub struct TlsOptions {
+    /// CA certificate(s) that sign Manager's certificate. Required: the
+    /// workspace builds tonic without system or webpki roots.
+    pub ca_pem: Vec<u8>,
+    /// Name to verify in Manager's certificate (default: the endpoint host).
+    pub domain: Option<String>,
+    /// Client certificate and key for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+/// How to reach Manager.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// `http://host:port` or `https://host:port`.
+    pub endpoint: String,
+    /// Bearer token sent on every call.
+    pub token: Option<String>,
+    /// TLS; required for `https://` endpoints.
+    pub tls: Option<TlsOptions>,
+    /// TCP + HTTP/2 connect timeout (default 5 s).
+    pub connect_timeout: Duration,
+    /// Deadline of each unary call (default 10 s).
+    pub request_timeout: Duration,
+    /// First reconnect delay cap (default 200 ms).
+    pub backoff_initial: Duration,
+    /// Largest reconnect delay cap (default 30 s).
+    pub backoff_max: Duration,
+    /// Change events buffered per subscriber before it lags (default 65536).
+    pub change_buffer: usize,
+    /// Largest message accepted from Manager (default 64 MiB).
+    pub max_message_bytes: usize,
+}
+
+impl ClientConfig {
+    /// Defaults for `endpoint`.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        ClientConfig {
+            endpoint: endpoint.into(),
+            token: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            backoff_initial: Duration::from_millis(200),
+            backoff_max: Duration::from_secs(30),
+            change_buffer: 65_536,
+            max_message_bytes: 64 * 1024 * 1024,
+        }
+    }
+
+    /// With a bearer token.
+    #[must_use]
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// With TLS.
+    #[must_use]
+    pub fn with_tls(mut self, tls: TlsOptions) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// The connection state, as the seed names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionState {
+    /// Created, not yet trying.
+    Idle,
+    /// Opening the Watch stream (or receiving its snapshot).
+    Connecting,
+    /// Synced and receiving events.
+    Ready,
+    /// The stream failed; waiting to reconnect.
+    TransientFailure,
+    /// Closed for good.
+    Shutdown,
+}
+
+impl ConnectionState {
+    /// The seed's spelling: `idle`, `connecting`, `ready`, `transientFailure`, `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectionState::Idle => "idle",
+            ConnectionState::Connecting => "connecting",
+            ConnectionState::Ready => "ready",
+            ConnectionState::TransientFailure => "transientFailure",
+            ConnectionState::Shutdown => "shutdown",
+        }
+    }
+}
+
+/// Adds the bearer token to every call.
+#[derive(Debug, Clone)]
+pub struct AuthInterceptor {
+    header: Option<MetadataValue<Ascii>>,
+}
+
+impl Interceptor for AuthInterceptor {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.header {
+            req.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Rpc = GrpcClient<InterceptedService<Channel, AuthInterceptor>>;
+
+/// Full-jitter exponential backoff: attempt n sleeps a uniform random time
+/// in `[0, min(max, initial * 2^n)]`.
+pub fn backoff_delay(initial: Duration, max: Duration, attempt: u32, rng: &mut impl Rng) -> Duration {
+    let cap = initial
+        .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
+        .unwrap_or(max)
+        .min(max);
+    let ms = u64::try_from(cap.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(rng.random_range(0..=ms))
+}
+
+struct Shared {
+    rpc: Rpc,
+    mirror: Mirror,
+    state: watch::Sender<ConnectionState>,
+    changes: broadcast::Sender<MirrorChange>,
+    stop: watch::Sender<bool>,
+    last_error: Mutex<Option<String>>,
+    request_timeout: Duration,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.stop.send_replace(true);
+    }
+}
+
+/// A connection to Manager and the mirror it keeps. Cheap to clone; all
+/// clones share one connection. Dropping the last clone stops the loop.
+#[derive(Clone)]
+pub struct ManagerClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for ManagerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagerClient")
+            .field("state", &*self.inner.shared.state.borrow())
+            .field("revision", &self.inner.shared.mirror.revision())
+            .finish()
+    }
+}
+
+fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
+    let bad = |e: &dyn std::fmt::Display| ClientError::Config(format!("endpoint {:?}: {e}", cfg.endpoint));
+    let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
+        .map_err(|e| bad(&e))?
+        .connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    let https = cfg.endpoint.starts_with("https://");
+    match (&cfg.tls, https) {
+        (Some(tls), _) => {
+            if tls.ca_pem.is_empty() {
+                return Err(ClientError::Config("tls.ca_pem is required".to_owned()));
+            }
+            let mut t = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some(d) = &tls.domain {
+                t = t.domain_name(d.clone());
+            }
+            if let Some((cert, key)) = &tls.identity {
+                t = t.identity(Identity::from_pem(cert, key));
+            }
+            ep = ep.tls_config(t).map_err(|e| bad(&e))?;
+        }
+        (None, true) => {
+            return Err(ClientError::Config("an https:// endpoint needs tls options".to_owned()));
+        }
+        (None, false) => {}
+    }
+    Ok(ep.connect_lazy())
+}
+
+impl ManagerClient {
+    /// Validates the config, and starts the Watch loop in the background.
+    /// Returns at once (state `connecting`); use [`ManagerClient::wait_ready`]
+    /// to wait for the first sync. Must be called inside a tokio runtime.
+    pub async fn connect(config: ClientConfig) -> Result<ManagerClient, ClientError> {
+        if config.change_buffer == 0 {
+            return Err(ClientError::Config("change_buffer must be at least 1".to_owned()));
+        }
+        if config.backoff_initial.is_zero() || config.backoff_max < config.backoff_initial {
+            return Err(ClientError::Config("backoff_initial must be > 0 and <= backoff_max".to_owned()));
+        }
+        let header = match &config.token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse::<MetadataValue<Ascii>>()
+                    .map_err(|_| ClientError::Config("the token has characters not allowed in a header".to_owned()))?,
+            ),
+            None => None,
+        };
+        let channel = build_channel(&config)?;
+        let rpc = GrpcClient::with_interceptor(channel, AuthInterceptor { header })
+            .max_decoding_message_size(config.max_message_bytes)
+            .max_encoding_message_size(config.max_message_bytes);
+        let (changes, _) = broadcast::channel(config.change_buffer);
+        let shared = Arc::new(Shared {
+            rpc,
+            mirror: Mirror::default(),
+            state: watch::Sender::new(ConnectionState::Idle),
+            changes,
+            stop: watch::Sender::new(false),
+            last_error: Mutex::new(None),
+            request_timeout: config.request_timeout,
+        });
+        let task = tokio::spawn(watch_loop(shared.clone(), config.backoff_initial, config.backoff_max));
+        Ok(ManagerClient {
+            inner: Arc::new(Inner {
+                shared,
+                task: tokio::sync::Mutex::new(Some(task)),
+            }),
+        })
+    }
+
+    /// The mirror (read handle).
+    pub fn mirror(&self) -> &Mirror {
+        &self.inner.shared.mirror
+    }
+
+    /// The connection state as a watch channel.
+    pub fn state(&self) -> watch::Receiver<ConnectionState> {
+        self.inner.shared.state.subscribe()
+    }
+
+    /// The connection state now.
+    pub fn connection_state(&self) -> ConnectionState {
+        *self.inner.shared.state.borrow()
+    }
+
+    /// Why the stream last failed, if it has.
+    pub fn last_error(&self) -> Option<String> {
+        self.inner
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Every change applied to the mirror from now on. A receiver that
+    /// falls more than `change_buffer` behind gets `RecvError::Lagged` and
+    /// should re-read the mirror as a whole.
+    pub fn subscribe(&self) -> broadcast::Receiver<MirrorChange> {
+        self.inner.shared.changes.subscribe()
+    }
+
+    /// Waits until the state is `ready` (the mirror is synced).
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ClientError> {
+        let mut rx = self.state();
+        match tokio::time::timeout(timeout, rx.wait_for(|s| matches!(s, ConnectionState::Ready | ConnectionState::Shutdown))).await {
+            Ok(Ok(s)) if *s == ConnectionState::Ready => Ok(()),
+            Ok(_) => Err(ClientError::Closed),
+            Err(_) => Err(ClientError::Timeout(timeout)),
+        }
+    }
+
+    /// Waits until the mirror has applied `pred` (checked on every revision).
+    pub async fn wait_until(&self, timeout: Duration, pred: impl Fn(&crate::MirrorState) -> bool) -> Result<(), ClientError> {
+        let mut rx = self.mirror().revisions();
+        let fut = async {
+            loop {
+                if self.mirror().read(&pred) {
+                    return Ok(());
+                }
+                if rx.changed().await.is_err() {
+                    return Err(ClientError::Closed);
+                }
+            }
+        };
+        tokio::time::timeout(timeout, fut).await.map_err(|_| ClientError::Timeout(timeout))?
+    }
+
+    /// Stops the Watch loop and refuses further commands. Idempotent.
+    pub async fn close(&self) {
+        self.inner.shared.stop.send_replace(true);
+        let task = self.inner.task.lock().await.take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+        self.inner.shared.state.send_replace(ConnectionState::Shutdown);
+    }
+
+    fn rpc(&self) -> Result<Rpc, ClientError> {
+        if *self.inner.shared.stop.borrow() {
+            return Err(ClientError::Closed);
+        }
+        Ok(self.inner.shared.rpc.clone())
+    }
+
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
+    where
+        F: FnOnce(Rpc, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let rpc = self.rpc()?;
+        let d = self.inner.shared.request_timeout;
+        match tokio::time::timeout(d, f(rpc, d)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) if s.code() == tonic::Code::DeadlineExceeded => Err(ClientError::Timeout(d)),
+            Ok(Err(s)) => Err(s.into()),
+            Err(_) => Err(ClientError::Timeout(d)),
+        }
+    }
+
+    /// CreateNode: returns the node in state STARTING.
+    pub async fn create_node(&self, req: CreateNodeRequest) -> Result<Node, ClientError> {
+        let r = self.call(|mut c, d| async move { c.create_node(req_with(req, d)).await }).await?;
+        r.node.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without node".into() })
+    }
+
+    /// TerminateNode.
+    pub async fn terminate_node(&self, node_id: &str) -> Result<Node, ClientError> {
+        let req = TerminateNodeRequest { node_id: node_id.to_owned() };
+        let r = self.call(|mut c, d| async move { c.terminate_node(req_with(req, d)).await }).await?;
+        r.node.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without node".into() })
+    }
+
+    /// ListNodes (straight from Manager, not the mirror).
+    pub async fn list_nodes(&self, pool: Option<&str>) -> Result<Vec<Node>, ClientError> {
+        let req = ListNodesRequest { pool: pool.unwrap_or_default().to_owned() };
+        Ok(self.call(|mut c, d| async move { c.list_nodes(req_with(req, d)).await }).await?.nodes)
+    }
+
+    /// ListPools.
+    pub async fn list_pools(&self) -> Result<Vec<Pool>, ClientError> {
+        Ok(self.call(|mut c, d| async move { c.list_pools(req_with(ListPoolsRequest {}, d)).await }).await?.pools)
+    }
+
+    /// RegisterBundle (create or update): the stored bundle and its job ids.
+    pub async fn register_bundle(&self, bundle: Bundle) -> Result<RegisterBundleResponse, ClientError> {
+        let req = RegisterBundleRequest { bundle: Some(bundle) };
+        self.call(|mut c, d| async move { c.register_bundle(req_with(req, d)).await }).await
+    }
+
+    /// DeleteBundle: the ids of the removed jobs.
+    pub async fn delete_bundle(&self, bundle_id: &str) -> Result<Vec<String>, ClientError> {
+        let req = DeleteBundleRequest { bundle_id: bundle_id.to_owned() };
+        Ok(self.call(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await }).await?.removed_job_ids)
+    }
+
+    /// StartJob. A worker refusal is [`ClientError::Rejected`].
+    pub async fn start_job(&self, job_id: &str, node_id: &str, role: JobRole) -> Result<Job, ClientError> {
+        let req = StartJobRequest { job_id: job_id.to_owned(), node_id: node_id.to_owned(), role: role as i32 };
+        let r = self.call(|mut c, d| async move { c.start_job(req_with(req, d)).await }).await?;
+        if !r.accepted {
+            return Err(ClientError::Rejected {
+                job_id: job_id.to_owned(),
+                node_id: node_id.to_owned(),
+                reason: RejectionReason::try_from(r.rejection_reason).unwrap_or(RejectionReason::Unspecified),
+                message: r.message,
+            });
+        }
+        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+    }
+
+    /// StopJob (idempotent).
+    pub async fn stop_job(&self, job_id: &str, role: JobRole) -> Result<Job, ClientError> {
+        let req = StopJobRequest { job_id: job_id.to_owned(), role: role as i32 };
+        let r = self.call(|mut c, d| async move { c.stop_job(req_with(req, d)).await }).await?;
+        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+    }
+
+    /// UpdateJobConfig (`config` is UTF-8 JSON).
+    pub async fn update_job_config(&self, job_id: &str, config: Vec<u8>) -> Result<Job, ClientError> {
+        let req = UpdateJobConfigRequest { job_id: job_id.to_owned(), config };
+        let r = self.call(|mut c, d| async move { c.update_job_config(req_with(req, d)).await }).await?;
+        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+    }
+
+    /// NodeControllerMigrationGetState (propose). Progress arrives as
+    /// [`MirrorChange::MigrationUpdated`].
+    pub async fn migration_get_state(&self, migration_id: &str, job_id: &str) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationGetState { migration_id: migration_id.to_owned(), job_id: job_id.to_owned() };
+        migration_of(self.call(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await }).await?)
+    }
+
+    /// NodeControllerMigrationPrepareTarget. A refused target start is
+    /// [`ClientError::Rejected`] (the migration stays STATE_RECEIVED).
+    pub async fn migration_prepare_target(&self, migration_id: &str, target_node_id: &str, initial_state: Vec<u8>) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationPrepareTarget {
+            migration_id: migration_id.to_owned(),
+            target_node_id: target_node_id.to_owned(),
+            initial_state,
+        };
+        let r = self.call(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await }).await?;
+        if r.target_rejected {
+            let job_id = r.migration.as_ref().map(|m| m.job_id.clone()).unwrap_or_default();
+            return Err(ClientError::Rejected {
+                job_id,
+                node_id: target_node_id.to_owned(),
+                reason: RejectionReason::try_from(r.rejection_reason).unwrap_or(RejectionReason::Unspecified),
+                message: r.message,
+            });
+        }
+        migration_of(r)
+    }
+
+    /// NodeControllerMigrationCutover.
+    pub async fn migration_cutover(&self, migration_id: &str, payload: Vec<u8>) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationCutover { migration_id: migration_id.to_owned(), payload };
+        migration_of(self.call(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await }).await?)
+    }
+
+    /// NodeControllerMigrationAbort.
+    pub async fn migration_abort(&self, migration_id: &str, reason: &str) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationAbort { migration_id: migration_id.to_owned(), reason: reason.to_owned() };
+        migration_of(self.call(|mut c, d| async move { c.migration_abort(req_with(req, d)).await }).await?)
+    }
+}
+
+fn req_with<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(timeout);
+    r
+}
+
+fn migration_of(r: manager_proto::MigrationResponse) -> Result<Migration, ClientError> {
+    r.migration
+        .ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without migration".into() })
+}
+
+/// How one Watch stream ended.
+struct StreamEnd {
+    reached_ready: bool,
+    error: String,
+}
+
+async fn watch_loop(shared: Arc<Shared>, initial: Duration, max: Duration) {
+    let mut stop = shared.stop.subscribe();
+    let mut attempt: u32 = 0;
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        shared.state.send_replace(ConnectionState::Connecting);
+        let end = tokio::select! {
+            end = one_stream(&shared) => end,
+            _ = stop.wait_for(|s| *s) => break,
+        };
+        if end.reached_ready {
+            attempt = 0;
+        }
+        tracing::warn!(error = %end.error, "manager watch stream ended");
+        *shared.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(end.error);
+        shared.state.send_replace(ConnectionState::TransientFailure);
+        let delay = backoff_delay(initial, max, attempt, &mut rand::rng());
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+    }
+    shared.state.send_replace(ConnectionState::Shutdown);
+}
+
+fn publish(shared: &Shared, changes: Vec<MirrorChange>) {
+    for c in changes {
+        // No receivers is fine: nobody is listening yet.
+        let _ = shared.changes.send(c);
+    }
+}
+
+async fn one_stream(shared: &Shared) -> StreamEnd {
+    let (resume_revision, epoch) = shared.mirror.read(|s| (s.revision, s.epoch.clone()));
+    let mut rpc = shared.rpc.clone();
+    let mut reached_ready = false;
+    let req = WatchRequest { resume_revision, epoch };
+    let mut stream = match rpc.watch(req).await {
+        Ok(r) => r.into_inner(),
+        Err(s) => {
+            return StreamEnd { reached_ready, error: format!("{:?}: {}", s.code(), s.message()) };
+        }
+    };
+    let mut pending: Option<SnapshotData> = None;
+    loop {
+        let msg = match stream.message().await {
+            Ok(Some(m)) => m,
+            Ok(None) => return StreamEnd { reached_ready, error: "stream closed by manager".into() },
+            Err(s) => return StreamEnd { reached_ready, error: format!("{:?}: {}", s.code(), s.message()) },
+        };
+        match msg.kind {
+            Some(watch_response::Kind::Snapshot(chunk)) => {
+                let p = pending.get_or_insert_with(|| SnapshotData {
+                    epoch: chunk.epoch.clone(),
+                    revision: chunk.revision,
+                    reason: SnapshotReason::try_from(chunk.reason).unwrap_or(SnapshotReason::Unspecified),
+                    ..Default::default()
+                });
+                p.nodes.extend(chunk.nodes);
+                p.jobs.extend(chunk.jobs);
+                p.bundles.extend(chunk.bundles);
+                p.migrations.extend(chunk.migrations);
+                if chunk.last {
+                    if let Some(snap) = pending.take() {
+                        tracing::info!(revision = snap.revision, reason = snap.reason.as_str_name(), "mirror resynced");
+                        let mut changes = Vec::new();
+                        shared.mirror.write(|m| m.replace(snap, &mut changes));
+                        publish(shared, changes);
+                    }
+                }
+            }
+            Some(watch_response::Kind::Synced(s)) => {
+                let have = shared.mirror.revision();
+                if have != s.revision {
+                    return StreamEnd {
+                        reached_ready,
+                        error: format!("manager says synced at {} but the mirror is at {have}", s.revision),
+                    };
+                }
+                reached_ready = true;
+                shared.state.send_replace(ConnectionState::Ready);
+            }
+            Some(watch_response::Kind::Events(batch)) => {
+                let mut changes = Vec::with_capacity(batch.events.len());
+                let gap = shared.mirror.write(|m| {
+                    for ev in &batch.events {
+                        if ev.revision > m.revision + 1 {
+                            return Some((m.revision, ev.revision));
+                        }
+                        m.apply_event(ev, &mut changes);
+                    }
+                    None
+                });
+                publish(shared, changes);
+                if let Some((have, got)) = gap {
+                    // Resume from what we have; Manager fills the gap or resyncs.
+                    return StreamEnd { reached_ready, error: format!("event gap: mirror at {have}, got {got}") };
+                }
+            }
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn backoff_never_exceeds_its_cap_and_the_cap_grows_to_the_maximum() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let initial = Duration::from_millis(200);
+        let max = Duration::from_secs(30);
+        for attempt in 0..100 {
+            let cap = (initial * 2u32.saturating_pow(attempt.min(20))).min(max);
+            let d = backoff_delay(initial, max, attempt, &mut rng);
+            assert!(d <= cap, "attempt {attempt}: {d:?} > {cap:?}");
+        }
+        // full jitter: late attempts spread over the whole [0, max] range
+        let late: Vec<_> = (0..200).map(|_| backoff_delay(initial, max, 60, &mut rng)).collect();
+        assert!(late.iter().any(|d| *d > Duration::from_secs(20)));
+        assert!(late.iter().any(|d| *d < Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn status_codes_map_to_typed_errors() {
+        assert!(matches!(ClientError::from(tonic::Status::invalid_argument("x")), ClientError::InvalidArgument(_)));
+        assert!(matches!(ClientError::from(tonic::Status::unauthenticated("x")), ClientError::Unauthenticated(_)));
+        assert!(ClientError::from(tonic::Status::unavailable("x")).is_retryable());
+        assert!(!ClientError::from(tonic::Status::not_found("x")).is_retryable());
+    }
+
+    #[tokio::test]
+    async fn https_without_tls_options_is_a_config_error() {
+        let err = ManagerClient::connect(ClientConfig::new("https://127.0.0.1:1")).await.unwrap_err();
+        assert!(matches!(err, ClientError::Config(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_malformed_endpoint_is_a_config_error() {
+        let err = ManagerClient::connect(ClientConfig::new("not a url")).await.unwrap_err();
+        assert!(matches!(err, ClientError::Config(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn close_is_idempotent_and_commands_after_close_fail_closed() {
+        let c = ManagerClient::connect(ClientConfig::new("http://127.0.0.1:1")).await.expect("connect");
+        c.close().await;
+        c.close().await;
+        assert_eq!(c.connection_state(), ConnectionState::Shutdown);
+        assert_eq!(c.terminate_node("n").await.unwrap_err(), ClientError::Closed);
+    }
+}

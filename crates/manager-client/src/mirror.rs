@@ -1,0 +1,413 @@
+//! The mirror: Manager's state as an in-memory store, and the pure rules that
+//! update it from `Watch` messages ([`MirrorState::apply_event`],
+//! [`MirrorState::replace`]) producing [`MirrorChange`]s.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use manager_proto::{
+    Bundle, Event, Job, JobRejected, JobStopping, Migration, Node, NodeInventory, SnapshotReason,
+    event,
+};
+use tokio::sync::watch;
+
+/// One thing that changed in the mirror. Controllers turn these into
+/// reconcile triggers. Upserts carry the object's new version.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MirrorChange {
+    /// A node appeared or changed (state, tags, inventory).
+    NodeUpserted(Node),
+    /// A node vanished (only after a resync: Manager forgot it).
+    NodeRemoved {
+        /// The node.
+        node_id: String,
+    },
+    /// A node advertised its inventory.
+    InventoryUpdated(NodeInventory),
+    /// A job appeared or changed.
+    JobUpserted(Job),
+    /// A job no longer exists.
+    JobRemoved {
+        /// The job.
+        job_id: String,
+    },
+    /// A worker refused a start (not stored: an event, not state).
+    JobRejected(JobRejected),
+    /// A job instance is being stopped (not stored).
+    JobStopping(JobStopping),
+    /// A job's runtime configuration was replaced.
+    ConfigUpdated {
+        /// The job.
+        job_id: String,
+        /// The new configuration (UTF-8 JSON).
+        config: Vec<u8>,
+    },
+    /// A bundle appeared or changed.
+    BundleUpserted(Bundle),
+    /// A bundle no longer exists.
+    BundleRemoved {
+        /// The bundle.
+        bundle_id: String,
+    },
+    /// A migration changed phase.
+    MigrationUpdated(Migration),
+    /// A migration vanished (only after a resync).
+    MigrationRemoved {
+        /// The migration.
+        migration_id: String,
+    },
+    /// The mirror was replaced from a snapshot; the changes just before this
+    /// one are the differences to what it held. Transient events
+    /// (rejections, stopping) that happened while disconnected are not
+    /// replayed, only their effect on state.
+    Resynced {
+        /// The snapshot's revision.
+        revision: u64,
+        /// Why Manager sent a snapshot.
+        reason: SnapshotReason,
+    },
+}
+
+/// The mirrored objects at one revision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MirrorState {
+    /// Identity of the Manager world this state came from.
+    pub epoch: String,
+    /// Every event up to this revision has been applied.
+    pub revision: u64,
+    /// Nodes by id (terminated ones included; inventory in `Node.inventory`).
+    pub nodes: BTreeMap<String, Node>,
+    /// Runtime jobs by id (`bundle/replica/job`).
+    pub jobs: BTreeMap<String, Job>,
+    /// Bundles by id.
+    pub bundles: BTreeMap<String, Bundle>,
+    /// Migrations by id.
+    pub migrations: BTreeMap<String, Migration>,
+}
+
+/// A full copy of Manager's objects, as assembled from snapshot chunks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SnapshotData {
+    /// World identity.
+    pub epoch: String,
+    /// Revision of the copy.
+    pub revision: u64,
+    /// Why it was sent.
+    pub reason: SnapshotReason,
+    /// Nodes.
+    pub nodes: Vec<Node>,
+    /// Jobs.
+    pub jobs: Vec<Job>,
+    /// Bundles.
+    pub bundles: Vec<Bundle>,
+    /// Migrations.
+    pub migrations: Vec<Migration>,
+}
+
+fn diff<T: Clone + PartialEq>(
+    old: &BTreeMap<String, T>,
+    new: &BTreeMap<String, T>,
+    upsert: impl Fn(T) -> MirrorChange,
+    remove: impl Fn(String) -> MirrorChange,
+    out: &mut Vec<MirrorChange>,
+) {
+    for id in old.keys().filter(|k| !new.contains_key(*k)) {
+        out.push(remove(id.clone()));
+    }
+    for (id, v) in new {
+        if old.get(id) != Some(v) {
+            out.push(upsert(v.clone()));
+        }
+    }
+}
+
+impl MirrorState {
+    /// Applies one event. Events at or below the current revision are
+    /// ignored, so a replayed event can never be applied twice.
+    pub fn apply_event(&mut self, ev: &Event, out: &mut Vec<MirrorChange>) {
+        if ev.revision <= self.revision {
+            return;
+        }
+        self.revision = ev.revision;
+        let Some(kind) = &ev.kind else {
+            return;
+        };
+        match kind {
+            event::Kind::NodeStarting(e) => self.upsert_node(e.node.as_ref(), out),
+            event::Kind::NodeStarted(e) => self.upsert_node(e.node.as_ref(), out),
+            event::Kind::NodeStopped(e) => self.upsert_node(e.node.as_ref(), out),
+            event::Kind::NodeTerminated(e) => self.upsert_node(e.node.as_ref(), out),
+            event::Kind::Inventory(e) => {
+                if let Some(inv) = &e.inventory {
+                    if let Some(node) = self.nodes.get_mut(&inv.node_id) {
+                        node.inventory = Some(inv.clone());
+                    }
+                    out.push(MirrorChange::InventoryUpdated(inv.clone()));
+                }
+            }
+            event::Kind::JobUpdated(e) => {
+                if let Some(job) = &e.job {
+                    self.jobs.insert(job.job_id.clone(), job.clone());
+                    out.push(MirrorChange::JobUpserted(job.clone()));
+                }
+            }
+            event::Kind::JobRejected(e) => out.push(MirrorChange::JobRejected(e.clone())),
+            event::Kind::JobStopping(e) => out.push(MirrorChange::JobStopping(e.clone())),
+            event::Kind::JobRemoved(e) => {
+                self.jobs.remove(&e.job_id);
+                out.push(MirrorChange::JobRemoved { job_id: e.job_id.clone() });
+            }
+            event::Kind::ConfigUpdated(e) => {
+                if let Some(job) = self.jobs.get_mut(&e.job_id) {
+                    job.config.clone_from(&e.config);
+                }
+                out.push(MirrorChange::ConfigUpdated {
+                    job_id: e.job_id.clone(),
+                    config: e.config.clone(),
+                });
+            }
+            event::Kind::BundleUpdated(e) => {
+                if let Some(b) = &e.bundle {
+                    self.bundles.insert(b.bundle_id.clone(), b.clone());
+                    out.push(MirrorChange::BundleUpserted(b.clone()));
+                }
+            }
+            event::Kind::BundleDeleted(e) => {
+                self.bundles.remove(&e.bundle_id);
+                out.push(MirrorChange::BundleRemoved { bundle_id: e.bundle_id.clone() });
+            }
+            event::Kind::MigrationPhase(e) => {
+                if let Some(m) = &e.migration {
+                    self.migrations.insert(m.migration_id.clone(), m.clone());
+                    out.push(MirrorChange::MigrationUpdated(m.clone()));
+                }
+            }
+        }
+    }
+
+    fn upsert_node(&mut self, node: Option<&Node>, out: &mut Vec<MirrorChange>) {
+        if let Some(node) = node {
+            self.nodes.insert(node.node_id.clone(), node.clone());
+            out.push(MirrorChange::NodeUpserted(node.clone()));
+        }
+    }
+
+    /// Replaces everything with a snapshot, pushing the differences (then
+    /// [`MirrorChange::Resynced`]) to `out`.
+    pub fn replace(&mut self, snap: SnapshotData, out: &mut Vec<MirrorChange>) {
+        let new = MirrorState {
+            epoch: snap.epoch,
+            revision: snap.revision,
+            nodes: snap.nodes.into_iter().map(|n| (n.node_id.clone(), n)).collect(),
+            jobs: snap.jobs.into_iter().map(|j| (j.job_id.clone(), j)).collect(),
+            bundles: snap.bundles.into_iter().map(|b| (b.bundle_id.clone(), b)).collect(),
+            migrations: snap
+                .migrations
+                .into_iter()
+                .map(|m| (m.migration_id.clone(), m))
+                .collect(),
+        };
+        diff(&self.nodes, &new.nodes, MirrorChange::NodeUpserted, |node_id| MirrorChange::NodeRemoved { node_id }, out);
+        diff(&self.bundles, &new.bundles, MirrorChange::BundleUpserted, |bundle_id| MirrorChange::BundleRemoved { bundle_id }, out);
+        diff(&self.jobs, &new.jobs, MirrorChange::JobUpserted, |job_id| MirrorChange::JobRemoved { job_id }, out);
+        diff(
+            &self.migrations,
+            &new.migrations,
+            MirrorChange::MigrationUpdated,
+            |migration_id| MirrorChange::MigrationRemoved { migration_id },
+            out,
+        );
+        *self = new;
+        out.push(MirrorChange::Resynced {
+            revision: snap.revision,
+            reason: snap.reason,
+        });
+    }
+
+    /// Capacity and cores held on a node by job instances that are
+    /// STARTING, RUNNING or STOPPING (the worker's own accounting).
+    /// Scans the jobs: O(jobs).
+    pub fn node_usage(&self, node_id: &str) -> (f64, i32) {
+        use manager_proto::JobState;
+        let mut capacity = 0.0;
+        let mut cores = 0i32;
+        for job in self.jobs.values() {
+            let Some(req) = &job.requirements else {
+                continue;
+            };
+            for inst in &job.instances {
+                let holding = inst.state == JobState::Starting as i32
+                    || inst.state == JobState::Running as i32
+                    || inst.state == JobState::Stopping as i32;
+                if holding && inst.node_id == node_id {
+                    capacity += req.required_capacity;
+                    cores = cores.saturating_add(req.required_cores);
+                }
+            }
+        }
+        (capacity, cores)
+    }
+}
+
+/// A cheap, cloneable read handle on the mirror.
+#[derive(Debug, Clone)]
+pub struct Mirror {
+    state: Arc<RwLock<MirrorState>>,
+    revision: watch::Sender<u64>,
+}
+
+impl Default for Mirror {
+    fn default() -> Self {
+        Mirror {
+            state: Arc::default(),
+            revision: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Mirror {
+    /// Runs `f` with the state read-locked. Keep `f` short: the stream
+    /// waits for it.
+    pub fn read<R>(&self, f: impl FnOnce(&MirrorState) -> R) -> R {
+        let g = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&g)
+    }
+
+    pub(crate) fn write<R>(&self, f: impl FnOnce(&mut MirrorState) -> R) -> R {
+        let r = {
+            let mut g = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let r = f(&mut g);
+            let rev = g.revision;
+            self.revision.send_if_modified(|cur| {
+                let changed = *cur != rev;
+                *cur = rev;
+                changed
+            });
+            r
+        };
+        r
+    }
+
+    /// A clone of the whole state.
+    pub fn state(&self) -> MirrorState {
+        self.read(Clone::clone)
+    }
+
+    /// The last applied revision.
+    pub fn revision(&self) -> u64 {
+        self.read(|s| s.revision)
+    }
+
+    /// Watch the revision advance (e.g. to wait until a write is mirrored).
+    pub fn revisions(&self) -> watch::Receiver<u64> {
+        self.revision.subscribe()
+    }
+
+    /// A node by id.
+    pub fn node(&self, id: &str) -> Option<Node> {
+        self.read(|s| s.nodes.get(id).cloned())
+    }
+
+    /// A job by id.
+    pub fn job(&self, id: &str) -> Option<Job> {
+        self.read(|s| s.jobs.get(id).cloned())
+    }
+
+    /// A bundle by id.
+    pub fn bundle(&self, id: &str) -> Option<Bundle> {
+        self.read(|s| s.bundles.get(id).cloned())
+    }
+
+    /// A migration by id.
+    pub fn migration(&self, id: &str) -> Option<Migration> {
+        self.read(|s| s.migrations.get(id).cloned())
+    }
+
+    /// A node's inventory, once it has advertised one.
+    pub fn inventory(&self, node_id: &str) -> Option<NodeInventory> {
+        self.read(|s| s.nodes.get(node_id).and_then(|n| n.inventory.clone()))
+    }
+
+    /// All nodes, sorted by id.
+    pub fn nodes(&self) -> Vec<Node> {
+        self.read(|s| s.nodes.values().cloned().collect())
+    }
+
+    /// All jobs, sorted by id.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.read(|s| s.jobs.values().cloned().collect())
+    }
+
+    /// All bundles, sorted by id.
+    pub fn bundles(&self) -> Vec<Bundle> {
+        self.read(|s| s.bundles.values().cloned().collect())
+    }
+
+    /// All migrations, sorted by id.
+    pub fn migrations(&self) -> Vec<Migration> {
+        self.read(|s| s.migrations.values().cloned().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manager_proto::{JobRemoved, JobUpdated, NodeStarted};
+
+    fn ev(revision: u64, kind: event::Kind) -> Event {
+        Event { revision, at_ms: 0, kind: Some(kind) }
+    }
+
+    fn node(id: &str) -> Node {
+        Node { node_id: id.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn a_replayed_event_is_not_applied_twice() {
+        let mut m = MirrorState::default();
+        let mut out = Vec::new();
+        let e = ev(1, event::Kind::NodeStarted(NodeStarted { node: Some(node("n1")) }));
+        m.apply_event(&e, &mut out);
+        m.apply_event(&e, &mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(m.revision, 1);
+    }
+
+    #[test]
+    fn job_removed_deletes_the_job() {
+        let mut m = MirrorState::default();
+        let mut out = Vec::new();
+        let job = Job { job_id: "b/0/j".into(), ..Default::default() };
+        m.apply_event(&ev(1, event::Kind::JobUpdated(JobUpdated { job: Some(job) })), &mut out);
+        m.apply_event(&ev(2, event::Kind::JobRemoved(JobRemoved { job_id: "b/0/j".into() })), &mut out);
+        assert!(m.jobs.is_empty());
+        assert_eq!(out.last(), Some(&MirrorChange::JobRemoved { job_id: "b/0/j".into() }));
+    }
+
+    #[test]
+    fn replace_emits_exactly_the_differences() {
+        let mut m = MirrorState::default();
+        let mut out = Vec::new();
+        m.replace(
+            SnapshotData { revision: 5, nodes: vec![node("a"), node("b")], ..Default::default() },
+            &mut out,
+        );
+        out.clear();
+        let mut b2 = node("b");
+        b2.zone = "z".into();
+        m.replace(
+            SnapshotData { revision: 9, nodes: vec![b2.clone(), node("c")], ..Default::default() },
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![
+                MirrorChange::NodeRemoved { node_id: "a".into() },
+                MirrorChange::NodeUpserted(b2),
+                MirrorChange::NodeUpserted(node("c")),
+                MirrorChange::Resynced { revision: 9, reason: SnapshotReason::Unspecified },
+            ]
+        );
+        assert_eq!(m.revision, 9);
+    }
+}
