@@ -32,7 +32,7 @@ for p in "${ver_pkgs[@]}"; do
 done
 
 cd "$here"
-export GOFLAGS=-mod=mod
+export GOFLAGS=-mod=readonly
 start=$(date +%s)
 say "downloading modules"
 go mod download >&2

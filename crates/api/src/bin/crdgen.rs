@@ -1,0 +1,36 @@
+//! Writes every AutoManager CRD to `crds/<plural>.yaml` (or the directory given as the first
+//! argument), or with `--stdout` prints them as one multi-document stream.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let arg = std::env::args().nth(1);
+    let rendered = match automanager_api::crd::render_all() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("crdgen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if arg.as_deref() == Some("--stdout") {
+        for (_, yaml) in &rendered {
+            println!("---\n{yaml}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let dir = PathBuf::from(arg.unwrap_or_else(|| "crds".to_string()));
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("crdgen: creating {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    for (name, yaml) in rendered {
+        let path = dir.join(&name);
+        if let Err(e) = std::fs::write(&path, yaml) {
+            eprintln!("crdgen: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        eprintln!("crdgen: wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}

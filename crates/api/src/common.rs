@@ -1,0 +1,239 @@
+//! Vocabulary shared by several kinds: priority bands, migration strategies, placement rules.
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A job's priority band. It governs what happens when the job fails or loses its node.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum PriorityBand {
+    /// Restarted on failure, preferring a hot spare (a spare dedicated to gold first).
+    Gold,
+    /// Restarted on failure on any node that fits.
+    Silver,
+    /// Dropped on failure: never restarted (an Event and a metric record the drop).
+    Bronze,
+}
+
+impl PriorityBand {
+    /// The band's name as written in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PriorityBand::Gold => "gold",
+            PriorityBand::Silver => "silver",
+            PriorityBand::Bronze => "bronze",
+        }
+    }
+}
+
+/// How a running instance may be moved between nodes (the seed's `MigrationStrategy`).
+///
+/// A job declares the strongest promise it keeps; a Migration may only ask for a safer one.
+/// Safety order, safest first: `stopThenStart`, `overlap`, `handover`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub enum MigrationStrategy {
+    /// The target is started before the source is stopped, so both instances may produce
+    /// briefly: a promise only a job whose outputs tolerate a second writer can make.
+    Overlap,
+    /// The target is prepared but not started, the source is stopped, then the target is
+    /// started: safe for any job, at the cost of a gap. The default when a job declares nothing.
+    #[default]
+    StopThenStart,
+    /// The job speaks the worker's job socket and hands over at an exact position, so the
+    /// output continues seamlessly: a promise the job's own code keeps.
+    Handover,
+}
+
+impl MigrationStrategy {
+    /// Rank in the safety order: 0 is the safest. A request may move to a lower or equal rank.
+    pub fn safety_rank(self) -> u8 {
+        match self {
+            MigrationStrategy::StopThenStart => 0,
+            MigrationStrategy::Overlap => 1,
+            MigrationStrategy::Handover => 2,
+        }
+    }
+
+    /// The strategy's name as written in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigrationStrategy::Overlap => "overlap",
+            MigrationStrategy::StopThenStart => "stopThenStart",
+            MigrationStrategy::Handover => "handover",
+        }
+    }
+}
+
+/// Whether a placement rule must hold (`hard`: a filter) or should hold (`soft`: an ordering
+/// preference whose breach is reported in status).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Enforcement {
+    /// The rule is a filter: a placement that breaks it is never made.
+    Hard,
+    /// The rule orders candidates: it is honoured when possible and reported when broken.
+    Soft,
+}
+
+/// The relation a rule asks for between two placements.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Relation {
+    /// Both on the same node (or zone).
+    Same,
+    /// On different nodes (or zones).
+    Different,
+    /// No constraint.
+    Any,
+}
+
+/// One placement rule: a relation and how strictly it is enforced.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlacementRule {
+    /// `same`, `different` or `any` (no constraint).
+    pub relation: Relation,
+    /// `hard` (a filter) or `soft` (a preference, reported in status when broken). Ignored for `any`.
+    #[serde(default = "default_soft")]
+    pub enforcement: Enforcement,
+}
+
+fn default_soft() -> Enforcement {
+    Enforcement::Soft
+}
+
+impl PlacementRule {
+    /// A rule that constrains nothing.
+    pub const ANY: PlacementRule = PlacementRule {
+        relation: Relation::Any,
+        enforcement: Enforcement::Soft,
+    };
+}
+
+/// Node and zone rules between two placements of one bundle.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(self.node.relation == 'same' && self.node.enforcement == 'hard' && self.zone.relation == 'different' && self.zone.enforcement == 'hard')").message("contradictory rules: node 'same' (hard) puts both on one node, so zone 'different' (hard) can never hold"))]
+pub struct PlacementRules {
+    /// Rule on nodes.
+    pub node: PlacementRule,
+    /// Rule on availability zones.
+    pub zone: PlacementRule,
+}
+
+impl PlacementRules {
+    /// The seed's defaults between replicas: different node (hard), same zone (soft).
+    pub fn inter_replica_default() -> Self {
+        PlacementRules {
+            node: PlacementRule {
+                relation: Relation::Different,
+                enforcement: Enforcement::Hard,
+            },
+            zone: PlacementRule {
+                relation: Relation::Same,
+                enforcement: Enforcement::Soft,
+            },
+        }
+    }
+
+    /// The default within a replica: no constraint beyond each job's `coLocateWith` / `separateFrom`.
+    pub fn intra_replica_default() -> Self {
+        PlacementRules {
+            node: PlacementRule::ANY,
+            zone: PlacementRule::ANY,
+        }
+    }
+}
+
+/// What a band does when a job fails or loses its node (the seed's `bands` setting).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum OnFailure {
+    /// Place the job again.
+    Restart,
+    /// Do not restart; record the drop.
+    Drop,
+}
+
+/// Where a restarted job may go.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum RestartPlacement {
+    /// Prefer a hot spare (one dedicated to the band first), then any node that fits.
+    PreferHotSpare,
+    /// Any node that fits.
+    Any,
+}
+
+/// One band's failure policy. Unset fields take the operator's configured defaults
+/// (gold: restart, preferHotSpare; silver: restart, any; bronze: drop; maxRestartsPerHour 6).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BandPolicy {
+    /// `restart` or `drop`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_failure: Option<OnFailure>,
+    /// `preferHotSpare` or `any`; only meaningful with `onFailure: restart`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_placement: Option<RestartPlacement>,
+    /// More restarts of one replica than this within a sliding hour marks the bundle Broken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_restarts_per_hour: Option<i32>,
+}
+
+/// Per-band overrides of the operator's band defaults, for one bundle.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BandOverrides {
+    /// Overrides for gold jobs of this bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gold: Option<BandPolicy>,
+    /// Overrides for silver jobs of this bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silver: Option<BandPolicy>,
+    /// Overrides for bronze jobs of this bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bronze: Option<BandPolicy>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_then_start_is_the_safest_strategy_and_handover_the_strongest() {
+        use MigrationStrategy::*;
+        assert!(StopThenStart.safety_rank() < Overlap.safety_rank());
+        assert!(Overlap.safety_rank() < Handover.safety_rank());
+        assert_eq!(MigrationStrategy::default(), StopThenStart);
+    }
+
+    #[test]
+    fn names_match_the_api_spelling() {
+        for s in [
+            MigrationStrategy::Overlap,
+            MigrationStrategy::StopThenStart,
+            MigrationStrategy::Handover,
+        ] {
+            assert_eq!(
+                serde_json::to_value(s).ok(),
+                Some(serde_json::Value::from(s.as_str()))
+            );
+        }
+        for b in [
+            PriorityBand::Gold,
+            PriorityBand::Silver,
+            PriorityBand::Bronze,
+        ] {
+            assert_eq!(
+                serde_json::to_value(b).ok(),
+                Some(serde_json::Value::from(b.as_str()))
+            );
+        }
+    }
+}

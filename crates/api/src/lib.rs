@@ -1,0 +1,65 @@
+//! # automanager-api
+//!
+//! The custom resources of AutoManager, group `automanager.norsk.io`, version `v1alpha1`:
+//!
+//! | kind | scope | what it declares |
+//! |---|---|---|
+//! | [`Bundle`] | namespaced | a replicated group of jobs and where they may run |
+//! | [`PlacementPool`] | cluster | a pool of nodes (aws / oci / an on-prem cluster) and how it is packed and grown |
+//! | [`HotSpareTarget`] | cluster | how many warm, empty nodes a pool keeps for recovery |
+//! | [`Migration`] | namespaced | a request to move one running job to another node |
+//! | [`ManagerNode`] | cluster | a node Manager runs, mirrored by the operator; users set cordon and drain |
+//!
+//! Field names are the seed library's own (`replicas`, `pools`, `requiredCapacity`, `priorityBand`, …)
+//! so a user of the TypeScript `norsk-auto-manager` recognises every field. Where the seed's shape
+//! clashes with Kubernetes API conventions the convention wins and the field's description says so
+//! (for example `replicaOverrides` is a list keyed by `replica`, not a map keyed by number).
+//!
+//! Static shape rules live in the schema itself as CEL `x-kubernetes-validations`, so the apiserver
+//! rejects a bad object at `kubectl apply` time with a message naming the field. Every list and
+//! string is bounded so that CEL cost limits are met and no object can be made huge.
+//!
+//! The CRD YAML in `crds/` is generated from these types by `crdgen` (`make crds`); a test fails
+//! when the committed YAML drifts from the types.
+
+// kube's `printcolumn(type_ = ...)` repeats key names across columns, which clippy mistakes for
+// duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
+
+pub mod bundle;
+pub mod common;
+pub mod condition;
+pub mod crd;
+pub mod hotspare;
+pub mod migration;
+pub mod node;
+pub mod pool;
+pub mod trace;
+
+pub use bundle::*;
+pub use common::*;
+pub use condition::*;
+pub use hotspare::*;
+pub use migration::*;
+pub use node::*;
+pub use pool::*;
+pub use trace::*;
+
+/// The API group of every AutoManager resource.
+pub const GROUP: &str = "automanager.norsk.io";
+/// The API version of every AutoManager resource.
+pub const VERSION: &str = "v1alpha1";
+/// The `kubectl get <category>` name that lists every AutoManager kind.
+pub const CATEGORY: &str = "automanager";
+
+/// Finalizer the operator puts on Bundles so their jobs are stopped and the bundle is
+/// unregistered from Manager before the object goes away.
+pub const BUNDLE_FINALIZER: &str = "automanager.norsk.io/bundle-cleanup";
+/// Finalizer the operator puts on Migrations so an abortable migration is aborted (and its
+/// target cleaned up) before the object goes away.
+pub const MIGRATION_FINALIZER: &str = "automanager.norsk.io/migration-cleanup";
+/// Annotation a user sets to a new value to retry a Broken bundle:
+/// `kubectl annotate --overwrite bundle NAME automanager.norsk.io/retry=$(date +%s)`.
+pub const RETRY_ANNOTATION: &str = "automanager.norsk.io/retry";
+/// Field manager the operator uses for server-side apply of status.
+pub const FIELD_MANAGER: &str = "automanager-operator";

@@ -1,0 +1,219 @@
+//! `Migration`: a request to move one running job to another node.
+
+use chrono::{DateTime, Utc};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::MigrationStrategy;
+use crate::condition::Condition;
+
+/// The job instance to move: a job of a replica of a bundle in the Migration's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationJobRef {
+    /// The Bundle's name (same namespace as the Migration).
+    #[schemars(length(min = 1, max = 253))]
+    pub bundle: String,
+    /// The replica index.
+    #[schemars(range(min = 0, max = 15))]
+    pub replica: i32,
+    /// The job's name in the bundle.
+    #[schemars(length(min = 1, max = 63))]
+    pub job_name: String,
+}
+
+/// An operator's request to stop a migration.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationAbort {
+    /// Why: recorded in status and Events.
+    #[schemars(length(min = 1, max = 1024))]
+    pub reason: String,
+}
+
+/// Move one job (the seed's `migrateJob(jobId, targetNodeId)`).
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "automanager.norsk.io",
+    version = "v1alpha1",
+    kind = "Migration",
+    plural = "migrations",
+    namespaced,
+    shortname = "amig",
+    category = "automanager",
+    status = "MigrationStatus",
+    doc = "A request to move one running job to another node with the overlap, stopThenStart or handover strategy.",
+    printcolumn(name = "Bundle", type_ = "string", json_path = ".spec.job.bundle"),
+    printcolumn(name = "Replica", type_ = "integer", json_path = ".spec.job.replica"),
+    printcolumn(name = "Job", type_ = "string", json_path = ".spec.job.jobName"),
+    printcolumn(name = "Strategy", type_ = "string", json_path = ".status.strategy"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Target", type_ = "string", json_path = ".status.targetNode"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.job == oldSelf.job").message("job is immutable: create a new Migration"))]
+#[x_kube(validation = Rule::new("has(self.targetNode) == has(oldSelf.targetNode) && (!has(self.targetNode) || self.targetNode == oldSelf.targetNode)").message("targetNode is immutable: create a new Migration"))]
+#[x_kube(validation = Rule::new("has(self.strategy) == has(oldSelf.strategy) && (!has(self.strategy) || self.strategy == oldSelf.strategy)").message("strategy is immutable: create a new Migration"))]
+#[x_kube(validation = Rule::new("!has(oldSelf.abort) || (has(self.abort) && self.abort == oldSelf.abort)").message("an abort cannot be withdrawn or changed once requested"))]
+pub struct MigrationSpec {
+    /// The job to move.
+    pub job: MigrationJobRef,
+    /// The node to move it to (Manager's node id). Absent: the placement engine picks one,
+    /// excluding the source node and honouring the bundle's rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub target_node: Option<String>,
+    /// The strategy to use. It may only be as safe as or safer than the job's declared strategy
+    /// (safest first: `stopThenStart`, `overlap`, `handover`); a stronger one is refused.
+    /// Absent: the job's declared strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<MigrationStrategy>,
+    /// Set to abort the migration while it is abortable (until the source has stopped output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort: Option<MigrationAbort>,
+}
+
+/// A migration's phase.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum MigrationPhase {
+    /// Accepted, not started.
+    #[default]
+    Pending,
+    /// handover: the source was asked for its state (`get-state`).
+    Proposing,
+    /// A target node is being chosen or provisioned.
+    PlacingTarget,
+    /// stopThenStart: the target is prepared but not started.
+    PreparingTarget,
+    /// The target instance is starting (handover: with its initial state).
+    StartingTarget,
+    /// overlap: the target runs beside the source.
+    TargetRunning,
+    /// handover: the target reported `target-ready`.
+    TargetReady,
+    /// handover: the source was sent `cutover-ready`.
+    CutoverReady,
+    /// The source is being stopped.
+    StoppingSource,
+    /// handover: the source reported `source-stopped-output`; past the point of no return.
+    SourceStoppedOutput,
+    /// handover: the target was sent `cutover-apply`.
+    CutoverApply,
+    /// Done: the job runs on the target and the source instance is gone.
+    Completed,
+    /// Stopped before completion; the source keeps running and any target was cleaned up.
+    Aborted,
+    /// handover: the source refused (`state-refused`); no target was placed.
+    Refused,
+    /// Not started: the request was invalid (for example a stronger strategy than declared,
+    /// or another migration of the same job in progress).
+    Rejected,
+    /// Failed after the point of no return; the job was recovered by its band rules.
+    Failed,
+}
+
+/// When a phase was entered.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PhaseTransition {
+    /// The phase.
+    pub phase: MigrationPhase,
+    /// When it was entered.
+    pub entered_at: DateTime<Utc>,
+}
+
+/// A participant that failed to apply during a handover (from `target-applied.failed`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailedParticipant {
+    /// The participant's id.
+    #[schemars(length(max = 256))]
+    pub id: String,
+    /// Why it failed.
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+}
+
+/// What the target reported in `target-applied`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HandoverSummary {
+    /// Participants applied.
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
+    pub applied: Vec<String>,
+    /// Participants that failed to apply (reported, not fatal: the source has already stopped).
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub failed: Vec<FailedParticipant>,
+    /// Skew between the source's last output and the target's first, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skew_ms: Option<f64>,
+}
+
+/// Why and where a migration was aborted.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AbortInfo {
+    /// The reason given (by the user, the job or a timeout).
+    #[schemars(length(max = 1024))]
+    pub reason: String,
+    /// The phase the migration was in.
+    pub phase: MigrationPhase,
+    /// Who aborted: `user`, `source`, `target`, `timeout` or `operator`.
+    #[schemars(length(max = 32))]
+    pub by: String,
+    /// When.
+    pub at: DateTime<Utc>,
+}
+
+/// What the migration controller observes and did.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// The current phase.
+    #[serde(default)]
+    pub phase: MigrationPhase,
+    /// The strategy in effect (the request, or the job's declaration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy: Option<MigrationStrategy>,
+    /// Manager's migration id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub migration_id: Option<String>,
+    /// The job's id in Manager.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub job_id: Option<String>,
+    /// The node the job ran on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub source_node: Option<String>,
+    /// The node it is moving to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub target_node: Option<String>,
+    /// Every phase entered, with its time.
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub phases: Vec<PhaseTransition>,
+    /// The handover's outcome, for `handover` migrations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<HandoverSummary>,
+    /// Set when the migration was aborted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort: Option<AbortInfo>,
+    /// `Ready` (completed), `Progressing`, `Aborted`, `Rejected`.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+}

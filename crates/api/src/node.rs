@@ -1,0 +1,220 @@
+//! `ManagerNode`: a node Manager runs, mirrored into Kubernetes by the operator.
+//!
+//! The operator creates, updates and deletes these objects from its mirror of Manager; status is
+//! the operator's. `spec.cordoned` and `spec.drain` are the user's: they are how a person takes a
+//! node out of service with `kubectl`.
+
+use chrono::{DateTime, Utc};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::PriorityBand;
+use crate::condition::Condition;
+use crate::pool::PoolKind;
+
+/// How a drain empties a node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum DrainMode {
+    /// Cordon, then terminate the node; its jobs recover per their band (gold prefers a spare,
+    /// bronze is dropped).
+    Terminate,
+    /// Cordon, then move every job off the node with a Migration (the drop-free drain); only
+    /// jobs whose migration fails fall back to band recovery.
+    Migrate,
+}
+
+/// A request to empty the node.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Drain {
+    /// `terminate` or `migrate`.
+    pub mode: DrainMode,
+}
+
+/// The user's wishes for a node.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[kube(
+    group = "automanager.norsk.io",
+    version = "v1alpha1",
+    kind = "ManagerNode",
+    plural = "managernodes",
+    shortname = "mnode",
+    category = "automanager",
+    status = "ManagerNodeStatus",
+    doc = "A node Manager runs, mirrored by the operator. Set spec.cordoned to stop new placements, spec.drain to empty it.",
+    printcolumn(name = "Pool", type_ = "string", json_path = ".status.pool"),
+    printcolumn(name = "Zone", type_ = "string", json_path = ".status.zone"),
+    printcolumn(name = "Used", type_ = "integer", json_path = ".status.usedCapacity"),
+    printcolumn(
+        name = "Capacity",
+        type_ = "integer",
+        json_path = ".status.totalCapacity"
+    ),
+    printcolumn(name = "Cordoned", type_ = "boolean", json_path = ".spec.cordoned"),
+    printcolumn(name = "Spare", type_ = "boolean", json_path = ".status.spare"),
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(oldSelf.drain) || (has(self.drain) && self.drain == oldSelf.drain)").message("a drain cannot be withdrawn or changed once requested"))]
+pub struct ManagerNodeSpec {
+    /// When true no new placement lands on this node; running jobs stay.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// Set to empty the node: cordon, then `terminate` it or `migrate` its jobs away.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+}
+
+/// A node's life as Manager reports it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeState {
+    /// Being provisioned or booting.
+    #[default]
+    Starting,
+    /// Up and accepting jobs.
+    Started,
+    /// Stopped.
+    Stopped,
+    /// Terminated; the object is removed after `removeStoppedNodesAfter`.
+    Terminated,
+}
+
+/// One job instance on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeJob {
+    /// Manager's job id.
+    #[schemars(length(max = 256))]
+    pub job_id: String,
+    /// The owning bundle, `<namespace>/<name>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 317))]
+    pub bundle: Option<String>,
+    /// The replica index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<i32>,
+    /// The job's name in its bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub job_name: Option<String>,
+    /// The instance's role: empty for a normal instance, `migrationTarget` for a migration's target.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 63))]
+    pub role: String,
+    /// Capacity the job uses.
+    #[serde(default)]
+    pub capacity: i64,
+}
+
+/// Progress of a drain.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// Jobs still on the node.
+    #[serde(default)]
+    pub jobs_remaining: i32,
+    /// Jobs moved by a completed migration.
+    #[serde(default)]
+    pub jobs_migrated: i32,
+    /// Jobs recovered by band rules (restarted elsewhere).
+    #[serde(default)]
+    pub jobs_recovered: i32,
+    /// Bronze jobs dropped.
+    #[serde(default)]
+    pub jobs_dropped: i32,
+    /// When the drain started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the drain finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// What Manager reports of the node, and what the operator concluded.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagerNodeStatus {
+    /// The generation of the spec this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Manager's node id (the object name is derived from it).
+    #[serde(default)]
+    #[schemars(length(max = 253))]
+    pub node_id: String,
+    /// `aws`, `oci` or `cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<PoolKind>,
+    /// The pool the node belongs to.
+    #[serde(default)]
+    #[schemars(length(max = 63))]
+    pub pool: String,
+    /// The provider region.
+    #[serde(default)]
+    #[schemars(length(max = 63))]
+    pub region: String,
+    /// The availability zone.
+    #[serde(default)]
+    #[schemars(length(max = 63))]
+    pub zone: String,
+    /// The instance type.
+    #[serde(default)]
+    #[schemars(length(max = 63))]
+    pub instance_type: String,
+    /// `starting`, `started`, `stopped` or `terminated`.
+    #[serde(default)]
+    pub state: NodeState,
+    /// Capacity the node advertises.
+    #[serde(default)]
+    pub total_capacity: i64,
+    /// Capacity its jobs use.
+    #[serde(default)]
+    pub used_capacity: i64,
+    /// Cores the node advertises.
+    #[serde(default)]
+    pub total_cores: i32,
+    /// Cores its jobs pin.
+    #[serde(default)]
+    pub used_cores: i32,
+    /// Capabilities the node advertises (`norsk.io/job-socket` while its worker's listener is up).
+    #[serde(default)]
+    #[schemars(length(max = 64), inner(length(max = 253)))]
+    pub capabilities: Vec<String>,
+    /// Whether the node is a hot spare (provisioned with `spare=true`, holding no job).
+    #[serde(default)]
+    pub spare: bool,
+    /// The band a spare is dedicated to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spare_band: Option<PriorityBand>,
+    /// False when the node's start-rejection rate tripped the threshold: placement avoids it.
+    #[serde(default = "default_true")]
+    pub healthy: bool,
+    /// Start rejections counted in the current window.
+    #[serde(default)]
+    pub recent_rejections: i32,
+    /// Job instances on the node.
+    #[serde(default)]
+    #[schemars(length(max = 512))]
+    pub jobs: Vec<NodeJob>,
+    /// Drain progress, when a drain was requested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+    /// When Manager reported the node stopped or terminated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// `Ready`, `Cordoned`, `Draining`, `Unhealthy`.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub conditions: Vec<Condition>,
+}
+
+fn default_true() -> bool {
+    true
+}

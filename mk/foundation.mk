@@ -1,0 +1,45 @@
+# The workspace as a whole: CRDs, tests, lint, the local cluster with the examples.
+CARGO ?= cargo
+K8S_BIN = $(shell tools/control-plane/build.sh)
+QUICKSTART_DIR ?= .tmp/quickstart
+
+.PHONY: crds test test-unit test-e2e lint fmt quickstart quickstart-down
+
+# Areas add what `make test` needs first (an npm install, say) to TEST_PREREQS in their mk file.
+TEST_PREREQS += control-plane
+
+crds: ## regenerate crds/*.yaml from crates/api
+	$(CARGO) run -q -p automanager-api --bin crdgen -- crds
+
+test: $(TEST_PREREQS) ## the whole test suite: unit, property, component and e2e (real apiserver)
+	@echo "==> cargo test --workspace (control plane binaries: $(K8S_BIN))"
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test --workspace --no-fail-fast
+
+test-unit: ## tests that need no control plane
+	$(CARGO) test --workspace --exclude automanager-e2e --exclude testenv
+
+test-e2e: control-plane ## only the end-to-end suites
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --no-fail-fast
+
+lint: ## rustfmt check and clippy with warnings as errors
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt: ## format the workspace
+	$(CARGO) fmt --all
+
+quickstart: control-plane ## local control plane + CRDs + examples/, left running (stop: make quickstart-down)
+	$(CARGO) build -q -p testenv --bin testenv
+	@mkdir -p $(QUICKSTART_DIR)
+	$(CARGO) run -q -p testenv --bin testenv -- up --detach --dir $(QUICKSTART_DIR) > $(QUICKSTART_DIR)/env.sh
+	@. $(QUICKSTART_DIR)/env.sh; \
+	  echo "==> applying crds/"; kubectl apply -f crds/; \
+	  kubectl wait --for condition=established --timeout=60s -f crds/ >/dev/null; \
+	  echo "==> applying examples/"; \
+	  for i in 1 2 3 4 5 6 7 8 9 10; do kubectl apply -f examples/ && break; sleep 1; done; \
+	  echo; kubectl get automanager -A; echo; \
+	  echo "The cluster is running. To use it:  . $(QUICKSTART_DIR)/env.sh && kubectl get automanager -A"; \
+	  echo "To stop it:                         make quickstart-down"
+
+quickstart-down: ## stop what `make quickstart` started
+	$(CARGO) run -q -p testenv --bin testenv -- down --dir $(QUICKSTART_DIR)

@@ -1,0 +1,76 @@
+//! Shared set-up for the end-to-end suites: a real control plane with AutoManager's CRDs
+//! installed, and the paths of the repository's `crds/` and `examples/`.
+//!
+//! Every suite starts its own [`testenv::TestEnv`]; dropping it stops etcd and the apiserver and
+//! removes their directory, also when the test fails.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use testenv::{CommandOutput, TestEnv};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `crds/` in the repository.
+pub fn crds_dir() -> PathBuf {
+    repo_root().join("crds")
+}
+
+/// `examples/` in the repository.
+pub fn examples_dir() -> PathBuf {
+    repo_root().join("examples")
+}
+
+/// The names of every AutoManager CRD, as generated from the types.
+pub fn crd_names() -> Vec<String> {
+    automanager_api::crd::all()
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect()
+}
+
+/// Errors of the e2e set-up, with enough context to act on.
+#[derive(Debug)]
+pub struct SetupError(pub String);
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+impl From<testenv::Error> for SetupError {
+    fn from(e: testenv::Error) -> Self {
+        SetupError(e.to_string())
+    }
+}
+
+/// Starts a control plane and installs AutoManager's CRDs with the built kubectl, waiting until
+/// every one is Established.
+pub async fn env_with_crds() -> Result<TestEnv, SetupError> {
+    let env = TestEnv::start().await?;
+    let out = env.apply_file(crds_dir()).await?;
+    if !out.success() {
+        return Err(SetupError(format!(
+            "kubectl apply -f crds/ failed: {}",
+            out.stderr
+        )));
+    }
+    env.wait_for_crds_established(crd_names(), Duration::from_secs(60))
+        .await?;
+    Ok(env)
+}
+
+/// The `# expect: <substring>` header of an invalid example: the part of the apiserver's (or
+/// kubectl's) error message the file must produce.
+pub fn expected_error(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("# expect: "))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}

@@ -1,0 +1,279 @@
+//! Foundation scenarios: AutoManager's CRDs on a real kube-apiserver, applied and explained with
+//! the kubectl of the same release, as a user would.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use automanager_e2e::{env_with_crds, examples_dir, expected_error};
+
+#[tokio::test]
+async fn every_crd_is_established_and_the_examples_apply_cleanly() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+
+    // Pools and spare targets are cluster-scoped and referenced by name only, so one apply of the
+    // directory works in any order.
+    let out = env.apply_file(examples_dir()).await.unwrap();
+    assert!(
+        out.success(),
+        "examples/ must apply cleanly:\n{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    for name in [
+        "bundle.automanager.norsk.io/my-channel-1",
+        "placementpool.automanager.norsk.io/aws-east",
+    ] {
+        assert!(
+            out.stdout.contains(name),
+            "{name} missing from apply output:\n{}",
+            out.stdout
+        );
+    }
+
+    // The cross-cloud DR bundle keeps its replica override and gets the inter-replica defaults.
+    let out = env
+        .run_kubectl([
+            "get",
+            "bundle",
+            "my-channel-1",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let bundle: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(bundle["spec"]["replicaOverrides"][0]["replica"], 1);
+    assert_eq!(bundle["spec"]["replicaOverrides"][0]["pools"][0], "oci-fra");
+    let bronze = env
+        .run_kubectl([
+            "get",
+            "bundle",
+            "preview-bronze",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ])
+        .await
+        .unwrap();
+    let bronze: serde_json::Value = serde_json::from_str(&bronze.stdout).unwrap();
+    assert_eq!(
+        bronze["spec"]["interReplicaPlacement"]["node"]["relation"], "different",
+        "default applied"
+    );
+    assert_eq!(
+        bronze["spec"]["interReplicaPlacement"]["node"]["enforcement"],
+        "hard"
+    );
+    assert_eq!(
+        bronze["spec"]["interReplicaPlacement"]["zone"]["relation"],
+        "same"
+    );
+    assert_eq!(
+        bronze["spec"]["interReplicaPlacement"]["zone"]["enforcement"],
+        "soft"
+    );
+
+    // `kubectl get automanager` lists every kind through the category.
+    let out = env.run_kubectl(["get", "automanager", "-A"]).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for kind in [
+        "bundle.automanager.norsk.io",
+        "placementpool.automanager.norsk.io",
+        "hotsparetarget.automanager.norsk.io",
+    ] {
+        assert!(
+            out.stdout.contains(kind),
+            "`kubectl get automanager` lacks {kind}:\n{}",
+            out.stdout
+        );
+    }
+    assert!(
+        out.stdout.contains("REPLICAS") && out.stdout.contains("PHASE"),
+        "printer columns:\n{}",
+        out.stdout
+    );
+    // Short names resolve.
+    for short in ["bdl", "ppool", "hst", "amig", "mnode"] {
+        let out = env.run_kubectl(["get", short, "-A"]).await.unwrap();
+        assert!(out.success(), "short name {short}: {}", out.stderr);
+    }
+}
+
+#[tokio::test]
+async fn every_invalid_example_is_rejected_with_its_message() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+    let dir = examples_dir().join("invalid");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 15,
+        "at least 15 invalid cases, found {}",
+        files.len()
+    );
+
+    let mut failures = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        let Some(expect) = expected_error(&text) else {
+            failures.push(format!("{}: no `# expect:` header", file.display()));
+            continue;
+        };
+        let out = env.apply_file(file).await.unwrap();
+        let said = format!("{}{}", out.stdout, out.stderr);
+        if out.success() {
+            failures.push(format!(
+                "{}: accepted, but should fail with {expect:?}",
+                file.display()
+            ));
+        } else if !said.contains(expect) {
+            failures.push(format!(
+                "{}: expected {expect:?}, got: {said}",
+                file.display()
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} invalid examples misbehaved:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n")
+    );
+
+    // Nothing of them was stored.
+    let out = env
+        .run_kubectl(["get", "automanager", "-A", "-o", "name"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), "", "rejected objects must not exist");
+}
+
+#[tokio::test]
+async fn unsafe_updates_are_refused_by_transition_rules() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+    let out = env.apply_file(examples_dir()).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+
+    // Renaming a job in place would lose track of its running instances.
+    let bands = std::fs::read_to_string(examples_dir().join("bands.yaml")).unwrap();
+    let renamed = bands.replace("jobName: thumbnails", "jobName: thumbs");
+    let out = env.apply_yaml(&renamed).await.unwrap();
+    assert!(!out.success());
+    assert!(
+        out.stderr.contains("a job cannot be renamed in place"),
+        "{}",
+        out.stderr
+    );
+
+    // Adding a job (without removing one) is fine, and so is removing one afterwards.
+    let added = bands.replace(
+        "      requirements: { requiredCapacity: 3, requiredCores: 1, priorityBand: bronze }\n",
+        "      requirements: { requiredCapacity: 3, requiredCores: 1, priorityBand: bronze }\n    - jobName: thumbs\n      requirements: { requiredCapacity: 3, requiredCores: 1, priorityBand: bronze }\n",
+    );
+    let out = env.apply_yaml(&added).await.unwrap();
+    assert!(out.success(), "adding a job: {}", out.stderr);
+
+    // A pool's kind and region are immutable.
+    let out = env
+        .run_kubectl([
+            "patch",
+            "placementpool",
+            "onprem",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"kind":"aws"}}"#,
+        ])
+        .await
+        .unwrap();
+    assert!(!out.success());
+    assert!(out.stderr.contains("kind is immutable"), "{}", out.stderr);
+
+    // A migration's job cannot be retargeted, and an abort cannot be withdrawn.
+    let migration = r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Migration
+metadata: { name: move-encode, namespace: default }
+spec:
+  job: { bundle: my-channel-1, replica: 0, jobName: encode }
+  abort: { reason: changed my mind }
+"#;
+    let out = env.apply_yaml(migration).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = env
+        .apply_yaml(&migration.replace("replica: 0", "replica: 1"))
+        .await
+        .unwrap();
+    assert!(out.stderr.contains("job is immutable"), "{}", out.stderr);
+    let out = env
+        .run_kubectl([
+            "patch",
+            "migration",
+            "move-encode",
+            "-n",
+            "default",
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"remove","path":"/spec/abort"}]"#,
+        ])
+        .await
+        .unwrap();
+    assert!(
+        out.stderr.contains("an abort cannot be withdrawn"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[tokio::test]
+async fn kubectl_explain_shows_the_field_descriptions() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+    // The apiserver publishes a new CRD's OpenAPI a moment after it is Established.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let out = loop {
+        let out = env
+            .run_kubectl(["explain", "bundle.spec.jobs.requirements"])
+            .await
+            .unwrap();
+        if out.success() || std::time::Instant::now() > deadline {
+            break out;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert!(out.success(), "{}", out.stderr);
+    for needle in [
+        "requiredCapacity",
+        "benchmarked reference-workload units",
+        "priorityBand",
+        "gold, silver, bronze",
+    ] {
+        assert!(
+            out.stdout.contains(needle),
+            "explain lacks {needle:?}:\n{}",
+            out.stdout
+        );
+    }
+    let out = env
+        .run_kubectl(["explain", "bundle.spec.replicaOverrides"])
+        .await
+        .unwrap();
+    assert!(
+        out.stdout.contains("list keyed by `replica`"),
+        "{}",
+        out.stdout
+    );
+    let out = env
+        .run_kubectl(["explain", "placementpool.spec.candidateInstanceTypes"])
+        .await
+        .unwrap();
+    assert!(out.stdout.contains("totalCapacity"), "{}", out.stdout);
+}
