@@ -75,6 +75,28 @@ const START_ATTEMPTS: u32 = 3;
 /// Log lines quoted in start-up errors.
 const LOG_TAIL_LINES: usize = 25;
 
+/// Environment variable that lets control-plane tests skip (instead of fail) when the
+/// binaries are missing.
+pub const SKIP_ENV: &str = "AUTOMANAGER_SKIP_CONTROL_PLANE";
+
+/// For tests that need the binaries: `Ok(true)` when they are present, `Ok(false)` when they
+/// are missing and `AUTOMANAGER_SKIP_CONTROL_PLANE=1` asks to skip, and the "run `make
+/// control-plane`" error otherwise — a missing control plane must fail a test run, not pass it.
+pub fn control_plane_available() -> Result<bool, Error> {
+    availability(
+        default_bin_dir().and_then(|dir| check_bin_dir(&dir)),
+        std::env::var(SKIP_ENV).ok().as_deref(),
+    )
+}
+
+fn availability(check: Result<(), Error>, skip: Option<&str>) -> Result<bool, Error> {
+    match check {
+        Ok(()) => Ok(true),
+        Err(_) if skip == Some("1") => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Options for a [`TestEnv`]; [`TestEnv::builder`] gives the defaults.
 #[derive(Debug, Clone)]
 pub struct TestEnvBuilder {
@@ -642,6 +664,27 @@ mod tests {
         assert!(!dead.exists());
         assert!(live.exists());
         assert!(unrelated.exists());
+    }
+
+    #[test]
+    fn missing_binaries_fail_tests_unless_skipping_is_asked_for() {
+        let missing = || {
+            Err(Error::BinariesMissing {
+                dir: "/x".into(),
+                missing: "etcd".into(),
+            })
+        };
+        assert!(matches!(availability(Ok(()), None), Ok(true)));
+        assert!(matches!(availability(Ok(()), Some("1")), Ok(true)));
+        assert!(matches!(availability(missing(), Some("1")), Ok(false)));
+        let err = availability(missing(), None).unwrap_err().to_string();
+        assert!(err.contains("run `make control-plane`"), "{err}");
+        for not_one in ["0", "", "yes", "true"] {
+            assert!(
+                availability(missing(), Some(not_one)).is_err(),
+                "{not_one:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,23 +5,14 @@
 //! `AUTOMANAGER_SKIP_CONTROL_PLANE=1` is set.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use testenv::State;
 use testenv::process::{Signal, is_running, send_signal};
-
-fn control_plane_available() -> bool {
-    match testenv::default_bin_dir().and_then(|dir| testenv::check_bin_dir(&dir)) {
-        Ok(()) => true,
-        Err(e) if std::env::var("AUTOMANAGER_SKIP_CONTROL_PLANE").as_deref() == Ok("1") => {
-            eprintln!("SKIPPED (AUTOMANAGER_SKIP_CONTROL_PLANE=1): {e}");
-            false
-        }
-        Err(e) => panic!("{e}\n(set AUTOMANAGER_SKIP_CONTROL_PLANE=1 to skip control-plane tests)"),
-    }
-}
 
 fn testenv(dir: &Path, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_testenv"))
@@ -43,7 +34,7 @@ fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
 
 #[test]
 fn detached_up_env_and_down_drive_one_control_plane() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -111,7 +102,7 @@ fn detached_up_env_and_down_drive_one_control_plane() {
 
 #[test]
 fn a_killed_testenv_up_takes_its_control_plane_with_it() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,8 @@
 //! `AUTOMANAGER_SKIP_CONTROL_PLANE=1` is set (then they print why they skip).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,17 +16,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 use testenv::process::{Signal, is_running, send_signal};
 use testenv::{Error, TestEnv};
-
-fn control_plane_available() -> bool {
-    match testenv::default_bin_dir().and_then(|dir| testenv::check_bin_dir(&dir)) {
-        Ok(()) => true,
-        Err(e) if std::env::var("AUTOMANAGER_SKIP_CONTROL_PLANE").as_deref() == Ok("1") => {
-            eprintln!("SKIPPED (AUTOMANAGER_SKIP_CONTROL_PLANE=1): {e}");
-            false
-        }
-        Err(e) => panic!("{e}\n(set AUTOMANAGER_SKIP_CONTROL_PLANE=1 to skip control-plane tests)"),
-    }
-}
 
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
@@ -82,7 +73,7 @@ fn no_process_mentions(path: &Path) -> bool {
 
 #[tokio::test]
 async fn a_started_env_serves_the_client_and_kubectl_and_leaves_nothing_behind() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let env = TestEnv::start().await.unwrap();
@@ -211,7 +202,7 @@ async fn a_started_env_serves_the_client_and_kubectl_and_leaves_nothing_behind()
 
 #[tokio::test]
 async fn a_panicking_test_still_stops_everything() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -227,7 +218,7 @@ async fn a_panicking_test_still_stops_everything() {
 
 #[tokio::test]
 async fn a_rejected_apiserver_flag_fails_with_its_log_and_leaves_nothing() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let parent = tempfile::tempdir().unwrap();
@@ -262,7 +253,7 @@ async fn a_rejected_apiserver_flag_fails_with_its_log_and_leaves_nothing() {
 
 #[tokio::test]
 async fn a_start_that_times_out_reports_both_logs_and_leaves_nothing() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let parent = tempfile::tempdir().unwrap();
@@ -290,7 +281,7 @@ async fn a_start_that_times_out_reports_both_logs_and_leaves_nothing() {
 
 #[tokio::test]
 async fn a_control_plane_process_that_dies_is_reported() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let env = TestEnv::builder()
@@ -326,7 +317,7 @@ async fn a_control_plane_process_that_dies_is_reported() {
 
 #[tokio::test]
 async fn crds_are_waited_for_until_established_and_served() {
-    if !control_plane_available() {
+    if !support::control_plane_available() {
         return;
     }
     let env = TestEnv::start().await.unwrap();
