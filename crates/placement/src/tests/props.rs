@@ -1,0 +1,726 @@
+//! Property tests over random clusters and requests.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::naive;
+
+const ZONES: [&str; 3] = ["a", "b", "c"];
+const CAPS: [&str; 2] = ["gpu", "ssd"];
+const POOLS: [&str; 3] = ["p0", "p1", "p2"];
+const NOW: u64 = 100_000;
+
+fn band() -> impl Strategy<Value = PriorityBand> {
+    prop_oneof![
+        Just(PriorityBand::Gold),
+        Just(PriorityBand::Silver),
+        Just(PriorityBand::Bronze)
+    ]
+}
+
+fn caps() -> impl Strategy<Value = Vec<String>> {
+    proptest::sample::subsequence(CAPS.to_vec(), 0..=2)
+        .prop_map(|v| v.into_iter().map(str::to_owned).collect())
+}
+
+fn strength() -> impl Strategy<Value = Option<Strength>> {
+    prop_oneof![5 => Just(None), 1 => Just(Some(Strength::Hard)), 2 => Just(Some(Strength::Soft))]
+}
+
+fn rules() -> impl Strategy<Value = PlacementRules> {
+    (strength(), strength(), strength(), strength()).prop_map(|(a, b, c, d)| PlacementRules {
+        same_node: a,
+        different_node: b,
+        same_zone: c,
+        different_zone: d,
+    })
+}
+
+fn pool_spec(name: &'static str) -> impl Strategy<Value = PoolSpec> {
+    (
+        any::<bool>(),
+        any::<bool>(),
+        proptest::sample::subsequence(ZONES.to_vec(), 0..=3),
+        proptest::collection::vec((10u32..120, 1u32..16, caps()), 0..3),
+        proptest::option::of(1u32..12),
+    )
+        .prop_map(move |(spread, elastic, zones, types, max_nodes)| PoolSpec {
+            name: name.into(),
+            kind: PoolKind::Aws,
+            region: "r".into(),
+            zones: zones.into_iter().map(str::to_owned).collect(),
+            packing_strategy: if spread {
+                PackingStrategy::Spread
+            } else {
+                PackingStrategy::Binpack
+            },
+            scale_out: if elastic {
+                ScaleOut::Elastic
+            } else {
+                ScaleOut::Fixed
+            },
+            candidate_instance_types: types
+                .into_iter()
+                .enumerate()
+                .map(|(i, (c, k, caps))| InstanceTypeSpec {
+                    instance_type: format!("t{i}"),
+                    total_capacity: f64::from(c),
+                    total_cores: k,
+                    capabilities: caps,
+                })
+                .collect(),
+            max_nodes,
+        })
+}
+
+#[derive(Debug, Clone)]
+struct NodeGen {
+    pool: usize,
+    zone: Option<usize>,
+    cap: u32,
+    used: u32,
+    cores: u32,
+    used_cores: u32,
+    caps: Vec<String>,
+    flags: u8,
+    band: Option<PriorityBand>,
+    pending: Option<u64>,
+}
+
+fn node_gen() -> impl Strategy<Value = NodeGen> {
+    (
+        (
+            0usize..4,
+            proptest::option::of(0usize..3),
+            0u32..100,
+            0u32..60,
+            0u32..16,
+            0u32..8,
+        ),
+        (
+            caps(),
+            any::<u8>(),
+            proptest::option::of(band()),
+            proptest::option::weighted(0.15, 0u64..2 * NOW),
+        ),
+    )
+        .prop_map(
+            |((pool, zone, cap, used, cores, used_cores), (caps, flags, band, pending))| NodeGen {
+                pool,
+                zone,
+                cap,
+                used: used.min(cap),
+                cores,
+                used_cores: used_cores.min(cores),
+                caps,
+                flags,
+                band,
+                pending,
+            },
+        )
+}
+
+fn to_node(i: usize, g: &NodeGen) -> NodeSpec {
+    NodeSpec {
+        id: format!("n{i:02}"),
+        pool: POOLS.get(g.pool).copied().unwrap_or("orphan").into(),
+        zone: g.zone.map(|z| ZONES[z].to_owned()),
+        instance_type: None,
+        total_capacity: f64::from(g.cap),
+        used_capacity: f64::from(g.used),
+        total_cores: g.cores,
+        used_cores: g.used_cores,
+        capabilities: g.caps.clone(),
+        cordoned: g.flags.is_multiple_of(10),
+        healthy: g.flags % 10 != 1,
+        spare: g.flags % 6 == 2,
+        spare_band: g.band,
+        pending_since_ms: g.pending,
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Scenario {
+    pools: Vec<PoolSpec>,
+    nodes: Vec<NodeSpec>,
+    request: PlacementRequest,
+}
+
+fn job_gen() -> impl Strategy<Value = (u32, u32, Vec<String>, PriorityBand, Vec<usize>, Vec<usize>)>
+{
+    (
+        0u32..60,
+        0u32..6,
+        prop_oneof![3 => Just(Vec::new()), 1 => caps()],
+        band(),
+        proptest::collection::vec(0usize..4, 0..2),
+        proptest::collection::vec(0usize..4, 0..2),
+    )
+}
+
+fn scenario() -> impl Strategy<Value = Scenario> {
+    (
+        (pool_spec("p0"), pool_spec("p1"), pool_spec("p2")),
+        proptest::collection::vec(node_gen(), 0..32),
+        proptest::collection::vec(job_gen(), 1..4),
+        (
+            any::<bool>(),
+            rules(),
+            rules(),
+            proptest::collection::vec((0usize..30, proptest::option::of(0usize..3)), 0..3),
+        ),
+        proptest::sample::subsequence(vec![0usize, 1, 2, 3], 1..=4).prop_shuffle(),
+    )
+        .prop_map(
+            |((p0, p1, p2), nodes, jobs, (recovery, intra, inter, others), pool_order)| {
+                let n = jobs.len();
+                let jobs: Vec<JobSpec> = jobs
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (cap, cores, caps, band, colo, sep))| JobSpec {
+                        job_name: format!("j{i}"),
+                        requirements: Requirements {
+                            required_capacity: f64::from(cap) / 2.0,
+                            required_cores: cores,
+                            required_capabilities: caps,
+                            priority_band: band,
+                        },
+                        co_locate_with: colo
+                            .into_iter()
+                            .filter(|&k| k < n && k != i)
+                            .map(|k| format!("j{k}"))
+                            .collect(),
+                        separate_from: sep
+                            .into_iter()
+                            .filter(|&k| k < n && k != i)
+                            .map(|k| format!("j{k}"))
+                            .collect(),
+                    })
+                    .collect();
+                let nodes: Vec<NodeSpec> = nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| to_node(i, g))
+                    .collect();
+                let request = PlacementRequest {
+                    bundle_id: "b".into(),
+                    replica_index: 1,
+                    jobs,
+                    pools: pool_order
+                        .into_iter()
+                        .map(|i| POOLS.get(i).copied().unwrap_or("missing").to_owned())
+                        .collect(),
+                    kind: if recovery {
+                        PlacementKind::Recovery
+                    } else {
+                        PlacementKind::First
+                    },
+                    intra_replica: intra,
+                    inter_replica: inter,
+                    other_replicas: others
+                        .into_iter()
+                        .map(|(n, z)| Position {
+                            node: format!("n{n:02}"),
+                            zone: z.map(|z| ZONES[z].to_owned()),
+                        })
+                        .collect(),
+                    placed_siblings: Vec::new(),
+                };
+                Scenario {
+                    pools: vec![p0, p1, p2],
+                    nodes,
+                    request,
+                }
+            },
+        )
+}
+
+fn load(s: &Scenario) -> Engine {
+    Engine::new(ClusterSnapshot {
+        pools: s.pools.clone(),
+        nodes: s.nodes.clone(),
+        pending_window_ms: 60_000,
+    })
+    .expect("generated snapshot is valid")
+}
+
+fn milli_up(v: f64) -> u64 {
+    (v * 1000.0).ceil() as u64
+}
+
+/// An independent check of a Placed decision against the hard rules, from the inputs alone.
+fn check_placed(s: &Scenario, d: &Decision) -> Result<(), String> {
+    let Outcome::Placed { pool, assignments } = &d.outcome else {
+        return Ok(());
+    };
+    let req = &s.request;
+    let nodes: HashMap<&str, &NodeSpec> = s.nodes.iter().map(|n| (n.id.as_str(), n)).collect();
+    // All or nothing: every job exactly once.
+    let mut names: Vec<&str> = assignments.iter().map(|a| a.job_name.as_str()).collect();
+    names.sort();
+    let mut want: Vec<&str> = req.jobs.iter().map(|j| j.job_name.as_str()).collect();
+    want.sort();
+    if names != want {
+        return Err(format!("assigned {names:?}, jobs {want:?}"));
+    }
+    let at: HashMap<&str, &str> = assignments
+        .iter()
+        .map(|a| (a.job_name.as_str(), a.node.as_str()))
+        .collect();
+    let mut load: BTreeMap<&str, (u64, u32)> = BTreeMap::new();
+    for a in assignments {
+        let n = nodes
+            .get(a.node.as_str())
+            .ok_or(format!("unknown node {}", a.node))?;
+        let j = req
+            .jobs
+            .iter()
+            .find(|j| j.job_name == a.job_name)
+            .ok_or("unknown job")?;
+        if &n.pool != pool {
+            return Err(format!("{} is not in {pool}", a.node));
+        }
+        if n.cordoned || !n.healthy {
+            return Err(format!("{} cordoned or unhealthy", a.node));
+        }
+        if let Some(t) = n.pending_since_ms
+            && NOW.saturating_sub(t) > 60_000
+        {
+            return Err(format!("{} pending too long", a.node));
+        }
+        if n.spare {
+            let band = j.requirements.priority_band;
+            if req.kind == PlacementKind::First {
+                return Err(format!("{} is a spare on a first placement", a.node));
+            }
+            // The band of the node's group may be stronger than the job's own; accept any
+            // band of a job sharing the node.
+            let ok_band = n.spare_band.is_none_or(|b| {
+                b == band
+                    || req.jobs.iter().any(|o| {
+                        at.get(o.job_name.as_str()) == Some(&a.node.as_str())
+                            && o.requirements.priority_band == b
+                    })
+            });
+            if !ok_band {
+                return Err(format!("{} is a spare of another band", a.node));
+            }
+        }
+        if !j
+            .requirements
+            .required_capabilities
+            .iter()
+            .all(|c| n.capabilities.contains(c))
+        {
+            return Err(format!("{} lacks capabilities of {}", a.node, a.job_name));
+        }
+        let e = load.entry(a.node.as_str()).or_default();
+        e.0 += milli_up(j.requirements.required_capacity);
+        e.1 += j.requirements.required_cores;
+        if req.inter_replica.different_node == Some(Strength::Hard)
+            && req.other_replicas.iter().any(|p| p.node == a.node)
+        {
+            return Err(format!("{} shares a node with another replica", a.job_name));
+        }
+        let zones: Vec<&str> = req
+            .other_replicas
+            .iter()
+            .filter_map(|p| {
+                p.zone
+                    .as_deref()
+                    .or_else(|| nodes.get(p.node.as_str()).and_then(|n| n.zone.as_deref()))
+            })
+            .collect();
+        let has_zone_info = req.other_replicas.iter().any(|p| {
+            p.zone.is_some() || nodes.get(p.node.as_str()).is_some_and(|n| n.zone.is_some())
+        });
+        if req.inter_replica.same_zone == Some(Strength::Hard)
+            && has_zone_info
+            && !n.zone.as_deref().is_some_and(|z| zones.contains(&z))
+        {
+            return Err(format!("{} not in the other replicas' zone", a.job_name));
+        }
+        if req.inter_replica.different_zone == Some(Strength::Hard)
+            && n.zone.as_deref().is_some_and(|z| zones.contains(&z))
+        {
+            return Err(format!("{} in another replica's zone", a.job_name));
+        }
+        for o in &j.co_locate_with {
+            if at.get(o.as_str()) != Some(&a.node.as_str()) {
+                return Err(format!("{} not with {o}", a.job_name));
+            }
+        }
+        for o in &j.separate_from {
+            if at.get(o.as_str()) == Some(&a.node.as_str()) {
+                return Err(format!("{} shares a node with {o}", a.job_name));
+            }
+        }
+    }
+    if req.intra_replica.same_node == Some(Strength::Hard) && load.len() > 1 {
+        return Err("hard sameNode replica spread over nodes".into());
+    }
+    for (node, (cap, cores)) in load {
+        let n = nodes.get(node).ok_or("node")?;
+        let free =
+            ((n.total_capacity * 1000.0).floor() as u64).saturating_sub(milli_up(n.used_capacity));
+        if cap > free || cores > n.total_cores.saturating_sub(n.used_cores) {
+            return Err(format!("{node} over capacity or cores"));
+        }
+    }
+    Ok(())
+}
+
+fn pool_index(req: &PlacementRequest, d: &Decision) -> Option<usize> {
+    let pool = match &d.outcome {
+        Outcome::Placed { pool, .. } | Outcome::Provision { pool, .. } => pool,
+        Outcome::Unplaceable { .. } => return None,
+    };
+    req.pools.iter().position(|p| p == pool)
+}
+
+/// Places replica after replica like the operator would, adding provisioned nodes.
+fn place_all_replicas(engine: &Engine, b: &BundleSpec) -> bool {
+    let mut sim = engine.clone();
+    let mut positions = Vec::new();
+    let mut ok = true;
+    for r in 0..b.replicas {
+        let req = b.request_for_replica(r, PlacementKind::First, positions.clone());
+        match crate::validate::place_with_provisioning(
+            &mut sim,
+            &req,
+            NOW,
+            &format!("~admission-{r}"),
+        ) {
+            Ok(p) => positions.extend(p),
+            Err(_) => ok = false,
+        }
+    }
+    ok
+}
+
+proptest! {
+    // 256 cases by default; PROPTEST_CASES raises it.
+    #![proptest_config(ProptestConfig::default())]
+
+    #[test]
+    fn the_engine_decides_exactly_as_the_naive_full_scan(s in scenario()) {
+        let e = load(&s);
+        prop_assert_eq!(e.place(&s.request, NOW), naive::place(&e, &s.request, NOW));
+    }
+
+    #[test]
+    fn hard_rules_capacity_and_cores_are_never_broken(s in scenario()) {
+        let d = load(&s).place(&s.request, NOW);
+        if let Err(why) = check_placed(&s, &d) {
+            prop_assert!(false, "{}: {:?}", why, d);
+        }
+    }
+
+    #[test]
+    fn a_replica_is_all_or_nothing(s in scenario()) {
+        let mut e = load(&s);
+        let before: f64 = e.node_views().iter().map(|n| n.used_capacity).sum();
+        let d = e.place(&s.request, NOW);
+        match &d.outcome {
+            Outcome::Placed { assignments, .. } => prop_assert_eq!(assignments.len(), s.request.jobs.len()),
+            Outcome::Unplaceable { jobs } => prop_assert_eq!(jobs.len(), s.request.jobs.len()),
+            Outcome::Provision { .. } => {}
+        }
+        let committed = e.commit(&d);
+        let after: f64 = e.node_views().iter().map(|n| n.used_capacity).sum();
+        if d.is_placed() {
+            prop_assert!(committed.is_ok());
+            let want: u64 = s.request.jobs.iter().map(|j| milli_up(j.requirements.required_capacity)).sum();
+            prop_assert!(((after - before) * 1000.0 - want as f64).abs() < 1.0);
+        } else {
+            prop_assert!(committed.is_err());
+            prop_assert_eq!(before, after);
+        }
+    }
+
+    #[test]
+    fn a_later_pool_is_used_only_when_earlier_ones_cannot_take_the_replica(s in scenario()) {
+        let e = load(&s);
+        let d = e.place(&s.request, NOW);
+        if let Some(k) = pool_index(&s.request, &d) {
+            for earlier in &s.request.pools[..k] {
+                let mut alone = s.request.clone();
+                alone.pools = vec![earlier.clone()];
+                let d = e.place(&alone, NOW);
+                prop_assert_eq!(d.kind(), OutcomeKind::Unplaceable, "pool {} could take it", earlier);
+            }
+        }
+    }
+
+    #[test]
+    fn the_same_inputs_give_the_same_decision_whatever_the_load_order(s in scenario()) {
+        let a = load(&s).place(&s.request, NOW);
+        let mut reversed = s.clone();
+        reversed.nodes.reverse();
+        let b = load(&reversed).place(&s.request, NOW);
+        prop_assert_eq!(&a, &b);
+        prop_assert_eq!(a, load(&s).place(&s.request, NOW));
+    }
+
+    #[test]
+    fn admission_is_ok_exactly_when_every_replica_places(s in scenario(), replicas in 1u32..4) {
+        let e = load(&s);
+        let b = BundleSpec {
+            bundle_id: "b".into(),
+            replicas,
+            pools: s.request.pools.iter().filter(|p| POOLS.contains(&p.as_str())).cloned().collect(),
+            jobs: s.request.jobs.clone(),
+            replica_overrides: Default::default(),
+            intra_replica_placement: s.request.intra_replica,
+            inter_replica_placement: s.request.inter_replica,
+        };
+        let before = e.node_views();
+        let r = validate_admission(&b, &e, NOW);
+        prop_assert_eq!(&e.node_views(), &before);
+        match r {
+            AdmissionResult::ValidationErrors { errors } => prop_assert!(!e.validate_bundle(&b).is_empty(), "{:?}", errors),
+            AdmissionResult::Ok => prop_assert!(place_all_replicas(&e, &b)),
+            AdmissionResult::NoCapacity { .. } => prop_assert!(!place_all_replicas(&e, &b)),
+        }
+    }
+
+    #[test]
+    fn a_wave_of_commits_never_overfills_a_node(s in scenario(), wave in proptest::collection::vec(job_gen(), 1..30)) {
+        let mut e = load(&s);
+        for (i, (cap, cores, caps, band, _, _)) in wave.into_iter().enumerate() {
+            let mut req = s.request.clone();
+            req.bundle_id = format!("w{i}");
+            req.jobs = vec![JobSpec {
+                job_name: "j".into(),
+                requirements: Requirements {
+                    required_capacity: f64::from(cap),
+                    required_cores: cores,
+                    required_capabilities: caps,
+                    priority_band: band,
+                },
+                co_locate_with: vec![],
+                separate_from: vec![],
+            }];
+            let d = e.place(&req, NOW);
+            prop_assert_eq!(&d, &naive::place(&e, &req, NOW));
+            if d.is_placed() {
+                e.commit(&d).expect("commit");
+            }
+        }
+        for (n, orig) in e.node_views().iter().zip({
+            let mut v = s.nodes.clone();
+            v.sort_by(|a, b| a.id.cmp(&b.id));
+            v
+        }) {
+            // Reservations only land where they fit, so a node is over only if it started over.
+            let grew = n.used_capacity > orig.used_capacity + 1e-9 || n.used_cores > orig.used_cores;
+            if grew {
+                prop_assert!(n.used_capacity <= n.total_capacity + 1e-9, "{:?}", n);
+                prop_assert!(n.used_cores <= n.total_cores, "{:?}", n);
+            }
+        }
+    }
+}
+
+// ---- arbitrary, hostile input: never a panic ----
+
+fn wild_f64() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        Just(f64::NAN),
+        Just(f64::INFINITY),
+        Just(f64::NEG_INFINITY),
+        Just(-0.0),
+        Just(0.0),
+        Just(1e300),
+        Just(-5.0),
+        Just(f64::MAX),
+        Just(f64::MIN_POSITIVE),
+        0.0f64..200.0,
+        any::<f64>(),
+    ]
+}
+
+fn wild_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        Just("p0".to_owned()),
+        Just("n1".to_owned()),
+        Just("j0".to_owned()),
+        "[a-z0-9~\u{e9}]{0,6}"
+    ]
+}
+
+fn wild_u32() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        Just(0u32),
+        Just(u32::MAX),
+        Just(MAX_CORES),
+        0u32..32,
+        any::<u32>()
+    ]
+}
+
+fn wild_job() -> impl Strategy<Value = JobSpec> {
+    (
+        wild_name(),
+        wild_f64(),
+        wild_u32(),
+        proptest::collection::vec(wild_name(), 0..3),
+        band(),
+        proptest::collection::vec(wild_name(), 0..3),
+        proptest::collection::vec(wild_name(), 0..3),
+    )
+        .prop_map(|(job_name, cap, cores, caps, band, colo, sep)| JobSpec {
+            job_name,
+            requirements: Requirements {
+                required_capacity: cap,
+                required_cores: cores,
+                required_capabilities: caps,
+                priority_band: band,
+            },
+            co_locate_with: colo,
+            separate_from: sep,
+        })
+}
+
+fn wild_pool() -> impl Strategy<Value = PoolSpec> {
+    (
+        wild_name(),
+        any::<bool>(),
+        any::<bool>(),
+        proptest::collection::vec(wild_name(), 0..3),
+        proptest::collection::vec(
+            (
+                wild_name(),
+                wild_f64(),
+                wild_u32(),
+                proptest::collection::vec(wild_name(), 0..2),
+            ),
+            0..3,
+        ),
+        proptest::option::of(wild_u32()),
+    )
+        .prop_map(
+            |(name, spread, elastic, zones, types, max_nodes)| PoolSpec {
+                name,
+                kind: PoolKind::Oci,
+                region: String::new(),
+                zones,
+                packing_strategy: if spread {
+                    PackingStrategy::Spread
+                } else {
+                    PackingStrategy::Binpack
+                },
+                scale_out: if elastic {
+                    ScaleOut::Elastic
+                } else {
+                    ScaleOut::Fixed
+                },
+                candidate_instance_types: types
+                    .into_iter()
+                    .map(
+                        |(instance_type, total_capacity, total_cores, capabilities)| {
+                            InstanceTypeSpec {
+                                instance_type,
+                                total_capacity,
+                                total_cores,
+                                capabilities,
+                            }
+                        },
+                    )
+                    .collect(),
+                max_nodes,
+            },
+        )
+}
+
+fn wild_node() -> impl Strategy<Value = NodeSpec> {
+    (
+        (
+            wild_name(),
+            wild_name(),
+            proptest::option::of(wild_name()),
+            wild_f64(),
+            wild_f64(),
+            wild_u32(),
+            wild_u32(),
+        ),
+        (
+            proptest::collection::vec(wild_name(), 0..2),
+            any::<u8>(),
+            proptest::option::of(band()),
+            proptest::option::of(any::<u64>()),
+        ),
+    )
+        .prop_map(
+            |((id, pool, zone, cap, used, cores, used_cores), (caps, flags, band, pending))| {
+                NodeSpec {
+                    id,
+                    pool,
+                    zone,
+                    instance_type: None,
+                    total_capacity: cap,
+                    used_capacity: used,
+                    total_cores: cores,
+                    used_cores,
+                    capabilities: caps,
+                    cordoned: flags & 1 == 1,
+                    healthy: flags & 2 == 0,
+                    spare: flags & 4 == 4,
+                    spare_band: band,
+                    pending_since_ms: pending,
+                }
+            },
+        )
+}
+
+proptest! {
+    // 256 cases by default; PROPTEST_CASES raises it.
+    #![proptest_config(ProptestConfig::default())]
+
+    #[test]
+    fn hostile_input_never_panics(
+        pools in proptest::collection::vec(wild_pool(), 0..4),
+        nodes in proptest::collection::vec(wild_node(), 0..12),
+        jobs in proptest::collection::vec(wild_job(), 0..5),
+        pool_refs in proptest::collection::vec(wild_name(), 0..4),
+        others in proptest::collection::vec((wild_name(), proptest::option::of(wild_name())), 0..3),
+        siblings in proptest::collection::vec((wild_name(), wild_name()), 0..2),
+        (intra, inter, recovery, replicas, now) in (rules(), rules(), any::<bool>(), wild_u32(), any::<u64>()),
+    ) {
+        let _ = Engine::new(ClusterSnapshot { pools: pools.clone(), nodes: nodes.clone(), pending_window_ms: 60_000 });
+        let (mut e, _errors) = Engine::new_lenient(ClusterSnapshot { pools: pools.clone(), nodes: nodes.clone(), pending_window_ms: 60_000 });
+        let req = PlacementRequest {
+            bundle_id: "b".into(),
+            replica_index: 0,
+            jobs: jobs.clone(),
+            pools: pool_refs.clone(),
+            kind: if recovery { PlacementKind::Recovery } else { PlacementKind::First },
+            intra_replica: intra,
+            inter_replica: inter,
+            other_replicas: others.into_iter().map(|(node, zone)| Position { node, zone }).collect(),
+            placed_siblings: siblings.into_iter().map(|(job_name, node)| SiblingPosition { job_name, node, zone: None }).collect(),
+        };
+        let d = e.place(&req, now);
+        prop_assert_eq!(&d, &naive::place(&e, &req, now));
+        let _ = d.summary();
+        let _ = e.commit(&d);
+        let b = BundleSpec {
+            bundle_id: "b".into(),
+            replicas: replicas % 8,
+            pools: pool_refs,
+            jobs,
+            replica_overrides: Default::default(),
+            intra_replica_placement: intra,
+            inter_replica_placement: inter,
+        };
+        let _ = validate_bundle(&b, &pools, &nodes);
+        let _ = validate_admission(&b, &e, now);
+        for n in &nodes {
+            let _ = e.reserve(JobKey { bundle_id: "x".into(), replica_index: 0, job_name: n.id.clone() }, &n.id, n.used_capacity, n.used_cores);
+            let _ = e.remove_node(&n.id);
+        }
+    }
+}
