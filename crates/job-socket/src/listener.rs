@@ -1,0 +1,853 @@
+//! The worker's job-socket listener: a WebSocket server for the jobs on one worker, relaying
+//! handover frames between them and the Manager side through a channel API.
+//!
+//! # Channel API (what a worker, or manager-sim's simulated worker, uses)
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), job_socket::listener::ListenerError> {
+//! use job_socket::listener::*;
+//! let (listener, mut events) = JobSocketListener::bind(ListenerConfig::loopback()).await?;
+//! let worker = listener.handle(); // cheap to clone; share with the gRPC side
+//! // A job started on this worker: tell the listener its path and token.
+//! worker.register(InstanceSpec::new("job-1", "main", "secret"))?;
+//! // A handover target: started with role `migrationTarget` and the source's state.
+//! worker.register(InstanceSpec::new("job-1", "migrationTarget", "t0k").target_of("mig-7", job_socket::json::Json::Null))?;
+//! // Manager → job (the four NodeControllerMigration* messages map onto these):
+//! worker.send(&InstanceKey::new("job-1", "main"), Command::GetState { migration_id: "mig-7".into() })?;
+//! // Job → Manager:
+//! while let Some(ev) = events.recv().await {
+//!     match ev.kind {
+//!         EventKind::Frame { migration_id, frame, phase } => { /* relay to the Manager */ }
+//!         EventKind::Connected { .. } | EventKind::Disconnected { .. } => {}
+//!     }
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Mapping onto the Manager's migration messages: *propose / get-state* → [`Command::GetState`]
+//! on the source, answered by a `state` or `state-refused` [`EventKind::Frame`]; *prepare target
+//! with initial state* → [`InstanceSpec::target_of`] when registering the target (the listener
+//! sends `hello-ack{migration}` and `initial-state` itself when the target connects), answered by
+//! `target-ready`; *cutover* → [`Command::CutoverReady`] on the source (answered by
+//! `source-stopped-output`) then [`Command::CutoverApply`] on the target (answered by
+//! `target-applied`); *abort* → [`Command::Abort`] on either, and a job's own `abort` arrives as
+//! a `Frame`.
+//!
+//! # Behaviour
+//!
+//! * Paths `/instances/<jobId>/<role>` name registered instances; any other path is accepted as
+//!   a WebSocket and closed at once with 4401 (a close code needs an open socket).
+//! * The first frame must be `hello` with the instance's token (compared in constant time for
+//!   equal lengths), within `hello_timeout` of the TCP accept (which also bounds the HTTP
+//!   upgrade); otherwise 4401. An unparseable first frame is a protocol error (4400).
+//! * A frame over `max_frame_bytes` closes with 4413; tungstenite rejects it from the frame
+//!   header, before reading its payload, so nothing unbounded is buffered.
+//! * An unparseable frame, a second `hello`, a binary frame, or a frame the instance's side and
+//!   phase do not expect ([`crate::phase`]) closes with 4400 and the reason.
+//! * A newer authenticated connection for the same instance closes the older with 4409; phase
+//!   state belongs to the instance, not the connection, so the newer one carries on (a target
+//!   still awaiting `target-ready` is sent `initial-state` again).
+//! * Never blocks on a slow peer: each connection has its own task; [`ListenerHandle::send`]
+//!   only enqueues (bounded), and a job whose queue is full is closed (1008) rather than waited
+//!   for. Events go to one bounded channel; when the Manager side stops draining it, connection
+//!   tasks wait (back-pressure reaches only the jobs that are sending), never the accept loop.
+
+use crate::consts::{
+    CloseCode, JOB_SOCKET_DEFAULT_PORT, JOB_SOCKET_HELLO_TIMEOUT, JOB_SOCKET_MAX_FRAME_BYTES,
+};
+use crate::frame::{JobToWorker, TargetOf, TargetSide, WorkerToJob, parse_job_to_worker};
+use crate::json::Json;
+use crate::path::parse_job_socket_path;
+use crate::phase::{self, Migration, Phase, PhaseError, Side};
+use futures::{SinkExt, StreamExt};
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use subtle::ConstantTimeEq;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, error::CapacityError};
+
+/// Listener settings.
+#[derive(Debug, Clone)]
+pub struct ListenerConfig {
+    /// Address to bind. Default `0.0.0.0:6797`: jobs in containers reach it as `host.docker.internal`.
+    pub bind: SocketAddr,
+    /// How long a connection has, from TCP accept, to upgrade and send `hello`. Default 5 s.
+    pub hello_timeout: Duration,
+    /// Largest frame (and message) accepted. Default 64 KiB.
+    pub max_frame_bytes: usize,
+    /// Frames queued per connection before the job counts as not reading. Default 32.
+    pub outbound_queue: usize,
+    /// Events buffered for the Manager side. Default 1024.
+    pub event_queue: usize,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from((Ipv4Addr::UNSPECIFIED, JOB_SOCKET_DEFAULT_PORT)),
+            hello_timeout: JOB_SOCKET_HELLO_TIMEOUT,
+            max_frame_bytes: JOB_SOCKET_MAX_FRAME_BYTES,
+            outbound_queue: 32,
+            event_queue: 1024,
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// The defaults on `127.0.0.1:0` (tests, simulators).
+    pub fn loopback() -> Self {
+        Self {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            ..Self::default()
+        }
+    }
+}
+
+/// An instance on this worker, by its socket path's two names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceKey {
+    /// The job id.
+    pub job_id: String,
+    /// The instance key (the role; unique per migration target).
+    pub role: String,
+}
+
+impl InstanceKey {
+    /// A key.
+    pub fn new(job_id: impl Into<String>, role: impl Into<String>) -> Self {
+        Self {
+            job_id: job_id.into(),
+            role: role.into(),
+        }
+    }
+}
+
+/// An instance the listener should accept a job connection for.
+#[derive(Debug, Clone)]
+pub struct InstanceSpec {
+    /// Its path.
+    pub key: InstanceKey,
+    /// The token handed to the job as `NORSK_WORKER_TOKEN`.
+    pub token: String,
+    /// Set when the instance is a migration target: `(migration id, the source's state)`.
+    pub target: Option<(String, Json)>,
+}
+
+impl InstanceSpec {
+    /// A plain instance (a potential source).
+    pub fn new(
+        job_id: impl Into<String>,
+        role: impl Into<String>,
+        token: impl Into<String>,
+    ) -> Self {
+        Self {
+            key: InstanceKey::new(job_id, role),
+            token: token.into(),
+            target: None,
+        }
+    }
+
+    /// Marks the instance as the target of `migration_id`, to be handed `initial_state`.
+    #[must_use]
+    pub fn target_of(mut self, migration_id: impl Into<String>, initial_state: Json) -> Self {
+        self.target = Some((migration_id.into(), initial_state));
+        self
+    }
+}
+
+/// What the Manager side asks the listener to send a job.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// The propose, to the source.
+    GetState {
+        /// Migration id.
+        migration_id: String,
+    },
+    /// To the source: the target is ready (payload from its `target-ready`).
+    CutoverReady {
+        /// Migration id.
+        migration_id: String,
+        /// The target's payload.
+        payload: Json,
+    },
+    /// To the target: take over (payload from the source's `source-stopped-output`).
+    CutoverApply {
+        /// Migration id.
+        migration_id: String,
+        /// The source's payload.
+        payload: Json,
+    },
+    /// To either: the migration is aborted.
+    Abort {
+        /// Migration id.
+        migration_id: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Command {
+    /// The frame this command sends.
+    pub fn to_frame(&self) -> WorkerToJob {
+        match self {
+            Command::GetState { migration_id } => WorkerToJob::GetState {
+                migration_id: migration_id.as_str().into(),
+            },
+            Command::CutoverReady {
+                migration_id,
+                payload,
+            } => WorkerToJob::CutoverReady {
+                migration_id: migration_id.as_str().into(),
+                payload: payload.clone(),
+            },
+            Command::CutoverApply {
+                migration_id,
+                payload,
+            } => WorkerToJob::CutoverApply {
+                migration_id: migration_id.as_str().into(),
+                payload: payload.clone(),
+            },
+            Command::Abort {
+                migration_id,
+                reason,
+            } => WorkerToJob::Abort {
+                migration_id: migration_id.as_str().into(),
+                reason: reason.as_str().into(),
+            },
+        }
+    }
+}
+
+/// Something the Manager side should know.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerEvent {
+    /// Which instance.
+    pub instance: InstanceKey,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What happened on an instance's socket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventKind {
+    /// A job connected and authenticated. `connection` numbers connections per instance.
+    Connected {
+        /// Connection number (increasing per instance).
+        connection: u64,
+        /// The migration it was told it is the target of, if any.
+        target_of: Option<String>,
+    },
+    /// A frame the job sent, accepted for its phase; relay it to the Manager.
+    Frame {
+        /// The migration it belongs to.
+        migration_id: String,
+        /// The frame (never `hello`).
+        frame: JobToWorker,
+        /// The instance's phase after it.
+        phase: Phase,
+    },
+    /// An authenticated connection ended.
+    Disconnected {
+        /// Connection number.
+        connection: u64,
+        /// The close code sent or received, if any.
+        code: Option<u16>,
+        /// The close reason.
+        reason: String,
+    },
+}
+
+/// Listener failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenerError {
+    /// Binding the address failed.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Registering an instance twice.
+    #[error("instance {0:?} is already registered")]
+    AlreadyRegistered(InstanceKey),
+    /// The instance is not registered.
+    #[error("no instance {0:?} on this worker")]
+    UnknownInstance(InstanceKey),
+    /// No job is connected to receive the frame.
+    #[error("the job of {0:?} is not connected")]
+    NotConnected(InstanceKey),
+    /// The frame does not fit the migration's phase.
+    #[error(transparent)]
+    Phase(#[from] PhaseError),
+    /// The job is not reading its socket; it has been closed.
+    #[error("the job of {0:?} is not reading its socket; closed it")]
+    SlowPeer(InstanceKey),
+    /// A frame would exceed the size cap.
+    #[error("frame of {size} bytes exceeds the {max}-byte cap")]
+    FrameTooLarge {
+        /// Its size.
+        size: usize,
+        /// The cap.
+        max: usize,
+    },
+}
+
+/// The migration view of one instance, for status and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceStatus {
+    /// Whether an authenticated job connection is up.
+    pub connected: bool,
+    /// Its migration, if one was ever started.
+    pub migration: Option<Migration>,
+}
+
+struct Conn {
+    id: u64,
+    frames: mpsc::Sender<String>,
+    close: watch::Sender<Option<(u16, String)>>,
+}
+
+struct Instance {
+    token: String,
+    migration: Option<Migration>,
+    initial_state: Option<Json>,
+    conn: Option<Conn>,
+    next_conn: u64,
+}
+
+struct Shared {
+    config: ListenerConfig,
+    instances: Mutex<HashMap<InstanceKey, Instance>>,
+    events: mpsc::Sender<ListenerEvent>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, HashMap<InstanceKey, Instance>> {
+        // A panic while holding the lock cannot leave the map half-updated (every update is a
+        // single assignment), so a poisoned lock is still usable.
+        self.instances
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A running listener. Dropping it stops accepting; [`Self::shutdown`] also closes every socket.
+pub struct JobSocketListener {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+}
+
+/// A cloneable handle to register instances and send commands.
+#[derive(Clone)]
+pub struct ListenerHandle {
+    shared: Arc<Shared>,
+}
+
+impl JobSocketListener {
+    /// Binds and starts accepting. Returns the listener and the receiver of its events.
+    pub async fn bind(
+        config: ListenerConfig,
+    ) -> Result<(Self, mpsc::Receiver<ListenerEvent>), ListenerError> {
+        let tcp = TcpListener::bind(config.bind)
+            .await
+            .map_err(|source| ListenerError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let addr = tcp.local_addr().map_err(|source| ListenerError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let (events, rx) = mpsc::channel(config.event_queue.max(1));
+        let (stop, shutdown) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            config,
+            instances: Mutex::new(HashMap::new()),
+            events,
+            shutdown,
+        });
+        let accept = tokio::spawn(accept_loop(tcp, shared.clone()));
+        tracing::info!(%addr, "job socket listener up");
+        Ok((
+            Self {
+                addr,
+                shared,
+                stop,
+                accept,
+            },
+            rx,
+        ))
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A handle for registering instances and sending commands.
+    pub fn handle(&self) -> ListenerHandle {
+        ListenerHandle {
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Stops accepting and closes every connection with 1001 (going away).
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        self.accept.abort();
+        let _ = (&mut self.accept).await;
+    }
+}
+
+impl Drop for JobSocketListener {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+        self.accept.abort();
+    }
+}
+
+impl ListenerHandle {
+    /// Accept connections for an instance. A target's migration starts in `awaiting-target-ready`.
+    pub fn register(&self, spec: InstanceSpec) -> Result<(), ListenerError> {
+        let mut map = self.shared.lock();
+        if map.contains_key(&spec.key) {
+            return Err(ListenerError::AlreadyRegistered(spec.key));
+        }
+        let (migration, initial_state) = match spec.target {
+            Some((id, state)) => (Some(phase::new_target(id)), Some(state)),
+            None => (None, None),
+        };
+        tracing::debug!(job_id = %spec.key.job_id, role = %spec.key.role, target = migration.is_some(), "instance registered");
+        map.insert(
+            spec.key,
+            Instance {
+                token: spec.token,
+                migration,
+                initial_state,
+                conn: None,
+                next_conn: 0,
+            },
+        );
+        Ok(())
+    }
+
+    /// Forget an instance (its job stopped); a connected job is closed with 1000. Returns whether it was known.
+    pub fn unregister(&self, key: &InstanceKey) -> bool {
+        let removed = self.shared.lock().remove(key);
+        if let Some(conn) = removed.as_ref().and_then(|i| i.conn.as_ref()) {
+            let _ = conn.close.send(Some((1000, "instance removed".to_owned())));
+        }
+        removed.is_some()
+    }
+
+    /// Sends a command's frame to the instance's job, after checking it against the phase.
+    /// Never waits: the frame is queued for the connection's task. `Abort` is recorded even when
+    /// no job is connected (the Manager's abort must stick); the others need a connection.
+    pub fn send(&self, key: &InstanceKey, cmd: Command) -> Result<(), ListenerError> {
+        let frame = cmd.to_frame();
+        let text = frame.to_text();
+        let max = self.shared.config.max_frame_bytes;
+        if text.len() > max {
+            return Err(ListenerError::FrameTooLarge {
+                size: text.len(),
+                max,
+            });
+        }
+        let mut map = self.shared.lock();
+        let inst = map
+            .get_mut(key)
+            .ok_or_else(|| ListenerError::UnknownInstance(key.clone()))?;
+        let next = phase::on_worker_frame(inst.migration.as_ref(), &frame)?;
+        match &inst.conn {
+            Some(conn) => match conn.frames.try_send(text) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    let _ = conn
+                        .close
+                        .send(Some((1008, "not reading its socket".to_owned())));
+                    return Err(ListenerError::SlowPeer(key.clone()));
+                }
+                Err(mpsc::error::TrySendError::Closed(_))
+                    if !matches!(cmd, Command::Abort { .. }) =>
+                {
+                    return Err(ListenerError::NotConnected(key.clone()));
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => {}
+            },
+            None if matches!(cmd, Command::Abort { .. }) => {}
+            None => return Err(ListenerError::NotConnected(key.clone())),
+        }
+        tracing::debug!(job_id = %key.job_id, role = %key.role, frame = frame.kind(), phase = next.phase.name(), "relayed to job");
+        inst.migration = Some(next);
+        Ok(())
+    }
+
+    /// The instance's connection and migration state.
+    pub fn status(&self, key: &InstanceKey) -> Option<InstanceStatus> {
+        let map = self.shared.lock();
+        map.get(key).map(|i| InstanceStatus {
+            connected: i.conn.as_ref().is_some_and(|c| !c.frames.is_closed()),
+            migration: i.migration.clone(),
+        })
+    }
+}
+
+async fn accept_loop(tcp: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match tcp.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(connection(stream, peer, shared.clone()));
+            }
+            Err(e) => {
+                // Transient (e.g. EMFILE): log and keep accepting after a short pause.
+                tracing::warn!(error = %e, "job socket accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// Close reasons are capped at 123 bytes by RFC 6455; cut on a character boundary.
+fn clip_reason(reason: &str) -> String {
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason.get(..end).unwrap_or_default().to_owned()
+}
+
+async fn close(ws: &mut Ws, code: u16, reason: &str) {
+    let frame = CloseFrame {
+        code: WsCode::from(code),
+        reason: clip_reason(reason).into(),
+    };
+    let _ =
+        tokio::time::timeout(Duration::from_secs(1), ws.send(Message::Close(Some(frame)))).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), ws.close(None)).await;
+}
+
+/// `Some` when the connection authenticated.
+type Hello = Option<(Ws, InstanceKey)>;
+
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+    // One deadline from TCP accept covers both the HTTP upgrade and the hello.
+    let deadline = tokio::time::Instant::now() + shared.config.hello_timeout;
+    if let Some((ws, key)) = handshake_and_hello(stream, peer, deadline, &shared).await {
+        serve(ws, key, shared).await;
+    }
+}
+
+// The handshake callback's error type is tungstenite's, not ours.
+#[allow(clippy::result_large_err)]
+async fn handshake_and_hello(
+    stream: TcpStream,
+    peer: SocketAddr,
+    deadline: tokio::time::Instant,
+    shared: &Arc<Shared>,
+) -> Hello {
+    let max = shared.config.max_frame_bytes;
+    let config = WebSocketConfig::default()
+        .max_frame_size(Some(max))
+        .max_message_size(Some(max));
+    let mut path = None;
+    let callback = |req: &Request, resp: Response| {
+        path = Some(req.uri().to_string());
+        Ok(resp)
+    };
+    let upgrade = tokio_tungstenite::accept_hdr_async_with_config(stream, callback, Some(config));
+    let Ok(Ok(mut ws)) = tokio::time::timeout_at(deadline, upgrade).await else {
+        tracing::info!(%peer, "job socket: no WebSocket upgrade in time");
+        return None;
+    };
+    let key = path
+        .as_deref()
+        .and_then(parse_job_socket_path)
+        .map(|p| InstanceKey {
+            job_id: p.job_id,
+            role: p.role,
+        })
+        .filter(|k| shared.lock().contains_key(k));
+    let Some(key) = key else {
+        close(
+            &mut ws,
+            CloseCode::Unauthorized.code(),
+            "no instance at this path",
+        )
+        .await;
+        return None;
+    };
+    match await_hello(&mut ws, &key, deadline, shared).await {
+        Ok(()) => Some((ws, key)),
+        Err((code, reason)) => {
+            tracing::info!(job_id = %key.job_id, role = %key.role, code, %reason, "job socket refused");
+            close(&mut ws, code, &reason).await;
+            None
+        }
+    }
+}
+
+async fn await_hello(
+    ws: &mut Ws,
+    key: &InstanceKey,
+    deadline: tokio::time::Instant,
+    shared: &Arc<Shared>,
+) -> Result<(), (u16, String)> {
+    let first = match tokio::time::timeout_at(deadline, ws.next()).await {
+        Err(_) => {
+            let ms = shared.config.hello_timeout.as_millis();
+            return Err((
+                CloseCode::Unauthorized.code(),
+                format!("no hello within {ms} ms"),
+            ));
+        }
+        Ok(m) => m,
+    };
+    let text = match first {
+        Some(Ok(Message::Text(t))) => t,
+        Some(Ok(Message::Binary(_))) => {
+            return Err((
+                CloseCode::ProtocolError.code(),
+                "frames must be JSON text".to_owned(),
+            ));
+        }
+        Some(Err(WsError::Capacity(CapacityError::MessageTooLong { .. }))) => {
+            return Err((
+                CloseCode::FrameTooLarge.code(),
+                "frame too large".to_owned(),
+            ));
+        }
+        Some(Ok(Message::Close(_)) | Err(_)) | None => return Err((1000, String::new())),
+        Some(Ok(_)) => return Err((CloseCode::Unauthorized.code(), "expected hello".to_owned())),
+    };
+    match parse_job_to_worker(text.as_str()).into_result() {
+        Err(reason) => Err((CloseCode::ProtocolError.code(), reason)),
+        Ok(JobToWorker::Hello { token }) => {
+            let map = shared.lock();
+            let expected = map.get(key).map(|i| i.token.as_bytes());
+            let given = token.as_str().map(str::as_bytes);
+            let ok = match (expected, given) {
+                (Some(e), Some(g)) => bool::from(e.ct_eq(g)),
+                _ => false,
+            };
+            if ok {
+                Ok(())
+            } else {
+                Err((CloseCode::Unauthorized.code(), "wrong token".to_owned()))
+            }
+        }
+        Ok(other) => Err((
+            CloseCode::Unauthorized.code(),
+            format!("expected hello, got `{}`", other.kind()),
+        )),
+    }
+}
+
+/// The authenticated part of a connection.
+async fn serve(mut ws: Ws, key: InstanceKey, shared: Arc<Shared>) {
+    let (frames_tx, mut frames) = mpsc::channel::<String>(shared.config.outbound_queue.max(1));
+    let (close_tx, mut close_rx) = watch::channel::<Option<(u16, String)>>(None);
+    // Become the instance's connection, replacing any older one, and decide the greeting.
+    let greeting = {
+        let mut map = shared.lock();
+        map.get_mut(&key).map(|inst| {
+            inst.next_conn += 1;
+            let id = inst.next_conn;
+            if let Some(old) = inst.conn.replace(Conn {
+                id,
+                frames: frames_tx,
+                close: close_tx,
+            }) {
+                let _ = old.close.send(Some((
+                    CloseCode::Replaced.code(),
+                    "replaced by a newer connection".to_owned(),
+                )));
+            }
+            let live_target = inst
+                .migration
+                .as_ref()
+                .filter(|m| m.side == Side::Target && !m.phase.is_final());
+            let ack = WorkerToJob::HelloAck {
+                migration: live_target.map(|m| TargetOf {
+                    id: m.id.as_str().into(),
+                    side: TargetSide::Target,
+                }),
+            };
+            let initial = live_target
+                .filter(|m| m.phase == Phase::AwaitingTargetReady)
+                .map(|m| WorkerToJob::InitialState {
+                    migration_id: m.id.as_str().into(),
+                    payload: inst.initial_state.clone().unwrap_or_default(),
+                });
+            (id, live_target.map(|m| m.id.clone()), ack, initial)
+        })
+    };
+    let Some((conn_id, target_of, ack, initial)) = greeting else {
+        // Unregistered between the hello and now.
+        close(
+            &mut ws,
+            CloseCode::Unauthorized.code(),
+            "no instance at this path",
+        )
+        .await;
+        return;
+    };
+    tracing::info!(job_id = %key.job_id, role = %key.role, connection = conn_id, "job connected");
+    let mut ended: Option<(Option<u16>, String)> = None;
+    for f in std::iter::once(ack).chain(initial) {
+        if ws.send(Message::text(f.to_text())).await.is_err() {
+            ended = Some((None, "send failed".to_owned()));
+            break;
+        }
+    }
+    let _ = shared
+        .events
+        .send(ListenerEvent {
+            instance: key.clone(),
+            kind: EventKind::Connected {
+                connection: conn_id,
+                target_of,
+            },
+        })
+        .await;
+    let mut shutdown = shared.shutdown.clone();
+    while ended.is_none() {
+        tokio::select! {
+            inbound = ws.next() => {
+                ended = on_inbound(inbound, &mut ws, &key, conn_id, &shared).await;
+            }
+            out = frames.recv() => match out {
+                Some(text) => {
+                    if let Err(e) = ws.send(Message::text(text)).await {
+                        ended = Some((None, format!("send failed: {e}")));
+                    }
+                }
+                // The instance dropped this connection (replaced or unregistered); the close it
+                // asked for is in the watch, which outlives its sender.
+                None => {
+                    let req = close_rx.borrow().clone();
+                    let (code, reason) = req.unwrap_or((1000, "instance removed".to_owned()));
+                    close(&mut ws, code, &reason).await;
+                    ended = Some((Some(code), reason));
+                }
+            },
+            _ = close_rx.changed() => {
+                let req = close_rx.borrow().clone();
+                let (code, reason) = req.unwrap_or((1000, "instance removed".to_owned()));
+                close(&mut ws, code, &reason).await;
+                ended = Some((Some(code), reason));
+            }
+            _ = shutdown.changed() => {
+                close(&mut ws, 1001, "worker shutting down").await;
+                ended = Some((Some(1001), "worker shutting down".to_owned()));
+            }
+        }
+    }
+    let (code, reason) = ended.unwrap_or((None, String::new()));
+    {
+        let mut map = shared.lock();
+        if let Some(inst) = map.get_mut(&key)
+            && inst.conn.as_ref().is_some_and(|c| c.id == conn_id)
+        {
+            inst.conn = None;
+        }
+    }
+    tracing::info!(job_id = %key.job_id, role = %key.role, connection = conn_id, ?code, %reason, "job disconnected");
+    let _ = shared
+        .events
+        .send(ListenerEvent {
+            instance: key,
+            kind: EventKind::Disconnected {
+                connection: conn_id,
+                code,
+                reason,
+            },
+        })
+        .await;
+}
+
+/// Handles one inbound message; `Some` when the connection is over.
+async fn on_inbound(
+    inbound: Option<Result<Message, WsError>>,
+    ws: &mut Ws,
+    key: &InstanceKey,
+    conn_id: u64,
+    shared: &Arc<Shared>,
+) -> Option<(Option<u16>, String)> {
+    let protocol = |reason: String| Some((CloseCode::ProtocolError.code(), reason));
+    let refusal = match inbound {
+        None => return Some((None, "connection closed".to_owned())),
+        Some(Ok(Message::Close(frame))) => {
+            return Some((
+                frame.as_ref().map(|f| u16::from(f.code)),
+                frame.map(|f| f.reason.to_string()).unwrap_or_default(),
+            ));
+        }
+        Some(Err(WsError::Capacity(CapacityError::MessageTooLong { size, max_size }))) => Some((
+            CloseCode::FrameTooLarge.code(),
+            format!("frame of {size} bytes exceeds {max_size}"),
+        )),
+        Some(Err(e)) => return Some((None, format!("transport error: {e}"))),
+        Some(Ok(Message::Binary(_))) => protocol("frames must be JSON text".to_owned()),
+        Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => return None,
+        Some(Ok(Message::Text(text))) => match parse_job_to_worker(text.as_str()).into_result() {
+            Err(reason) => protocol(reason),
+            Ok(JobToWorker::Hello { .. }) => {
+                protocol("unexpected `hello`: already authenticated".to_owned())
+            }
+            Ok(frame) => {
+                let applied = {
+                    let mut map = shared.lock();
+                    match map.get_mut(key) {
+                        // Frames from a connection that has been replaced are not the job's word any more.
+                        Some(inst) if inst.conn.as_ref().is_some_and(|c| c.id == conn_id) => {
+                            phase::on_job_frame(inst.migration.as_ref(), &frame).map(|m| {
+                                inst.migration = Some(m.clone());
+                                Some(m)
+                            })
+                        }
+                        _ => Ok(None),
+                    }
+                };
+                match applied {
+                    Ok(Some(m)) => {
+                        tracing::debug!(job_id = %key.job_id, role = %key.role, frame = frame.kind(), phase = m.phase.name(), "relayed from job");
+                        let kind = EventKind::Frame {
+                            migration_id: m.id,
+                            frame,
+                            phase: m.phase,
+                        };
+                        let _ = shared
+                            .events
+                            .send(ListenerEvent {
+                                instance: key.clone(),
+                                kind,
+                            })
+                            .await;
+                        None
+                    }
+                    Ok(None) => None,
+                    Err(e) => protocol(e.to_string()),
+                }
+            }
+        },
+    };
+    let (code, reason) = refusal?;
+    tracing::info!(job_id = %key.job_id, role = %key.role, code, %reason, "closing job socket");
+    close(ws, code, &reason).await;
+    Some((Some(code), reason))
+}

@@ -1,0 +1,766 @@
+//! The worker listener over real loopback WebSockets: every close code, the hello timeout,
+//! replacement, wrong side / phase, a full handover between a simulated source and target job,
+//! and abort from either side at every abortable phase.
+
+use futures::{SinkExt, StreamExt};
+use job_socket::client::{ClientError, MigrationClient, connect_migration, connect_migration_to};
+use job_socket::frame::{FailedParticipant, JobToWorker, TargetApplied, WorkerToJob};
+use job_socket::json::Json;
+use job_socket::listener::{
+    Command, EventKind, InstanceKey, InstanceSpec, JobSocketListener, ListenerConfig,
+    ListenerError, ListenerEvent,
+};
+use job_socket::path::job_socket_url;
+use job_socket::phase::Phase;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::Message;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+type RawWs =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+struct Worker {
+    listener: JobSocketListener,
+    events: mpsc::Receiver<ListenerEvent>,
+}
+
+impl Worker {
+    async fn start(config: ListenerConfig) -> Self {
+        let (listener, events) = JobSocketListener::bind(config).await.expect("bind");
+        Self { listener, events }
+    }
+
+    async fn new() -> Self {
+        Self::start(ListenerConfig::loopback()).await
+    }
+
+    fn url(&self, job: &str, role: &str) -> String {
+        job_socket_url("127.0.0.1", self.listener.local_addr().port(), job, role)
+    }
+
+    fn register(&self, spec: InstanceSpec) {
+        self.listener.handle().register(spec).expect("register");
+    }
+
+    fn send(&self, job: &str, role: &str, cmd: Command) -> Result<(), ListenerError> {
+        self.listener
+            .handle()
+            .send(&InstanceKey::new(job, role), cmd)
+    }
+
+    fn phase(&self, job: &str, role: &str) -> Option<Phase> {
+        self.listener
+            .handle()
+            .status(&InstanceKey::new(job, role))
+            .and_then(|s| s.migration)
+            .map(|m| m.phase)
+    }
+
+    async fn event(&mut self) -> EventKind {
+        tokio::time::timeout(WAIT, self.events.recv())
+            .await
+            .expect("event in time")
+            .expect("event")
+            .kind
+    }
+
+    /// The next event that is a relayed frame.
+    async fn frame(&mut self) -> (String, JobToWorker, Phase) {
+        loop {
+            if let EventKind::Frame {
+                migration_id,
+                frame,
+                phase,
+            } = self.event().await
+            {
+                return (migration_id, frame, phase);
+            }
+        }
+    }
+}
+
+async fn raw(url: &str) -> RawWs {
+    tokio_tungstenite::connect_async(url)
+        .await
+        .expect("upgrade")
+        .0
+}
+
+async fn send_text(ws: &mut RawWs, text: &str) {
+    ws.send(Message::text(text.to_owned())).await.expect("send");
+}
+
+/// Reads until the worker's close frame; returns its code and reason.
+async fn closed_with(ws: &mut RawWs) -> (u16, String) {
+    let fut = async {
+        while let Some(m) = ws.next().await {
+            match m {
+                Ok(Message::Close(Some(f))) => return (u16::from(f.code), f.reason.to_string()),
+                Ok(Message::Close(None)) | Err(_) => return (0, String::new()),
+                Ok(_) => {}
+            }
+        }
+        (0, String::new())
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .expect("closed in time")
+}
+
+async fn hello(ws: &mut RawWs, token: &str) -> WorkerToJob {
+    send_text(
+        ws,
+        &JobToWorker::Hello {
+            token: token.into(),
+        }
+        .to_text(),
+    )
+    .await;
+    next_frame(ws).await
+}
+
+async fn next_frame(ws: &mut RawWs) -> WorkerToJob {
+    let fut = async {
+        loop {
+            match ws.next().await {
+                Some(Ok(Message::Text(t))) => {
+                    return job_socket::frame::parse_worker_to_job(t.as_str())
+                        .into_result()
+                        .expect("valid frame");
+                }
+                Some(Ok(Message::Close(f))) => panic!("closed: {f:?}"),
+                Some(Ok(_)) => {}
+                other => panic!("stream ended: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .expect("frame in time")
+}
+
+// ── close codes ─────────────────────────────────────────────────────────────────────────
+
+#[tokio::test]
+async fn a_path_naming_no_instance_is_closed_4401() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    for url in [
+        w.url("job", "other"),
+        w.url("nope", "main"),
+        format!("ws://{}/elsewhere", w.listener.local_addr()),
+    ] {
+        let mut ws = raw(&url).await;
+        assert_eq!(closed_with(&mut ws).await.0, 4401, "{url}");
+    }
+}
+
+#[tokio::test]
+async fn a_wrong_token_is_closed_4401() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "right"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    send_text(&mut ws, r#"{"type":"hello","token":"wrong"}"#).await;
+    assert_eq!(closed_with(&mut ws).await, (4401, "wrong token".to_owned()));
+    let err = connect_migration_to(&w.url("job", "main"), "righ")
+        .await
+        .err();
+    assert!(
+        matches!(
+            err,
+            Some(ClientError::Closed {
+                code: Some(4401),
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn no_hello_within_the_timeout_is_closed_4401() {
+    let config = ListenerConfig {
+        hello_timeout: Duration::from_millis(200),
+        ..ListenerConfig::loopback()
+    };
+    let w = Worker::start(config).await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4401);
+    assert!(reason.contains("no hello"), "{reason}");
+}
+
+#[tokio::test]
+async fn a_first_frame_other_than_hello_is_refused() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    send_text(&mut ws, r#"{"type":"state","payload":null}"#).await;
+    assert_eq!(closed_with(&mut ws).await.0, 4401);
+    let mut ws = raw(&w.url("job", "main")).await;
+    send_text(&mut ws, "not json").await;
+    assert_eq!(
+        closed_with(&mut ws).await,
+        (4400, "frame is not valid JSON".to_owned())
+    );
+}
+
+#[tokio::test]
+async fn a_frame_over_64_kib_is_closed_4413_and_one_of_exactly_64_kib_is_read() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    assert!(matches!(
+        hello(&mut ws, "t").await,
+        WorkerToJob::HelloAck { migration: None }
+    ));
+    // Exactly 64 KiB: read and judged on its content (an abort with no migration is out of phase).
+    let head = r#"{"type":"abort","reason":""#;
+    let pad = 64 * 1024 - head.len() - 2;
+    let exact = format!("{head}{}\"}}", "x".repeat(pad));
+    assert_eq!(exact.len(), 64 * 1024);
+    send_text(&mut ws, &exact).await;
+    assert_eq!(closed_with(&mut ws).await.0, 4400);
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    send_text(&mut ws, &format!("{head}{}\"}}", "x".repeat(pad + 1))).await;
+    assert_eq!(closed_with(&mut ws).await.0, 4413);
+}
+
+#[tokio::test]
+async fn unparseable_binary_and_repeated_hello_frames_are_closed_4400_with_the_reason() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    send_text(&mut ws, r#"{"type":"abort"}"#).await;
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4400);
+    assert!(
+        reason.starts_with("invalid frame: ") && reason.contains("reason"),
+        "{reason}"
+    );
+
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    ws.send(Message::binary(vec![1u8, 2, 3]))
+        .await
+        .expect("send");
+    assert_eq!(closed_with(&mut ws).await.0, 4400);
+
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    send_text(&mut ws, r#"{"type":"hello","token":"t"}"#).await;
+    assert_eq!(closed_with(&mut ws).await.0, 4400);
+}
+
+#[tokio::test]
+async fn frames_from_the_wrong_side_or_phase_are_closed_4400() {
+    let mut w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    // No migration at all.
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    send_text(&mut ws, r#"{"type":"state","payload":1}"#).await;
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4400);
+    assert!(reason.contains("no migration"), "{reason}");
+    // A source awaiting state sends a target's frame.
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    w.send(
+        "job",
+        "main",
+        Command::GetState {
+            migration_id: "m".into(),
+        },
+    )
+    .expect("get-state");
+    assert!(matches!(
+        next_frame(&mut ws).await,
+        WorkerToJob::GetState { .. }
+    ));
+    send_text(&mut ws, r#"{"type":"target-ready","payload":1}"#).await;
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4400);
+    assert!(reason.contains("awaiting-state"), "{reason}");
+    assert_eq!(w.phase("job", "main"), Some(Phase::AwaitingState));
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(50), w.events.recv()).await {
+    }
+}
+
+#[tokio::test]
+async fn a_second_connection_replaces_the_first_with_4409_and_keeps_the_phase() {
+    let mut w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut first = raw(&w.url("job", "main")).await;
+    hello(&mut first, "t").await;
+    w.send(
+        "job",
+        "main",
+        Command::GetState {
+            migration_id: "m".into(),
+        },
+    )
+    .expect("get-state");
+    next_frame(&mut first).await;
+    let mut second = raw(&w.url("job", "main")).await;
+    hello(&mut second, "t").await;
+    assert_eq!(
+        closed_with(&mut first).await,
+        (4409, "replaced by a newer connection".to_owned())
+    );
+    // The migration survives the replacement: the new connection answers it.
+    send_text(&mut second, r#"{"type":"state","payload":{"pos":7}}"#).await;
+    let (id, frame, phase) = w.frame().await;
+    assert_eq!((id.as_str(), phase), ("m", Phase::StateGiven));
+    assert_eq!(
+        frame,
+        JobToWorker::State {
+            payload: Json::parse(r#"{"pos":7}"#).expect("json")
+        }
+    );
+}
+
+#[tokio::test]
+async fn manager_commands_are_checked_against_instance_connection_and_phase() {
+    let w = Worker::new().await;
+    let cmd = || Command::GetState {
+        migration_id: "m".into(),
+    };
+    assert!(matches!(
+        w.send("job", "main", cmd()),
+        Err(ListenerError::UnknownInstance(_))
+    ));
+    w.register(InstanceSpec::new("job", "main", "t"));
+    assert!(matches!(
+        w.send("job", "main", cmd()),
+        Err(ListenerError::NotConnected(_))
+    ));
+    assert!(matches!(
+        w.listener
+            .handle()
+            .register(InstanceSpec::new("job", "main", "x")),
+        Err(ListenerError::AlreadyRegistered(_))
+    ));
+    let mut c = connect_migration_to(&w.url("job", "main"), "t")
+        .await
+        .expect("connect");
+    w.send("job", "main", cmd()).expect("get-state");
+    assert!(matches!(
+        w.send(
+            "job",
+            "main",
+            Command::GetState {
+                migration_id: "n".into()
+            }
+        ),
+        Err(ListenerError::Phase(_))
+    ));
+    let big = Json::from("x".repeat(70_000));
+    let apply = Command::CutoverReady {
+        migration_id: "m".into(),
+        payload: big,
+    };
+    assert!(matches!(
+        w.send("job", "main", apply),
+        Err(ListenerError::FrameTooLarge { .. })
+    ));
+    assert!(matches!(
+        c.next_event().await,
+        Ok(Some(WorkerToJob::GetState { .. }))
+    ));
+    // A job refuses to send an oversized frame rather than be closed for it.
+    assert!(matches!(
+        c.send_state(Json::from("y".repeat(70_000))).await,
+        Err(ClientError::FrameTooLarge(_))
+    ));
+}
+
+// ── handover ───────────────────────────────────────────────────────────────────────────
+
+/// Source worker, target worker, and the two job clients, brought to `phase_reached`.
+struct Handover {
+    src_worker: Worker,
+    dst_worker: Worker,
+    source: MigrationClient,
+    target: Option<MigrationClient>,
+}
+
+const MID: &str = "mig-1";
+
+impl Handover {
+    async fn start() -> Self {
+        let mut src_worker = Worker::new().await;
+        let dst_worker = Worker::new().await;
+        src_worker.register(InstanceSpec::new("job", "main", "src-token"));
+        let source = connect_migration_to(&src_worker.url("job", "main"), "src-token")
+            .await
+            .expect("source connects");
+        assert_eq!(source.target_of(), None);
+        assert!(matches!(
+            src_worker.event().await,
+            EventKind::Connected {
+                target_of: None,
+                ..
+            }
+        ));
+        Self {
+            src_worker,
+            dst_worker,
+            source,
+            target: None,
+        }
+    }
+
+    async fn get_state(&mut self) {
+        self.src_worker
+            .send(
+                "job",
+                "main",
+                Command::GetState {
+                    migration_id: MID.into(),
+                },
+            )
+            .expect("get-state");
+        let ev = self.source.next_event().await.expect("event");
+        assert_eq!(
+            ev,
+            Some(WorkerToJob::GetState {
+                migration_id: MID.into()
+            })
+        );
+    }
+
+    async fn state(&mut self) -> Json {
+        self.source
+            .send_state(Json::parse(r#"{"position":1234,"__proto__":{"x":1}}"#).expect("json"))
+            .await
+            .expect("state");
+        let (id, frame, phase) = self.src_worker.frame().await;
+        assert_eq!((id.as_str(), phase), (MID, Phase::StateGiven));
+        let JobToWorker::State { payload } = frame else {
+            panic!("expected state, got {frame:?}")
+        };
+        assert_eq!(
+            payload.to_json_string(),
+            r#"{"position":1234}"#,
+            "__proto__ dropped as the reference does"
+        );
+        payload
+    }
+
+    async fn start_target(&mut self, initial: Json) {
+        let spec = InstanceSpec::new("job", "migrationTarget", "dst-token")
+            .target_of(MID, initial.clone());
+        self.dst_worker.register(spec);
+        let mut target =
+            connect_migration_to(&self.dst_worker.url("job", "migrationTarget"), "dst-token")
+                .await
+                .expect("target connects");
+        assert_eq!(target.target_of(), Some(MID));
+        let ev = target.next_event().await.expect("initial-state");
+        assert_eq!(
+            ev,
+            Some(WorkerToJob::InitialState {
+                migration_id: MID.into(),
+                payload: initial
+            })
+        );
+        assert!(matches!(
+            self.dst_worker.event().await,
+            EventKind::Connected {
+                target_of: Some(_),
+                ..
+            }
+        ));
+        self.target = Some(target);
+    }
+
+    fn target(&mut self) -> &mut MigrationClient {
+        self.target.as_mut().expect("target started")
+    }
+
+    async fn target_ready(&mut self) -> Json {
+        self.target()
+            .target_ready(Json::from("ready-at-1234"))
+            .await
+            .expect("target-ready");
+        let (_, frame, phase) = self.dst_worker.frame().await;
+        assert_eq!(phase, Phase::TargetReady);
+        let JobToWorker::TargetReady { payload } = frame else {
+            panic!("expected target-ready")
+        };
+        payload
+    }
+
+    async fn cutover_ready(&mut self, payload: Json) {
+        let cmd = Command::CutoverReady {
+            migration_id: MID.into(),
+            payload: payload.clone(),
+        };
+        self.src_worker
+            .send("job", "main", cmd)
+            .expect("cutover-ready");
+        let ev = self.source.next_event().await.expect("event");
+        assert_eq!(
+            ev,
+            Some(WorkerToJob::CutoverReady {
+                migration_id: MID.into(),
+                payload
+            })
+        );
+    }
+
+    async fn source_stopped(&mut self) -> Json {
+        self.source
+            .source_stopped_output(Json::from(1235.5))
+            .await
+            .expect("stopped");
+        let (_, frame, phase) = self.src_worker.frame().await;
+        assert_eq!(phase, Phase::SourceStopped);
+        let JobToWorker::SourceStoppedOutput { payload } = frame else {
+            panic!("expected source-stopped-output")
+        };
+        payload
+    }
+
+    /// Brings the handover to just after step `n` (1 = get-state sent … 5 = cutover-ready sent).
+    async fn to_step(n: u8) -> Self {
+        let mut h = Self::start().await;
+        h.get_state().await;
+        if n >= 2 {
+            let state = h.state().await;
+            if n >= 3 {
+                h.start_target(state).await;
+            }
+            if n >= 4 {
+                let ready = h.target_ready().await;
+                if n >= 5 {
+                    h.cutover_ready(ready).await;
+                }
+            }
+        }
+        h
+    }
+}
+
+#[tokio::test]
+async fn a_full_handover_relays_every_frame_between_source_and_target() {
+    let mut h = Handover::to_step(5).await;
+    let stopped = h.source_stopped().await;
+    assert_eq!(stopped, Json::from(1235.5));
+    let cmd = Command::CutoverApply {
+        migration_id: MID.into(),
+        payload: stopped.clone(),
+    };
+    h.dst_worker
+        .send("job", "migrationTarget", cmd)
+        .expect("cutover-apply");
+    let ev = h.target().next_event().await.expect("event");
+    assert_eq!(
+        ev,
+        Some(WorkerToJob::CutoverApply {
+            migration_id: MID.into(),
+            payload: stopped
+        })
+    );
+    let summary = TargetApplied {
+        applied: Some(vec!["video".into()]),
+        failed: Some(vec![FailedParticipant {
+            id: "audio".into(),
+            reason: "codec".into(),
+        }]),
+        skew_ms: Some(3.5),
+    };
+    h.target()
+        .target_applied(summary.clone())
+        .await
+        .expect("applied");
+    let (_, frame, phase) = h.dst_worker.frame().await;
+    assert_eq!(
+        (frame, phase),
+        (JobToWorker::TargetApplied(summary), Phase::Applied)
+    );
+    assert_eq!(
+        h.src_worker.phase("job", "main"),
+        Some(Phase::SourceStopped)
+    );
+    // Past the point of no return neither side may abort.
+    assert!(
+        h.src_worker
+            .send(
+                "job",
+                "main",
+                Command::Abort {
+                    migration_id: MID.into(),
+                    reason: "late".into()
+                }
+            )
+            .is_err()
+    );
+    h.source.abort("too late").await.expect("sent");
+    assert!(matches!(
+        h.source.next_event().await,
+        Err(ClientError::Closed {
+            code: Some(4400),
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_refused_state_ends_the_migration_on_the_source() {
+    let mut h = Handover::to_step(1).await;
+    h.source.refuse_state("mid-ad-break").await.expect("refuse");
+    let (_, frame, phase) = h.src_worker.frame().await;
+    assert_eq!(
+        (frame, phase),
+        (
+            JobToWorker::StateRefused {
+                reason: "mid-ad-break".into()
+            },
+            Phase::Refused
+        )
+    );
+    // The instance is free for a new migration.
+    h.src_worker
+        .send(
+            "job",
+            "main",
+            Command::GetState {
+                migration_id: "mig-2".into(),
+            },
+        )
+        .expect("new get-state");
+}
+
+#[tokio::test]
+async fn the_source_job_can_abort_at_every_abortable_phase() {
+    for step in [1u8, 2, 5] {
+        let mut h = Handover::to_step(step).await;
+        h.source.abort("operator said so").await.expect("abort");
+        let (id, frame, phase) = h.src_worker.frame().await;
+        assert_eq!((id.as_str(), phase), (MID, Phase::Aborted), "step {step}");
+        assert_eq!(
+            frame,
+            JobToWorker::Abort {
+                reason: "operator said so".into()
+            }
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_target_job_can_abort_until_cutover_apply() {
+    for step in [3u8, 4] {
+        let mut h = Handover::to_step(step).await;
+        h.target().abort("cannot decode").await.expect("abort");
+        let (_, _, phase) = h.dst_worker.frame().await;
+        assert_eq!(phase, Phase::Aborted, "step {step}");
+    }
+}
+
+#[tokio::test]
+async fn the_manager_can_abort_either_side_at_every_abortable_phase() {
+    for step in [1u8, 2, 3, 4, 5] {
+        let mut h = Handover::to_step(step).await;
+        let abort = || Command::Abort {
+            migration_id: MID.into(),
+            reason: "operator".into(),
+        };
+        h.src_worker
+            .send("job", "main", abort())
+            .expect("abort source");
+        let ev = h.source.next_event().await.expect("event");
+        assert_eq!(
+            ev,
+            Some(WorkerToJob::Abort {
+                migration_id: MID.into(),
+                reason: "operator".into()
+            }),
+            "step {step}"
+        );
+        assert_eq!(h.src_worker.phase("job", "main"), Some(Phase::Aborted));
+        if step >= 3 {
+            h.dst_worker
+                .send("job", "migrationTarget", abort())
+                .expect("abort target");
+            let ev = h.target().next_event().await.expect("event");
+            assert!(matches!(ev, Some(WorkerToJob::Abort { .. })), "step {step}");
+            assert_eq!(
+                h.dst_worker.phase("job", "migrationTarget"),
+                Some(Phase::Aborted)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reconnecting_target_is_sent_its_initial_state_again() {
+    let mut h = Handover::to_step(3).await;
+    let again =
+        connect_migration_to(&h.dst_worker.url("job", "migrationTarget"), "dst-token").await;
+    let mut again = again.expect("reconnect");
+    assert_eq!(again.target_of(), Some(MID));
+    assert!(matches!(
+        again.next_event().await,
+        Ok(Some(WorkerToJob::InitialState { .. }))
+    ));
+    assert!(matches!(
+        h.target().next_event().await,
+        Err(ClientError::Closed {
+            code: Some(4409),
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn unregistering_closes_the_job_normally() {
+    let mut h = Handover::start().await;
+    assert!(
+        h.src_worker
+            .listener
+            .handle()
+            .unregister(&InstanceKey::new("job", "main"))
+    );
+    assert!(matches!(h.source.next_event().await, Ok(None)));
+    assert!(matches!(
+        h.src_worker.event().await,
+        EventKind::Disconnected {
+            code: Some(1000),
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn shutdown_closes_jobs_with_going_away() {
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    w.listener.shutdown().await;
+    assert_eq!(closed_with(&mut ws).await.0, 1001);
+}
+
+#[tokio::test]
+async fn without_the_env_names_the_client_is_a_no_op() {
+    if std::env::var_os("NORSK_WORKER_WS_URL").is_some()
+        || std::env::var_os("NORSK_WORKER_TOKEN").is_some()
+    {
+        eprintln!("SKIPPED: NORSK_WORKER_* set in this environment");
+        return;
+    }
+    let mut c = connect_migration().await.expect("disabled client");
+    assert!(!c.is_enabled());
+    assert_eq!(c.target_of(), None);
+    c.send_state(Json::Null).await.expect("no-op send");
+    c.abort("x").await.expect("no-op abort");
+    assert!(matches!(c.next_event().await, Ok(None)));
+    assert!(!MigrationClient::disabled().is_enabled());
+}
