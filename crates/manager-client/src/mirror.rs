@@ -225,7 +225,9 @@ impl MirrorState {
     }
 
     /// Capacity and cores held on a node by job instances that are
-    /// STARTING, RUNNING or STOPPING (the worker's own accounting).
+    /// STARTING, RUNNING or STOPPING, from the jobs' current requirements
+    /// (the worker keeps what an instance reserved when it started, so the
+    /// two differ only after a bundle changed a running job's requirements).
     /// Scans the jobs: O(jobs).
     pub fn node_usage(&self, node_id: &str) -> (f64, i32) {
         use manager_proto::JobState;

@@ -236,8 +236,10 @@ pub struct World {
     jobs: BTreeMap<String, Job>,
     bundles: BTreeMap<String, Bundle>,
     migrations: BTreeMap<String, Migration>,
-    /// node id → (job id, role) of the instances holding resources there.
-    holding: BTreeMap<String, BTreeSet<(String, i32)>>,
+    /// node id → (job id, role) → the (capacity, cores) that instance
+    /// reserved when it started. Kept per instance so a bundle update that
+    /// changes requirements does not rewrite running reservations.
+    holding: BTreeMap<String, BTreeMap<(String, i32), (f64, i32)>>,
     timers: BinaryHeap<Reverse<(i64, u64, Timer)>>,
     timer_seq: u64,
     log: VecDeque<Event>,
@@ -414,11 +416,12 @@ impl World {
         for job in world.jobs.values() {
             for inst in &job.instances {
                 if holds(inst.state) {
+                    let req = job.requirements.clone().unwrap_or_default();
                     world
                         .holding
                         .entry(inst.node_id.clone())
                         .or_default()
-                        .insert((job.job_id.clone(), inst.role));
+                        .insert((job.job_id.clone(), inst.role), (req.required_capacity, req.required_cores));
                 }
                 if inst.state == JobState::Starting as i32 {
                     timers.push((
@@ -517,11 +520,9 @@ impl World {
         let mut capacity = 0.0;
         let mut cores = 0i32;
         if let Some(set) = self.holding.get(node_id) {
-            for (job_id, _) in set {
-                if let Some(req) = self.jobs.get(job_id).and_then(|j| j.requirements.as_ref()) {
-                    capacity += req.required_capacity;
-                    cores = cores.saturating_add(req.required_cores);
-                }
+            for (c, k) in set.values() {
+                capacity += c;
+                cores = cores.saturating_add(*k);
             }
         }
         (capacity, cores)
@@ -942,7 +943,7 @@ impl World {
         let hosted: Vec<(String, i32)> = self
             .holding
             .get(node_id)
-            .map(|s| s.iter().cloned().collect())
+            .map(|s| s.keys().cloned().collect())
             .unwrap_or_default();
         for (job_id, role) in hosted {
             self.stop_instance(&job_id, role, reason, Some(end), now_ms);
@@ -1243,10 +1244,11 @@ impl World {
         });
         job.instances.sort_by_key(|i| i.role);
         Self::refresh_summary(job);
+        let req = job.requirements.clone().unwrap_or_default();
         self.holding
             .entry(node_id.to_owned())
             .or_default()
-            .insert((job_id.to_owned(), role));
+            .insert((job_id.to_owned(), role), (req.required_capacity, req.required_cores));
         self.emit_job(job_id, now_ms);
         self.schedule(
             now_ms,
@@ -1510,10 +1512,10 @@ impl World {
                 inst.role = normal;
                 inst.migration_id.clear();
                 let node_id = inst.node_id.clone();
-                if let Some(set) = self.holding.get_mut(&node_id) {
-                    if set.remove(&(job_id.to_owned(), target)) {
-                        set.insert((job_id.to_owned(), normal));
-                    }
+                if let Some(set) = self.holding.get_mut(&node_id)
+                    && let Some(reserved) = set.remove(&(job_id.to_owned(), target))
+                {
+                    set.insert((job_id.to_owned(), normal), reserved);
                 }
             }
             Self::refresh_summary(job);
@@ -1634,3 +1636,7 @@ fn validate_requirements(job_name: &str, req: &JobRequirements) -> Result<(), Co
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "world_tests.rs"]
+mod tests;

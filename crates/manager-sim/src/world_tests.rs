@@ -1,0 +1,450 @@
+//! Rules of the world model, one test per rule, and invariants under random
+//! command sequences.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use manager_proto::{
+    Bundle, BundleJob, CreateNodeRequest, JobRequirements, JobRole, JobState, MigrationParty,
+    MigrationPhase, NodeState, RejectionReason, StopReason, event,
+};
+use proptest::prelude::*;
+
+use super::*;
+use crate::config::{SimConfig, TimingConfig};
+
+const TIMING: TimingConfig = TimingConfig { provision_delay_ms: 100, job_start_delay_ms: 10, job_stop_delay_ms: 10 };
+
+fn world_with_log(log: usize) -> World {
+    let cfg = SimConfig::from_yaml(
+        r"
+pools:
+  - {name: e, kind: aws, region: r, zones: [z1, z2], scaleOut: elastic,
+     instanceTypes: [{instanceType: small, capacity: 50, cores: 4}, {instanceType: gpu, capacity: 100, cores: 8, capabilities: [gpu]}]}
+  - {name: f, kind: cluster, region: r, zones: [z1, z2], scaleOut: fixed, jobSocket: false,
+     nodes: [{id: f1, zone: z1, capacity: 100, cores: 8}, {id: f2, zone: z2, capacity: 100, cores: 8}]}
+",
+    )
+    .unwrap();
+    World::new(&cfg.pools, TIMING, log, "ep".into(), 0)
+}
+
+fn world() -> World {
+    world_with_log(100_000)
+}
+
+fn bundle(id: &str, replicas: u32, capacity: f64, cores: i32) -> Bundle {
+    Bundle {
+        bundle_id: id.into(),
+        replicas,
+        jobs: vec![BundleJob {
+            job_name: "enc".into(),
+            requirements: Some(JobRequirements { required_capacity: capacity, required_cores: cores, ..Default::default() }),
+            config: Vec::new(),
+        }],
+        ..Default::default()
+    }
+}
+
+fn kinds(evs: &[Event]) -> Vec<&'static str> {
+    evs.iter()
+        .map(|e| match e.kind.as_ref().unwrap() {
+            event::Kind::NodeStarting(_) => "NodeStarting",
+            event::Kind::NodeStarted(_) => "NodeStarted",
+            event::Kind::NodeStopped(_) => "NodeStopped",
+            event::Kind::NodeTerminated(_) => "NodeTerminated",
+            event::Kind::Inventory(_) => "Inventory",
+            event::Kind::JobUpdated(_) => "JobUpdated",
+            event::Kind::JobRejected(_) => "JobRejected",
+            event::Kind::JobStopping(_) => "JobStopping",
+            event::Kind::JobRemoved(_) => "JobRemoved",
+            event::Kind::ConfigUpdated(_) => "ConfigUpdated",
+            event::Kind::BundleUpdated(_) => "BundleUpdated",
+            event::Kind::BundleDeleted(_) => "BundleDeleted",
+            event::Kind::MigrationPhase(_) => "MigrationPhase",
+        })
+        .collect()
+}
+
+#[test]
+fn declared_nodes_start_with_their_inventory() {
+    let mut w = world();
+    let evs = w.take_events();
+    assert_eq!(kinds(&evs), ["NodeStarted", "Inventory", "NodeStarted", "Inventory"]);
+    let inv = w.node("f1").unwrap().inventory.clone().unwrap();
+    assert_eq!((inv.capacity, inv.cores), (100.0, 8));
+    assert!(inv.capabilities.is_empty(), "jobSocket: false advertises no job socket");
+}
+
+#[test]
+fn an_elastic_node_is_started_only_after_the_provisioning_delay() {
+    let mut w = world();
+    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), instance_type: "gpu".into(), ..Default::default() }, 0).unwrap();
+    assert_eq!(n.state(), NodeState::Starting);
+    w.advance(99);
+    assert_eq!(w.node(&n.node_id).unwrap().state(), NodeState::Starting);
+    w.advance(100);
+    let node = w.node(&n.node_id).unwrap();
+    assert_eq!(node.state(), NodeState::Started);
+    let caps = &node.inventory.as_ref().unwrap().capabilities;
+    assert_eq!(caps, &vec!["gpu".to_owned(), manager_proto::JOB_SOCKET_CAPABILITY.to_owned()]);
+}
+
+#[test]
+fn zones_are_assigned_round_robin_when_not_given() {
+    let mut w = world();
+    let zones: Vec<String> = (0..4)
+        .map(|_| w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 0).unwrap().zone)
+        .collect();
+    assert_eq!(zones, ["z1", "z2", "z1", "z2"]);
+}
+
+#[test]
+fn a_bundle_expands_into_one_job_per_replica_and_job_name() {
+    let mut w = world();
+    let mut b = bundle("b", 2, 1.0, 1);
+    b.jobs.push(BundleJob { job_name: "pkg".into(), requirements: Some(JobRequirements::default()), config: Vec::new() });
+    let (stored, ids) = w.register_bundle(&b, 0).unwrap();
+    assert_eq!(stored.generation, 1);
+    assert_eq!(ids, ["b/0/enc", "b/0/pkg", "b/1/enc", "b/1/pkg"]);
+    assert!(ids.iter().all(|id| w.job(id).unwrap().state() == JobState::Pending));
+}
+
+#[test]
+fn shrinking_a_bundle_stops_and_removes_the_jobs_that_went_away() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 2, 1.0, 1), 0).unwrap();
+    w.start_job("b/1/enc", "f1", JobRole::Normal as i32, 0).unwrap();
+    w.take_events();
+    let (stored, ids) = w.register_bundle(&bundle("b", 1, 1.0, 1), 1).unwrap();
+    assert_eq!(stored.generation, 2);
+    assert_eq!(ids, ["b/0/enc"]);
+    assert_eq!(kinds(&w.take_events()), ["BundleUpdated", "JobStopping", "JobUpdated", "JobRemoved"]);
+    assert!(w.job("b/1/enc").is_none());
+    assert_eq!(w.usage("f1"), (0.0, 0));
+}
+
+#[test]
+fn registering_the_same_bundle_again_changes_nothing() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
+    w.take_events();
+    let (stored, _) = w.register_bundle(&bundle("b", 1, 1.0, 1), 5).unwrap();
+    assert_eq!(stored.generation, 1);
+    assert!(w.take_events().is_empty());
+}
+
+#[test]
+fn the_worker_refuses_starts_beyond_capacity_cores_or_capabilities() {
+    let mut w = world();
+    w.register_bundle(&bundle("big", 2, 60.0, 1), 0).unwrap();
+    w.register_bundle(&bundle("cores", 1, 1.0, 9), 0).unwrap();
+    let mut gpu = bundle("gpu", 1, 1.0, 1);
+    if let Some(r) = gpu.jobs[0].requirements.as_mut() {
+        r.required_capabilities = vec!["gpu".into()];
+    }
+    w.register_bundle(&gpu, 0).unwrap();
+    assert_eq!(w.start_job("big/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Accepted);
+    let reason = |o: StartOutcome| match o {
+        StartOutcome::Rejected { reason, .. } => reason,
+        StartOutcome::Accepted => RejectionReason::Unspecified,
+    };
+    assert_eq!(reason(w.start_job("big/1/enc", "f1", 0, 0).unwrap()), RejectionReason::InsufficientCapacity);
+    assert_eq!(reason(w.start_job("cores/0/enc", "f2", 0, 0).unwrap()), RejectionReason::InsufficientCores);
+    assert_eq!(reason(w.start_job("gpu/0/enc", "f2", 0, 0).unwrap()), RejectionReason::MissingCapability);
+    // the refusals were events, and nothing was reserved
+    assert_eq!(w.usage("f2"), (0.0, 0));
+}
+
+#[test]
+fn a_starting_node_is_not_ready() {
+    let mut w = world();
+    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 0).unwrap();
+    w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
+    let o = w.start_job("b/0/enc", &n.node_id, 0, 0).unwrap();
+    assert!(matches!(o, StartOutcome::Rejected { reason: RejectionReason::NodeNotReady, .. }));
+}
+
+#[test]
+fn reject_next_refuses_exactly_n_starts() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
+    w.reject_next(2);
+    for _ in 0..2 {
+        assert!(matches!(w.start_job("b/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Rejected { reason: RejectionReason::InjectedFault, .. }));
+    }
+    assert_eq!(w.start_job("b/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Accepted);
+}
+
+#[test]
+fn a_second_live_instance_of_the_same_role_is_a_failed_precondition() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    assert!(matches!(w.start_job("b/0/enc", "f2", 0, 0), Err(CommandError::FailedPrecondition(_))));
+}
+
+#[test]
+fn instances_go_starting_running_stopping_stopped_and_release_capacity() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 30.0, 2), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Starting);
+    w.advance(10);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Running);
+    w.stop_job("b/0/enc", 0, 20).unwrap();
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Stopping);
+    assert_eq!(w.usage("f1"), (30.0, 2), "stopping still holds its reservation");
+    w.advance(30);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Stopped);
+    assert_eq!(w.usage("f1"), (0.0, 0));
+    // stopping again is a no-op
+    w.take_events();
+    w.stop_job("b/0/enc", 0, 40).unwrap();
+    assert!(w.take_events().is_empty());
+}
+
+#[test]
+fn terminating_a_node_emits_stopping_for_every_hosted_job_then_terminated() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 3, 10.0, 1), 0).unwrap();
+    for r in 0..3 {
+        w.start_job(&format!("b/{r}/enc"), "f1", 0, 0).unwrap();
+    }
+    w.take_events();
+    w.terminate_node("f1", 1).unwrap();
+    let evs = w.take_events();
+    assert_eq!(kinds(&evs).iter().filter(|k| **k == "JobStopping").count(), 3);
+    assert_eq!(kinds(&evs).last(), Some(&"NodeTerminated"));
+    for r in 0..3 {
+        let j = w.job(&format!("b/{r}/enc")).unwrap();
+        assert_eq!(j.state(), JobState::Stopped);
+        assert_eq!(j.instances[0].stop_reason(), StopReason::NodeTerminated);
+    }
+    // terminating again is a no-op
+    w.terminate_node("f1", 2).unwrap();
+    assert!(w.take_events().is_empty());
+}
+
+#[test]
+fn a_partitioned_zone_loses_its_nodes_and_healing_brings_them_back() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    assert_eq!(w.partition_zone("z1", false, 1).unwrap(), ["f1"]);
+    assert_eq!(w.node("f1").unwrap().state(), NodeState::Stopped);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Failed);
+    assert_eq!(w.partition_zone("z1", true, 2).unwrap(), ["f1"]);
+    assert_eq!(w.node("f1").unwrap().state(), NodeState::Started);
+    assert!(w.partition_zone("z1", true, 3).unwrap().is_empty(), "healing twice does nothing");
+}
+
+fn running_job(w: &mut World) {
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+}
+
+fn answer_all(w: &mut World, now: i64) {
+    loop {
+        let asks = w.take_asks();
+        if asks.is_empty() {
+            return;
+        }
+        for a in asks {
+            let r = default_reply(&a);
+            w.migration_reply(&a, r, now);
+        }
+    }
+}
+
+#[test]
+fn a_migration_moves_the_job_and_stops_the_source() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    answer_all(&mut w, 21);
+    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::StateReceived);
+    w.migration_prepare_target("m", "f2", b"{\"pos\":1}", 22).unwrap();
+    assert_eq!(w.take_asks(), [JobAsk::InitialState { migration_id: "m".into(), job_id: "b/0/enc".into(), node_id: "f2".into(), payload: b"{\"pos\":1}".to_vec() }]);
+    w.migration_reply(
+        &JobAsk::InitialState { migration_id: "m".into(), job_id: "b/0/enc".into(), node_id: "f2".into(), payload: Vec::new() },
+        JobReply::TargetReady(b"1".to_vec()),
+        23,
+    );
+    assert_eq!(w.usage("f2"), (10.0, 1), "the target holds capacity");
+    w.migration_cutover("m", b"{}", 24).unwrap();
+    answer_all(&mut w, 25);
+    let m = w.migration("m").unwrap();
+    assert_eq!(m.phase(), MigrationPhase::Completed);
+    let job = w.job("b/0/enc").unwrap();
+    assert_eq!((job.node_id.as_str(), job.instances.len()), ("f2", 1));
+    assert_eq!(w.usage("f1"), (0.0, 0));
+    assert_eq!(w.usage("f2"), (10.0, 1));
+}
+
+#[test]
+fn a_refused_state_aborts_the_migration_with_no_target() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    let ask = w.take_asks().remove(0);
+    w.migration_reply(&ask, JobReply::StateRefused("busy".into()), 21);
+    let m = w.migration("m").unwrap();
+    assert_eq!((m.phase(), m.aborted_by(), m.abort_reason.as_str()), (MigrationPhase::Aborted, MigrationParty::Source, "busy"));
+    // a late answer to an aborted migration is ignored
+    w.migration_reply(&ask, JobReply::State(b"null".to_vec()), 22);
+    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::Aborted);
+}
+
+#[test]
+fn killing_the_source_aborts_its_migration_and_stops_the_target() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    answer_all(&mut w, 21);
+    w.migration_prepare_target("m", "f2", b"null", 22).unwrap();
+    w.kill_node("f1", 23).unwrap();
+    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::Aborted);
+    w.advance(100);
+    assert_eq!(w.usage("f2"), (0.0, 0));
+}
+
+#[test]
+fn migration_calls_out_of_order_are_failed_preconditions() {
+    let mut w = world();
+    running_job(&mut w);
+    assert!(matches!(w.migration_cutover("nope", b"", 1), Err(CommandError::NotFound(_))));
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    assert!(matches!(w.migration_cutover("m", b"", 21), Err(CommandError::FailedPrecondition(_))));
+    assert!(matches!(w.migration_get_state("m", "b/0/enc", 21), Err(CommandError::AlreadyExists(_))));
+    answer_all(&mut w, 22);
+    assert!(matches!(w.migration_prepare_target("m", "f1", b"", 23), Err(CommandError::InvalidArgument(_))), "target = source");
+}
+
+#[test]
+fn the_event_log_answers_resume_too_old_and_unknown() {
+    let mut w = world_with_log(3);
+    for i in 0..5 {
+        w.register_bundle(&bundle(&format!("b{i}"), 1, 1.0, 1), 0).unwrap();
+    }
+    let rev = w.revision();
+    assert_eq!(w.events_after(rev, 10), Resume::Events(Vec::new()));
+    assert_eq!(w.events_after(rev + 1, 10), Resume::Unknown);
+    assert_eq!(w.events_after(1, 10), Resume::TooOld);
+    let Resume::Events(evs) = w.events_after(rev - 2, 10) else { panic!() };
+    assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), [rev - 1, rev]);
+}
+
+#[test]
+fn a_restored_world_equals_the_saved_one_and_finishes_pending_transitions() {
+    let mut w = world();
+    running_job(&mut w);
+    w.register_bundle(&bundle("c", 1, 1.0, 1), 0).unwrap();
+    w.start_job("c/0/enc", "f2", 0, 11).unwrap();
+    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 11).unwrap();
+    let saved = w.persisted();
+    let json = serde_json::to_string(&saved).unwrap();
+    let back: PersistedWorld = serde_json::from_str(&json).unwrap();
+    let cfg_pools = SimConfig::from_yaml(
+        r"
+pools:
+  - {name: e, kind: aws, region: r, zones: [z1, z2], scaleOut: elastic,
+     instanceTypes: [{instanceType: small, capacity: 50, cores: 4}]}
+  - {name: f, kind: cluster, region: r, zones: [z1, z2], scaleOut: fixed, jobSocket: false,
+     nodes: [{id: f1, zone: z1, capacity: 100, cores: 8}, {id: f2, zone: z2, capacity: 100, cores: 8}]}
+",
+    )
+    .unwrap()
+    .pools;
+    let mut r = World::restore(&cfg_pools, TIMING, 100_000, back, 1000);
+    assert_eq!(r.snapshot(), w.snapshot());
+    assert_eq!(r.usage("f1"), w.usage("f1"));
+    r.advance(2000);
+    assert_eq!(r.job("c/0/enc").unwrap().state(), JobState::Running);
+    assert_eq!(r.node(&n.node_id).unwrap().state(), NodeState::Started);
+}
+
+#[test]
+fn malformed_commands_are_invalid_arguments() {
+    let mut w = world();
+    w.take_events();
+    let bad = |r: Result<(), CommandError>| matches!(r, Err(CommandError::InvalidArgument(_)));
+    assert!(bad(w.create_node(&CreateNodeRequest::default(), 0).map(|_| ())));
+    assert!(bad(w.create_node(&CreateNodeRequest { pool: "nope".into(), ..Default::default() }, 0).map(|_| ())));
+    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), provider: 2, ..Default::default() }, 0).map(|_| ())), "oci in an aws pool");
+    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), region: "x".into(), ..Default::default() }, 0).map(|_| ())));
+    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), instance_type: "huge".into(), ..Default::default() }, 0).map(|_| ())));
+    assert!(bad(w.register_bundle(&bundle("b", 1, f64::NAN, 1), 0).map(|_| ())));
+    assert!(bad(w.register_bundle(&bundle("b/x", 1, 1.0, 1), 0).map(|_| ())));
+    let mut dup = bundle("b", 1, 1.0, 1);
+    dup.jobs.push(dup.jobs[0].clone());
+    assert!(bad(w.register_bundle(&dup, 0).map(|_| ())));
+    let mut band = bundle("b", 1, 1.0, 1);
+    if let Some(r) = band.jobs[0].requirements.as_mut() {
+        r.priority_band = "platinum".into();
+    }
+    assert!(bad(w.register_bundle(&band, 0).map(|_| ())));
+    assert!(bad(w.slow_provision(u64::MAX)));
+    assert!(w.take_events().is_empty(), "refused commands emit nothing");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create,
+    Register(u8, u32, u8),
+    Start(u8, u8),
+    Stop(u8),
+    Kill(u8),
+    Advance(u8),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        Just(Op::Create),
+        (0u8..3, 1u32..4, 0u8..70).prop_map(|(b, r, c)| Op::Register(b, r, c)),
+        (any::<u8>(), any::<u8>()).prop_map(|(j, n)| Op::Start(j, n)),
+        any::<u8>().prop_map(Op::Stop),
+        any::<u8>().prop_map(Op::Kill),
+        any::<u8>().prop_map(Op::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn reservations_never_exceed_a_nodes_inventory_and_revisions_are_consecutive(ops in prop::collection::vec(op(), 1..80)) {
+        let mut w = world();
+        let mut now = 0;
+        let mut last_rev = 0;
+        for op in ops {
+            let nodes: Vec<String> = w.nodes(None).into_iter().map(|n| n.node_id).collect();
+            let jobs: Vec<String> = w.snapshot().jobs.into_iter().map(|j| j.job_id).collect();
+            let pick = |v: &Vec<String>, i: u8| (!v.is_empty()).then(|| v[usize::from(i) % v.len()].clone());
+            match op {
+                Op::Create => { w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, now).unwrap(); }
+                Op::Register(b, r, c) => { w.register_bundle(&bundle(&format!("b{b}"), r, f64::from(c), i32::from(c % 5)), now).unwrap(); }
+                Op::Start(j, n) => if let (Some(j), Some(n)) = (pick(&jobs, j), pick(&nodes, n)) { let _ = w.start_job(&j, &n, 0, now); },
+                Op::Stop(j) => if let Some(j) = pick(&jobs, j) { w.stop_job(&j, 0, now).unwrap(); },
+                Op::Kill(n) => if let Some(n) = pick(&nodes, n) { w.kill_node(&n, now).unwrap(); },
+                Op::Advance(ms) => { now += i64::from(ms); w.advance(now); }
+            }
+            for ev in w.take_events() {
+                prop_assert_eq!(ev.revision, last_rev + 1);
+                last_rev = ev.revision;
+            }
+            for n in w.nodes(None) {
+                let (cap, cores) = w.usage(&n.node_id);
+                let inv = n.inventory.clone().unwrap_or_default();
+                prop_assert!(cap <= inv.capacity + 1e-6, "{} holds {cap} of {}", n.node_id, inv.capacity);
+                prop_assert!(cores <= inv.cores);
+                if n.state != NodeState::Started as i32 && n.state != NodeState::Stopped as i32 {
+                    prop_assert_eq!(cap, 0.0, "only started nodes hold work");
+                }
+            }
+            for j in w.snapshot().jobs {
+                let normal = j.instances.iter().find(|i| i.role == JobRole::Normal as i32);
+                prop_assert_eq!(j.state, normal.map_or(JobState::Pending as i32, |i| i.state));
+            }
+        }
+    }
+}
