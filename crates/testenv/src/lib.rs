@@ -247,7 +247,6 @@ impl TestEnvBuilder {
         let client = kube::Client::try_from(config.clone())?;
 
         let mut env = TestEnv {
-            processes,
             layout,
             bin_dir: bin_dir.to_path_buf(),
             server_url,
@@ -256,6 +255,7 @@ impl TestEnvBuilder {
             config,
             client,
             startup: Duration::ZERO,
+            processes,
         };
         env.wait_ready(self.startup_timeout).await?;
         env.startup = started.elapsed();
@@ -271,8 +271,6 @@ impl TestEnvBuilder {
 
 /// A running etcd + kube-apiserver on loopback. Dropping it stops both and removes its directory.
 pub struct TestEnv {
-    // Field order matters only for drop: the client goes first, then the processes.
-    processes: Processes,
     layout: Layout,
     bin_dir: PathBuf,
     server_url: String,
@@ -281,7 +279,15 @@ pub struct TestEnv {
     config: kube::Config,
     client: kube::Client,
     startup: Duration,
+    // Last, so it is dropped after the client: fields drop in declaration order.
+    processes: Processes,
 }
+
+// Tests share one env across tasks (`Arc<TestEnv>`); keep that possible.
+const _: fn() = || {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<TestEnv>();
+};
 
 impl std::fmt::Debug for TestEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
