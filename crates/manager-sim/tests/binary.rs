@@ -1,0 +1,98 @@
+//! The `manager-sim` binary: prints its address, serves, and the chaos CLI
+//! reaches it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_manager-sim")
+}
+
+fn chaos(addr: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(bin())
+        .args(["chaos", "--addr", addr])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[test]
+fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(bin())
+        .args(["serve", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml")])
+        .arg("--state-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let child = Killed(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line.trim().strip_prefix("manager-sim listening on ").expect(&line);
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    assert!(addr.ip().is_loopback());
+    let url = format!("http://{addr}");
+
+    let (ok, out) = chaos(&url, &["kill-node", "onprem-a1"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("killed node onprem-a1"), "{out}");
+    let (ok, out) = chaos(&url, &["partition-zone", "rack-b"]);
+    assert!(ok && out.contains("2 nodes"), "{out}");
+    let (ok, out) = chaos(&url, &["partition-zone", "rack-b", "--heal"]);
+    assert!(ok && out.contains("healed"), "{out}");
+    for args in [&["reject-next", "2"][..], &["cut-streams"], &["slow-provision", "5000"]] {
+        let (ok, out) = chaos(&url, args);
+        assert!(ok, "{args:?}: {out}");
+    }
+    // errors come back as gRPC codes with a message, and exit non-zero
+    let (ok, out) = chaos(&url, &["kill-node", "no-such-node"]);
+    assert!(!ok && out.contains("NotFound"), "{out}");
+    let (ok, out) = chaos(&url, &["slow-provision", "99999999999"]);
+    assert!(!ok && out.contains("InvalidArgument"), "{out}");
+    drop(child);
+    assert!(dir.path().join("manager-sim-state.json").exists());
+}
+
+#[test]
+fn check_config_lists_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(
+        &path,
+        "pools:\n  - {name: p, kind: aws, region: r, zones: [], scaleOut: fixed}\n",
+    )
+    .unwrap();
+    let out = Command::new(bin()).arg("check-config").arg(&path).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("at least one zone"), "{err}");
+    assert!(err.contains("must be scaleOut: elastic"), "{err}");
+    let ok = Command::new(bin())
+        .args(["check-config", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml")])
+        .output()
+        .unwrap();
+    assert!(ok.status.success());
+}
+
+#[test]
+fn chaos_against_nothing_fails_cleanly() {
+    let (ok, out) = chaos("http://127.0.0.1:1", &["cut-streams"]);
+    assert!(!ok && out.contains("cannot reach"), "{out}");
+    let (ok, out) = chaos("not a url", &["cut-streams"]);
+    assert!(!ok && out.contains("bad --addr"), "{out}");
+}
