@@ -60,6 +60,41 @@ impl Footprint {
     }
 }
 
+/// Local addresses (`hex-ip:hex-port` as in /proc/net/tcp*) of the sockets `pid` listens on.
+fn listening_addresses(pid: u32) -> Vec<String> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy().into_owned();
+            t.strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let mut found = Vec::new();
+    for table in [
+        "/proc/net/tcp",
+        "/proc/net/tcp6",
+        "/proc/net/udp",
+        "/proc/net/udp6",
+    ] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(state), Some(inode)) = (f.get(1), f.get(3), f.get(9)) else {
+                continue;
+            };
+            let listening = *state == "0A" || table.contains("udp");
+            if listening && inodes.iter().any(|i| i == inode) {
+                found.push(format!("{table} {local}"));
+            }
+        }
+    }
+    found
+}
+
 fn no_process_mentions(path: &Path) -> bool {
     let needle = path.to_string_lossy().into_owned();
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -183,6 +218,18 @@ async fn a_started_env_serves_the_client_and_kubectl_and_leaves_nothing_behind()
         status.user.and_then(|u| u.username).as_deref(),
         Some("system:serviceaccount:default:robot")
     );
+
+    // Both listen, and only on 127.0.0.1 (0100007F in /proc/net/tcp), never IPv6 or UDP.
+    for pid in [env.etcd_pid(), env.apiserver_pid()] {
+        let addresses = listening_addresses(pid);
+        assert!(!addresses.is_empty(), "pid {pid} listens nowhere");
+        for a in &addresses {
+            assert!(
+                a.starts_with("/proc/net/tcp 0100007F:"),
+                "pid {pid} listens beyond loopback: {a}"
+            );
+        }
+    }
 
     env.check_processes().unwrap();
     eprintln!(
