@@ -153,3 +153,39 @@ impl Error {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt as _;
+
+    fn exited(log_tail: &str) -> Error {
+        Error::ExitedEarly {
+            process: "etcd",
+            status: ExitStatus::from_raw(256),
+            log_tail: log_tail.into(),
+        }
+    }
+
+    #[test]
+    fn a_start_that_lost_a_port_is_retried_and_other_failures_are_not() {
+        assert!(exited("listen tcp 127.0.0.1:2379: bind: address already in use").is_port_clash());
+        assert!(!exited("unknown flag: --nope").is_port_clash());
+        let not_ready = |apiserver_log: &str, etcd_log: &str| Error::NotReady {
+            timeout: Duration::from_secs(1),
+            last_error: String::new(),
+            apiserver_log: apiserver_log.into(),
+            etcd_log: etcd_log.into(),
+        };
+        assert!(not_ready("", "bind: address already in use").is_port_clash());
+        assert!(!not_ready("slow", "slow").is_port_clash());
+        assert!(!Error::NoBinDir.is_port_clash());
+    }
+
+    #[test]
+    fn an_early_exit_quotes_the_log() {
+        let msg = exited("line one\nline two").to_string();
+        assert!(msg.starts_with("etcd exited during start-up"), "{msg}");
+        assert!(msg.ends_with("line one\nline two"), "{msg}");
+    }
+}
