@@ -8,7 +8,7 @@
 //! `z.prettifyError`'s text — every issue as `✖ <message>` plus `\n  → at <path>`, issues stably
 //! sorted by path length — after the reference's `invalid frame: ` prefix.
 
-use crate::json::{JsObject, JsString, Json};
+use crate::json::{JsObject, JsString, Json, ParseFlags};
 use serde::{Deserialize, Serialize};
 
 /// The reference's reason for a frame whose text is not JSON.
@@ -200,10 +200,10 @@ fn parse_with<T>(
     types: &[&str],
     shape: fn(&str, &mut Fields, &mut Issues) -> Option<T>,
 ) -> Parsed<T> {
-    let Ok(raw) = Json::parse(text) else {
+    let Ok((raw, flags)) = Json::parse_flagged(text) else {
         return Parsed::Err(NOT_JSON.to_owned());
     };
-    let mut issues = Issues::default();
+    let mut issues = Issues(Vec::new(), flags);
     let out = validate(raw, types, shape, &mut issues);
     match out {
         Some(t) if issues.0.is_empty() => Parsed::Ok(t),
@@ -326,7 +326,7 @@ enum Seg {
 }
 
 #[derive(Default)]
-struct Issues(Vec<(String, Vec<Seg>)>);
+struct Issues(Vec<(String, Vec<Seg>)>, ParseFlags);
 
 impl Issues {
     fn push(&mut self, message: String, path: Vec<Seg>) {
@@ -385,14 +385,16 @@ impl Fields {
 
     fn payload(&mut self, is: &mut Issues) -> Option<Json> {
         // zod's record skips `__proto__` keys before validating their values, so they go first.
+        // The parser's flags say whether the frame holds either anywhere; usually not.
+        let flags = is.1;
         let payload = self.take("payload").map(|mut v| {
-            if v.has_proto_key() {
+            if flags.proto_key {
                 v.strip_proto_keys();
             }
             v
         });
         match payload {
-            Some(v) if v.is_zod_json() => Some(v),
+            Some(v) if !flags.non_finite || v.is_zod_json() => Some(v),
             // `z.json()` is a union; its failure is one bare "Invalid input" at `payload`.
             _ => {
                 is.push("Invalid input".to_owned(), vec![Seg::Key("payload")]);
@@ -401,11 +403,14 @@ impl Fields {
         }
     }
 
-    fn opt_string_array(
+    /// An optional array field, each element checked by `item` (all are checked, so every bad
+    /// element is named).
+    fn opt_array<T>(
         &mut self,
         key: &'static str,
         is: &mut Issues,
-    ) -> Option<Option<Vec<JsString>>> {
+        mut item: impl FnMut(usize, Json, &mut Issues) -> Option<T>,
+    ) -> Option<Option<Vec<T>>> {
         let items = match self.take(key) {
             None => return Some(None),
             Some(mut v) => match &mut v {
@@ -422,12 +427,22 @@ impl Fields {
         let mut out = Vec::with_capacity(items.len());
         let mut ok = true;
         for (i, v) in items.into_iter().enumerate() {
-            match take_string(Some(v), vec![Seg::Key(key), Seg::Index(i)], is) {
-                Some(s) => out.push(s),
+            match item(i, v, is) {
+                Some(t) => out.push(t),
                 None => ok = false,
             }
         }
         ok.then_some(Some(out))
+    }
+
+    fn opt_string_array(
+        &mut self,
+        key: &'static str,
+        is: &mut Issues,
+    ) -> Option<Option<Vec<JsString>>> {
+        self.opt_array(key, is, |i, v, is| {
+            take_string(Some(v), vec![Seg::Key(key), Seg::Index(i)], is)
+        })
     }
 
     fn opt_failed_array(
@@ -435,47 +450,23 @@ impl Fields {
         key: &'static str,
         is: &mut Issues,
     ) -> Option<Option<Vec<FailedParticipant>>> {
-        let items = match self.take(key) {
-            None => return Some(None),
-            Some(mut v) => match &mut v {
-                Json::Array(items) => std::mem::take(items),
-                other => {
-                    is.push(
-                        invalid_type("array", other.js_type_name()),
-                        vec![Seg::Key(key)],
-                    );
-                    return None;
-                }
-            },
-        };
-        let mut out = Vec::with_capacity(items.len());
-        let mut ok = true;
-        for (i, mut v) in items.into_iter().enumerate() {
+        self.opt_array(key, is, |i, mut v, is| {
             let Json::Object(o) = &mut v else {
                 is.push(
                     invalid_type("object", v.js_type_name()),
                     vec![Seg::Key(key), Seg::Index(i)],
                 );
-                ok = false;
-                continue;
+                return None;
             };
             let mut o = Fields(std::mem::take(o));
-            let id = take_string(
-                o.take("id"),
-                vec![Seg::Key(key), Seg::Index(i), Seg::Key("id")],
-                is,
-            );
-            let reason = take_string(
-                o.take("reason"),
-                vec![Seg::Key(key), Seg::Index(i), Seg::Key("reason")],
-                is,
-            );
-            match (id, reason) {
-                (Some(id), Some(reason)) => out.push(FailedParticipant { id, reason }),
-                _ => ok = false,
-            }
-        }
-        ok.then_some(Some(out))
+            let at = |field| vec![Seg::Key(key), Seg::Index(i), Seg::Key(field)];
+            let id = take_string(o.take("id"), at("id"), is);
+            let reason = take_string(o.take("reason"), at("reason"), is);
+            Some(FailedParticipant {
+                id: id?,
+                reason: reason?,
+            })
+        })
     }
 
     fn opt_number(&mut self, key: &'static str, is: &mut Issues) -> Option<Option<f64>> {

@@ -20,28 +20,52 @@ use std::fmt;
 
 /// A JavaScript string: UTF-16 code units that need not be well formed.
 ///
-/// Invariant: the `Utf16` form is used only when the units are *not* valid UTF-16, so equality
-/// and hashing can be derived.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Invariants (so equality and hashing can be derived): a well-formed string of at most
+/// 22 bytes is stored inline (most keys: no allocation), a longer one on the heap, and
+/// the UTF-16 form is used only when the units are *not* valid UTF-16.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct JsString(Repr);
 
-impl Default for JsString {
-    fn default() -> Self {
-        Self(Repr::Utf8(String::new()))
-    }
-}
+const INLINE: usize = 22;
 
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 enum Repr {
-    Utf8(String),
+    Inline(u8, [u8; INLINE]),
+    Heap(Box<str>),
     Utf16(Box<[u16]>),
 }
 
+impl Default for JsString {
+    fn default() -> Self {
+        Self(Repr::Inline(0, [0; INLINE]))
+    }
+}
+
 impl JsString {
+    fn from_str_ref(s: &str) -> Self {
+        if s.len() <= INLINE {
+            let mut buf = [0u8; INLINE];
+            if let Some(dst) = buf.get_mut(..s.len()) {
+                dst.copy_from_slice(s.as_bytes());
+            }
+            Self(Repr::Inline(u8::try_from(s.len()).unwrap_or(0), buf))
+        } else {
+            Self(Repr::Heap(Box::from(s)))
+        }
+    }
+
+    fn from_string(s: String) -> Self {
+        if s.len() <= INLINE {
+            Self::from_str_ref(&s)
+        } else {
+            Self(Repr::Heap(s.into_boxed_str()))
+        }
+    }
+
     /// A string from UTF-16 code units, lone surrogates allowed.
     pub fn from_utf16(units: Vec<u16>) -> Self {
         match String::from_utf16(&units) {
-            Ok(s) => Self(Repr::Utf8(s)),
+            Ok(s) => Self::from_string(s),
             Err(_) => Self(Repr::Utf16(units.into_boxed_slice())),
         }
     }
@@ -49,7 +73,18 @@ impl JsString {
     /// The string when it is well formed (every string a Rust caller builds is).
     pub fn as_str(&self) -> Option<&str> {
         match &self.0 {
-            Repr::Utf8(s) => Some(s),
+            Repr::Inline(len, buf) => buf
+                .get(..usize::from(*len))
+                .and_then(|b| std::str::from_utf8(b).ok()),
+            Repr::Heap(s) => Some(s),
+            Repr::Utf16(_) => None,
+        }
+    }
+
+    fn bytes(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Inline(len, buf) => buf.get(..usize::from(*len)),
+            Repr::Heap(s) => Some(s.as_bytes()),
             Repr::Utf16(_) => None,
         }
     }
@@ -57,22 +92,22 @@ impl JsString {
     /// The string with each lone surrogate replaced by U+FFFD.
     pub fn to_string_lossy(&self) -> std::borrow::Cow<'_, str> {
         match &self.0 {
-            Repr::Utf8(s) => std::borrow::Cow::Borrowed(s),
             Repr::Utf16(u) => std::borrow::Cow::Owned(String::from_utf16_lossy(u)),
+            _ => std::borrow::Cow::Borrowed(self.as_str().unwrap_or_default()),
         }
     }
 
     /// The UTF-16 code units, as JavaScript sees the string.
     pub fn to_utf16(&self) -> Vec<u16> {
         match &self.0 {
-            Repr::Utf8(s) => s.encode_utf16().collect(),
             Repr::Utf16(u) => u.to_vec(),
+            _ => self.as_str().unwrap_or_default().encode_utf16().collect(),
         }
     }
 
     /// Whether the string is well formed (no lone surrogate).
     pub fn is_well_formed(&self) -> bool {
-        matches!(self.0, Repr::Utf8(_))
+        !matches!(self.0, Repr::Utf16(_))
     }
 
     /// Whether V8 orders this key as an array index: the canonical decimal form of an integer in
@@ -100,22 +135,22 @@ fn array_index(key: &str) -> Option<u32> {
 
 impl From<&str> for JsString {
     fn from(s: &str) -> Self {
-        Self(Repr::Utf8(s.to_owned()))
+        Self::from_str_ref(s)
     }
 }
 impl From<String> for JsString {
     fn from(s: String) -> Self {
-        Self(Repr::Utf8(s))
+        Self::from_string(s)
     }
 }
 impl PartialEq<str> for JsString {
     fn eq(&self, other: &str) -> bool {
-        self.as_str() == Some(other)
+        self.bytes() == Some(other.as_bytes())
     }
 }
 impl PartialEq<&str> for JsString {
     fn eq(&self, other: &&str) -> bool {
-        self.as_str() == Some(*other)
+        self.bytes() == Some(other.as_bytes())
     }
 }
 impl fmt::Debug for JsString {
@@ -274,19 +309,26 @@ impl Drop for Json {
     // The derived drop recurses once per nesting level; a 32 k-deep frame would overflow a
     // 2 MiB tokio worker stack. Children are moved onto a heap stack instead.
     fn drop(&mut self) {
+        fn nested(v: &Json) -> bool {
+            matches!(v, Json::Array(a) if !a.is_empty())
+                || matches!(v, Json::Object(o) if !o.is_empty())
+        }
+        // A container of leaves drops normally (one level deep); only deeper ones are flattened.
         let mut stack: Vec<Json> = match self {
-            Json::Array(v) if !v.is_empty() => std::mem::take(v),
-            Json::Object(o) if !o.is_empty() => std::mem::take(&mut o.entries)
-                .into_iter()
-                .map(|(_, v)| v)
-                .collect(),
+            Json::Array(v) if v.iter().any(nested) => std::mem::take(v),
+            Json::Object(o) if o.entries.iter().any(|(_, v)| nested(v)) => {
+                std::mem::take(&mut o.entries)
+                    .into_iter()
+                    .map(|(_, v)| v)
+                    .collect()
+            }
             _ => return,
         };
         while let Some(mut node) = stack.pop() {
             match &mut node {
-                Json::Array(v) => stack.append(v),
-                Json::Object(o) => {
-                    stack.extend(std::mem::take(&mut o.entries).into_iter().map(|(_, v)| v))
+                Json::Array(v) if v.iter().any(nested) => stack.append(v),
+                Json::Object(o) if o.entries.iter().any(|(_, v)| nested(v)) => {
+                    stack.extend(std::mem::take(&mut o.entries).into_iter().map(|(_, v)| v));
                 }
                 _ => {}
             }
@@ -377,12 +419,12 @@ impl Json {
     /// `JSON.parse(text)`: strict RFC 8259 JSON (no BOM, no trailing commas, whitespace limited to
     /// space, tab, CR and LF), with JavaScript's value semantics described in the module docs.
     pub fn parse(text: &str) -> Result<Json, JsonError> {
-        Parser {
-            b: text.as_bytes(),
-            s: text,
-            i: 0,
-        }
-        .parse()
+        Parser::new(text).parse().map(|(v, _)| v)
+    }
+
+    /// [`Self::parse`], also reporting what validation may need to walk the tree for.
+    pub(crate) fn parse_flagged(text: &str) -> Result<(Json, ParseFlags), JsonError> {
+        Parser::new(text).parse()
     }
 
     /// `JSON.stringify(value)`, byte for byte as V8 prints it.
@@ -479,22 +521,44 @@ pub struct JsonError {
     pub what: &'static str,
 }
 
+/// What the parser noticed, so validation can skip whole-tree walks in the common case.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ParseFlags {
+    /// Some object has a `__proto__` key.
+    pub proto_key: bool,
+    /// Some number overflowed to ±Infinity.
+    pub non_finite: bool,
+}
+
+/// An open container: where its children start in the parser's scratch `values`.
 enum Open {
-    Array(Vec<Json>),
-    Object {
-        obj: JsObject,
-        key: Option<JsString>,
-        index: Option<HashMap<JsString, usize>>,
-    },
+    Array(usize),
+    Object(usize),
 }
 
 struct Parser<'a> {
     b: &'a [u8],
     s: &'a str,
     i: usize,
+    // Children of every open container, on two shared stacks; a container's children are moved
+    // into an exactly-sized Vec when it closes, so nothing is reallocated while it grows.
+    values: Vec<Json>,
+    keys: Vec<JsString>,
+    flags: ParseFlags,
 }
 
-impl Parser<'_> {
+impl<'a> Parser<'a> {
+    fn new(text: &'a str) -> Self {
+        Parser {
+            b: text.as_bytes(),
+            s: text,
+            i: 0,
+            values: Vec::new(),
+            keys: Vec::new(),
+            flags: ParseFlags::default(),
+        }
+    }
+
     fn err(&self, what: &'static str) -> JsonError {
         JsonError {
             offset: self.i,
@@ -512,7 +576,7 @@ impl Parser<'_> {
         }
     }
 
-    fn parse(mut self) -> Result<Json, JsonError> {
+    fn parse(mut self) -> Result<(Json, ParseFlags), JsonError> {
         let mut stack: Vec<Open> = Vec::new();
         'value: loop {
             self.ws();
@@ -529,11 +593,8 @@ impl Parser<'_> {
                         Json::Object(JsObject::new())
                     } else {
                         let key = self.key()?;
-                        stack.push(Open::Object {
-                            obj: JsObject::new(),
-                            key: Some(key),
-                            index: None,
-                        });
+                        stack.push(Open::Object(self.values.len()));
+                        self.keys.push(key);
                         continue 'value;
                     }
                 }
@@ -544,7 +605,7 @@ impl Parser<'_> {
                         self.i += 1;
                         Json::Array(Vec::new())
                     } else {
-                        stack.push(Open::Array(Vec::new()));
+                        stack.push(Open::Array(self.values.len()));
                         continue 'value;
                     }
                 }
@@ -557,55 +618,68 @@ impl Parser<'_> {
             };
             // Attach the finished value to its parent, closing as many containers as end here.
             loop {
-                let Some(top) = stack.last_mut() else {
+                let Some(top) = stack.last() else {
                     self.ws();
                     if self.i != self.b.len() {
                         return Err(self.err("trailing characters"));
                     }
-                    return Ok(value);
+                    return Ok((value, self.flags));
                 };
+                self.values.push(value);
                 self.ws();
-                match top {
-                    Open::Array(items) => {
-                        items.push(value);
-                        match self.b.get(self.i) {
-                            Some(b',') => {
-                                self.i += 1;
-                                continue 'value;
-                            }
-                            Some(b']') => {
-                                self.i += 1;
-                                let Some(Open::Array(items)) = stack.pop() else {
-                                    return Err(self.err("internal: stack"));
-                                };
-                                value = Json::Array(items);
-                            }
-                            _ => return Err(self.err("expected , or ]")),
-                        }
+                match (top, self.b.get(self.i)) {
+                    (Open::Array(_), Some(b',')) => {
+                        self.i += 1;
+                        continue 'value;
                     }
-                    Open::Object { obj, key, index } => {
-                        let k = key.take().ok_or_else(|| self.err("internal: key"))?;
-                        insert_parsed(obj, index, k, value);
-                        match self.b.get(self.i) {
-                            Some(b',') => {
-                                self.i += 1;
-                                self.ws();
-                                *key = Some(self.key()?);
-                                continue 'value;
-                            }
-                            Some(b'}') => {
-                                self.i += 1;
-                                let Some(Open::Object { obj, .. }) = stack.pop() else {
-                                    return Err(self.err("internal: stack"));
-                                };
-                                value = Json::Object(obj);
-                            }
-                            _ => return Err(self.err("expected , or }")),
-                        }
+                    (Open::Object(_), Some(b',')) => {
+                        self.i += 1;
+                        self.ws();
+                        let key = self.key()?;
+                        self.keys.push(key);
+                        continue 'value;
                     }
+                    (Open::Array(start), Some(b']')) => {
+                        let start = *start;
+                        self.i += 1;
+                        stack.pop();
+                        value = Json::Array(self.values.drain(start..).collect());
+                    }
+                    (Open::Object(start), Some(b'}')) => {
+                        let start = *start;
+                        self.i += 1;
+                        stack.pop();
+                        value = Json::Object(self.close_object(start));
+                    }
+                    (Open::Array(_), _) => return Err(self.err("expected , or ]")),
+                    (Open::Object(_), _) => return Err(self.err("expected , or }")),
                 }
             }
         }
+    }
+
+    fn close_object(&mut self, start: usize) -> JsObject {
+        let n = self.values.len().saturating_sub(start);
+        let kstart = self.keys.len().saturating_sub(n);
+        let mut entries: Vec<(JsString, Json)> = Vec::with_capacity(n);
+        // Duplicate keys: the last value wins, in the first key's position (CreateDataProperty).
+        let mut index: Option<HashMap<JsString, usize>> = (n > INDEX_AFTER).then(HashMap::new);
+        for (k, v) in self.keys.drain(kstart..).zip(self.values.drain(start..)) {
+            let at = match &mut index {
+                Some(ix) => ix.get(&k).copied(),
+                None => entries.iter().position(|(e, _)| *e == k),
+            };
+            match at.and_then(|at| entries.get_mut(at)) {
+                Some(slot) => slot.1 = v,
+                None => {
+                    if let Some(ix) = &mut index {
+                        ix.insert(k.clone(), entries.len());
+                    }
+                    entries.push((k, v));
+                }
+            }
+        }
+        JsObject { entries }
     }
 
     fn key(&mut self) -> Result<JsString, JsonError> {
@@ -613,6 +687,9 @@ impl Parser<'_> {
             return Err(self.err("expected a string key"));
         }
         let k = self.string()?;
+        if k == "__proto__" {
+            self.flags.proto_key = true;
+        }
         self.ws();
         if self.b.get(self.i) != Some(&b':') {
             return Err(self.err("expected :"));
@@ -682,10 +759,15 @@ impl Parser<'_> {
             return Ok(if neg { -f } else { f });
         }
         // Rust's float parser rounds correctly and overflows to infinity, like JS.
-        self.s
+        let n = self
+            .s
             .get(start..self.i)
             .and_then(|t| t.parse::<f64>().ok())
-            .ok_or_else(|| self.err("bad number"))
+            .ok_or_else(|| self.err("bad number"))?;
+        if !n.is_finite() {
+            self.flags.non_finite = true;
+        }
+        Ok(n)
     }
 
     fn hex4(&mut self) -> Result<u16, JsonError> {
@@ -820,40 +902,6 @@ impl Parser<'_> {
 
 const INDEX_AFTER: usize = 16;
 
-fn insert_parsed(
-    obj: &mut JsObject,
-    index: &mut Option<HashMap<JsString, usize>>,
-    key: JsString,
-    value: Json,
-) {
-    // Duplicate keys: the last value wins, in the first key's position (CreateDataProperty).
-    if let Some(ix) = index {
-        if let Some(&at) = ix.get(&key) {
-            if let Some(slot) = obj.entries.get_mut(at) {
-                slot.1 = value;
-            }
-            return;
-        }
-        ix.insert(key.clone(), obj.entries.len());
-        obj.entries.push((key, value));
-        return;
-    }
-    if let Some(slot) = obj.entries.iter_mut().find(|(k, _)| *k == key) {
-        slot.1 = value;
-        return;
-    }
-    obj.entries.push((key, value));
-    if obj.entries.len() > INDEX_AFTER {
-        *index = Some(
-            obj.entries
-                .iter()
-                .enumerate()
-                .map(|(i, (k, _))| (k.clone(), i))
-                .collect(),
-        );
-    }
-}
-
 // ── printing ────────────────────────────────────────────────────────────────
 
 fn stringify_into(out: &mut String, v: &Json) {
@@ -916,7 +964,8 @@ fn push_u_escape(out: &mut String, u: u16) {
 pub fn write_js_string(out: &mut String, s: &JsString) {
     out.push('"');
     match &s.0 {
-        Repr::Utf8(s) => {
+        Repr::Inline(..) | Repr::Heap(_) => {
+            let s = s.as_str().unwrap_or_default();
             // Copy runs of plain bytes; only ASCII bytes ever need escaping.
             let mut run = 0;
             for (i, b) in s.bytes().enumerate() {
