@@ -49,8 +49,9 @@
 //!   still awaiting `target-ready` is sent `initial-state` again).
 //! * Never blocks on a slow peer: each connection has its own task; [`ListenerHandle::send`]
 //!   only enqueues (bounded), and a job whose queue is full is closed (1008) rather than waited
-//!   for. Events go to one bounded channel; when the Manager side stops draining it, connection
-//!   tasks wait (back-pressure reaches only the jobs that are sending), never the accept loop.
+//!   for; a write that stalls past `write_timeout` drops the connection. Events go to one
+//!   bounded channel; when the Manager side stops draining it, connection tasks wait
+//!   (back-pressure reaches only the jobs that are sending), never the accept loop.
 
 use crate::consts::{
     CloseCode, JOB_SOCKET_DEFAULT_PORT, JOB_SOCKET_HELLO_TIMEOUT, JOB_SOCKET_MAX_FRAME_BYTES,
@@ -87,6 +88,9 @@ pub struct ListenerConfig {
     pub outbound_queue: usize,
     /// Events buffered for the Manager side. Default 1024.
     pub event_queue: usize,
+    /// How long one frame may take to be written to a job before the connection is dropped
+    /// (a job that stopped reading must not pin its task). Default 5 s.
+    pub write_timeout: Duration,
 }
 
 impl Default for ListenerConfig {
@@ -97,6 +101,7 @@ impl Default for ListenerConfig {
             max_frame_bytes: JOB_SOCKET_MAX_FRAME_BYTES,
             outbound_queue: 32,
             event_queue: 1024,
+            write_timeout: JOB_SOCKET_HELLO_TIMEOUT,
         }
     }
 }
@@ -732,8 +737,10 @@ async fn serve(mut ws: Ws, key: InstanceKey, shared: Arc<Shared>) {
             }
             out = frames.recv() => match out {
                 Some(text) => {
-                    if let Err(e) = ws.send(Message::text(text)).await {
-                        ended = Some((None, format!("send failed: {e}")));
+                    match tokio::time::timeout(shared.config.write_timeout, ws.send(Message::text(text))).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => ended = Some((None, format!("send failed: {e}"))),
+                        Err(_) => ended = Some((None, "job stopped reading; dropped".to_owned())),
                     }
                 }
                 // The instance dropped this connection (replaced or unregistered); the close it

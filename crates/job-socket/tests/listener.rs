@@ -762,3 +762,70 @@ async fn without_the_env_names_the_client_is_a_no_op() {
     assert!(matches!(c.next_event().await, Ok(None)));
     assert!(!MigrationClient::disabled().is_enabled());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_stops_reading_is_dropped_without_blocking_the_manager_or_other_jobs() {
+    let config = ListenerConfig {
+        outbound_queue: 4,
+        write_timeout: Duration::from_millis(300),
+        ..ListenerConfig::loopback()
+    };
+    let mut w = Worker::start(config).await;
+    w.register(InstanceSpec::new("job", "slow", "t"));
+    w.register(InstanceSpec::new("job", "ok", "t"));
+    let mut slow = raw(&w.url("job", "slow")).await;
+    hello(&mut slow, "t").await; // … and never reads again
+    let mut ok = connect_migration_to(&w.url("job", "ok"), "t")
+        .await
+        .expect("connect");
+    let reason = "r".repeat(60_000);
+    let mut dropped = false;
+    'sending: for i in 0..20_000 {
+        let id = format!("m{i}");
+        let cmds = [
+            Command::GetState {
+                migration_id: id.clone(),
+            },
+            Command::Abort {
+                migration_id: id,
+                reason: reason.clone(),
+            },
+        ];
+        for cmd in cmds {
+            // `send` is synchronous: it can only enqueue or refuse, never wait for the job.
+            match w.send("job", "slow", cmd) {
+                Ok(()) => {}
+                Err(ListenerError::SlowPeer(_) | ListenerError::NotConnected(_)) => {
+                    dropped = true;
+                    break 'sending;
+                }
+                Err(e) => panic!("unexpected {e}"),
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(dropped, "a job that never reads must be cut off");
+    // Another job on the same worker is unaffected.
+    w.send(
+        "job",
+        "ok",
+        Command::GetState {
+            migration_id: "x".into(),
+        },
+    )
+    .expect("get-state");
+    assert!(matches!(
+        ok.next_event().await,
+        Ok(Some(WorkerToJob::GetState { .. }))
+    ));
+    // And the slow job's connection task ends.
+    loop {
+        let ev = tokio::time::timeout(WAIT, w.events.recv())
+            .await
+            .expect("in time")
+            .expect("event");
+        if ev.instance.role == "slow" && matches!(ev.kind, EventKind::Disconnected { .. }) {
+            break;
+        }
+    }
+}
