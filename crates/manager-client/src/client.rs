@@ -635,7 +635,7 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
             Some(watch_response::Kind::Events(batch)) => {
                 let mut changes = Vec::with_capacity(batch.events.len());
                 let gap = shared.mirror.write(|m| {
-                    for ev in &batch.events {
+                    for ev in batch.events {
                         if ev.revision > m.revision + 1 {
                             return Some((m.revision, ev.revision));
                         }

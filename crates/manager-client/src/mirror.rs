@@ -123,72 +123,73 @@ fn diff<T: Clone + PartialEq>(
 
 impl MirrorState {
     /// Applies one event. Events at or below the current revision are
-    /// ignored, so a replayed event can never be applied twice.
-    pub fn apply_event(&mut self, ev: &Event, out: &mut Vec<MirrorChange>) {
+    /// ignored, so a replayed event can never be applied twice. Takes the
+    /// event by value so each object is copied once (map + change).
+    pub fn apply_event(&mut self, ev: Event, out: &mut Vec<MirrorChange>) {
         if ev.revision <= self.revision {
             return;
         }
         self.revision = ev.revision;
-        let Some(kind) = &ev.kind else {
+        let Some(kind) = ev.kind else {
             return;
         };
         match kind {
-            event::Kind::NodeStarting(e) => self.upsert_node(e.node.as_ref(), out),
-            event::Kind::NodeStarted(e) => self.upsert_node(e.node.as_ref(), out),
-            event::Kind::NodeStopped(e) => self.upsert_node(e.node.as_ref(), out),
-            event::Kind::NodeTerminated(e) => self.upsert_node(e.node.as_ref(), out),
+            event::Kind::NodeStarting(e) => self.upsert_node(e.node, out),
+            event::Kind::NodeStarted(e) => self.upsert_node(e.node, out),
+            event::Kind::NodeStopped(e) => self.upsert_node(e.node, out),
+            event::Kind::NodeTerminated(e) => self.upsert_node(e.node, out),
             event::Kind::Inventory(e) => {
-                if let Some(inv) = &e.inventory {
+                if let Some(inv) = e.inventory {
                     if let Some(node) = self.nodes.get_mut(&inv.node_id) {
                         node.inventory = Some(inv.clone());
                     }
-                    out.push(MirrorChange::InventoryUpdated(inv.clone()));
+                    out.push(MirrorChange::InventoryUpdated(inv));
                 }
             }
             event::Kind::JobUpdated(e) => {
-                if let Some(job) = &e.job {
+                if let Some(job) = e.job {
                     self.jobs.insert(job.job_id.clone(), job.clone());
-                    out.push(MirrorChange::JobUpserted(job.clone()));
+                    out.push(MirrorChange::JobUpserted(job));
                 }
             }
-            event::Kind::JobRejected(e) => out.push(MirrorChange::JobRejected(e.clone())),
-            event::Kind::JobStopping(e) => out.push(MirrorChange::JobStopping(e.clone())),
+            event::Kind::JobRejected(e) => out.push(MirrorChange::JobRejected(e)),
+            event::Kind::JobStopping(e) => out.push(MirrorChange::JobStopping(e)),
             event::Kind::JobRemoved(e) => {
                 self.jobs.remove(&e.job_id);
-                out.push(MirrorChange::JobRemoved { job_id: e.job_id.clone() });
+                out.push(MirrorChange::JobRemoved { job_id: e.job_id });
             }
             event::Kind::ConfigUpdated(e) => {
                 if let Some(job) = self.jobs.get_mut(&e.job_id) {
                     job.config.clone_from(&e.config);
                 }
                 out.push(MirrorChange::ConfigUpdated {
-                    job_id: e.job_id.clone(),
-                    config: e.config.clone(),
+                    job_id: e.job_id,
+                    config: e.config,
                 });
             }
             event::Kind::BundleUpdated(e) => {
-                if let Some(b) = &e.bundle {
+                if let Some(b) = e.bundle {
                     self.bundles.insert(b.bundle_id.clone(), b.clone());
-                    out.push(MirrorChange::BundleUpserted(b.clone()));
+                    out.push(MirrorChange::BundleUpserted(b));
                 }
             }
             event::Kind::BundleDeleted(e) => {
                 self.bundles.remove(&e.bundle_id);
-                out.push(MirrorChange::BundleRemoved { bundle_id: e.bundle_id.clone() });
+                out.push(MirrorChange::BundleRemoved { bundle_id: e.bundle_id });
             }
             event::Kind::MigrationPhase(e) => {
-                if let Some(m) = &e.migration {
+                if let Some(m) = e.migration {
                     self.migrations.insert(m.migration_id.clone(), m.clone());
-                    out.push(MirrorChange::MigrationUpdated(m.clone()));
+                    out.push(MirrorChange::MigrationUpdated(m));
                 }
             }
         }
     }
 
-    fn upsert_node(&mut self, node: Option<&Node>, out: &mut Vec<MirrorChange>) {
+    fn upsert_node(&mut self, node: Option<Node>, out: &mut Vec<MirrorChange>) {
         if let Some(node) = node {
             self.nodes.insert(node.node_id.clone(), node.clone());
-            out.push(MirrorChange::NodeUpserted(node.clone()));
+            out.push(MirrorChange::NodeUpserted(node));
         }
     }
 
@@ -369,8 +370,8 @@ mod tests {
         let mut m = MirrorState::default();
         let mut out = Vec::new();
         let e = ev(1, event::Kind::NodeStarted(NodeStarted { node: Some(node("n1")) }));
-        m.apply_event(&e, &mut out);
-        m.apply_event(&e, &mut out);
+        m.apply_event(e.clone(), &mut out);
+        m.apply_event(e, &mut out);
         assert_eq!(out.len(), 1);
         assert_eq!(m.revision, 1);
     }
@@ -380,8 +381,8 @@ mod tests {
         let mut m = MirrorState::default();
         let mut out = Vec::new();
         let job = Job { job_id: "b/0/j".into(), ..Default::default() };
-        m.apply_event(&ev(1, event::Kind::JobUpdated(JobUpdated { job: Some(job) })), &mut out);
-        m.apply_event(&ev(2, event::Kind::JobRemoved(JobRemoved { job_id: "b/0/j".into() })), &mut out);
+        m.apply_event(ev(1, event::Kind::JobUpdated(JobUpdated { job: Some(job) })), &mut out);
+        m.apply_event(ev(2, event::Kind::JobRemoved(JobRemoved { job_id: "b/0/j".into() })), &mut out);
         assert!(m.jobs.is_empty());
         assert_eq!(out.last(), Some(&MirrorChange::JobRemoved { job_id: "b/0/j".into() }));
     }

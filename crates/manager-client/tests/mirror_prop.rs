@@ -105,8 +105,8 @@ impl Client {
         let n = n.min(self.in_flight.len());
         let mut out = Vec::new();
         for ev in self.in_flight.drain(..n) {
-            self.mirror.apply_event(&ev, &mut out);
-            self.applied.push(ev);
+            self.applied.push(ev.clone());
+            self.mirror.apply_event(ev, &mut out);
         }
     }
 }
@@ -186,7 +186,7 @@ proptest! {
                     if let Some(ev) = client.applied.last().cloned() {
                         let before = client.mirror.clone();
                         let mut out = Vec::new();
-                        client.mirror.apply_event(&ev, &mut out);
+                        client.mirror.apply_event(ev, &mut out);
                         prop_assert_eq!(&before, &client.mirror);
                         prop_assert!(out.is_empty());
                     }

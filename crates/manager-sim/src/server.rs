@@ -108,6 +108,8 @@ struct Shared {
 struct Inner {
     shared: Mutex<Shared>,
     timer_wake: Notify,
+    /// When the timer task will wake next (ms since epoch).
+    timer_armed: std::sync::atomic::AtomicI64,
     agent: Arc<dyn JobAgent>,
     limits: LimitsConfig,
     state_file: Option<PathBuf>,
@@ -133,7 +135,16 @@ impl Shared {
         let msg = WatchResponse {
             kind: Some(watch_response::Kind::Events(EventBatch { events })),
         };
-        self.subs.retain(|s| match s.tx.try_send(msg.clone()) {
+        // The last subscriber gets the message itself: no clone when there
+        // is one watcher (the operator).
+        let mut msg = Some(msg);
+        let last = self.subs.len().saturating_sub(1);
+        let mut i = 0usize;
+        self.subs.retain(|s| {
+            let m = if i == last { msg.take() } else { msg.clone() };
+            i += 1;
+            let Some(m) = m else { return false };
+            match s.tx.try_send(m) {
             Ok(()) => true,
             Err(mpsc::error::TrySendError::Full(_)) => {
                 tracing::warn!(revision, "cutting a watcher that fell behind");
@@ -143,6 +154,7 @@ impl Shared {
                 false
             }
             Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
         });
     }
 
@@ -171,11 +183,22 @@ impl Inner {
             let mut g = lock(&self.shared);
             g.world.advance(now);
             let r = f(&mut g.world, now);
+            // Zero-delay transitions fire now, in the same batch.
+            g.world.advance(now);
             (r, g.publish())
         };
         self.dispatch(asks);
-        self.timer_wake.notify_one();
+        self.wake_timers_if_needed();
         r
+    }
+
+    /// Wakes the timer task only when a timer is due before it would wake.
+    fn wake_timers_if_needed(&self) {
+        let due = lock(&self.shared).world.next_due_ms();
+        let armed = self.timer_armed.load(std::sync::atomic::Ordering::Relaxed);
+        if due.is_some_and(|d| d < armed) {
+            self.timer_wake.notify_one();
+        }
     }
 
     /// Hands migration asks to the agent; answers come back to the world.
@@ -195,10 +218,11 @@ impl Inner {
             let now = now_ms();
             g.world.advance(now);
             g.world.migration_reply(ask, reply, now);
+            g.world.advance(now);
             g.publish()
         };
         self.dispatch(asks);
-        self.timer_wake.notify_one();
+        self.wake_timers_if_needed();
     }
 
     fn persist(&self) -> Result<(), SimError> {
@@ -694,6 +718,7 @@ impl Sim {
         let inner = Arc::new(Inner {
             shared: Mutex::new(Shared { world, subs: Vec::new(), dirty: true }),
             timer_wake: Notify::new(),
+            timer_armed: std::sync::atomic::AtomicI64::new(0),
             agent,
             limits: config.limits,
             state_file,
@@ -766,7 +791,9 @@ async fn run_timers(inner: Arc<Inner>) {
     let mut stop = inner.shutdown.subscribe();
     loop {
         let due = lock(&inner.shared).world.next_due_ms();
-        let wait = due.map_or(1000, |d| (d - now_ms()).clamp(0, 1000));
+        let now = now_ms();
+        let wait = due.map_or(1000, |d| (d - now).clamp(0, 1000));
+        inner.timer_armed.store(now + wait, std::sync::atomic::Ordering::Relaxed);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))) => {}
             () = inner.timer_wake.notified() => continue,
