@@ -729,33 +729,30 @@ impl<'a> Parser<'a> {
             _ => return Err(self.err("bad number")),
         }
         let int_end = self.i;
-        let mut simple = true;
+        let mut frac = (int_end, int_end);
         if self.b.get(self.i) == Some(&b'.') {
             self.i += 1;
-            simple = false;
+            let f0 = self.i;
             if self.digits() == 0 {
                 return Err(self.err("bad number"));
             }
+            frac = (f0, self.i);
         }
+        let mut exp: Option<(bool, usize, usize)> = None;
         if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
             self.i += 1;
-            simple = false;
+            let eneg = self.b.get(self.i) == Some(&b'-');
             if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
                 self.i += 1;
             }
+            let e0 = self.i;
             if self.digits() == 0 {
                 return Err(self.err("bad number"));
             }
+            exp = Some((eneg, e0, self.i));
         }
         let digits_start = if neg { start + 1 } else { start };
-        // Fast path: integers below 2^53 convert exactly.
-        if simple && int_end - digits_start <= 15 {
-            let mut v: u64 = 0;
-            for d in self.b.get(digits_start..int_end).unwrap_or_default() {
-                v = v * 10 + u64::from(d - b'0');
-            }
-            #[allow(clippy::cast_precision_loss)] // v < 10^15 < 2^53: exact
-            let f = v as f64;
+        if let Some(f) = self.fast_number(digits_start, int_end, frac, exp) {
             return Ok(if neg { -f } else { f });
         }
         // Rust's float parser rounds correctly and overflows to infinity, like JS.
@@ -768,6 +765,47 @@ impl<'a> Parser<'a> {
             self.flags.non_finite = true;
         }
         Ok(n)
+    }
+
+    /// Clinger's fast path: with at most 15 digits the mantissa is exact in an `f64`, and so is
+    /// `10^k` for `k <= 22`, so one multiplication or division is correctly rounded — the same
+    /// value the full parser (and JavaScript) gives. `None` sends the number to the full parser.
+    fn fast_number(
+        &self,
+        int: usize,
+        int_end: usize,
+        frac: (usize, usize),
+        exp: Option<(bool, usize, usize)>,
+    ) -> Option<f64> {
+        const POW10: [f64; 23] = [
+            1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+            1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+        ];
+        let int_digits = self.b.get(int..int_end)?;
+        let frac_digits = self.b.get(frac.0..frac.1)?;
+        if int_digits.len() + frac_digits.len() > 15 {
+            return None;
+        }
+        let mut m: u64 = 0;
+        for d in int_digits.iter().chain(frac_digits) {
+            m = m * 10 + u64::from(d - b'0');
+        }
+        let mut e: i64 = -i64::try_from(frac_digits.len()).ok()?;
+        if let Some((eneg, e0, e1)) = exp {
+            let ed = self.b.get(e0..e1)?;
+            if ed.len() > 4 {
+                return None;
+            }
+            let mut v: i64 = 0;
+            for d in ed {
+                v = v * 10 + i64::from(d - b'0');
+            }
+            e += if eneg { -v } else { v };
+        }
+        #[allow(clippy::cast_precision_loss)] // m < 10^15 < 2^53: exact
+        let m = m as f64;
+        let p = *POW10.get(usize::try_from(e.unsigned_abs()).ok()?)?;
+        Some(if e >= 0 { m * p } else { m / p })
     }
 
     fn hex4(&mut self) -> Result<u16, JsonError> {

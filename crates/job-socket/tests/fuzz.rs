@@ -101,6 +101,23 @@ proptest! {
     }
 
     #[test]
+    fn numbers_parse_to_the_correctly_rounded_double(
+        neg in any::<bool>(),
+        int in "(0|[1-9][0-9]{0,17})",
+        frac in proptest::option::of("[0-9]{1,12}"),
+        exp in proptest::option::of(-330i32..330),
+    ) {
+        let mut text = format!("{}{int}", if neg { "-" } else { "" });
+        if let Some(f) = frac { text.push('.'); text.push_str(&f); }
+        if let Some(e) = exp { text.push_str(&format!("e{e}")); }
+        let expected: f64 = text.parse().expect("valid literal");
+        match Json::parse(&text) {
+            Ok(Json::Number(n)) => prop_assert_eq!(n.to_bits(), expected.to_bits(), "{}", text),
+            other => prop_assert!(false, "{text} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
     fn paths_round_trip_through_encoding(job in "\\PC{1,12}", role in "\\PC{1,12}") {
         let p = parse_job_socket_path(&job_socket_path(&job, &role)).expect("an encoded path parses");
         prop_assert_eq!((p.job_id, p.role), (job, role));

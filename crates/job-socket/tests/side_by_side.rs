@@ -65,12 +65,7 @@ fn run(mut cmd: Command, stdin: &[u8]) -> String {
     String::from_utf8(out.stdout).expect("utf-8 stdout")
 }
 
-#[test]
-fn reference_and_binary_print_the_same_lines_for_every_vector() {
-    if let Some(why) = unavailable() {
-        eprintln!("SKIPPED reference_and_binary_print_the_same_lines_for_every_vector: {why}");
-        return;
-    }
+fn vector_files() -> Vec<(PathBuf, Vectors, String)> {
     let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&vectors)
         .expect("vectors dir")
@@ -78,15 +73,51 @@ fn reference_and_binary_print_the_same_lines_for_every_vector() {
         .collect();
     files.sort();
     assert!(files.len() >= 5, "expected the five vector files");
-    for file in files {
-        let v: Vectors =
-            serde_json::from_str(&std::fs::read_to_string(&file).expect("read")).expect("parse");
-        let stdin: String = v.cases.iter().map(|c| format!("{}\n", c.input)).collect();
+    files
+        .into_iter()
+        .map(|file| {
+            let v: Vectors = serde_json::from_str(&std::fs::read_to_string(&file).expect("read"))
+                .expect("parse");
+            let stdin: String = v.cases.iter().map(|c| format!("{}\n", c.input)).collect();
+            (file, v, stdin)
+        })
+        .collect()
+}
+
+fn binary(v: &Vectors, stdin: &str) -> String {
+    let mut ours = Command::new(env!("CARGO_BIN_EXE_job-socket"));
+    ours.args(&v.command);
+    run(ours, stdin.as_bytes())
+}
+
+/// Runs without Node: the binary against the stored outputs.
+#[test]
+fn the_binary_prints_the_stored_reference_output_for_every_vector() {
+    for (file, v, stdin) in vector_files() {
+        let out = binary(&v, &stdin);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines.len(),
+            v.cases.len(),
+            "{}: a line per input",
+            file.display()
+        );
+        for (c, o) in v.cases.iter().zip(lines) {
+            assert_eq!(o, c.output, "{}: input {:?}", file.display(), c.input);
+        }
+    }
+}
+
+#[test]
+fn reference_and_binary_print_the_same_lines_for_every_vector() {
+    if let Some(why) = unavailable() {
+        eprintln!("SKIPPED reference_and_binary_print_the_same_lines_for_every_vector: {why}");
+        return;
+    }
+    for (file, v, stdin) in vector_files() {
         let mut node = Command::new("node");
         node.arg(reference_dir().join("cli.mjs")).args(&v.command);
-        let mut ours = Command::new(env!("CARGO_BIN_EXE_job-socket"));
-        ours.args(&v.command);
-        let (theirs, ours) = (run(node, stdin.as_bytes()), run(ours, stdin.as_bytes()));
+        let (theirs, ours) = (run(node, stdin.as_bytes()), binary(&v, &stdin));
         let (theirs, ours): (Vec<&str>, Vec<&str>) =
             (theirs.lines().collect(), ours.lines().collect());
         assert_eq!(
