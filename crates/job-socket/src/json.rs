@@ -540,9 +540,11 @@ struct Parser<'a> {
     b: &'a [u8],
     s: &'a str,
     i: usize,
-    // Children of every open container, on two shared stacks; a container's children are moved
-    // into an exactly-sized Vec when it closes, so nothing is reallocated while it grows.
+    // Children of every open container, on shared stacks (array items in `values`, object
+    // entries in `pairs`, each open object's pending key in `keys`); a container's children are
+    // moved into an exactly-sized Vec when it closes, so nothing is reallocated while it grows.
     values: Vec<Json>,
+    pairs: Vec<(JsString, Json)>,
     keys: Vec<JsString>,
     flags: ParseFlags,
 }
@@ -554,6 +556,7 @@ impl<'a> Parser<'a> {
             s: text,
             i: 0,
             values: Vec::new(),
+            pairs: Vec::new(),
             keys: Vec::new(),
             flags: ParseFlags::default(),
         }
@@ -593,7 +596,7 @@ impl<'a> Parser<'a> {
                         Json::Object(JsObject::new())
                     } else {
                         let key = self.key()?;
-                        stack.push(Open::Object(self.values.len()));
+                        stack.push(Open::Object(self.pairs.len()));
                         self.keys.push(key);
                         continue 'value;
                     }
@@ -625,7 +628,13 @@ impl<'a> Parser<'a> {
                     }
                     return Ok((value, self.flags));
                 };
-                self.values.push(value);
+                match top {
+                    Open::Array(_) => self.values.push(value),
+                    Open::Object(_) => {
+                        let key = self.keys.pop().unwrap_or_default();
+                        self.pairs.push((key, value));
+                    }
+                }
                 self.ws();
                 match (top, self.b.get(self.i)) {
                     (Open::Array(_), Some(b',')) => {
@@ -659,27 +668,33 @@ impl<'a> Parser<'a> {
     }
 
     fn close_object(&mut self, start: usize) -> JsObject {
-        let n = self.values.len().saturating_sub(start);
-        let kstart = self.keys.len().saturating_sub(n);
-        let mut entries: Vec<(JsString, Json)> = Vec::with_capacity(n);
+        let entries: Vec<(JsString, Json)> = self.pairs.drain(start..).collect();
+        let n = entries.len();
+        let duplicated = if n <= INDEX_AFTER {
+            entries
+                .iter()
+                .enumerate()
+                .any(|(i, (k, _))| entries.iter().take(i).any(|(e, _)| e == k))
+        } else {
+            let mut seen = std::collections::HashSet::with_capacity(n);
+            !entries.iter().all(|(k, _)| seen.insert(k))
+        };
+        if !duplicated {
+            return JsObject { entries };
+        }
         // Duplicate keys: the last value wins, in the first key's position (CreateDataProperty).
-        let mut index: Option<HashMap<JsString, usize>> = (n > INDEX_AFTER).then(HashMap::new);
-        for (k, v) in self.keys.drain(kstart..).zip(self.values.drain(start..)) {
-            let at = match &mut index {
-                Some(ix) => ix.get(&k).copied(),
-                None => entries.iter().position(|(e, _)| *e == k),
-            };
-            match at.and_then(|at| entries.get_mut(at)) {
+        let mut out: Vec<(JsString, Json)> = Vec::with_capacity(n);
+        let mut index: HashMap<JsString, usize> = HashMap::with_capacity(n);
+        for (k, v) in entries {
+            match index.get(&k).and_then(|&at| out.get_mut(at)) {
                 Some(slot) => slot.1 = v,
                 None => {
-                    if let Some(ix) = &mut index {
-                        ix.insert(k.clone(), entries.len());
-                    }
-                    entries.push((k, v));
+                    index.insert(k.clone(), out.len());
+                    out.push((k, v));
                 }
             }
         }
-        JsObject { entries }
+        JsObject { entries: out }
     }
 
     fn key(&mut self) -> Result<JsString, JsonError> {

@@ -384,4 +384,52 @@ mod tests {
             Err(PhaseError::WrongPhase { .. })
         ));
     }
+
+    fn rank(p: Phase) -> u8 {
+        match p {
+            Phase::AwaitingState | Phase::AwaitingTargetReady => 0,
+            Phase::StateGiven | Phase::TargetReady => 1,
+            Phase::AwaitingSourceStop | Phase::AwaitingApplied => 2,
+            Phase::SourceStopped | Phase::Applied | Phase::Refused | Phase::Aborted => 3,
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn phases_only_move_forward_and_abort_only_from_abortable_phases(
+            target in proptest::prelude::any::<bool>(),
+            steps in proptest::collection::vec((0u8..10, proptest::prelude::any::<bool>()), 0..40),
+        ) {
+            const JOB: [&str; 6] = ["state", "state-refused", "target-ready", "source-stopped-output", "target-applied", "abort"];
+            const WORKER: [&str; 4] = ["get-state", "cutover-ready", "cutover-apply", "abort"];
+            let mut m = target.then(|| new_target("m"));
+            for (pick, other_id) in steps {
+                let before = m.clone();
+                let next = if usize::from(pick) < JOB.len() {
+                    on_job_frame(m.as_ref(), &job(JOB[usize::from(pick)]))
+                } else {
+                    let id = if other_id { "n" } else { "m" };
+                    on_worker_frame(m.as_ref(), &worker(WORKER[usize::from(pick) - JOB.len()], id))
+                };
+                let Ok(next) = next else { continue };
+                if next.phase == Phase::Aborted {
+                    let b = before.as_ref().expect("abort needs a migration");
+                    proptest::prop_assert!(b.phase.is_abortable(), "aborted from {:?}", b.phase);
+                }
+                match &before {
+                    // A new migration starts only on a free instance, as a source awaiting state.
+                    Some(b) if b.id == next.id && b.side == next.side && !b.phase.is_final() => {
+                        proptest::prop_assert!(rank(next.phase) > rank(b.phase), "{:?} -> {:?}", b.phase, next.phase);
+                    }
+                    _ => {
+                        proptest::prop_assert!(before.as_ref().is_none_or(|b| b.phase.is_final()));
+                        proptest::prop_assert_eq!((next.side, next.phase), (Side::Source, Phase::AwaitingState));
+                    }
+                }
+                m = Some(next);
+            }
+        }
+    }
 }
