@@ -527,6 +527,9 @@ async fn accept_loop(tcp: TcpListener, shared: Arc<Shared>) {
 
 type Ws = WebSocketStream<TcpStream>;
 
+/// A text frame whose bytes are not UTF-8 (a browser or Node peer cannot even send one).
+const NOT_UTF8: &str = "frame is not valid UTF-8";
+
 /// Close reasons are capped at 123 bytes by RFC 6455; cut on a character boundary.
 fn clip_reason(reason: &str) -> String {
     let mut end = reason.len().min(123);
@@ -635,6 +638,9 @@ async fn await_hello(
                 CloseCode::FrameTooLarge.code(),
                 "frame too large".to_owned(),
             ));
+        }
+        Some(Err(WsError::Utf8(_))) => {
+            return Err((CloseCode::ProtocolError.code(), NOT_UTF8.to_owned()));
         }
         Some(Ok(Message::Close(_)) | Err(_)) | None => return Err((1000, String::new())),
         Some(Ok(_)) => return Err((CloseCode::Unauthorized.code(), "expected hello".to_owned())),
@@ -808,6 +814,7 @@ async fn on_inbound(
             CloseCode::FrameTooLarge.code(),
             format!("frame of {size} bytes exceeds {max_size}"),
         )),
+        Some(Err(WsError::Utf8(_))) => protocol(NOT_UTF8.to_owned()),
         Some(Err(e)) => return Some((None, format!("transport error: {e}"))),
         Some(Ok(Message::Binary(_))) => protocol("frames must be JSON text".to_owned()),
         Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => return None,

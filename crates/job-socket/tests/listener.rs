@@ -829,3 +829,19 @@ async fn a_job_that_stops_reading_is_dropped_without_blocking_the_manager_or_oth
         }
     }
 }
+
+#[tokio::test]
+async fn a_text_frame_that_is_not_utf8_is_closed_4400() {
+    use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+    let w = Worker::new().await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    hello(&mut ws, "t").await;
+    let frame = Frame::message(vec![b'"', 0xff, b'"'], OpCode::Data(Data::Text), true);
+    ws.send(Message::Frame(frame)).await.expect("send");
+    assert_eq!(
+        closed_with(&mut ws).await,
+        (4400, "frame is not valid UTF-8".to_owned())
+    );
+}
