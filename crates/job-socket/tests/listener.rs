@@ -81,6 +81,12 @@ impl Worker {
     }
 }
 
+fn get_state(id: &str) -> Command {
+    Command::GetState {
+        migration_id: id.into(),
+    }
+}
+
 async fn raw(url: &str) -> RawWs {
     tokio_tungstenite::connect_async(url)
         .await
@@ -271,14 +277,7 @@ async fn frames_from_the_wrong_side_or_phase_are_closed_4400() {
     // A source awaiting state sends a target's frame.
     let mut ws = raw(&w.url("job", "main")).await;
     hello(&mut ws, "t").await;
-    w.send(
-        "job",
-        "main",
-        Command::GetState {
-            migration_id: "m".into(),
-        },
-    )
-    .expect("get-state");
+    w.send("job", "main", get_state("m")).expect("get-state");
     assert!(matches!(
         next_frame(&mut ws).await,
         WorkerToJob::GetState { .. }
@@ -296,14 +295,7 @@ async fn a_second_connection_replaces_the_first_with_4409_and_keeps_the_phase() 
     w.register(InstanceSpec::new("job", "main", "t"));
     let mut first = raw(&w.url("job", "main")).await;
     hello(&mut first, "t").await;
-    w.send(
-        "job",
-        "main",
-        Command::GetState {
-            migration_id: "m".into(),
-        },
-    )
-    .expect("get-state");
+    w.send("job", "main", get_state("m")).expect("get-state");
     next_frame(&mut first).await;
     let mut second = raw(&w.url("job", "main")).await;
     hello(&mut second, "t").await;
@@ -326,9 +318,7 @@ async fn a_second_connection_replaces_the_first_with_4409_and_keeps_the_phase() 
 #[tokio::test]
 async fn manager_commands_are_checked_against_instance_connection_and_phase() {
     let w = Worker::new().await;
-    let cmd = || Command::GetState {
-        migration_id: "m".into(),
-    };
+    let cmd = || get_state("m");
     assert!(matches!(
         w.send("job", "main", cmd()),
         Err(ListenerError::UnknownInstance(_))
@@ -349,13 +339,7 @@ async fn manager_commands_are_checked_against_instance_connection_and_phase() {
         .expect("connect");
     w.send("job", "main", cmd()).expect("get-state");
     assert!(matches!(
-        w.send(
-            "job",
-            "main",
-            Command::GetState {
-                migration_id: "n".into()
-            }
-        ),
+        w.send("job", "main", get_state("n")),
         Err(ListenerError::Phase(_))
     ));
     let big = Json::from("x".repeat(70_000));
@@ -626,13 +610,7 @@ async fn a_refused_state_ends_the_migration_on_the_source() {
     );
     // The instance is free for a new migration.
     h.src_worker
-        .send(
-            "job",
-            "main",
-            Command::GetState {
-                migration_id: "mig-2".into(),
-            },
-        )
+        .send("job", "main", get_state("mig-2"))
         .expect("new get-state");
 }
 
@@ -806,14 +784,7 @@ async fn a_job_that_stops_reading_is_dropped_without_blocking_the_manager_or_oth
     }
     assert!(dropped, "a job that never reads must be cut off");
     // Another job on the same worker is unaffected.
-    w.send(
-        "job",
-        "ok",
-        Command::GetState {
-            migration_id: "x".into(),
-        },
-    )
-    .expect("get-state");
+    w.send("job", "ok", get_state("x")).expect("get-state");
     assert!(matches!(
         ok.next_event().await,
         Ok(Some(WorkerToJob::GetState { .. }))
