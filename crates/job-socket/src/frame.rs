@@ -736,4 +736,40 @@ mod tests {
         };
         assert_eq!(parse_worker_to_job(&f.to_text()), Parsed::Ok(f));
     }
+
+    #[test]
+    fn serde_tagging_matches_the_wire_form() {
+        let frames = [
+            r#"{"type":"hello","token":"t"}"#,
+            r#"{"type":"state","payload":{"a":[1,"x",null,true]}}"#,
+            r#"{"type":"target-applied","applied":["v"],"failed":[{"id":"a","reason":"r"}],"skewMs":2.5}"#,
+            r#"{"type":"target-applied"}"#,
+            r#"{"type":"abort","reason":"r"}"#,
+        ];
+        for text in frames {
+            let Parsed::Ok(f) = parse_job_to_worker(text) else {
+                panic!("{text}")
+            };
+            assert_eq!(serde_json::to_string(&f).expect("serialise"), text);
+            assert_eq!(
+                serde_json::from_str::<JobToWorker>(text).expect("deserialise"),
+                f
+            );
+        }
+        for text in [
+            r#"{"type":"hello-ack","migration":{"id":"m","side":"target"}}"#,
+            r#"{"type":"hello-ack"}"#,
+            r#"{"type":"cutover-apply","migrationId":"m","payload":[]}"#,
+            r#"{"type":"abort","migrationId":"m","reason":"r"}"#,
+        ] {
+            let Parsed::Ok(f) = parse_worker_to_job(text) else {
+                panic!("{text}")
+            };
+            assert_eq!(serde_json::to_string(&f).expect("serialise"), text);
+            assert_eq!(
+                serde_json::from_str::<WorkerToJob>(text).expect("deserialise"),
+                f
+            );
+        }
+    }
 }

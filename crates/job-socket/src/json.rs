@@ -1132,6 +1132,11 @@ impl serde::Serialize for Depth<'_> {
         match self.0 {
             Json::Null => s.serialize_unit(),
             Json::Bool(b) => s.serialize_bool(*b),
+            // Integral values print as integers (as JS does); others as serde's f64.
+            #[allow(clippy::cast_possible_truncation)] // integral and below 2^53: exact
+            Json::Number(n) if n.fract() == 0.0 && n.abs() < 9_007_199_254_740_992.0 => {
+                s.serialize_i64(*n as i64)
+            }
             Json::Number(n) if n.is_finite() => s.serialize_f64(*n),
             Json::Number(_) => s.serialize_unit(),
             Json::String(st) => s.serialize_str(&st.to_string_lossy()),
