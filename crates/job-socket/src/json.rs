@@ -847,6 +847,7 @@ impl<'a> Parser<'a> {
         let start = self.i;
         // Fast path: no escapes.
         loop {
+            self.i = skip_plain(self.b, self.i);
             match self.b.get(self.i) {
                 None => return Err(self.err("unterminated string")),
                 Some(b'"') => {
@@ -874,12 +875,7 @@ impl<'a> Parser<'a> {
         };
         loop {
             let run_start = self.i;
-            while let Some(c) = self.b.get(self.i) {
-                if *c == b'"' || *c == b'\\' || *c < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i = skip_plain(self.b, self.i);
             let run = self
                 .s
                 .get(run_start..self.i)
@@ -951,6 +947,35 @@ impl<'a> Parser<'a> {
             }
         }
     }
+}
+
+/// The index of the first byte at or after `i` that ends a plain run inside a string (`"`,
+/// `\\` or a control character), or `b.len()`. Eight bytes at a time: each test below is
+/// non-zero whenever some byte matches (it may also flag a later byte spuriously, which only
+/// sends that word to the exact byte loop).
+fn skip_plain(b: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let zero_byte = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(w);
+        let special = zero_byte(x ^ (ONES * u64::from(b'"')))
+            | zero_byte(x ^ (ONES * u64::from(b'\\')))
+            | (x.wrapping_sub(ONES * 0x20) & !x & HIGH);
+        if special != 0 {
+            break;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            break;
+        }
+        i += 1;
+    }
+    i
 }
 
 const INDEX_AFTER: usize = 16;
@@ -1319,5 +1344,19 @@ mod tests {
         assert_eq!(c, v);
         drop(c);
         drop(v);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn the_word_at_a_time_scan_stops_where_the_byte_scan_does(
+            b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            start in 0usize..40,
+        ) {
+            let start = start.min(b.len());
+            let naive = b.iter().skip(start).position(|&c| c == b'"' || c == b'\\' || c < 0x20).map_or(b.len(), |p| p + start);
+            proptest::prop_assert_eq!(skip_plain(&b, start), naive);
+        }
     }
 }
