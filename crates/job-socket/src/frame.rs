@@ -596,6 +596,17 @@ impl JobToWorker {
         self.to_json().to_json_string()
     }
 
+    /// The opaque payload, for frames that carry one (what goes into the gRPC `bytes payload`
+    /// via [`crate::payload::encode_migration_payload`]).
+    pub fn payload(&self) -> Option<&Json> {
+        match self {
+            JobToWorker::State { payload }
+            | JobToWorker::TargetReady { payload }
+            | JobToWorker::SourceStoppedOutput { payload } => Some(payload),
+            _ => None,
+        }
+    }
+
     /// The `type` tag.
     pub fn kind(&self) -> &'static str {
         match self {
