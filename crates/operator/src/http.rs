@@ -1,0 +1,327 @@
+//! The operator's HTTP endpoints (axum): health, readiness, metrics, and the debugging API.
+//!
+//! | Route | Answer |
+//! |---|---|
+//! | `GET /healthz` | `200 ok` while the process serves HTTP |
+//! | `GET /readyz` | `200` when ready, `503` otherwise; JSON `{ready, leader, role, cachesSynced, managerConnection}` |
+//! | `GET /metrics` | OpenMetrics text from [`Metrics::encode`] |
+//! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
+//! | `POST /v1/what-if` | a `Bundle` as JSON in, the admission result against the live snapshot out |
+//!
+//! Readiness: ready = (leader OR standby) AND caches synced. "Standby" means leader election
+//! has reported at least once and this replica does not hold the lease: a standby is ready so
+//! that rolling updates of a two-replica Deployment proceed. Before the first report
+//! ([`Readiness::set_leader`]) the role is `starting` and the replica is not ready. Manager's
+//! connection state is shown but does not gate readiness: a lost Manager must not make
+//! Kubernetes restart or unroute the operator, which would not bring Manager back.
+//!
+//! Every error answer is JSON `{"error": "..."}`. Request bodies are limited to
+//! [`MAX_BODY_BYTES`]; a larger one gets `413`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use crate::metrics::Metrics;
+
+/// Largest request body accepted (`POST /v1/what-if`).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// The content type of `/metrics`.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Longest namespace or bundle name accepted in a path (a DNS subdomain's limit).
+const MAX_NAME_LEN: usize = 253;
+
+/// Answers from the operator's state, implemented by the runtime.
+pub trait DebugApi: Send + Sync + 'static {
+    /// The full placement trace of a bundle's last decisions, or `None` when there is none.
+    fn trace(&self, namespace: &str, bundle: &str) -> Option<serde_json::Value>;
+    /// The admission result (ok / validationErrors / noCapacity) for `bundle` against the live
+    /// snapshot, without acting on it.
+    fn what_if(&self, bundle: &automanager_api::Bundle) -> serde_json::Value;
+}
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server stopped with an I/O error.
+    #[error("HTTP server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+const ROLE_STARTING: u8 = 0;
+const ROLE_STANDBY: u8 = 1;
+const ROLE_LEADER: u8 = 2;
+
+#[derive(Debug)]
+struct ReadinessInner {
+    role: AtomicU8,
+    caches_synced: AtomicBool,
+    manager_connection: Mutex<String>,
+}
+
+/// What `/readyz` reports; shared between the runtime (which updates it) and the server.
+/// Cheap to clone; clones share the same state.
+#[derive(Clone, Debug)]
+pub struct Readiness {
+    inner: Arc<ReadinessInner>,
+}
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A point-in-time copy of [`Readiness`], as `/readyz` renders it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadinessReport {
+    /// (leader OR standby) AND caches synced.
+    pub ready: bool,
+    /// Whether this replica holds the lease.
+    pub leader: bool,
+    /// `starting`, `standby` or `leader`.
+    pub role: &'static str,
+    /// Whether the runtime's watch caches have synced.
+    pub caches_synced: bool,
+    /// Manager's connection state (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`).
+    pub manager_connection: String,
+}
+
+impl Readiness {
+    /// Starting: not leader, not standby, caches not synced, Manager `idle`.
+    pub fn new() -> Self {
+        Readiness {
+            inner: Arc::new(ReadinessInner {
+                role: AtomicU8::new(ROLE_STARTING),
+                caches_synced: AtomicBool::new(false),
+                manager_connection: Mutex::new("idle".to_owned()),
+            }),
+        }
+    }
+
+    /// Leader election's latest answer: `true` leader, `false` standby.
+    pub fn set_leader(&self, leader: bool) {
+        let role = if leader { ROLE_LEADER } else { ROLE_STANDBY };
+        self.inner.role.store(role, Ordering::Release);
+    }
+
+    /// Whether the watch caches have synced.
+    pub fn set_caches_synced(&self, synced: bool) {
+        self.inner.caches_synced.store(synced, Ordering::Release);
+    }
+
+    /// Manager's connection state, shown as-is (truncated to 64 characters).
+    pub fn set_manager_connection(&self, state: &str) {
+        let state: String = state.chars().take(64).collect();
+        *self
+            .inner
+            .manager_connection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = state;
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn is_ready(&self) -> bool {
+        self.report().ready
+    }
+
+    /// The current state.
+    pub fn report(&self) -> ReadinessReport {
+        let role = self.inner.role.load(Ordering::Acquire);
+        let caches_synced = self.inner.caches_synced.load(Ordering::Acquire);
+        let manager_connection = self
+            .inner
+            .manager_connection
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        ReadinessReport {
+            ready: role != ROLE_STARTING && caches_synced,
+            leader: role == ROLE_LEADER,
+            role: match role {
+                ROLE_LEADER => "leader",
+                ROLE_STANDBY => "standby",
+                _ => "starting",
+            },
+            caches_synced,
+            manager_connection,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    debug: Arc<dyn DebugApi>,
+    metrics: Metrics,
+    readiness: Readiness,
+}
+
+/// The routes, for [`serve`] and for tests.
+pub fn router(debug: Arc<dyn DebugApi>, metrics: Metrics, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_handler))
+        .route("/debug/trace/{namespace}/{bundle}", get(trace))
+        .route("/v1/what-if", post(what_if))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(AppState {
+            debug,
+            metrics,
+            readiness,
+        })
+}
+
+/// Binds `addr` (use port 0 for any free port).
+pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, HttpError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| HttpError::Bind { addr, source })
+}
+
+/// Serves on `addr` until `shutdown` completes, then finishes in-flight requests and returns.
+pub async fn serve(
+    addr: SocketAddr,
+    debug: Arc<dyn DebugApi>,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), HttpError> {
+    let listener = bind(addr).await?;
+    serve_on(listener, debug, metrics, readiness, shutdown).await
+}
+
+/// Like [`serve`], on a listener already bound (e.g. by [`bind`], to learn the port first).
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    debug: Arc<dyn DebugApi>,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), HttpError> {
+    if let Ok(local) = listener.local_addr() {
+        tracing::info!(addr = %local, "HTTP server listening");
+    }
+    axum::serve(listener, router(debug, metrics, readiness))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(HttpError::Serve)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": message.into() }))).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let report = state.readiness.report();
+    let status = if report.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(report)).into_response()
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+async fn trace(
+    State(state): State<AppState>,
+    Path((namespace, bundle)): Path<(String, String)>,
+) -> Response {
+    if !valid_name(&namespace) || !valid_name(&bundle) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "namespace and bundle must be Kubernetes names (lowercase letters, digits, '-', '.'; at most 253 characters)",
+        );
+    }
+    match state.debug.trace(&namespace, &bundle) {
+        Some(trace) => axum::Json(trace).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("no placement trace for bundle {namespace}/{bundle}"),
+        ),
+    }
+}
+
+async fn what_if(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!("request body larger than {MAX_BODY_BYTES} bytes")
+            } else {
+                rejection.body_text()
+            };
+            return error(status, message);
+        }
+    };
+    let bundle: automanager_api::Bundle = match serde_json::from_slice(&body) {
+        Ok(bundle) => bundle,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!(
+                    "body is not a Bundle as JSON (line {}, column {}): {e}",
+                    e.line(),
+                    e.column()
+                ),
+            );
+        }
+    };
+    let debug = state.debug.clone();
+    // Admission runs placement over the live snapshot: keep it off the async workers.
+    match tokio::task::spawn_blocking(move || debug.what_if(&bundle)).await {
+        Ok(result) => axum::Json(result).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "what-if evaluation failed");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "what-if evaluation failed",
+            )
+        }
+    }
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "no such route")
+}

@@ -1,0 +1,431 @@
+//! The operator's Prometheus metrics, served as OpenMetrics text on `/metrics`.
+//!
+//! One [`Metrics`] value is created at start-up and cloned into every controller (clones share
+//! the same counters). The metric names are the ones issue 8 lists; prometheus-client appends
+//! `_total` to counters when encoding, so counters are registered without it.
+//!
+//! Choices made here:
+//! - `automanager_manager_connection_state{state}` is one-hot: one series per state of the
+//!   seed's vocabulary (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`), the
+//!   current one at 1 and the others at 0. Alerting is then `..{state="ready"} == 0`. A state
+//!   name outside the vocabulary is shown as `unknown` so the label set stays bounded.
+//! - `automanager_reconcile_duration_seconds{controller, result}` has `result` `ok` or `error`
+//!   and buckets from 1 ms doubling to about 32 s.
+//! - Per-pool gauges carry the label `pool`; [`Metrics::remove_pool`] drops a deleted pool's
+//!   series so they do not linger.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The connection states the one-hot gauge knows (the seed's spelling), plus `unknown`.
+pub const CONNECTION_STATES: [&str; 6] = [
+    "idle",
+    "connecting",
+    "ready",
+    "transientFailure",
+    "shutdown",
+    "unknown",
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    controller: String,
+    result: String,
+}
+
+fn reconcile_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
+}
+
+struct Inner {
+    registry: Registry,
+    placements_attempted: Counter,
+    placements_succeeded: Counter,
+    placements_failed: Counter,
+    jobs_rejected: Counter,
+    bundles_broken: Counter,
+    jobs_dropped: Counter,
+    pool_nodes: Family<PoolLabels, Gauge>,
+    pool_live_spares: Family<PoolLabels, Gauge>,
+    pool_spare_target: Family<PoolLabels, Gauge>,
+    pool_used_capacity_fraction: Family<PoolLabels, Gauge<f64, AtomicU64>>,
+    broken_bundles: Gauge,
+    connection_state: Family<StateLabels, Gauge>,
+    reconcile_duration: Family<ReconcileLabels, Histogram, fn() -> Histogram>,
+}
+
+/// The operator's metrics. Cheap to clone; clones share one registry.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered (connection state starts at `idle`).
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let placements_attempted = Counter::default();
+        let placements_succeeded = Counter::default();
+        let placements_failed = Counter::default();
+        let jobs_rejected = Counter::default();
+        let bundles_broken = Counter::default();
+        let jobs_dropped = Counter::default();
+        let pool_nodes = Family::<PoolLabels, Gauge>::default();
+        let pool_live_spares = Family::<PoolLabels, Gauge>::default();
+        let pool_spare_target = Family::<PoolLabels, Gauge>::default();
+        let pool_used_capacity_fraction = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
+        let broken_bundles = Gauge::default();
+        let connection_state = Family::<StateLabels, Gauge>::default();
+        let reconcile_duration =
+            Family::<ReconcileLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                reconcile_histogram,
+            );
+
+        registry.register(
+            "automanager_placements_attempted",
+            "Placement decisions attempted for a replica",
+            placements_attempted.clone(),
+        );
+        registry.register(
+            "automanager_placements_succeeded",
+            "Placement decisions whose jobs were all started",
+            placements_succeeded.clone(),
+        );
+        registry.register(
+            "automanager_placements_failed",
+            "Placement decisions that found no node or whose start failed",
+            placements_failed.clone(),
+        );
+        registry.register(
+            "automanager_jobs_rejected",
+            "Job starts a node refused",
+            jobs_rejected.clone(),
+        );
+        registry.register(
+            "automanager_bundles_broken",
+            "Bundles marked Broken after exceeding maxRestartsPerHour",
+            bundles_broken.clone(),
+        );
+        registry.register(
+            "automanager_jobs_dropped",
+            "Jobs dropped after a failure because their band drops (bronze)",
+            jobs_dropped.clone(),
+        );
+        registry.register(
+            "automanager_pool_nodes",
+            "Nodes in the placement pool",
+            pool_nodes.clone(),
+        );
+        registry.register(
+            "automanager_pool_live_spares",
+            "Running hot spares in the placement pool",
+            pool_live_spares.clone(),
+        );
+        registry.register(
+            "automanager_pool_spare_target",
+            "Hot spares the placement pool should hold",
+            pool_spare_target.clone(),
+        );
+        registry.register(
+            "automanager_pool_used_capacity_fraction",
+            "Fraction of the placement pool's capacity in use (0 to 1)",
+            pool_used_capacity_fraction.clone(),
+        );
+        registry.register(
+            "automanager_broken_bundles",
+            "Bundles currently Broken",
+            broken_bundles.clone(),
+        );
+        registry.register(
+            "automanager_manager_connection_state",
+            "Connection to Manager, one-hot by state (1 = current state)",
+            connection_state.clone(),
+        );
+        registry.register(
+            "automanager_reconcile_duration_seconds",
+            "Duration of one reconcile, by controller and result (ok or error)",
+            reconcile_duration.clone(),
+        );
+
+        let metrics = Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                placements_attempted,
+                placements_succeeded,
+                placements_failed,
+                jobs_rejected,
+                bundles_broken,
+                jobs_dropped,
+                pool_nodes,
+                pool_live_spares,
+                pool_spare_target,
+                pool_used_capacity_fraction,
+                broken_bundles,
+                connection_state,
+                reconcile_duration,
+            }),
+        };
+        metrics.set_connection_state("idle");
+        metrics
+    }
+
+    /// A placement decision was attempted.
+    pub fn placement_attempted(&self) {
+        self.inner.placements_attempted.inc();
+    }
+
+    /// A placement decision succeeded (its jobs were started).
+    pub fn placement_succeeded(&self) {
+        self.inner.placements_succeeded.inc();
+    }
+
+    /// A placement decision failed.
+    pub fn placement_failed(&self) {
+        self.inner.placements_failed.inc();
+    }
+
+    /// A node refused a job start.
+    pub fn job_rejected(&self) {
+        self.inner.jobs_rejected.inc();
+    }
+
+    /// A bundle was marked Broken.
+    pub fn bundle_broken(&self) {
+        self.inner.bundles_broken.inc();
+    }
+
+    /// A job was dropped by its band.
+    pub fn job_dropped(&self) {
+        self.inner.jobs_dropped.inc();
+    }
+
+    /// How many bundles are Broken right now.
+    pub fn set_broken_bundles(&self, count: i64) {
+        self.inner.broken_bundles.set(count);
+    }
+
+    /// One pool's gauges. A non-finite fraction is recorded as 0.
+    pub fn set_pool(
+        &self,
+        pool: &str,
+        nodes: i64,
+        live_spares: i64,
+        spare_target: i64,
+        used_fraction: f64,
+    ) {
+        let labels = PoolLabels {
+            pool: pool.to_owned(),
+        };
+        self.inner.pool_nodes.get_or_create(&labels).set(nodes);
+        self.inner
+            .pool_live_spares
+            .get_or_create(&labels)
+            .set(live_spares);
+        self.inner
+            .pool_spare_target
+            .get_or_create(&labels)
+            .set(spare_target);
+        let fraction = if used_fraction.is_finite() {
+            used_fraction
+        } else {
+            0.0
+        };
+        self.inner
+            .pool_used_capacity_fraction
+            .get_or_create(&labels)
+            .set(fraction);
+    }
+
+    /// Drops a pool's series (the pool was deleted).
+    pub fn remove_pool(&self, pool: &str) {
+        let labels = PoolLabels {
+            pool: pool.to_owned(),
+        };
+        self.inner.pool_nodes.remove(&labels);
+        self.inner.pool_live_spares.remove(&labels);
+        self.inner.pool_spare_target.remove(&labels);
+        self.inner.pool_used_capacity_fraction.remove(&labels);
+    }
+
+    /// Records one reconcile of `controller` (e.g. `bundle`) that took `seconds`.
+    pub fn observe_reconcile(&self, controller: &str, ok: bool, seconds: f64) {
+        let labels = ReconcileLabels {
+            controller: controller.to_owned(),
+            result: if ok { "ok" } else { "error" }.to_owned(),
+        };
+        let seconds = if seconds.is_finite() && seconds >= 0.0 {
+            seconds
+        } else {
+            0.0
+        };
+        self.inner
+            .reconcile_duration
+            .get_or_create(&labels)
+            .observe(seconds);
+    }
+
+    /// Sets the one-hot connection state (`ManagerClient`'s `ConnectionState::as_str`).
+    pub fn set_connection_state(&self, state: &str) {
+        let current = if CONNECTION_STATES.contains(&state) {
+            state
+        } else {
+            "unknown"
+        };
+        for s in CONNECTION_STATES {
+            let value = i64::from(s == current);
+            self.inner
+                .connection_state
+                .get_or_create(&StateLabels {
+                    state: s.to_owned(),
+                })
+                .set(value);
+        }
+    }
+
+    /// Everything in OpenMetrics text format (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail; an error would only come from a label encoder,
+        // and ours are plain strings.
+        if let Err(e) = prometheus_client::encoding::text::encode(&mut out, &self.inner.registry) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NAMES: [&str; 14] = [
+        "automanager_placements_attempted_total",
+        "automanager_placements_succeeded_total",
+        "automanager_placements_failed_total",
+        "automanager_jobs_rejected_total",
+        "automanager_bundles_broken_total",
+        "automanager_jobs_dropped_total",
+        "automanager_pool_nodes",
+        "automanager_pool_live_spares",
+        "automanager_pool_spare_target",
+        "automanager_pool_used_capacity_fraction",
+        "automanager_broken_bundles",
+        "automanager_manager_connection_state",
+        "automanager_reconcile_duration_seconds_bucket",
+        "automanager_reconcile_duration_seconds_count",
+    ];
+
+    #[test]
+    fn encoding_contains_every_metric_name() {
+        let m = Metrics::new();
+        m.set_pool("aws", 3, 1, 2, 0.5);
+        m.observe_reconcile("bundle", true, 0.01);
+        let text = m.encode();
+        for name in NAMES {
+            assert!(text.contains(name), "{name} missing from:\n{text}");
+        }
+        assert!(text.trim_end().ends_with("# EOF"));
+    }
+
+    #[test]
+    fn counters_count_and_clones_share_them() {
+        let m = Metrics::new();
+        let c = m.clone();
+        m.placement_attempted();
+        c.placement_attempted();
+        m.placement_succeeded();
+        m.placement_failed();
+        m.job_rejected();
+        m.bundle_broken();
+        m.job_dropped();
+        m.set_broken_bundles(4);
+        let text = c.encode();
+        assert!(text.contains("automanager_placements_attempted_total 2"));
+        assert!(text.contains("automanager_placements_succeeded_total 1"));
+        assert!(text.contains("automanager_placements_failed_total 1"));
+        assert!(text.contains("automanager_jobs_rejected_total 1"));
+        assert!(text.contains("automanager_bundles_broken_total 1"));
+        assert!(text.contains("automanager_jobs_dropped_total 1"));
+        assert!(text.contains("automanager_broken_bundles 4"));
+    }
+
+    #[test]
+    fn pool_gauges_carry_the_pool_label_and_are_removed_with_the_pool() {
+        let m = Metrics::new();
+        m.set_pool("aws-east", 5, 2, 3, 0.25);
+        let text = m.encode();
+        assert!(text.contains("automanager_pool_nodes{pool=\"aws-east\"} 5"));
+        assert!(text.contains("automanager_pool_live_spares{pool=\"aws-east\"} 2"));
+        assert!(text.contains("automanager_pool_spare_target{pool=\"aws-east\"} 3"));
+        assert!(text.contains("automanager_pool_used_capacity_fraction{pool=\"aws-east\"} 0.25"));
+        m.remove_pool("aws-east");
+        assert!(!m.encode().contains("aws-east"));
+    }
+
+    #[test]
+    fn a_non_finite_fraction_is_recorded_as_zero() {
+        let m = Metrics::new();
+        m.set_pool("p", 0, 0, 0, f64::NAN);
+        assert!(
+            m.encode()
+                .contains("automanager_pool_used_capacity_fraction{pool=\"p\"} 0.0")
+        );
+    }
+
+    #[test]
+    fn connection_state_is_one_hot() {
+        let m = Metrics::new();
+        m.set_connection_state("ready");
+        let text = m.encode();
+        assert!(text.contains("automanager_manager_connection_state{state=\"ready\"} 1"));
+        assert!(text.contains("automanager_manager_connection_state{state=\"idle\"} 0"));
+        m.set_connection_state("no-such-state");
+        let text = m.encode();
+        assert!(text.contains("automanager_manager_connection_state{state=\"unknown\"} 1"));
+        assert!(text.contains("automanager_manager_connection_state{state=\"ready\"} 0"));
+        assert!(!text.contains("no-such-state"));
+    }
+
+    #[test]
+    fn reconcile_durations_are_labelled_by_controller_and_result() {
+        let m = Metrics::new();
+        m.observe_reconcile("bundle", true, 0.002);
+        m.observe_reconcile("bundle", false, -1.0);
+        let text = m.encode();
+        assert!(text.contains(
+            "automanager_reconcile_duration_seconds_count{controller=\"bundle\",result=\"ok\"} 1"
+        ));
+        assert!(text.contains(
+            "automanager_reconcile_duration_seconds_count{controller=\"bundle\",result=\"error\"} 1"
+        ));
+    }
+}

@@ -1,0 +1,328 @@
+//! The HTTP endpoints: every route, good and bad input.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_operator::http::{
+    self, DebugApi, MAX_BODY_BYTES, OPENMETRICS_CONTENT_TYPE, Readiness,
+};
+use automanager_operator::metrics::Metrics;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// Knows one trace (`default/news`) and answers what-if with the bundle's name and replicas.
+struct FakeDebug;
+
+impl DebugApi for FakeDebug {
+    fn trace(&self, namespace: &str, bundle: &str) -> Option<Value> {
+        (namespace == "default" && bundle == "news")
+            .then(|| json!({"bundle": "news", "replicas": []}))
+    }
+
+    fn what_if(&self, bundle: &automanager_api::Bundle) -> Value {
+        json!({
+            "result": "ok",
+            "name": bundle.metadata.name,
+            "replicas": bundle.spec.replicas,
+        })
+    }
+}
+
+fn app(readiness: Readiness, metrics: Metrics) -> axum::Router {
+    http::router(Arc::new(FakeDebug), metrics, readiness)
+}
+
+async fn call(router: axum::Router, req: Request<Body>) -> (StatusCode, String, String) {
+    let resp = router.oneshot(req).await.unwrap_or_else(|e| match e {});
+    let status = resp.status();
+    let ctype = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    (status, ctype, body)
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap_or_default()
+}
+
+fn post(uri: &str, body: impl Into<Body>) -> Request<Body> {
+    Request::post(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body.into())
+        .unwrap_or_default()
+}
+
+fn json_of(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or(Value::Null)
+}
+
+const BUNDLE: &str = r#"{
+  "apiVersion": "automanager.norsk.io/v1alpha1",
+  "kind": "Bundle",
+  "metadata": {"name": "news", "namespace": "default"},
+  "spec": {
+    "replicas": 2,
+    "pools": ["aws-east"],
+    "jobs": [{"jobName": "encode", "requirements": {"requiredCapacity": 10, "requiredCores": 4, "priorityBand": "gold"}}]
+  }
+}"#;
+
+#[tokio::test]
+async fn healthz_answers_ok() {
+    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), get("/healthz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "ok");
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_starting_and_reports_why() {
+    let r = Readiness::new();
+    r.set_caches_synced(true);
+    let (status, _, body) = call(app(r, Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = json_of(&body);
+    assert_eq!(v["ready"], false);
+    assert_eq!(v["role"], "starting");
+    assert_eq!(v["cachesSynced"], true);
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_caches_sync_even_for_the_leader() {
+    let r = Readiness::new();
+    r.set_leader(true);
+    let (status, _, body) = call(app(r, Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json_of(&body)["leader"], true);
+}
+
+#[tokio::test]
+async fn readyz_is_200_for_a_synced_leader_and_shows_the_manager_connection() {
+    let r = Readiness::new();
+    r.set_leader(true);
+    r.set_caches_synced(true);
+    r.set_manager_connection("transientFailure");
+    let (status, _, body) = call(app(r, Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        json_of(&body),
+        json!({"ready": true, "leader": true, "role": "leader", "cachesSynced": true, "managerConnection": "transientFailure"})
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_200_for_a_synced_standby() {
+    let r = Readiness::new();
+    r.set_leader(false);
+    r.set_caches_synced(true);
+    let (status, _, body) = call(app(r.clone(), Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json_of(&body)["role"], "standby");
+    assert_eq!(json_of(&body)["leader"], false);
+    // Clones share state: losing the cache sync makes it unready again.
+    r.set_caches_synced(false);
+    assert!(!r.is_ready());
+}
+
+#[tokio::test]
+async fn metrics_are_openmetrics_text() {
+    let m = Metrics::new();
+    m.placement_attempted();
+    let (status, ctype, body) = call(app(Readiness::new(), m), get("/metrics")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ctype, OPENMETRICS_CONTENT_TYPE);
+    assert!(body.contains("automanager_placements_attempted_total 1"));
+    assert!(body.trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test]
+async fn trace_of_a_known_bundle_is_its_json() {
+    let (status, ctype, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        get("/debug/trace/default/news"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(ctype.starts_with("application/json"));
+    assert_eq!(json_of(&body)["bundle"], "news");
+}
+
+#[tokio::test]
+async fn trace_of_an_unknown_bundle_is_a_json_404() {
+    let (status, ctype, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        get("/debug/trace/default/nope"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(ctype.starts_with("application/json"));
+    assert_eq!(
+        json_of(&body)["error"],
+        "no placement trace for bundle default/nope"
+    );
+}
+
+#[tokio::test]
+async fn trace_with_a_name_that_is_not_a_kubernetes_name_is_a_400() {
+    let long = "a".repeat(300);
+    for uri in [
+        "/debug/trace/Default/news".to_owned(),
+        format!("/debug/trace/default/{long}"),
+        "/debug/trace/default/a%20b".to_owned(),
+    ] {
+        let (status, _, body) = call(app(Readiness::new(), Metrics::new()), get(&uri)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+        assert!(json_of(&body)["error"].is_string());
+    }
+}
+
+#[tokio::test]
+async fn what_if_returns_the_admission_result() {
+    let (status, _, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        post("/v1/what-if", BUNDLE),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        json_of(&body),
+        json!({"result": "ok", "name": "news", "replicas": 2})
+    );
+}
+
+#[tokio::test]
+async fn what_if_with_malformed_json_is_a_400_naming_the_position() {
+    let (status, _, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        post("/v1/what-if", "{\"spec\": "),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let msg = json_of(&body)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        msg.contains("not a Bundle") && msg.contains("line 1"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn what_if_with_json_that_is_not_a_bundle_is_a_400() {
+    let (status, _, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        post(
+            "/v1/what-if",
+            r#"{"metadata": {}, "spec": {"replicas": "two"}}"#,
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        json_of(&body)["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not a Bundle")
+    );
+}
+
+#[tokio::test]
+async fn what_if_with_an_oversized_body_is_a_413() {
+    let big = vec![b' '; MAX_BODY_BYTES + 1];
+    let (status, _, body) = call(
+        app(Readiness::new(), Metrics::new()),
+        post("/v1/what-if", big),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        json_of(&body)["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("larger than")
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_are_a_json_404_and_wrong_methods_a_405() {
+    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), get("/nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(json_of(&body)["error"], "no such route");
+    let (status, _, _) = call(app(Readiness::new(), Metrics::new()), get("/v1/what-if")).await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn serve_binds_answers_and_stops_on_shutdown() {
+    let listener = match http::bind(
+        "127.0.0.1:0"
+            .parse()
+            .unwrap_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+    )
+    .await
+    {
+        Ok(l) => l,
+        Err(e) => panic!("bind: {e}"),
+    };
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(http::serve_on(
+        listener,
+        Arc::new(FakeDebug),
+        Metrics::new(),
+        Readiness::new(),
+        async {
+            let _ = rx.await;
+        },
+    ));
+    // A minimal HTTP/1.1 exchange over a raw socket: no HTTP client dependency needed.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::TcpStream::connect(addr),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("connect timed out"))
+    .unwrap_or_else(|e| panic!("connect: {e}"));
+    sock.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut resp = String::new();
+    tokio::time::timeout(Duration::from_secs(10), sock.read_to_string(&mut resp))
+        .await
+        .unwrap_or_else(|_| panic!("read timed out"))
+        .unwrap_or_else(|e| panic!("read: {e}"));
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    assert!(resp.ends_with("ok"), "{resp}");
+    let _ = tx.send(());
+    let result = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .unwrap_or_else(|_| panic!("server did not stop"));
+    assert!(matches!(result, Ok(Ok(()))));
+}
+
+#[tokio::test]
+async fn serve_reports_an_address_in_use() {
+    let first = http::bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = first.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let err = http::serve(
+        addr,
+        Arc::new(FakeDebug),
+        Metrics::new(),
+        Readiness::new(),
+        async {},
+    )
+    .await;
+    assert!(matches!(err, Err(http::HttpError::Bind { .. })), "{err:?}");
+}
