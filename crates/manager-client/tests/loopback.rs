@@ -394,3 +394,18 @@ async fn client_config_is_validated() {
     let c = ClientConfig::new("http://127.0.0.1:1").with_token("bad\ntoken");
     assert!(matches!(ManagerClient::connect(c).await.unwrap_err(), ClientError::Config(_)));
 }
+
+#[tokio::test]
+async fn a_command_with_thousands_of_events_reaches_the_mirror_in_bounded_batches() {
+    let sim = Sim::start(config()).await.unwrap();
+    let client = connect(sim.endpoint()).await;
+    let mut big = bundle("wide", 64, 0.0, 0);
+    big.jobs = (0..64)
+        .map(|j| manager_proto::BundleJob { job_name: format!("j{j}"), requirements: Some(Default::default()), config: Vec::new() })
+        .collect();
+    client.register_bundle(big).await.unwrap();
+    client.wait_until(WAIT, |m| m.jobs.len() == 4096).await.unwrap();
+    client.delete_bundle("wide").await.unwrap();
+    client.wait_until(WAIT, |m| m.jobs.is_empty() && m.bundles.is_empty()).await.unwrap();
+    mirror_matches_sim(&client, &sim);
+}

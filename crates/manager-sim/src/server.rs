@@ -131,6 +131,23 @@ impl Shared {
     }
 
     fn broadcast(&mut self, events: Vec<manager_proto::Event>) {
+        // Keep messages bounded: a command that emits many events (deleting
+        // a large bundle) goes out as several batches.
+        if events.len() <= CATCH_UP_BATCH {
+            self.broadcast_batch(events);
+            return;
+        }
+        let mut rest = events.into_iter();
+        loop {
+            let chunk: Vec<_> = rest.by_ref().take(CATCH_UP_BATCH).collect();
+            if chunk.is_empty() {
+                return;
+            }
+            self.broadcast_batch(chunk);
+        }
+    }
+
+    fn broadcast_batch(&mut self, events: Vec<manager_proto::Event>) {
         let revision = events.last().map_or(0, |e| e.revision);
         let msg = WatchResponse {
             kind: Some(watch_response::Kind::Events(EventBatch { events })),
