@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use manager_client::{ClientConfig, ManagerClient};
 use manager_proto::{Bundle, BundleJob, JobRequirements, JobRole};
-use manager_sim::config::{DeclaredNode, LimitsConfig, PoolConfig, PoolKind, ScaleOutConfig, TimingConfig};
+use manager_sim::config::{
+    DeclaredNode, LimitsConfig, PoolConfig, PoolKind, ScaleOutConfig, TimingConfig,
+};
 use manager_sim::{Sim, SimConfig};
 
 fn sim_config(nodes: usize, limits: LimitsConfig) -> SimConfig {
@@ -23,7 +25,11 @@ fn sim_config(nodes: usize, limits: LimitsConfig) -> SimConfig {
         token: None,
         tls: None,
         state_dir: None,
-        timing: TimingConfig { provision_delay_ms: 0, job_start_delay_ms: 0, job_stop_delay_ms: 0 },
+        timing: TimingConfig {
+            provision_delay_ms: 0,
+            job_start_delay_ms: 0,
+            job_stop_delay_ms: 0,
+        },
         limits,
         pools: vec![PoolConfig {
             name: "dc".into(),
@@ -71,14 +77,20 @@ fn bundles(count: usize, jobs: usize) -> Vec<Bundle> {
 }
 
 async fn connect(endpoint: String) -> ManagerClient {
-    let c = ManagerClient::connect(ClientConfig::new(endpoint)).await.unwrap();
+    let c = ManagerClient::connect(ClientConfig::new(endpoint))
+        .await
+        .unwrap();
     c.wait_ready(Duration::from_secs(60)).await.unwrap();
     c
 }
 
 /// Events/s from a live stream into the real client's mirror.
 async fn ingest() -> f64 {
-    let limits = LimitsConfig { watch_buffer: 1 << 20, event_log_capacity: 10_000, ..LimitsConfig::default() };
+    let limits = LimitsConfig {
+        watch_buffer: 1 << 20,
+        event_log_capacity: 10_000,
+        ..LimitsConfig::default()
+    };
     let sim = Sim::start(sim_config(16, limits)).await.unwrap();
     sim.with_world(|w, now| {
         for b in bundles(1, 16) {
@@ -122,21 +134,30 @@ async fn ingest() -> f64 {
     let produced_ms = t_produce.elapsed().as_secs_f64() * 1000.0;
     let t0 = Instant::now();
     let end_rev = sim.snapshot().revision;
-    client.wait_until(Duration::from_secs(120), |m| m.revision >= end_rev).await.unwrap();
+    client
+        .wait_until(Duration::from_secs(120), |m| m.revision >= end_rev)
+        .await
+        .unwrap();
     let secs = t0.elapsed().as_secs_f64();
     let n = end_rev - start_rev;
     let rate = n as f64 / secs;
     client.close().await;
     drop(client);
     let consumed = drain.await.unwrap();
-    eprintln!("ingest: {n} events in {:.0} ms over a live Watch stream ({consumed} changes consumed; the sim made them in {produced_ms:.0} ms before)", secs * 1000.0);
+    eprintln!(
+        "ingest: {n} events in {:.0} ms over a live Watch stream ({consumed} changes consumed; the sim made them in {produced_ms:.0} ms before)",
+        secs * 1000.0
+    );
     sim.shutdown().await;
     rate
 }
 
 /// ms from connect to a synced mirror of 10,000 nodes and 40,000 jobs.
 async fn sync_10k() -> f64 {
-    let limits = LimitsConfig { event_log_capacity: 1000, ..LimitsConfig::default() };
+    let limits = LimitsConfig {
+        event_log_capacity: 1000,
+        ..LimitsConfig::default()
+    };
     let sim = Sim::start(sim_config(10_000, limits)).await.unwrap();
     // 625 bundles x 64 replicas x 1 job = 40,000 jobs, 4 per node, running.
     let all = bundles(625, 1);
@@ -146,7 +167,8 @@ async fn sync_10k() -> f64 {
         }
         let ids: Vec<String> = w.snapshot().jobs.into_iter().map(|j| j.job_id).collect();
         for (i, id) in ids.iter().enumerate() {
-            w.start_job(id, &format!("node-{:05}", i / 4), 0, now).unwrap();
+            w.start_job(id, &format!("node-{:05}", i / 4), 0, now)
+                .unwrap();
         }
         w.advance(now);
     });
@@ -164,28 +186,34 @@ async fn sync_10k() -> f64 {
 /// StartJob calls/s from 32 concurrent callers on one client; plus the
 /// baseline of ListPools round trips/s.
 async fn startjob() -> f64 {
-    let sim = Sim::start(sim_config(100, LimitsConfig::default())).await.unwrap();
+    let sim = Sim::start(sim_config(100, LimitsConfig::default()))
+        .await
+        .unwrap();
     sim.with_world(|w, now| {
         for b in bundles(40, 8) {
             w.register_bundle(&b, now).unwrap();
         }
     });
-    let jobs: Arc<Vec<String>> = Arc::new(sim.snapshot().jobs.into_iter().map(|j| j.job_id).collect());
+    let jobs: Arc<Vec<String>> =
+        Arc::new(sim.snapshot().jobs.into_iter().map(|j| j.job_id).collect());
     let client = connect(sim.endpoint()).await;
     let workers = 32;
-    let run = |f: fn(ManagerClient, Arc<Vec<String>>, usize, usize) -> tokio::task::JoinHandle<usize>| {
-        let client = client.clone();
-        let jobs = jobs.clone();
-        async move {
-            let t0 = Instant::now();
-            let handles: Vec<_> = (0..workers).map(|w| f(client.clone(), jobs.clone(), w, workers)).collect();
-            let mut n = 0;
-            for h in handles {
-                n += h.await.unwrap();
+    let run =
+        |f: fn(ManagerClient, Arc<Vec<String>>, usize, usize) -> tokio::task::JoinHandle<usize>| {
+            let client = client.clone();
+            let jobs = jobs.clone();
+            async move {
+                let t0 = Instant::now();
+                let handles: Vec<_> = (0..workers)
+                    .map(|w| f(client.clone(), jobs.clone(), w, workers))
+                    .collect();
+                let mut n = 0;
+                for h in handles {
+                    n += h.await.unwrap();
+                }
+                n as f64 / t0.elapsed().as_secs_f64()
             }
-            n as f64 / t0.elapsed().as_secs_f64()
-        }
-    };
+        };
     let baseline = run(|c, jobs, w, _| {
         tokio::spawn(async move {
             let n = jobs.len() / 32;
@@ -209,14 +237,21 @@ async fn startjob() -> f64 {
         })
     })
     .await;
-    eprintln!("startjob: {} calls, {rate:.0}/s; baseline ListPools round trips {baseline:.0}/s", jobs.len());
+    eprintln!(
+        "startjob: {} calls, {rate:.0}/s; baseline ListPools round trips {baseline:.0}/s",
+        jobs.len()
+    );
     client.close().await;
     sim.shutdown().await;
     rate
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    let (ingest, sync, start) = rt.block_on(async { (ingest().await, sync_10k().await, startjob().await) });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ingest, sync, start) =
+        rt.block_on(async { (ingest().await, sync_10k().await, startjob().await) });
     println!("manager ingest={ingest:.0} sync_10k_nodes_ms={sync:.0} startjob={start:.0}");
 }

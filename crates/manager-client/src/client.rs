@@ -5,16 +5,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use manager_proto::Pool;
 use manager_proto::manager_client::ManagerClient as GrpcClient;
 use manager_proto::{
     Bundle, CreateNodeRequest, DeleteBundleRequest, Job, JobRole, ListNodesRequest,
-    ListPoolsRequest, Migration, NodeControllerMigrationAbort, NodeControllerMigrationCutover,
-    NodeControllerMigrationGetState, NodeControllerMigrationPrepareTarget, Node,
-    RegisterBundleRequest, RegisterBundleResponse, RejectionReason, SnapshotReason,
-    StartJobRequest, StopJobRequest, TerminateNodeRequest, UpdateJobConfigRequest, WatchRequest,
-    watch_response,
+    ListPoolsRequest, Migration, Node, NodeControllerMigrationAbort,
+    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
+    RejectionReason, SnapshotReason, StartJobRequest, StopJobRequest, TerminateNodeRequest,
+    UpdateJobConfigRequest, WatchRequest, watch_response,
 };
-use manager_proto::Pool;
 use rand::Rng;
 use tokio::sync::{broadcast, watch};
 use tonic::metadata::{Ascii, MetadataValue};
@@ -89,11 +89,15 @@ impl From<tonic::Status> for ClientError {
     fn from(s: tonic::Status) -> Self {
         let m = s.message().to_owned();
         match s.code() {
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => ClientError::InvalidArgument(m),
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => {
+                ClientError::InvalidArgument(m)
+            }
             tonic::Code::NotFound => ClientError::NotFound(m),
             tonic::Code::AlreadyExists => ClientError::AlreadyExists(m),
             tonic::Code::FailedPrecondition => ClientError::FailedPrecondition(m),
-            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => ClientError::Unauthenticated(m),
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                ClientError::Unauthenticated(m)
+            }
             tonic::Code::Unavailable => ClientError::Unavailable(m),
             tonic::Code::DeadlineExceeded => ClientError::Timeout(Duration::ZERO),
             code => ClientError::Rpc { code, message: m },
@@ -214,7 +218,12 @@ type Rpc = GrpcClient<InterceptedService<Channel, AuthInterceptor>>;
 
 /// Full-jitter exponential backoff: attempt n sleeps a uniform random time
 /// in `[0, min(max, initial * 2^n)]`.
-pub fn backoff_delay(initial: Duration, max: Duration, attempt: u32, rng: &mut impl Rng) -> Duration {
+pub fn backoff_delay(
+    initial: Duration,
+    max: Duration,
+    attempt: u32,
+    rng: &mut impl Rng,
+) -> Duration {
     let cap = initial
         .checked_mul(1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX))
         .unwrap_or(max)
@@ -261,7 +270,9 @@ impl std::fmt::Debug for ManagerClient {
 }
 
 fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
-    let bad = |e: &dyn std::fmt::Display| ClientError::Config(format!("endpoint {:?}: {e}", cfg.endpoint));
+    let bad = |e: &dyn std::fmt::Display| {
+        ClientError::Config(format!("endpoint {:?}: {e}", cfg.endpoint))
+    };
     let mut ep = Endpoint::from_shared(cfg.endpoint.clone())
         .map_err(|e| bad(&e))?
         .connect_timeout(cfg.connect_timeout)
@@ -285,7 +296,9 @@ fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
             ep = ep.tls_config(t).map_err(|e| bad(&e))?;
         }
         (None, true) => {
-            return Err(ClientError::Config("an https:// endpoint needs tls options".to_owned()));
+            return Err(ClientError::Config(
+                "an https:// endpoint needs tls options".to_owned(),
+            ));
         }
         (None, false) => {}
     }
@@ -298,16 +311,24 @@ impl ManagerClient {
     /// to wait for the first sync. Must be called inside a tokio runtime.
     pub async fn connect(config: ClientConfig) -> Result<ManagerClient, ClientError> {
         if config.change_buffer == 0 {
-            return Err(ClientError::Config("change_buffer must be at least 1".to_owned()));
+            return Err(ClientError::Config(
+                "change_buffer must be at least 1".to_owned(),
+            ));
         }
         if config.backoff_initial.is_zero() || config.backoff_max < config.backoff_initial {
-            return Err(ClientError::Config("backoff_initial must be > 0 and <= backoff_max".to_owned()));
+            return Err(ClientError::Config(
+                "backoff_initial must be > 0 and <= backoff_max".to_owned(),
+            ));
         }
         let header = match &config.token {
             Some(t) => Some(
                 format!("Bearer {t}")
                     .parse::<MetadataValue<Ascii>>()
-                    .map_err(|_| ClientError::Config("the token has characters not allowed in a header".to_owned()))?,
+                    .map_err(|_| {
+                        ClientError::Config(
+                            "the token has characters not allowed in a header".to_owned(),
+                        )
+                    })?,
             ),
             None => None,
         };
@@ -325,7 +346,11 @@ impl ManagerClient {
             last_error: Mutex::new(None),
             request_timeout: config.request_timeout,
         });
-        let task = tokio::spawn(watch_loop(shared.clone(), config.backoff_initial, config.backoff_max));
+        let task = tokio::spawn(watch_loop(
+            shared.clone(),
+            config.backoff_initial,
+            config.backoff_max,
+        ));
         Ok(ManagerClient {
             inner: Arc::new(Inner {
                 shared,
@@ -369,7 +394,12 @@ impl ManagerClient {
     /// Waits until the state is `ready` (the mirror is synced).
     pub async fn wait_ready(&self, timeout: Duration) -> Result<(), ClientError> {
         let mut rx = self.state();
-        match tokio::time::timeout(timeout, rx.wait_for(|s| matches!(s, ConnectionState::Ready | ConnectionState::Shutdown))).await {
+        match tokio::time::timeout(
+            timeout,
+            rx.wait_for(|s| matches!(s, ConnectionState::Ready | ConnectionState::Shutdown)),
+        )
+        .await
+        {
             Ok(Ok(s)) if *s == ConnectionState::Ready => Ok(()),
             Ok(_) => Err(ClientError::Closed),
             Err(_) => Err(ClientError::Timeout(timeout)),
@@ -377,7 +407,11 @@ impl ManagerClient {
     }
 
     /// Waits until the mirror has applied `pred` (checked on every revision).
-    pub async fn wait_until(&self, timeout: Duration, pred: impl Fn(&crate::MirrorState) -> bool) -> Result<(), ClientError> {
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        pred: impl Fn(&crate::MirrorState) -> bool,
+    ) -> Result<(), ClientError> {
         let mut rx = self.mirror().revisions();
         let fut = async {
             loop {
@@ -389,7 +423,9 @@ impl ManagerClient {
                 }
             }
         };
-        tokio::time::timeout(timeout, fut).await.map_err(|_| ClientError::Timeout(timeout))?
+        tokio::time::timeout(timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))?
     }
 
     /// Stops the Watch loop and refuses further commands. Idempotent.
@@ -399,7 +435,10 @@ impl ManagerClient {
         if let Some(task) = task {
             let _ = task.await;
         }
-        self.inner.shared.state.send_replace(ConnectionState::Shutdown);
+        self.inner
+            .shared
+            .state
+            .send_replace(ConnectionState::Shutdown);
     }
 
     fn rpc(&self) -> Result<Rpc, ClientError> {
@@ -426,91 +465,179 @@ impl ManagerClient {
 
     /// CreateNode: returns the node in state STARTING.
     pub async fn create_node(&self, req: CreateNodeRequest) -> Result<Node, ClientError> {
-        let r = self.call(|mut c, d| async move { c.create_node(req_with(req, d)).await }).await?;
-        r.node.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without node".into() })
+        let r = self
+            .call(|mut c, d| async move { c.create_node(req_with(req, d)).await })
+            .await?;
+        r.node.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without node".into(),
+        })
     }
 
     /// TerminateNode.
     pub async fn terminate_node(&self, node_id: &str) -> Result<Node, ClientError> {
-        let req = TerminateNodeRequest { node_id: node_id.to_owned() };
-        let r = self.call(|mut c, d| async move { c.terminate_node(req_with(req, d)).await }).await?;
-        r.node.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without node".into() })
+        let req = TerminateNodeRequest {
+            node_id: node_id.to_owned(),
+        };
+        let r = self
+            .call(|mut c, d| async move { c.terminate_node(req_with(req, d)).await })
+            .await?;
+        r.node.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without node".into(),
+        })
     }
 
     /// ListNodes (straight from Manager, not the mirror).
     pub async fn list_nodes(&self, pool: Option<&str>) -> Result<Vec<Node>, ClientError> {
-        let req = ListNodesRequest { pool: pool.unwrap_or_default().to_owned() };
-        Ok(self.call(|mut c, d| async move { c.list_nodes(req_with(req, d)).await }).await?.nodes)
+        let req = ListNodesRequest {
+            pool: pool.unwrap_or_default().to_owned(),
+        };
+        Ok(self
+            .call(|mut c, d| async move { c.list_nodes(req_with(req, d)).await })
+            .await?
+            .nodes)
     }
 
     /// ListPools.
     pub async fn list_pools(&self) -> Result<Vec<Pool>, ClientError> {
-        Ok(self.call(|mut c, d| async move { c.list_pools(req_with(ListPoolsRequest {}, d)).await }).await?.pools)
+        Ok(self
+            .call(|mut c, d| async move { c.list_pools(req_with(ListPoolsRequest {}, d)).await })
+            .await?
+            .pools)
     }
 
     /// RegisterBundle (create or update): the stored bundle and its job ids.
-    pub async fn register_bundle(&self, bundle: Bundle) -> Result<RegisterBundleResponse, ClientError> {
-        let req = RegisterBundleRequest { bundle: Some(bundle) };
-        self.call(|mut c, d| async move { c.register_bundle(req_with(req, d)).await }).await
+    pub async fn register_bundle(
+        &self,
+        bundle: Bundle,
+    ) -> Result<RegisterBundleResponse, ClientError> {
+        let req = RegisterBundleRequest {
+            bundle: Some(bundle),
+        };
+        self.call(|mut c, d| async move { c.register_bundle(req_with(req, d)).await })
+            .await
     }
 
     /// DeleteBundle: the ids of the removed jobs.
     pub async fn delete_bundle(&self, bundle_id: &str) -> Result<Vec<String>, ClientError> {
-        let req = DeleteBundleRequest { bundle_id: bundle_id.to_owned() };
-        Ok(self.call(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await }).await?.removed_job_ids)
+        let req = DeleteBundleRequest {
+            bundle_id: bundle_id.to_owned(),
+        };
+        Ok(self
+            .call(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await })
+            .await?
+            .removed_job_ids)
     }
 
     /// StartJob. A worker refusal is [`ClientError::Rejected`].
-    pub async fn start_job(&self, job_id: &str, node_id: &str, role: JobRole) -> Result<Job, ClientError> {
-        let req = StartJobRequest { job_id: job_id.to_owned(), node_id: node_id.to_owned(), role: role as i32 };
-        let r = self.call(|mut c, d| async move { c.start_job(req_with(req, d)).await }).await?;
+    pub async fn start_job(
+        &self,
+        job_id: &str,
+        node_id: &str,
+        role: JobRole,
+    ) -> Result<Job, ClientError> {
+        let req = StartJobRequest {
+            job_id: job_id.to_owned(),
+            node_id: node_id.to_owned(),
+            role: role as i32,
+        };
+        let r = self
+            .call(|mut c, d| async move { c.start_job(req_with(req, d)).await })
+            .await?;
         if !r.accepted {
             return Err(ClientError::Rejected {
                 job_id: job_id.to_owned(),
                 node_id: node_id.to_owned(),
-                reason: RejectionReason::try_from(r.rejection_reason).unwrap_or(RejectionReason::Unspecified),
+                reason: RejectionReason::try_from(r.rejection_reason)
+                    .unwrap_or(RejectionReason::Unspecified),
                 message: r.message,
             });
         }
-        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+        r.job.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without job".into(),
+        })
     }
 
     /// StopJob (idempotent).
     pub async fn stop_job(&self, job_id: &str, role: JobRole) -> Result<Job, ClientError> {
-        let req = StopJobRequest { job_id: job_id.to_owned(), role: role as i32 };
-        let r = self.call(|mut c, d| async move { c.stop_job(req_with(req, d)).await }).await?;
-        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+        let req = StopJobRequest {
+            job_id: job_id.to_owned(),
+            role: role as i32,
+        };
+        let r = self
+            .call(|mut c, d| async move { c.stop_job(req_with(req, d)).await })
+            .await?;
+        r.job.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without job".into(),
+        })
     }
 
     /// UpdateJobConfig (`config` is UTF-8 JSON).
-    pub async fn update_job_config(&self, job_id: &str, config: Vec<u8>) -> Result<Job, ClientError> {
-        let req = UpdateJobConfigRequest { job_id: job_id.to_owned(), config };
-        let r = self.call(|mut c, d| async move { c.update_job_config(req_with(req, d)).await }).await?;
-        r.job.ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without job".into() })
+    pub async fn update_job_config(
+        &self,
+        job_id: &str,
+        config: Vec<u8>,
+    ) -> Result<Job, ClientError> {
+        let req = UpdateJobConfigRequest {
+            job_id: job_id.to_owned(),
+            config,
+        };
+        let r = self
+            .call(|mut c, d| async move { c.update_job_config(req_with(req, d)).await })
+            .await?;
+        r.job.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without job".into(),
+        })
     }
 
     /// NodeControllerMigrationGetState (propose). Progress arrives as
     /// [`MirrorChange::MigrationUpdated`].
-    pub async fn migration_get_state(&self, migration_id: &str, job_id: &str) -> Result<Migration, ClientError> {
-        let req = NodeControllerMigrationGetState { migration_id: migration_id.to_owned(), job_id: job_id.to_owned() };
-        migration_of(self.call(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await }).await?)
+    pub async fn migration_get_state(
+        &self,
+        migration_id: &str,
+        job_id: &str,
+    ) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationGetState {
+            migration_id: migration_id.to_owned(),
+            job_id: job_id.to_owned(),
+        };
+        migration_of(
+            self.call(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await })
+                .await?,
+        )
     }
 
     /// NodeControllerMigrationPrepareTarget. A refused target start is
     /// [`ClientError::Rejected`] (the migration stays STATE_RECEIVED).
-    pub async fn migration_prepare_target(&self, migration_id: &str, target_node_id: &str, initial_state: Vec<u8>) -> Result<Migration, ClientError> {
+    pub async fn migration_prepare_target(
+        &self,
+        migration_id: &str,
+        target_node_id: &str,
+        initial_state: Vec<u8>,
+    ) -> Result<Migration, ClientError> {
         let req = NodeControllerMigrationPrepareTarget {
             migration_id: migration_id.to_owned(),
             target_node_id: target_node_id.to_owned(),
             initial_state,
         };
-        let r = self.call(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await }).await?;
+        let r = self
+            .call(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await })
+            .await?;
         if r.target_rejected {
-            let job_id = r.migration.as_ref().map(|m| m.job_id.clone()).unwrap_or_default();
+            let job_id = r
+                .migration
+                .as_ref()
+                .map(|m| m.job_id.clone())
+                .unwrap_or_default();
             return Err(ClientError::Rejected {
                 job_id,
                 node_id: target_node_id.to_owned(),
-                reason: RejectionReason::try_from(r.rejection_reason).unwrap_or(RejectionReason::Unspecified),
+                reason: RejectionReason::try_from(r.rejection_reason)
+                    .unwrap_or(RejectionReason::Unspecified),
                 message: r.message,
             });
         }
@@ -518,15 +645,35 @@ impl ManagerClient {
     }
 
     /// NodeControllerMigrationCutover.
-    pub async fn migration_cutover(&self, migration_id: &str, payload: Vec<u8>) -> Result<Migration, ClientError> {
-        let req = NodeControllerMigrationCutover { migration_id: migration_id.to_owned(), payload };
-        migration_of(self.call(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await }).await?)
+    pub async fn migration_cutover(
+        &self,
+        migration_id: &str,
+        payload: Vec<u8>,
+    ) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationCutover {
+            migration_id: migration_id.to_owned(),
+            payload,
+        };
+        migration_of(
+            self.call(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await })
+                .await?,
+        )
     }
 
     /// NodeControllerMigrationAbort.
-    pub async fn migration_abort(&self, migration_id: &str, reason: &str) -> Result<Migration, ClientError> {
-        let req = NodeControllerMigrationAbort { migration_id: migration_id.to_owned(), reason: reason.to_owned() };
-        migration_of(self.call(|mut c, d| async move { c.migration_abort(req_with(req, d)).await }).await?)
+    pub async fn migration_abort(
+        &self,
+        migration_id: &str,
+        reason: &str,
+    ) -> Result<Migration, ClientError> {
+        let req = NodeControllerMigrationAbort {
+            migration_id: migration_id.to_owned(),
+            reason: reason.to_owned(),
+        };
+        migration_of(
+            self.call(|mut c, d| async move { c.migration_abort(req_with(req, d)).await })
+                .await?,
+        )
     }
 }
 
@@ -537,8 +684,10 @@ fn req_with<T>(msg: T, timeout: Duration) -> tonic::Request<T> {
 }
 
 fn migration_of(r: manager_proto::MigrationResponse) -> Result<Migration, ClientError> {
-    r.migration
-        .ok_or_else(|| ClientError::Rpc { code: tonic::Code::Internal, message: "response without migration".into() })
+    r.migration.ok_or_else(|| ClientError::Rpc {
+        code: tonic::Code::Internal,
+        message: "response without migration".into(),
+    })
 }
 
 /// How one Watch stream ended.
@@ -563,7 +712,10 @@ async fn watch_loop(shared: Arc<Shared>, initial: Duration, max: Duration) {
             attempt = 0;
         }
         tracing::warn!(error = %end.error, "manager watch stream ended");
-        *shared.last_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(end.error);
+        *shared
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(end.error);
         shared.state.send_replace(ConnectionState::TransientFailure);
         let delay = backoff_delay(initial, max, attempt, &mut rand::rng());
         attempt = attempt.saturating_add(1);
@@ -586,39 +738,60 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
     let (resume_revision, epoch) = shared.mirror.read(|s| (s.revision, s.epoch.clone()));
     let mut rpc = shared.rpc.clone();
     let mut reached_ready = false;
-    let req = WatchRequest { resume_revision, epoch };
+    let req = WatchRequest {
+        resume_revision,
+        epoch,
+    };
     let mut stream = match rpc.watch(req).await {
         Ok(r) => r.into_inner(),
         Err(s) => {
-            return StreamEnd { reached_ready, error: format!("{:?}: {}", s.code(), s.message()) };
+            return StreamEnd {
+                reached_ready,
+                error: format!("{:?}: {}", s.code(), s.message()),
+            };
         }
     };
     let mut pending: Option<SnapshotData> = None;
     loop {
         let msg = match stream.message().await {
             Ok(Some(m)) => m,
-            Ok(None) => return StreamEnd { reached_ready, error: "stream closed by manager".into() },
-            Err(s) => return StreamEnd { reached_ready, error: format!("{:?}: {}", s.code(), s.message()) },
+            Ok(None) => {
+                return StreamEnd {
+                    reached_ready,
+                    error: "stream closed by manager".into(),
+                };
+            }
+            Err(s) => {
+                return StreamEnd {
+                    reached_ready,
+                    error: format!("{:?}: {}", s.code(), s.message()),
+                };
+            }
         };
         match msg.kind {
             Some(watch_response::Kind::Snapshot(chunk)) => {
                 let p = pending.get_or_insert_with(|| SnapshotData {
                     epoch: chunk.epoch.clone(),
                     revision: chunk.revision,
-                    reason: SnapshotReason::try_from(chunk.reason).unwrap_or(SnapshotReason::Unspecified),
+                    reason: SnapshotReason::try_from(chunk.reason)
+                        .unwrap_or(SnapshotReason::Unspecified),
                     ..Default::default()
                 });
                 p.nodes.extend(chunk.nodes);
                 p.jobs.extend(chunk.jobs);
                 p.bundles.extend(chunk.bundles);
                 p.migrations.extend(chunk.migrations);
-                if chunk.last {
-                    if let Some(snap) = pending.take() {
-                        tracing::info!(revision = snap.revision, reason = snap.reason.as_str_name(), "mirror resynced");
-                        let mut changes = Vec::new();
-                        shared.mirror.write(|m| m.replace(snap, &mut changes));
-                        publish(shared, changes);
-                    }
+                if chunk.last
+                    && let Some(snap) = pending.take()
+                {
+                    tracing::info!(
+                        revision = snap.revision,
+                        reason = snap.reason.as_str_name(),
+                        "mirror resynced"
+                    );
+                    let mut changes = Vec::new();
+                    shared.mirror.write(|m| m.replace(snap, &mut changes));
+                    publish(shared, changes);
                 }
             }
             Some(watch_response::Kind::Synced(s)) => {
@@ -626,7 +799,10 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
                 if have != s.revision {
                     return StreamEnd {
                         reached_ready,
-                        error: format!("manager says synced at {} but the mirror is at {have}", s.revision),
+                        error: format!(
+                            "manager says synced at {} but the mirror is at {have}",
+                            s.revision
+                        ),
                     };
                 }
                 reached_ready = true;
@@ -646,7 +822,10 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
                 publish(shared, changes);
                 if let Some((have, got)) = gap {
                     // Resume from what we have; Manager fills the gap or resyncs.
-                    return StreamEnd { reached_ready, error: format!("event gap: mirror at {have}, got {got}") };
+                    return StreamEnd {
+                        reached_ready,
+                        error: format!("event gap: mirror at {have}, got {got}"),
+                    };
                 }
             }
             None => {}
@@ -655,6 +834,7 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
@@ -670,37 +850,54 @@ mod tests {
             assert!(d <= cap, "attempt {attempt}: {d:?} > {cap:?}");
         }
         // full jitter: late attempts spread over the whole [0, max] range
-        let late: Vec<_> = (0..200).map(|_| backoff_delay(initial, max, 60, &mut rng)).collect();
+        let late: Vec<_> = (0..200)
+            .map(|_| backoff_delay(initial, max, 60, &mut rng))
+            .collect();
         assert!(late.iter().any(|d| *d > Duration::from_secs(20)));
         assert!(late.iter().any(|d| *d < Duration::from_secs(10)));
     }
 
     #[test]
     fn status_codes_map_to_typed_errors() {
-        assert!(matches!(ClientError::from(tonic::Status::invalid_argument("x")), ClientError::InvalidArgument(_)));
-        assert!(matches!(ClientError::from(tonic::Status::unauthenticated("x")), ClientError::Unauthenticated(_)));
+        assert!(matches!(
+            ClientError::from(tonic::Status::invalid_argument("x")),
+            ClientError::InvalidArgument(_)
+        ));
+        assert!(matches!(
+            ClientError::from(tonic::Status::unauthenticated("x")),
+            ClientError::Unauthenticated(_)
+        ));
         assert!(ClientError::from(tonic::Status::unavailable("x")).is_retryable());
         assert!(!ClientError::from(tonic::Status::not_found("x")).is_retryable());
     }
 
     #[tokio::test]
     async fn https_without_tls_options_is_a_config_error() {
-        let err = ManagerClient::connect(ClientConfig::new("https://127.0.0.1:1")).await.unwrap_err();
+        let err = ManagerClient::connect(ClientConfig::new("https://127.0.0.1:1"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, ClientError::Config(_)), "{err}");
     }
 
     #[tokio::test]
     async fn a_malformed_endpoint_is_a_config_error() {
-        let err = ManagerClient::connect(ClientConfig::new("not a url")).await.unwrap_err();
+        let err = ManagerClient::connect(ClientConfig::new("not a url"))
+            .await
+            .unwrap_err();
         assert!(matches!(err, ClientError::Config(_)), "{err}");
     }
 
     #[tokio::test]
     async fn close_is_idempotent_and_commands_after_close_fail_closed() {
-        let c = ManagerClient::connect(ClientConfig::new("http://127.0.0.1:1")).await.expect("connect");
+        let c = ManagerClient::connect(ClientConfig::new("http://127.0.0.1:1"))
+            .await
+            .expect("connect");
         c.close().await;
         c.close().await;
         assert_eq!(c.connection_state(), ConnectionState::Shutdown);
-        assert_eq!(c.terminate_node("n").await.unwrap_err(), ClientError::Closed);
+        assert_eq!(
+            c.terminate_node("n").await.unwrap_err(),
+            ClientError::Closed
+        );
     }
 }

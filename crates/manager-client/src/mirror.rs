@@ -175,7 +175,9 @@ impl MirrorState {
             }
             event::Kind::BundleDeleted(e) => {
                 self.bundles.remove(&e.bundle_id);
-                out.push(MirrorChange::BundleRemoved { bundle_id: e.bundle_id });
+                out.push(MirrorChange::BundleRemoved {
+                    bundle_id: e.bundle_id,
+                });
             }
             event::Kind::MigrationPhase(e) => {
                 if let Some(m) = e.migration {
@@ -199,18 +201,48 @@ impl MirrorState {
         let new = MirrorState {
             epoch: snap.epoch,
             revision: snap.revision,
-            nodes: snap.nodes.into_iter().map(|n| (n.node_id.clone(), n)).collect(),
-            jobs: snap.jobs.into_iter().map(|j| (j.job_id.clone(), j)).collect(),
-            bundles: snap.bundles.into_iter().map(|b| (b.bundle_id.clone(), b)).collect(),
+            nodes: snap
+                .nodes
+                .into_iter()
+                .map(|n| (n.node_id.clone(), n))
+                .collect(),
+            jobs: snap
+                .jobs
+                .into_iter()
+                .map(|j| (j.job_id.clone(), j))
+                .collect(),
+            bundles: snap
+                .bundles
+                .into_iter()
+                .map(|b| (b.bundle_id.clone(), b))
+                .collect(),
             migrations: snap
                 .migrations
                 .into_iter()
                 .map(|m| (m.migration_id.clone(), m))
                 .collect(),
         };
-        diff(&self.nodes, &new.nodes, MirrorChange::NodeUpserted, |node_id| MirrorChange::NodeRemoved { node_id }, out);
-        diff(&self.bundles, &new.bundles, MirrorChange::BundleUpserted, |bundle_id| MirrorChange::BundleRemoved { bundle_id }, out);
-        diff(&self.jobs, &new.jobs, MirrorChange::JobUpserted, |job_id| MirrorChange::JobRemoved { job_id }, out);
+        diff(
+            &self.nodes,
+            &new.nodes,
+            MirrorChange::NodeUpserted,
+            |node_id| MirrorChange::NodeRemoved { node_id },
+            out,
+        );
+        diff(
+            &self.bundles,
+            &new.bundles,
+            MirrorChange::BundleUpserted,
+            |bundle_id| MirrorChange::BundleRemoved { bundle_id },
+            out,
+        );
+        diff(
+            &self.jobs,
+            &new.jobs,
+            MirrorChange::JobUpserted,
+            |job_id| MirrorChange::JobRemoved { job_id },
+            out,
+        );
         diff(
             &self.migrations,
             &new.migrations,
@@ -272,22 +304,28 @@ impl Mirror {
     /// Runs `f` with the state read-locked. Keep `f` short: the stream
     /// waits for it.
     pub fn read<R>(&self, f: impl FnOnce(&MirrorState) -> R) -> R {
-        let g = self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let g = self
+            .state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&g)
     }
 
     pub(crate) fn write<R>(&self, f: impl FnOnce(&mut MirrorState) -> R) -> R {
-        let r = {
-            let mut g = self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (r, rev) = {
+            let mut g = self
+                .state
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             let r = f(&mut g);
-            let rev = g.revision;
-            self.revision.send_if_modified(|cur| {
-                let changed = *cur != rev;
-                *cur = rev;
-                changed
-            });
-            r
+            (r, g.revision)
         };
+        // Waiters are woken after the lock is released.
+        self.revision.send_if_modified(|cur| {
+            let changed = *cur != rev;
+            *cur = rev;
+            changed
+        });
         r
     }
 
@@ -353,23 +391,36 @@ impl Mirror {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use manager_proto::{JobRemoved, JobUpdated, NodeStarted};
 
     fn ev(revision: u64, kind: event::Kind) -> Event {
-        Event { revision, at_ms: 0, kind: Some(kind) }
+        Event {
+            revision,
+            at_ms: 0,
+            kind: Some(kind),
+        }
     }
 
     fn node(id: &str) -> Node {
-        Node { node_id: id.into(), ..Default::default() }
+        Node {
+            node_id: id.into(),
+            ..Default::default()
+        }
     }
 
     #[test]
     fn a_replayed_event_is_not_applied_twice() {
         let mut m = MirrorState::default();
         let mut out = Vec::new();
-        let e = ev(1, event::Kind::NodeStarted(NodeStarted { node: Some(node("n1")) }));
+        let e = ev(
+            1,
+            event::Kind::NodeStarted(NodeStarted {
+                node: Some(node("n1")),
+            }),
+        );
         m.apply_event(e.clone(), &mut out);
         m.apply_event(e, &mut out);
         assert_eq!(out.len(), 1);
@@ -380,11 +431,30 @@ mod tests {
     fn job_removed_deletes_the_job() {
         let mut m = MirrorState::default();
         let mut out = Vec::new();
-        let job = Job { job_id: "b/0/j".into(), ..Default::default() };
-        m.apply_event(ev(1, event::Kind::JobUpdated(JobUpdated { job: Some(job) })), &mut out);
-        m.apply_event(ev(2, event::Kind::JobRemoved(JobRemoved { job_id: "b/0/j".into() })), &mut out);
+        let job = Job {
+            job_id: "b/0/j".into(),
+            ..Default::default()
+        };
+        m.apply_event(
+            ev(1, event::Kind::JobUpdated(JobUpdated { job: Some(job) })),
+            &mut out,
+        );
+        m.apply_event(
+            ev(
+                2,
+                event::Kind::JobRemoved(JobRemoved {
+                    job_id: "b/0/j".into(),
+                }),
+            ),
+            &mut out,
+        );
         assert!(m.jobs.is_empty());
-        assert_eq!(out.last(), Some(&MirrorChange::JobRemoved { job_id: "b/0/j".into() }));
+        assert_eq!(
+            out.last(),
+            Some(&MirrorChange::JobRemoved {
+                job_id: "b/0/j".into()
+            })
+        );
     }
 
     #[test]
@@ -392,23 +462,36 @@ mod tests {
         let mut m = MirrorState::default();
         let mut out = Vec::new();
         m.replace(
-            SnapshotData { revision: 5, nodes: vec![node("a"), node("b")], ..Default::default() },
+            SnapshotData {
+                revision: 5,
+                nodes: vec![node("a"), node("b")],
+                ..Default::default()
+            },
             &mut out,
         );
         out.clear();
         let mut b2 = node("b");
         b2.zone = "z".into();
         m.replace(
-            SnapshotData { revision: 9, nodes: vec![b2.clone(), node("c")], ..Default::default() },
+            SnapshotData {
+                revision: 9,
+                nodes: vec![b2.clone(), node("c")],
+                ..Default::default()
+            },
             &mut out,
         );
         assert_eq!(
             out,
             vec![
-                MirrorChange::NodeRemoved { node_id: "a".into() },
+                MirrorChange::NodeRemoved {
+                    node_id: "a".into()
+                },
                 MirrorChange::NodeUpserted(b2),
                 MirrorChange::NodeUpserted(node("c")),
-                MirrorChange::Resynced { revision: 9, reason: SnapshotReason::Unspecified },
+                MirrorChange::Resynced {
+                    revision: 9,
+                    reason: SnapshotReason::Unspecified
+                },
             ]
         );
         assert_eq!(m.revision, 9);

@@ -22,13 +22,22 @@ fn mirror_matches_sim(client: &ManagerClient, sim: &manager_sim::SimHandle) {
     assert_eq!(m.epoch, snap.epoch);
     assert_eq!(m.nodes.values().cloned().collect::<Vec<_>>(), snap.nodes);
     assert_eq!(m.jobs.values().cloned().collect::<Vec<_>>(), snap.jobs);
-    assert_eq!(m.bundles.values().cloned().collect::<Vec<_>>(), snap.bundles);
-    assert_eq!(m.migrations.values().cloned().collect::<Vec<_>>(), snap.migrations);
+    assert_eq!(
+        m.bundles.values().cloned().collect::<Vec<_>>(),
+        snap.bundles
+    );
+    assert_eq!(
+        m.migrations.values().cloned().collect::<Vec<_>>(),
+        snap.migrations
+    );
 }
 
 async fn wait_synced_with(client: &ManagerClient, sim: &manager_sim::SimHandle) {
     let want = sim.snapshot().revision;
-    client.wait_until(WAIT, |m| m.revision >= want).await.expect("mirror catches up");
+    client
+        .wait_until(WAIT, |m| m.revision >= want)
+        .await
+        .expect("mirror catches up");
 }
 
 #[tokio::test]
@@ -42,19 +51,52 @@ async fn snapshot_then_deltas_keep_the_mirror_equal_to_the_sim() {
 
     let mut rx = client.subscribe();
     let node = client
-        .create_node(CreateNodeRequest { pool: "aws-east".into(), tags: [("spare".to_owned(), "true".to_owned())].into(), ..Default::default() })
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".into(),
+            tags: [("spare".to_owned(), "true".to_owned())].into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(node.state(), NodeState::Starting);
-    let reg = client.register_bundle(bundle("ch1", 2, 10.0, 2)).await.unwrap();
-    assert_eq!(reg.job_ids, vec!["ch1/0/encode".to_owned(), "ch1/1/encode".to_owned()]);
-    client.start_job("ch1/0/encode", "dc-a1", JobRole::Normal).await.unwrap();
+    let reg = client
+        .register_bundle(bundle("ch1", 2, 10.0, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        reg.job_ids,
+        vec!["ch1/0/encode".to_owned(), "ch1/1/encode".to_owned()]
+    );
+    client
+        .start_job("ch1/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap();
     let id = node.node_id.clone();
-    changes_until(&mut rx, |c| matches!(c, MirrorChange::InventoryUpdated(i) if i.node_id == id)).await;
-    client.wait_until(WAIT, |m| m.jobs.get("ch1/0/encode").is_some_and(|j| j.state() == JobState::Running)).await.unwrap();
+    changes_until(
+        &mut rx,
+        |c| matches!(c, MirrorChange::InventoryUpdated(i) if i.node_id == id),
+    )
+    .await;
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("ch1/0/encode")
+                .is_some_and(|j| j.state() == JobState::Running)
+        })
+        .await
+        .unwrap();
     wait_synced_with(&client, &sim).await;
     mirror_matches_sim(&client, &sim);
-    assert_eq!(client.mirror().node(&node.node_id).unwrap().tags.get("spare").map(String::as_str), Some("true"));
+    assert_eq!(
+        client
+            .mirror()
+            .node(&node.node_id)
+            .unwrap()
+            .tags
+            .get("spare")
+            .map(String::as_str),
+        Some("true")
+    );
     client.close().await;
 }
 
@@ -63,19 +105,32 @@ async fn a_disconnect_mid_stream_resumes_without_missing_or_duplicating_events()
     let sim = Sim::start(config()).await.unwrap();
     let proxy = Proxy::start(sim.addr()).await;
     let client = connect(proxy.endpoint()).await;
-    client.register_bundle(bundle("ch", 3, 10.0, 1)).await.unwrap();
+    client
+        .register_bundle(bundle("ch", 3, 10.0, 1))
+        .await
+        .unwrap();
     wait_synced_with(&client, &sim).await;
     let mut rx = client.subscribe();
 
     proxy.take_down();
-    client.state().wait_for(|s| *s == ConnectionState::TransientFailure).await.unwrap();
+    client
+        .state()
+        .wait_for(|s| *s == ConnectionState::TransientFailure)
+        .await
+        .unwrap();
     // While disconnected: three refusals (transient events) and a state change.
     sim.with_world(|w, now| {
         w.reject_next(3);
         for r in 0..3 {
-            let _ = w.start_job(&format!("ch/{r}/encode"), "dc-a1", JobRole::Normal as i32, now);
+            let _ = w.start_job(
+                &format!("ch/{r}/encode"),
+                "dc-a1",
+                JobRole::Normal as i32,
+                now,
+            );
         }
-        w.start_job("ch/0/encode", "dc-b1", JobRole::Normal as i32, now).unwrap();
+        w.start_job("ch/0/encode", "dc-b1", JobRole::Normal as i32, now)
+            .unwrap();
     });
     proxy.bring_up();
     client.wait_ready(WAIT).await.unwrap();
@@ -92,8 +147,17 @@ async fn a_disconnect_mid_stream_resumes_without_missing_or_duplicating_events()
             _ => None,
         })
         .collect();
-    assert_eq!(rejections, vec!["ch/0/encode", "ch/1/encode", "ch/2/encode"], "each missed event exactly once");
-    assert!(!seen.iter().any(|c| matches!(c, MirrorChange::Resynced { .. })), "resumed, not resynced: {seen:#?}");
+    assert_eq!(
+        rejections,
+        vec!["ch/0/encode", "ch/1/encode", "ch/2/encode"],
+        "each missed event exactly once"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|c| matches!(c, MirrorChange::Resynced { .. })),
+        "resumed, not resynced: {seen:#?}"
+    );
     mirror_matches_sim(&client, &sim);
 }
 
@@ -104,23 +168,40 @@ async fn a_revision_older_than_the_log_resyncs_and_emits_the_differences() {
     let sim = Sim::start(cfg).await.unwrap();
     let proxy = Proxy::start(sim.addr()).await;
     let client = connect(proxy.endpoint()).await;
-    client.register_bundle(bundle("gone", 1, 1.0, 0)).await.unwrap();
-    client.register_bundle(bundle("kept", 1, 1.0, 0)).await.unwrap();
+    client
+        .register_bundle(bundle("gone", 1, 1.0, 0))
+        .await
+        .unwrap();
+    client
+        .register_bundle(bundle("kept", 1, 1.0, 0))
+        .await
+        .unwrap();
     wait_synced_with(&client, &sim).await;
     let mut rx = client.subscribe();
 
     proxy.take_down();
-    client.state().wait_for(|s| *s == ConnectionState::TransientFailure).await.unwrap();
+    client
+        .state()
+        .wait_for(|s| *s == ConnectionState::TransientFailure)
+        .await
+        .unwrap();
     sim.with_world(|w, now| {
         w.delete_bundle("gone", now).unwrap();
         w.kill_node("dc-b1", now).unwrap();
         for i in 0..10 {
-            w.update_job_config("kept/0/encode", format!("{{\"v\":{i}}}").as_bytes(), now).unwrap();
+            w.update_job_config("kept/0/encode", format!("{{\"v\":{i}}}").as_bytes(), now)
+                .unwrap();
         }
     });
     proxy.bring_up();
     let seen = changes_until(&mut rx, |c| matches!(c, MirrorChange::Resynced { .. })).await;
-    assert!(matches!(seen.last(), Some(MirrorChange::Resynced { reason: SnapshotReason::RevisionTooOld, .. })));
+    assert!(matches!(
+        seen.last(),
+        Some(MirrorChange::Resynced {
+            reason: SnapshotReason::RevisionTooOld,
+            ..
+        })
+    ));
     let kinds: Vec<String> = seen
         .iter()
         .map(|c| match c {
@@ -132,7 +213,16 @@ async fn a_revision_older_than_the_log_resyncs_and_emits_the_differences() {
             other => format!("{other:?}"),
         })
         .collect();
-    assert_eq!(kinds, vec!["node dc-b1", "bundle- gone", "job- gone/0/encode", "job kept/0/encode", "resynced"]);
+    assert_eq!(
+        kinds,
+        vec![
+            "node dc-b1",
+            "bundle- gone",
+            "job- gone/0/encode",
+            "job kept/0/encode",
+            "resynced"
+        ]
+    );
     client.wait_ready(WAIT).await.unwrap();
     mirror_matches_sim(&client, &sim);
 }
@@ -145,21 +235,52 @@ async fn the_world_survives_a_sim_restart_with_a_state_dir() {
     let sim = Sim::start(cfg.clone()).await.unwrap();
     let addr = sim.addr();
     let client = connect(sim.endpoint()).await;
-    client.register_bundle(bundle("ch", 1, 10.0, 1)).await.unwrap();
-    client.start_job("ch/0/encode", "dc-a2", JobRole::Normal).await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.get("ch/0/encode").is_some_and(|j| j.state() == JobState::Running)).await.unwrap();
+    client
+        .register_bundle(bundle("ch", 1, 10.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("ch/0/encode", "dc-a2", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("ch/0/encode")
+                .is_some_and(|j| j.state() == JobState::Running)
+        })
+        .await
+        .unwrap();
     let before = sim.snapshot();
     sim.shutdown().await;
-    client.state().wait_for(|s| *s != ConnectionState::Ready).await.unwrap();
+    client
+        .state()
+        .wait_for(|s| *s != ConnectionState::Ready)
+        .await
+        .unwrap();
 
     cfg.listen = addr;
     let sim = Sim::start(cfg).await.unwrap();
-    assert_eq!(sim.snapshot(), before, "restored world equals the one that stopped");
+    assert_eq!(
+        sim.snapshot(),
+        before,
+        "restored world equals the one that stopped"
+    );
     client.wait_ready(WAIT).await.unwrap();
     mirror_matches_sim(&client, &sim);
     // and it keeps working
-    client.stop_job("ch/0/encode", JobRole::Normal).await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.get("ch/0/encode").is_some_and(|j| j.state() == JobState::Stopped)).await.unwrap();
+    client
+        .stop_job("ch/0/encode", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("ch/0/encode")
+                .is_some_and(|j| j.state() == JobState::Stopped)
+        })
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -167,33 +288,90 @@ async fn a_start_over_capacity_is_rejected_with_a_typed_reason() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
     let mut rx = client.subscribe();
-    client.register_bundle(bundle("big", 2, 60.0, 1)).await.unwrap();
-    client.start_job("big/0/encode", "dc-a1", JobRole::Normal).await.unwrap();
-    let err = client.start_job("big/1/encode", "dc-a1", JobRole::Normal).await.unwrap_err();
-    let ClientError::Rejected { reason, message, .. } = &err else { panic!("{err}") };
+    client
+        .register_bundle(bundle("big", 2, 60.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("big/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap();
+    let err = client
+        .start_job("big/1/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap_err();
+    let ClientError::Rejected {
+        reason, message, ..
+    } = &err
+    else {
+        panic!("{err}")
+    };
     assert_eq!(*reason, RejectionReason::InsufficientCapacity);
     assert!(message.contains("40"), "{message}");
     let seen = changes_until(&mut rx, |c| matches!(c, MirrorChange::JobRejected(_))).await;
-    let Some(MirrorChange::JobRejected(r)) = seen.last() else { unreachable!() };
-    assert_eq!((r.job_id.as_str(), r.node_id.as_str(), r.reason()), ("big/1/encode", "dc-a1", RejectionReason::InsufficientCapacity));
+    let Some(MirrorChange::JobRejected(r)) = seen.last() else {
+        unreachable!()
+    };
+    assert_eq!(
+        (r.job_id.as_str(), r.node_id.as_str(), r.reason()),
+        (
+            "big/1/encode",
+            "dc-a1",
+            RejectionReason::InsufficientCapacity
+        )
+    );
 
-    client.register_bundle(bundle("cores", 1, 1.0, 9)).await.unwrap();
-    let err = client.start_job("cores/0/encode", "dc-b1", JobRole::Normal).await.unwrap_err();
-    assert!(matches!(err, ClientError::Rejected { reason: RejectionReason::InsufficientCores, .. }), "{err}");
+    client
+        .register_bundle(bundle("cores", 1, 1.0, 9))
+        .await
+        .unwrap();
+    let err = client
+        .start_job("cores/0/encode", "dc-b1", JobRole::Normal)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Rejected {
+                reason: RejectionReason::InsufficientCores,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn killing_a_node_emits_stopping_for_every_job_it_hosts() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
-    client.register_bundle(bundle("k", 3, 10.0, 1)).await.unwrap();
+    client
+        .register_bundle(bundle("k", 3, 10.0, 1))
+        .await
+        .unwrap();
     for r in 0..3 {
-        client.start_job(&format!("k/{r}/encode"), "dc-a1", JobRole::Normal).await.unwrap();
+        client
+            .start_job(&format!("k/{r}/encode"), "dc-a1", JobRole::Normal)
+            .await
+            .unwrap();
     }
     let mut rx = client.subscribe();
-    let channel = tonic::transport::Endpoint::from_shared(sim.endpoint()).unwrap().connect().await.unwrap();
-    SimAdminClient::new(channel).kill_node(KillNodeRequest { node_id: "dc-a1".into() }).await.unwrap();
-    let seen = changes_until(&mut rx, |c| matches!(c, MirrorChange::NodeUpserted(n) if n.state() == NodeState::Terminated)).await;
+    let channel = tonic::transport::Endpoint::from_shared(sim.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    SimAdminClient::new(channel)
+        .kill_node(KillNodeRequest {
+            node_id: "dc-a1".into(),
+        })
+        .await
+        .unwrap();
+    let seen = changes_until(
+        &mut rx,
+        |c| matches!(c, MirrorChange::NodeUpserted(n) if n.state() == NodeState::Terminated),
+    )
+    .await;
     let mut stopping: Vec<_> = seen
         .iter()
         .filter_map(|c| match c {
@@ -204,29 +382,66 @@ async fn killing_a_node_emits_stopping_for_every_job_it_hosts() {
     stopping.sort();
     assert_eq!(
         stopping,
-        (0..3).map(|r| (format!("k/{r}/encode"), StopReason::NodeLost)).collect::<Vec<_>>()
+        (0..3)
+            .map(|r| (format!("k/{r}/encode"), StopReason::NodeLost))
+            .collect::<Vec<_>>()
     );
     for r in 0..3 {
-        assert_eq!(client.mirror().job(&format!("k/{r}/encode")).unwrap().state(), JobState::Failed);
+        assert_eq!(
+            client
+                .mirror()
+                .job(&format!("k/{r}/encode"))
+                .unwrap()
+                .state(),
+            JobState::Failed
+        );
     }
     // a terminated node refuses starts
-    let err = client.start_job("k/0/encode", "dc-a1", JobRole::Normal).await.unwrap_err();
-    assert!(matches!(err, ClientError::Rejected { reason: RejectionReason::NodeNotReady, .. }), "{err}");
+    let err = client
+        .start_job("k/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Rejected {
+                reason: RejectionReason::NodeNotReady,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[tokio::test]
 async fn terminating_a_node_stops_its_jobs_first() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
-    client.register_bundle(bundle("t", 2, 10.0, 1)).await.unwrap();
-    client.start_job("t/0/encode", "dc-b1", JobRole::Normal).await.unwrap();
-    client.start_job("t/1/encode", "dc-b1", JobRole::Normal).await.unwrap();
+    client
+        .register_bundle(bundle("t", 2, 10.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("t/0/encode", "dc-b1", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .start_job("t/1/encode", "dc-b1", JobRole::Normal)
+        .await
+        .unwrap();
     let mut rx = client.subscribe();
     client.terminate_node("dc-b1").await.unwrap();
-    let seen = changes_until(&mut rx, |c| matches!(c, MirrorChange::NodeUpserted(n) if n.state() == NodeState::Terminated)).await;
+    let seen = changes_until(
+        &mut rx,
+        |c| matches!(c, MirrorChange::NodeUpserted(n) if n.state() == NodeState::Terminated),
+    )
+    .await;
     let n = seen.iter().filter(|c| matches!(c, MirrorChange::JobStopping(s) if s.reason() == StopReason::NodeTerminated)).count();
     assert_eq!(n, 2);
-    assert_eq!(client.mirror().job("t/0/encode").unwrap().state(), JobState::Stopped);
+    assert_eq!(
+        client.mirror().job("t/0/encode").unwrap().state(),
+        JobState::Stopped
+    );
 }
 
 #[tokio::test]
@@ -237,11 +452,25 @@ async fn a_client_without_the_token_is_refused() {
     let anon = ManagerClient::connect(fast(sim.endpoint())).await.unwrap();
     let err = anon.list_pools().await.unwrap_err();
     assert!(matches!(err, ClientError::Unauthenticated(_)), "{err}");
-    anon.state().wait_for(|s| *s == ConnectionState::TransientFailure).await.unwrap();
-    assert!(anon.last_error().unwrap_or_default().contains("Unauthenticated"));
-    let wrong = ManagerClient::connect(fast(sim.endpoint()).with_token("s3cres")).await.unwrap();
-    assert!(matches!(wrong.list_pools().await.unwrap_err(), ClientError::Unauthenticated(_)));
-    let good = ManagerClient::connect(fast(sim.endpoint()).with_token("s3cret")).await.unwrap();
+    anon.state()
+        .wait_for(|s| *s == ConnectionState::TransientFailure)
+        .await
+        .unwrap();
+    assert!(
+        anon.last_error()
+            .unwrap_or_default()
+            .contains("Unauthenticated")
+    );
+    let wrong = ManagerClient::connect(fast(sim.endpoint()).with_token("s3cres"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        wrong.list_pools().await.unwrap_err(),
+        ClientError::Unauthenticated(_)
+    ));
+    let good = ManagerClient::connect(fast(sim.endpoint()).with_token("s3cret"))
+        .await
+        .unwrap();
     good.wait_ready(WAIT).await.unwrap();
     assert_eq!(good.list_pools().await.unwrap().len(), 2);
     anon.close().await;
@@ -253,19 +482,79 @@ async fn malformed_requests_get_invalid_argument_with_a_message() {
     let client = connect(sim.endpoint()).await;
     let huge = "x".repeat(100_000);
     let cases: Vec<(&str, ClientError)> = vec![
-        ("empty node id", client.terminate_node("").await.unwrap_err()),
-        ("empty job id", client.start_job("", "dc-a1", JobRole::Normal).await.unwrap_err()),
-        ("unknown pool", client.create_node(CreateNodeRequest { pool: "nope".into(), ..Default::default() }).await.unwrap_err()),
-        ("negative capacity", client.register_bundle(bundle("neg", 1, -5.0, 1)).await.unwrap_err()),
-        ("negative cores", client.register_bundle(bundle("neg", 1, 5.0, -1)).await.unwrap_err()),
+        (
+            "empty node id",
+            client.terminate_node("").await.unwrap_err(),
+        ),
+        (
+            "empty job id",
+            client
+                .start_job("", "dc-a1", JobRole::Normal)
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "unknown pool",
+            client
+                .create_node(CreateNodeRequest {
+                    pool: "nope".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "negative capacity",
+            client
+                .register_bundle(bundle("neg", 1, -5.0, 1))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "negative cores",
+            client
+                .register_bundle(bundle("neg", 1, 5.0, -1))
+                .await
+                .unwrap_err(),
+        ),
         ("huge id", client.terminate_node(&huge).await.unwrap_err()),
-        ("huge bundle id", client.register_bundle(bundle(&huge, 1, 1.0, 1)).await.unwrap_err()),
-        ("zero replicas", client.register_bundle(bundle("z", 0, 1.0, 1)).await.unwrap_err()),
-        ("bad json", client.update_job_config("x", b"{".to_vec()).await.unwrap_err()),
-        ("bad zone", client.create_node(CreateNodeRequest { pool: "aws-east".into(), zone: "mars".into(), ..Default::default() }).await.unwrap_err()),
+        (
+            "huge bundle id",
+            client
+                .register_bundle(bundle(&huge, 1, 1.0, 1))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "zero replicas",
+            client
+                .register_bundle(bundle("z", 0, 1.0, 1))
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "bad json",
+            client
+                .update_job_config("x", b"{".to_vec())
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "bad zone",
+            client
+                .create_node(CreateNodeRequest {
+                    pool: "aws-east".into(),
+                    zone: "mars".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap_err(),
+        ),
     ];
     for (what, err) in cases {
-        let ClientError::InvalidArgument(msg) = &err else { panic!("{what}: expected InvalidArgument, got {err}") };
+        let ClientError::InvalidArgument(msg) = &err else {
+            panic!("{what}: expected InvalidArgument, got {err}")
+        };
         assert!(!msg.is_empty() && msg.len() < 300, "{what}: {msg}");
     }
     // A request over the size cap is refused by the transport, and the sim lives on.
@@ -274,7 +563,13 @@ async fn malformed_requests_get_invalid_argument_with_a_message() {
     assert!(!matches!(err, ClientError::NotFound(_)), "{err}");
     assert_eq!(client.list_pools().await.unwrap().len(), 2);
     // Fixed pools cannot be scaled.
-    let err = client.create_node(CreateNodeRequest { pool: "dc".into(), ..Default::default() }).await.unwrap_err();
+    let err = client
+        .create_node(CreateNodeRequest {
+            pool: "dc".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::FailedPrecondition(_)), "{err}");
 }
 
@@ -283,8 +578,16 @@ async fn a_watcher_that_stops_reading_is_cut_with_resource_exhausted() {
     let mut cfg = config();
     cfg.limits.watch_buffer = 2;
     let sim = Sim::start(cfg).await.unwrap();
-    let channel = tonic::transport::Endpoint::from_shared(sim.endpoint()).unwrap().connect().await.unwrap();
-    let mut stream = RawClient::new(channel).watch(WatchRequest::default()).await.unwrap().into_inner();
+    let channel = tonic::transport::Endpoint::from_shared(sim.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = RawClient::new(channel)
+        .watch(WatchRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     // read the snapshot and Synced, then stop reading
     loop {
         let m = stream.message().await.unwrap().unwrap();
@@ -292,10 +595,12 @@ async fn a_watcher_that_stops_reading_is_cut_with_resource_exhausted() {
             break;
         }
     }
-    sim.with_world(|w, now| w.register_bundle(&bundle("b", 1, 1.0, 0), now)).unwrap();
+    sim.with_world(|w, now| w.register_bundle(&bundle("b", 1, 1.0, 0), now))
+        .unwrap();
     let big = format!("{{\"pad\":\"{}\"}}", "p".repeat(60_000));
     for _ in 0..400 {
-        sim.with_world(|w, now| w.update_job_config("b/0/encode", big.as_bytes(), now)).unwrap();
+        sim.with_world(|w, now| w.update_job_config("b/0/encode", big.as_bytes(), now))
+            .unwrap();
         tokio::task::yield_now().await;
     }
     assert_eq!(sim.watchers(), 0, "the slow watcher was dropped");
@@ -318,48 +623,154 @@ async fn a_watcher_that_stops_reading_is_cut_with_resource_exhausted() {
 async fn a_migration_runs_its_phases_and_moves_the_job() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
-    client.register_bundle(bundle("m", 1, 10.0, 1)).await.unwrap();
-    client.start_job("m/0/encode", "dc-a1", JobRole::Normal).await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.get("m/0/encode").is_some_and(|j| j.state() == JobState::Running)).await.unwrap();
+    client
+        .register_bundle(bundle("m", 1, 10.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("m/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("m/0/encode")
+                .is_some_and(|j| j.state() == JobState::Running)
+        })
+        .await
+        .unwrap();
 
-    let m = client.migration_get_state("mig-1", "m/0/encode").await.unwrap();
+    let m = client
+        .migration_get_state("mig-1", "m/0/encode")
+        .await
+        .unwrap();
     assert_eq!(m.phase(), MigrationPhase::Proposed);
-    let again = client.migration_get_state("mig-2", "m/0/encode").await.unwrap_err();
-    assert!(matches!(again, ClientError::FailedPrecondition(_)), "one migration at a time: {again}");
-    client.wait_until(WAIT, |s| s.migrations.get("mig-1").is_some_and(|m| m.phase() == MigrationPhase::StateReceived)).await.unwrap();
+    let again = client
+        .migration_get_state("mig-2", "m/0/encode")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, ClientError::FailedPrecondition(_)),
+        "one migration at a time: {again}"
+    );
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig-1")
+                .is_some_and(|m| m.phase() == MigrationPhase::StateReceived)
+        })
+        .await
+        .unwrap();
     let state = client.mirror().migration("mig-1").unwrap().source_state;
     assert_eq!(state, b"null");
-    client.migration_prepare_target("mig-1", "dc-b1", state).await.unwrap();
-    client.wait_until(WAIT, |s| s.migrations.get("mig-1").is_some_and(|m| m.phase() == MigrationPhase::TargetReady)).await.unwrap();
+    client
+        .migration_prepare_target("mig-1", "dc-b1", state)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig-1")
+                .is_some_and(|m| m.phase() == MigrationPhase::TargetReady)
+        })
+        .await
+        .unwrap();
     let job = client.mirror().job("m/0/encode").unwrap();
     assert_eq!(job.instances.len(), 2);
-    client.migration_cutover("mig-1", b"{}".to_vec()).await.unwrap();
-    client.wait_until(WAIT, |s| s.migrations.get("mig-1").is_some_and(|m| m.phase() == MigrationPhase::Completed)).await.unwrap();
+    client
+        .migration_cutover("mig-1", b"{}".to_vec())
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig-1")
+                .is_some_and(|m| m.phase() == MigrationPhase::Completed)
+        })
+        .await
+        .unwrap();
     let job = client.mirror().job("m/0/encode").unwrap();
     assert_eq!(job.node_id, "dc-b1");
     assert_eq!(job.instances.len(), 1);
     assert_eq!(job.instances[0].role(), JobRole::Normal);
     // aborting a completed migration is refused
-    assert!(matches!(client.migration_abort("mig-1", "late").await.unwrap_err(), ClientError::FailedPrecondition(_)));
+    assert!(matches!(
+        client.migration_abort("mig-1", "late").await.unwrap_err(),
+        ClientError::FailedPrecondition(_)
+    ));
 }
 
 #[tokio::test]
 async fn an_aborted_migration_stops_its_target() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
-    client.register_bundle(bundle("a", 1, 10.0, 1)).await.unwrap();
-    client.start_job("a/0/encode", "dc-a1", JobRole::Normal).await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.get("a/0/encode").is_some_and(|j| j.state() == JobState::Running)).await.unwrap();
-    client.migration_get_state("mig", "a/0/encode").await.unwrap();
-    client.wait_until(WAIT, |s| s.migrations.get("mig").is_some_and(|m| m.phase() == MigrationPhase::StateReceived)).await.unwrap();
+    client
+        .register_bundle(bundle("a", 1, 10.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("a/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("a/0/encode")
+                .is_some_and(|j| j.state() == JobState::Running)
+        })
+        .await
+        .unwrap();
+    client
+        .migration_get_state("mig", "a/0/encode")
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig")
+                .is_some_and(|m| m.phase() == MigrationPhase::StateReceived)
+        })
+        .await
+        .unwrap();
     // a target without room is refused, and the migration waits for another
-    client.register_bundle(bundle("fill", 1, 95.0, 1)).await.unwrap();
-    client.start_job("fill/0/encode", "dc-a2", JobRole::Normal).await.unwrap();
-    let err = client.migration_prepare_target("mig", "dc-a2", b"null".to_vec()).await.unwrap_err();
-    assert!(matches!(err, ClientError::Rejected { reason: RejectionReason::InsufficientCapacity, .. }), "{err}");
-    client.migration_prepare_target("mig", "dc-b1", b"null".to_vec()).await.unwrap();
-    client.wait_until(WAIT, |s| s.migrations.get("mig").is_some_and(|m| m.phase() == MigrationPhase::TargetReady)).await.unwrap();
-    let m = client.migration_abort("mig", "operator changed mind").await.unwrap();
+    client
+        .register_bundle(bundle("fill", 1, 95.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("fill/0/encode", "dc-a2", JobRole::Normal)
+        .await
+        .unwrap();
+    let err = client
+        .migration_prepare_target("mig", "dc-a2", b"null".to_vec())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClientError::Rejected {
+                reason: RejectionReason::InsufficientCapacity,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    client
+        .migration_prepare_target("mig", "dc-b1", b"null".to_vec())
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig")
+                .is_some_and(|m| m.phase() == MigrationPhase::TargetReady)
+        })
+        .await
+        .unwrap();
+    let m = client
+        .migration_abort("mig", "operator changed mind")
+        .await
+        .unwrap();
     assert_eq!(m.phase(), MigrationPhase::Aborted);
     assert_eq!(m.abort_reason, "operator changed mind");
     client
@@ -367,7 +778,9 @@ async fn an_aborted_migration_stops_its_target() {
             s.jobs.get("a/0/encode").is_some_and(|j| {
                 j.node_id == "dc-a1"
                     && j.state() == JobState::Running
-                    && j.instances.iter().any(|i| i.role() == JobRole::MigrationTarget && i.state() == JobState::Stopped)
+                    && j.instances.iter().any(|i| {
+                        i.role() == JobRole::MigrationTarget && i.state() == JobState::Stopped
+                    })
             })
         })
         .await
@@ -378,11 +791,28 @@ async fn an_aborted_migration_stops_its_target() {
 async fn elastic_nodes_start_after_the_provisioning_delay_with_their_inventory() {
     let sim = Sim::start(config()).await.unwrap();
     let client = connect(sim.endpoint()).await;
-    let n = client.create_node(CreateNodeRequest { pool: "aws-east".into(), instance_type: "m5.xlarge".into(), ..Default::default() }).await.unwrap();
-    client.wait_until(WAIT, |m| m.nodes.get(&n.node_id).is_some_and(|x| x.state() == NodeState::Started)).await.unwrap();
+    let n = client
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".into(),
+            instance_type: "m5.xlarge".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.nodes
+                .get(&n.node_id)
+                .is_some_and(|x| x.state() == NodeState::Started)
+        })
+        .await
+        .unwrap();
     let inv = client.mirror().inventory(&n.node_id).unwrap();
     assert_eq!((inv.capacity, inv.cores), (100.0, 16));
-    assert!(inv.capabilities.contains(&manager_proto::JOB_SOCKET_CAPABILITY.to_owned()));
+    assert!(
+        inv.capabilities
+            .contains(&manager_proto::JOB_SOCKET_CAPABILITY.to_owned())
+    );
     let _ = Duration::ZERO;
 }
 
@@ -390,9 +820,15 @@ async fn elastic_nodes_start_after_the_provisioning_delay_with_their_inventory()
 async fn client_config_is_validated() {
     let mut c = ClientConfig::new("http://127.0.0.1:1");
     c.backoff_initial = Duration::ZERO;
-    assert!(matches!(ManagerClient::connect(c).await.unwrap_err(), ClientError::Config(_)));
+    assert!(matches!(
+        ManagerClient::connect(c).await.unwrap_err(),
+        ClientError::Config(_)
+    ));
     let c = ClientConfig::new("http://127.0.0.1:1").with_token("bad\ntoken");
-    assert!(matches!(ManagerClient::connect(c).await.unwrap_err(), ClientError::Config(_)));
+    assert!(matches!(
+        ManagerClient::connect(c).await.unwrap_err(),
+        ClientError::Config(_)
+    ));
 }
 
 #[tokio::test]
@@ -401,11 +837,21 @@ async fn a_command_with_thousands_of_events_reaches_the_mirror_in_bounded_batche
     let client = connect(sim.endpoint()).await;
     let mut big = bundle("wide", 64, 0.0, 0);
     big.jobs = (0..64)
-        .map(|j| manager_proto::BundleJob { job_name: format!("j{j}"), requirements: Some(Default::default()), config: Vec::new() })
+        .map(|j| manager_proto::BundleJob {
+            job_name: format!("j{j}"),
+            requirements: Some(Default::default()),
+            config: Vec::new(),
+        })
         .collect();
     client.register_bundle(big).await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.len() == 4096).await.unwrap();
+    client
+        .wait_until(WAIT, |m| m.jobs.len() == 4096)
+        .await
+        .unwrap();
     client.delete_bundle("wide").await.unwrap();
-    client.wait_until(WAIT, |m| m.jobs.is_empty() && m.bundles.is_empty()).await.unwrap();
+    client
+        .wait_until(WAIT, |m| m.jobs.is_empty() && m.bundles.is_empty())
+        .await
+        .unwrap();
     mirror_matches_sim(&client, &sim);
 }

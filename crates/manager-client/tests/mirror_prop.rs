@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use manager_client::{MirrorChange, MirrorState, SnapshotData};
-use manager_proto::{Bundle, BundleJob, CreateNodeRequest, Event, JobRequirements, JobRole, SnapshotReason};
+use manager_proto::{
+    Bundle, BundleJob, CreateNodeRequest, Event, JobRequirements, JobRole, SnapshotReason,
+};
 use manager_sim::config::TimingConfig;
 use manager_sim::world::{JobAsk, Resume, World, default_reply};
 use proptest::prelude::*;
@@ -12,16 +14,31 @@ use proptest::prelude::*;
 #[derive(Debug, Clone)]
 enum Op {
     CreateNode(u8),
-    Register { bundle: u8, replicas: u32, capacity: u8 },
+    Register {
+        bundle: u8,
+        replicas: u32,
+        capacity: u8,
+    },
     DeleteBundle(u8),
-    Start { job: u8, node: u8, target: bool },
+    Start {
+        job: u8,
+        node: u8,
+        target: bool,
+    },
     Stop(u8),
     Terminate(u8),
     Kill(u8),
     Fail(u8),
     Config(u8),
-    Partition { zone: bool, heal: bool },
-    Migrate { job: u8, node: u8, step: u8 },
+    Partition {
+        zone: bool,
+        heal: bool,
+    },
+    Migrate {
+        job: u8,
+        node: u8,
+        step: u8,
+    },
     AnswerAsk,
     Advance(u8),
     // delivery side
@@ -66,7 +83,11 @@ pools:
 }
 
 fn pick<T: Clone>(items: &[T], i: u8) -> Option<T> {
-    if items.is_empty() { None } else { items.get(usize::from(i) % items.len()).cloned() }
+    if items.is_empty() {
+        None
+    } else {
+        items.get(usize::from(i) % items.len()).cloned()
+    }
 }
 
 struct Client {

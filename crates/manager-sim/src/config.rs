@@ -299,7 +299,8 @@ impl SimConfig {
         let ok_name = |s: &str| {
             !s.is_empty()
                 && s.len() <= 63
-                && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
         };
         for (i, p) in self.pools.iter().enumerate() {
             let at = format!("pools[{i}] ({})", p.name);
@@ -344,21 +345,33 @@ impl SimConfig {
                     errs.push(format!("{at}: an instance type has an empty name"));
                 }
                 if !t.capacity.is_finite() || t.capacity < 0.0 {
-                    errs.push(format!("{at}: instance type {}: capacity must be >= 0", t.instance_type));
+                    errs.push(format!(
+                        "{at}: instance type {}: capacity must be >= 0",
+                        t.instance_type
+                    ));
                 }
                 if t.cores < 0 {
-                    errs.push(format!("{at}: instance type {}: cores must be >= 0", t.instance_type));
+                    errs.push(format!(
+                        "{at}: instance type {}: cores must be >= 0",
+                        t.instance_type
+                    ));
                 }
             }
             for n in &p.nodes {
                 if !ok_name(&n.id) {
-                    errs.push(format!("{at}: node id {:?} must be 1-63 of [A-Za-z0-9._-]", n.id));
+                    errs.push(format!(
+                        "{at}: node id {:?} must be 1-63 of [A-Za-z0-9._-]",
+                        n.id
+                    ));
                 }
                 if !node_ids.insert(n.id.clone()) {
                     errs.push(format!("{at}: duplicate node id {}", n.id));
                 }
                 if !p.zones.contains(&n.zone) {
-                    errs.push(format!("{at}: node {} zone {:?} is not one of the pool's zones", n.id, n.zone));
+                    errs.push(format!(
+                        "{at}: node {} zone {:?} is not one of the pool's zones",
+                        n.id, n.zone
+                    ));
                 }
                 if !n.capacity.is_finite() || n.capacity < 0.0 {
                     errs.push(format!("{at}: node {}: capacity must be >= 0", n.id));
@@ -377,6 +390,7 @@ impl SimConfig {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -386,7 +400,11 @@ mod tests {
         let kinds: Vec<_> = cfg.pools.iter().map(|p| (p.kind, p.scale_out)).collect();
         assert!(kinds.contains(&(PoolKind::Aws, ScaleOutConfig::Elastic)));
         assert!(kinds.contains(&(PoolKind::Oci, ScaleOutConfig::Elastic)));
-        let cluster = cfg.pools.iter().find(|p| p.kind == PoolKind::Cluster).expect("cluster");
+        let cluster = cfg
+            .pools
+            .iter()
+            .find(|p| p.kind == PoolKind::Cluster)
+            .expect("cluster");
         assert!(cluster.nodes.len() >= 3);
         let zones: BTreeSet<_> = cluster.nodes.iter().map(|n| n.zone.clone()).collect();
         assert!(zones.len() >= 2);
@@ -418,7 +436,13 @@ pools:
             panic!("expected Invalid");
         };
         let all = errs.join("\n");
-        for needle in ["must be scaleOut: fixed", "duplicate pool name", "at least one zone", "capacity must be >= 0", "cores must be >= 0"] {
+        for needle in [
+            "must be scaleOut: fixed",
+            "duplicate pool name",
+            "at least one zone",
+            "capacity must be >= 0",
+            "cores must be >= 0",
+        ] {
             assert!(all.contains(needle), "missing {needle:?} in {all}");
         }
     }
@@ -435,6 +459,9 @@ pools:
     nodes: [{id: n1, zone: b, capacity: 1, cores: 1}]
 ";
         let err = SimConfig::from_yaml(yaml).unwrap_err();
-        assert!(err.to_string().contains("not one of the pool's zones"), "{err}");
+        assert!(
+            err.to_string().contains("not one of the pool's zones"),
+            "{err}"
+        );
     }
 }

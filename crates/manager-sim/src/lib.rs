@@ -1,8 +1,63 @@
-//! placeholder (being written)
+//! `manager-sim`: a real tonic Norsk Manager for the demo and every test.
+//!
+//! It serves the `norsk.manager.v1.Manager` gRPC API (see
+//! `proto/norsk/manager/v1/manager.proto` and `docs/manager-api.md`) plus a
+//! `SimAdmin` service for fault injection, over loopback or any address.
+//!
+//! # Layers
+//!
+//! - [`world`]: the pure state machine. Commands and timer ticks in, events
+//!   out; no I/O, no clock, no async. Pools (elastic ones provision after a
+//!   delay, fixed ones have declared nodes), worker-side enforcement (a start
+//!   beyond free capacity, free cores or missing capabilities is refused with
+//!   a typed [`manager_proto::RejectionReason`] and a `JobRejected` event),
+//!   job lifecycle `starting → running → stopping → stopped | failed`, node
+//!   termination emitting `JobStopping` for every hosted instance, bundles
+//!   expanded into one job per replica × job name with the deterministic id
+//!   `<bundleId>/<replica>/<jobName>` (replica 0-based), migrations.
+//! - [`server`]: the tonic layer: bearer token (compared in constant time),
+//!   optional TLS (rustls), request size caps, a bounded buffer per watcher
+//!   (a watcher that falls behind is cut with `RESOURCE_EXHAUSTED` instead of
+//!   growing memory), the bounded event log that lets a client resume, the
+//!   `--state-dir` persistence (a JSON file rewritten atomically at most every
+//!   250 ms and on shutdown), and the timer task.
+//! - [`config`]: the YAML file (see `examples/demo.yaml` and
+//!   `docs/manager-sim.md`); unknown keys are errors and every problem is
+//!   listed.
+//!
+//! # Migration and the job socket
+//!
+//! The four `NodeControllerMigration*` calls move a migration through its
+//! phases, but the answers (`state`, `target-ready`, `source-stopped-output`,
+//! `target-applied`, or `state-refused` / `abort`) come from the job. The
+//! world emits them as [`world::JobAsk`]s and takes the answers back through
+//! [`world::World::migration_reply`]; the server hands each ask to a
+//! [`JobAgent`]. [`DefaultAgent`] answers like a cooperative job with nothing
+//! to hand over; a relay over the `job-socket` crate can replace it with
+//! [`Sim::start_with_agent`] without touching the world.
+//!
+//! # Use in tests
+//!
+//! ```no_run
+//! # async fn t() -> Result<(), manager_sim::SimError> {
+//! use manager_sim::{Sim, SimConfig};
+//! let sim = Sim::start(SimConfig::demo()).await?; // 127.0.0.1:<free port>
+//! let endpoint = sim.endpoint();                   // "http://127.0.0.1:PORT"
+//! // set up state fast, bypassing gRPC (events still reach watchers):
+//! sim.with_world(|world, now| world.reject_next(1));
+//! sim.shutdown().await; // or just drop it
+//! # Ok(()) }
+//! ```
+//!
+//! As a binary: `manager-sim serve --config examples/demo.yaml [--state-dir
+//! DIR] [--token T]` prints `manager-sim listening on 127.0.0.1:PORT`;
+//! `manager-sim chaos kill-node ID --addr http://127.0.0.1:PORT` and friends
+//! inject faults.
+
 pub mod config;
 pub mod server;
 pub mod validate;
 pub mod world;
 
 pub use config::SimConfig;
-pub use server::{DefaultAgent, JobAgent, Sim, SimError, SimHandle};
+pub use server::{DefaultAgent, JobAgent, Sim, SimError, SimHandle, now_ms};

@@ -123,10 +123,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn subscribe(&mut self, buffer: usize) -> (mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>) {
+    fn subscribe(
+        &mut self,
+        buffer: usize,
+    ) -> (mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>) {
         let (tx, rx) = mpsc::channel(buffer);
         let cut = Arc::new(Mutex::new(None));
-        self.subs.push(Subscriber { tx, cut: cut.clone() });
+        self.subs.push(Subscriber {
+            tx,
+            cut: cut.clone(),
+        });
         (rx, cut)
     }
 
@@ -305,7 +311,11 @@ fn authorize(token: Option<&Arc<str>>, req: &Request<()>) -> Result<(), Status> 
     }
 }
 
-fn snapshot_messages(snap: WorldSnapshot, reason: SnapshotReason, chunk: usize) -> Vec<WatchResponse> {
+fn snapshot_messages(
+    snap: WorldSnapshot,
+    reason: SnapshotReason,
+    chunk: usize,
+) -> Vec<WatchResponse> {
     let chunk = chunk.max(1);
     let mut out = Vec::new();
     let mut cur = Snapshot {
@@ -370,10 +380,19 @@ fn snapshot_messages(snap: WorldSnapshot, reason: SnapshotReason, chunk: usize) 
 
 type Out = mpsc::Sender<Result<WatchResponse, Status>>;
 
-async fn run_watch(inner: Arc<Inner>, req: WatchRequest, out: Out, mut shutdown: watch::Receiver<bool>) {
+async fn run_watch(
+    inner: Arc<Inner>,
+    req: WatchRequest,
+    out: Out,
+    mut shutdown: watch::Receiver<bool>,
+) {
     enum Step {
         More(Vec<WatchResponse>, u64),
-        Done(Vec<WatchResponse>, mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>),
+        Done(
+            Vec<WatchResponse>,
+            mpsc::Receiver<WatchResponse>,
+            Arc<Mutex<Option<Status>>>,
+        ),
     }
     let mut cursor = (req.resume_revision > 0).then_some(req.resume_revision);
     let mut reason = SnapshotReason::Initial;
@@ -394,7 +413,9 @@ async fn run_watch(inner: Arc<Inner>, req: WatchRequest, out: Out, mut shutdown:
                         let mut msgs = Vec::new();
                         if !evs.is_empty() {
                             msgs.push(WatchResponse {
-                                kind: Some(watch_response::Kind::Events(EventBatch { events: evs })),
+                                kind: Some(watch_response::Kind::Events(EventBatch {
+                                    events: evs,
+                                })),
                             });
                         }
                         msgs.push(WatchResponse {
@@ -418,21 +439,33 @@ async fn run_watch(inner: Arc<Inner>, req: WatchRequest, out: Out, mut shutdown:
                         let snap = g.world.snapshot();
                         let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
                         drop(g);
-                        Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                        Step::Done(
+                            snapshot_messages(snap, reason, inner.limits.snapshot_chunk),
+                            rx,
+                            cut,
+                        )
                     }
                     Resume::Unknown => {
                         reason = SnapshotReason::EpochChanged;
                         let snap = g.world.snapshot();
                         let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
                         drop(g);
-                        Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                        Step::Done(
+                            snapshot_messages(snap, reason, inner.limits.snapshot_chunk),
+                            rx,
+                            cut,
+                        )
                     }
                 },
                 None => {
                     let snap = g.world.snapshot();
                     let (rx, cut) = g.subscribe(inner.limits.watch_buffer);
                     drop(g);
-                    Step::Done(snapshot_messages(snap, reason, inner.limits.snapshot_chunk), rx, cut)
+                    Step::Done(
+                        snapshot_messages(snap, reason, inner.limits.snapshot_chunk),
+                        rx,
+                        cut,
+                    )
                 }
             }
         };
@@ -483,43 +516,79 @@ type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchResponse, Stat
 
 #[tonic::async_trait]
 impl Manager for ManagerSvc {
-    async fn create_node(&self, req: Request<CreateNodeRequest>) -> Result<Response<CreateNodeResponse>, Status> {
+    async fn create_node(
+        &self,
+        req: Request<CreateNodeRequest>,
+    ) -> Result<Response<CreateNodeResponse>, Status> {
         let req = req.into_inner();
-        let node = self.0.apply(|w, now| w.create_node(&req, now)).map_err(status)?;
+        let node = self
+            .0
+            .apply(|w, now| w.create_node(&req, now))
+            .map_err(status)?;
         Ok(Response::new(CreateNodeResponse { node: Some(node) }))
     }
 
-    async fn terminate_node(&self, req: Request<TerminateNodeRequest>) -> Result<Response<TerminateNodeResponse>, Status> {
+    async fn terminate_node(
+        &self,
+        req: Request<TerminateNodeRequest>,
+    ) -> Result<Response<TerminateNodeResponse>, Status> {
         let req = req.into_inner();
-        let node = self.0.apply(|w, now| w.terminate_node(&req.node_id, now)).map_err(status)?;
+        let node = self
+            .0
+            .apply(|w, now| w.terminate_node(&req.node_id, now))
+            .map_err(status)?;
         Ok(Response::new(TerminateNodeResponse { node: Some(node) }))
     }
 
-    async fn list_nodes(&self, req: Request<ListNodesRequest>) -> Result<Response<ListNodesResponse>, Status> {
+    async fn list_nodes(
+        &self,
+        req: Request<ListNodesRequest>,
+    ) -> Result<Response<ListNodesResponse>, Status> {
         let req = req.into_inner();
         let pool = (!req.pool.is_empty()).then_some(req.pool.as_str());
         let nodes = self.0.apply(|w, _| w.nodes(pool));
         Ok(Response::new(ListNodesResponse { nodes }))
     }
 
-    async fn list_pools(&self, _req: Request<ListPoolsRequest>) -> Result<Response<ListPoolsResponse>, Status> {
+    async fn list_pools(
+        &self,
+        _req: Request<ListPoolsRequest>,
+    ) -> Result<Response<ListPoolsResponse>, Status> {
         let pools = self.0.apply(|w, _| w.pools());
         Ok(Response::new(ListPoolsResponse { pools }))
     }
 
-    async fn register_bundle(&self, req: Request<RegisterBundleRequest>) -> Result<Response<RegisterBundleResponse>, Status> {
+    async fn register_bundle(
+        &self,
+        req: Request<RegisterBundleRequest>,
+    ) -> Result<Response<RegisterBundleResponse>, Status> {
         let bundle = req.into_inner().bundle.ok_or_else(|| missing("bundle"))?;
-        let (bundle, job_ids) = self.0.apply(|w, now| w.register_bundle(&bundle, now)).map_err(status)?;
-        Ok(Response::new(RegisterBundleResponse { bundle: Some(bundle), job_ids }))
+        let (bundle, job_ids) = self
+            .0
+            .apply(|w, now| w.register_bundle(&bundle, now))
+            .map_err(status)?;
+        Ok(Response::new(RegisterBundleResponse {
+            bundle: Some(bundle),
+            job_ids,
+        }))
     }
 
-    async fn delete_bundle(&self, req: Request<DeleteBundleRequest>) -> Result<Response<DeleteBundleResponse>, Status> {
+    async fn delete_bundle(
+        &self,
+        req: Request<DeleteBundleRequest>,
+    ) -> Result<Response<DeleteBundleResponse>, Status> {
         let req = req.into_inner();
-        let removed_job_ids = self.0.apply(|w, now| w.delete_bundle(&req.bundle_id, now)).map_err(status)?;
+        let removed_job_ids = self
+            .0
+            .apply(|w, now| w.delete_bundle(&req.bundle_id, now))
+            .map_err(status)?;
         Ok(Response::new(DeleteBundleResponse { removed_job_ids }))
     }
 
-    async fn start_job(&self, req: Request<StartJobRequest>) -> Result<Response<StartJobResponse>, Status> {
+    async fn start_job(
+        &self,
+        req: Request<StartJobRequest>,
+    ) -> Result<Response<StartJobResponse>, Status> {
         let req = req.into_inner();
         let (outcome, job) = self
             .0
@@ -545,31 +614,65 @@ impl Manager for ManagerSvc {
         Ok(Response::new(resp))
     }
 
-    async fn stop_job(&self, req: Request<StopJobRequest>) -> Result<Response<StopJobResponse>, Status> {
+    async fn stop_job(
+        &self,
+        req: Request<StopJobRequest>,
+    ) -> Result<Response<StopJobResponse>, Status> {
         let req = req.into_inner();
-        let job = self.0.apply(|w, now| w.stop_job(&req.job_id, req.role, now)).map_err(status)?;
+        let job = self
+            .0
+            .apply(|w, now| w.stop_job(&req.job_id, req.role, now))
+            .map_err(status)?;
         Ok(Response::new(StopJobResponse { job: Some(job) }))
     }
 
-    async fn update_job_config(&self, req: Request<UpdateJobConfigRequest>) -> Result<Response<UpdateJobConfigResponse>, Status> {
+    async fn update_job_config(
+        &self,
+        req: Request<UpdateJobConfigRequest>,
+    ) -> Result<Response<UpdateJobConfigResponse>, Status> {
         let req = req.into_inner();
-        let job = self.0.apply(|w, now| w.update_job_config(&req.job_id, &req.config, now)).map_err(status)?;
+        let job = self
+            .0
+            .apply(|w, now| w.update_job_config(&req.job_id, &req.config, now))
+            .map_err(status)?;
         Ok(Response::new(UpdateJobConfigResponse { job: Some(job) }))
     }
 
-    async fn migration_get_state(&self, req: Request<NodeControllerMigrationGetState>) -> Result<Response<MigrationResponse>, Status> {
+    async fn migration_get_state(
+        &self,
+        req: Request<NodeControllerMigrationGetState>,
+    ) -> Result<Response<MigrationResponse>, Status> {
         let req = req.into_inner();
-        let m = self.0.apply(|w, now| w.migration_get_state(&req.migration_id, &req.job_id, now)).map_err(status)?;
-        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+        let m = self
+            .0
+            .apply(|w, now| w.migration_get_state(&req.migration_id, &req.job_id, now))
+            .map_err(status)?;
+        Ok(Response::new(MigrationResponse {
+            migration: Some(m),
+            ..Default::default()
+        }))
     }
 
-    async fn migration_prepare_target(&self, req: Request<NodeControllerMigrationPrepareTarget>) -> Result<Response<MigrationResponse>, Status> {
+    async fn migration_prepare_target(
+        &self,
+        req: Request<NodeControllerMigrationPrepareTarget>,
+    ) -> Result<Response<MigrationResponse>, Status> {
         let req = req.into_inner();
         let (m, outcome) = self
             .0
-            .apply(|w, now| w.migration_prepare_target(&req.migration_id, &req.target_node_id, &req.initial_state, now))
+            .apply(|w, now| {
+                w.migration_prepare_target(
+                    &req.migration_id,
+                    &req.target_node_id,
+                    &req.initial_state,
+                    now,
+                )
+            })
             .map_err(status)?;
-        let mut resp = MigrationResponse { migration: Some(m), ..Default::default() };
+        let mut resp = MigrationResponse {
+            migration: Some(m),
+            ..Default::default()
+        };
         if let StartOutcome::Rejected { reason, message } = outcome {
             resp.target_rejected = true;
             resp.rejection_reason = reason as i32;
@@ -578,21 +681,42 @@ impl Manager for ManagerSvc {
         Ok(Response::new(resp))
     }
 
-    async fn migration_cutover(&self, req: Request<NodeControllerMigrationCutover>) -> Result<Response<MigrationResponse>, Status> {
+    async fn migration_cutover(
+        &self,
+        req: Request<NodeControllerMigrationCutover>,
+    ) -> Result<Response<MigrationResponse>, Status> {
         let req = req.into_inner();
-        let m = self.0.apply(|w, now| w.migration_cutover(&req.migration_id, &req.payload, now)).map_err(status)?;
-        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+        let m = self
+            .0
+            .apply(|w, now| w.migration_cutover(&req.migration_id, &req.payload, now))
+            .map_err(status)?;
+        Ok(Response::new(MigrationResponse {
+            migration: Some(m),
+            ..Default::default()
+        }))
     }
 
-    async fn migration_abort(&self, req: Request<NodeControllerMigrationAbort>) -> Result<Response<MigrationResponse>, Status> {
+    async fn migration_abort(
+        &self,
+        req: Request<NodeControllerMigrationAbort>,
+    ) -> Result<Response<MigrationResponse>, Status> {
         let req = req.into_inner();
-        let m = self.0.apply(|w, now| w.migration_abort(&req.migration_id, &req.reason, now)).map_err(status)?;
-        Ok(Response::new(MigrationResponse { migration: Some(m), ..Default::default() }))
+        let m = self
+            .0
+            .apply(|w, now| w.migration_abort(&req.migration_id, &req.reason, now))
+            .map_err(status)?;
+        Ok(Response::new(MigrationResponse {
+            migration: Some(m),
+            ..Default::default()
+        }))
     }
 
     type WatchStream = WatchStream;
 
-    async fn watch(&self, req: Request<WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
         let req = req.into_inner();
         let (tx, rx) = mpsc::channel(32);
         let shutdown = self.0.shutdown.subscribe();
@@ -614,25 +738,41 @@ fn done(summary: String) -> Result<Response<AdminResponse>, Status> {
 
 #[tonic::async_trait]
 impl SimAdmin for AdminSvc {
-    async fn kill_node(&self, req: Request<KillNodeRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn kill_node(
+        &self,
+        req: Request<KillNodeRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        self.0.apply(|w, now| w.kill_node(&req.node_id, now)).map_err(status)?;
+        self.0
+            .apply(|w, now| w.kill_node(&req.node_id, now))
+            .map_err(status)?;
         done(format!("killed node {}", req.node_id))
     }
 
-    async fn fail_job(&self, req: Request<FailJobRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn fail_job(
+        &self,
+        req: Request<FailJobRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        self.0.apply(|w, now| w.fail_job(&req.job_id, &req.message, now)).map_err(status)?;
+        self.0
+            .apply(|w, now| w.fail_job(&req.job_id, &req.message, now))
+            .map_err(status)?;
         done(format!("failed job {}", req.job_id))
     }
 
-    async fn reject_next(&self, req: Request<RejectNextRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn reject_next(
+        &self,
+        req: Request<RejectNextRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let count = req.into_inner().count;
         self.0.apply(|w, _| w.reject_next(count));
         done(format!("the next {count} starts will be rejected"))
     }
 
-    async fn cut_streams(&self, _req: Request<CutStreamsRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn cut_streams(
+        &self,
+        _req: Request<CutStreamsRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let n = {
             let mut g = lock(&self.0.shared);
             let n = g.subs.len();
@@ -642,17 +782,31 @@ impl SimAdmin for AdminSvc {
         done(format!("cut {n} watch streams"))
     }
 
-    async fn slow_provision(&self, req: Request<SlowProvisionRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn slow_provision(
+        &self,
+        req: Request<SlowProvisionRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let ms = req.into_inner().delay_ms;
         self.0.apply(|w, _| w.slow_provision(ms)).map_err(status)?;
         done(format!("elastic provisioning now takes {ms} ms"))
     }
 
-    async fn partition_zone(&self, req: Request<PartitionZoneRequest>) -> Result<Response<AdminResponse>, Status> {
+    async fn partition_zone(
+        &self,
+        req: Request<PartitionZoneRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        let ids = self.0.apply(|w, now| w.partition_zone(&req.zone, req.heal, now)).map_err(status)?;
+        let ids = self
+            .0
+            .apply(|w, now| w.partition_zone(&req.zone, req.heal, now))
+            .map_err(status)?;
         let verb = if req.heal { "healed" } else { "partitioned" };
-        done(format!("{verb} zone {} ({} nodes: {})", req.zone, ids.len(), ids.join(", ")))
+        done(format!(
+            "{verb} zone {} ({} nodes: {})",
+            req.zone,
+            ids.len(),
+            ids.join(", ")
+        ))
     }
 }
 
@@ -671,7 +825,9 @@ pub struct SimHandle {
 
 impl std::fmt::Debug for SimHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SimHandle").field("addr", &self.addr).finish_non_exhaustive()
+        f.debug_struct("SimHandle")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -682,7 +838,10 @@ impl Sim {
     }
 
     /// As [`Sim::start`], with a custom [`JobAgent`] answering migration asks.
-    pub async fn start_with_agent(config: SimConfig, agent: Arc<dyn JobAgent>) -> Result<SimHandle, SimError> {
+    pub async fn start_with_agent(
+        config: SimConfig,
+        agent: Arc<dyn JobAgent>,
+    ) -> Result<SimHandle, SimError> {
         config.validate()?;
         let now = now_ms();
         let state_file = match &config.state_dir {
@@ -702,10 +861,11 @@ impl Sim {
                     what: format!("reading {}", path.display()),
                     source,
                 })?;
-                let saved: PersistedWorld = serde_json::from_slice(&text).map_err(|e| SimError::CorruptState {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
+                let saved: PersistedWorld =
+                    serde_json::from_slice(&text).map_err(|e| SimError::CorruptState {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    })?;
                 tracing::info!(path = %path.display(), revision = saved.revision, "restored world");
                 World::restore(&config.pools, config.timing, log_cap, saved, now)
             }
@@ -719,21 +879,30 @@ impl Sim {
                         source,
                     })
                 };
-                Some(ServerTlsConfig::new().identity(Identity::from_pem(read(&files.cert_file)?, read(&files.key_file)?)))
+                Some(ServerTlsConfig::new().identity(Identity::from_pem(
+                    read(&files.cert_file)?,
+                    read(&files.key_file)?,
+                )))
             }
             None => None,
         };
-        let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| SimError::Io {
-            what: format!("binding {}", config.listen),
-            source,
-        })?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| SimError::Io {
+                what: format!("binding {}", config.listen),
+                source,
+            })?;
         let addr = listener.local_addr().map_err(|source| SimError::Io {
             what: "reading the bound address".to_owned(),
             source,
         })?;
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
-            shared: Mutex::new(Shared { world, subs: Vec::new(), dirty: true }),
+            shared: Mutex::new(Shared {
+                world,
+                subs: Vec::new(),
+                dirty: true,
+            }),
             timer_wake: Notify::new(),
             timer_armed: std::sync::atomic::AtomicI64::new(0),
             agent,
@@ -759,13 +928,16 @@ impl Sim {
         );
         let t2 = token;
         let admin = InterceptedService::new(
-            SimAdminServer::new(AdminSvc(inner.clone())).max_decoding_message_size(config.limits.max_request_bytes),
+            SimAdminServer::new(AdminSvc(inner.clone()))
+                .max_decoding_message_size(config.limits.max_request_bytes),
             move |r: Request<()>| authorize(t2.as_ref(), &r).map(|()| r),
         );
         let mut builder = Server::builder();
         let is_tls = tls.is_some();
         if let Some(tls) = tls {
-            builder = builder.tls_config(tls).map_err(|e| SimError::Tls(e.to_string()))?;
+            builder = builder
+                .tls_config(tls)
+                .map_err(|e| SimError::Tls(e.to_string()))?;
         }
         let router = builder
             .http2_keepalive_interval(Some(Duration::from_secs(20)))
@@ -810,7 +982,9 @@ async fn run_timers(inner: Arc<Inner>) {
         let due = lock(&inner.shared).world.next_due_ms();
         let now = now_ms();
         let wait = due.map_or(1000, |d| (d - now).clamp(0, 1000));
-        inner.timer_armed.store(now + wait, std::sync::atomic::Ordering::Relaxed);
+        inner
+            .timer_armed
+            .store(now + wait, std::sync::atomic::Ordering::Relaxed);
         tokio::select! {
             () = tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0))) => {}
             () = inner.timer_wake.notified() => continue,

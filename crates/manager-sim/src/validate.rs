@@ -142,6 +142,7 @@ pub fn non_negative(field: &str, value: f64) -> Result<(), CommandError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

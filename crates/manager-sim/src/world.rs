@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use manager_proto::{
     Bundle, BundleDeleted, BundleJob, BundleUpdated, ConfigUpdated, CreateNodeRequest, Event,
-    FailedParticipant, InventoryUpdated, Job, JobInstance, JobRejected, JobRemoved, JobRequirements,
-    JobRole, JobState, JobStopping, JobUpdated, Migration, MigrationParty, MigrationPhase,
-    MigrationPhaseChanged, Node, NodeInventory, NodeStarted, NodeStarting, NodeState, NodeStopped,
-    NodeTerminated, Pool, ProviderKind, RejectionReason, StopReason, event,
+    FailedParticipant, InventoryUpdated, Job, JobInstance, JobRejected, JobRemoved,
+    JobRequirements, JobRole, JobState, JobStopping, JobUpdated, Migration, MigrationParty,
+    MigrationPhase, MigrationPhaseChanged, Node, NodeInventory, NodeStarted, NodeStarting,
+    NodeState, NodeStopped, NodeTerminated, Pool, ProviderKind, RejectionReason, StopReason, event,
 };
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +159,9 @@ pub fn default_reply(ask: &JobAsk) -> JobReply {
     }
 }
 
+/// (job id, role) → (capacity, cores) reserved on one node.
+type Reservations = BTreeMap<(String, i32), (f64, i32)>;
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Timer {
     NodeUp(String),
@@ -239,7 +242,7 @@ pub struct World {
     /// node id → (job id, role) → the (capacity, cores) that instance
     /// reserved when it started. Kept per instance so a bundle update that
     /// changes requirements does not rewrite running reservations.
-    holding: BTreeMap<String, BTreeMap<(String, i32), (f64, i32)>>,
+    holding: BTreeMap<String, Reservations>,
     timers: BinaryHeap<Reverse<(i64, u64, Timer)>>,
     timer_seq: u64,
     log: VecDeque<Event>,
@@ -300,7 +303,9 @@ impl World {
                 (
                     p.name.clone(),
                     PoolRuntime {
-                        provision_delay_ms: p.provision_delay_ms.unwrap_or(timing.provision_delay_ms),
+                        provision_delay_ms: p
+                            .provision_delay_ms
+                            .unwrap_or(timing.provision_delay_ms),
                         config: p.clone(),
                         next_zone: 0,
                     },
@@ -367,8 +372,14 @@ impl World {
             };
             self.nodes.insert(node.node_id.clone(), node.clone());
             let inventory = node.inventory.clone();
-            self.emit(now_ms, event::Kind::NodeStarted(NodeStarted { node: Some(node) }));
-            self.emit(now_ms, event::Kind::Inventory(InventoryUpdated { inventory }));
+            self.emit(
+                now_ms,
+                event::Kind::NodeStarted(NodeStarted { node: Some(node) }),
+            );
+            self.emit(
+                now_ms,
+                event::Kind::Inventory(InventoryUpdated { inventory }),
+            );
         }
     }
 
@@ -385,9 +396,21 @@ impl World {
         let mut world = World::empty(pools, timing, event_log_capacity, saved.epoch);
         world.revision = saved.revision;
         world.next_node_seq = saved.next_node_seq;
-        world.nodes = saved.nodes.into_iter().map(|n| (n.node_id.clone(), n)).collect();
-        world.jobs = saved.jobs.into_iter().map(|j| (j.job_id.clone(), j)).collect();
-        world.bundles = saved.bundles.into_iter().map(|b| (b.bundle_id.clone(), b)).collect();
+        world.nodes = saved
+            .nodes
+            .into_iter()
+            .map(|n| (n.node_id.clone(), n))
+            .collect();
+        world.jobs = saved
+            .jobs
+            .into_iter()
+            .map(|j| (j.job_id.clone(), j))
+            .collect();
+        world.bundles = saved
+            .bundles
+            .into_iter()
+            .map(|b| (b.bundle_id.clone(), b))
+            .collect();
         world.migrations = saved
             .migrations
             .into_iter()
@@ -421,7 +444,10 @@ impl World {
                         .holding
                         .entry(inst.node_id.clone())
                         .or_default()
-                        .insert((job.job_id.clone(), inst.role), (req.required_capacity, req.required_cores));
+                        .insert(
+                            (job.job_id.clone(), inst.role),
+                            (req.required_capacity, req.required_cores),
+                        );
                 }
                 if inst.state == JobState::Starting as i32 {
                     timers.push((
@@ -599,7 +625,10 @@ impl World {
         if let Some(job) = self.jobs.get_mut(job_id) {
             job.updated_at_ms = now_ms;
             let job = job.clone();
-            self.emit(now_ms, event::Kind::JobUpdated(JobUpdated { job: Some(job) }));
+            self.emit(
+                now_ms,
+                event::Kind::JobUpdated(JobUpdated { job: Some(job) }),
+            );
         }
     }
 
@@ -648,7 +677,11 @@ impl World {
     }
 
     fn refresh_summary(job: &mut Job) {
-        match job.instances.iter().find(|i| i.role == JobRole::Normal as i32) {
+        match job
+            .instances
+            .iter()
+            .find(|i| i.role == JobRole::Normal as i32)
+        {
             Some(inst) => {
                 job.state = inst.state;
                 job.node_id = inst.node_id.clone();
@@ -754,7 +787,13 @@ impl World {
             .instance(&job_id, target_role)
             .is_some_and(|i| i.migration_id == mid && holds(i.state))
         {
-            self.stop_instance(&job_id, target_role, StopReason::MigrationAborted, None, now_ms);
+            self.stop_instance(
+                &job_id,
+                target_role,
+                StopReason::MigrationAborted,
+                None,
+                now_ms,
+            );
         }
     }
 
@@ -832,14 +871,24 @@ impl World {
         });
         let node = node.clone();
         let inventory = node.inventory.clone();
-        self.emit(now_ms, event::Kind::NodeStarted(NodeStarted { node: Some(node) }));
-        self.emit(now_ms, event::Kind::Inventory(InventoryUpdated { inventory }));
+        self.emit(
+            now_ms,
+            event::Kind::NodeStarted(NodeStarted { node: Some(node) }),
+        );
+        self.emit(
+            now_ms,
+            event::Kind::Inventory(InventoryUpdated { inventory }),
+        );
     }
 
     // ───────────────────────────── nodes ─────────────────────────────
 
     /// CreateNode.
-    pub fn create_node(&mut self, req: &CreateNodeRequest, now_ms: i64) -> Result<Node, CommandError> {
+    pub fn create_node(
+        &mut self,
+        req: &CreateNodeRequest,
+        now_ms: i64,
+    ) -> Result<Node, CommandError> {
         validate::id("pool", &req.pool)?;
         validate::tags("tags", &req.tags)?;
         validate::reason("region", &req.region)?;
@@ -897,7 +946,11 @@ impl World {
         };
         let zone = if req.zone.is_empty() {
             let n = cfg.zones.len().max(1);
-            let z = cfg.zones.get(pool.next_zone % n).cloned().unwrap_or_default();
+            let z = cfg
+                .zones
+                .get(pool.next_zone % n)
+                .cloned()
+                .unwrap_or_default();
             pool.next_zone = pool.next_zone.wrapping_add(1);
             z
         } else if cfg.zones.contains(&req.zone) {
@@ -934,7 +987,12 @@ impl World {
             }
         }
         self.nodes.insert(node.node_id.clone(), node.clone());
-        self.emit(now_ms, event::Kind::NodeStarting(NodeStarting { node: Some(node.clone()) }));
+        self.emit(
+            now_ms,
+            event::Kind::NodeStarting(NodeStarting {
+                node: Some(node.clone()),
+            }),
+        );
         self.schedule(now_ms, delay, Timer::NodeUp(node.node_id.clone()));
         Ok(node)
     }
@@ -952,18 +1010,30 @@ impl World {
         let ids: Vec<String> = self
             .migrations
             .values()
-            .filter(|m| !is_final(m.phase) && (m.target_node_id == node_id || m.source_node_id == node_id))
+            .filter(|m| {
+                !is_final(m.phase) && (m.target_node_id == node_id || m.source_node_id == node_id)
+            })
             .map(|m| m.migration_id.clone())
             .collect();
         for id in ids {
-            self.abort_migration(&id, MigrationParty::Manager, "a participant's node went away", now_ms);
+            self.abort_migration(
+                &id,
+                MigrationParty::Manager,
+                "a participant's node went away",
+                now_ms,
+            );
         }
     }
 
     /// TerminateNode: stops every hosted instance (JobStopping each), then
     /// the node is TERMINATED.
     pub fn terminate_node(&mut self, node_id: &str, now_ms: i64) -> Result<Node, CommandError> {
-        self.end_node(node_id, StopReason::NodeTerminated, JobState::Stopped, now_ms)
+        self.end_node(
+            node_id,
+            StopReason::NodeTerminated,
+            JobState::Stopped,
+            now_ms,
+        )
     }
 
     /// Chaos: the node dies; hosted instances FAIL.
@@ -980,7 +1050,10 @@ impl World {
     ) -> Result<Node, CommandError> {
         validate::id("node_id", node_id)?;
         let Some(node) = self.nodes.get(node_id) else {
-            return Err(CommandError::NotFound(format!("node {:?}", validate::excerpt(node_id))));
+            return Err(CommandError::NotFound(format!(
+                "node {:?}",
+                validate::excerpt(node_id)
+            )));
         };
         if node.state == NodeState::Terminated as i32 {
             return Ok(node.clone());
@@ -992,7 +1065,12 @@ impl World {
         node.state = NodeState::Terminated as i32;
         node.state_changed_at_ms = now_ms;
         let node = node.clone();
-        self.emit(now_ms, event::Kind::NodeTerminated(NodeTerminated { node: Some(node.clone()) }));
+        self.emit(
+            now_ms,
+            event::Kind::NodeTerminated(NodeTerminated {
+                node: Some(node.clone()),
+            }),
+        );
         Ok(node)
     }
 
@@ -1037,26 +1115,42 @@ impl World {
     }
 
     /// RegisterBundle (create or update).
-    pub fn register_bundle(&mut self, bundle: &Bundle, now_ms: i64) -> Result<(Bundle, Vec<String>), CommandError> {
+    pub fn register_bundle(
+        &mut self,
+        bundle: &Bundle,
+        now_ms: i64,
+    ) -> Result<(Bundle, Vec<String>), CommandError> {
         Self::validate_bundle(bundle)?;
         let mut stored = bundle.clone();
         let previous = self.bundles.get(&bundle.bundle_id);
         stored.generation = previous.map_or(1, |p| p.generation);
         let ids = |b: &Bundle| -> BTreeMap<String, BundleJob> {
             (0..b.replicas)
-                .flat_map(|r| b.jobs.iter().map(move |j| (job_id(&b.bundle_id, r, &j.job_name), j.clone())))
+                .flat_map(|r| {
+                    b.jobs
+                        .iter()
+                        .map(move |j| (job_id(&b.bundle_id, r, &j.job_name), j.clone()))
+                })
                 .collect()
         };
         let wanted = ids(&stored);
         if previous.is_some_and(|p| *p == stored) {
             return Ok((stored, wanted.into_keys().collect()));
         }
-        let old: BTreeSet<String> = previous.map(|p| ids(p).into_keys().collect()).unwrap_or_default();
+        let old: BTreeSet<String> = previous
+            .map(|p| ids(p).into_keys().collect())
+            .unwrap_or_default();
         if previous.is_some() {
             stored.generation += 1;
         }
-        self.bundles.insert(stored.bundle_id.clone(), stored.clone());
-        self.emit(now_ms, event::Kind::BundleUpdated(BundleUpdated { bundle: Some(stored.clone()) }));
+        self.bundles
+            .insert(stored.bundle_id.clone(), stored.clone());
+        self.emit(
+            now_ms,
+            event::Kind::BundleUpdated(BundleUpdated {
+                bundle: Some(stored.clone()),
+            }),
+        );
         for gone in old.iter().filter(|id| !wanted.contains_key(*id)) {
             self.remove_job(gone, now_ms);
         }
@@ -1096,7 +1190,13 @@ impl World {
 
     fn remove_job(&mut self, job_id: &str, now_ms: i64) {
         for role in [JobRole::MigrationTarget as i32, JobRole::Normal as i32] {
-            self.stop_instance(job_id, role, StopReason::BundleRemoved, Some(JobState::Stopped), now_ms);
+            self.stop_instance(
+                job_id,
+                role,
+                StopReason::BundleRemoved,
+                Some(JobState::Stopped),
+                now_ms,
+            );
         }
         let ids: Vec<String> = self
             .migrations
@@ -1108,24 +1208,46 @@ impl World {
             self.abort_migration(&id, MigrationParty::Manager, "the job was removed", now_ms);
         }
         if self.jobs.remove(job_id).is_some() {
-            self.emit(now_ms, event::Kind::JobRemoved(JobRemoved { job_id: job_id.to_owned() }));
+            self.emit(
+                now_ms,
+                event::Kind::JobRemoved(JobRemoved {
+                    job_id: job_id.to_owned(),
+                }),
+            );
         }
     }
 
     /// DeleteBundle.
-    pub fn delete_bundle(&mut self, bundle_id: &str, now_ms: i64) -> Result<Vec<String>, CommandError> {
+    pub fn delete_bundle(
+        &mut self,
+        bundle_id: &str,
+        now_ms: i64,
+    ) -> Result<Vec<String>, CommandError> {
         validate::id("bundle_id", bundle_id)?;
         let Some(bundle) = self.bundles.get(bundle_id) else {
-            return Err(CommandError::NotFound(format!("bundle {:?}", validate::excerpt(bundle_id))));
+            return Err(CommandError::NotFound(format!(
+                "bundle {:?}",
+                validate::excerpt(bundle_id)
+            )));
         };
         let ids: Vec<String> = (0..bundle.replicas)
-            .flat_map(|r| bundle.jobs.iter().map(move |j| job_id(bundle_id, r, &j.job_name)))
+            .flat_map(|r| {
+                bundle
+                    .jobs
+                    .iter()
+                    .map(move |j| job_id(bundle_id, r, &j.job_name))
+            })
             .collect();
         for id in &ids {
             self.remove_job(id, now_ms);
         }
         self.bundles.remove(bundle_id);
-        self.emit(now_ms, event::Kind::BundleDeleted(BundleDeleted { bundle_id: bundle_id.to_owned() }));
+        self.emit(
+            now_ms,
+            event::Kind::BundleDeleted(BundleDeleted {
+                bundle_id: bundle_id.to_owned(),
+            }),
+        );
         Ok(ids)
     }
 
@@ -1134,7 +1256,10 @@ impl World {
     fn worker_check(&mut self, job_id: &str, node_id: &str) -> Option<(RejectionReason, String)> {
         if self.reject_next > 0 {
             self.reject_next -= 1;
-            return Some((RejectionReason::InjectedFault, "fault injected by reject-next".to_owned()));
+            return Some((
+                RejectionReason::InjectedFault,
+                "fault injected by reject-next".to_owned(),
+            ));
         }
         let node = self.nodes.get(node_id)?;
         if node.state != NodeState::Started as i32 {
@@ -1147,7 +1272,11 @@ impl World {
             ));
         }
         let inv = node.inventory.clone().unwrap_or_default();
-        let req = self.jobs.get(job_id).and_then(|j| j.requirements.clone()).unwrap_or_default();
+        let req = self
+            .jobs
+            .get(job_id)
+            .and_then(|j| j.requirements.clone())
+            .unwrap_or_default();
         if let Some(missing) = req
             .required_capabilities
             .iter()
@@ -1163,7 +1292,10 @@ impl World {
         if req.required_cores > free_cores {
             return Some((
                 RejectionReason::InsufficientCores,
-                format!("needs {} cores, {} free on {node_id}", req.required_cores, free_cores),
+                format!(
+                    "needs {} cores, {} free on {node_id}",
+                    req.required_cores, free_cores
+                ),
             ));
         }
         let free_capacity = inv.capacity - used_capacity;
@@ -1172,7 +1304,10 @@ impl World {
         if req.required_capacity > free_capacity + 1e-9 {
             return Some((
                 RejectionReason::InsufficientCapacity,
-                format!("needs {} capacity, {} free on {node_id}", req.required_capacity, free_capacity),
+                format!(
+                    "needs {} capacity, {} free on {node_id}",
+                    req.required_capacity, free_capacity
+                ),
             ));
         }
         None
@@ -1182,10 +1317,16 @@ impl World {
         validate::id("job_id", job_id)?;
         validate::id("node_id", node_id)?;
         if !self.jobs.contains_key(job_id) {
-            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+            return Err(CommandError::NotFound(format!(
+                "job {:?}",
+                validate::excerpt(job_id)
+            )));
         }
         if !self.nodes.contains_key(node_id) {
-            return Err(CommandError::NotFound(format!("node {:?}", validate::excerpt(node_id))));
+            return Err(CommandError::NotFound(format!(
+                "node {:?}",
+                validate::excerpt(node_id)
+            )));
         }
         Ok(())
     }
@@ -1245,10 +1386,10 @@ impl World {
         job.instances.sort_by_key(|i| i.role);
         Self::refresh_summary(job);
         let req = job.requirements.clone().unwrap_or_default();
-        self.holding
-            .entry(node_id.to_owned())
-            .or_default()
-            .insert((job_id.to_owned(), role), (req.required_capacity, req.required_cores));
+        self.holding.entry(node_id.to_owned()).or_default().insert(
+            (job_id.to_owned(), role),
+            (req.required_capacity, req.required_cores),
+        );
         self.emit_job(job_id, now_ms);
         self.schedule(
             now_ms,
@@ -1262,7 +1403,10 @@ impl World {
     pub fn stop_job(&mut self, job_id: &str, role: i32, now_ms: i64) -> Result<Job, CommandError> {
         validate::id("job_id", job_id)?;
         if !self.jobs.contains_key(job_id) {
-            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+            return Err(CommandError::NotFound(format!(
+                "job {:?}",
+                validate::excerpt(job_id)
+            )));
         }
         self.stop_instance(job_id, role_of(role), StopReason::Requested, None, now_ms);
         self.jobs
@@ -1272,11 +1416,19 @@ impl World {
     }
 
     /// UpdateJobConfig.
-    pub fn update_job_config(&mut self, job_id: &str, config: &[u8], now_ms: i64) -> Result<Job, CommandError> {
+    pub fn update_job_config(
+        &mut self,
+        job_id: &str,
+        config: &[u8],
+        now_ms: i64,
+    ) -> Result<Job, CommandError> {
         validate::id("job_id", job_id)?;
         validate::json("config", config)?;
         let Some(job) = self.jobs.get_mut(job_id) else {
-            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+            return Err(CommandError::NotFound(format!(
+                "job {:?}",
+                validate::excerpt(job_id)
+            )));
         };
         job.config = config.to_vec();
         self.emit(
@@ -1315,22 +1467,40 @@ impl World {
     }
 
     /// NodeControllerMigrationGetState (the propose).
-    pub fn migration_get_state(&mut self, migration_id: &str, job_id: &str, now_ms: i64) -> Result<Migration, CommandError> {
+    pub fn migration_get_state(
+        &mut self,
+        migration_id: &str,
+        job_id: &str,
+        now_ms: i64,
+    ) -> Result<Migration, CommandError> {
         validate::name("migration_id", migration_id, validate::MAX_ID_BYTES)?;
         validate::id("job_id", job_id)?;
         if self.migrations.contains_key(migration_id) {
-            return Err(CommandError::AlreadyExists(format!("migration {migration_id}")));
+            return Err(CommandError::AlreadyExists(format!(
+                "migration {migration_id}"
+            )));
         }
         let Some(source) = self.instance(job_id, JobRole::Normal as i32).cloned() else {
             if self.jobs.contains_key(job_id) {
-                return Err(CommandError::FailedPrecondition(format!("job {job_id} has no running instance")));
+                return Err(CommandError::FailedPrecondition(format!(
+                    "job {job_id} has no running instance"
+                )));
             }
-            return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+            return Err(CommandError::NotFound(format!(
+                "job {:?}",
+                validate::excerpt(job_id)
+            )));
         };
         if source.state != JobState::Running as i32 {
-            return Err(CommandError::FailedPrecondition(format!("job {job_id} is not RUNNING")));
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {job_id} is not RUNNING"
+            )));
         }
-        if let Some(other) = self.migrations.values().find(|m| m.job_id == job_id && !is_final(m.phase)) {
+        if let Some(other) = self
+            .migrations
+            .values()
+            .find(|m| m.job_id == job_id && !is_final(m.phase))
+        {
             return Err(CommandError::FailedPrecondition(format!(
                 "job {job_id} is already being migrated by {}",
                 other.migration_id
@@ -1398,7 +1568,12 @@ impl World {
     }
 
     /// NodeControllerMigrationCutover.
-    pub fn migration_cutover(&mut self, migration_id: &str, payload: &[u8], now_ms: i64) -> Result<Migration, CommandError> {
+    pub fn migration_cutover(
+        &mut self,
+        migration_id: &str,
+        payload: &[u8],
+        now_ms: i64,
+    ) -> Result<Migration, CommandError> {
         validate::json("payload", payload)?;
         let m = self.migration_mut(migration_id)?;
         Self::expect_phase(m, MigrationPhase::TargetReady)?;
@@ -1416,7 +1591,12 @@ impl World {
 
     /// NodeControllerMigrationAbort: idempotent on an aborted migration,
     /// refused on a completed one.
-    pub fn migration_abort(&mut self, migration_id: &str, reason: &str, now_ms: i64) -> Result<Migration, CommandError> {
+    pub fn migration_abort(
+        &mut self,
+        migration_id: &str,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<Migration, CommandError> {
         validate::reason("reason", reason)?;
         let m = self.migration_mut(migration_id)?;
         if m.phase == MigrationPhase::Completed as i32 {
@@ -1438,7 +1618,9 @@ impl World {
         let expected = match ask {
             JobAsk::GetState { .. } => MigrationPhase::Proposed,
             JobAsk::InitialState { .. } => MigrationPhase::PreparingTarget,
-            JobAsk::CutoverReady { .. } | JobAsk::CutoverApply { .. } => MigrationPhase::CuttingOver,
+            JobAsk::CutoverReady { .. } | JobAsk::CutoverApply { .. } => {
+                MigrationPhase::CuttingOver
+            }
         };
         if m.phase != expected as i32 {
             return;
@@ -1446,7 +1628,11 @@ impl World {
         let from_source = matches!(ask, JobAsk::GetState { .. } | JobAsk::CutoverReady { .. });
         match reply {
             JobReply::Abort(reason) | JobReply::StateRefused(reason) => {
-                let by = if from_source { MigrationParty::Source } else { MigrationParty::Target };
+                let by = if from_source {
+                    MigrationParty::Source
+                } else {
+                    MigrationParty::Target
+                };
                 self.abort_migration(&id, by, &reason, now_ms);
             }
             JobReply::State(payload) if matches!(ask, JobAsk::GetState { .. }) => {
@@ -1459,7 +1645,9 @@ impl World {
                 m.target_ready_payload = payload;
                 self.emit_migration(&id, now_ms);
             }
-            JobReply::SourceStoppedOutput(payload) if matches!(ask, JobAsk::CutoverReady { .. }) => {
+            JobReply::SourceStoppedOutput(payload)
+                if matches!(ask, JobAsk::CutoverReady { .. }) =>
+            {
                 m.source_stopped_payload.clone_from(&payload);
                 let next = JobAsk::CutoverApply {
                     migration_id: id.clone(),
@@ -1469,7 +1657,11 @@ impl World {
                 };
                 self.asks.push(next);
             }
-            JobReply::TargetApplied { applied, failed, skew_ms } if matches!(ask, JobAsk::CutoverApply { .. }) => {
+            JobReply::TargetApplied {
+                applied,
+                failed,
+                skew_ms,
+            } if matches!(ask, JobAsk::CutoverApply { .. }) => {
                 m.applied = applied;
                 m.failed = failed;
                 m.skew_ms = skew_ms;
@@ -1479,7 +1671,11 @@ impl World {
             }
             other => {
                 let why = format!("unexpected answer {other:?} to {ask:?}");
-                let by = if from_source { MigrationParty::Source } else { MigrationParty::Target };
+                let by = if from_source {
+                    MigrationParty::Source
+                } else {
+                    MigrationParty::Target
+                };
                 self.abort_migration(&id, by, &validate::excerpt(&why), now_ms);
             }
         }
@@ -1527,20 +1723,34 @@ impl World {
     // ───────────────────────────── chaos ─────────────────────────────
 
     /// Chaos: the job's normal instance FAILS.
-    pub fn fail_job(&mut self, job_id: &str, message: &str, now_ms: i64) -> Result<Job, CommandError> {
+    pub fn fail_job(
+        &mut self,
+        job_id: &str,
+        message: &str,
+        now_ms: i64,
+    ) -> Result<Job, CommandError> {
         validate::id("job_id", job_id)?;
         validate::reason("message", message)?;
         let normal = JobRole::Normal as i32;
         match self.instance(job_id, normal) {
             None if !self.jobs.contains_key(job_id) => {
-                return Err(CommandError::NotFound(format!("job {:?}", validate::excerpt(job_id))));
+                return Err(CommandError::NotFound(format!(
+                    "job {:?}",
+                    validate::excerpt(job_id)
+                )));
             }
             Some(i) if holds(i.state) => {}
             _ => {
-                return Err(CommandError::FailedPrecondition(format!("job {job_id} has no live instance")));
+                return Err(CommandError::FailedPrecondition(format!(
+                    "job {job_id} has no live instance"
+                )));
             }
         }
-        let msg = if message.is_empty() { "failure injected by fail-job" } else { message };
+        let msg = if message.is_empty() {
+            "failure injected by fail-job"
+        } else {
+            message
+        };
         self.set_instance_state(job_id, normal, JobState::Failed, None, msg);
         self.emit_job(job_id, now_ms);
         self.abort_migrations_touching(job_id, normal, now_ms);
@@ -1573,7 +1783,12 @@ impl World {
     /// Chaos: partition (STARTED nodes → STOPPED, instances FAIL) or heal
     /// (STOPPED nodes of a partitioned zone → STARTED) a zone. Returns the
     /// affected node ids.
-    pub fn partition_zone(&mut self, zone: &str, heal: bool, now_ms: i64) -> Result<Vec<String>, CommandError> {
+    pub fn partition_zone(
+        &mut self,
+        zone: &str,
+        heal: bool,
+        now_ms: i64,
+    ) -> Result<Vec<String>, CommandError> {
         validate::id("zone", zone)?;
         let (from, to) = if heal {
             if !self.partitioned.remove(zone) {
@@ -1611,7 +1826,10 @@ impl World {
 }
 
 fn validate_requirements(job_name: &str, req: &JobRequirements) -> Result<(), CommandError> {
-    validate::non_negative(&format!("job {job_name:?} required_capacity"), req.required_capacity)?;
+    validate::non_negative(
+        &format!("job {job_name:?} required_capacity"),
+        req.required_capacity,
+    )?;
     if req.required_cores < 0 {
         return Err(CommandError::InvalidArgument(format!(
             "job {job_name:?} required_cores must be >= 0, got {}",
@@ -1628,7 +1846,10 @@ fn validate_requirements(job_name: &str, req: &JobRequirements) -> Result<(), Co
     for c in &req.required_capabilities {
         validate::id("required capability", c)?;
     }
-    if !matches!(req.priority_band.as_str(), "" | "gold" | "silver" | "bronze") {
+    if !matches!(
+        req.priority_band.as_str(),
+        "" | "gold" | "silver" | "bronze"
+    ) {
         return Err(CommandError::InvalidArgument(format!(
             "job {job_name:?} priority_band must be gold, silver or bronze, got {:?}",
             validate::excerpt(&req.priority_band)

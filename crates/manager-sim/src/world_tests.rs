@@ -11,7 +11,11 @@ use proptest::prelude::*;
 use super::*;
 use crate::config::{SimConfig, TimingConfig};
 
-const TIMING: TimingConfig = TimingConfig { provision_delay_ms: 100, job_start_delay_ms: 10, job_stop_delay_ms: 10 };
+const TIMING: TimingConfig = TimingConfig {
+    provision_delay_ms: 100,
+    job_start_delay_ms: 10,
+    job_stop_delay_ms: 10,
+};
 
 fn world_with_log(log: usize) -> World {
     let cfg = SimConfig::from_yaml(
@@ -37,7 +41,11 @@ fn bundle(id: &str, replicas: u32, capacity: f64, cores: i32) -> Bundle {
         replicas,
         jobs: vec![BundleJob {
             job_name: "enc".into(),
-            requirements: Some(JobRequirements { required_capacity: capacity, required_cores: cores, ..Default::default() }),
+            requirements: Some(JobRequirements {
+                required_capacity: capacity,
+                required_cores: cores,
+                ..Default::default()
+            }),
             config: Vec::new(),
         }],
         ..Default::default()
@@ -68,16 +76,31 @@ fn kinds(evs: &[Event]) -> Vec<&'static str> {
 fn declared_nodes_start_with_their_inventory() {
     let mut w = world();
     let evs = w.take_events();
-    assert_eq!(kinds(&evs), ["NodeStarted", "Inventory", "NodeStarted", "Inventory"]);
+    assert_eq!(
+        kinds(&evs),
+        ["NodeStarted", "Inventory", "NodeStarted", "Inventory"]
+    );
     let inv = w.node("f1").unwrap().inventory.clone().unwrap();
     assert_eq!((inv.capacity, inv.cores), (100.0, 8));
-    assert!(inv.capabilities.is_empty(), "jobSocket: false advertises no job socket");
+    assert!(
+        inv.capabilities.is_empty(),
+        "jobSocket: false advertises no job socket"
+    );
 }
 
 #[test]
 fn an_elastic_node_is_started_only_after_the_provisioning_delay() {
     let mut w = world();
-    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), instance_type: "gpu".into(), ..Default::default() }, 0).unwrap();
+    let n = w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                instance_type: "gpu".into(),
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
     assert_eq!(n.state(), NodeState::Starting);
     w.advance(99);
     assert_eq!(w.node(&n.node_id).unwrap().state(), NodeState::Starting);
@@ -85,14 +108,30 @@ fn an_elastic_node_is_started_only_after_the_provisioning_delay() {
     let node = w.node(&n.node_id).unwrap();
     assert_eq!(node.state(), NodeState::Started);
     let caps = &node.inventory.as_ref().unwrap().capabilities;
-    assert_eq!(caps, &vec!["gpu".to_owned(), manager_proto::JOB_SOCKET_CAPABILITY.to_owned()]);
+    assert_eq!(
+        caps,
+        &vec![
+            "gpu".to_owned(),
+            manager_proto::JOB_SOCKET_CAPABILITY.to_owned()
+        ]
+    );
 }
 
 #[test]
 fn zones_are_assigned_round_robin_when_not_given() {
     let mut w = world();
     let zones: Vec<String> = (0..4)
-        .map(|_| w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 0).unwrap().zone)
+        .map(|_| {
+            w.create_node(
+                &CreateNodeRequest {
+                    pool: "e".into(),
+                    ..Default::default()
+                },
+                0,
+            )
+            .unwrap()
+            .zone
+        })
         .collect();
     assert_eq!(zones, ["z1", "z2", "z1", "z2"]);
 }
@@ -101,23 +140,34 @@ fn zones_are_assigned_round_robin_when_not_given() {
 fn a_bundle_expands_into_one_job_per_replica_and_job_name() {
     let mut w = world();
     let mut b = bundle("b", 2, 1.0, 1);
-    b.jobs.push(BundleJob { job_name: "pkg".into(), requirements: Some(JobRequirements::default()), config: Vec::new() });
+    b.jobs.push(BundleJob {
+        job_name: "pkg".into(),
+        requirements: Some(JobRequirements::default()),
+        config: Vec::new(),
+    });
     let (stored, ids) = w.register_bundle(&b, 0).unwrap();
     assert_eq!(stored.generation, 1);
     assert_eq!(ids, ["b/0/enc", "b/0/pkg", "b/1/enc", "b/1/pkg"]);
-    assert!(ids.iter().all(|id| w.job(id).unwrap().state() == JobState::Pending));
+    assert!(
+        ids.iter()
+            .all(|id| w.job(id).unwrap().state() == JobState::Pending)
+    );
 }
 
 #[test]
 fn shrinking_a_bundle_stops_and_removes_the_jobs_that_went_away() {
     let mut w = world();
     w.register_bundle(&bundle("b", 2, 1.0, 1), 0).unwrap();
-    w.start_job("b/1/enc", "f1", JobRole::Normal as i32, 0).unwrap();
+    w.start_job("b/1/enc", "f1", JobRole::Normal as i32, 0)
+        .unwrap();
     w.take_events();
     let (stored, ids) = w.register_bundle(&bundle("b", 1, 1.0, 1), 1).unwrap();
     assert_eq!(stored.generation, 2);
     assert_eq!(ids, ["b/0/enc"]);
-    assert_eq!(kinds(&w.take_events()), ["BundleUpdated", "JobStopping", "JobUpdated", "JobRemoved"]);
+    assert_eq!(
+        kinds(&w.take_events()),
+        ["BundleUpdated", "JobStopping", "JobUpdated", "JobRemoved"]
+    );
     assert!(w.job("b/1/enc").is_none());
     assert_eq!(w.usage("f1"), (0.0, 0));
 }
@@ -142,14 +192,26 @@ fn the_worker_refuses_starts_beyond_capacity_cores_or_capabilities() {
         r.required_capabilities = vec!["gpu".into()];
     }
     w.register_bundle(&gpu, 0).unwrap();
-    assert_eq!(w.start_job("big/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Accepted);
+    assert_eq!(
+        w.start_job("big/0/enc", "f1", 0, 0).unwrap(),
+        StartOutcome::Accepted
+    );
     let reason = |o: StartOutcome| match o {
         StartOutcome::Rejected { reason, .. } => reason,
         StartOutcome::Accepted => RejectionReason::Unspecified,
     };
-    assert_eq!(reason(w.start_job("big/1/enc", "f1", 0, 0).unwrap()), RejectionReason::InsufficientCapacity);
-    assert_eq!(reason(w.start_job("cores/0/enc", "f2", 0, 0).unwrap()), RejectionReason::InsufficientCores);
-    assert_eq!(reason(w.start_job("gpu/0/enc", "f2", 0, 0).unwrap()), RejectionReason::MissingCapability);
+    assert_eq!(
+        reason(w.start_job("big/1/enc", "f1", 0, 0).unwrap()),
+        RejectionReason::InsufficientCapacity
+    );
+    assert_eq!(
+        reason(w.start_job("cores/0/enc", "f2", 0, 0).unwrap()),
+        RejectionReason::InsufficientCores
+    );
+    assert_eq!(
+        reason(w.start_job("gpu/0/enc", "f2", 0, 0).unwrap()),
+        RejectionReason::MissingCapability
+    );
     // the refusals were events, and nothing was reserved
     assert_eq!(w.usage("f2"), (0.0, 0));
 }
@@ -157,10 +219,24 @@ fn the_worker_refuses_starts_beyond_capacity_cores_or_capabilities() {
 #[test]
 fn a_starting_node_is_not_ready() {
     let mut w = world();
-    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 0).unwrap();
+    let n = w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
     w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
     let o = w.start_job("b/0/enc", &n.node_id, 0, 0).unwrap();
-    assert!(matches!(o, StartOutcome::Rejected { reason: RejectionReason::NodeNotReady, .. }));
+    assert!(matches!(
+        o,
+        StartOutcome::Rejected {
+            reason: RejectionReason::NodeNotReady,
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -169,9 +245,18 @@ fn reject_next_refuses_exactly_n_starts() {
     w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
     w.reject_next(2);
     for _ in 0..2 {
-        assert!(matches!(w.start_job("b/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Rejected { reason: RejectionReason::InjectedFault, .. }));
+        assert!(matches!(
+            w.start_job("b/0/enc", "f1", 0, 0).unwrap(),
+            StartOutcome::Rejected {
+                reason: RejectionReason::InjectedFault,
+                ..
+            }
+        ));
     }
-    assert_eq!(w.start_job("b/0/enc", "f1", 0, 0).unwrap(), StartOutcome::Accepted);
+    assert_eq!(
+        w.start_job("b/0/enc", "f1", 0, 0).unwrap(),
+        StartOutcome::Accepted
+    );
 }
 
 #[test]
@@ -179,7 +264,10 @@ fn a_second_live_instance_of_the_same_role_is_a_failed_precondition() {
     let mut w = world();
     w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
     w.start_job("b/0/enc", "f1", 0, 0).unwrap();
-    assert!(matches!(w.start_job("b/0/enc", "f2", 0, 0), Err(CommandError::FailedPrecondition(_))));
+    assert!(matches!(
+        w.start_job("b/0/enc", "f2", 0, 0),
+        Err(CommandError::FailedPrecondition(_))
+    ));
 }
 
 #[test]
@@ -192,7 +280,11 @@ fn instances_go_starting_running_stopping_stopped_and_release_capacity() {
     assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Running);
     w.stop_job("b/0/enc", 0, 20).unwrap();
     assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Stopping);
-    assert_eq!(w.usage("f1"), (30.0, 2), "stopping still holds its reservation");
+    assert_eq!(
+        w.usage("f1"),
+        (30.0, 2),
+        "stopping still holds its reservation"
+    );
     w.advance(30);
     assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Stopped);
     assert_eq!(w.usage("f1"), (0.0, 0));
@@ -212,7 +304,10 @@ fn terminating_a_node_emits_stopping_for_every_hosted_job_then_terminated() {
     w.take_events();
     w.terminate_node("f1", 1).unwrap();
     let evs = w.take_events();
-    assert_eq!(kinds(&evs).iter().filter(|k| **k == "JobStopping").count(), 3);
+    assert_eq!(
+        kinds(&evs).iter().filter(|k| **k == "JobStopping").count(),
+        3
+    );
     assert_eq!(kinds(&evs).last(), Some(&"NodeTerminated"));
     for r in 0..3 {
         let j = w.job(&format!("b/{r}/enc")).unwrap();
@@ -234,7 +329,10 @@ fn a_partitioned_zone_loses_its_nodes_and_healing_brings_them_back() {
     assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Failed);
     assert_eq!(w.partition_zone("z1", true, 2).unwrap(), ["f1"]);
     assert_eq!(w.node("f1").unwrap().state(), NodeState::Started);
-    assert!(w.partition_zone("z1", true, 3).unwrap().is_empty(), "healing twice does nothing");
+    assert!(
+        w.partition_zone("z1", true, 3).unwrap().is_empty(),
+        "healing twice does nothing"
+    );
 }
 
 fn running_job(w: &mut World) {
@@ -262,11 +360,28 @@ fn a_migration_moves_the_job_and_stops_the_source() {
     running_job(&mut w);
     w.migration_get_state("m", "b/0/enc", 20).unwrap();
     answer_all(&mut w, 21);
-    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::StateReceived);
-    w.migration_prepare_target("m", "f2", b"{\"pos\":1}", 22).unwrap();
-    assert_eq!(w.take_asks(), [JobAsk::InitialState { migration_id: "m".into(), job_id: "b/0/enc".into(), node_id: "f2".into(), payload: b"{\"pos\":1}".to_vec() }]);
+    assert_eq!(
+        w.migration("m").unwrap().phase(),
+        MigrationPhase::StateReceived
+    );
+    w.migration_prepare_target("m", "f2", b"{\"pos\":1}", 22)
+        .unwrap();
+    assert_eq!(
+        w.take_asks(),
+        [JobAsk::InitialState {
+            migration_id: "m".into(),
+            job_id: "b/0/enc".into(),
+            node_id: "f2".into(),
+            payload: b"{\"pos\":1}".to_vec()
+        }]
+    );
     w.migration_reply(
-        &JobAsk::InitialState { migration_id: "m".into(), job_id: "b/0/enc".into(), node_id: "f2".into(), payload: Vec::new() },
+        &JobAsk::InitialState {
+            migration_id: "m".into(),
+            job_id: "b/0/enc".into(),
+            node_id: "f2".into(),
+            payload: Vec::new(),
+        },
         JobReply::TargetReady(b"1".to_vec()),
         23,
     );
@@ -289,7 +404,10 @@ fn a_refused_state_aborts_the_migration_with_no_target() {
     let ask = w.take_asks().remove(0);
     w.migration_reply(&ask, JobReply::StateRefused("busy".into()), 21);
     let m = w.migration("m").unwrap();
-    assert_eq!((m.phase(), m.aborted_by(), m.abort_reason.as_str()), (MigrationPhase::Aborted, MigrationParty::Source, "busy"));
+    assert_eq!(
+        (m.phase(), m.aborted_by(), m.abort_reason.as_str()),
+        (MigrationPhase::Aborted, MigrationParty::Source, "busy")
+    );
     // a late answer to an aborted migration is ignored
     w.migration_reply(&ask, JobReply::State(b"null".to_vec()), 22);
     assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::Aborted);
@@ -312,26 +430,47 @@ fn killing_the_source_aborts_its_migration_and_stops_the_target() {
 fn migration_calls_out_of_order_are_failed_preconditions() {
     let mut w = world();
     running_job(&mut w);
-    assert!(matches!(w.migration_cutover("nope", b"", 1), Err(CommandError::NotFound(_))));
+    assert!(matches!(
+        w.migration_cutover("nope", b"", 1),
+        Err(CommandError::NotFound(_))
+    ));
     w.migration_get_state("m", "b/0/enc", 20).unwrap();
-    assert!(matches!(w.migration_cutover("m", b"", 21), Err(CommandError::FailedPrecondition(_))));
-    assert!(matches!(w.migration_get_state("m", "b/0/enc", 21), Err(CommandError::AlreadyExists(_))));
+    assert!(matches!(
+        w.migration_cutover("m", b"", 21),
+        Err(CommandError::FailedPrecondition(_))
+    ));
+    assert!(matches!(
+        w.migration_get_state("m", "b/0/enc", 21),
+        Err(CommandError::AlreadyExists(_))
+    ));
     answer_all(&mut w, 22);
-    assert!(matches!(w.migration_prepare_target("m", "f1", b"", 23), Err(CommandError::InvalidArgument(_))), "target = source");
+    assert!(
+        matches!(
+            w.migration_prepare_target("m", "f1", b"", 23),
+            Err(CommandError::InvalidArgument(_))
+        ),
+        "target = source"
+    );
 }
 
 #[test]
 fn the_event_log_answers_resume_too_old_and_unknown() {
     let mut w = world_with_log(3);
     for i in 0..5 {
-        w.register_bundle(&bundle(&format!("b{i}"), 1, 1.0, 1), 0).unwrap();
+        w.register_bundle(&bundle(&format!("b{i}"), 1, 1.0, 1), 0)
+            .unwrap();
     }
     let rev = w.revision();
     assert_eq!(w.events_after(rev, 10), Resume::Events(Vec::new()));
     assert_eq!(w.events_after(rev + 1, 10), Resume::Unknown);
     assert_eq!(w.events_after(1, 10), Resume::TooOld);
-    let Resume::Events(evs) = w.events_after(rev - 2, 10) else { panic!() };
-    assert_eq!(evs.iter().map(|e| e.revision).collect::<Vec<_>>(), [rev - 1, rev]);
+    let Resume::Events(evs) = w.events_after(rev - 2, 10) else {
+        panic!()
+    };
+    assert_eq!(
+        evs.iter().map(|e| e.revision).collect::<Vec<_>>(),
+        [rev - 1, rev]
+    );
 }
 
 #[test]
@@ -340,7 +479,15 @@ fn a_restored_world_equals_the_saved_one_and_finishes_pending_transitions() {
     running_job(&mut w);
     w.register_bundle(&bundle("c", 1, 1.0, 1), 0).unwrap();
     w.start_job("c/0/enc", "f2", 0, 11).unwrap();
-    let n = w.create_node(&CreateNodeRequest { pool: "e".into(), ..Default::default() }, 11).unwrap();
+    let n = w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                ..Default::default()
+            },
+            11,
+        )
+        .unwrap();
     let saved = w.persisted();
     let json = serde_json::to_string(&saved).unwrap();
     let back: PersistedWorld = serde_json::from_str(&json).unwrap();
@@ -368,13 +515,57 @@ fn malformed_commands_are_invalid_arguments() {
     let mut w = world();
     w.take_events();
     let bad = |r: Result<(), CommandError>| matches!(r, Err(CommandError::InvalidArgument(_)));
-    assert!(bad(w.create_node(&CreateNodeRequest::default(), 0).map(|_| ())));
-    assert!(bad(w.create_node(&CreateNodeRequest { pool: "nope".into(), ..Default::default() }, 0).map(|_| ())));
-    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), provider: 2, ..Default::default() }, 0).map(|_| ())), "oci in an aws pool");
-    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), region: "x".into(), ..Default::default() }, 0).map(|_| ())));
-    assert!(bad(w.create_node(&CreateNodeRequest { pool: "e".into(), instance_type: "huge".into(), ..Default::default() }, 0).map(|_| ())));
-    assert!(bad(w.register_bundle(&bundle("b", 1, f64::NAN, 1), 0).map(|_| ())));
-    assert!(bad(w.register_bundle(&bundle("b/x", 1, 1.0, 1), 0).map(|_| ())));
+    assert!(bad(w
+        .create_node(&CreateNodeRequest::default(), 0)
+        .map(|_| ())));
+    assert!(bad(w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "nope".into(),
+                ..Default::default()
+            },
+            0
+        )
+        .map(|_| ())));
+    assert!(
+        bad(w
+            .create_node(
+                &CreateNodeRequest {
+                    pool: "e".into(),
+                    provider: 2,
+                    ..Default::default()
+                },
+                0
+            )
+            .map(|_| ())),
+        "oci in an aws pool"
+    );
+    assert!(bad(w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                region: "x".into(),
+                ..Default::default()
+            },
+            0
+        )
+        .map(|_| ())));
+    assert!(bad(w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                instance_type: "huge".into(),
+                ..Default::default()
+            },
+            0
+        )
+        .map(|_| ())));
+    assert!(bad(w
+        .register_bundle(&bundle("b", 1, f64::NAN, 1), 0)
+        .map(|_| ())));
+    assert!(bad(w
+        .register_bundle(&bundle("b/x", 1, 1.0, 1), 0)
+        .map(|_| ())));
     let mut dup = bundle("b", 1, 1.0, 1);
     dup.jobs.push(dup.jobs[0].clone());
     assert!(bad(w.register_bundle(&dup, 0).map(|_| ())));

@@ -24,7 +24,11 @@ fn chaos(addr: &str, args: &[&str]) -> (bool, String) {
         .args(args)
         .output()
         .unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     (out.status.success(), text)
 }
 
@@ -32,7 +36,11 @@ fn chaos(addr: &str, args: &[&str]) -> (bool, String) {
 fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(bin())
-        .args(["serve", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml")])
+        .args([
+            "serve",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml"),
+        ])
         .arg("--state-dir")
         .arg(dir.path())
         .stdout(Stdio::piped())
@@ -43,7 +51,10 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     let child = Killed(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("manager-sim listening on ").expect(&line);
+    let addr = line
+        .trim()
+        .strip_prefix("manager-sim listening on ")
+        .expect(&line);
     let addr: std::net::SocketAddr = addr.parse().unwrap();
     assert!(addr.ip().is_loopback());
     let url = format!("http://{addr}");
@@ -55,7 +66,11 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     assert!(ok && out.contains("2 nodes"), "{out}");
     let (ok, out) = chaos(&url, &["partition-zone", "rack-b", "--heal"]);
     assert!(ok && out.contains("healed"), "{out}");
-    for args in [&["reject-next", "2"][..], &["cut-streams"], &["slow-provision", "5000"]] {
+    for args in [
+        &["reject-next", "2"][..],
+        &["cut-streams"],
+        &["slow-provision", "5000"],
+    ] {
         let (ok, out) = chaos(&url, args);
         assert!(ok, "{args:?}: {out}");
     }
@@ -77,13 +92,20 @@ fn check_config_lists_every_problem() {
         "pools:\n  - {name: p, kind: aws, region: r, zones: [], scaleOut: fixed}\n",
     )
     .unwrap();
-    let out = Command::new(bin()).arg("check-config").arg(&path).output().unwrap();
+    let out = Command::new(bin())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("at least one zone"), "{err}");
     assert!(err.contains("must be scaleOut: elastic"), "{err}");
     let ok = Command::new(bin())
-        .args(["check-config", concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml")])
+        .args([
+            "check-config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml"),
+        ])
         .output()
         .unwrap();
     assert!(ok.status.success());

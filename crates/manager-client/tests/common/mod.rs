@@ -68,7 +68,9 @@ pub fn fast(endpoint: String) -> ClientConfig {
 }
 
 pub async fn connect(endpoint: String) -> ManagerClient {
-    let c = ManagerClient::connect(fast(endpoint)).await.expect("connect");
+    let c = ManagerClient::connect(fast(endpoint))
+        .await
+        .expect("connect");
     c.wait_ready(WAIT).await.expect("ready");
     c
 }
@@ -111,14 +113,18 @@ impl Proxy {
         let (d, c) = (down.clone(), cut.clone());
         let task = tokio::spawn(async move {
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else { return };
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 if d.load(Ordering::SeqCst) {
                     drop(inbound);
                     continue;
                 }
                 let c = c.clone();
                 tokio::spawn(async move {
-                    let Ok(mut outbound) = TcpStream::connect(target).await else { return };
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         () = c.notified() => {}
@@ -126,7 +132,12 @@ impl Proxy {
                 });
             }
         });
-        Proxy { addr, down, cut, task }
+        Proxy {
+            addr,
+            down,
+            cut,
+            task,
+        }
     }
 
     pub fn endpoint(&self) -> String {

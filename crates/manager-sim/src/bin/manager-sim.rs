@@ -28,7 +28,11 @@ use manager_proto::{
 use manager_sim::{Sim, SimConfig};
 
 #[derive(Parser)]
-#[command(name = "manager-sim", version, about = "A simulated Norsk Manager (gRPC) with fault injection")]
+#[command(
+    name = "manager-sim",
+    version,
+    about = "A simulated Norsk Manager (gRPC) with fault injection"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,7 +63,12 @@ enum Command {
     /// Inject a fault into a running sim.
     Chaos {
         /// The sim's endpoint, e.g. http://127.0.0.1:6789.
-        #[arg(long, global = true, env = "MANAGER_SIM_ADDR", default_value = "http://127.0.0.1:6789")]
+        #[arg(
+            long,
+            global = true,
+            env = "MANAGER_SIM_ADDR",
+            default_value = "http://127.0.0.1:6789"
+        )]
         addr: String,
         /// Bearer token, if the sim requires one.
         #[arg(long, global = true, env = "MANAGER_SIM_TOKEN", hide_env_values = true)]
@@ -132,7 +141,12 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<(), String> {
     match cli.command {
-        Command::Serve { config, listen, state_dir, token } => {
+        Command::Serve {
+            config,
+            listen,
+            state_dir,
+            token,
+        } => {
             let mut cfg = match config {
                 Some(path) => SimConfig::from_file(&path).map_err(|e| e.to_string())?,
                 None => SimConfig::demo(),
@@ -151,7 +165,8 @@ async fn run(cli: Cli) -> Result<(), String> {
             let sigterm = async {
                 #[cfg(unix)]
                 {
-                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    {
                         Ok(mut s) => {
                             s.recv().await;
                         }
@@ -182,7 +197,10 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
         .map_err(|e| format!("bad --addr {addr:?}: {e}"))?
         .connect_timeout(std::time::Duration::from_secs(5))
         .timeout(std::time::Duration::from_secs(10));
-    let channel = endpoint.connect().await.map_err(|e| format!("cannot reach {addr}: {e}"))?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| format!("cannot reach {addr}: {e}"))?;
     let header = match &token {
         Some(t) => Some(
             format!("Bearer {t}")
@@ -199,11 +217,26 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
     });
     let resp = match fault {
         Fault::KillNode { id } => client.kill_node(KillNodeRequest { node_id: id }).await,
-        Fault::FailJob { id, message } => client.fail_job(FailJobRequest { job_id: id, message }).await,
+        Fault::FailJob { id, message } => {
+            client
+                .fail_job(FailJobRequest {
+                    job_id: id,
+                    message,
+                })
+                .await
+        }
         Fault::RejectNext { n } => client.reject_next(RejectNextRequest { count: n }).await,
         Fault::CutStreams => client.cut_streams(CutStreamsRequest {}).await,
-        Fault::SlowProvision { ms } => client.slow_provision(SlowProvisionRequest { delay_ms: ms }).await,
-        Fault::PartitionZone { zone, heal } => client.partition_zone(PartitionZoneRequest { zone, heal }).await,
+        Fault::SlowProvision { ms } => {
+            client
+                .slow_provision(SlowProvisionRequest { delay_ms: ms })
+                .await
+        }
+        Fault::PartitionZone { zone, heal } => {
+            client
+                .partition_zone(PartitionZoneRequest { zone, heal })
+                .await
+        }
     }
     .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;
     println!("{}", resp.into_inner().summary);

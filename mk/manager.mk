@@ -1,0 +1,16 @@
+# Manager gRPC API, manager-sim and manager-client (issue 6).
+
+.PHONY: test-manager bench-manager manager-sim lint-manager
+
+test-manager: ## test manager-proto, manager-sim and manager-client (loopback, property tests)
+	cargo test -p manager-proto -p manager-sim -p manager-client
+
+bench-manager: ## mirror ingest, 10k-node sync and StartJob rate over loopback; prints one summary line
+	@cargo bench -q -p manager-client --bench manager 2>/dev/null | grep '^manager '
+
+manager-sim: ## run the Manager simulator with the demo config (MANAGER_SIM_ARGS for more flags)
+	cargo run -q -p manager-sim --bin manager-sim -- serve --config crates/manager-sim/examples/demo.yaml $(MANAGER_SIM_ARGS)
+
+lint-manager: ## fmt check and clippy -D warnings for the manager crates
+	cargo fmt -p manager-proto -p manager-sim -p manager-client -- --check
+	cargo clippy -p manager-proto -p manager-sim -p manager-client --all-targets -- -D warnings
