@@ -1717,6 +1717,36 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
     }
 
     #[test]
+    fn the_documented_example_is_valid_but_for_its_secret_files() {
+        let doc = include_str!("../../../docs/operator-config.md");
+        let example = doc
+            .split("## A complete example")
+            .nth(1)
+            .and_then(|rest| rest.split("```yaml\n").nth(1))
+            .and_then(|rest| rest.split("```").next())
+            .unwrap_or_else(|| panic!("no example in docs/operator-config.md"));
+        let e = errors(example);
+        let paths: Vec<&str> = e.errors.iter().map(|x| x.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["manager.tokenFile", "manager.tls.caFile"],
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_documented_error_lines_are_what_the_loader_prints() {
+        let doc = include_str!("../../../docs/operator-config.md");
+        let e = errors(
+            "manager: { url: manager.example.com:6789 }\npendingWindw: 60\nbands: { gold: { maxRestartsPerHour: 0 }, silver: { onFailure: restrat } }\nleaderElection: { renewEvery: 15 }\n",
+        );
+        for line in e.to_string().lines() {
+            let shown = line.split(" (known here:").next().unwrap_or(line);
+            assert!(doc.contains(shown), "docs do not show: {line}");
+        }
+    }
+
+    #[test]
     fn durations_accept_seconds_decimals_and_units() {
         let cases = [
             ("60", 60_000),
