@@ -902,17 +902,10 @@ impl Walker {
             Value::Null => return None,
             Value::Mapping(m) => m,
             other => {
-                let what = if path.is_empty() { "the document" } else { "" };
-                let message = format!(
-                    "must be a mapping{}, not {}",
-                    if what.is_empty() {
-                        ""
-                    } else {
-                        " (key: value pairs)"
-                    },
-                    kind(other)
+                self.push(
+                    path,
+                    format!("must be a mapping of keys to values, not {}", kind(other)),
                 );
-                self.push(path, message);
                 return None;
             }
         };
@@ -1400,43 +1393,35 @@ fn parse_manager_url(url: &str) -> Result<ManagerUrl, (String, Option<String>)> 
     Ok(ManagerUrl { https, host, port })
 }
 
-fn check_dns_label(s: &str) -> Result<(), String> {
-    let ok = !s.is_empty()
+/// RFC 1123 label: 1 to 63 lowercase letters, digits or '-', not starting or ending with '-'.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
         && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
-        && !s.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = s.chars().take(64).collect();
-        Err(format!(
-            "`{shown}` is not a valid name: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit"
-        ))
-    }
+        && !s.ends_with('-')
 }
 
-fn check_dns_subdomain(s: &str) -> Result<(), String> {
-    let ok = !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        });
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = s.chars().take(64).collect();
-        Err(format!(
-            "`{shown}` is not a valid name: lowercase letters, digits, '-' and '.', at most 253 characters"
-        ))
+fn check_dns_label(s: &str) -> Result<(), String> {
+    if is_dns_label(s) {
+        return Ok(());
     }
+    let shown: String = s.chars().take(64).collect();
+    Err(format!(
+        "`{shown}` is not a valid name: at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit"
+    ))
+}
+
+/// RFC 1123 subdomain: labels joined by '.', at most 253 characters.
+fn check_dns_subdomain(s: &str) -> Result<(), String> {
+    if s.len() <= 253 && s.split('.').all(is_dns_label) {
+        return Ok(());
+    }
+    let shown: String = s.chars().take(64).collect();
+    Err(format!(
+        "`{shown}` is not a valid name: lowercase letters, digits, '-' and '.', at most 253 characters"
+    ))
 }
 
 fn check_file(errors: &mut Vec<ConfigError>, path: &str, file: &Path) {

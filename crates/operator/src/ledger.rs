@@ -9,9 +9,11 @@
 //!
 //! What "successful" means is the caller's call, made explicit here: a restart is successful
 //! once the restarted replica is *running again* (every job of the replica reported running by
-//! Manager), not when the start request was accepted. The caller calls [`RestartLedger::clear`]
-//! at that moment. A replica that flaps (starts, runs, fails, ...) therefore never reaches the
-//! ceiling as long as each restart actually comes up; one that keeps failing to come up does.
+//! Manager) and has stayed up for a stability period, not when the start request was
+//! accepted. The caller calls [`RestartLedger::clear`] at that moment. Without the stability
+//! period a replica that starts, runs for a second and crashes would clear its own count each
+//! time and never reach the ceiling; with it, such a crash loop is caught while a replica that
+//! fails now and then but always recovers is not.
 //!
 //! Pure: no clock and no I/O. Time is passed in as `DateTime<Utc>`. Memory is bounded: every
 //! call prunes the key it touches, a periodic sweep drops keys whose restarts all left the
