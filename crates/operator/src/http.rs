@@ -6,7 +6,7 @@
 //! | `GET /readyz` | `200` when ready, `503` otherwise; JSON `{ready, leader, role, cachesSynced, managerConnection}` |
 //! | `GET /metrics` | OpenMetrics text from [`Metrics::encode`] |
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
-//! | `POST /v1/what-if` | a `Bundle` as JSON in, the admission result against the live snapshot out |
+//! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out |
 //!
 //! Readiness: ready = (leader OR standby) AND caches synced. "Standby" means leader election
 //! has reported at least once and this replica does not hold the lease: a standby is ready so
@@ -27,7 +27,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
@@ -282,7 +282,20 @@ async fn trace(
     }
 }
 
-async fn what_if(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
+/// Whether the request says its body is YAML (`application/yaml`, `application/x-yaml`,
+/// `text/yaml`); anything else is read as JSON.
+fn is_yaml(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("yaml"))
+}
+
+async fn what_if(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let body = match body {
         Ok(body) => body,
         Err(rejection) => {
@@ -295,18 +308,26 @@ async fn what_if(State(state): State<AppState>, body: Result<Bytes, BytesRejecti
             return error(status, message);
         }
     };
-    let bundle: automanager_api::Bundle = match serde_json::from_slice(&body) {
+    let parsed = if is_yaml(&headers) {
+        serde_yaml::from_slice::<automanager_api::Bundle>(&body).map_err(|e| {
+            let at = e
+                .location()
+                .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
+                .unwrap_or_default();
+            format!("body is not a Bundle as YAML{at}: {e}")
+        })
+    } else {
+        serde_json::from_slice::<automanager_api::Bundle>(&body).map_err(|e| {
+            format!(
+                "body is not a Bundle as JSON (line {}, column {}): {e}",
+                e.line(),
+                e.column()
+            )
+        })
+    };
+    let bundle = match parsed {
         Ok(bundle) => bundle,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!(
-                    "body is not a Bundle as JSON (line {}, column {}): {e}",
-                    e.line(),
-                    e.column()
-                ),
-            );
-        }
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let debug = state.debug.clone();
     // Admission runs placement over the live snapshot: keep it off the async workers.

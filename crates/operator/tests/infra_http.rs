@@ -199,6 +199,31 @@ async fn what_if_returns_the_admission_result() {
 }
 
 #[tokio::test]
+async fn what_if_accepts_yaml_with_a_yaml_content_type() {
+    let yaml = "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: { name: clip, namespace: default }\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: encode\n      requirements: { requiredCapacity: 10, requiredCores: 4, priorityBand: bronze }\n";
+    let req = Request::post("/v1/what-if")
+        .header(header::CONTENT_TYPE, "application/yaml")
+        .body(Body::from(yaml))
+        .unwrap_or_default();
+    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), req).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json_of(&body)["name"], "clip");
+    let req = Request::post("/v1/what-if")
+        .header(header::CONTENT_TYPE, "application/yaml")
+        .body(Body::from("spec: [unclosed"))
+        .unwrap_or_default();
+    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), req).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        json_of(&body)["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not a Bundle as YAML"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn what_if_with_malformed_json_is_a_400_naming_the_position() {
     let (status, _, body) = call(
         app(Readiness::new(), Metrics::new()),
