@@ -225,19 +225,19 @@ pub struct LeaderElectionConfig {
 }
 
 impl LeaderElectionConfig {
-    /// The lease duration in whole seconds (at least 2).
+    /// The lease duration in whole seconds (at least 3).
     pub fn lease_duration_seconds(&self) -> u64 {
-        self.lease_duration.as_secs().max(2)
+        self.lease_duration.as_secs().max(3)
     }
 
     /// Seconds before expiry at which the holder renews (kube-lease-manager's "grace"):
-    /// `lease_duration - renew_every`, always in `1..lease_duration`.
+    /// `lease_duration - renew_every`, at least 2 and less than `lease_duration`.
     pub fn grace_seconds(&self) -> u64 {
         let duration = self.lease_duration_seconds();
         let renew = self
             .renew_every
             .map_or(duration * 2 / 3, |r| r.as_secs())
-            .clamp(1, duration - 1);
+            .clamp(1, duration.saturating_sub(2).max(1));
         duration - renew
     }
 }
@@ -594,18 +594,18 @@ impl OperatorConfig {
             &mut errors,
             "leaderElection.leaseDuration",
             le.lease_duration,
-            2,
+            3,
             600,
         );
         if let Some(renew) = le.renew_every
-            && check_whole_seconds(&mut errors, "leaderElection.renewEvery", renew, 1, 599)
+            && check_whole_seconds(&mut errors, "leaderElection.renewEvery", renew, 1, 598)
             && duration_ok
-            && renew >= le.lease_duration
+            && renew.as_secs() + 2 > le.lease_duration.as_secs()
         {
             errors.push(err(
                 "leaderElection.renewEvery",
                 format!(
-                    "must be shorter than leaderElection.leaseDuration ({}s), or the lease lapses between renewals",
+                    "must be at least 2s shorter than leaderElection.leaseDuration ({}s), so the holder renews before the lease lapses",
                     le.lease_duration.as_secs()
                 ),
             ));
@@ -2116,7 +2116,7 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
                 .message
                 .contains("whole seconds")
         );
-        let e = errors(&format!("{URL}leaderElection: {{ leaseDuration: 1 }}\n"));
+        let e = errors(&format!("{URL}leaderElection: {{ leaseDuration: 2 }}\n"));
         assert!(e.has("leaderElection.leaseDuration"));
         let e = errors(&format!(
             "{URL}leaderElection: {{ leaseDuration: 10, renewEvery: 10 }}\n"

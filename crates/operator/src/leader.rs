@@ -7,7 +7,13 @@
 //!   reporting `false` meanwhile rather than failing the process;
 //! - on `shutdown`, `false` is published first (stop acting), then the Lease is released so the
 //!   standby takes over at once instead of after `leaseDuration`;
-//! - when leader election is disabled in the settings, the receiver is always `true`.
+//! - when leader election is disabled in the settings, the receiver is always `true`;
+//! - the holder re-reads the Lease every second and reports `false` once it cannot confirm,
+//!   from the Lease's `renewTime + leaseDurationSeconds`, that the lease is still its own.
+//!   kube-lease-manager alone keeps saying "leader" while it cannot reach the apiserver, after
+//!   the others may have taken the lease over; this closes that gap. The holder renews at least
+//!   2 s before expiry (the settings enforce it), so a healthy holder reads its renewed lease
+//!   before the deadline; the same margin absorbs clock skew between replicas.
 //!
 //! kube-lease-manager counts in whole seconds: `leaseDuration` is the Lease's
 //! `leaseDurationSeconds`, and the holder renews `leaseDuration - renewEvery` seconds before the
@@ -17,6 +23,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -28,6 +36,52 @@ const FIELD_MANAGER_PREFIX: &str = "automanager-operator-lease";
 
 /// Longest wait for the Lease release at shutdown; past it the lease simply lapses.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the holder re-reads the Lease to confirm it still holds it.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// Reads the Lease: `Some(until)` (unix seconds: `renewTime + leaseDurationSeconds`) while
+/// `identity` holds it, `Some(0)` when someone else does or it is gone, `None` when it could
+/// not be read in time (the previous answer then runs out by itself).
+async fn confirm(
+    leases: &Api<Lease>,
+    settings: &LeaderElectionConfig,
+    identity: &str,
+) -> Option<i64> {
+    let read = tokio::time::timeout(CHECK_EVERY * 2, leases.get_opt(&settings.lease_name));
+    let lease = match read.await {
+        Ok(Ok(lease)) => lease,
+        Ok(Err(e)) => {
+            tracing::warn!(identity, error = %e, "cannot read the Lease to confirm leadership");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(
+                identity,
+                "reading the Lease to confirm leadership timed out"
+            );
+            return None;
+        }
+    };
+    let spec = lease.and_then(|l| l.spec);
+    let Some(spec) = spec.filter(|s| s.holder_identity.as_deref() == Some(identity)) else {
+        return Some(0);
+    };
+    let renewed = spec
+        .renew_time
+        .or(spec.acquire_time)
+        .map_or(0, |t| t.0.as_second());
+    let duration = spec
+        .lease_duration_seconds
+        .map_or(settings.lease_duration_seconds(), |d| {
+            u64::try_from(d).unwrap_or(0)
+        });
+    Some(renewed.saturating_add(i64::try_from(duration).unwrap_or(0)))
+}
 
 /// A running election.
 #[derive(Debug)]
@@ -94,28 +148,56 @@ async fn elect<F: Future<Output = ()>>(
                     identity,
                     "leader election started"
                 );
+                let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.lease_namespace);
+                let mut check = tokio::time::interval(CHECK_EVERY);
+                check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                // Until when the lease is known to be ours (unix seconds), from the last read.
+                let mut valid_until: Option<i64> = None;
                 let stopping = loop {
-                    let leader = *inner_rx.borrow_and_update();
+                    let held = *inner_rx.borrow_and_update();
+                    let leader = held && valid_until.is_some_and(|t| now_unix() < t);
                     if *tx.borrow() != leader {
                         tracing::info!(identity, leader, "leadership changed");
                     }
                     let _ = tx.send(leader);
                     tokio::select! {
                         () = &mut shutdown => break true,
-                        changed = inner_rx.changed() => if changed.is_err() { break false },
+                        changed = inner_rx.changed() => {
+                            if changed.is_err() {
+                                break false;
+                            }
+                            if *inner_rx.borrow() {
+                                valid_until = confirm(&leases, settings, identity).await.or(valid_until);
+                            }
+                        }
+                        _ = check.tick() => {
+                            if held {
+                                valid_until = confirm(&leases, settings, identity).await.or(valid_until);
+                            }
+                        }
                     }
                 };
                 // Stop acting first, then let go of the lease: closing the channel makes
-                // kube-lease-manager's task release it and return.
+                // kube-lease-manager's task release it and return. Its release trusts its
+                // cached view of the Lease and would clear a lease someone else has taken
+                // since, so release only what a fresh read shows is still ours.
                 let _ = tx.send(false);
-                drop(inner_rx);
                 let abort = handle.abort_handle();
+                let ours = confirm(&leases, settings, identity)
+                    .await
+                    .is_some_and(|t| t > 0);
+                if !ours {
+                    abort.abort();
+                    tracing::info!(identity, "not holding the lease; nothing to release");
+                }
+                drop(inner_rx);
                 match tokio::time::timeout(RELEASE_TIMEOUT, handle).await {
                     Ok(Ok(Ok(_))) if stopping => tracing::info!(identity, "lease released"),
                     Ok(Ok(Ok(_))) => {
                         tracing::warn!(identity, "lease manager stopped; restarting it")
                     }
                     Ok(Ok(Err(e))) => tracing::warn!(identity, error = %e, "lease manager failed"),
+                    Ok(Err(e)) if e.is_cancelled() => {}
                     Ok(Err(e)) => tracing::warn!(identity, error = %e, "lease manager task failed"),
                     Err(_) => {
                         abort.abort();

@@ -16,7 +16,7 @@ fn settings(enabled: bool) -> LeaderElectionConfig {
         enabled,
         lease_name: "automanager-operator-test".into(),
         lease_namespace: "default".into(),
-        lease_duration: Duration::from_secs(3),
+        lease_duration: Duration::from_secs(4),
         renew_every: Some(Duration::from_secs(2)),
     }
 }
@@ -144,4 +144,45 @@ async fn an_unreachable_apiserver_means_not_leader_and_shutdown_still_works() {
         .await
         .unwrap_or_else(|_| panic!("did not stop"))
         .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn a_leader_whose_lease_is_taken_over_stops_leading() {
+    match testenv::control_plane_available() {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => panic!("{e}"),
+    }
+    let env = testenv::TestEnv::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = env.client();
+    let (mut a, stop_a) = start(client.clone(), true, "replica-a").await;
+    wait_for(&mut a.is_leader, true).await;
+
+    // Someone else writes itself into the Lease (as a partitioned-then-replaced leader sees it).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let patch = serde_json::json!({
+        "spec": { "holderIdentity": "intruder", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 600 }
+    });
+    leases
+        .patch(
+            "automanager-operator-test",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    wait_for(&mut a.is_leader, false).await;
+    let _ = stop_a.send(());
+    tokio::time::timeout(BOUND, a.task)
+        .await
+        .unwrap_or_else(|_| panic!("did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Its release did not clear someone else's lease.
+    assert_eq!(holder(&client).await.as_deref(), Some("intruder"));
 }
