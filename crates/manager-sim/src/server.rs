@@ -289,6 +289,13 @@ fn status(e: CommandError) -> Status {
     }
 }
 
+fn migration_response(m: manager_proto::Migration) -> Response<MigrationResponse> {
+    Response::new(MigrationResponse {
+        migration: Some(m),
+        ..Default::default()
+    })
+}
+
 fn missing(field: &str) -> Status {
     Status::invalid_argument(format!("{field} is required"))
 }
@@ -647,10 +654,7 @@ impl Manager for ManagerSvc {
             .0
             .apply(|w, now| w.migration_get_state(&req.migration_id, &req.job_id, now))
             .map_err(status)?;
-        Ok(Response::new(MigrationResponse {
-            migration: Some(m),
-            ..Default::default()
-        }))
+        Ok(migration_response(m))
     }
 
     async fn migration_prepare_target(
@@ -690,10 +694,7 @@ impl Manager for ManagerSvc {
             .0
             .apply(|w, now| w.migration_cutover(&req.migration_id, &req.payload, now))
             .map_err(status)?;
-        Ok(Response::new(MigrationResponse {
-            migration: Some(m),
-            ..Default::default()
-        }))
+        Ok(migration_response(m))
     }
 
     async fn migration_abort(
@@ -705,10 +706,7 @@ impl Manager for ManagerSvc {
             .0
             .apply(|w, now| w.migration_abort(&req.migration_id, &req.reason, now))
             .map_err(status)?;
-        Ok(Response::new(MigrationResponse {
-            migration: Some(m),
-            ..Default::default()
-        }))
+        Ok(migration_response(m))
     }
 
     type WatchStream = WatchStream;

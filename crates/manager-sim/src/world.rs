@@ -272,6 +272,17 @@ fn is_final(phase: i32) -> bool {
     phase == MigrationPhase::Completed as i32 || phase == MigrationPhase::Aborted as i32
 }
 
+/// What a worker advertises: its capabilities, plus the job socket one
+/// while its listener is up; sorted, without duplicates.
+fn advertised(mut capabilities: Vec<String>, job_socket: bool) -> Vec<String> {
+    if job_socket {
+        capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
+    }
+    capabilities.sort();
+    capabilities.dedup();
+    capabilities
+}
+
 /// The deterministic id of a bundle's runtime job.
 pub fn job_id(bundle_id: &str, replica: u32, job_name: &str) -> String {
     format!("{bundle_id}/{replica}/{job_name}")
@@ -345,12 +356,7 @@ impl World {
             if self.nodes.contains_key(&decl.id) {
                 continue;
             }
-            let mut capabilities = decl.capabilities.clone();
-            if pool.job_socket {
-                capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
-            }
-            capabilities.sort();
-            capabilities.dedup();
+            let capabilities = advertised(decl.capabilities.clone(), pool.job_socket);
             let node = Node {
                 node_id: decl.id.clone(),
                 pool: pool.name.clone(),
@@ -371,15 +377,7 @@ impl World {
                 state_changed_at_ms: now_ms,
             };
             self.nodes.insert(node.node_id.clone(), node.clone());
-            let inventory = node.inventory.clone();
-            self.emit(
-                now_ms,
-                event::Kind::NodeStarted(NodeStarted { node: Some(node) }),
-            );
-            self.emit(
-                now_ms,
-                event::Kind::Inventory(InventoryUpdated { inventory }),
-            );
+            self.emit_started(node, now_ms);
         }
     }
 
@@ -852,14 +850,10 @@ impl World {
         let Some(node) = self.nodes.get_mut(id) else {
             return;
         };
-        let (capacity, cores, mut capabilities) = it
+        let (capacity, cores, capabilities) = it
             .map(|t| (t.capacity, t.cores, t.capabilities))
             .unwrap_or_default();
-        if job_socket {
-            capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
-        }
-        capabilities.sort();
-        capabilities.dedup();
+        let capabilities = advertised(capabilities, job_socket);
         node.state = NodeState::Started as i32;
         node.state_changed_at_ms = now_ms;
         node.inventory = Some(NodeInventory {
@@ -870,6 +864,11 @@ impl World {
             capabilities,
         });
         let node = node.clone();
+        self.emit_started(node, now_ms);
+    }
+
+    /// A node is up: NodeStarted, then its inventory.
+    fn emit_started(&mut self, node: Node, now_ms: i64) {
         let inventory = node.inventory.clone();
         self.emit(
             now_ms,
