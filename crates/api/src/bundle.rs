@@ -89,7 +89,7 @@ pub struct ReplicaOverride {
     pub pools: Vec<String>,
 }
 
-/// A replicated group of jobs: the seed's `Bundle`. Its bundle id in Manager is `<namespace>/<name>`.
+/// A replicated group of jobs: the seed's `Bundle`. Its bundle id in Manager is `<namespace>.<name>`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "automanager.norsk.io",

@@ -1,0 +1,186 @@
+//! `automanager-operator`: the AutoManager operator process.
+//!
+//! Loads and validates the config (exits 2 listing every problem), connects to Kubernetes and to
+//! Manager, serves `/healthz`, `/readyz`, `/metrics` and the debugging API, takes part in leader
+//! election and, while leader, runs the controllers. SIGTERM or Ctrl-C stops it cleanly; losing
+//! the lease stops it too (exit 1), so a restarted process starts from a clean slate.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_operator::config::{ConfigOverrides, OperatorConfig};
+use automanager_operator::controllers::Context;
+use automanager_operator::http::{self, Readiness};
+use automanager_operator::leader::run_leader_election;
+use automanager_operator::metrics::Metrics;
+use automanager_operator::runtime::{DebugState, run_controllers};
+use automanager_operator::settings::Settings;
+use clap::Parser;
+use futures::FutureExt;
+use tokio::sync::watch;
+
+#[derive(Parser, Debug)]
+#[command(name = "automanager-operator", version, about = "The AutoManager Kubernetes operator")]
+struct Cli {
+    /// The operator's config file (YAML; see docs/operator-config.md). Without it every setting
+    /// takes its default and `--manager-url` is required.
+    #[arg(long, env = "AUTOMANAGER_CONFIG", value_name = "PATH")]
+    config: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: ConfigOverrides,
+    /// Log format.
+    #[arg(long, env = "AUTOMANAGER_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
+    /// This replica's identity in leader election (default: hostname and pid).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+fn init_tracing(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match OperatorConfig::load(cli.config.as_deref(), &cli.overrides) {
+        Ok(c) => c,
+        Err(errors) => {
+            eprintln!("automanager-operator: invalid configuration:\n{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    init_tracing(&cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("automanager-operator: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config, cli.identity)) {
+        Ok(code) => code,
+        Err(e) => {
+            tracing::error!(error = %e, "operator stopped");
+            eprintln!("automanager-operator: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c().map(|_| ());
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}
+
+async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result<ExitCode> {
+    let identity = identity.unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "localhost".into());
+        format!("{host}-{}", std::process::id())
+    });
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = {
+        let rx = stop_rx.clone();
+        move || {
+            let mut rx = rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutdown requested");
+        let _ = stop_tx.send(true);
+    });
+
+    let client = kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    let manager_config = config.manager.client_config().map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
+    let manager = manager_client::ManagerClient::connect(manager_config).await.map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
+    let metrics = Metrics::new();
+    let readiness = Readiness::new();
+    let settings = Settings::from_config(&config);
+    let ctx = Context::new(client.clone(), manager.clone(), settings, metrics.clone(), &identity);
+
+    // Manager's connection state is part of readiness.
+    {
+        let readiness = readiness.clone();
+        let mut state = manager.state();
+        tokio::spawn(async move {
+            loop {
+                readiness.set_manager_connection(state.borrow_and_update().as_str());
+                if state.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+
+    let server = tokio::spawn(http::serve(config.http.bind_address, Arc::new(DebugState(ctx.clone())), metrics.clone(), readiness.clone(), stopped()));
+
+    let election = run_leader_election(client.clone(), &config.leader_election, identity.clone(), stopped()).await;
+    let mut is_leader = election.is_leader.clone();
+    tracing::info!(identity = %identity, "waiting for leadership");
+    readiness.set_caches_synced(true);
+    readiness.set_leader(false);
+    tokio::select! {
+        r = is_leader.wait_for(|l| *l) => { if r.is_err() { return Ok(ExitCode::SUCCESS) } }
+        _ = stopped() => { manager.close().await; let _ = election.task.await; return Ok(ExitCode::SUCCESS) }
+    }
+    readiness.set_leader(true);
+    tracing::info!(identity = %identity, "leading: starting controllers");
+    if manager.wait_ready(Duration::from_secs(30)).await.is_err() {
+        tracing::warn!("Manager is not reachable yet; controllers start and report Stalled until it is");
+    }
+
+    // Stop when asked, or when leadership is lost.
+    let (lost_tx, lost_rx) = watch::channel(false);
+    {
+        let mut is_leader = election.is_leader.clone();
+        tokio::spawn(async move {
+            let _ = is_leader.wait_for(|l| !*l).await;
+            let _ = lost_tx.send(true);
+        });
+    }
+    let controllers_stop = {
+        let stopped = stopped();
+        let mut lost = lost_rx.clone();
+        async move {
+            tokio::select! { _ = stopped => {}, _ = lost.wait_for(|l| *l) => {} }
+        }
+        .shared()
+    };
+    run_controllers(ctx, controllers_stop).await;
+    let lost = *lost_rx.borrow() && !*stop_rx.borrow();
+    manager.close().await;
+    if lost {
+        // The election and the HTTP server run until shutdown; a process that lost the lease
+        // exits now instead, so its replacement starts from a clean slate.
+        tracing::error!("lost leadership; exiting so a fresh process can stand by");
+        return Ok(ExitCode::FAILURE);
+    }
+    let _ = election.task.await;
+    let _ = server.await;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,176 @@
+//! The controllers, one per custom resource, and what they share.
+//!
+//! Each `reconcile` reads like the seed's prose: observe (the object, the mirror), decide with
+//! pure code (placement, band policy, the restart ledger), act (Manager commands), record
+//! (status with server-side apply, Events, metrics).
+
+pub mod bundle;
+pub mod node;
+pub mod pool;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use automanager_api as api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Client, Resource, ResourceExt};
+use manager_client::ManagerClient;
+
+use crate::health::NodeHealth;
+use crate::ledger::RestartLedger;
+use crate::metrics::Metrics;
+use crate::model::ClusterModel;
+use crate::settings::Settings;
+
+/// Why a reconcile failed. Variant names show up in logs and in the reconcile metric's label.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("Manager: {0}")]
+    Manager(#[from] manager_client::ClientError),
+    #[error("Manager is unreachable ({0}); will retry")]
+    ManagerUnavailable(String),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    #[error("object has no namespace")]
+    NoNamespace,
+}
+
+impl Error {
+    /// A short stable name for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::Manager(_) => "manager",
+            Error::ManagerUnavailable(_) => "managerUnavailable",
+            Error::Finalizer(_) => "finalizer",
+            Error::NoNamespace => "noNamespace",
+        }
+    }
+}
+
+/// Everything the controllers share.
+pub struct Context {
+    pub client: Client,
+    pub manager: ManagerClient,
+    pub settings: Settings,
+    pub metrics: Metrics,
+    pub recorder: Recorder,
+    pub model: Mutex<ClusterModel>,
+    pub ledger: Mutex<RestartLedger>,
+    pub health: Mutex<NodeHealth>,
+    /// The full placement trace of each bundle's last decision per replica, for `/debug/trace`.
+    pub traces: Mutex<HashMap<(String, String), BTreeMap<u32, serde_json::Value>>>,
+    /// Job ids of bronze jobs dropped after a failure (they stay down until a retry or a spec change).
+    pub dropped: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
+    /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
+    pub broken: Mutex<std::collections::HashSet<String>>,
+    /// Asks the Bundle controller to look at every bundle (a pool or node changed).
+    pub bundle_trigger: tokio::sync::broadcast::Sender<()>,
+}
+
+impl Context {
+    pub fn new(client: Client, manager: ManagerClient, settings: Settings, metrics: Metrics, identity: &str) -> Arc<Self> {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter { controller: "automanager-operator".into(), instance: Some(identity.to_owned()) },
+        );
+        let (bundle_trigger, _) = tokio::sync::broadcast::channel(64);
+        Arc::new(Context {
+            client,
+            manager,
+            model: Mutex::new(ClusterModel::new(settings.pending_window.as_millis() as u64)),
+            ledger: Mutex::new(RestartLedger::default()),
+            health: Mutex::new(NodeHealth::new(settings.rejection_threshold, settings.rejection_window)),
+            settings,
+            metrics,
+            recorder,
+            traces: Mutex::new(HashMap::new()),
+            dropped: Mutex::new(HashMap::new()),
+            broken: Mutex::new(std::collections::HashSet::new()),
+            bundle_trigger,
+        })
+    }
+
+    /// Poison-tolerant locks: a panic elsewhere must not wedge the operator.
+    pub fn model(&self) -> MutexGuard<'_, ClusterModel> {
+        self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn ledger(&self) -> MutexGuard<'_, RestartLedger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn health(&self) -> MutexGuard<'_, NodeHealth> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn traces(&self) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, serde_json::Value>>> {
+        self.traces.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn dropped(&self) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
+        self.dropped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records whether a bundle is Broken and updates the gauge.
+    pub fn set_broken(&self, bundle_id: &str, broken: bool) {
+        let mut set = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = if broken { set.insert(bundle_id.to_owned()) } else { set.remove(bundle_id) };
+        if changed {
+            self.metrics.set_broken_bundles(i64::try_from(set.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Whether the mirror is synced with Manager.
+    pub fn manager_ready(&self) -> bool {
+        self.manager.connection_state() == manager_client::ConnectionState::Ready
+    }
+
+    pub fn manager_unavailable(&self) -> Error {
+        let state = self.manager.connection_state().as_str();
+        let detail = self.manager.last_error().map(|e| format!(": {e}")).unwrap_or_default();
+        Error::ManagerUnavailable(format!("connection {state}{detail}"))
+    }
+
+    /// Publishes an Event about `obj`; failures are logged, never fatal.
+    pub async fn event<K>(&self, obj: &K, type_: EventType, reason: &str, action: &str, note: String)
+    where
+        K: Resource<DynamicType = ()>,
+    {
+        let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1000).collect()), action: action.into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
+            tracing::warn!(object = %obj.meta().name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
+        }
+    }
+}
+
+/// How long to wait before retrying after an error.
+pub fn backoff_for(error: &Error) -> Duration {
+    match error {
+        Error::ManagerUnavailable(_) => Duration::from_secs(3),
+        Error::Kube(kube::Error::Api(s)) if s.code == 409 => Duration::from_millis(200),
+        _ => Duration::from_secs(5),
+    }
+}
+
+/// The namespace and name of a namespaced object.
+pub fn ns_name<K: ResourceExt>(obj: &K) -> Result<(String, String), Error> {
+    Ok((obj.namespace().ok_or(Error::NoNamespace)?, obj.name_any()))
+}
+
+/// Milliseconds since the epoch, the clock the engine and Manager share.
+pub fn now_ms(now: chrono::DateTime<chrono::Utc>) -> u64 {
+    u64::try_from(now.timestamp_millis()).unwrap_or(0)
+}
+
+/// A condition with the object's generation.
+pub fn condition(
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> api::Condition {
+    let s = if status { api::ConditionStatus::True } else { api::ConditionStatus::False };
+    api::Condition::new(type_, s, reason, message, generation, now)
+}

@@ -1,0 +1,17 @@
+//! # automanager-operator
+//!
+//! The operator binary's library: one controller per custom resource, reconciling the user's
+//! desired state against Manager's state as mirrored by `manager-client`, with placement
+//! decided by `automanager-placement`.
+
+pub mod config;
+pub mod http;
+pub mod leader;
+pub mod ledger;
+pub mod metrics;
+pub mod mapping;
+pub mod model;
+pub mod controllers;
+pub mod health;
+pub mod settings;
+pub mod runtime;

@@ -1,0 +1,368 @@
+//! Translations between the three vocabularies the operator speaks: the CRDs
+//! (`automanager_api`), the placement engine's model (`automanager_placement`) and Manager's
+//! wire types (`manager_proto`). Pure functions, no I/O.
+
+use std::collections::BTreeMap;
+
+use automanager_api as api;
+use automanager_placement as pl;
+use manager_proto as proto;
+
+/// Node tag that marks a hot spare (the seed's `spare=true`).
+pub const SPARE_TAG: &str = "spare";
+/// Node tag that dedicates a spare to one band.
+pub const SPARE_BAND_TAG: &str = "spare-band";
+/// Node tag naming the HotSpareTarget that provisioned a spare.
+pub const SPARE_TARGET_TAG: &str = "automanager.hot-spare-target";
+/// Node tag naming the bundle a node was provisioned for.
+pub const PROVISIONED_FOR_TAG: &str = "automanager.provisioned-for";
+
+/// Manager's bundle id for a Bundle object: `<namespace>.<name>`. Namespaces are DNS labels
+/// (no dots), so the first dot splits it back unambiguously; Manager refuses `/` in ids.
+pub fn bundle_id(namespace: &str, name: &str) -> String {
+    format!("{namespace}.{name}")
+}
+
+/// The Bundle object a Manager bundle id belongs to, as `(namespace, name)`.
+pub fn bundle_object(bundle_id: &str) -> Option<(&str, &str)> {
+    let (ns, name) = bundle_id.split_once('.')?;
+    (!ns.is_empty() && !name.is_empty()).then_some((ns, name))
+}
+
+/// The object name of a ManagerNode for a Manager node id: the id itself when it is a valid
+/// DNS subdomain, else a sanitised form with a short hash so distinct ids stay distinct.
+pub fn node_object_name(node_id: &str) -> String {
+    let valid = !node_id.is_empty()
+        && node_id.len() <= 253
+        && node_id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && node_id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && node_id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if valid {
+        return node_id.to_owned();
+    }
+    let mut clean: String = node_id
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .collect();
+    clean.truncate(200);
+    let clean = clean.trim_matches('-');
+    // FNV-1a: stable across runs and platforms, unlike the std hasher.
+    let hash = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{}-{:08x}", if clean.is_empty() { "node" } else { clean }, hash as u32)
+}
+
+pub fn band(b: api::PriorityBand) -> pl::PriorityBand {
+    match b {
+        api::PriorityBand::Gold => pl::PriorityBand::Gold,
+        api::PriorityBand::Silver => pl::PriorityBand::Silver,
+        api::PriorityBand::Bronze => pl::PriorityBand::Bronze,
+    }
+}
+
+pub fn parse_band(s: &str) -> Option<api::PriorityBand> {
+    match s {
+        "gold" => Some(api::PriorityBand::Gold),
+        "silver" => Some(api::PriorityBand::Silver),
+        "bronze" => Some(api::PriorityBand::Bronze),
+        _ => None,
+    }
+}
+
+/// Capacity and cores are whole units in the CRDs; the engine and Manager use f64 / u32.
+fn cores(c: i32) -> u32 {
+    u32::try_from(c).unwrap_or(0)
+}
+
+pub fn rules(r: &api::PlacementRules) -> pl::PlacementRules {
+    fn strength(e: api::Enforcement) -> pl::Strength {
+        match e {
+            api::Enforcement::Hard => pl::Strength::Hard,
+            api::Enforcement::Soft => pl::Strength::Soft,
+        }
+    }
+    let mut out = pl::PlacementRules::none();
+    match r.node.relation {
+        api::Relation::Same => out.same_node = Some(strength(r.node.enforcement)),
+        api::Relation::Different => out.different_node = Some(strength(r.node.enforcement)),
+        api::Relation::Any => {}
+    }
+    match r.zone.relation {
+        api::Relation::Same => out.same_zone = Some(strength(r.zone.enforcement)),
+        api::Relation::Different => out.different_zone = Some(strength(r.zone.enforcement)),
+        api::Relation::Any => {}
+    }
+    out
+}
+
+pub fn job(j: &api::BundleJob) -> pl::JobSpec {
+    pl::JobSpec {
+        job_name: j.job_name.clone(),
+        requirements: pl::Requirements {
+            required_capacity: j.requirements.required_capacity as f64,
+            required_cores: cores(j.requirements.required_cores),
+            required_capabilities: j.requirements.required_capabilities.clone(),
+            priority_band: band(j.requirements.priority_band),
+        },
+        co_locate_with: j.co_locate_with.clone(),
+        separate_from: j.separate_from.clone(),
+    }
+}
+
+/// A Bundle as the engine sees it.
+pub fn bundle(bundle_id: &str, spec: &api::BundleSpec) -> pl::BundleSpec {
+    pl::BundleSpec {
+        bundle_id: bundle_id.to_owned(),
+        replicas: u32::try_from(spec.replicas).unwrap_or(0),
+        pools: spec.pools.clone(),
+        jobs: spec.jobs.iter().map(job).collect(),
+        replica_overrides: spec
+            .replica_overrides
+            .iter()
+            .filter_map(|o| Some((u32::try_from(o.replica).ok()?, pl::ReplicaOverride { pools: o.pools.clone() })))
+            .collect::<BTreeMap<_, _>>(),
+        intra_replica_placement: rules(&spec.intra_replica_rules()),
+        inter_replica_placement: rules(&spec.inter_replica_placement),
+    }
+}
+
+/// A Bundle as Manager registers it.
+pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
+    proto::Bundle {
+        bundle_id: bundle_id.to_owned(),
+        replicas: u32::try_from(spec.replicas).unwrap_or(0),
+        jobs: spec
+            .jobs
+            .iter()
+            .map(|j| proto::BundleJob {
+                job_name: j.job_name.clone(),
+                requirements: Some(proto::JobRequirements {
+                    required_capacity: j.requirements.required_capacity as f64,
+                    required_cores: j.requirements.required_cores,
+                    required_capabilities: j.requirements.required_capabilities.clone(),
+                    priority_band: j.requirements.priority_band.as_str().to_owned(),
+                }),
+                config: Vec::new(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// Whether Manager's registered bundle already matches what we would register (the generation
+/// Manager keeps is its own and is ignored).
+pub fn registered_matches(registered: &proto::Bundle, wanted: &proto::Bundle) -> bool {
+    registered.bundle_id == wanted.bundle_id && registered.replicas == wanted.replicas && registered.jobs == wanted.jobs
+}
+
+pub fn pool_kind(k: api::PoolKind) -> pl::PoolKind {
+    match k {
+        api::PoolKind::Aws => pl::PoolKind::Aws,
+        api::PoolKind::Oci => pl::PoolKind::Oci,
+        api::PoolKind::Cluster => pl::PoolKind::Cluster,
+    }
+}
+
+pub fn provider(k: api::PoolKind) -> proto::ProviderKind {
+    match k {
+        api::PoolKind::Aws => proto::ProviderKind::Aws,
+        api::PoolKind::Oci => proto::ProviderKind::Oci,
+        api::PoolKind::Cluster => proto::ProviderKind::Cluster,
+    }
+}
+
+pub fn api_provider(p: i32) -> Option<api::PoolKind> {
+    match proto::ProviderKind::try_from(p).ok()? {
+        proto::ProviderKind::Aws => Some(api::PoolKind::Aws),
+        proto::ProviderKind::Oci => Some(api::PoolKind::Oci),
+        proto::ProviderKind::Cluster => Some(api::PoolKind::Cluster),
+        proto::ProviderKind::Unspecified => None,
+    }
+}
+
+/// A PlacementPool as the engine sees it.
+pub fn pool(name: &str, spec: &api::PlacementPoolSpec) -> pl::PoolSpec {
+    pl::PoolSpec {
+        name: name.to_owned(),
+        kind: pool_kind(spec.kind),
+        region: spec.region.clone(),
+        zones: spec.zones.clone(),
+        packing_strategy: match spec.packing_strategy {
+            api::PackingStrategy::Binpack => pl::PackingStrategy::Binpack,
+            api::PackingStrategy::Spread => pl::PackingStrategy::Spread,
+        },
+        scale_out: match spec.scale_out {
+            api::ScaleOut::Elastic => pl::ScaleOut::Elastic,
+            api::ScaleOut::Fixed => pl::ScaleOut::Fixed,
+        },
+        candidate_instance_types: spec
+            .candidate_instance_types
+            .iter()
+            .map(|t| pl::InstanceTypeSpec {
+                instance_type: t.instance_type.clone(),
+                total_capacity: t.total_capacity as f64,
+                total_cores: cores(t.total_cores),
+                capabilities: t.capabilities.clone(),
+            })
+            .collect(),
+        max_nodes: spec.max_nodes.and_then(|m| u32::try_from(m).ok()),
+    }
+}
+
+/// What the operator layers over Manager's view of a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeOverlay {
+    /// `ManagerNode.spec.cordoned`, or a drain in progress.
+    pub cordoned: bool,
+    /// False when the node's rejection rate tripped the threshold.
+    pub unhealthy: bool,
+}
+
+/// Whether Manager's node is a hot spare, and for which band.
+pub fn spare_of(node: &proto::Node) -> (bool, Option<api::PriorityBand>) {
+    let spare = node.tags.get(SPARE_TAG).is_some_and(|v| v == "true");
+    (spare, node.tags.get(SPARE_BAND_TAG).and_then(|b| parse_band(b)))
+}
+
+/// A Manager node as the engine sees it, or `None` when it can take no job (stopped or
+/// terminated). A starting node counts as pending capacity; its size comes from its inventory
+/// or, before the worker reports one, from its pool's candidate instance type.
+pub fn node(
+    n: &proto::Node,
+    usage: (f64, i32),
+    overlay: NodeOverlay,
+    pool_spec: Option<&pl::PoolSpec>,
+) -> Option<pl::NodeSpec> {
+    let state = proto::NodeState::try_from(n.state).unwrap_or(proto::NodeState::Unspecified);
+    let pending = match state {
+        proto::NodeState::Started => false,
+        proto::NodeState::Starting => true,
+        _ => return None,
+    };
+    let (capacity, total_cores, capabilities, zone) = match &n.inventory {
+        Some(inv) => (inv.capacity, u32::try_from(inv.cores).unwrap_or(0), inv.capabilities.clone(), inv.zone.clone()),
+        None => {
+            let t = pool_spec?.candidate_instance_types.iter().find(|t| t.instance_type == n.instance_type)?;
+            (t.total_capacity, t.total_cores, t.capabilities.clone(), n.zone.clone())
+        }
+    };
+    let zone = if zone.is_empty() { n.zone.clone() } else { zone };
+    let (spare, spare_band) = spare_of(n);
+    let spare = spare && usage.0 <= 0.0;
+    Some(pl::NodeSpec {
+        id: n.node_id.clone(),
+        pool: n.pool.clone(),
+        zone: (!zone.is_empty()).then_some(zone),
+        instance_type: (!n.instance_type.is_empty()).then(|| n.instance_type.clone()),
+        total_capacity: capacity.max(0.0),
+        used_capacity: usage.0.max(0.0),
+        total_cores,
+        used_cores: u32::try_from(usage.1).unwrap_or(0),
+        capabilities,
+        cordoned: overlay.cordoned,
+        healthy: !overlay.unhealthy,
+        spare,
+        spare_band: if spare { spare_band.map(band) } else { None },
+        pending_since_ms: pending.then(|| u64::try_from(n.created_at_ms).unwrap_or(0)),
+    })
+}
+
+/// Whether a job instance holds capacity on its node.
+pub fn holds_capacity(state: i32) -> bool {
+    matches!(
+        proto::JobState::try_from(state),
+        Ok(proto::JobState::Starting | proto::JobState::Running | proto::JobState::Stopping)
+    )
+}
+
+/// Capacity and cores used on every node, from the mirror's jobs, in one pass.
+pub fn usage_by_node<'a>(jobs: impl IntoIterator<Item = &'a proto::Job>) -> std::collections::HashMap<String, (f64, i32)> {
+    let mut out: std::collections::HashMap<String, (f64, i32)> = std::collections::HashMap::new();
+    for job in jobs {
+        let Some(req) = &job.requirements else { continue };
+        for inst in &job.instances {
+            if holds_capacity(inst.state) {
+                let e = out.entry(inst.node_id.clone()).or_default();
+                e.0 += req.required_capacity;
+                e.1 = e.1.saturating_add(req.required_cores);
+            }
+        }
+    }
+    out
+}
+
+/// The bounded trace summary the Bundle status keeps, from the engine's summary.
+pub fn trace_summary(
+    s: &pl::TraceSummary,
+    recovery: bool,
+    decided_at: chrono::DateTime<chrono::Utc>,
+    job_node: Option<&str>,
+) -> api::PlacementTraceSummary {
+    let outcome = match s.outcome {
+        pl::OutcomeKind::Placed => api::PlacementOutcome::Placed,
+        pl::OutcomeKind::Provision => api::PlacementOutcome::Provisioning,
+        pl::OutcomeKind::Unplaceable => api::PlacementOutcome::Unplaceable,
+    };
+    let pools_tried = s
+        .pools_tried
+        .iter()
+        .take(api::MAX_POOLS_TRIED)
+        .map(|p| api::PoolAttempt {
+            pool: p.pool.clone(),
+            outcome: match p.outcome {
+                pl::PoolOutcome::Placed => api::PlacementOutcome::Placed,
+                pl::PoolOutcome::Provision => api::PlacementOutcome::Provisioning,
+                pl::PoolOutcome::Left => api::PlacementOutcome::Unplaceable,
+            },
+            reason: p.reason.map(|r| r.as_str().to_owned()).unwrap_or_default(),
+        })
+        .collect();
+    api::PlacementTraceSummary {
+        decided_at,
+        outcome,
+        recovery,
+        node: job_node.map(str::to_owned).or_else(|| s.chosen_node.clone()),
+        pool: s.pool.clone(),
+        score: None,
+        pools_tried,
+        rejections: s
+            .rejections
+            .iter()
+            .take(api::MAX_REJECTION_REASONS)
+            .map(|r| api::RejectionCount { reason: r.reason.as_str().to_owned(), count: i64::try_from(r.count).unwrap_or(i64::MAX) })
+            .collect(),
+        broken_soft_rules: s.broken_soft_rules.iter().take(api::MAX_BROKEN_SOFT_RULES).map(|r| r.as_str().to_owned()).collect(),
+        message: s.message.chars().take(1000).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bundle_ids_round_trip_through_the_first_dot() {
+        let id = bundle_id("default", "my.channel");
+        assert_eq!(id, "default.my.channel");
+        assert_eq!(bundle_object(&id), Some(("default", "my.channel")));
+        assert_eq!(bundle_object("nodot"), None);
+        assert_eq!(bundle_object(".x"), None);
+    }
+
+    #[test]
+    fn valid_node_ids_are_object_names_and_others_are_sanitised_distinctly() {
+        assert_eq!(node_object_name("aws-east-1"), "aws-east-1");
+        let a = node_object_name("Node_A/1");
+        let b = node_object_name("node-a-1");
+        assert_ne!(a, b);
+        assert!(a.starts_with("node-a-1-"));
+        assert!(node_object_name("").starts_with("node-"));
+        assert!(node_object_name(&"X".repeat(400)).len() <= 253);
+    }
+
+    #[test]
+    fn relation_rules_map_to_the_engine_rules() {
+        let r = rules(&api::PlacementRules::inter_replica_default());
+        assert_eq!(r, pl::PlacementRules::inter_replica_default());
+        assert_eq!(rules(&api::PlacementRules::intra_replica_default()), pl::PlacementRules::none());
+    }
+}

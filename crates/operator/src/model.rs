@@ -1,0 +1,219 @@
+//! The operator's placement model: the engine kept in step with the Manager mirror, the
+//! PlacementPool objects and the user's cordons.
+//!
+//! The mirror is the truth about what runs where. Between a placement and the moment the mirror
+//! shows the started job, the job's capacity is held as an *in-flight* reservation so the next
+//! placement of a wave sees it. The invariant kept for every node N:
+//! `engine.used(N) = mirror usage(N) + Σ in-flight reservations on N not yet in the mirror`.
+
+use std::collections::{HashMap, HashSet};
+
+use automanager_placement as pl;
+use manager_client::MirrorState;
+
+use crate::mapping::{self, NodeOverlay};
+
+/// A job started (or about to be) whose start the mirror does not show yet.
+#[derive(Debug, Clone)]
+struct Inflight {
+    job_id: String,
+    node: String,
+    /// Set once StartJob answered: the mirror reflects the start once the job's
+    /// `updated_at_ms` reaches this.
+    reflected_at_ms: Option<i64>,
+}
+
+/// The engine plus what it is built from.
+pub struct ClusterModel {
+    engine: pl::Engine,
+    pools: HashMap<String, pl::PoolSpec>,
+    overlays: HashMap<String, NodeOverlay>,
+    inflight: HashMap<pl::JobKey, Inflight>,
+}
+
+impl ClusterModel {
+    pub fn new(pending_window_ms: u64) -> Self {
+        ClusterModel {
+            engine: pl::Engine::empty(pending_window_ms),
+            pools: HashMap::new(),
+            overlays: HashMap::new(),
+            inflight: HashMap::new(),
+        }
+    }
+
+    pub fn engine(&self) -> &pl::Engine {
+        &self.engine
+    }
+
+    pub fn pool(&self, name: &str) -> Option<&pl::PoolSpec> {
+        self.pools.get(name)
+    }
+
+    pub fn pools(&self) -> Vec<pl::PoolSpec> {
+        let mut v: Vec<_> = self.pools.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Adds or replaces a pool, then re-reads its nodes (a starting node's size may come from
+    /// the pool's instance types).
+    /// Returns whether the pool changed.
+    pub fn upsert_pool(&mut self, spec: pl::PoolSpec, mirror: &MirrorState) -> Result<bool, pl::InputError> {
+        if self.pools.get(&spec.name) == Some(&spec) {
+            return Ok(false);
+        }
+        self.engine.upsert_pool(spec.clone())?;
+        let name = spec.name.clone();
+        self.pools.insert(name.clone(), spec);
+        let ids: Vec<String> = mirror.nodes.values().filter(|n| n.pool == name).map(|n| n.node_id.clone()).collect();
+        self.sync_nodes(mirror, ids);
+        Ok(true)
+    }
+
+    pub fn remove_pool(&mut self, name: &str) {
+        self.pools.remove(name);
+        self.engine.remove_pool(name);
+    }
+
+    /// The user's cordon (or a drain) and the operator's health verdict for a node.
+    pub fn set_overlay(&mut self, node_id: &str, overlay: NodeOverlay, mirror: &MirrorState) {
+        let changed = self.overlays.get(node_id).copied().unwrap_or_default() != overlay;
+        if overlay == NodeOverlay::default() {
+            self.overlays.remove(node_id);
+        } else {
+            self.overlays.insert(node_id.to_owned(), overlay);
+        }
+        if changed {
+            self.sync_nodes(mirror, [node_id.to_owned()]);
+        }
+    }
+
+    pub fn overlay(&self, node_id: &str) -> NodeOverlay {
+        self.overlays.get(node_id).copied().unwrap_or_default()
+    }
+
+    /// Re-reads every node from the mirror (after a resync or a lagged change stream).
+    pub fn sync_all(&mut self, mirror: &MirrorState) {
+        let mut ids: HashSet<String> = mirror.nodes.keys().cloned().collect();
+        ids.extend(self.engine.node_views().into_iter().map(|v| v.id));
+        self.sync_nodes(mirror, ids);
+    }
+
+    /// Re-reads the given nodes from the mirror: in-flight starts the mirror now shows are
+    /// released, then each node is upserted with the mirror's usage plus what is still in flight.
+    pub fn sync_nodes(&mut self, mirror: &MirrorState, ids: impl IntoIterator<Item = String>) {
+        let ids: HashSet<String> = ids.into_iter().collect();
+        if ids.is_empty() {
+            return;
+        }
+        let reflected: Vec<pl::JobKey> = self
+            .inflight
+            .iter()
+            .filter(|(_, f)| ids.contains(&f.node))
+            .filter(|(_, f)| {
+                let Some(at) = f.reflected_at_ms else { return false };
+                mirror.jobs.get(&f.job_id).is_none_or(|j| j.updated_at_ms >= at)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in reflected {
+            self.inflight.remove(&key);
+            self.engine.release_job(&key);
+        }
+        let usage = mapping::usage_by_node(mirror.jobs.values());
+        for id in ids {
+            let Some(node) = mirror.nodes.get(&id) else {
+                self.engine.remove_node(&id);
+                continue;
+            };
+            let mut used = usage.get(&id).copied().unwrap_or_default();
+            for f in self.inflight.values().filter(|f| f.node == id) {
+                if let Some(j) = mirror.jobs.get(&f.job_id).and_then(|j| j.requirements.as_ref()) {
+                    used.0 += j.required_capacity;
+                    used.1 = used.1.saturating_add(j.required_cores);
+                }
+            }
+            let spec = mapping::node(node, used, self.overlay(&id), self.pools.get(&node.pool));
+            match spec {
+                Some(spec) => {
+                    if let Err(e) = self.engine.upsert_node(spec) {
+                        tracing::warn!(node = %id, error = %e, "node not usable for placement");
+                        self.engine.remove_node(&id);
+                    }
+                }
+                None => {
+                    self.engine.remove_node(&id);
+                }
+            }
+        }
+    }
+
+    /// A node just asked for: counted as pending capacity at once, before the mirror shows it,
+    /// so the next placement of a wave lands on it instead of asking for another.
+    pub fn add_provisioned(&mut self, node: &manager_proto::Node) {
+        if self.engine.node_view(&node.node_id).is_some() {
+            return;
+        }
+        let spec = mapping::node(node, (0.0, 0), self.overlay(&node.node_id), self.pools.get(&node.pool));
+        if let Some(spec) = spec {
+            if let Err(e) = self.engine.upsert_node(spec) {
+                tracing::warn!(node = %node.node_id, error = %e, "provisioned node not usable for placement");
+            }
+        }
+    }
+
+    pub fn place(&self, request: &pl::PlacementRequest, now_ms: u64) -> pl::Decision {
+        self.engine.place(request, now_ms)
+    }
+
+    /// Reserves a placed decision's capacity until the mirror shows the starts.
+    /// `job_ids` maps job name to Manager's job id.
+    pub fn commit(&mut self, decision: &pl::Decision, job_ids: &HashMap<String, String>) -> Result<(), pl::CommitError> {
+        self.engine.commit(decision)?;
+        if let pl::Outcome::Placed { assignments, .. } = &decision.outcome {
+            for a in assignments {
+                let key = pl::JobKey {
+                    bundle_id: decision.bundle_id.clone(),
+                    replica_index: decision.replica_index,
+                    job_name: a.job_name.clone(),
+                };
+                let job_id = job_ids.get(&a.job_name).cloned().unwrap_or_default();
+                self.inflight.insert(key, Inflight { job_id, node: a.node.clone(), reflected_at_ms: None });
+            }
+        }
+        Ok(())
+    }
+
+    /// StartJob answered: the mirror reflects it once the job's `updated_at_ms` reaches `at_ms`.
+    pub fn start_answered(&mut self, key: &pl::JobKey, at_ms: i64, mirror: &MirrorState) {
+        let node = match self.inflight.get_mut(key) {
+            Some(f) => {
+                f.reflected_at_ms = Some(at_ms);
+                f.node.clone()
+            }
+            None => return,
+        };
+        self.sync_nodes(mirror, [node]);
+    }
+
+    /// The node of a start that Manager accepted but the mirror does not show yet.
+    pub fn started_not_mirrored(&self, key: &pl::JobKey) -> Option<&str> {
+        self.inflight.get(key).filter(|f| f.reflected_at_ms.is_some()).map(|f| f.node.as_str())
+    }
+
+    /// A start failed or was abandoned: give the capacity back.
+    pub fn abandon(&mut self, key: &pl::JobKey, mirror: &MirrorState) {
+        if let Some(f) = self.inflight.remove(key) {
+            self.engine.release_job(key);
+            self.sync_nodes(mirror, [f.node]);
+        }
+    }
+
+    /// Drops every in-flight reservation of a bundle (it was deleted).
+    pub fn forget_bundle(&mut self, bundle_id: &str, mirror: &MirrorState) {
+        let keys: Vec<pl::JobKey> = self.inflight.keys().filter(|k| k.bundle_id == bundle_id).cloned().collect();
+        for k in keys {
+            self.abandon(&k, mirror);
+        }
+    }
+}

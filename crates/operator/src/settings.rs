@@ -1,0 +1,71 @@
+//! The settings controllers read, resolved from the validated config once at start-up.
+
+use std::time::Duration;
+
+use automanager_api as api;
+
+use crate::config::{BandConfig, BandsConfig, OperatorConfig};
+
+/// What the controllers need from the configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub pending_window: Duration,
+    pub remove_stopped_nodes_after: Duration,
+    pub bands: BandsConfig,
+    pub rejection_threshold: u32,
+    pub rejection_window: Duration,
+    pub status_write_interval: Duration,
+    pub bundle_concurrency: u16,
+    /// How long a restarted replica must run before its restart count is cleared (the seed's
+    /// "a successful restart clears the count": success is staying up this long, so a job
+    /// that crashes right after each start still reaches the ceiling).
+    pub restart_stable_after: Duration,
+    pub watch_namespaces: Vec<String>,
+    pub drain_parallelism: u16,
+    pub migration_phase_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings::from_config(&OperatorConfig::default())
+    }
+}
+
+impl Settings {
+    pub fn from_config(c: &OperatorConfig) -> Self {
+        Settings {
+            pending_window: c.pending_window,
+            remove_stopped_nodes_after: c.remove_stopped_nodes_after,
+            bands: c.bands,
+            rejection_threshold: c.node_health.rejection_threshold,
+            rejection_window: c.node_health.rejection_window,
+            status_write_interval: c.status_write_interval,
+            bundle_concurrency: c.concurrency.bundles.max(1),
+            restart_stable_after: Duration::from_secs(600),
+            watch_namespaces: c.watch_namespaces.clone(),
+            drain_parallelism: c.migration.drain_parallelism.max(1),
+            migration_phase_timeout: c.migration.phase_timeout,
+        }
+    }
+
+    /// The policy for `band`, with a bundle's overrides applied.
+    pub fn band(&self, band: api::PriorityBand, overrides: Option<&api::BandOverrides>) -> BandConfig {
+        self.bands.effective(band, overrides)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_override_replaces_only_the_fields_it_sets() {
+        let s = Settings::default();
+        let o = api::BandOverrides { gold: Some(api::BandPolicy { max_restarts_per_hour: Some(2), ..Default::default() }), ..Default::default() };
+        let gold = s.band(api::PriorityBand::Gold, Some(&o));
+        assert_eq!(gold.max_restarts_per_hour, 2);
+        assert_eq!(gold.on_failure, api::OnFailure::Restart);
+        assert_eq!(gold.restart_placement, api::RestartPlacement::PreferHotSpare);
+        assert_eq!(s.band(api::PriorityBand::Bronze, Some(&o)).on_failure, api::OnFailure::Drop);
+    }
+}

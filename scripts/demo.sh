@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# `make demo`: the whole product on this machine. Starts a local control plane (or uses the
+# cluster KUBECONFIG points at), installs the CRDs, starts the Manager simulator and the operator,
+# applies examples/, waits until the bundles are Ready, prints them and one placement trace, then
+# keeps running until Ctrl-C and stops everything it started.
+#
+# DEMO_EXIT=1 stops right after printing (what the test suite's demo smoke test does).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+dir=${DEMO_DIR:-$root/.tmp/demo}
+target=${CARGO_TARGET_DIR:-$root/target}
+mkdir -p "$dir"
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+pids=()
+started_cluster=0
+cleanup() {
+  trap - EXIT INT TERM
+  say "stopping what the demo started"
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  if [ "$started_cluster" = 1 ]; then "$target/debug/testenv" down --dir "$dir/cluster" >/dev/null 2>&1 || true; fi
+}
+trap cleanup EXIT INT TERM
+
+say "building the operator, manager-sim and testenv (first build takes a few minutes)"
+cargo build --bins -p automanager-operator -p manager-sim -p testenv
+bin_dir=$(tools/control-plane/build.sh)
+export PATH="$bin_dir:$PATH"
+
+if [ -n "${KUBECONFIG:-}" ]; then
+  say "using the cluster in KUBECONFIG=$KUBECONFIG"
+else
+  say "starting a local control plane (etcd + kube-apiserver on 127.0.0.1)"
+  "$target/debug/testenv" down --dir "$dir/cluster" >/dev/null 2>&1 || true
+  eval "$("$target/debug/testenv" up --detach --dir "$dir/cluster")"
+  started_cluster=1
+fi
+
+say "installing the CRDs"
+kubectl apply -f crds/ >/dev/null
+kubectl wait --for condition=established --timeout=60s -f crds/ >/dev/null
+
+say "starting manager-sim (deploy/demo/manager-sim.yaml)"
+"$target/debug/manager-sim" serve --config deploy/demo/manager-sim.yaml >"$dir/manager-sim.out" 2>"$dir/manager-sim.log" &
+pids+=($!)
+for _ in $(seq 1 100); do
+  addr=$(sed -n 's/^manager-sim listening on //p' "$dir/manager-sim.out" | head -1)
+  [ -n "$addr" ] && break
+  sleep 0.1
+done
+[ -n "${addr:-}" ] || { cat "$dir/manager-sim.log" >&2; echo "manager-sim did not start" >&2; exit 1; }
+
+http_port=${DEMO_HTTP_PORT:-18080}
+cat >"$dir/operator.yaml" <<YAML
+manager:
+  url: http://$addr
+http:
+  bindAddress: 127.0.0.1:$http_port
+leaderElection:
+  enabled: true
+  leaseNamespace: default
+YAML
+say "starting automanager-operator (manager at http://$addr, http on 127.0.0.1:$http_port)"
+RUST_LOG=${RUST_LOG:-info} "$target/debug/automanager-operator" --config "$dir/operator.yaml" >"$dir/operator.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 300); do
+  curl -fs "http://127.0.0.1:$http_port/readyz" >/dev/null 2>&1 && break
+  kill -0 "${pids[-1]}" 2>/dev/null || { cat "$dir/operator.log" >&2; exit 1; }
+  sleep 0.2
+done
+
+say "applying examples/"
+kubectl apply -f examples/
+say "waiting for the bundles to be Ready"
+kubectl wait --for=jsonpath='{.status.phase}'=Ready bundle --all -n default --timeout=180s
+
+echo
+kubectl get automanager -A
+echo
+say "placement of my-channel-1, replica 0, job encode (status summary)"
+kubectl get bundle my-channel-1 -n default -o jsonpath='{.status.replicas[0].jobs[0].lastPlacement}' | jq .
+say "the full trace: curl -s http://127.0.0.1:$http_port/debug/trace/default/my-channel-1"
+curl -s "http://127.0.0.1:$http_port/debug/trace/default/my-channel-1" | jq -c '.replicas[] | {replica, outcome: .decision.outcome.kind, pool: .decision.outcome.pool}'
+
+if [ "${DEMO_EXIT:-0}" = 1 ]; then
+  exit 0
+fi
+echo
+say "running; logs in $dir. Try: kubectl get automanager -A; $target/debug/manager-sim chaos --addr http://$addr kill-node <node>. Ctrl-C to stop."
+[ "$started_cluster" = 1 ] && echo "  (this shell: export KUBECONFIG=$dir/cluster/kubeconfig PATH=$bin_dir:\$PATH)"
+while true; do sleep 3600; done

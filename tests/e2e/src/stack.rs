@@ -1,0 +1,322 @@
+//! The whole product on one machine, as a user runs it: a real control plane with the CRDs,
+//! the `manager-sim` binary (the gRPC Manager), and the `automanager-operator` binary.
+//!
+//! Binaries are built once per test process with the cargo that runs the tests, into the same
+//! target directory. Every process is killed and every directory removed when the [`Stack`]
+//! drops, also when a test fails.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use crate::{SetupError, TestEnv, env_with_crds, repo_root};
+
+/// The binaries the stack runs.
+pub struct Binaries {
+    pub operator: PathBuf,
+    pub sim: PathBuf,
+}
+
+/// Builds `automanager-operator` and `manager-sim` (once per process) and returns their paths.
+pub fn binaries() -> Result<&'static Binaries, SetupError> {
+    static BINS: OnceLock<Result<Binaries, String>> = OnceLock::new();
+    BINS.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(&cargo)
+            .args(["build", "--bins", "-p", "automanager-operator", "-p", "manager-sim"])
+            .current_dir(repo_root())
+            .status()
+            .map_err(|e| format!("running {cargo} build: {e}"))?;
+        if !status.success() {
+            return Err(format!("cargo build of the operator and manager-sim failed ({status})"));
+        }
+        // The test executable lives in <target>/<profile>/deps/.
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let profile_dir = exe.parent().and_then(Path::parent).ok_or("no target dir")?.to_path_buf();
+        let bins = Binaries { operator: profile_dir.join("automanager-operator"), sim: profile_dir.join("manager-sim") };
+        for b in [&bins.operator, &bins.sim] {
+            if !b.exists() {
+                return Err(format!("{} was not built", b.display()));
+            }
+        }
+        Ok(bins)
+    })
+    .as_ref()
+    .map_err(|e| SetupError(e.clone()))
+}
+
+/// A child process killed (and reaped) on drop.
+pub struct Proc {
+    pub name: &'static str,
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Stops the process: SIGTERM, then SIGKILL after `grace`.
+    pub fn stop(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else { return };
+        let _ = testenv::process::send_signal(child.id(), testenv::process::Signal::Term);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// The process's log so far (stdout and stderr).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// The running product.
+pub struct Stack {
+    pub operator: Proc,
+    pub sim: Proc,
+    /// `http://127.0.0.1:PORT` of the simulated Manager.
+    pub sim_endpoint: String,
+    /// `http://127.0.0.1:PORT` of the operator's HTTP server (health, metrics, debug).
+    pub operator_http: String,
+    pub config_path: PathBuf,
+    pub dir: tempfile::TempDir,
+    // Dropped last: the processes above talk to it.
+    pub env: TestEnv,
+}
+
+fn free_port() -> Result<u16, SetupError> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SetupError(e.to_string()))?;
+    Ok(l.local_addr().map_err(|e| SetupError(e.to_string()))?.port())
+}
+
+/// Starts `manager-sim serve` and waits for its `listening on` line.
+pub fn start_sim(dir: &Path, config: &Path, state_dir: Option<&Path>) -> Result<(Proc, String), SetupError> {
+    let bins = binaries()?;
+    let log = dir.join("manager-sim.log");
+    let mut cmd = Command::new(&bins.sim);
+    cmd.arg("serve").arg("--config").arg(config);
+    if let Some(s) = state_dir {
+        cmd.arg("--state-dir").arg(s);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).map_err(|e| SetupError(e.to_string()))?)
+        .spawn()
+        .map_err(|e| SetupError(format!("starting manager-sim: {e}")))?;
+    let stdout = child.stdout.take().ok_or_else(|| SetupError("no stdout".into()))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut proc = Proc { name: "manager-sim", child: Some(child), log };
+    let endpoint = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(addr) = line.strip_prefix("manager-sim listening on ") {
+                    break format!("http://{}", addr.trim());
+                }
+            }
+            _ => {
+                proc.stop(Duration::from_secs(1));
+                return Err(SetupError(format!("manager-sim exited before listening:\n{}", proc.log_text())));
+            }
+        }
+    };
+    // Keep draining stdout so the sim never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok((proc, endpoint))
+}
+
+impl Stack {
+    /// Control plane + CRDs + manager-sim (deploy/demo/manager-sim.yaml) + operator.
+    pub async fn start() -> Result<Stack, SetupError> {
+        Self::start_with(|_| {}).await
+    }
+
+    /// Like [`Stack::start`], letting the test adjust the operator's config (YAML mapping).
+    pub async fn start_with(adjust: impl FnOnce(&mut serde_yaml::Mapping)) -> Result<Stack, SetupError> {
+        binaries()?;
+        let env = env_with_crds().await?;
+        let dir = tempfile::Builder::new().prefix("automanager-e2e-").tempdir().map_err(|e| SetupError(e.to_string()))?;
+        let (sim, sim_endpoint) = start_sim(dir.path(), &repo_root().join("deploy/demo/manager-sim.yaml"), None)?;
+        let http_port = free_port()?;
+        let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
+            "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
+        ))
+        .map_err(|e| SetupError(e.to_string()))?;
+        adjust(&mut config);
+        let config_path = dir.path().join("operator.yaml");
+        std::fs::write(&config_path, serde_yaml::to_string(&config).map_err(|e| SetupError(e.to_string()))?).map_err(|e| SetupError(e.to_string()))?;
+        let mut stack = Stack {
+            operator: Proc { name: "automanager-operator", child: None, log: dir.path().join("operator.log") },
+            sim,
+            sim_endpoint,
+            operator_http: format!("http://127.0.0.1:{http_port}"),
+            config_path,
+            dir,
+            env,
+        };
+        stack.start_operator()?;
+        stack.wait_operator_ready(Duration::from_secs(60)).await?;
+        Ok(stack)
+    }
+
+    /// (Re)starts the operator process with the stack's config; the log is appended to.
+    pub fn start_operator(&mut self) -> Result<(), SetupError> {
+        let bins = binaries()?;
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.operator.log).map_err(|e| SetupError(e.to_string()))?;
+        let log2 = log.try_clone().map_err(|e| SetupError(e.to_string()))?;
+        let child = Command::new(&bins.operator)
+            .arg("--config")
+            .arg(&self.config_path)
+            .env("KUBECONFIG", self.env.kubeconfig_path())
+            .env("RUST_LOG", "info,automanager_operator=debug")
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| SetupError(format!("starting the operator: {e}")))?;
+        self.operator.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the operator's `/readyz` answers 200.
+    pub async fn wait_operator_ready(&mut self, timeout: Duration) -> Result<(), SetupError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok((200, _)) = self.http_get("/readyz").await {
+                return Ok(());
+            }
+            if !self.operator.running() {
+                return Err(SetupError(format!("the operator exited:\n{}", self.operator.log_text())));
+            }
+            if Instant::now() > deadline {
+                return Err(SetupError(format!("the operator was not ready within {timeout:?}:\n{}", self.operator.log_text())));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A plain HTTP/1.1 GET against the operator (no client library needed for loopback).
+    pub async fn http_get(&self, path: &str) -> Result<(u16, String), SetupError> {
+        http_request(&self.operator_http, "GET", path, None).await
+    }
+
+    /// POST with a JSON body.
+    pub async fn http_post(&self, path: &str, body: &str) -> Result<(u16, String), SetupError> {
+        http_request(&self.operator_http, "POST", path, Some(body)).await
+    }
+
+    /// `manager-sim chaos <args>` against the stack's sim.
+    pub fn chaos(&self, args: &[&str]) -> Result<String, SetupError> {
+        let bins = binaries()?;
+        let out = Command::new(&bins.sim)
+            .arg("chaos")
+            .arg("--addr")
+            .arg(&self.sim_endpoint)
+            .args(args)
+            .output()
+            .map_err(|e| SetupError(e.to_string()))?;
+        if !out.status.success() {
+            return Err(SetupError(format!("chaos {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `kubectl get <what> -o json`, parsed.
+    pub async fn get_json(&self, args: &[&str]) -> Result<serde_json::Value, SetupError> {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let out = self.env.run_kubectl(all).await?;
+        if !out.success() {
+            return Err(SetupError(format!("kubectl get {args:?}: {}", out.stderr)));
+        }
+        serde_json::from_str(&out.stdout).map_err(|e| SetupError(e.to_string()))
+    }
+
+    /// Polls `probe` until it returns `Some`, or fails with the last value and the operator's log.
+    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut probe: F) -> Result<T, SetupError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, SetupError>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut last_err = String::new();
+        loop {
+            match probe().await {
+                Ok(Some(v)) => return Ok(v),
+                Ok(None) => {}
+                Err(e) => last_err = e.0,
+            }
+            if Instant::now() > deadline {
+                let log = self.operator.log_text();
+                let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+                return Err(SetupError(format!("timed out after {timeout:?} waiting for {what} ({last_err})\noperator log tail:\n{}", tail.join("\n"))));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits for a bundle's `status.phase` to be `phase`; returns the bundle.
+    pub async fn wait_bundle_phase(&self, ns: &str, name: &str, phase: &str, timeout: Duration) -> Result<serde_json::Value, SetupError> {
+        self.wait_for(&format!("bundle {ns}/{name} phase {phase}"), timeout, || async move {
+            let b = self.get_json(&["bundle", name, "-n", ns]).await?;
+            Ok((b["status"]["phase"] == phase).then_some(b))
+        })
+        .await
+    }
+}
+
+async fn http_request(base: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), SetupError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let hostport = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(hostport).await.map_err(|e| SetupError(e.to_string()))?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.map_err(|e| SetupError(e.to_string()))?;
+    let mut buf = Vec::new();
+    stream.read_to_end(&mut buf).await.map_err(|e| SetupError(e.to_string()))?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Ok((status, dechunk(&body)))
+}
+
+/// Undoes `Transfer-Encoding: chunked` when present (axum streams some bodies).
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    loop {
+        let Some((size, after)) = rest.split_once("\r\n") else { return body.to_owned() };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { return body.to_owned() };
+        if n == 0 {
+            return out;
+        }
+        if after.len() < n {
+            return body.to_owned();
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+}
