@@ -52,16 +52,24 @@ async fn holder(client: &kube::Client) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
-#[tokio::test]
-async fn exactly_one_elector_leads_and_the_other_takes_over_after_shutdown() {
+/// A fresh control plane, or `None` when the binaries are missing and the run asked to skip.
+async fn control_plane() -> Option<testenv::TestEnv> {
     match testenv::control_plane_available() {
-        Ok(true) => {}
-        Ok(false) => return,
+        Ok(true) => Some(
+            testenv::TestEnv::start()
+                .await
+                .unwrap_or_else(|e| panic!("{e}")),
+        ),
+        Ok(false) => None,
         Err(e) => panic!("{e}"),
     }
-    let env = testenv::TestEnv::start()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[tokio::test]
+async fn exactly_one_elector_leads_and_the_other_takes_over_after_shutdown() {
+    let Some(env) = control_plane().await else {
+        return;
+    };
     let client = env.client();
 
     let (mut a, stop_a) = start(client.clone(), true, "replica-a").await;
@@ -148,14 +156,9 @@ async fn an_unreachable_apiserver_means_not_leader_and_shutdown_still_works() {
 
 #[tokio::test]
 async fn a_leader_whose_lease_is_taken_over_stops_leading() {
-    match testenv::control_plane_available() {
-        Ok(true) => {}
-        Ok(false) => return,
-        Err(e) => panic!("{e}"),
-    }
-    let env = testenv::TestEnv::start()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let Some(env) = control_plane().await else {
+        return;
+    };
     let client = env.client();
     let (mut a, stop_a) = start(client.clone(), true, "replica-a").await;
     wait_for(&mut a.is_leader, true).await;
