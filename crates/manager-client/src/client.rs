@@ -519,6 +519,19 @@ impl ManagerClient {
             .await
     }
 
+    /// UpdateBundle: like [`ManagerClient::register_bundle`], but
+    /// [`ClientError::NotFound`] when the bundle does not exist.
+    pub async fn update_bundle(
+        &self,
+        bundle: Bundle,
+    ) -> Result<RegisterBundleResponse, ClientError> {
+        let req = RegisterBundleRequest {
+            bundle: Some(bundle),
+        };
+        self.call(|mut c, d| async move { c.update_bundle(req_with(req, d)).await })
+            .await
+    }
+
     /// DeleteBundle: the ids of the removed jobs.
     pub async fn delete_bundle(&self, bundle_id: &str) -> Result<Vec<String>, ClientError> {
         let req = DeleteBundleRequest {

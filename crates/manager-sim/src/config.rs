@@ -167,6 +167,17 @@ pub struct TimingConfig {
     pub job_stop_delay_ms: u64,
 }
 
+impl TimingConfig {
+    /// Seconds-scale delays for a demo that looks like a real cloud.
+    pub fn realistic() -> Self {
+        TimingConfig {
+            provision_delay_ms: 5000,
+            job_start_delay_ms: 1000,
+            job_stop_delay_ms: 500,
+        }
+    }
+}
+
 impl Default for TimingConfig {
     fn default() -> Self {
         TimingConfig {

@@ -127,6 +127,8 @@ impl Shared {
         &mut self,
         buffer: usize,
     ) -> (mpsc::Receiver<WatchResponse>, Arc<Mutex<Option<Status>>>) {
+        // Forget watchers whose streams ended while nothing was broadcast.
+        self.subs.retain(|s| !s.tx.is_closed());
         let (tx, rx) = mpsc::channel(buffer);
         let cut = Arc::new(Mutex::new(None));
         self.subs.push(Subscriber {
@@ -573,6 +575,21 @@ impl Manager for ManagerSvc {
         let (bundle, job_ids) = self
             .0
             .apply(|w, now| w.register_bundle(&bundle, now))
+            .map_err(status)?;
+        Ok(Response::new(RegisterBundleResponse {
+            bundle: Some(bundle),
+            job_ids,
+        }))
+    }
+
+    async fn update_bundle(
+        &self,
+        req: Request<RegisterBundleRequest>,
+    ) -> Result<Response<RegisterBundleResponse>, Status> {
+        let bundle = req.into_inner().bundle.ok_or_else(|| missing("bundle"))?;
+        let (bundle, job_ids) = self
+            .0
+            .apply(|w, now| w.update_bundle(&bundle, now))
             .map_err(status)?;
         Ok(Response::new(RegisterBundleResponse {
             bundle: Some(bundle),

@@ -1187,6 +1187,22 @@ impl World {
         Ok((stored, wanted.into_keys().collect()))
     }
 
+    /// UpdateBundle: RegisterBundle for a bundle that must exist.
+    pub fn update_bundle(
+        &mut self,
+        bundle: &Bundle,
+        now_ms: i64,
+    ) -> Result<(Bundle, Vec<String>), CommandError> {
+        validate::id("bundle_id", &bundle.bundle_id)?;
+        if !self.bundles.contains_key(&bundle.bundle_id) {
+            return Err(CommandError::NotFound(format!(
+                "bundle {:?}",
+                validate::excerpt(&bundle.bundle_id)
+            )));
+        }
+        self.register_bundle(bundle, now_ms)
+    }
+
     fn remove_job(&mut self, job_id: &str, now_ms: i64) {
         for role in [JobRole::MigrationTarget as i32, JobRole::Normal as i32] {
             self.stop_instance(

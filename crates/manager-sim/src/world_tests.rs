@@ -639,3 +639,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn updating_a_bundle_that_does_not_exist_is_not_found() {
+    let mut w = world();
+    assert!(matches!(
+        w.update_bundle(&bundle("b", 1, 1.0, 1), 0),
+        Err(CommandError::NotFound(_))
+    ));
+    w.register_bundle(&bundle("b", 1, 1.0, 1), 0).unwrap();
+    let (stored, ids) = w.update_bundle(&bundle("b", 2, 1.0, 1), 1).unwrap();
+    assert_eq!((stored.generation, ids.len()), (2, 2));
+}

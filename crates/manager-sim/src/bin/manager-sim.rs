@@ -54,6 +54,10 @@ enum Command {
         /// Require this bearer token (overrides the config).
         #[arg(long, env = "MANAGER_SIM_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        /// Realistic timings: nodes take 5 s to provision, jobs 1 s to
+        /// start and 500 ms to stop (per-pool overrides still apply).
+        #[arg(long)]
+        realistic: bool,
     },
     /// Validate a config file and list every problem.
     CheckConfig {
@@ -146,6 +150,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             listen,
             state_dir,
             token,
+            realistic,
         } => {
             let mut cfg = match config {
                 Some(path) => SimConfig::from_file(&path).map_err(|e| e.to_string())?,
@@ -159,6 +164,9 @@ async fn run(cli: Cli) -> Result<(), String> {
             }
             if token.is_some() {
                 cfg.token = token;
+            }
+            if realistic {
+                cfg.timing = manager_sim::config::TimingConfig::realistic();
             }
             let sim = Sim::start(cfg).await.map_err(|e| e.to_string())?;
             println!("manager-sim listening on {}", sim.addr());
