@@ -6,7 +6,9 @@ test-manager: ## test manager-proto, manager-sim and manager-client (loopback, p
 	cargo test -p manager-proto -p manager-sim -p manager-client
 
 bench-manager: ## mirror ingest, 10k-node sync and StartJob rate over loopback; prints one summary line
-	@cargo bench -q -p manager-client --bench manager 2>/dev/null | grep '^manager '
+	@log=$$(mktemp); \
+	if cargo bench -q -p manager-client --bench manager 2>"$$log" | grep '^manager '; then rm -f "$$log"; \
+	else cat "$$log" >&2; rm -f "$$log"; exit 1; fi
 
 manager-sim: ## run the Manager simulator with the demo config (MANAGER_SIM_ARGS for more flags)
 	cargo run -q -p manager-sim --bin manager-sim -- serve --config crates/manager-sim/examples/demo.yaml $(MANAGER_SIM_ARGS)

@@ -855,3 +855,57 @@ async fn a_command_with_thousands_of_events_reaches_the_mirror_in_bounded_batche
         .unwrap();
     mirror_matches_sim(&client, &sim);
 }
+
+#[tokio::test]
+async fn a_job_that_refuses_its_state_ends_the_migration_with_no_target() {
+    use manager_sim::world::{JobAsk, JobReply, default_reply};
+    let agent = manager_sim::FnAgent(|ask: &JobAsk| match ask {
+        JobAsk::GetState { .. } => JobReply::StateRefused("mid-ad-break".into()),
+        other => default_reply(other),
+    });
+    let sim = Sim::start_with_agent(config(), std::sync::Arc::new(agent))
+        .await
+        .unwrap();
+    let client = connect(sim.endpoint()).await;
+    client
+        .register_bundle(bundle("r", 1, 10.0, 1))
+        .await
+        .unwrap();
+    client
+        .start_job("r/0/encode", "dc-a1", JobRole::Normal)
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| {
+            m.jobs
+                .get("r/0/encode")
+                .is_some_and(|j| j.state() == JobState::Running)
+        })
+        .await
+        .unwrap();
+    client
+        .migration_get_state("mig", "r/0/encode")
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |s| {
+            s.migrations
+                .get("mig")
+                .is_some_and(|m| m.phase() == MigrationPhase::Aborted)
+        })
+        .await
+        .unwrap();
+    let m = client.mirror().migration("mig").unwrap();
+    assert_eq!(
+        (
+            m.aborted_by(),
+            m.abort_reason.as_str(),
+            m.target_node_id.as_str()
+        ),
+        (manager_proto::MigrationParty::Source, "mid-ad-break", "")
+    );
+    assert_eq!(
+        client.mirror().job("r/0/encode").unwrap().instances.len(),
+        1
+    );
+}

@@ -60,4 +60,4 @@ pub mod validate;
 pub mod world;
 
 pub use config::SimConfig;
-pub use server::{DefaultAgent, JobAgent, Sim, SimError, SimHandle, now_ms};
+pub use server::{DefaultAgent, FnAgent, JobAgent, Sim, SimError, SimHandle, now_ms};

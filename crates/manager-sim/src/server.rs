@@ -87,6 +87,20 @@ impl JobAgent for DefaultAgent {
     }
 }
 
+/// A [`JobAgent`] from a function, for tests that script how jobs answer
+/// (refuse state, abort, report failed participants, or answer by default).
+pub struct FnAgent<F>(pub F);
+
+impl<F> JobAgent for FnAgent<F>
+where
+    F: Fn(&JobAsk) -> JobReply + Send + Sync + 'static,
+{
+    fn answer(&self, ask: JobAsk) -> BoxFuture<'static, JobReply> {
+        let reply = (self.0)(&ask);
+        Box::pin(async move { reply })
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()

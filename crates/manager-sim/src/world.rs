@@ -463,10 +463,17 @@ impl World {
         for (delay, t) in timers {
             world.schedule(now_ms, delay, t);
         }
+        // Phases that wait on an answer from a job; the others wait on the
+        // controller and can carry on.
+        let waiting_on_job = [
+            MigrationPhase::Proposed as i32,
+            MigrationPhase::PreparingTarget as i32,
+            MigrationPhase::CuttingOver as i32,
+        ];
         let waiting: Vec<String> = world
             .migrations
             .values()
-            .filter(|m| !is_final(m.phase))
+            .filter(|m| waiting_on_job.contains(&m.phase))
             .map(|m| m.migration_id.clone())
             .collect();
         for id in waiting {

@@ -651,3 +651,44 @@ fn updating_a_bundle_that_does_not_exist_is_not_found() {
     let (stored, ids) = w.update_bundle(&bundle("b", 2, 1.0, 1), 1).unwrap();
     assert_eq!((stored.generation, ids.len()), (2, 2));
 }
+
+#[test]
+fn a_restart_aborts_only_migrations_waiting_on_a_job() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 2, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.start_job("b/1/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.migration_get_state("waits-on-job", "b/0/enc", 11)
+        .unwrap();
+    w.migration_get_state("waits-on-controller", "b/1/enc", 11)
+        .unwrap();
+    for ask in w.take_asks() {
+        if ask.migration_id() == "waits-on-controller" {
+            let r = default_reply(&ask);
+            w.migration_reply(&ask, r, 12);
+        }
+    }
+    let pools = SimConfig::from_yaml(
+        r"
+pools:
+  - {name: f, kind: cluster, region: r, zones: [z1, z2], scaleOut: fixed,
+     nodes: [{id: f1, zone: z1, capacity: 100, cores: 8}, {id: f2, zone: z2, capacity: 100, cores: 8}]}
+",
+    )
+    .unwrap()
+    .pools;
+    let r = World::restore(&pools, TIMING, 1000, w.persisted(), 100);
+    assert_eq!(
+        r.migration("waits-on-job").unwrap().phase(),
+        MigrationPhase::Aborted
+    );
+    assert_eq!(
+        r.migration("waits-on-job").unwrap().abort_reason,
+        "manager restarted"
+    );
+    assert_eq!(
+        r.migration("waits-on-controller").unwrap().phase(),
+        MigrationPhase::StateReceived
+    );
+}
