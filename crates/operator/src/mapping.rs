@@ -34,21 +34,41 @@ pub fn bundle_object(bundle_id: &str) -> Option<(&str, &str)> {
 pub fn node_object_name(node_id: &str) -> String {
     let valid = !node_id.is_empty()
         && node_id.len() <= 253
-        && node_id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && node_id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && node_id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+        && node_id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && node_id
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && node_id
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric());
     if valid {
         return node_id.to_owned();
     }
     let mut clean: String = node_id
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
         .collect();
     clean.truncate(200);
     let clean = clean.trim_matches('-');
     // FNV-1a: stable across runs and platforms, unlike the std hasher.
-    let hash = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    format!("{}-{:08x}", if clean.is_empty() { "node" } else { clean }, hash as u32)
+    let hash = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!(
+        "{}-{:08x}",
+        if clean.is_empty() { "node" } else { clean },
+        hash as u32
+    )
 }
 
 pub fn band(b: api::PriorityBand) -> pl::PriorityBand {
@@ -118,7 +138,14 @@ pub fn bundle(bundle_id: &str, spec: &api::BundleSpec) -> pl::BundleSpec {
         replica_overrides: spec
             .replica_overrides
             .iter()
-            .filter_map(|o| Some((u32::try_from(o.replica).ok()?, pl::ReplicaOverride { pools: o.pools.clone() })))
+            .filter_map(|o| {
+                Some((
+                    u32::try_from(o.replica).ok()?,
+                    pl::ReplicaOverride {
+                        pools: o.pools.clone(),
+                    },
+                ))
+            })
             .collect::<BTreeMap<_, _>>(),
         intra_replica_placement: rules(&spec.intra_replica_rules()),
         inter_replica_placement: rules(&spec.inter_replica_placement),
@@ -151,7 +178,9 @@ pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
 /// Whether Manager's registered bundle already matches what we would register (the generation
 /// Manager keeps is its own and is ignored).
 pub fn registered_matches(registered: &proto::Bundle, wanted: &proto::Bundle) -> bool {
-    registered.bundle_id == wanted.bundle_id && registered.replicas == wanted.replicas && registered.jobs == wanted.jobs
+    registered.bundle_id == wanted.bundle_id
+        && registered.replicas == wanted.replicas
+        && registered.jobs == wanted.jobs
 }
 
 pub fn pool_kind(k: api::PoolKind) -> pl::PoolKind {
@@ -220,7 +249,10 @@ pub struct NodeOverlay {
 /// Whether Manager's node is a hot spare, and for which band.
 pub fn spare_of(node: &proto::Node) -> (bool, Option<api::PriorityBand>) {
     let spare = node.tags.get(SPARE_TAG).is_some_and(|v| v == "true");
-    (spare, node.tags.get(SPARE_BAND_TAG).and_then(|b| parse_band(b)))
+    (
+        spare,
+        node.tags.get(SPARE_BAND_TAG).and_then(|b| parse_band(b)),
+    )
 }
 
 /// A Manager node as the engine sees it, or `None` when it can take no job (stopped or
@@ -239,13 +271,30 @@ pub fn node(
         _ => return None,
     };
     let (capacity, total_cores, capabilities, zone) = match &n.inventory {
-        Some(inv) => (inv.capacity, u32::try_from(inv.cores).unwrap_or(0), inv.capabilities.clone(), inv.zone.clone()),
+        Some(inv) => (
+            inv.capacity,
+            u32::try_from(inv.cores).unwrap_or(0),
+            inv.capabilities.clone(),
+            inv.zone.clone(),
+        ),
         None => {
-            let t = pool_spec?.candidate_instance_types.iter().find(|t| t.instance_type == n.instance_type)?;
-            (t.total_capacity, t.total_cores, t.capabilities.clone(), n.zone.clone())
+            let t = pool_spec?
+                .candidate_instance_types
+                .iter()
+                .find(|t| t.instance_type == n.instance_type)?;
+            (
+                t.total_capacity,
+                t.total_cores,
+                t.capabilities.clone(),
+                n.zone.clone(),
+            )
         }
     };
-    let zone = if zone.is_empty() { n.zone.clone() } else { zone };
+    let zone = if zone.is_empty() {
+        n.zone.clone()
+    } else {
+        zone
+    };
     let (spare, spare_band) = spare_of(n);
     let spare = spare && usage.0 <= 0.0;
     Some(pl::NodeSpec {
@@ -275,10 +324,14 @@ pub fn holds_capacity(state: i32) -> bool {
 }
 
 /// Capacity and cores used on every node, from the mirror's jobs, in one pass.
-pub fn usage_by_node<'a>(jobs: impl IntoIterator<Item = &'a proto::Job>) -> std::collections::HashMap<String, (f64, i32)> {
+pub fn usage_by_node<'a>(
+    jobs: impl IntoIterator<Item = &'a proto::Job>,
+) -> std::collections::HashMap<String, (f64, i32)> {
     let mut out: std::collections::HashMap<String, (f64, i32)> = std::collections::HashMap::new();
     for job in jobs {
-        let Some(req) = &job.requirements else { continue };
+        let Some(req) = &job.requirements else {
+            continue;
+        };
         for inst in &job.instances {
             if holds_capacity(inst.state) {
                 let e = out.entry(inst.node_id.clone()).or_default();
@@ -320,7 +373,9 @@ pub fn trace_summary(
         decided_at,
         outcome,
         recovery,
-        node: job_node.map(str::to_owned).or_else(|| s.chosen_node.clone()),
+        node: job_node
+            .map(str::to_owned)
+            .or_else(|| s.chosen_node.clone()),
         pool: s.pool.clone(),
         score: None,
         pools_tried,
@@ -328,9 +383,17 @@ pub fn trace_summary(
             .rejections
             .iter()
             .take(api::MAX_REJECTION_REASONS)
-            .map(|r| api::RejectionCount { reason: r.reason.as_str().to_owned(), count: i64::try_from(r.count).unwrap_or(i64::MAX) })
+            .map(|r| api::RejectionCount {
+                reason: r.reason.as_str().to_owned(),
+                count: i64::try_from(r.count).unwrap_or(i64::MAX),
+            })
             .collect(),
-        broken_soft_rules: s.broken_soft_rules.iter().take(api::MAX_BROKEN_SOFT_RULES).map(|r| r.as_str().to_owned()).collect(),
+        broken_soft_rules: s
+            .broken_soft_rules
+            .iter()
+            .take(api::MAX_BROKEN_SOFT_RULES)
+            .map(|r| r.as_str().to_owned())
+            .collect(),
         message: s.message.chars().take(1000).collect(),
     }
 }
@@ -363,6 +426,9 @@ mod tests {
     fn relation_rules_map_to_the_engine_rules() {
         let r = rules(&api::PlacementRules::inter_replica_default());
         assert_eq!(r, pl::PlacementRules::inter_replica_default());
-        assert_eq!(rules(&api::PlacementRules::intra_replica_default()), pl::PlacementRules::none());
+        assert_eq!(
+            rules(&api::PlacementRules::intra_replica_default()),
+            pl::PlacementRules::none()
+        );
     }
 }

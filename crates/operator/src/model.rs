@@ -58,14 +58,23 @@ impl ClusterModel {
     /// Adds or replaces a pool, then re-reads its nodes (a starting node's size may come from
     /// the pool's instance types).
     /// Returns whether the pool changed.
-    pub fn upsert_pool(&mut self, spec: pl::PoolSpec, mirror: &MirrorState) -> Result<bool, pl::InputError> {
+    pub fn upsert_pool(
+        &mut self,
+        spec: pl::PoolSpec,
+        mirror: &MirrorState,
+    ) -> Result<bool, pl::InputError> {
         if self.pools.get(&spec.name) == Some(&spec) {
             return Ok(false);
         }
         self.engine.upsert_pool(spec.clone())?;
         let name = spec.name.clone();
         self.pools.insert(name.clone(), spec);
-        let ids: Vec<String> = mirror.nodes.values().filter(|n| n.pool == name).map(|n| n.node_id.clone()).collect();
+        let ids: Vec<String> = mirror
+            .nodes
+            .values()
+            .filter(|n| n.pool == name)
+            .map(|n| n.node_id.clone())
+            .collect();
         self.sync_nodes(mirror, ids);
         Ok(true)
     }
@@ -111,8 +120,13 @@ impl ClusterModel {
             .iter()
             .filter(|(_, f)| ids.contains(&f.node))
             .filter(|(_, f)| {
-                let Some(at) = f.reflected_at_ms else { return false };
-                mirror.jobs.get(&f.job_id).is_none_or(|j| j.updated_at_ms >= at)
+                let Some(at) = f.reflected_at_ms else {
+                    return false;
+                };
+                mirror
+                    .jobs
+                    .get(&f.job_id)
+                    .is_none_or(|j| j.updated_at_ms >= at)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -128,7 +142,11 @@ impl ClusterModel {
             };
             let mut used = usage.get(&id).copied().unwrap_or_default();
             for f in self.inflight.values().filter(|f| f.node == id) {
-                if let Some(j) = mirror.jobs.get(&f.job_id).and_then(|j| j.requirements.as_ref()) {
+                if let Some(j) = mirror
+                    .jobs
+                    .get(&f.job_id)
+                    .and_then(|j| j.requirements.as_ref())
+                {
                     used.0 += j.required_capacity;
                     used.1 = used.1.saturating_add(j.required_cores);
                 }
@@ -154,11 +172,16 @@ impl ClusterModel {
         if self.engine.node_view(&node.node_id).is_some() {
             return;
         }
-        let spec = mapping::node(node, (0.0, 0), self.overlay(&node.node_id), self.pools.get(&node.pool));
-        if let Some(spec) = spec {
-            if let Err(e) = self.engine.upsert_node(spec) {
-                tracing::warn!(node = %node.node_id, error = %e, "provisioned node not usable for placement");
-            }
+        let spec = mapping::node(
+            node,
+            (0.0, 0),
+            self.overlay(&node.node_id),
+            self.pools.get(&node.pool),
+        );
+        if let Some(spec) = spec
+            && let Err(e) = self.engine.upsert_node(spec)
+        {
+            tracing::warn!(node = %node.node_id, error = %e, "provisioned node not usable for placement");
         }
     }
 
@@ -168,7 +191,11 @@ impl ClusterModel {
 
     /// Reserves a placed decision's capacity until the mirror shows the starts.
     /// `job_ids` maps job name to Manager's job id.
-    pub fn commit(&mut self, decision: &pl::Decision, job_ids: &HashMap<String, String>) -> Result<(), pl::CommitError> {
+    pub fn commit(
+        &mut self,
+        decision: &pl::Decision,
+        job_ids: &HashMap<String, String>,
+    ) -> Result<(), pl::CommitError> {
         self.engine.commit(decision)?;
         if let pl::Outcome::Placed { assignments, .. } = &decision.outcome {
             for a in assignments {
@@ -178,7 +205,14 @@ impl ClusterModel {
                     job_name: a.job_name.clone(),
                 };
                 let job_id = job_ids.get(&a.job_name).cloned().unwrap_or_default();
-                self.inflight.insert(key, Inflight { job_id, node: a.node.clone(), reflected_at_ms: None });
+                self.inflight.insert(
+                    key,
+                    Inflight {
+                        job_id,
+                        node: a.node.clone(),
+                        reflected_at_ms: None,
+                    },
+                );
             }
         }
         Ok(())
@@ -198,7 +232,10 @@ impl ClusterModel {
 
     /// The node of a start that Manager accepted but the mirror does not show yet.
     pub fn started_not_mirrored(&self, key: &pl::JobKey) -> Option<&str> {
-        self.inflight.get(key).filter(|f| f.reflected_at_ms.is_some()).map(|f| f.node.as_str())
+        self.inflight
+            .get(key)
+            .filter(|f| f.reflected_at_ms.is_some())
+            .map(|f| f.node.as_str())
     }
 
     /// A start failed or was abandoned: give the capacity back.
@@ -211,7 +248,12 @@ impl ClusterModel {
 
     /// Drops every in-flight reservation of a bundle (it was deleted).
     pub fn forget_bundle(&mut self, bundle_id: &str, mirror: &MirrorState) {
-        let keys: Vec<pl::JobKey> = self.inflight.keys().filter(|k| k.bundle_id == bundle_id).cloned().collect();
+        let keys: Vec<pl::JobKey> = self
+            .inflight
+            .keys()
+            .filter(|k| k.bundle_id == bundle_id)
+            .cloned()
+            .collect();
         for k in keys {
             self.abandon(&k, mirror);
         }

@@ -21,14 +21,21 @@ use crate::mapping;
 /// Keeps the placement model in step with the mirror and turns mirror changes into controller
 /// triggers: a job change wakes its bundle; a node coming or going wakes every bundle (capacity
 /// changed) and the ManagerNode sync.
-pub async fn run_mirror_pump(ctx: Arc<Context>, bundle_refs: mpsc::Sender<ObjectRef<Bundle>>, node_wake: mpsc::Sender<()>) {
+pub async fn run_mirror_pump(
+    ctx: Arc<Context>,
+    bundle_refs: mpsc::Sender<ObjectRef<Bundle>>,
+    node_wake: mpsc::Sender<()>,
+) {
     let mut rx = ctx.manager.subscribe();
     ctx.manager.mirror().read(|m| ctx.model().sync_all(m));
     loop {
         let first = match rx.recv().await {
             Ok(c) => Some(c),
             Err(broadcast::error::RecvError::Lagged(n)) => {
-                tracing::warn!(missed = n, "mirror change stream lagged; re-reading the whole mirror");
+                tracing::warn!(
+                    missed = n,
+                    "mirror change stream lagged; re-reading the whole mirror"
+                );
                 None
             }
             Err(broadcast::error::RecvError::Closed) => return,
@@ -102,7 +109,10 @@ pub async fn run_mirror_pump(ctx: Arc<Context>, bundle_refs: mpsc::Sender<Object
 }
 
 /// Runs every controller until `shutdown` resolves.
-pub async fn run_controllers(ctx: Arc<Context>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static) {
+pub async fn run_controllers(
+    ctx: Arc<Context>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
+) {
     let client = ctx.client.clone();
     let (ref_tx, ref_rx) = mpsc::channel::<ObjectRef<Bundle>>(4096);
     let (wake_tx, wake_rx) = mpsc::channel::<()>(1);
@@ -112,9 +122,14 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: impl std::future::Futu
         [one] => Api::namespaced(client.clone(), one),
         _ => Api::all(client.clone()),
     };
-    let all_bundles = BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
+    let all_bundles =
+        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
     let bundle_controller = Controller::new(bundles_api, watcher::Config::default())
-        .with_config(ControllerConfig::default().concurrency(ctx.settings.bundle_concurrency).debounce(Duration::from_millis(100)))
+        .with_config(
+            ControllerConfig::default()
+                .concurrency(ctx.settings.bundle_concurrency)
+                .debounce(Duration::from_millis(100)),
+        )
         .reconcile_on(ReceiverStream::new(ref_rx))
         .reconcile_all_on(all_bundles)
         .graceful_shutdown_on(shutdown.clone())
@@ -122,7 +137,11 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: impl std::future::Futu
             {
                 let namespaces = ctx.settings.watch_namespaces.clone();
                 move |b: Arc<Bundle>, ctx: Arc<Context>| {
-                    let watched = namespaces.is_empty() || b.metadata.namespace.as_ref().is_some_and(|n| namespaces.contains(n));
+                    let watched = namespaces.is_empty()
+                        || b.metadata
+                            .namespace
+                            .as_ref()
+                            .is_some_and(|n| namespaces.contains(n));
                     async move {
                         if !watched {
                             return Ok(kube::runtime::controller::Action::await_change());
@@ -136,16 +155,24 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: impl std::future::Futu
         )
         .for_each(|_| futures::future::ready(()));
 
-    let pool_controller = Controller::new(Api::<PlacementPool>::all(client.clone()), watcher::Config::default());
+    let pool_controller = Controller::new(
+        Api::<PlacementPool>::all(client.clone()),
+        watcher::Config::default(),
+    );
     let pool_store = pool_controller.store();
-    let pools_on_change = BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
+    let pools_on_change =
+        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
     let pool_controller = pool_controller
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
         .reconcile_all_on(pools_on_change)
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |p: Arc<PlacementPool>, ctx: Arc<Context>| {
-                let existing: Vec<String> = pool_store.state().iter().map(|p| kube::ResourceExt::name_any(p.as_ref())).collect();
+                let existing: Vec<String> = pool_store
+                    .state()
+                    .iter()
+                    .map(|p| kube::ResourceExt::name_any(p.as_ref()))
+                    .collect();
                 async move {
                     controllers::pool::prune(&ctx, &existing);
                     controllers::pool::reconcile(p, ctx).await
@@ -156,20 +183,29 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: impl std::future::Futu
         )
         .for_each(|_| futures::future::ready(()));
 
-    let node_controller = Controller::new(Api::<ManagerNode>::all(client.clone()), watcher::Config::default())
-        .graceful_shutdown_on(shutdown.clone())
-        .run(
-            {
-                let drains = drains.clone();
-                move |n: Arc<ManagerNode>, ctx: Arc<Context>| controllers::node::reconcile(n, ctx, drains.clone())
-            },
-            controllers::node::error_policy,
-            ctx.clone(),
-        )
-        .for_each(|_| futures::future::ready(()));
+    let node_controller = Controller::new(
+        Api::<ManagerNode>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        {
+            let drains = drains.clone();
+            move |n: Arc<ManagerNode>, ctx: Arc<Context>| {
+                controllers::node::reconcile(n, ctx, drains.clone())
+            }
+        },
+        controllers::node::error_policy,
+        ctx.clone(),
+    )
+    .for_each(|_| futures::future::ready(()));
 
     let pump = tokio::spawn(run_mirror_pump(ctx.clone(), ref_tx, wake_tx));
-    let node_sync = tokio::spawn(controllers::node::run_mirror_sync(ctx.clone(), drains, wake_rx));
+    let node_sync = tokio::spawn(controllers::node::run_mirror_sync(
+        ctx.clone(),
+        drains,
+        wake_rx,
+    ));
     let connection = tokio::spawn(watch_connection(ctx.clone()));
     tokio::join!(bundle_controller, pool_controller, node_controller);
     pump.abort();
@@ -209,8 +245,16 @@ impl crate::http::DebugApi for DebugState {
     }
 
     fn what_if(&self, bundle: &Bundle) -> serde_json::Value {
-        let ns = bundle.metadata.namespace.clone().unwrap_or_else(|| "default".into());
-        let name = bundle.metadata.name.clone().unwrap_or_else(|| "what-if".into());
+        let ns = bundle
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let name = bundle
+            .metadata
+            .name
+            .clone()
+            .unwrap_or_else(|| "what-if".into());
         let spec = mapping::bundle(&mapping::bundle_id(&ns, &name), &bundle.spec);
         let now = crate::controllers::now_ms(chrono::Utc::now());
         let result = pl::validate_admission(&spec, self.0.model().engine(), now);
@@ -219,6 +263,8 @@ impl crate::http::DebugApi for DebugState {
 }
 
 /// Connects to Manager with the settings' endpoint, token and TLS.
-pub async fn connect_manager(config: manager_client::ClientConfig) -> Result<ManagerClient, manager_client::ClientError> {
+pub async fn connect_manager(
+    config: manager_client::ClientConfig,
+) -> Result<ManagerClient, manager_client::ClientError> {
     ManagerClient::connect(config).await
 }

@@ -49,7 +49,11 @@ impl Settings {
     }
 
     /// The policy for `band`, with a bundle's overrides applied.
-    pub fn band(&self, band: api::PriorityBand, overrides: Option<&api::BandOverrides>) -> BandConfig {
+    pub fn band(
+        &self,
+        band: api::PriorityBand,
+        overrides: Option<&api::BandOverrides>,
+    ) -> BandConfig {
         self.bands.effective(band, overrides)
     }
 }
@@ -61,11 +65,23 @@ mod tests {
     #[test]
     fn a_bundle_override_replaces_only_the_fields_it_sets() {
         let s = Settings::default();
-        let o = api::BandOverrides { gold: Some(api::BandPolicy { max_restarts_per_hour: Some(2), ..Default::default() }), ..Default::default() };
+        let o = api::BandOverrides {
+            gold: Some(api::BandPolicy {
+                max_restarts_per_hour: Some(2),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let gold = s.band(api::PriorityBand::Gold, Some(&o));
         assert_eq!(gold.max_restarts_per_hour, 2);
         assert_eq!(gold.on_failure, api::OnFailure::Restart);
-        assert_eq!(gold.restart_placement, api::RestartPlacement::PreferHotSpare);
-        assert_eq!(s.band(api::PriorityBand::Bronze, Some(&o)).on_failure, api::OnFailure::Drop);
+        assert_eq!(
+            gold.restart_placement,
+            api::RestartPlacement::PreferHotSpare
+        );
+        assert_eq!(
+            s.band(api::PriorityBand::Bronze, Some(&o)).on_failure,
+            api::OnFailure::Drop
+        );
     }
 }

@@ -25,17 +25,33 @@ pub fn binaries() -> Result<&'static Binaries, SetupError> {
     BINS.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = Command::new(&cargo)
-            .args(["build", "--bins", "-p", "automanager-operator", "-p", "manager-sim"])
+            .args([
+                "build",
+                "--bins",
+                "-p",
+                "automanager-operator",
+                "-p",
+                "manager-sim",
+            ])
             .current_dir(repo_root())
             .status()
             .map_err(|e| format!("running {cargo} build: {e}"))?;
         if !status.success() {
-            return Err(format!("cargo build of the operator and manager-sim failed ({status})"));
+            return Err(format!(
+                "cargo build of the operator and manager-sim failed ({status})"
+            ));
         }
         // The test executable lives in <target>/<profile>/deps/.
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile_dir = exe.parent().and_then(Path::parent).ok_or("no target dir")?.to_path_buf();
-        let bins = Binaries { operator: profile_dir.join("automanager-operator"), sim: profile_dir.join("manager-sim") };
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("no target dir")?
+            .to_path_buf();
+        let bins = Binaries {
+            operator: profile_dir.join("automanager-operator"),
+            sim: profile_dir.join("manager-sim"),
+        };
         for b in [&bins.operator, &bins.sim] {
             if !b.exists() {
                 return Err(format!("{} was not built", b.display()));
@@ -61,12 +77,16 @@ impl Proc {
 
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// Stops the process: SIGTERM, then SIGKILL after `grace`.
     pub fn stop(&mut self, grace: Duration) {
-        let Some(mut child) = self.child.take() else { return };
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
         let _ = testenv::process::send_signal(child.id(), testenv::process::Signal::Term);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
@@ -107,11 +127,17 @@ pub struct Stack {
 
 fn free_port() -> Result<u16, SetupError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SetupError(e.to_string()))?;
-    Ok(l.local_addr().map_err(|e| SetupError(e.to_string()))?.port())
+    Ok(l.local_addr()
+        .map_err(|e| SetupError(e.to_string()))?
+        .port())
 }
 
 /// Starts `manager-sim serve` and waits for its `listening on` line.
-pub fn start_sim(dir: &Path, config: &Path, state_dir: Option<&Path>) -> Result<(Proc, String), SetupError> {
+pub fn start_sim(
+    dir: &Path,
+    config: &Path,
+    state_dir: Option<&Path>,
+) -> Result<(Proc, String), SetupError> {
     let bins = binaries()?;
     let log = dir.join("manager-sim.log");
     let mut cmd = Command::new(&bins.sim);
@@ -124,9 +150,16 @@ pub fn start_sim(dir: &Path, config: &Path, state_dir: Option<&Path>) -> Result<
         .stderr(std::fs::File::create(&log).map_err(|e| SetupError(e.to_string()))?)
         .spawn()
         .map_err(|e| SetupError(format!("starting manager-sim: {e}")))?;
-    let stdout = child.stdout.take().ok_or_else(|| SetupError("no stdout".into()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| SetupError("no stdout".into()))?;
     let mut lines = BufReader::new(stdout).lines();
-    let mut proc = Proc { name: "manager-sim", child: Some(child), log };
+    let mut proc = Proc {
+        name: "manager-sim",
+        child: Some(child),
+        log,
+    };
     let endpoint = loop {
         match lines.next() {
             Some(Ok(line)) => {
@@ -136,7 +169,10 @@ pub fn start_sim(dir: &Path, config: &Path, state_dir: Option<&Path>) -> Result<
             }
             _ => {
                 proc.stop(Duration::from_secs(1));
-                return Err(SetupError(format!("manager-sim exited before listening:\n{}", proc.log_text())));
+                return Err(SetupError(format!(
+                    "manager-sim exited before listening:\n{}",
+                    proc.log_text()
+                )));
             }
         }
     };
@@ -152,11 +188,20 @@ impl Stack {
     }
 
     /// Like [`Stack::start`], letting the test adjust the operator's config (YAML mapping).
-    pub async fn start_with(adjust: impl FnOnce(&mut serde_yaml::Mapping)) -> Result<Stack, SetupError> {
+    pub async fn start_with(
+        adjust: impl FnOnce(&mut serde_yaml::Mapping),
+    ) -> Result<Stack, SetupError> {
         binaries()?;
         let env = env_with_crds().await?;
-        let dir = tempfile::Builder::new().prefix("automanager-e2e-").tempdir().map_err(|e| SetupError(e.to_string()))?;
-        let (sim, sim_endpoint) = start_sim(dir.path(), &repo_root().join("deploy/demo/manager-sim.yaml"), None)?;
+        let dir = tempfile::Builder::new()
+            .prefix("automanager-e2e-")
+            .tempdir()
+            .map_err(|e| SetupError(e.to_string()))?;
+        let (sim, sim_endpoint) = start_sim(
+            dir.path(),
+            &repo_root().join("deploy/demo/manager-sim.yaml"),
+            None,
+        )?;
         let http_port = free_port()?;
         let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
@@ -164,9 +209,17 @@ impl Stack {
         .map_err(|e| SetupError(e.to_string()))?;
         adjust(&mut config);
         let config_path = dir.path().join("operator.yaml");
-        std::fs::write(&config_path, serde_yaml::to_string(&config).map_err(|e| SetupError(e.to_string()))?).map_err(|e| SetupError(e.to_string()))?;
+        std::fs::write(
+            &config_path,
+            serde_yaml::to_string(&config).map_err(|e| SetupError(e.to_string()))?,
+        )
+        .map_err(|e| SetupError(e.to_string()))?;
         let mut stack = Stack {
-            operator: Proc { name: "automanager-operator", child: None, log: dir.path().join("operator.log") },
+            operator: Proc {
+                name: "automanager-operator",
+                child: None,
+                log: dir.path().join("operator.log"),
+            },
             sim,
             sim_endpoint,
             operator_http: format!("http://127.0.0.1:{http_port}"),
@@ -182,7 +235,11 @@ impl Stack {
     /// (Re)starts the operator process with the stack's config; the log is appended to.
     pub fn start_operator(&mut self) -> Result<(), SetupError> {
         let bins = binaries()?;
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.operator.log).map_err(|e| SetupError(e.to_string()))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.operator.log)
+            .map_err(|e| SetupError(e.to_string()))?;
         let log2 = log.try_clone().map_err(|e| SetupError(e.to_string()))?;
         let child = Command::new(&bins.operator)
             .arg("--config")
@@ -205,10 +262,16 @@ impl Stack {
                 return Ok(());
             }
             if !self.operator.running() {
-                return Err(SetupError(format!("the operator exited:\n{}", self.operator.log_text())));
+                return Err(SetupError(format!(
+                    "the operator exited:\n{}",
+                    self.operator.log_text()
+                )));
             }
             if Instant::now() > deadline {
-                return Err(SetupError(format!("the operator was not ready within {timeout:?}:\n{}", self.operator.log_text())));
+                return Err(SetupError(format!(
+                    "the operator was not ready within {timeout:?}:\n{}",
+                    self.operator.log_text()
+                )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -235,7 +298,10 @@ impl Stack {
             .output()
             .map_err(|e| SetupError(e.to_string()))?;
         if !out.status.success() {
-            return Err(SetupError(format!("chaos {args:?} failed: {}", String::from_utf8_lossy(&out.stderr))));
+            return Err(SetupError(format!(
+                "chaos {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
@@ -253,7 +319,12 @@ impl Stack {
     }
 
     /// Polls `probe` until it returns `Some`, or fails with the last value and the operator's log.
-    pub async fn wait_for<T, F, Fut>(&self, what: &str, timeout: Duration, mut probe: F) -> Result<T, SetupError>
+    pub async fn wait_for<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut probe: F,
+    ) -> Result<T, SetupError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SetupError>>,
@@ -268,38 +339,78 @@ impl Stack {
             }
             if Instant::now() > deadline {
                 let log = self.operator.log_text();
-                let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
-                return Err(SetupError(format!("timed out after {timeout:?} waiting for {what} ({last_err})\noperator log tail:\n{}", tail.join("\n"))));
+                let tail: Vec<&str> = log
+                    .lines()
+                    .rev()
+                    .take(60)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                return Err(SetupError(format!(
+                    "timed out after {timeout:?} waiting for {what} ({last_err})\noperator log tail:\n{}",
+                    tail.join("\n")
+                )));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     /// Waits for a bundle's `status.phase` to be `phase`; returns the bundle.
-    pub async fn wait_bundle_phase(&self, ns: &str, name: &str, phase: &str, timeout: Duration) -> Result<serde_json::Value, SetupError> {
-        self.wait_for(&format!("bundle {ns}/{name} phase {phase}"), timeout, || async move {
-            let b = self.get_json(&["bundle", name, "-n", ns]).await?;
-            Ok((b["status"]["phase"] == phase).then_some(b))
-        })
+    pub async fn wait_bundle_phase(
+        &self,
+        ns: &str,
+        name: &str,
+        phase: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, SetupError> {
+        self.wait_for(
+            &format!("bundle {ns}/{name} phase {phase}"),
+            timeout,
+            || async move {
+                let b = self.get_json(&["bundle", name, "-n", ns]).await?;
+                Ok((b["status"]["phase"] == phase).then_some(b))
+            },
+        )
         .await
     }
 }
 
-async fn http_request(base: &str, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String), SetupError> {
+async fn http_request(
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+) -> Result<(u16, String), SetupError> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let hostport = base.trim_start_matches("http://");
-    let mut stream = tokio::net::TcpStream::connect(hostport).await.map_err(|e| SetupError(e.to_string()))?;
+    let mut stream = tokio::net::TcpStream::connect(hostport)
+        .await
+        .map_err(|e| SetupError(e.to_string()))?;
     let body = body.unwrap_or("");
     let req = format!(
         "{method} {path} HTTP/1.1\r\nHost: {hostport}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
-    stream.write_all(req.as_bytes()).await.map_err(|e| SetupError(e.to_string()))?;
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| SetupError(e.to_string()))?;
     let mut buf = Vec::new();
-    stream.read_to_end(&mut buf).await.map_err(|e| SetupError(e.to_string()))?;
+    stream
+        .read_to_end(&mut buf)
+        .await
+        .map_err(|e| SetupError(e.to_string()))?;
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     Ok((status, dechunk(&body)))
 }
 
@@ -308,8 +419,12 @@ fn dechunk(body: &str) -> String {
     let mut out = String::new();
     let mut rest = body;
     loop {
-        let Some((size, after)) = rest.split_once("\r\n") else { return body.to_owned() };
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { return body.to_owned() };
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            return body.to_owned();
+        };
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            return body.to_owned();
+        };
         if n == 0 {
             return out;
         }

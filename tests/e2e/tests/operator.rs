@@ -17,7 +17,11 @@ async fn apply(stack: &Stack, yaml: &str) {
 }
 
 async fn apply_examples(stack: &Stack) {
-    let out = stack.env.apply_file(examples_dir().join("pools.yaml")).await.unwrap();
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
 }
 
@@ -38,25 +42,50 @@ fn job<'a>(bundle: &'a Value, replica: usize, name: &str) -> &'a Value {
 }
 
 fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
-    obj["status"]["conditions"].as_array().and_then(|cs| cs.iter().find(|c| c["type"] == type_)).unwrap_or(&Value::Null)
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
 }
 
 async fn events_for(stack: &Stack, name: &str) -> String {
     let out = stack
         .env
-        .run_kubectl(["get", "events", "-A", "--field-selector", &format!("regarding.name={name}"), "-o", "custom-columns=REASON:.reason,NOTE:.note"])
+        .run_kubectl([
+            "get",
+            "events",
+            "-A",
+            "--field-selector",
+            &format!("regarding.name={name}"),
+            "-o",
+            "custom-columns=REASON:.reason,NOTE:.note",
+        ])
         .await
         .unwrap();
-    let out2 = stack.env.run_kubectl(["get", "events.events.k8s.io", "-A", "-o", "custom-columns=NAME:.regarding.name,REASON:.reason,NOTE:.note"]).await.unwrap();
+    let out2 = stack
+        .env
+        .run_kubectl([
+            "get",
+            "events.events.k8s.io",
+            "-A",
+            "-o",
+            "custom-columns=NAME:.regarding.name,REASON:.reason,NOTE:.note",
+        ])
+        .await
+        .unwrap();
     format!("{}\n{}", out.stdout, out2.stdout)
 }
 
 fn bundle_yaml(name: &str, replicas: u32, pools: &str, jobs: &str) -> String {
-    format!("apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}")
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}"
+    )
 }
 
 fn job_yaml(name: &str, capacity: u32, band: &str, extra: &str) -> String {
-    format!("    - jobName: {name}\n      requirements: {{requiredCapacity: {capacity}, requiredCores: 1, priorityBand: {band}{extra}}}\n")
+    format!(
+        "    - jobName: {name}\n      requirements: {{requiredCapacity: {capacity}, requiredCores: 1, priorityBand: {band}{extra}}}\n"
+    )
 }
 
 #[tokio::test]
@@ -65,45 +94,99 @@ async fn examples_become_ready_with_placements_and_traces() {
     let out = stack.env.apply_file(examples_dir()).await.unwrap();
     assert!(out.success(), "{}", out.stderr);
 
-    for name in ["my-channel-1", "news-gold", "sports-silver", "preview-bronze"] {
-        stack.wait_bundle_phase("default", name, "Ready", READY).await.expect("bundle Ready");
+    for name in [
+        "my-channel-1",
+        "news-gold",
+        "sports-silver",
+        "preview-bronze",
+    ] {
+        stack
+            .wait_bundle_phase("default", name, "Ready", READY)
+            .await
+            .expect("bundle Ready");
     }
-    let b = stack.get_json(&["bundle", "my-channel-1", "-n", "default"]).await.unwrap();
+    let b = stack
+        .get_json(&["bundle", "my-channel-1", "-n", "default"])
+        .await
+        .unwrap();
     assert_eq!(b["status"]["placedReplicas"], 2);
     assert_eq!(condition(&b, "Ready")["status"], "True");
-    assert_eq!(condition(&b, "Ready")["observedGeneration"], b["metadata"]["generation"]);
+    assert_eq!(
+        condition(&b, "Ready")["observedGeneration"],
+        b["metadata"]["generation"]
+    );
     // Replica 0 prefers aws-east; replica 1's override puts it in oci-fra.
     assert_eq!(job(&b, 0, "encode")["pool"], "aws-east", "{b:#}");
     assert_eq!(job(&b, 1, "encode")["pool"], "oci-fra", "{b:#}");
     // coLocateWith: package shares encode's node; replicas never share a node (hard rule).
     for r in 0..2 {
-        assert_eq!(job(&b, r, "package")["nodeId"], job(&b, r, "encode")["nodeId"]);
+        assert_eq!(
+            job(&b, r, "package")["nodeId"],
+            job(&b, r, "encode")["nodeId"]
+        );
         assert_eq!(job(&b, r, "encode")["state"], "running");
         let trace = &job(&b, r, "encode")["lastPlacement"];
-        assert!(trace["outcome"] == "placed" || trace["outcome"] == "provisioning", "{trace:#}");
-        assert!(trace["poolsTried"].as_array().is_some_and(|p| !p.is_empty()), "{trace:#}");
+        assert!(
+            trace["outcome"] == "placed" || trace["outcome"] == "provisioning",
+            "{trace:#}"
+        );
+        assert!(
+            trace["poolsTried"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty()),
+            "{trace:#}"
+        );
     }
-    assert_ne!(job(&b, 0, "encode")["nodeId"], job(&b, 1, "encode")["nodeId"]);
+    assert_ne!(
+        job(&b, 0, "encode")["nodeId"],
+        job(&b, 1, "encode")["nodeId"]
+    );
 
     // The sports bundle needs sdi-capture: only the on-prem cluster has it; separateFrom keeps its jobs apart.
-    let s = stack.get_json(&["bundle", "sports-silver", "-n", "default"]).await.unwrap();
+    let s = stack
+        .get_json(&["bundle", "sports-silver", "-n", "default"])
+        .await
+        .unwrap();
     assert_eq!(job(&s, 0, "ingest")["pool"], "onprem");
-    assert_ne!(job(&s, 0, "ingest")["nodeId"], job(&s, 0, "encode")["nodeId"]);
+    assert_ne!(
+        job(&s, 0, "ingest")["nodeId"],
+        job(&s, 0, "encode")["nodeId"]
+    );
 
     // Every Manager node is mirrored as a ManagerNode, with its jobs.
     let nodes = stack.get_json(&["managernodes"]).await.unwrap();
     let items = nodes["items"].as_array().cloned().unwrap_or_default();
-    assert!(items.len() >= 4, "expected the on-prem nodes and provisioned ones, got {}", items.len());
+    assert!(
+        items.len() >= 4,
+        "expected the on-prem nodes and provisioned ones, got {}",
+        items.len()
+    );
     let encode_node = job(&b, 0, "encode")["nodeId"].as_str().unwrap().to_owned();
-    let mirrored = items.iter().find(|n| n["status"]["nodeId"] == encode_node.as_str()).expect("node mirrored");
-    assert!(mirrored["status"]["jobs"].as_array().unwrap().iter().any(|j| j["jobName"] == "encode"));
+    let mirrored = items
+        .iter()
+        .find(|n| n["status"]["nodeId"] == encode_node.as_str())
+        .expect("node mirrored");
+    assert!(
+        mirrored["status"]["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["jobName"] == "encode")
+    );
     assert!(mirrored["status"]["usedCapacity"].as_i64().unwrap() >= 10);
 
     // The full trace is served by the operator.
-    let (code, body) = stack.http_get("/debug/trace/default/my-channel-1").await.unwrap();
+    let (code, body) = stack
+        .http_get("/debug/trace/default/my-channel-1")
+        .await
+        .unwrap();
     assert_eq!(code, 200, "{body}");
     let trace: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(trace["replicas"].as_array().map(Vec::len), Some(2), "{trace:#}");
+    assert_eq!(
+        trace["replicas"].as_array().map(Vec::len),
+        Some(2),
+        "{trace:#}"
+    );
     let (code, _) = stack.http_get("/debug/trace/default/nope").await.unwrap();
     assert_eq!(code, 404);
 
@@ -111,13 +194,18 @@ async fn examples_become_ready_with_placements_and_traces() {
     stack
         .wait_for("aws-east status", Duration::from_secs(30), || async {
             let p = stack.get_json(&["placementpool", "aws-east"]).await?;
-            Ok((p["status"]["nodeCount"].as_i64().unwrap_or(0) >= 1 && condition(&p, "Ready")["status"] == "True").then_some(()))
+            Ok((p["status"]["nodeCount"].as_i64().unwrap_or(0) >= 1
+                && condition(&p, "Ready")["status"] == "True")
+                .then_some(()))
         })
         .await
         .unwrap();
     let (code, metrics) = stack.http_get("/metrics").await.unwrap();
     assert_eq!(code, 200);
-    assert!(metrics.contains("automanager_placements_succeeded_total"), "{metrics}");
+    assert!(
+        metrics.contains("automanager_placements_succeeded_total"),
+        "{metrics}"
+    );
     assert!(metrics.contains("automanager_pool_nodes"), "{metrics}");
 }
 
@@ -126,12 +214,36 @@ async fn a_replica_spills_to_the_next_pool_when_the_first_cannot_take_it() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
     // Only aws-west has nvidia-gpu: onprem (first choice) is left, the replica spills.
-    apply(&stack, &bundle_yaml("gpu", 1, "[onprem, aws-west]", &job_yaml("infer", 50, "silver", ", requiredCapabilities: [nvidia-gpu]"))).await;
-    let b = stack.wait_bundle_phase("default", "gpu", "Ready", READY).await.unwrap();
+    apply(
+        &stack,
+        &bundle_yaml(
+            "gpu",
+            1,
+            "[onprem, aws-west]",
+            &job_yaml(
+                "infer",
+                50,
+                "silver",
+                ", requiredCapabilities: [nvidia-gpu]",
+            ),
+        ),
+    )
+    .await;
+    let b = stack
+        .wait_bundle_phase("default", "gpu", "Ready", READY)
+        .await
+        .unwrap();
     let j = job(&b, 0, "infer");
     assert_eq!(j["pool"], "aws-west", "{b:#}");
-    let tried = j["lastPlacement"]["poolsTried"].as_array().cloned().unwrap_or_default();
-    assert_eq!(tried.first().map(|p| p["pool"].clone()), Some(Value::from("onprem")), "{j:#}");
+    let tried = j["lastPlacement"]["poolsTried"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        tried.first().map(|p| p["pool"].clone()),
+        Some(Value::from("onprem")),
+        "{j:#}"
+    );
     let events = events_for(&stack, "gpu").await;
     assert!(events.contains("SpilledToPool"), "{events}");
 }
@@ -141,9 +253,20 @@ async fn a_full_fixed_pool_stalls_the_bundle_with_a_clear_reason() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
     // Three on-prem nodes of 200: three replicas of 150 fill them (different node, hard).
-    apply(&stack, &bundle_yaml("fill", 3, "[onprem]", &job_yaml("big", 150, "silver", ""))).await;
-    stack.wait_bundle_phase("default", "fill", "Ready", READY).await.unwrap();
-    apply(&stack, &bundle_yaml("late", 1, "[onprem]", &job_yaml("big", 150, "silver", ""))).await;
+    apply(
+        &stack,
+        &bundle_yaml("fill", 3, "[onprem]", &job_yaml("big", 150, "silver", "")),
+    )
+    .await;
+    stack
+        .wait_bundle_phase("default", "fill", "Ready", READY)
+        .await
+        .unwrap();
+    apply(
+        &stack,
+        &bundle_yaml("late", 1, "[onprem]", &job_yaml("big", 150, "silver", "")),
+    )
+    .await;
     let b = stack
         .wait_for("late to stall", READY, || async {
             let b = stack.get_json(&["bundle", "late", "-n", "default"]).await?;
@@ -153,14 +276,40 @@ async fn a_full_fixed_pool_stalls_the_bundle_with_a_clear_reason() {
         .unwrap();
     let stalled = condition(&b, "Stalled");
     assert_eq!(stalled["reason"], "NoCapacity", "{b:#}");
-    assert!(stalled["message"].as_str().unwrap().contains("cannot be placed"), "{stalled:#}");
+    assert!(
+        stalled["message"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be placed"),
+        "{stalled:#}"
+    );
     assert_eq!(job(&b, 0, "big")["state"], "unplaceable");
-    assert!(job(&b, 0, "big")["lastPlacement"]["rejections"].as_array().is_some_and(|r| !r.is_empty()), "{b:#}");
+    assert!(
+        job(&b, 0, "big")["lastPlacement"]["rejections"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty()),
+        "{b:#}"
+    );
 
     // Freeing capacity lets it place.
-    let out = stack.env.run_kubectl(["delete", "bundle", "fill", "-n", "default", "--wait=true", "--timeout=60s"]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "delete",
+            "bundle",
+            "fill",
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=60s",
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
-    stack.wait_bundle_phase("default", "late", "Ready", READY).await.unwrap();
+    stack
+        .wait_bundle_phase("default", "late", "Ready", READY)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -168,12 +317,42 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
     // Each band's job starts on-prem; killing their nodes sends gold and silver to aws-east.
-    apply(&stack, &bundle_yaml("g", 1, "[onprem, aws-east]", &job_yaml("enc", 20, "gold", ""))).await;
-    apply(&stack, &bundle_yaml("s", 1, "[onprem, aws-east]", &job_yaml("enc", 20, "silver", ""))).await;
-    apply(&stack, &bundle_yaml("b", 1, "[onprem, aws-east]", &job_yaml("enc", 20, "bronze", ""))).await;
+    apply(
+        &stack,
+        &bundle_yaml(
+            "g",
+            1,
+            "[onprem, aws-east]",
+            &job_yaml("enc", 20, "gold", ""),
+        ),
+    )
+    .await;
+    apply(
+        &stack,
+        &bundle_yaml(
+            "s",
+            1,
+            "[onprem, aws-east]",
+            &job_yaml("enc", 20, "silver", ""),
+        ),
+    )
+    .await;
+    apply(
+        &stack,
+        &bundle_yaml(
+            "b",
+            1,
+            "[onprem, aws-east]",
+            &job_yaml("enc", 20, "bronze", ""),
+        ),
+    )
+    .await;
     let mut nodes = std::collections::HashMap::new();
     for n in ["g", "s", "b"] {
-        let b = stack.wait_bundle_phase("default", n, "Ready", READY).await.unwrap();
+        let b = stack
+            .wait_bundle_phase("default", n, "Ready", READY)
+            .await
+            .unwrap();
         nodes.insert(n, job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned());
     }
     // Kill every node any of them uses.
@@ -185,12 +364,17 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     }
     for n in ["g", "s"] {
         let b = stack
-            .wait_for(&format!("{n} restarted off the killed nodes"), READY, || async {
-                let b = stack.get_json(&["bundle", n, "-n", "default"]).await?;
-                let j = job(&b, 0, "enc");
-                let moved = j["state"] == "running" && !killed.iter().any(|k| j["nodeId"] == k.as_str());
-                Ok(moved.then_some(b))
-            })
+            .wait_for(
+                &format!("{n} restarted off the killed nodes"),
+                READY,
+                || async {
+                    let b = stack.get_json(&["bundle", n, "-n", "default"]).await?;
+                    let j = job(&b, 0, "enc");
+                    let moved = j["state"] == "running"
+                        && !killed.iter().any(|k| j["nodeId"] == k.as_str());
+                    Ok(moved.then_some(b))
+                },
+            )
             .await;
         let b = b.unwrap();
         assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], 1, "{b:#}");
@@ -206,7 +390,12 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     let events = events_for(&stack, "b").await;
     assert!(events.contains("JobDropped"), "{events}");
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
-    assert!(metrics.lines().any(|l| l.starts_with("automanager_jobs_dropped_total") && !l.ends_with(" 0")), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("automanager_jobs_dropped_total") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]
@@ -215,32 +404,71 @@ async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
     apply_examples(&stack).await;
     apply(
         &stack,
-        &format!("{}  bands:\n    gold: {{maxRestartsPerHour: 3}}\n", bundle_yaml("flaky", 1, "[onprem]", &job_yaml("enc", 10, "gold", ""))),
+        &format!(
+            "{}  bands:\n    gold: {{maxRestartsPerHour: 3}}\n",
+            bundle_yaml("flaky", 1, "[onprem]", &job_yaml("enc", 10, "gold", ""))
+        ),
     )
     .await;
     let job_id = "default.flaky/0/enc";
-    stack.wait_bundle_phase("default", "flaky", "Ready", READY).await.unwrap();
+    stack
+        .wait_bundle_phase("default", "flaky", "Ready", READY)
+        .await
+        .unwrap();
     // Three failures are restarted; the fourth breaks the bundle (more than maxRestartsPerHour = 3).
     for i in 1..=3 {
         stack.chaos(&["fail-job", job_id]).unwrap();
         stack
             .wait_for(&format!("restart {i}"), READY, || async {
-                let b = stack.get_json(&["bundle", "flaky", "-n", "default"]).await?;
-                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i && job(&b, 0, "enc")["state"] == "running").then_some(()))
+                let b = stack
+                    .get_json(&["bundle", "flaky", "-n", "default"])
+                    .await?;
+                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
+                    && job(&b, 0, "enc")["state"] == "running")
+                    .then_some(()))
             })
             .await
             .unwrap();
     }
     stack.chaos(&["fail-job", job_id]).unwrap();
-    let b = stack.wait_bundle_phase("default", "flaky", "Broken", READY).await.unwrap();
+    let b = stack
+        .wait_bundle_phase("default", "flaky", "Broken", READY)
+        .await
+        .unwrap();
     assert_eq!(condition(&b, "Broken")["status"], "True");
-    assert!(condition(&b, "Broken")["message"].as_str().unwrap().contains("automanager.norsk.io/retry"), "{b:#}");
+    assert!(
+        condition(&b, "Broken")["message"]
+            .as_str()
+            .unwrap()
+            .contains("automanager.norsk.io/retry"),
+        "{b:#}"
+    );
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
-    assert!(metrics.lines().any(|l| l.starts_with("automanager_broken_bundles") && l.ends_with(" 1")), "{metrics}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("automanager_broken_bundles") && l.ends_with(" 1")),
+        "{metrics}"
+    );
 
-    let out = stack.env.run_kubectl(["annotate", "--overwrite", "bundle", "flaky", "-n", "default", "automanager.norsk.io/retry=1"]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "annotate",
+            "--overwrite",
+            "bundle",
+            "flaky",
+            "-n",
+            "default",
+            "automanager.norsk.io/retry=1",
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
-    let b = stack.wait_bundle_phase("default", "flaky", "Ready", READY).await.unwrap();
+    let b = stack
+        .wait_bundle_phase("default", "flaky", "Ready", READY)
+        .await
+        .unwrap();
     assert_eq!(b["status"]["lastRetry"], "1");
     assert_eq!(condition(&b, "Broken")["status"], "False");
 }
@@ -253,45 +481,109 @@ async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_
     stack
         .wait_for("on-prem ManagerNodes", READY, || async {
             let n = stack.get_json(&["managernode", "onprem-a1"]).await;
-            Ok(n.ok().filter(|n| n["status"]["state"] == "started").map(|_| ()))
+            Ok(n.ok()
+                .filter(|n| n["status"]["state"] == "started")
+                .map(|_| ()))
         })
         .await
         .unwrap();
     for n in ["onprem-a1", "onprem-a2"] {
-        let out = stack.env.run_kubectl(["patch", "managernode", n, "--type", "merge", "-p", r#"{"spec":{"cordoned":true}}"#]).await.unwrap();
+        let out = stack
+            .env
+            .run_kubectl([
+                "patch",
+                "managernode",
+                n,
+                "--type",
+                "merge",
+                "-p",
+                r#"{"spec":{"cordoned":true}}"#,
+            ])
+            .await
+            .unwrap();
         assert!(out.success(), "{}", out.stderr);
     }
     // A replica-2 bundle needs two nodes (different node, hard): only one is schedulable.
-    apply(&stack, &bundle_yaml("two", 2, "[onprem]", &job_yaml("enc", 10, "gold", ""))).await;
-    let b = stack
-        .wait_for("two to stall on cordoned nodes", READY, || async {
-            let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
-            Ok((condition(&b, "Stalled")["status"] == "True" && b["status"]["placedReplicas"] == 1).then_some(b))
-        })
-        .await
-        .unwrap();
+    apply(
+        &stack,
+        &bundle_yaml("two", 2, "[onprem]", &job_yaml("enc", 10, "gold", "")),
+    )
+    .await;
+    let b =
+        stack
+            .wait_for("two to stall on cordoned nodes", READY, || async {
+                let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
+                Ok((condition(&b, "Stalled")["status"] == "True"
+                    && b["status"]["placedReplicas"] == 1)
+                    .then_some(b))
+            })
+            .await
+            .unwrap();
     for j in jobs(&b).iter().filter(|j| j["state"] == "running") {
-        assert_eq!(j["nodeId"], "onprem-b1", "cordoned nodes must take nothing: {b:#}");
+        assert_eq!(
+            j["nodeId"], "onprem-b1",
+            "cordoned nodes must take nothing: {b:#}"
+        );
     }
     let cordoned = stack.get_json(&["managernode", "onprem-a1"]).await.unwrap();
     assert_eq!(condition(&cordoned, "Cordoned")["status"], "True");
 
     // Uncordon one: the second replica places there.
-    let out = stack.env.run_kubectl(["patch", "managernode", "onprem-a1", "--type", "merge", "-p", r#"{"spec":{"cordoned":false}}"#]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "managernode",
+            "onprem-a1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"cordoned":false}}"#,
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
-    let b = stack.wait_bundle_phase("default", "two", "Ready", READY).await.unwrap();
+    let b = stack
+        .wait_bundle_phase("default", "two", "Ready", READY)
+        .await
+        .unwrap();
     let on_a1 = jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a1");
     assert!(on_a1, "{b:#}");
 
     // Drain onprem-a1 with terminate: its gold job recovers elsewhere (onprem-a2 is still cordoned, b1 has the other replica).
-    let out = stack.env.run_kubectl(["patch", "managernode", "onprem-a2", "--type", "merge", "-p", r#"{"spec":{"cordoned":false}}"#]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "managernode",
+            "onprem-a2",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"cordoned":false}}"#,
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
-    let out = stack.env.run_kubectl(["patch", "managernode", "onprem-a1", "--type", "merge", "-p", r#"{"spec":{"drain":{"mode":"terminate"}}}"#]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "managernode",
+            "onprem-a1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"drain":{"mode":"terminate"}}}"#,
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
     let b = stack
         .wait_for("gold job recovered off the drained node", READY, || async {
             let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
-            let moved = b["status"]["phase"] == "Ready" && !jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a1");
+            let moved = b["status"]["phase"] == "Ready"
+                && !jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a1");
             Ok(moved.then_some(b))
         })
         .await
@@ -303,15 +595,36 @@ async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_
 async fn deleting_a_bundle_stops_its_jobs_in_manager() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
-    apply(&stack, &bundle_yaml("short", 2, "[onprem]", &job_yaml("enc", 10, "silver", ""))).await;
-    let b = stack.wait_bundle_phase("default", "short", "Ready", READY).await.unwrap();
+    apply(
+        &stack,
+        &bundle_yaml("short", 2, "[onprem]", &job_yaml("enc", 10, "silver", "")),
+    )
+    .await;
+    let b = stack
+        .wait_bundle_phase("default", "short", "Ready", READY)
+        .await
+        .unwrap();
     let node = job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned();
-    let out = stack.env.run_kubectl(["delete", "bundle", "short", "-n", "default", "--wait=true", "--timeout=60s"]).await.unwrap();
+    let out = stack
+        .env
+        .run_kubectl([
+            "delete",
+            "bundle",
+            "short",
+            "-n",
+            "default",
+            "--wait=true",
+            "--timeout=60s",
+        ])
+        .await
+        .unwrap();
     assert!(out.success(), "{}", out.stderr);
     stack
         .wait_for("the node to hold no job of the bundle", READY, || async {
             let n = stack.get_json(&["managernode", &node]).await?;
-            let holds = n["status"]["jobs"].as_array().is_some_and(|js| js.iter().any(|j| j["bundle"] == "default/short"));
+            let holds = n["status"]["jobs"]
+                .as_array()
+                .is_some_and(|js| js.iter().any(|j| j["bundle"] == "default/short"));
             Ok((!holds).then_some(()))
         })
         .await
@@ -324,16 +637,27 @@ async fn a_restarted_operator_duplicates_nothing_and_loses_no_bundle() {
     apply_examples(&stack).await;
     let mut yaml = String::new();
     for i in 0..12 {
-        yaml.push_str(&bundle_yaml(&format!("wave-{i}"), 2, "[onprem, aws-east]", &job_yaml("enc", 10, "silver", "")));
+        yaml.push_str(&bundle_yaml(
+            &format!("wave-{i}"),
+            2,
+            "[onprem, aws-east]",
+            &job_yaml("enc", 10, "silver", ""),
+        ));
         yaml.push_str("---\n");
     }
     apply(&stack, &yaml).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     stack.operator.stop(Duration::from_secs(5));
     stack.start_operator().unwrap();
-    stack.wait_operator_ready(Duration::from_secs(60)).await.unwrap();
+    stack
+        .wait_operator_ready(Duration::from_secs(60))
+        .await
+        .unwrap();
     for i in 0..12 {
-        stack.wait_bundle_phase("default", &format!("wave-{i}"), "Ready", READY).await.unwrap();
+        stack
+            .wait_bundle_phase("default", &format!("wave-{i}"), "Ready", READY)
+            .await
+            .unwrap();
     }
     // Each job runs exactly once across every node.
     let nodes = stack.get_json(&["managernodes"]).await.unwrap();
@@ -366,12 +690,17 @@ async fn what_if_answers_admission_against_the_live_snapshot() {
     };
     stack
         .wait_for("the on-prem pool to be loaded", READY, || async {
-            let (code, body) = stack.http_post("/v1/what-if", &bundle("onprem", 10)).await?;
+            let (code, body) = stack
+                .http_post("/v1/what-if", &bundle("onprem", 10))
+                .await?;
             Ok((code == 200 && body.contains("\"ok\"")).then_some(()))
         })
         .await
         .unwrap();
-    let (code, body) = stack.http_post("/v1/what-if", &bundle("nowhere", 10)).await.unwrap();
+    let (code, body) = stack
+        .http_post("/v1/what-if", &bundle("nowhere", 10))
+        .await
+        .unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("validationErrors"), "{body}");
     let (code, body) = stack.http_post("/v1/what-if", "{not json").await.unwrap();
@@ -383,11 +712,25 @@ async fn an_invalid_config_exits_non_zero_listing_every_problem() -> Result<(), 
     let bins = automanager_e2e::stack::binaries()?;
     let dir = tempfile::tempdir().map_err(|e| SetupError(e.to_string()))?;
     let path = dir.path().join("bad.yaml");
-    std::fs::write(&path, "manager: {url: \"not a url\"}\npendingWindw: 60\nbands: {gold: {maxRestartsPerHour: 0}}\n").map_err(|e| SetupError(e.to_string()))?;
-    let out = std::process::Command::new(&bins.operator).arg("--config").arg(&path).output().map_err(|e| SetupError(e.to_string()))?;
+    std::fs::write(
+        &path,
+        "manager: {url: \"not a url\"}\npendingWindw: 60\nbands: {gold: {maxRestartsPerHour: 0}}\n",
+    )
+    .map_err(|e| SetupError(e.to_string()))?;
+    let out = std::process::Command::new(&bins.operator)
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .map_err(|e| SetupError(e.to_string()))?;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in ["manager.url", "pendingWindw", "did you mean", "pendingWindow", "bands.gold.maxRestartsPerHour"] {
+    for needle in [
+        "manager.url",
+        "pendingWindw",
+        "did you mean",
+        "pendingWindow",
+        "bands.gold.maxRestartsPerHour",
+    ] {
         assert!(stderr.contains(needle), "missing {needle:?} in:\n{stderr}");
     }
     Ok(())

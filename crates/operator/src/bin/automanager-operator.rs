@@ -22,7 +22,11 @@ use futures::FutureExt;
 use tokio::sync::watch;
 
 #[derive(Parser, Debug)]
-#[command(name = "automanager-operator", version, about = "The AutoManager Kubernetes operator")]
+#[command(
+    name = "automanager-operator",
+    version,
+    about = "The AutoManager Kubernetes operator"
+)]
 struct Cli {
     /// The operator's config file (YAML; see docs/operator-config.md). Without it every setting
     /// takes its default and `--manager-url` is required.
@@ -39,9 +43,13 @@ struct Cli {
 }
 
 fn init_tracing(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stderr().is_terminal()).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -59,7 +67,10 @@ fn main() -> ExitCode {
         }
     };
     init_tracing(&cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("automanager-operator: cannot start the async runtime: {e}");
@@ -96,7 +107,9 @@ async fn shutdown_signal() {
 
 async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result<ExitCode> {
     let identity = identity.unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "localhost".into());
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into());
         format!("{host}-{}", std::process::id())
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -115,13 +128,26 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         let _ = stop_tx.send(true);
     });
 
-    let client = kube::Client::try_default().await.map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
-    let manager_config = config.manager.client_config().map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
-    let manager = manager_client::ManagerClient::connect(manager_config).await.map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    let manager_config = config
+        .manager
+        .client_config()
+        .map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
+    let manager = manager_client::ManagerClient::connect(manager_config)
+        .await
+        .map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
     let metrics = Metrics::new();
     let readiness = Readiness::new();
     let settings = Settings::from_config(&config);
-    let ctx = Context::new(client.clone(), manager.clone(), settings, metrics.clone(), &identity);
+    let ctx = Context::new(
+        client.clone(),
+        manager.clone(),
+        settings,
+        metrics.clone(),
+        &identity,
+    );
 
     // Manager's connection state is part of readiness.
     {
@@ -137,9 +163,21 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         });
     }
 
-    let server = tokio::spawn(http::serve(config.http.bind_address, Arc::new(DebugState(ctx.clone())), metrics.clone(), readiness.clone(), stopped()));
+    let server = tokio::spawn(http::serve(
+        config.http.bind_address,
+        Arc::new(DebugState(ctx.clone())),
+        metrics.clone(),
+        readiness.clone(),
+        stopped(),
+    ));
 
-    let election = run_leader_election(client.clone(), &config.leader_election, identity.clone(), stopped()).await;
+    let election = run_leader_election(
+        client.clone(),
+        &config.leader_election,
+        identity.clone(),
+        stopped(),
+    )
+    .await;
     let mut is_leader = election.is_leader.clone();
     tracing::info!(identity = %identity, "waiting for leadership");
     readiness.set_caches_synced(true);
@@ -151,7 +189,9 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     readiness.set_leader(true);
     tracing::info!(identity = %identity, "leading: starting controllers");
     if manager.wait_ready(Duration::from_secs(30)).await.is_err() {
-        tracing::warn!("Manager is not reachable yet; controllers start and report Stalled until it is");
+        tracing::warn!(
+            "Manager is not reachable yet; controllers start and report Stalled until it is"
+        );
     }
 
     // Stop when asked, or when leadership is lost.

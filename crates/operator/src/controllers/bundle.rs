@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{self as api, Bundle, BundlePhase, BundleStatus, JobState, JobStatus, ReplicaStatus};
+use automanager_api::{
+    self as api, Bundle, BundlePhase, BundleStatus, JobState, JobStatus, ReplicaStatus,
+};
 use automanager_placement as pl;
 use chrono::{DateTime, Utc};
 use kube::api::{Api, Patch, PatchParams};
@@ -44,10 +46,12 @@ pub async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Context>) -> Result<Action,
     })
     .await
     .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e) | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
         other => Error::Finalizer(other.to_string()),
     });
-    ctx.metrics.observe_reconcile("bundle", result.is_ok(), started.elapsed().as_secs_f64());
+    ctx.metrics
+        .observe_reconcile("bundle", result.is_ok(), started.elapsed().as_secs_f64());
     result
 }
 
@@ -75,7 +79,12 @@ enum Need {
     Dropped,
 }
 
-fn observe(mirror: &manager_client::MirrorState, bundle_id: &str, replicas: u32, jobs: &[api::BundleJob]) -> BTreeMap<(u32, String), Observed> {
+fn observe(
+    mirror: &manager_client::MirrorState,
+    bundle_id: &str,
+    replicas: u32,
+    jobs: &[api::BundleJob],
+) -> BTreeMap<(u32, String), Observed> {
     let mut out = BTreeMap::new();
     for r in 0..replicas {
         for j in jobs {
@@ -85,11 +94,15 @@ fn observe(mirror: &manager_client::MirrorState, bundle_id: &str, replicas: u32,
                     let current = job
                         .instances
                         .iter()
-                        .filter(|i| i.role == proto::JobRole::Normal as i32 || i.role == proto::JobRole::Unspecified as i32)
+                        .filter(|i| {
+                            i.role == proto::JobRole::Normal as i32
+                                || i.role == proto::JobRole::Unspecified as i32
+                        })
                         .max_by_key(|i| i.started_at_ms);
                     Observed {
                         job_id,
-                        state: proto::JobState::try_from(job.state).unwrap_or(proto::JobState::Pending),
+                        state: proto::JobState::try_from(job.state)
+                            .unwrap_or(proto::JobState::Pending),
                         node_id: job.node_id.clone(),
                         stop_reason: current
                             .and_then(|i| proto::StopReason::try_from(i.stop_reason).ok())
@@ -118,7 +131,9 @@ fn need(o: &Observed, dropped: bool) -> Need {
         S::Failed if dropped => Need::Dropped,
         S::Failed => Need::Recover,
         S::Stopped => match o.stop_reason {
-            proto::StopReason::NodeLost | proto::StopReason::NodeTerminated if dropped => Need::Dropped,
+            proto::StopReason::NodeLost | proto::StopReason::NodeTerminated if dropped => {
+                Need::Dropped
+            }
             proto::StopReason::NodeLost | proto::StopReason::NodeTerminated => Need::Recover,
             _ => Need::Place,
         },
@@ -162,7 +177,12 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     if !ctx.manager_ready() {
         let err = ctx.manager_unavailable();
         let mut status = prev.clone();
-        mark(&mut status, generation, now, Marks::stalled("ManagerUnavailable", err.to_string()));
+        mark(
+            &mut status,
+            generation,
+            now,
+            Marks::stalled("ManagerUnavailable", err.to_string()),
+        );
         write_status(ctx, bundle, &prev, status).await?;
         return Ok(Action::requeue(Duration::from_secs(3)));
     }
@@ -177,18 +197,34 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         // A pool whose object exists but is not loaded yet (operator start-up) is not an error.
         let pools: Api<api::PlacementPool> = Api::all(ctx.client.clone());
         for e in &errors {
-            if let pl::ValidationError::UnknownPool { pool, .. } = e {
-                if pools.get_opt(pool).await?.is_some() {
-                    return Ok(Action::requeue(Duration::from_millis(500)));
-                }
+            if let pl::ValidationError::UnknownPool { pool, .. } = e
+                && pools.get_opt(pool).await?.is_some()
+            {
+                return Ok(Action::requeue(Duration::from_millis(500)));
             }
         }
-        let message = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ");
+        let message = errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
         let mut status = prev.clone();
         status.phase = BundlePhase::Pending;
-        mark(&mut status, generation, now, Marks::stalled("InvalidSpec", message.clone()));
+        mark(
+            &mut status,
+            generation,
+            now,
+            Marks::stalled("InvalidSpec", message.clone()),
+        );
         if !is_condition(&prev, "Stalled", "InvalidSpec") {
-            ctx.event(bundle, EventType::Warning, "InvalidBundle", "Validate", message).await;
+            ctx.event(
+                bundle,
+                EventType::Warning,
+                "InvalidBundle",
+                "Validate",
+                message,
+            )
+            .await;
         }
         write_status(ctx, bundle, &prev, status).await?;
         return Ok(Action::requeue(REQUEUE_STALLED));
@@ -199,8 +235,16 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     let retried = retry.is_some() && retry != prev.last_retry;
     if retried {
         ctx.ledger().forget_bundle(&bundle_id);
-        ctx.dropped().retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
-        ctx.event(bundle, EventType::Normal, "Retry", "Retry", format!("retry requested ({})", retry.clone().unwrap_or_default())).await;
+        ctx.dropped()
+            .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
+        ctx.event(
+            bundle,
+            EventType::Normal,
+            "Retry",
+            "Retry",
+            format!("retry requested ({})", retry.clone().unwrap_or_default()),
+        )
+        .await;
     } else if is_condition(&prev, "Broken", "RestartCeilingExceeded") {
         // Broken stays broken until the user asks again.
         let mut status = prev.clone();
@@ -214,12 +258,18 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     // Register (or update) the bundle in Manager; Manager expands it into one job per replica and name.
     let wanted = mapping::proto_bundle(&bundle_id, spec);
     let registered = ctx.manager.mirror().bundle(&bundle_id);
-    if !registered.as_ref().is_some_and(|r| mapping::registered_matches(r, &wanted)) {
+    if !registered
+        .as_ref()
+        .is_some_and(|r| mapping::registered_matches(r, &wanted))
+    {
         ctx.manager.register_bundle(wanted).await?;
         // The mirror shows the new jobs a moment later; their absence reads as "not placed yet".
     }
 
-    let mut observed = ctx.manager.mirror().read(|m| observe(m, &bundle_id, replicas, &spec.jobs));
+    let mut observed = ctx
+        .manager
+        .mirror()
+        .read(|m| observe(m, &bundle_id, replicas, &spec.jobs));
     let mut needs: BTreeMap<(u32, String), Need> = BTreeMap::new();
     {
         let dropped = ctx.dropped();
@@ -227,13 +277,17 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         for (k, o) in observed.iter_mut() {
             let mut n = need(o, dropped.contains_key(&o.job_id));
             // Manager accepted a start the mirror does not show yet: never start it twice.
-            let key = pl::JobKey { bundle_id: bundle_id.clone(), replica_index: k.0, job_name: k.1.clone() };
-            if matches!(n, Need::Place | Need::Recover) {
-                if let Some(node) = model.started_not_mirrored(&key) {
-                    n = Need::Nothing;
-                    o.node_id = node.to_owned();
-                    o.state = proto::JobState::Starting;
-                }
+            let key = pl::JobKey {
+                bundle_id: bundle_id.clone(),
+                replica_index: k.0,
+                job_name: k.1.clone(),
+            };
+            if matches!(n, Need::Place | Need::Recover)
+                && let Some(node) = model.started_not_mirrored(&key)
+            {
+                n = Need::Nothing;
+                o.node_id = node.to_owned();
+                o.state = proto::JobState::Starting;
             }
             needs.insert(k.clone(), n);
         }
@@ -245,9 +299,31 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     // before the mirror does.
     let mut decided: Vec<pl::Position> = Vec::new();
     for r in 0..replicas {
-        let outcome = reconcile_replica(ctx, bundle, &bundle_id, &engine_bundle, r, &observed, &mut needs, now, &mut broken, &decided).await?;
-        if let Some((pl::Decision { outcome: pl::Outcome::Placed { assignments, .. }, .. }, _)) = &outcome.decision {
-            decided.extend(assignments.iter().map(|a| pl::Position { node: a.node.clone(), zone: a.zone.clone() }));
+        let outcome = reconcile_replica(
+            ctx,
+            bundle,
+            &bundle_id,
+            &engine_bundle,
+            r,
+            &observed,
+            &mut needs,
+            now,
+            &mut broken,
+            &decided,
+        )
+        .await?;
+        if let Some((
+            pl::Decision {
+                outcome: pl::Outcome::Placed { assignments, .. },
+                ..
+            },
+            _,
+        )) = &outcome.decision
+        {
+            decided.extend(assignments.iter().map(|a| pl::Position {
+                node: a.node.clone(),
+                zone: a.zone.clone(),
+            }));
         }
         outcomes.insert(r, outcome);
         if broken.is_some() {
@@ -257,13 +333,34 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
 
     // Observe again: starts made above show in the mirror within milliseconds, but status
     // is written from what is known now and corrected by the next mirror-triggered reconcile.
-    let observed = ctx.manager.mirror().read(|m| observe(m, &bundle_id, replicas, &spec.jobs));
-    let status = build_status(ctx, bundle, &bundle_id, &prev, &observed, &needs, &outcomes, broken.as_deref(), retry, now);
+    let observed = ctx
+        .manager
+        .mirror()
+        .read(|m| observe(m, &bundle_id, replicas, &spec.jobs));
+    let status = build_status(
+        ctx,
+        bundle,
+        &bundle_id,
+        &prev,
+        &observed,
+        &needs,
+        &outcomes,
+        broken.as_deref(),
+        retry,
+        now,
+    );
     let phase = status.phase;
     ctx.set_broken(&bundle_id, phase == BundlePhase::Broken);
     if let Some(reason) = &broken {
         ctx.metrics.bundle_broken();
-        ctx.event(bundle, EventType::Warning, "BundleBroken", "Recover", reason.clone()).await;
+        ctx.event(
+            bundle,
+            EventType::Warning,
+            "BundleBroken",
+            "Recover",
+            reason.clone(),
+        )
+        .await;
     }
     write_status(ctx, bundle, &prev, status).await?;
     Ok(match phase {
@@ -297,12 +394,25 @@ async fn reconcile_replica(
         if needs.get(&k) != Some(&Need::Recover) {
             continue;
         }
-        let policy = ctx.settings.band(j.requirements.priority_band, spec.bands.as_ref());
+        let policy = ctx
+            .settings
+            .band(j.requirements.priority_band, spec.bands.as_ref());
         if policy.on_failure == api::OnFailure::Drop {
             if let Some(o) = observed.get(&k) {
                 ctx.dropped().insert(o.job_id.clone(), now);
                 ctx.metrics.job_dropped();
-                ctx.event(bundle, EventType::Warning, "JobDropped", "Recover", format!("{} ({} band) failed and was dropped, as its band says", o.job_id, j.requirements.priority_band.as_str())).await;
+                ctx.event(
+                    bundle,
+                    EventType::Warning,
+                    "JobDropped",
+                    "Recover",
+                    format!(
+                        "{} ({} band) failed and was dropped, as its band says",
+                        o.job_id,
+                        j.requirements.priority_band.as_str()
+                    ),
+                )
+                .await;
             }
             needs.insert(k, Need::Dropped);
         }
@@ -311,16 +421,34 @@ async fn reconcile_replica(
     let to_place: Vec<&api::BundleJob> = spec
         .jobs
         .iter()
-        .filter(|j| matches!(needs.get(&(r, j.job_name.clone())), Some(Need::Place | Need::Recover)))
+        .filter(|j| {
+            matches!(
+                needs.get(&(r, j.job_name.clone())),
+                Some(Need::Place | Need::Recover)
+            )
+        })
         .collect();
-    let recovery = to_place.iter().any(|j| needs.get(&(r, j.job_name.clone())) == Some(&Need::Recover));
+    let recovery = to_place
+        .iter()
+        .any(|j| needs.get(&(r, j.job_name.clone())) == Some(&Need::Recover));
 
     if to_place.is_empty() {
         // Settled: a replica that has run for a while has its restart count cleared.
-        let all_running = spec.jobs.iter().all(|j| observed.get(&(r, j.job_name.clone())).is_some_and(|o| o.state == proto::JobState::Running));
+        let all_running = spec.jobs.iter().all(|j| {
+            observed
+                .get(&(r, j.job_name.clone()))
+                .is_some_and(|o| o.state == proto::JobState::Running)
+        });
         if all_running {
-            let newest = spec.jobs.iter().filter_map(|j| observed.get(&(r, j.job_name.clone()))).map(|o| o.started_at_ms).max().unwrap_or(0);
-            let stable_ms = i64::try_from(ctx.settings.restart_stable_after.as_millis()).unwrap_or(i64::MAX);
+            let newest = spec
+                .jobs
+                .iter()
+                .filter_map(|j| observed.get(&(r, j.job_name.clone())))
+                .map(|o| o.started_at_ms)
+                .max()
+                .unwrap_or(0);
+            let stable_ms =
+                i64::try_from(ctx.settings.restart_stable_after.as_millis()).unwrap_or(i64::MAX);
             if now.timestamp_millis().saturating_sub(newest) >= stable_ms {
                 ctx.ledger().clear(&replica_key);
             }
@@ -330,10 +458,14 @@ async fn reconcile_replica(
 
     // The restart ceiling: more than maxRestartsPerHour restarts of a replica breaks the bundle.
     let max = to_place
-            .iter()
-            .map(|j| ctx.settings.band(j.requirements.priority_band, spec.bands.as_ref()).max_restarts_per_hour)
-            .min()
-            .unwrap_or(6);
+        .iter()
+        .map(|j| {
+            ctx.settings
+                .band(j.requirements.priority_band, spec.bands.as_ref())
+                .max_restarts_per_hour
+        })
+        .min()
+        .unwrap_or(6);
     if recovery {
         let count = ctx.ledger().count(&replica_key, now);
         if count >= max {
@@ -347,18 +479,36 @@ async fn reconcile_replica(
     }
 
     // Positions of the replica's running jobs and of the other replicas' jobs.
-    let zone_of = |node: &str| ctx.manager.mirror().read(|m| m.nodes.get(node).map(|n| n.inventory.as_ref().map(|i| i.zone.clone()).filter(|z| !z.is_empty()).unwrap_or_else(|| n.zone.clone())));
+    let zone_of = |node: &str| {
+        ctx.manager.mirror().read(|m| {
+            m.nodes.get(node).map(|n| {
+                n.inventory
+                    .as_ref()
+                    .map(|i| i.zone.clone())
+                    .filter(|z| !z.is_empty())
+                    .unwrap_or_else(|| n.zone.clone())
+            })
+        })
+    };
     let mut placed_siblings = Vec::new();
     let mut other_replicas = Vec::new();
     for ((rr, job_name), o) in observed {
-        let holding = needs.get(&(*rr, job_name.clone())) == Some(&Need::Nothing) && !o.node_id.is_empty();
+        let holding =
+            needs.get(&(*rr, job_name.clone())) == Some(&Need::Nothing) && !o.node_id.is_empty();
         if !holding {
             continue;
         }
         if *rr == r {
-            placed_siblings.push(pl::SiblingPosition { job_name: job_name.clone(), node: o.node_id.clone(), zone: zone_of(&o.node_id) });
+            placed_siblings.push(pl::SiblingPosition {
+                job_name: job_name.clone(),
+                node: o.node_id.clone(),
+                zone: zone_of(&o.node_id),
+            });
         } else {
-            other_replicas.push(pl::Position { node: o.node_id.clone(), zone: zone_of(&o.node_id) });
+            other_replicas.push(pl::Position {
+                node: o.node_id.clone(),
+                zone: zone_of(&o.node_id),
+            });
         }
     }
     other_replicas.extend(decided_elsewhere.iter().cloned());
@@ -367,7 +517,11 @@ async fn reconcile_replica(
         replica_index: r,
         jobs: to_place.iter().map(|j| mapping::job(j)).collect(),
         pools: engine_bundle.pools_for_replica(r).to_vec(),
-        kind: if recovery { pl::PlacementKind::Recovery } else { pl::PlacementKind::First },
+        kind: if recovery {
+            pl::PlacementKind::Recovery
+        } else {
+            pl::PlacementKind::First
+        },
         intra_replica: engine_bundle.intra_replica_placement,
         inter_replica: engine_bundle.inter_replica_placement,
         other_replicas,
@@ -375,11 +529,19 @@ async fn reconcile_replica(
     };
     let job_ids: HashMap<String, String> = to_place
         .iter()
-        .filter_map(|j| observed.get(&(r, j.job_name.clone())).map(|o| (j.job_name.clone(), o.job_id.clone())))
+        .filter_map(|j| {
+            observed
+                .get(&(r, j.job_name.clone()))
+                .map(|o| (j.job_name.clone(), o.job_id.clone()))
+        })
         .collect();
     let keys: Vec<pl::JobKey> = to_place
         .iter()
-        .map(|j| pl::JobKey { bundle_id: bundle_id.to_owned(), replica_index: r, job_name: j.job_name.clone() })
+        .map(|j| pl::JobKey {
+            bundle_id: bundle_id.to_owned(),
+            replica_index: r,
+            job_name: j.job_name.clone(),
+        })
         .collect();
 
     // Decide (and reserve) under the model lock; act after releasing it.
@@ -389,11 +551,10 @@ async fn reconcile_replica(
             model.abandon(k, mirror); // a previous, unstarted reservation of these jobs
         }
         let decision = model.place(&request, now_ms(now));
-        if decision.is_placed() {
-            if let Err(e) = model.commit(&decision, &job_ids) {
+        if decision.is_placed()
+            && let Err(e) = model.commit(&decision, &job_ids) {
                 tracing::warn!(bundle = %bundle_id, replica = r, error = %e, "could not reserve a placement");
             }
-        }
         decision
     });
     ctx.metrics.placement_attempted();
@@ -414,21 +575,48 @@ async fn reconcile_replica(
             ctx.metrics.placement_succeeded();
             let mut all_started = true;
             for a in assignments {
-                let Some(job_id) = job_ids.get(&a.job_name) else { continue };
-                let key = pl::JobKey { bundle_id: bundle_id.to_owned(), replica_index: r, job_name: a.job_name.clone() };
-                match ctx.manager.start_job(job_id, &a.node, proto::JobRole::Normal).await {
-                    Ok(job) => ctx.manager.mirror().read(|m| ctx.model().start_answered(&key, job.updated_at_ms, m)),
-                    Err(manager_client::ClientError::Rejected { reason, message, .. }) => {
+                let Some(job_id) = job_ids.get(&a.job_name) else {
+                    continue;
+                };
+                let key = pl::JobKey {
+                    bundle_id: bundle_id.to_owned(),
+                    replica_index: r,
+                    job_name: a.job_name.clone(),
+                };
+                match ctx
+                    .manager
+                    .start_job(job_id, &a.node, proto::JobRole::Normal)
+                    .await
+                {
+                    Ok(job) => ctx
+                        .manager
+                        .mirror()
+                        .read(|m| ctx.model().start_answered(&key, job.updated_at_ms, m)),
+                    Err(manager_client::ClientError::Rejected {
+                        reason, message, ..
+                    }) => {
                         all_started = false;
                         ctx.manager.mirror().read(|m| ctx.model().abandon(&key, m));
                         ctx.metrics.job_rejected();
                         let change = ctx.health().record_rejection(&a.node, Utc::now());
                         if change == crate::health::HealthChange::BecameUnhealthy {
-                            let overlay = mapping::NodeOverlay { unhealthy: true, ..ctx.model().overlay(&a.node) };
-                            ctx.manager.mirror().read(|m| ctx.model().set_overlay(&a.node, overlay, m));
+                            let overlay = mapping::NodeOverlay {
+                                unhealthy: true,
+                                ..ctx.model().overlay(&a.node)
+                            };
+                            ctx.manager
+                                .mirror()
+                                .read(|m| ctx.model().set_overlay(&a.node, overlay, m));
                             tracing::warn!(node = %a.node, "node marked unhealthy: too many rejected starts");
                         }
-                        ctx.event(bundle, EventType::Warning, "JobRejected", "Start", format!("node {} refused {job_id}: {reason:?} {message}", a.node)).await;
+                        ctx.event(
+                            bundle,
+                            EventType::Warning,
+                            "JobRejected",
+                            "Start",
+                            format!("node {} refused {job_id}: {reason:?} {message}", a.node),
+                        )
+                        .await;
                     }
                     Err(e) => {
                         ctx.manager.mirror().read(|m| ctx.model().abandon(&key, m));
@@ -443,30 +631,75 @@ async fn reconcile_replica(
                 let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
                 nodes.dedup();
                 let what = if recovery { "Restarted" } else { "Placed" };
-                ctx.event(bundle, EventType::Normal, what, "Place", format!("replica {r} on {} in pool {pool}", nodes.join(", "))).await;
+                ctx.event(
+                    bundle,
+                    EventType::Normal,
+                    what,
+                    "Place",
+                    format!("replica {r} on {} in pool {pool}", nodes.join(", ")),
+                )
+                .await;
                 let first_choice = engine_bundle.pools_for_replica(r).first();
                 if first_choice.is_some_and(|p| p != pool) {
-                    ctx.event(bundle, EventType::Normal, "SpilledToPool", "Place", format!("replica {r} spilled to pool {pool}: {}", decision.trace.message)).await;
+                    ctx.event(
+                        bundle,
+                        EventType::Normal,
+                        "SpilledToPool",
+                        "Place",
+                        format!(
+                            "replica {r} spilled to pool {pool}: {}",
+                            decision.trace.message
+                        ),
+                    )
+                    .await;
                 }
                 if !decision.trace.broken_soft_rules.is_empty() {
-                    let rules: Vec<&str> = decision.trace.broken_soft_rules.iter().map(|s| s.as_str()).collect();
-                    ctx.event(bundle, EventType::Warning, "SoftRuleBroken", "Place", format!("replica {r}: soft rules not honoured: {}", rules.join(", "))).await;
+                    let rules: Vec<&str> = decision
+                        .trace
+                        .broken_soft_rules
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect();
+                    ctx.event(
+                        bundle,
+                        EventType::Warning,
+                        "SoftRuleBroken",
+                        "Place",
+                        format!("replica {r}: soft rules not honoured: {}", rules.join(", ")),
+                    )
+                    .await;
                 }
             } else {
                 outcome.waiting = true;
             }
             outcome.decision = Some((decision, recovery));
         }
-        pl::Outcome::Provision { pool, instance_type, zone } => {
+        pl::Outcome::Provision {
+            pool,
+            instance_type,
+            zone,
+        } => {
             ctx.metrics.placement_succeeded();
             outcome.provisioning = true;
             outcome.waiting = true;
-            provision(ctx, bundle, bundle_id, r, pool, instance_type, zone.as_deref()).await?;
+            provision(
+                ctx,
+                bundle,
+                bundle_id,
+                r,
+                pool,
+                instance_type,
+                zone.as_deref(),
+            )
+            .await?;
             outcome.decision = Some((decision, recovery));
         }
         pl::Outcome::Unplaceable { jobs } => {
             ctx.metrics.placement_failed();
-            let reasons: Vec<String> = jobs.iter().map(|j| format!("{}: {}", j.job_name, j.reason)).collect();
+            let reasons: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{}: {}", j.job_name, j.reason))
+                .collect();
             let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
             outcome.unplaceable = Some(message);
             outcome.decision = Some((decision, recovery));
@@ -490,7 +723,10 @@ async fn provision(
     let already = ctx.manager.mirror().read(|m| {
         m.nodes.values().any(|n| {
             n.tags.get(mapping::PROVISIONED_FOR_TAG) == Some(&tag)
-                && matches!(proto::NodeState::try_from(n.state), Ok(proto::NodeState::Starting | proto::NodeState::Started))
+                && matches!(
+                    proto::NodeState::try_from(n.state),
+                    Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                )
         })
     });
     if already {
@@ -510,11 +746,23 @@ async fn provision(
         region: spec.region.clone(),
         instance_type: instance_type.to_owned(),
         zone: zone.unwrap_or_default().to_owned(),
-        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)].into_iter().collect(),
+        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
+            .into_iter()
+            .collect(),
     };
     let node = ctx.manager.create_node(req).await?;
     ctx.model().add_provisioned(&node);
-    ctx.event(bundle, EventType::Normal, "Provisioning", "Provision", format!("replica {r}: asked for a {instance_type} node in pool {pool} ({})", node.node_id)).await;
+    ctx.event(
+        bundle,
+        EventType::Normal,
+        "Provisioning",
+        "Provision",
+        format!(
+            "replica {r}: asked for a {instance_type} node in pool {pool} ({})",
+            node.node_id
+        ),
+    )
+    .await;
     Ok(())
 }
 
@@ -527,19 +775,31 @@ struct Marks {
 
 impl Marks {
     fn stalled(reason: &'static str, message: String) -> Self {
-        Marks { ready: (false, reason, message.clone()), reconciling: (false, reason, String::new()), stalled: (true, reason, message) }
+        Marks {
+            ready: (false, reason, message.clone()),
+            reconciling: (false, reason, String::new()),
+            stalled: (true, reason, message),
+        }
     }
 }
 
 fn mark(status: &mut BundleStatus, generation: Option<i64>, now: DateTime<Utc>, marks: Marks) {
     status.observed_generation = generation;
-    for (type_, (value, reason, message)) in [("Ready", marks.ready), ("Reconciling", marks.reconciling), ("Stalled", marks.stalled)] {
-        api::set_condition(&mut status.conditions, condition(type_, value, reason, message, generation, now));
+    for (type_, (value, reason, message)) in [
+        ("Ready", marks.ready),
+        ("Reconciling", marks.reconciling),
+        ("Stalled", marks.stalled),
+    ] {
+        api::set_condition(
+            &mut status.conditions,
+            condition(type_, value, reason, message, generation, now),
+        );
     }
 }
 
 fn is_condition(status: &BundleStatus, type_: &str, reason: &str) -> bool {
-    api::find_condition(&status.conditions, type_).is_some_and(|c| c.is_true() && c.reason == reason)
+    api::find_condition(&status.conditions, type_)
+        .is_some_and(|c| c.is_true() && c.reason == reason)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -559,14 +819,26 @@ fn build_status(
     let generation = bundle.metadata.generation;
     let replicas = u32::try_from(spec.replicas).unwrap_or(0);
     let prev_job = |r: u32, name: &str| -> Option<&JobStatus> {
-        prev.replicas.iter().find(|x| x.replica == r as i32).and_then(|x| x.jobs.iter().find(|j| j.job_name == name))
+        prev.replicas
+            .iter()
+            .find(|x| x.replica == r as i32)
+            .and_then(|x| x.jobs.iter().find(|j| j.job_name == name))
     };
-    let mut status = BundleStatus { last_retry: retry.or_else(|| prev.last_retry.clone()), conditions: prev.conditions.clone(), ..Default::default() };
-    let (mut running_replicas, mut any_unplaceable, mut any_busy, mut any_dropped, mut any_running) = (0, false, false, false, false);
+    let mut status = BundleStatus {
+        last_retry: retry.or_else(|| prev.last_retry.clone()),
+        conditions: prev.conditions.clone(),
+        ..Default::default()
+    };
+    let (mut running_replicas, mut any_unplaceable, mut any_busy, mut any_dropped, mut any_running) =
+        (0, false, false, false, false);
     for r in 0..replicas {
         let outcome = outcomes.get(&r);
         let restarts = ctx.ledger().count(&ReplicaKey::new(bundle_id, r), now);
-        let mut rs = ReplicaStatus { replica: r as i32, restarts_last_hour: restarts as i32, jobs: Vec::new() };
+        let mut rs = ReplicaStatus {
+            replica: r as i32,
+            restarts_last_hour: restarts as i32,
+            jobs: Vec::new(),
+        };
         let mut replica_running = true;
         for j in &spec.jobs {
             let k = (r, j.job_name.clone());
@@ -574,7 +846,10 @@ fn build_status(
             let n = needs.get(&k).copied().unwrap_or(Need::Place);
             let mut state = job_state(o, n);
             let decision = outcome.and_then(|x| x.decision.as_ref());
-            if matches!(state, JobState::Pending | JobState::Failed | JobState::Stopped) {
+            if matches!(
+                state,
+                JobState::Pending | JobState::Failed | JobState::Stopped
+            ) {
                 if outcome.is_some_and(|x| x.unplaceable.is_some()) {
                     state = JobState::Unplaceable;
                 } else if outcome.is_some_and(|x| x.provisioning) {
@@ -591,15 +866,37 @@ fn build_status(
             let (pool, zone) = ctx.manager.mirror().read(|m| {
                 m.nodes
                     .get(&o.node_id)
-                    .map(|n| (Some(n.pool.clone()), Some(n.inventory.as_ref().map(|i| i.zone.clone()).filter(|z| !z.is_empty()).unwrap_or_else(|| n.zone.clone()))))
+                    .map(|n| {
+                        (
+                            Some(n.pool.clone()),
+                            Some(
+                                n.inventory
+                                    .as_ref()
+                                    .map(|i| i.zone.clone())
+                                    .filter(|z| !z.is_empty())
+                                    .unwrap_or_else(|| n.zone.clone()),
+                            ),
+                        )
+                    })
                     .unwrap_or((None, None))
             });
-            let holds = matches!(state, JobState::Running | JobState::Starting | JobState::Stopping);
+            let holds = matches!(
+                state,
+                JobState::Running | JobState::Starting | JobState::Stopping
+            );
             replica_running &= state == JobState::Running;
             any_running |= state == JobState::Running;
             any_dropped |= state == JobState::Dropped;
             any_unplaceable |= state == JobState::Unplaceable;
-            any_busy |= matches!(state, JobState::Pending | JobState::Provisioning | JobState::Starting | JobState::Stopping | JobState::Failed | JobState::Stopped);
+            any_busy |= matches!(
+                state,
+                JobState::Pending
+                    | JobState::Provisioning
+                    | JobState::Starting
+                    | JobState::Stopping
+                    | JobState::Failed
+                    | JobState::Stopped
+            );
             rs.jobs.push(JobStatus {
                 job_name: j.job_name.clone(),
                 job_id: Some(o.job_id.clone()),
@@ -617,14 +914,17 @@ fn build_status(
         status.replicas.push(rs);
     }
     status.placed_replicas = running_replicas;
-    let unplaceable_msgs: Vec<&str> = outcomes.values().filter_map(|o| o.unplaceable.as_deref()).collect();
+    let unplaceable_msgs: Vec<&str> = outcomes
+        .values()
+        .filter_map(|o| o.unplaceable.as_deref())
+        .collect();
     status.phase = if broken.is_some() {
         BundlePhase::Broken
     } else if running_replicas == spec.replicas && !any_dropped {
         BundlePhase::Ready
     } else if any_busy && !any_unplaceable {
         BundlePhase::Placing
-    } else if any_running {
+    } else if any_running || any_dropped {
         BundlePhase::Degraded
     } else if any_unplaceable {
         BundlePhase::Pending
@@ -633,25 +933,44 @@ fn build_status(
     };
     let marks = match status.phase {
         BundlePhase::Ready => Marks {
-            ready: (true, "AllReplicasRunning", format!("{running_replicas} of {} replicas running", spec.replicas)),
+            ready: (
+                true,
+                "AllReplicasRunning",
+                format!("{running_replicas} of {} replicas running", spec.replicas),
+            ),
             reconciling: (false, "Settled", String::new()),
             stalled: (false, "Settled", String::new()),
         },
-        BundlePhase::Broken => Marks::stalled("RestartCeilingExceeded", broken.unwrap_or_default().to_owned()),
+        BundlePhase::Broken => Marks::stalled(
+            "RestartCeilingExceeded",
+            broken.unwrap_or_default().to_owned(),
+        ),
         _ if !unplaceable_msgs.is_empty() => Marks {
             ready: (false, "NoCapacity", unplaceable_msgs.join("; ")),
             reconciling: (any_busy, "Placing", String::new()),
             stalled: (true, "NoCapacity", unplaceable_msgs.join("; ")),
         },
         BundlePhase::Degraded => Marks {
-            ready: (false, "JobsDropped", "some jobs were dropped after failing (bronze band)".into()),
+            ready: (
+                false,
+                "JobsDropped",
+                "some jobs were dropped after failing (bronze band)".into(),
+            ),
             reconciling: (false, "Settled", String::new()),
             stalled: (false, "Settled", String::new()),
         },
         _ => {
-            let reason = if outcomes.values().any(|o| o.provisioning) { "Provisioning" } else { "Placing" };
+            let reason = if outcomes.values().any(|o| o.provisioning) {
+                "Provisioning"
+            } else {
+                "Placing"
+            };
             Marks {
-                ready: (false, reason, format!("{running_replicas} of {} replicas running", spec.replicas)),
+                ready: (
+                    false,
+                    reason,
+                    format!("{running_replicas} of {} replicas running", spec.replicas),
+                ),
                 reconciling: (true, reason, String::new()),
                 stalled: (false, reason, String::new()),
             }
@@ -659,7 +978,14 @@ fn build_status(
     };
     mark(&mut status, generation, now, marks);
     let broken_cond = match broken {
-        Some(msg) => condition("Broken", true, "RestartCeilingExceeded", msg, generation, now),
+        Some(msg) => condition(
+            "Broken",
+            true,
+            "RestartCeilingExceeded",
+            msg,
+            generation,
+            now,
+        ),
         None => condition("Broken", false, "WithinRestartCeiling", "", generation, now),
     };
     api::set_condition(&mut status.conditions, broken_cond);
@@ -667,7 +993,12 @@ fn build_status(
 }
 
 /// Writes status by server-side apply, only when it changed.
-async fn write_status(ctx: &Context, bundle: &Bundle, prev: &BundleStatus, status: BundleStatus) -> Result<(), Error> {
+async fn write_status(
+    ctx: &Context,
+    bundle: &Bundle,
+    prev: &BundleStatus,
+    status: BundleStatus,
+) -> Result<(), Error> {
     if &status == prev {
         return Ok(());
     }
@@ -678,7 +1009,12 @@ async fn write_status(ctx: &Context, bundle: &Bundle, prev: &BundleStatus, statu
         "kind": Bundle::kind(&()),
         "status": status,
     });
-    api.patch_status(&name, &PatchParams::apply(api::FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+    api.patch_status(
+        &name,
+        &PatchParams::apply(api::FIELD_MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
     Ok(())
 }
 
@@ -691,17 +1027,35 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         let prev = bundle.status.clone().unwrap_or_default();
         let mut status = prev.clone();
         status.phase = BundlePhase::Deleting;
-        mark(&mut status, bundle.metadata.generation, Utc::now(), Marks::stalled("ManagerUnavailable", format!("waiting for Manager to stop this bundle's jobs before deletion: {err}")));
+        mark(
+            &mut status,
+            bundle.metadata.generation,
+            Utc::now(),
+            Marks::stalled(
+                "ManagerUnavailable",
+                format!("waiting for Manager to stop this bundle's jobs before deletion: {err}"),
+            ),
+        );
         write_status(ctx, bundle, &prev, status).await?;
         return Err(err);
     }
     if ctx.manager.mirror().bundle(&bundle_id).is_some() {
         let removed = ctx.manager.delete_bundle(&bundle_id).await?;
-        ctx.event(bundle, EventType::Normal, "Deleted", "Delete", format!("stopped and unregistered {} jobs", removed.len())).await;
+        ctx.event(
+            bundle,
+            EventType::Normal,
+            "Deleted",
+            "Delete",
+            format!("stopped and unregistered {} jobs", removed.len()),
+        )
+        .await;
     }
-    ctx.manager.mirror().read(|m| ctx.model().forget_bundle(&bundle_id, m));
+    ctx.manager
+        .mirror()
+        .read(|m| ctx.model().forget_bundle(&bundle_id, m));
     ctx.ledger().forget_bundle(&bundle_id);
-    ctx.dropped().retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
+    ctx.dropped()
+        .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
     ctx.traces().remove(&(ns, name));
     ctx.set_broken(&bundle_id, false);
     Ok(Action::await_change())
@@ -722,14 +1076,19 @@ trait DecisionExt {
 impl DecisionExt for pl::Decision {
     fn trace_touches(&self, job: &str) -> bool {
         match &self.outcome {
-            pl::Outcome::Placed { assignments, .. } => assignments.iter().any(|a| a.job_name == job),
+            pl::Outcome::Placed { assignments, .. } => {
+                assignments.iter().any(|a| a.job_name == job)
+            }
             pl::Outcome::Unplaceable { jobs } => jobs.iter().any(|j| j.job_name == job),
             pl::Outcome::Provision { .. } => true,
         }
     }
     fn node_for(&self, job: &str) -> Option<&str> {
         match &self.outcome {
-            pl::Outcome::Placed { assignments, .. } => assignments.iter().find(|a| a.job_name == job).map(|a| a.node.as_str()),
+            pl::Outcome::Placed { assignments, .. } => assignments
+                .iter()
+                .find(|a| a.job_name == job)
+                .map(|a| a.node.as_str()),
             _ => None,
         }
     }
@@ -740,27 +1099,76 @@ mod tests {
     use super::*;
 
     fn obs(state: proto::JobState, reason: proto::StopReason) -> Observed {
-        Observed { job_id: "ns.b/0/j".into(), state, node_id: "n1".into(), stop_reason: reason, started_at_ms: 0 }
+        Observed {
+            job_id: "ns.b/0/j".into(),
+            state,
+            node_id: "n1".into(),
+            stop_reason: reason,
+            started_at_ms: 0,
+        }
     }
 
     #[test]
     fn a_failed_job_needs_recovery_and_a_dropped_one_stays_down() {
-        assert_eq!(need(&obs(proto::JobState::Failed, proto::StopReason::Unspecified), false), Need::Recover);
-        assert_eq!(need(&obs(proto::JobState::Failed, proto::StopReason::Unspecified), true), Need::Dropped);
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Failed, proto::StopReason::Unspecified),
+                false
+            ),
+            Need::Recover
+        );
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Failed, proto::StopReason::Unspecified),
+                true
+            ),
+            Need::Dropped
+        );
     }
 
     #[test]
     fn losing_the_node_is_a_failure_but_a_requested_stop_is_not() {
-        assert_eq!(need(&obs(proto::JobState::Stopped, proto::StopReason::NodeLost), false), Need::Recover);
-        assert_eq!(need(&obs(proto::JobState::Stopped, proto::StopReason::NodeTerminated), false), Need::Recover);
-        assert_eq!(need(&obs(proto::JobState::Stopped, proto::StopReason::Requested), false), Need::Place);
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Stopped, proto::StopReason::NodeLost),
+                false
+            ),
+            Need::Recover
+        );
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Stopped, proto::StopReason::NodeTerminated),
+                false
+            ),
+            Need::Recover
+        );
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Stopped, proto::StopReason::Requested),
+                false
+            ),
+            Need::Place
+        );
     }
 
     #[test]
     fn running_and_starting_jobs_need_nothing() {
-        for s in [proto::JobState::Running, proto::JobState::Starting, proto::JobState::Stopping] {
-            assert_eq!(need(&obs(s, proto::StopReason::Unspecified), false), Need::Nothing);
+        for s in [
+            proto::JobState::Running,
+            proto::JobState::Starting,
+            proto::JobState::Stopping,
+        ] {
+            assert_eq!(
+                need(&obs(s, proto::StopReason::Unspecified), false),
+                Need::Nothing
+            );
         }
-        assert_eq!(need(&obs(proto::JobState::Pending, proto::StopReason::Unspecified), false), Need::Place);
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Pending, proto::StopReason::Unspecified),
+                false
+            ),
+            Need::Place
+        );
     }
 }

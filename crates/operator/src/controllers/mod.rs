@@ -72,10 +72,19 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, manager: ManagerClient, settings: Settings, metrics: Metrics, identity: &str) -> Arc<Self> {
+    pub fn new(
+        client: Client,
+        manager: ManagerClient,
+        settings: Settings,
+        metrics: Metrics,
+        identity: &str,
+    ) -> Arc<Self> {
         let recorder = Recorder::new(
             client.clone(),
-            Reporter { controller: "automanager-operator".into(), instance: Some(identity.to_owned()) },
+            Reporter {
+                controller: "automanager-operator".into(),
+                instance: Some(identity.to_owned()),
+            },
         );
         let (bundle_trigger, _) = tokio::sync::broadcast::channel(64);
         Arc::new(Context {
@@ -83,7 +92,10 @@ impl Context {
             manager,
             model: Mutex::new(ClusterModel::new(settings.pending_window.as_millis() as u64)),
             ledger: Mutex::new(RestartLedger::default()),
-            health: Mutex::new(NodeHealth::new(settings.rejection_threshold, settings.rejection_window)),
+            health: Mutex::new(NodeHealth::new(
+                settings.rejection_threshold,
+                settings.rejection_window,
+            )),
             settings,
             metrics,
             recorder,
@@ -104,7 +116,9 @@ impl Context {
     pub fn health(&self) -> MutexGuard<'_, NodeHealth> {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn traces(&self) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, serde_json::Value>>> {
+    pub fn traces(
+        &self,
+    ) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, serde_json::Value>>> {
         self.traces.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub fn dropped(&self) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
@@ -114,9 +128,14 @@ impl Context {
     /// Records whether a bundle is Broken and updates the gauge.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
         let mut set = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-        let changed = if broken { set.insert(bundle_id.to_owned()) } else { set.remove(bundle_id) };
+        let changed = if broken {
+            set.insert(bundle_id.to_owned())
+        } else {
+            set.remove(bundle_id)
+        };
         if changed {
-            self.metrics.set_broken_bundles(i64::try_from(set.len()).unwrap_or(i64::MAX));
+            self.metrics
+                .set_broken_bundles(i64::try_from(set.len()).unwrap_or(i64::MAX));
         }
     }
 
@@ -127,16 +146,32 @@ impl Context {
 
     pub fn manager_unavailable(&self) -> Error {
         let state = self.manager.connection_state().as_str();
-        let detail = self.manager.last_error().map(|e| format!(": {e}")).unwrap_or_default();
+        let detail = self
+            .manager
+            .last_error()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
         Error::ManagerUnavailable(format!("connection {state}{detail}"))
     }
 
     /// Publishes an Event about `obj`; failures are logged, never fatal.
-    pub async fn event<K>(&self, obj: &K, type_: EventType, reason: &str, action: &str, note: String)
-    where
+    pub async fn event<K>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) where
         K: Resource<DynamicType = ()>,
     {
-        let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1000).collect()), action: action.into(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: action.into(),
+            secondary: None,
+        };
         if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
             tracing::warn!(object = %obj.meta().name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
         }
@@ -171,6 +206,10 @@ pub fn condition(
     generation: Option<i64>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> api::Condition {
-    let s = if status { api::ConditionStatus::True } else { api::ConditionStatus::False };
+    let s = if status {
+        api::ConditionStatus::True
+    } else {
+        api::ConditionStatus::False
+    };
     api::Condition::new(type_, s, reason, message, generation, now)
 }

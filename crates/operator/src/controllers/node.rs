@@ -11,7 +11,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use automanager_api::{self as api, DrainMode, DrainStatus, ManagerNode, ManagerNodeSpec, ManagerNodeStatus, NodeJob, NodeState};
+use automanager_api::{
+    self as api, DrainMode, DrainStatus, ManagerNode, ManagerNodeSpec, ManagerNodeStatus, NodeJob,
+    NodeState,
+};
 use chrono::{DateTime, TimeZone, Utc};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
@@ -39,7 +42,9 @@ impl Drains {
 }
 
 fn ms_to_time(ms: i64) -> Option<DateTime<Utc>> {
-    (ms > 0).then(|| Utc.timestamp_millis_opt(ms).single()).flatten()
+    (ms > 0)
+        .then(|| Utc.timestamp_millis_opt(ms).single())
+        .flatten()
 }
 
 fn node_state(n: &proto::Node) -> NodeState {
@@ -58,7 +63,6 @@ fn desired_status(
     usage: (f64, i32),
     overlay: NodeOverlay,
     rejections: u32,
-    drain: Option<DrainStatus>,
     prev: Option<&ManagerNodeStatus>,
     now: DateTime<Utc>,
 ) -> ManagerNodeStatus {
@@ -68,29 +72,73 @@ fn desired_status(
     let mut jobs: Vec<NodeJob> = mirror
         .jobs
         .values()
-        .flat_map(|j| j.instances.iter().filter(|i| i.node_id == n.node_id && mapping::holds_capacity(i.state)).map(move |i| (j, i)))
+        .flat_map(|j| {
+            j.instances
+                .iter()
+                .filter(|i| i.node_id == n.node_id && mapping::holds_capacity(i.state))
+                .map(move |i| (j, i))
+        })
         .map(|(j, i)| NodeJob {
             job_id: j.job_id.clone(),
             bundle: mapping::bundle_object(&j.bundle_id).map(|(ns, name)| format!("{ns}/{name}")),
             replica: i32::try_from(j.replica).ok(),
             job_name: Some(j.job_name.clone()),
-            role: if i.role == proto::JobRole::MigrationTarget as i32 { "migrationTarget".into() } else { String::new() },
-            capacity: j.requirements.as_ref().map_or(0, |r| r.required_capacity.round() as i64),
+            role: if i.role == proto::JobRole::MigrationTarget as i32 {
+                "migrationTarget".into()
+            } else {
+                String::new()
+            },
+            capacity: j
+                .requirements
+                .as_ref()
+                .map_or(0, |r| r.required_capacity.round() as i64),
         })
         .take(512)
         .collect();
     jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
     let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
     let ready = state == NodeState::Started;
-    api::set_condition(&mut conditions, condition("Ready", ready, if ready { "Started" } else { "NotStarted" }, format!("Manager reports the node {state:?}").to_lowercase(), None, now));
-    api::set_condition(&mut conditions, condition("Cordoned", overlay.cordoned, if overlay.cordoned { "Cordoned" } else { "Schedulable" }, "", None, now));
+    api::set_condition(
+        &mut conditions,
+        condition(
+            "Ready",
+            ready,
+            if ready { "Started" } else { "NotStarted" },
+            format!("Manager reports the node {state:?}").to_lowercase(),
+            None,
+            now,
+        ),
+    );
+    api::set_condition(
+        &mut conditions,
+        condition(
+            "Cordoned",
+            overlay.cordoned,
+            if overlay.cordoned {
+                "Cordoned"
+            } else {
+                "Schedulable"
+            },
+            "",
+            None,
+            now,
+        ),
+    );
     api::set_condition(
         &mut conditions,
         condition(
             "Unhealthy",
             overlay.unhealthy,
-            if overlay.unhealthy { "RejectionRateTripped" } else { "Healthy" },
-            if overlay.unhealthy { format!("{rejections} refused starts within the window; placement avoids the node") } else { String::new() },
+            if overlay.unhealthy {
+                "RejectionRateTripped"
+            } else {
+                "Healthy"
+            },
+            if overlay.unhealthy {
+                format!("{rejections} refused starts within the window; placement avoids the node")
+            } else {
+                String::new()
+            },
             None,
             now,
         ),
@@ -101,7 +149,10 @@ fn desired_status(
         provider: mapping::api_provider(n.provider),
         pool: n.pool.clone(),
         region: n.region.clone(),
-        zone: inv.map(|i| i.zone.clone()).filter(|z| !z.is_empty()).unwrap_or_else(|| n.zone.clone()),
+        zone: inv
+            .map(|i| i.zone.clone())
+            .filter(|z| !z.is_empty())
+            .unwrap_or_else(|| n.zone.clone()),
         instance_type: n.instance_type.clone(),
         state,
         total_capacity: inv.map_or(0, |i| i.capacity.round() as i64),
@@ -114,19 +165,29 @@ fn desired_status(
         healthy: !overlay.unhealthy,
         recent_rejections: i32::try_from(rejections).unwrap_or(i32::MAX),
         jobs,
-        drain,
-        stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated).then(|| ms_to_time(n.state_changed_at_ms)).flatten(),
+        drain: None,
+        stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
+            .then(|| ms_to_time(n.state_changed_at_ms))
+            .flatten(),
         conditions,
     }
 }
 
 /// Mirrors Manager's nodes into ManagerNode objects until `shutdown` resolves.
-pub async fn run_mirror_sync(ctx: Arc<Context>, drains: Arc<Drains>, mut wake: tokio::sync::mpsc::Receiver<()>) {
+pub async fn run_mirror_sync(
+    ctx: Arc<Context>,
+    drains: Arc<Drains>,
+    mut wake: tokio::sync::mpsc::Receiver<()>,
+) {
     let api: Api<ManagerNode> = Api::all(ctx.client.clone());
     let mut written: HashMap<String, ManagerNodeStatus> = HashMap::new();
     let mut last_sweep = std::time::Instant::now() - ORPHAN_SWEEP;
     loop {
-        let tick = tokio::time::sleep(ctx.settings.status_write_interval.max(Duration::from_millis(50)));
+        let tick = tokio::time::sleep(
+            ctx.settings
+                .status_write_interval
+                .max(Duration::from_millis(50)),
+        );
         tokio::select! {
             _ = tick => {}
             got = wake.recv() => if got.is_none() { return },
@@ -137,50 +198,56 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, drains: Arc<Drains>, mut wake: t
         let now = Utc::now();
         let unhealthy_now = ctx.health().unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
-        let (nodes, desired): (Vec<proto::Node>, Vec<(String, ManagerNodeStatus)>) = ctx.manager.mirror().read(|m| {
-            let usage = mapping::usage_by_node(m.jobs.values());
-            let mut model = ctx.model();
-            let drains = drains.lock();
-            let health = ctx.health();
-            let nodes: Vec<proto::Node> = m.nodes.values().cloned().collect();
-            let mut desired = Vec::new();
-            for n in &nodes {
-                let mut overlay = model.overlay(&n.node_id);
-                let unhealthy = unhealthy_now.contains(&n.node_id);
-                if overlay.unhealthy != unhealthy {
-                    overlay.unhealthy = unhealthy;
-                    model.set_overlay(&n.node_id, overlay, m);
-                }
-                let state = node_state(n);
-                let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
-                    .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
-                    .unwrap_or(0);
-                if gone_for > i64::try_from(ctx.settings.remove_stopped_nodes_after.as_millis()).unwrap_or(i64::MAX) {
-                    continue; // removed below, and not recreated
-                }
-                let name = mapping::node_object_name(&n.node_id);
-                let status = desired_status(
-                    n,
-                    m,
-                    usage.get(&n.node_id).copied().unwrap_or_default(),
-                    overlay,
-                    health.count(&n.node_id),
-                    drains.get(&n.node_id).cloned().map(|mut d| {
-                        d.jobs_remaining = i32::try_from(usage.get(&n.node_id).map_or(0, |_| 1)).unwrap_or(0);
-                        if matches!(state, NodeState::Stopped | NodeState::Terminated) && d.completed_at.is_none() {
+        let (nodes, desired): (Vec<proto::Node>, Vec<(String, ManagerNodeStatus)>) =
+            ctx.manager.mirror().read(|m| {
+                let usage = mapping::usage_by_node(m.jobs.values());
+                let mut model = ctx.model();
+                let mut drains = drains.lock();
+                let health = ctx.health();
+                let nodes: Vec<proto::Node> = m.nodes.values().cloned().collect();
+                let mut desired = Vec::new();
+                for n in &nodes {
+                    let mut overlay = model.overlay(&n.node_id);
+                    let unhealthy = unhealthy_now.contains(&n.node_id);
+                    if overlay.unhealthy != unhealthy {
+                        overlay.unhealthy = unhealthy;
+                        model.set_overlay(&n.node_id, overlay, m);
+                    }
+                    let state = node_state(n);
+                    let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
+                        .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
+                        .unwrap_or(0);
+                    if gone_for
+                        > i64::try_from(ctx.settings.remove_stopped_nodes_after.as_millis())
+                            .unwrap_or(i64::MAX)
+                    {
+                        continue; // removed below, and not recreated
+                    }
+                    let name = mapping::node_object_name(&n.node_id);
+                    let mut status = desired_status(
+                        n,
+                        m,
+                        usage.get(&n.node_id).copied().unwrap_or_default(),
+                        overlay,
+                        health.count(&n.node_id),
+                        written.get(&name),
+                        now,
+                    );
+                    status.drain = drains.get_mut(&n.node_id).map(|d| {
+                        d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
+                        if matches!(state, NodeState::Stopped | NodeState::Terminated)
+                            && d.completed_at.is_none()
+                        {
                             d.completed_at = Some(now);
-                            d.jobs_remaining = 0;
                         }
-                        d
-                    }),
-                    written.get(&name),
-                    now,
-                );
-                desired.push((name, status));
-            }
-            (nodes, desired)
-        });
-        let keep: std::collections::HashSet<&str> = desired.iter().map(|(n, _)| n.as_str()).collect();
+                        d.clone()
+                    });
+                    desired.push((name, status));
+                }
+                (nodes, desired)
+            });
+        let keep: std::collections::HashSet<&str> =
+            desired.iter().map(|(n, _)| n.as_str()).collect();
         for (name, status) in &desired {
             if written.get(name) == Some(status) {
                 continue;
@@ -197,15 +264,28 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, drains: Arc<Drains>, mut wake: t
                 }
             }
             let patch = json!({ "apiVersion": ManagerNode::api_version(&()), "kind": ManagerNode::kind(&()), "status": status });
-            match api.patch_status(name, &PatchParams::apply(api::FIELD_MANAGER).force(), &Patch::Apply(&patch)).await {
+            match api
+                .patch_status(
+                    name,
+                    &PatchParams::apply(api::FIELD_MANAGER).force(),
+                    &Patch::Apply(&patch),
+                )
+                .await
+            {
                 Ok(_) => {
                     written.insert(name.clone(), status.clone());
                 }
-                Err(e) => tracing::warn!(node = %name, error = %e, "could not write ManagerNode status"),
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "could not write ManagerNode status")
+                }
             }
         }
         // Objects of nodes that are gone or stopped long enough.
-        let stale: Vec<String> = written.keys().filter(|n| !keep.contains(n.as_str())).cloned().collect();
+        let stale: Vec<String> = written
+            .keys()
+            .filter(|n| !keep.contains(n.as_str()))
+            .cloned()
+            .collect();
         for name in stale {
             delete(&api, &name).await;
             written.remove(&name);
@@ -228,32 +308,68 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, drains: Arc<Drains>, mut wake: t
 
 async fn delete(api: &Api<ManagerNode>, name: &str) {
     match api.delete(name, &DeleteParams::default()).await {
-        Ok(_) => tracing::info!(node = %name, "removed ManagerNode of a node Manager no longer runs"),
+        Ok(_) => {
+            tracing::info!(node = %name, "removed ManagerNode of a node Manager no longer runs")
+        }
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => tracing::warn!(node = %name, error = %e, "could not delete ManagerNode"),
     }
 }
 
 /// Applies a ManagerNode's spec: cordon, drain.
-pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>, drains: Arc<Drains>) -> Result<Action, Error> {
+pub async fn reconcile(
+    node: Arc<ManagerNode>,
+    ctx: Arc<Context>,
+    drains: Arc<Drains>,
+) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = apply(&node, &ctx, &drains).await;
-    ctx.metrics.observe_reconcile("managernode", result.is_ok(), started.elapsed().as_secs_f64());
+    ctx.metrics.observe_reconcile(
+        "managernode",
+        result.is_ok(),
+        started.elapsed().as_secs_f64(),
+    );
     result
 }
 
 async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Result<Action, Error> {
-    let node_id = node.status.as_ref().map(|s| s.node_id.clone()).filter(|id| !id.is_empty()).unwrap_or_else(|| node.name_any());
+    let node_id = node
+        .status
+        .as_ref()
+        .map(|s| s.node_id.clone())
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(|| node.name_any());
     let cordoned = node.spec.cordoned || node.spec.drain.is_some();
-    let overlay = NodeOverlay { cordoned, ..ctx.model().overlay(&node_id) };
+    let overlay = NodeOverlay {
+        cordoned,
+        ..ctx.model().overlay(&node_id)
+    };
     let was = ctx.model().overlay(&node_id);
-    ctx.manager.mirror().read(|m| ctx.model().set_overlay(&node_id, overlay, m));
+    ctx.manager
+        .mirror()
+        .read(|m| ctx.model().set_overlay(&node_id, overlay, m));
     if was.cordoned != cordoned {
         let what = if cordoned { "Cordoned" } else { "Uncordoned" };
-        ctx.event(node, EventType::Normal, what, "Cordon", format!("node {node_id}: {}", if cordoned { "no new placements" } else { "placements allowed again" })).await;
+        ctx.event(
+            node,
+            EventType::Normal,
+            what,
+            "Cordon",
+            format!(
+                "node {node_id}: {}",
+                if cordoned {
+                    "no new placements"
+                } else {
+                    "placements allowed again"
+                }
+            ),
+        )
+        .await;
         let _ = ctx.bundle_trigger.send(());
     }
-    let Some(drain) = node.spec.drain else { return Ok(Action::await_change()) };
+    let Some(drain) = node.spec.drain else {
+        return Ok(Action::await_change());
+    };
     if drains.lock().contains_key(&node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
@@ -265,13 +381,26 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
             let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
             drains.lock().insert(
                 node_id.clone(),
-                DrainStatus { jobs_remaining: i32::try_from(jobs).unwrap_or(0), started_at: Some(Utc::now()), ..Default::default() },
+                DrainStatus {
+                    jobs_remaining: i32::try_from(jobs).unwrap_or(0),
+                    started_at: Some(Utc::now()),
+                    ..Default::default()
+                },
             );
-            let gone = ctx.manager.mirror().node(&node_id).is_none_or(|n| matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped));
+            let gone = ctx.manager.mirror().node(&node_id).is_none_or(|n| {
+                matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped)
+            });
             if !gone {
                 ctx.manager.terminate_node(&node_id).await?;
             }
-            ctx.event(node, EventType::Normal, "Draining", "Drain", format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band")).await;
+            ctx.event(
+                node,
+                EventType::Normal,
+                "Draining",
+                "Drain",
+                format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band"),
+            )
+            .await;
         }
         DrainMode::Migrate => {
             ctx.event(
@@ -282,7 +411,13 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
                 "drain mode migrate needs the Migration controller, which this operator version does not run; the node is cordoned only".to_owned(),
             )
             .await;
-            drains.lock().insert(node_id.clone(), DrainStatus { started_at: Some(Utc::now()), ..Default::default() });
+            drains.lock().insert(
+                node_id.clone(),
+                DrainStatus {
+                    started_at: Some(Utc::now()),
+                    ..Default::default()
+                },
+            );
         }
     }
     Ok(Action::requeue(Duration::from_secs(10)))

@@ -20,7 +20,11 @@ const REFRESH: Duration = Duration::from_secs(10);
 pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let result = apply(&pool, &ctx).await;
-    ctx.metrics.observe_reconcile("placementpool", result.is_ok(), started.elapsed().as_secs_f64());
+    ctx.metrics.observe_reconcile(
+        "placementpool",
+        result.is_ok(),
+        started.elapsed().as_secs_f64(),
+    );
     result
 }
 
@@ -31,7 +35,10 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     let prev = pool.status.clone().unwrap_or_default();
     let spec = mapping::pool(&name, &pool.spec);
 
-    let loaded = ctx.manager.mirror().read(|m| ctx.model().upsert_pool(spec, m));
+    let loaded = ctx
+        .manager
+        .mirror()
+        .read(|m| ctx.model().upsert_pool(spec, m));
     let mut ready = match &loaded {
         Ok(_) => (true, "Valid", String::new()),
         Err(e) => (false, "InvalidPool", e.to_string()),
@@ -40,9 +47,19 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
         // Manager must know the pool, or nothing can ever be provisioned or found in it.
         match ctx.manager.list_pools().await {
             Ok(pools) => match pools.iter().find(|p| p.name == name) {
-                None => ready = (false, "UnknownToManager", format!("Manager has no pool named {name}")),
+                None => {
+                    ready = (
+                        false,
+                        "UnknownToManager",
+                        format!("Manager has no pool named {name}"),
+                    )
+                }
                 Some(p) if mapping::api_provider(p.kind).is_some_and(|k| k != pool.spec.kind) => {
-                    ready = (false, "KindMismatch", format!("Manager's pool {name} is of another provider kind"));
+                    ready = (
+                        false,
+                        "KindMismatch",
+                        format!("Manager's pool {name} is of another provider kind"),
+                    );
                 }
                 Some(_) => {}
             },
@@ -58,7 +75,12 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     let usage = ctx.model().engine().pool_usage(&name);
     let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
     let spare_target: i64 = match targets.list(&ListParams::default()).await {
-        Ok(list) => list.items.iter().filter(|t| t.spec.pool == name).map(|t| i64::from(t.spec.target_count)).sum(),
+        Ok(list) => list
+            .items
+            .iter()
+            .filter(|t| t.spec.pool == name)
+            .map(|t| i64::from(t.spec.target_count))
+            .sum(),
         Err(e) => {
             tracing::debug!(error = %e, "could not list HotSpareTargets");
             prev.spare_target
@@ -69,16 +91,32 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
         node_count: usage.as_ref().map_or(0, |u| i64::from(u.node_count)),
         live_spares: usage.as_ref().map_or(0, |u| i64::from(u.live_spares)),
         spare_target,
-        used_capacity_fraction: usage.as_ref().map_or(0.0, |u| (u.used_capacity_fraction * 1000.0).round() / 1000.0),
+        used_capacity_fraction: usage.as_ref().map_or(0.0, |u| {
+            (u.used_capacity_fraction * 1000.0).round() / 1000.0
+        }),
         conditions: prev.conditions.clone(),
     };
-    api::set_condition(&mut status.conditions, condition("Ready", ready.0, ready.1, ready.2, generation, now));
-    ctx.metrics.set_pool(&name, status.node_count, status.live_spares, status.spare_target, status.used_capacity_fraction);
+    api::set_condition(
+        &mut status.conditions,
+        condition("Ready", ready.0, ready.1, ready.2, generation, now),
+    );
+    ctx.metrics.set_pool(
+        &name,
+        status.node_count,
+        status.live_spares,
+        status.spare_target,
+        status.used_capacity_fraction,
+    );
 
     if status != prev {
         let api: Api<PlacementPool> = Api::all(ctx.client.clone());
         let patch = json!({ "apiVersion": PlacementPool::api_version(&()), "kind": PlacementPool::kind(&()), "status": status });
-        api.patch_status(&name, &PatchParams::apply(api::FIELD_MANAGER).force(), &Patch::Apply(&patch)).await?;
+        api.patch_status(
+            &name,
+            &PatchParams::apply(api::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
     }
     Ok(Action::requeue(REFRESH))
 }
