@@ -5,13 +5,15 @@
 //! decided by `automanager-placement`.
 
 pub mod config;
+pub mod controllers;
+pub mod health;
 pub mod http;
 pub mod leader;
 pub mod ledger;
-pub mod metrics;
 pub mod mapping;
+pub mod metrics;
+pub mod migration_plan;
 pub mod model;
-pub mod controllers;
-pub mod health;
-pub mod settings;
 pub mod runtime;
+pub mod settings;
+pub mod spares;
