@@ -1,5 +1,5 @@
 # The operator: the demo and its figures.
-.PHONY: demo demo-smoke operator
+.PHONY: demo demo-smoke operator bench-e2e
 
 operator: ## build the operator binary
 	cargo build -p automanager-operator --bin automanager-operator
@@ -8,4 +8,7 @@ demo: control-plane ## the whole product locally: control plane + manager-sim + 
 	scripts/demo.sh
 
 demo-smoke: control-plane ## run the demo to the point where the bundles are Ready, print, and stop
-	DEMO_EXIT=1 DEMO_DIR=$(CURDIR)/.tmp/demo-smoke DEMO_HTTP_PORT=18081 scripts/demo.sh
+	DEMO_EXIT=1 DEMO_DIR=$(CURDIR)/.tmp/demo-smoke scripts/demo.sh
+
+bench-e2e: control-plane ## end-to-end Bundle throughput vs the apiserver's raw status-write rate: e2e bundles=... ratio=... rss_mib=...
+	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench e2e

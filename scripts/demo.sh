@@ -52,7 +52,7 @@ for _ in $(seq 1 100); do
 done
 [ -n "${addr:-}" ] || { cat "$dir/manager-sim.log" >&2; echo "manager-sim did not start" >&2; exit 1; }
 
-http_port=${DEMO_HTTP_PORT:-18080}
+http_port=${DEMO_HTTP_PORT:-$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
 cat >"$dir/operator.yaml" <<YAML
 manager:
   url: http://$addr

@@ -24,15 +24,26 @@ pub fn binaries() -> Result<&'static Binaries, SetupError> {
     static BINS: OnceLock<Result<Binaries, String>> = OnceLock::new();
     BINS.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(&cargo)
-            .args([
-                "build",
-                "--bins",
-                "-p",
-                "automanager-operator",
-                "-p",
-                "manager-sim",
-            ])
+        // The test executable lives in <target>/<profile>/deps/; build the same profile.
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let release = exe
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == "release");
+        let mut cmd = Command::new(&cargo);
+        cmd.args([
+            "build",
+            "--bins",
+            "-p",
+            "automanager-operator",
+            "-p",
+            "manager-sim",
+        ]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd
             .current_dir(repo_root())
             .status()
             .map_err(|e| format!("running {cargo} build: {e}"))?;
@@ -41,8 +52,6 @@ pub fn binaries() -> Result<&'static Binaries, SetupError> {
                 "cargo build of the operator and manager-sim failed ({status})"
             ));
         }
-        // The test executable lives in <target>/<profile>/deps/.
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let profile_dir = exe
             .parent()
             .and_then(Path::parent)
@@ -191,17 +200,21 @@ impl Stack {
     pub async fn start_with(
         adjust: impl FnOnce(&mut serde_yaml::Mapping),
     ) -> Result<Stack, SetupError> {
+        Self::start_custom(&repo_root().join("deploy/demo/manager-sim.yaml"), adjust).await
+    }
+
+    /// Like [`Stack::start_with`], with another manager-sim config.
+    pub async fn start_custom(
+        sim_config: &Path,
+        adjust: impl FnOnce(&mut serde_yaml::Mapping),
+    ) -> Result<Stack, SetupError> {
         binaries()?;
         let env = env_with_crds().await?;
         let dir = tempfile::Builder::new()
             .prefix("automanager-e2e-")
             .tempdir()
             .map_err(|e| SetupError(e.to_string()))?;
-        let (sim, sim_endpoint) = start_sim(
-            dir.path(),
-            &repo_root().join("deploy/demo/manager-sim.yaml"),
-            None,
-        )?;
+        let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None)?;
         let http_port = free_port()?;
         let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"

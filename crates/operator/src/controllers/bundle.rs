@@ -30,6 +30,8 @@ use crate::mapping;
 const REQUEUE_BUSY: Duration = Duration::from_secs(2);
 /// Requeue while stalled (no capacity): capacity changes also wake us.
 const REQUEUE_STALLED: Duration = Duration::from_secs(30);
+/// A job started less than this long ago is "about to run": its status write is coalesced.
+const TRANSIENT_START_MS: i64 = 2_000;
 /// Periodic look at a settled bundle (clears restart counts of replicas that stayed up).
 const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
 
@@ -162,6 +164,8 @@ struct ReplicaOutcome {
     provisioning: bool,
     unplaceable: Option<String>,
     waiting: bool,
+    /// Every job this pass placed was accepted by its worker.
+    started: bool,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -361,6 +365,24 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
             reason.clone(),
         )
         .await;
+    }
+    // Coalescing: while the only thing left is jobs that were just started (they run within
+    // moments, and the mirror's change wakes us again), skip the intermediate "Placing" write so
+    // a wave of starts is one settled write per bundle. A start that takes longer than
+    // TRANSIENT_START is shown; the requeue is the safety net should no change come.
+    let just_started = |o: &Observed| {
+        o.state == proto::JobState::Running
+            || (o.state == proto::JobState::Starting
+                && now.timestamp_millis().saturating_sub(o.started_at_ms) < TRANSIENT_START_MS)
+    };
+    let transient = phase == BundlePhase::Placing
+        && !retried
+        && outcomes
+            .values()
+            .all(|o| o.unplaceable.is_none() && !o.provisioning && !o.waiting)
+        && (observed.values().all(just_started) || outcomes.values().any(|o| o.started));
+    if transient {
+        return Ok(Action::requeue(Duration::from_millis(500)));
     }
     write_status(ctx, bundle, &prev, status).await?;
     Ok(match phase {
@@ -625,6 +647,7 @@ async fn reconcile_replica(
                 }
             }
             if all_started {
+                outcome.started = true;
                 if recovery {
                     ctx.ledger().record_restart(&replica_key, now, max);
                 }

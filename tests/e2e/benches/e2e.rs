@@ -1,0 +1,220 @@
+//! `make bench-e2e`: end-to-end Bundle throughput against the real apiserver, manager-sim and the
+//! operator binary (release builds), with the apiserver's raw status-patch rate for this CRD
+//! measured in the same run as the baseline.
+//!
+//! Prints one line: `e2e bundles=<n> seconds=<s> bundles_per_s=<x> raw_status_writes_per_s=<x>
+//! ratio=<x> rss_mib=<x>`. `BENCH_BUNDLES` (default 1000) sets the wave size.
+
+use std::time::{Duration, Instant};
+
+use automanager_api::{Bundle, BundleStatus};
+use automanager_e2e::SetupError;
+use automanager_e2e::stack::Stack;
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+
+/// The operator's default Bundle concurrency: the raw baseline uses the same.
+const CONCURRENCY: usize = 8;
+const RAW_SECONDS: u64 = 5;
+const NODES: usize = 100;
+
+fn sim_config() -> String {
+    let mut nodes = String::new();
+    for i in 0..NODES {
+        let zone = if i % 2 == 0 { "z-a" } else { "z-b" };
+        nodes.push_str(&format!(
+            "      - {{id: bench-{i:03}, zone: {zone}, capacity: 1000, cores: 1000}}\n"
+        ));
+    }
+    format!(
+        "listen: 127.0.0.1:0\ntiming: {{provisionDelayMs: 0, jobStartDelayMs: 5, jobStopDelayMs: 5}}\npools:\n  - name: bench\n    kind: cluster\n    region: bench-dc\n    zones: [z-a, z-b]\n    scaleOut: fixed\n    nodes:\n{nodes}"
+    )
+}
+
+const POOL: &str = "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {name: bench}
+spec:
+  kind: cluster
+  region: bench-dc
+  zones: [z-a, z-b]
+  scaleOut: fixed
+  candidateInstanceTypes: [{instanceType: bench, totalCapacity: 1000, totalCores: 1000}]
+";
+
+fn bundle(ns: &str, name: &str) -> Result<Bundle, SetupError> {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"replicas": 2, "pools": ["bench"], "jobs": [
+            {"jobName": "encode", "requirements": {"requiredCapacity": 5, "requiredCores": 1, "priorityBand": "silver"}},
+            {"jobName": "package", "requirements": {"requiredCapacity": 2, "requiredCores": 1, "priorityBand": "silver"}, "coLocateWith": ["encode"]}
+        ]}
+    }))
+    .map_err(|e| SetupError(e.to_string()))
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn raw_status_rate(client: kube::Client) -> Result<f64, SetupError> {
+    let api: Api<Bundle> = Api::namespaced(client, "raw");
+    let names: Vec<String> = (0..CONCURRENCY * 4).map(|i| format!("raw-{i}")).collect();
+    for n in &names {
+        api.create(&PostParams::default(), &bundle("raw", n)?)
+            .await
+            .map_err(|e| SetupError(e.to_string()))?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(RAW_SECONDS);
+    let started = Instant::now();
+    let workers = (0..CONCURRENCY).map(|w| {
+        let api = api.clone();
+        let names = names.clone();
+        async move {
+            let mut count = 0u64;
+            let mut i = w;
+            while Instant::now() < deadline {
+                let name = &names[i % names.len()];
+                let status = BundleStatus { placed_replicas: (count % 3) as i32, ..Default::default() };
+                let patch = serde_json::json!({"apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle", "status": status});
+                api.patch_status(name, &PatchParams::apply("bench-raw").force(), &Patch::Apply(&patch)).await.map_err(|e| SetupError(e.to_string()))?;
+                count += 1;
+                i += CONCURRENCY;
+            }
+            Ok::<u64, SetupError>(count)
+        }
+    });
+    let counts: Vec<u64> = futures::future::try_join_all(workers).await?;
+    Ok(counts.iter().sum::<u64>() as f64 / started.elapsed().as_secs_f64())
+}
+
+async fn run() -> Result<(), SetupError> {
+    let n: usize = std::env::var("BENCH_BUNDLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let dir = tempfile::tempdir().map_err(|e| SetupError(e.to_string()))?;
+    let sim_path = dir.path().join("sim.yaml");
+    std::fs::write(&sim_path, sim_config()).map_err(|e| SetupError(e.to_string()))?;
+    eprintln!(
+        "bench-e2e: starting control plane, manager-sim ({NODES} nodes) and the operator (release)"
+    );
+    let stack = Stack::start_custom(&sim_path, |c| {
+        c.insert(
+            "watchNamespaces".into(),
+            serde_yaml::Value::Sequence(vec!["default".into()]),
+        );
+    })
+    .await?;
+    let client = stack.env.client();
+    let out = stack
+        .env
+        .run_kubectl(["create", "namespace", "raw"])
+        .await?;
+    if !out.success() {
+        return Err(SetupError(out.stderr));
+    }
+    eprintln!(
+        "bench-e2e: raw status-patch rate ({CONCURRENCY} concurrent, {RAW_SECONDS} s, namespace the operator does not watch)"
+    );
+    let raw = raw_status_rate(client.clone()).await?;
+    eprintln!("bench-e2e: raw = {raw:.0} status writes/s");
+
+    let out = stack.env.apply_yaml(POOL).await?;
+    if !out.success() {
+        return Err(SetupError(out.stderr));
+    }
+    stack
+        .wait_for("pool bench Ready", Duration::from_secs(60), || async {
+            let p = stack.get_json(&["placementpool", "bench"]).await?;
+            Ok(p["status"]["nodeCount"]
+                .as_i64()
+                .is_some_and(|c| c as usize == NODES)
+                .then_some(()))
+        })
+        .await?;
+
+    eprintln!(
+        "bench-e2e: creating {n} bundles (2 replicas x 2 jobs) and waiting until all are Ready"
+    );
+    let api: Api<Bundle> = Api::namespaced(client.clone(), "default");
+    let pid = stack.operator.pid().unwrap_or(0);
+    let started = Instant::now();
+    let create_api = api.clone();
+    let creates = futures::stream::iter((0..n).map(move |i| {
+        let api = create_api.clone();
+        async move {
+            api.create(
+                &PostParams::default(),
+                &bundle("default", &format!("b-{i:05}"))?,
+            )
+            .await
+            .map_err(|e| SetupError(e.to_string()))
+        }
+    }))
+    .buffer_unordered(16)
+    .try_collect::<Vec<_>>();
+    let mut peak_rss = 0f64;
+    let creating = tokio::spawn(creates);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        peak_rss = peak_rss.max(rss_mib(pid));
+        let ready = api
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| SetupError(e.to_string()))?
+            .items
+            .iter()
+            .filter(|b| {
+                b.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == automanager_api::BundlePhase::Ready)
+            })
+            .count();
+        if ready >= n {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(SetupError(format!(
+                "only {ready} of {n} bundles Ready after 900 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    creating.await.map_err(|e| SetupError(e.to_string()))??;
+    peak_rss = peak_rss.max(rss_mib(pid));
+    let rate = n as f64 / seconds;
+    println!(
+        "e2e bundles={n} seconds={seconds:.1} bundles_per_s={rate:.1} raw_status_writes_per_s={raw:.1} ratio={:.2} rss_mib={peak_rss:.0}",
+        rate / raw
+    );
+    Ok(())
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument (a filter) is ignored.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench-e2e: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench-e2e failed: {e}");
+        std::process::exit(1);
+    }
+}
