@@ -797,14 +797,11 @@ impl MigrationMachine {
             }
 
             // handover
-            (S::Handover, P::Proposing, E::StateReceived { payload }) => {
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    Step::Abort(AbortBy::Operator, oversized("the source's state"))
-                } else {
-                    self.carried = Some(payload);
-                    Step::Go(P::PlacingTarget, vec![Action::PlaceTarget])
-                }
-            }
+            (S::Handover, P::Proposing, E::StateReceived { payload }) => self.carry(
+                payload,
+                Step::Go(P::PlacingTarget, vec![Action::PlaceTarget]),
+                Step::Abort(AbortBy::Operator, oversized("the source's state")),
+            ),
             (S::Handover, P::Proposing, E::StateRefused { reason }) => {
                 Step::Refuse(bounded(&reason))
             }
@@ -813,14 +810,11 @@ impl MigrationMachine {
                 P::StartingTarget | P::TargetReady | P::CutoverReady,
                 E::TargetStarted | E::TargetRunning,
             ) => Step::Stay,
-            (S::Handover, P::StartingTarget, E::TargetReady { payload }) => {
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    Step::Abort(AbortBy::Operator, oversized("the target's target-ready"))
-                } else {
-                    self.carried = Some(payload);
-                    Step::Go(P::TargetReady, Vec::new())
-                }
-            }
+            (S::Handover, P::StartingTarget, E::TargetReady { payload }) => self.carry(
+                payload,
+                Step::Go(P::TargetReady, Vec::new()),
+                Step::Abort(AbortBy::Operator, oversized("the target's target-ready")),
+            ),
             (S::Handover, P::TargetReady, E::TargetReady { .. }) => Step::Stay,
             (S::Handover, P::TargetReady, E::Proceed) => match self.carried.take() {
                 Some(payload) => {
@@ -828,14 +822,12 @@ impl MigrationMachine {
                 }
                 None => Step::Abort(AbortBy::Operator, lost_payload("target-ready")),
             },
-            (S::Handover, P::CutoverReady, E::SourceStoppedOutput { payload }) => {
-                if payload.len() > MAX_PAYLOAD_BYTES {
-                    Step::Fail(oversized("the source's source-stopped-output"))
-                } else {
-                    self.carried = Some(payload);
-                    Step::Go(P::SourceStoppedOutput, Vec::new())
-                }
-            }
+            // The source has stopped output: a payload that cannot be relayed is a failure.
+            (S::Handover, P::CutoverReady, E::SourceStoppedOutput { payload }) => self.carry(
+                payload,
+                Step::Go(P::SourceStoppedOutput, Vec::new()),
+                Step::Fail(oversized("the source's source-stopped-output")),
+            ),
             (S::Handover, P::SourceStoppedOutput, E::SourceStoppedOutput { .. }) => Step::Stay,
             (S::Handover, P::SourceStoppedOutput, E::Proceed) => match self.carried.take() {
                 Some(payload) => {
@@ -889,6 +881,17 @@ impl MigrationMachine {
             (_, _, event) => return Err(self.unexpected(&event)),
         };
         Ok(step)
+    }
+
+    /// Keeps `payload` to relay on entering the next phase and takes step `ok`, or takes
+    /// `too_big` when the payload exceeds a frame.
+    fn carry(&mut self, payload: Payload, ok: Step, too_big: Step) -> Step {
+        if payload.len() > MAX_PAYLOAD_BYTES {
+            too_big
+        } else {
+            self.carried = Some(payload);
+            ok
+        }
     }
 
     fn accept_target(&mut self, node: &str) -> Result<(), MigrationError> {
@@ -1271,6 +1274,27 @@ mod tests {
         out
     }
 
+    /// A `strategy` migration after the first `k` events of its happy path.
+    fn after(strategy: MigrationStrategy, k: usize) -> (MigrationMachine, World) {
+        let mut m = machine(strategy);
+        let mut w = World::new();
+        let evs = happy_events(strategy);
+        drive(&mut m, &mut w, evs.get(..k).unwrap_or(&evs));
+        (m, w)
+    }
+
+    /// Every action of the `strategy` happy path, in order.
+    fn happy_actions(strategy: MigrationStrategy) -> Vec<Action> {
+        drive(
+            &mut machine(strategy),
+            &mut World::new(),
+            &happy_events(strategy),
+        )
+        .into_iter()
+        .flat_map(|t| t.actions)
+        .collect()
+    }
+
     // ---- strategy in effect ----
 
     #[test]
@@ -1406,14 +1430,8 @@ mod tests {
 
     #[test]
     fn overlap_starts_the_target_before_it_stops_the_source() {
-        let ts = drive(
-            &mut machine(S::Overlap),
-            &mut World::new(),
-            &happy_events(S::Overlap),
-        );
-        let actions: Vec<Action> = ts.into_iter().flat_map(|t| t.actions).collect();
         assert_eq!(
-            actions,
+            happy_actions(S::Overlap),
             vec![
                 Action::PlaceTarget,
                 start_target("dst".into(), None),
@@ -1425,14 +1443,8 @@ mod tests {
 
     #[test]
     fn stop_then_start_prepares_stops_the_source_then_starts_the_target() {
-        let ts = drive(
-            &mut machine(S::StopThenStart),
-            &mut World::new(),
-            &happy_events(S::StopThenStart),
-        );
-        let actions: Vec<Action> = ts.into_iter().flat_map(|t| t.actions).collect();
         assert_eq!(
-            actions,
+            happy_actions(S::StopThenStart),
             vec![
                 Action::PlaceTarget,
                 Action::PrepareTarget { node: "dst".into() },
@@ -1592,11 +1604,8 @@ mod tests {
     #[test]
     fn a_user_abort_at_every_abortable_phase_leaves_only_the_source_running() {
         for s in STRATEGIES {
-            let evs = happy_events(s);
-            for k in 0..evs.len() {
-                let mut m = machine(s);
-                let mut w = World::new();
-                drive(&mut m, &mut w, &evs[..k]);
+            for k in 0..happy_events(s).len() {
+                let (mut m, mut w) = after(s, k);
                 if !m.is_abortable() {
                     continue;
                 }
@@ -1740,9 +1749,7 @@ mod tests {
 
     #[test]
     fn a_failed_target_before_the_point_of_no_return_aborts_and_after_it_fails() {
-        let mut m = machine(S::Overlap);
-        let mut w = World::new();
-        drive(&mut m, &mut w, &happy_events(S::Overlap)[..3]);
+        let (mut m, mut w) = after(S::Overlap, 3);
         assert_eq!(m.phase(), P::TargetRunning);
         let ev = MigrationEvent::TargetFailed {
             reason: "crashed".into(),
@@ -1753,9 +1760,7 @@ mod tests {
         assert_eq!(t.abort.as_ref().map(|a| a.by.as_str()), Some("target"));
         assert_eq!(w.running, BTreeSet::from(["source"]));
 
-        let mut m = machine(S::StopThenStart);
-        let mut w = World::new();
-        drive(&mut m, &mut w, &happy_events(S::StopThenStart)[..4]);
+        let (mut m, mut w) = after(S::StopThenStart, 4);
         assert_eq!(m.phase(), P::StartingTarget);
         let ev = MigrationEvent::TargetFailed {
             reason: "rejected".into(),
@@ -1773,8 +1778,7 @@ mod tests {
 
     #[test]
     fn a_placement_failure_aborts_by_the_operator() {
-        let mut m = machine(S::Handover);
-        drive(&mut m, &mut World::new(), &happy_events(S::Handover)[..2]);
+        let (mut m, _) = after(S::Handover, 2);
         let t = m
             .apply(
                 MigrationEvent::PlacementFailed {
@@ -1800,11 +1804,8 @@ mod tests {
     #[test]
     fn a_failed_source_ends_in_band_recovery_at_any_phase() {
         for s in STRATEGIES {
-            let evs = happy_events(s);
-            for k in 0..evs.len() {
-                let mut m = machine(s);
-                let mut w = World::new();
-                drive(&mut m, &mut w, &evs[..k]);
+            for k in 0..happy_events(s).len() {
+                let (mut m, mut w) = after(s, k);
                 let ev = MigrationEvent::SourceFailed {
                     reason: "oom".into(),
                 };
@@ -1837,11 +1838,8 @@ mod tests {
     #[test]
     fn every_phase_times_out_aborting_before_the_point_of_no_return_and_failing_after() {
         for s in STRATEGIES {
-            let evs = happy_events(s);
-            for k in 0..evs.len() {
-                let mut m = machine(s);
-                let mut w = World::new();
-                drive(&mut m, &mut w, &evs[..k]);
+            for k in 0..happy_events(s).len() {
+                let (mut m, mut w) = after(s, k);
                 let phase = m.phase();
                 let abortable = m.is_abortable();
                 let t = m
@@ -1966,8 +1964,7 @@ mod tests {
 
     #[test]
     fn re_delivered_events_are_accepted_as_no_ops() {
-        let mut m = machine(S::Overlap);
-        drive(&mut m, &mut World::new(), &happy_events(S::Overlap)[..3]);
+        let (m, _) = after(S::Overlap, 3);
         for e in [
             MigrationEvent::TargetRunning,
             MigrationEvent::TargetStarted,
@@ -1993,32 +1990,31 @@ mod tests {
 
     #[test]
     fn a_handover_resumed_without_its_carried_payload_aborts_or_fails_safely() {
-        let m = MigrationMachine::resume(
-            S::Handover,
-            P::TargetReady,
-            t0(),
-            Some("src".into()),
-            Some("dst".into()),
-        );
-        let t = m
+        let proceed_after_resume_in = |phase| {
+            MigrationMachine::resume(
+                S::Handover,
+                phase,
+                t0(),
+                Some("src".into()),
+                Some("dst".into()),
+            )
             .next(MigrationEvent::Proceed, at(1))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap_or_else(|e| panic!("{e}"))
+        };
+        let t = proceed_after_resume_in(P::TargetReady);
         assert_eq!(t.phase, P::Aborted);
         assert!(
             t.actions
                 .contains(&Action::StopTarget { node: "dst".into() })
         );
-        let m = MigrationMachine::resume(
-            S::Handover,
-            P::SourceStoppedOutput,
-            t0(),
-            Some("src".into()),
-            Some("dst".into()),
-        );
-        let t = m
-            .next(MigrationEvent::Proceed, at(1))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let t = proceed_after_resume_in(P::SourceStoppedOutput);
         assert_eq!(t.phase, P::Failed);
+        assert_eq!(
+            t.failure.as_deref(),
+            Some(
+                "the source-stopped-output payload was lost (the operator restarted mid-handover)"
+            )
+        );
     }
 
     #[test]
