@@ -9,8 +9,9 @@
 //!
 //! - **Membership.** A node counts for a target when its spare band equals the target's
 //!   `forBand` (an unbanded target counts only unbanded spares) and, when the node carries a
-//!   `spare-target` tag, that tag names this target. Spares this planner asks for carry all three
-//!   tags ([`spare_provision_request`]), so two targets on one pool never share a node.
+//!   [`SPARE_TARGET_TAG`] tag, that tag names this target. Spares this planner asks for
+//!   carry all three tags ([`spare_provision_request`]), so two targets on one pool never
+//!   share a node.
 //! - **Live and pending.** A started node holding no job is a *live* spare; a starting node
 //!   holding no job is *pending* and counts as coming. Stopped and terminated nodes count for
 //!   nothing.
@@ -35,17 +36,16 @@
 //!
 //! Bad input has a defined answer: a `targetCount` outside 0..=1000 or a malformed `maxAge` is a
 //! [`SpareSpecError`] (the apiserver's schema already refuses both, so this only guards against
-//! objects written around it); duplicate node ids count once (the first occurrence among the target's nodes).
+//! objects written around it); duplicate node ids count once (the first occurrence among the
+//! target's nodes).
 
 use std::collections::BTreeSet;
 
 use automanager_api::{HotSpareTargetSpec, PriorityBand, ScaleOut};
 use chrono::{DateTime, TimeDelta, Utc};
 
+pub use crate::mapping::SPARE_TARGET_TAG;
 use crate::mapping::{SPARE_BAND_TAG, SPARE_TAG};
-
-/// The tag naming the `HotSpareTarget` a spare was provisioned for.
-pub const SPARE_TARGET_TAG: &str = "spare-target";
 
 /// The largest `targetCount` the schema allows.
 pub const MAX_TARGET_COUNT: u32 = 1000;
@@ -85,7 +85,7 @@ pub struct SpareNode {
     pub band: Option<PriorityBand>,
     /// Whether it runs any job (then it is no longer a spare).
     pub holds_jobs: bool,
-    /// The `HotSpareTarget` it was provisioned for (`spare-target` tag), if tagged.
+    /// The `HotSpareTarget` it was provisioned for ([`SPARE_TARGET_TAG`] tag), if tagged.
     pub target_name: Option<String>,
 }
 
@@ -180,7 +180,8 @@ pub struct ProvisionRequest {
     pub instance_type: String,
     /// The region.
     pub region: String,
-    /// Tags: `spare=true`, `spare-band=<band>` when dedicated, `spare-target=<name>`.
+    /// Tags: `spare=true`, `spare-band=<band>` when dedicated,
+    /// `automanager.hot-spare-target=<name>`.
     pub tags: Vec<(String, String)>,
 }
 
@@ -720,7 +721,7 @@ mod tests {
             vec![
                 ("spare".to_owned(), "true".to_owned()),
                 ("spare-band".to_owned(), "gold".to_owned()),
-                ("spare-target".to_owned(), "gold-spares".to_owned()),
+                (SPARE_TARGET_TAG.to_owned(), "gold-spares".to_owned()),
             ]
         );
         let unbanded = spare_provision_request("x", &spec(1, None, None));
