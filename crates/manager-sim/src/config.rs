@@ -400,9 +400,106 @@ impl SimConfig {
     }
 }
 
+/// A whole config file: the [`SimConfig`] plus the optional `jobSocket:`
+/// section (kept out of [`SimConfig`] so its struct literal, used by other
+/// crates, stays as it was).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimSetup {
+    /// Everything but `jobSocket:`.
+    pub sim: SimConfig,
+    /// The `jobSocket:` section (defaults when absent).
+    pub job_socket: crate::behaviour::JobSocketConfig,
+}
+
+impl SimSetup {
+    /// Parses YAML and validates both parts, listing every problem.
+    pub fn from_yaml(text: &str) -> Result<SimSetup, ConfigError> {
+        let mut doc: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let section = doc
+            .as_mapping_mut()
+            .and_then(|m| m.remove(serde_yaml::Value::from("jobSocket")));
+        let Some(section) = section else {
+            return Ok(SimSetup {
+                sim: SimConfig::from_yaml(text)?,
+                job_socket: crate::behaviour::JobSocketConfig::default(),
+            });
+        };
+        let job_socket: crate::behaviour::JobSocketConfig = serde_yaml::from_value(section)
+            .map_err(|e| ConfigError::Parse(format!("jobSocket: {e}")))?;
+        let sim: SimConfig =
+            serde_yaml::from_value(doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let mut errs = match sim.validate() {
+            Ok(()) => Vec::new(),
+            Err(ConfigError::Invalid(errs)) => errs,
+            Err(other) => return Err(other),
+        };
+        errs.extend(job_socket.problems());
+        if errs.is_empty() {
+            Ok(SimSetup { sim, job_socket })
+        } else {
+            Err(ConfigError::Invalid(errs))
+        }
+    }
+
+    /// Reads, parses and validates a file.
+    pub fn from_file(path: &std::path::Path) -> Result<SimSetup, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        SimSetup::from_yaml(&text)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+    use crate::behaviour::AbortAt;
+
+    #[test]
+    fn the_job_socket_section_is_read_beside_the_sim_config() {
+        let yaml = r"
+jobSocket:
+  answerTimeoutMs: 500
+  behaviours:
+    - {job: 'flaky/*', abortAt: cutover-ready}
+pools:
+  - {name: dc, kind: cluster, region: r, zones: [a], scaleOut: fixed, nodes: [{id: n1, zone: a, capacity: 1, cores: 1}]}
+";
+        let setup = SimSetup::from_yaml(yaml).expect("valid");
+        assert_eq!(setup.sim.pools.len(), 1);
+        assert_eq!(setup.job_socket.answer_timeout_ms, 500);
+        assert_eq!(
+            setup.job_socket.behaviours.first().and_then(|r| r.abort_at),
+            Some(AbortAt::CutoverReady)
+        );
+        let plain = SimSetup::from_yaml("pools: []\n").expect("no section");
+        assert_eq!(
+            plain.job_socket,
+            crate::behaviour::JobSocketConfig::default()
+        );
+    }
+
+    #[test]
+    fn job_socket_problems_are_listed_with_the_sim_config_ones() {
+        let yaml = r"
+jobSocket: {answerTimeoutMs: 0, behaviours: [{job: x, cutoverDelayMs: 999999999}]}
+token: ''
+pools: []
+";
+        let Err(ConfigError::Invalid(errs)) = SimSetup::from_yaml(yaml) else {
+            panic!("expected Invalid");
+        };
+        let all = errs.join("\n");
+        assert!(all.contains("token must not be empty"), "{all}");
+        assert!(all.contains("answerTimeoutMs"), "{all}");
+        assert!(all.contains("cutoverDelayMs"), "{all}");
+        assert!(SimSetup::from_yaml("jobSocket: {bogus: 1}\npools: []\n").is_err());
+        assert!(SimSetup::from_yaml("jobSocket: {}\npools: []\nnope: 1\n").is_err());
+        assert!(SimSetup::from_yaml("[1, 2]").is_err());
+    }
+
     use super::*;
 
     #[test]

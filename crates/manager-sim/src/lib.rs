@@ -32,9 +32,25 @@
 //! `target-applied`, or `state-refused` / `abort`) come from the job. The
 //! world emits them as [`world::JobAsk`]s and takes the answers back through
 //! [`world::World::migration_reply`]; the server hands each ask to a
-//! [`JobAgent`]. [`DefaultAgent`] answers like a cooperative job with nothing
-//! to hand over; a relay over the `job-socket` crate can replace it with
-//! [`Sim::start_with_agent`] without touching the world.
+//! [`JobAgent`]. Two agents exist:
+//!
+//! - [`SocketAgent`] (`manager-sim serve`'s default, and
+//!   [`Sim::start_with_job_socket`] in tests): the sim runs one real
+//!   `job-socket` listener on `127.0.0.1:0` standing in for every worker's
+//!   (a real deployment has one per worker host), registers each running
+//!   instance, and runs a simulated job per instance that connects with the
+//!   real job client SDK and answers like a handover-capable job. Per-job
+//!   switches ([`behaviour`]: refuse state, slow cutover, fail a
+//!   participant, abort at a point) come from the YAML's `jobSocket:`
+//!   section ([`SimSetup`]) or `SimAdmin.SetMigrationBehaviour`
+//!   (`manager-sim chaos migration-behaviour`).
+//! - [`DefaultAgent`] ([`Sim::start`], `serve --no-job-socket`): in
+//!   process, answers like a cooperative job with nothing to hand over.
+//!   [`Sim::start`] keeps it so existing tests need no sockets.
+//!
+//! Either way nodes advertise `norsk.io/job-socket` per pool
+//! (`jobSocket: true|false`, default true); a node without it gets no
+//! listener, so the socket agent aborts a handover touching it.
 //!
 //! # Use in tests
 //!
@@ -54,10 +70,14 @@
 //! `manager-sim chaos kill-node ID --addr http://127.0.0.1:PORT` and friends
 //! inject faults.
 
+pub mod behaviour;
 pub mod config;
 pub mod server;
+pub mod socket_agent;
 pub mod validate;
 pub mod world;
 
-pub use config::SimConfig;
-pub use server::{DefaultAgent, FnAgent, JobAgent, Sim, SimError, SimHandle, now_ms};
+pub use behaviour::{AbortAt, BehaviourError, JobBehaviour, JobSocketConfig};
+pub use config::{SimConfig, SimSetup};
+pub use server::{DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, now_ms};
+pub use socket_agent::SocketAgent;

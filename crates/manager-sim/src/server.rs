@@ -13,14 +13,14 @@ use manager_proto::manager_server::{Manager, ManagerServer};
 use manager_proto::sim_admin_server::{SimAdmin, SimAdminServer};
 use manager_proto::{
     AdminResponse, CreateNodeRequest, CreateNodeResponse, CutStreamsRequest, DeleteBundleRequest,
-    DeleteBundleResponse, EventBatch, FailJobRequest, KillNodeRequest, ListNodesRequest,
+    DeleteBundleResponse, Event, EventBatch, FailJobRequest, KillNodeRequest, ListNodesRequest,
     ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
     NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
-    RegisterBundleResponse, RejectNextRequest, RejectionReason, SlowProvisionRequest, Snapshot,
-    SnapshotReason, StartJobRequest, StartJobResponse, StopJobRequest, StopJobResponse, Synced,
-    TerminateNodeRequest, TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse,
-    WatchRequest, WatchResponse, watch_response,
+    RegisterBundleResponse, RejectNextRequest, RejectionReason, SetMigrationBehaviourRequest,
+    SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest, StartJobResponse,
+    StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest, TerminateNodeResponse,
+    UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest, WatchResponse, watch_response,
 };
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, mpsc, watch};
@@ -29,6 +29,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status};
 
+use crate::behaviour::{BehaviourError, JobBehaviour};
 use crate::config::{LimitsConfig, SimConfig};
 use crate::world::{
     CommandError, JobAsk, JobReply, PersistedWorld, Resume, StartOutcome, World, WorldSnapshot,
@@ -75,6 +76,40 @@ pub enum SimError {
 pub trait JobAgent: Send + Sync + 'static {
     /// The job's answer to `ask`.
     fn answer(&self, ask: JobAsk) -> BoxFuture<'static, JobReply>;
+
+    /// Every event the world emits, in order, before watchers see it
+    /// (called with the world locked: must not block). An agent that runs
+    /// real jobs registers and forgets instances here.
+    fn observe(&self, _events: &[Event]) {}
+
+    /// Called once at start with the way to report what a job says
+    /// between asks (its own `abort`).
+    fn attach(&self, _events: JobEvents) {}
+
+    /// `SimAdmin.SetMigrationBehaviour`: script how a job answers.
+    fn set_behaviour(&self, _job_id: &str, _behaviour: JobBehaviour) -> Result<(), BehaviourError> {
+        Err(BehaviourError::Unsupported)
+    }
+}
+
+/// Reports to the sim what a job says outside an ask. Holds the sim
+/// weakly: reports after shutdown are dropped.
+#[derive(Clone)]
+pub struct JobEvents(std::sync::Weak<Inner>);
+
+impl std::fmt::Debug for JobEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("JobEvents")
+    }
+}
+
+impl JobEvents {
+    /// The job aborted `migration_id` on its own (source or target side).
+    pub fn job_aborted(&self, migration_id: &str, from_source: bool, reason: &str) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.apply(|w, now| w.migration_job_abort(migration_id, from_source, reason, now));
+        }
+    }
 }
 
 /// Answers every ask at once with [`default_reply`].
@@ -197,10 +232,12 @@ impl Shared {
         });
     }
 
-    /// Broadcasts new events; returns new migration asks.
-    fn publish(&mut self) -> Vec<JobAsk> {
+    /// Shows new events to the agent and broadcasts them; returns new
+    /// migration asks.
+    fn publish(&mut self, agent: &dyn JobAgent) -> Vec<JobAsk> {
         let events = self.world.take_events();
         if !events.is_empty() {
+            agent.observe(&events);
             self.dirty = true;
             self.broadcast(events);
         }
@@ -224,7 +261,7 @@ impl Inner {
             let r = f(&mut g.world, now);
             // Zero-delay transitions fire now, in the same batch.
             g.world.advance(now);
-            (r, g.publish())
+            (r, g.publish(&*self.agent))
         };
         self.dispatch(asks);
         self.wake_timers_if_needed();
@@ -258,7 +295,7 @@ impl Inner {
             g.world.advance(now);
             g.world.migration_reply(ask, reply, now);
             g.world.advance(now);
-            g.publish()
+            g.publish(&*self.agent)
         };
         self.dispatch(asks);
         self.wake_timers_if_needed();
@@ -310,6 +347,13 @@ fn migration_response(m: manager_proto::Migration) -> Response<MigrationResponse
         migration: Some(m),
         ..Default::default()
     })
+}
+
+fn behaviour_status(e: BehaviourError) -> Status {
+    match e {
+        BehaviourError::Invalid(m) => Status::invalid_argument(m),
+        e @ BehaviourError::Unsupported => Status::failed_precondition(e.to_string()),
+    }
 }
 
 fn missing(field: &str) -> Status {
@@ -837,6 +881,21 @@ impl SimAdmin for AdminSvc {
             ids.join(", ")
         ))
     }
+
+    async fn set_migration_behaviour(
+        &self,
+        req: Request<SetMigrationBehaviourRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let req = req.into_inner();
+        let behaviour =
+            JobBehaviour::from_proto(req.behaviour.as_ref()).map_err(behaviour_status)?;
+        let text = behaviour.describe();
+        self.0
+            .agent
+            .set_behaviour(&req.job_id, behaviour)
+            .map_err(behaviour_status)?;
+        done(format!("job {} {text}", req.job_id))
+    }
 }
 
 /// Starts simulated Managers.
@@ -864,6 +923,21 @@ impl Sim {
     /// Binds, loads `state_dir` if any, and serves in the background.
     pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         Sim::start_with_agent(config, Arc::new(DefaultAgent)).await
+    }
+
+    /// As [`Sim::start`], with the jobs speaking the real job socket: a
+    /// [`crate::SocketAgent`] with `job_socket`'s settings.
+    pub async fn start_with_job_socket(
+        config: SimConfig,
+        job_socket: crate::behaviour::JobSocketConfig,
+    ) -> Result<SimHandle, SimError> {
+        let agent = crate::SocketAgent::start(job_socket)
+            .await
+            .map_err(|e| SimError::Io {
+                what: "starting the job socket listener".to_owned(),
+                source: std::io::Error::other(e),
+            })?;
+        Sim::start_with_agent(config, agent).await
     }
 
     /// As [`Sim::start`], with a custom [`JobAgent`] answering migration asks.
@@ -944,8 +1018,10 @@ impl Sim {
         // the log only; there are no watchers yet.
         {
             let mut g = lock(&inner.shared);
-            g.world.take_events();
+            let initial = g.world.take_events();
+            inner.agent.observe(&initial);
         }
+        inner.agent.attach(JobEvents(Arc::downgrade(&inner)));
 
         let token: Option<Arc<str>> = config.token.as_deref().map(Arc::from);
         let t1 = token.clone();

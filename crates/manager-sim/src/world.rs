@@ -1703,6 +1703,24 @@ impl World {
         }
     }
 
+    /// A job's own `abort` frame that arrived between asks (a source right
+    /// after `state`, a target right after `target-ready`). Ignored when
+    /// the migration is unknown or already over.
+    pub fn migration_job_abort(
+        &mut self,
+        migration_id: &str,
+        from_source: bool,
+        reason: &str,
+        now_ms: i64,
+    ) {
+        let by = if from_source {
+            MigrationParty::Source
+        } else {
+            MigrationParty::Target
+        };
+        self.abort_migration(migration_id, by, &validate::excerpt(reason), now_ms);
+    }
+
     /// The target becomes the job's normal instance; the source stops.
     fn complete_handover(&mut self, job_id: &str, migration_id: &str, now_ms: i64) {
         let normal = JobRole::Normal as i32;

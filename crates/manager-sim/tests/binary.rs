@@ -79,8 +79,72 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     assert!(!ok && out.contains("NotFound"), "{out}");
     let (ok, out) = chaos(&url, &["slow-provision", "99999999999"]);
     assert!(!ok && out.contains("InvalidArgument"), "{out}");
+    // serve runs the job socket by default: migration behaviours are accepted
+    for (args, says) in [
+        (
+            &["migration-behaviour", "b/0/j", "refuse-state"][..],
+            "refuses state",
+        ),
+        (
+            &["migration-behaviour", "b/0/j", "slow-cutover", "250"],
+            "after 250 ms",
+        ),
+        (
+            &["migration-behaviour", "b/0/j", "fail-participant", "output"],
+            "fails output",
+        ),
+        (
+            &["migration-behaviour", "b/0/j", "abort-at", "target-ready"],
+            "aborts at target-ready",
+        ),
+        (
+            &["migration-behaviour", "b/0/j", "cooperative"],
+            "cooperative",
+        ),
+    ] {
+        let (ok, out) = chaos(&url, args);
+        assert!(ok && out.contains(says), "{args:?}: {out}");
+    }
+    let (ok, out) = chaos(
+        &url,
+        &["migration-behaviour", "b/0/j", "abort-at", "cutover-apply"],
+    );
+    assert!(!ok && out.contains("unknown abort point"), "{out}");
+    let (ok, out) = chaos(
+        &url,
+        &["migration-behaviour", "b/0/j", "slow-cutover", "600001"],
+    );
+    assert!(!ok && out.contains("cutoverDelayMs"), "{out}");
+    let (ok, out) = chaos(&url, &["migration-behaviour", "", "refuse-state"]);
+    assert!(!ok && out.contains("InvalidArgument"), "{out}");
     drop(child);
     assert!(dir.path().join("manager-sim-state.json").exists());
+}
+
+#[test]
+fn without_the_job_socket_migration_behaviours_are_refused() {
+    let mut child = Command::new(bin())
+        .args(["serve", "--no-job-socket"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _child = Killed(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("manager-sim listening on ")
+        .expect(&line);
+    let (ok, out) = chaos(
+        &format!("http://{addr}"),
+        &["migration-behaviour", "b/0/j", "refuse-state"],
+    );
+    assert!(
+        !ok && out.contains("FailedPrecondition") && out.contains("job socket"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! running one.
 //!
 //! ```text
-//! manager-sim serve [--config FILE] [--listen ADDR] [--state-dir DIR] [--token T]
+//! manager-sim serve [--config FILE] [--listen ADDR] [--state-dir DIR] [--token T] [--no-job-socket]
 //! manager-sim check-config FILE
 //! manager-sim chaos kill-node ID        --addr http://127.0.0.1:PORT [--token T]
 //! manager-sim chaos fail-job ID [--message M]
@@ -10,7 +10,12 @@
 //! manager-sim chaos cut-streams
 //! manager-sim chaos slow-provision MS
 //! manager-sim chaos partition-zone ZONE [--heal]
+//! manager-sim chaos migration-behaviour JOB_ID cooperative|refuse-state|slow-cutover MS|fail-participant ID|abort-at POINT
 //! ```
+//!
+//! `serve` runs the jobs over the real job socket (one listener on
+//! 127.0.0.1:0 for every simulated node) unless `--no-job-socket`, which
+//! falls back to the in-process cooperative agent.
 //!
 //! `serve` prints exactly one line `manager-sim listening on ADDR` on stdout
 //! once the port is bound, so scripts can read the address.
@@ -22,10 +27,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    CutStreamsRequest, FailJobRequest, KillNodeRequest, PartitionZoneRequest, RejectNextRequest,
-    SlowProvisionRequest,
+    CutStreamsRequest, FailJobRequest, KillNodeRequest, MigrationBehaviour, PartitionZoneRequest,
+    RejectNextRequest, SetMigrationBehaviourRequest, SlowProvisionRequest,
 };
-use manager_sim::{Sim, SimConfig};
+use manager_sim::{AbortAt, JobBehaviour, Sim, SimSetup};
 
 #[derive(Parser)]
 #[command(
@@ -58,6 +63,10 @@ enum Command {
         /// start and 500 ms to stop (per-pool overrides still apply).
         #[arg(long)]
         realistic: bool,
+        /// Answer migrations in process (a cooperative job with nothing to
+        /// hand over) instead of over the real job socket.
+        #[arg(long)]
+        no_job_socket: bool,
     },
     /// Validate a config file and list every problem.
     CheckConfig {
@@ -117,6 +126,58 @@ enum Fault {
         #[arg(long)]
         heal: bool,
     },
+    /// Script how a job answers its job socket during a handover (replaces
+    /// its earlier behaviour).
+    MigrationBehaviour {
+        /// Job id (`bundle/replica/job`).
+        job_id: String,
+        #[command(subcommand)]
+        behaviour: Behaviour,
+    },
+}
+
+#[derive(Subcommand)]
+enum Behaviour {
+    /// Answer everything (clears any switch).
+    Cooperative,
+    /// Answer get-state with state-refused.
+    RefuseState,
+    /// Wait MS milliseconds before stopping output at cutover.
+    SlowCutover {
+        /// Delay in milliseconds (at most 600000).
+        ms: u64,
+    },
+    /// Report participant ID as failed in target-applied.
+    FailParticipant {
+        /// Participant id (e.g. output).
+        id: String,
+    },
+    /// Abort from the job at POINT: get-state, state-given, initial-state,
+    /// target-ready or cutover-ready.
+    AbortAt {
+        /// The point.
+        point: String,
+    },
+}
+
+impl Behaviour {
+    fn into_proto(self) -> Result<MigrationBehaviour, String> {
+        let mut b = JobBehaviour::default();
+        match self {
+            Behaviour::Cooperative => {}
+            Behaviour::RefuseState => b.refuse_state = true,
+            Behaviour::SlowCutover { ms } => b.cutover_delay_ms = ms,
+            Behaviour::FailParticipant { id } => b.fail_participants = vec![id],
+            Behaviour::AbortAt { point } => {
+                let names: Vec<&str> = AbortAt::ALL.iter().map(|a| a.name()).collect();
+                b.abort_at = Some(AbortAt::parse(&point).ok_or_else(|| {
+                    format!("unknown abort point {point:?}; one of {}", names.join(", "))
+                })?);
+            }
+        }
+        b.validate().map_err(|e| e.to_string())?;
+        Ok(b.to_proto())
+    }
 }
 
 fn main() -> ExitCode {
@@ -151,10 +212,17 @@ async fn run(cli: Cli) -> Result<(), String> {
             state_dir,
             token,
             realistic,
+            no_job_socket,
         } => {
-            let mut cfg = match config {
-                Some(path) => SimConfig::from_file(&path).map_err(|e| e.to_string())?,
-                None => SimConfig::demo(),
+            let SimSetup {
+                sim: mut cfg,
+                job_socket,
+            } = match config {
+                Some(path) => SimSetup::from_file(&path).map_err(|e| e.to_string())?,
+                None => SimSetup {
+                    sim: manager_sim::SimConfig::demo(),
+                    job_socket: manager_sim::JobSocketConfig::default(),
+                },
             };
             if let Some(l) = listen {
                 cfg.listen = l;
@@ -168,7 +236,12 @@ async fn run(cli: Cli) -> Result<(), String> {
             if realistic {
                 cfg.timing = manager_sim::config::TimingConfig::realistic();
             }
-            let sim = Sim::start(cfg).await.map_err(|e| e.to_string())?;
+            let sim = if no_job_socket {
+                Sim::start(cfg).await
+            } else {
+                Sim::start_with_job_socket(cfg, job_socket).await
+            }
+            .map_err(|e| e.to_string())?;
             println!("manager-sim listening on {}", sim.addr());
             let sigterm = async {
                 #[cfg(unix)]
@@ -192,7 +265,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::CheckConfig { config } => {
-            SimConfig::from_file(&config).map_err(|e| e.to_string())?;
+            SimSetup::from_file(&config).map_err(|e| e.to_string())?;
             println!("{}: ok", config.display());
             Ok(())
         }
@@ -243,6 +316,12 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
         Fault::PartitionZone { zone, heal } => {
             client
                 .partition_zone(PartitionZoneRequest { zone, heal })
+                .await
+        }
+        Fault::MigrationBehaviour { job_id, behaviour } => {
+            let behaviour = Some(behaviour.into_proto()?);
+            client
+                .set_migration_behaviour(SetMigrationBehaviourRequest { job_id, behaviour })
                 .await
         }
     }
