@@ -1018,7 +1018,29 @@ impl Sim {
         // the log only; there are no watchers yet.
         {
             let mut g = lock(&inner.shared);
-            let initial = g.world.take_events();
+            g.world.take_events();
+            // The agent learns the starting world (declared nodes, or a
+            // restored state dir's nodes and running jobs) as events.
+            let snap = g.world.snapshot();
+            let initial: Vec<Event> = snap
+                .nodes
+                .into_iter()
+                .map(|node| {
+                    manager_proto::event::Kind::NodeStarted(manager_proto::NodeStarted {
+                        node: Some(node),
+                    })
+                })
+                .chain(snap.jobs.into_iter().map(|job| {
+                    manager_proto::event::Kind::JobUpdated(manager_proto::JobUpdated {
+                        job: Some(job),
+                    })
+                }))
+                .map(|kind| Event {
+                    revision: snap.revision,
+                    at_ms: now,
+                    kind: Some(kind),
+                })
+                .collect();
             inner.agent.observe(&initial);
         }
         inner.agent.attach(JobEvents(Arc::downgrade(&inner)));

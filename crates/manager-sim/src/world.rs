@@ -1747,6 +1747,12 @@ impl World {
             if let Some(inst) = job.instances.iter_mut().find(|i| i.role == target) {
                 inst.role = normal;
                 inst.migration_id.clear();
+                // A target that answered target-ready and target-applied is
+                // evidently up, even if its start timer (keyed by the old
+                // role, so it would no longer find it) has not fired yet.
+                if inst.state == JobState::Starting as i32 {
+                    inst.state = JobState::Running as i32;
+                }
                 let node_id = inst.node_id.clone();
                 if let Some(set) = self.holding.get_mut(&node_id)
                     && let Some(reserved) = set.remove(&(job_id.to_owned(), target))

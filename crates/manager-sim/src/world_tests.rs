@@ -397,6 +397,65 @@ fn a_migration_moves_the_job_and_stops_the_source() {
 }
 
 #[test]
+fn a_target_that_completes_the_handover_before_its_start_timer_is_running() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    answer_all(&mut w, 20);
+    w.migration_prepare_target("m", "f2", b"null", 20).unwrap();
+    // Every answer arrives before the target's start delay has passed.
+    answer_all(&mut w, 20);
+    w.migration_cutover("m", b"{}", 20).unwrap();
+    answer_all(&mut w, 20);
+    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::Completed);
+    let job = w.job("b/0/enc").unwrap();
+    let [inst] = job.instances.as_slice() else {
+        panic!("{job:?}");
+    };
+    assert_eq!(
+        (inst.node_id.as_str(), inst.role(), inst.state()),
+        ("f2", JobRole::Normal, JobState::Running)
+    );
+    w.advance(1000);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Running);
+}
+
+#[test]
+fn a_job_abort_between_asks_aborts_by_its_side_and_is_ignored_once_over() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    answer_all(&mut w, 21);
+    w.migration_job_abort("m", true, "changed my mind", 22);
+    let m = w.migration("m").unwrap();
+    assert_eq!(
+        (m.phase(), m.aborted_by(), m.abort_reason.as_str()),
+        (
+            MigrationPhase::Aborted,
+            MigrationParty::Source,
+            "changed my mind"
+        )
+    );
+    w.migration_job_abort("m", false, "late", 23);
+    assert_eq!(
+        w.migration("m").unwrap().aborted_by(),
+        MigrationParty::Source
+    );
+    w.migration_job_abort("no-such", false, "x", 24);
+
+    w.migration_get_state("m2", "b/0/enc", 30).unwrap();
+    answer_all(&mut w, 30);
+    w.migration_prepare_target("m2", "f2", b"null", 31).unwrap();
+    answer_all(&mut w, 31);
+    w.migration_job_abort("m2", false, &"x".repeat(5000), 32);
+    let m = w.migration("m2").unwrap();
+    assert_eq!(m.aborted_by(), MigrationParty::Target);
+    assert!(m.abort_reason.len() < 200, "long reasons are cut");
+    w.advance(100);
+    assert_eq!(w.usage("f2"), (0.0, 0), "the target was stopped");
+}
+
+#[test]
 fn a_refused_state_aborts_the_migration_with_no_target() {
     let mut w = world();
     running_job(&mut w);

@@ -595,3 +595,48 @@ async fn bad_behaviour_requests_are_refused_and_the_in_process_agent_refuses_the
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_from_the_state_dir_running_jobs_reconnect_and_hand_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SimConfig::from_yaml(CONFIG).unwrap();
+    config.state_dir = Some(dir.path().to_owned());
+    let job_id = {
+        let agent = SocketAgent::start(JobSocketConfig::default())
+            .await
+            .unwrap();
+        let sim = Sim::start_with_agent(config.clone(), agent.clone())
+            .await
+            .unwrap();
+        let mut rig = Rig {
+            manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
+            admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
+            sim,
+            agent,
+        };
+        let job_id = rig.running_job("b", "dc-a").await;
+        rig.sim.shutdown().await;
+        job_id
+    };
+    // A new sim and a new listener: the restored job is registered at once.
+    let agent = SocketAgent::start(JobSocketConfig::default())
+        .await
+        .unwrap();
+    let sim = Sim::start_with_agent(config, agent.clone()).await.unwrap();
+    let mut rig = Rig {
+        manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
+        admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
+        sim,
+        agent,
+    };
+    eventually("the restored job to connect", || {
+        rig.agent
+            .instance_status(&job_id, "normal")
+            .filter(|s| s.connected)
+            .map(|_| ())
+    })
+    .await;
+    let m = rig.drive("m1", &job_id, "dc-b").await;
+    assert_eq!(phase(&m), MigrationPhase::Completed, "{m:?}");
+    rig.one_running_instance_on(&job_id, "dc-b").await;
+}
