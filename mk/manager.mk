@@ -1,16 +1,19 @@
 # Manager gRPC API, manager-sim and manager-client (issue 6).
 
-.PHONY: test-manager bench-manager manager-sim lint-manager
+.PHONY: test-manager test-sim-socket bench-manager manager-sim lint-manager
 
 test-manager: ## test manager-proto, manager-sim and manager-client (loopback, property tests)
 	cargo test -p manager-proto -p manager-sim -p manager-client
+
+test-sim-socket: ## handovers through manager-sim over gRPC and the real job socket (refuse, abort, slow cutover, failed participant)
+	cargo test -p manager-sim --test job_socket
 
 bench-manager: ## mirror ingest, 10k-node sync and StartJob rate over loopback; prints one summary line
 	@log=$$(mktemp); \
 	if cargo bench -q -p manager-client --bench manager 2>"$$log" | grep '^manager '; then rm -f "$$log"; \
 	else cat "$$log" >&2; rm -f "$$log"; exit 1; fi
 
-manager-sim: ## run the Manager simulator with the demo config (MANAGER_SIM_ARGS for more flags)
+manager-sim: ## run the Manager simulator (jobs on the real job socket) with the demo config (MANAGER_SIM_ARGS for more flags, e.g. --no-job-socket)
 	cargo run -q -p manager-sim --bin manager-sim -- serve --config crates/manager-sim/examples/demo.yaml $(MANAGER_SIM_ARGS)
 
 lint-manager: ## fmt check and clippy -D warnings for the manager crates
