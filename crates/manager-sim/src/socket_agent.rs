@@ -330,11 +330,13 @@ impl Shared {
         }
     }
 
-    fn key_of(&self, job_id: &str, node_id: &str) -> Option<InstanceKey> {
+    /// The registered key of the job's `side` instance on `node_id`.
+    fn live_key(&self, job_id: &str, node_id: &str, side: &str) -> Result<InstanceKey, String> {
         lock(&self.state)
             .instances
             .get(&(job_id.to_owned(), node_id.to_owned()))
             .cloned()
+            .ok_or_else(|| format!("the {side} instance on {node_id} is gone"))
     }
 
     fn has_socket(&self, node_id: &str) -> bool {
@@ -410,9 +412,7 @@ impl Shared {
                 node_id,
                 payload,
             } => {
-                let key = self
-                    .key_of(job_id, node_id)
-                    .ok_or_else(|| format!("the source instance on {node_id} is gone"))?;
+                let key = self.live_key(job_id, node_id, "source")?;
                 let cmd = Command::CutoverReady {
                     migration_id: migration_id.clone(),
                     payload: decode_migration_payload(Some(payload)),
@@ -430,9 +430,7 @@ impl Shared {
                 node_id,
                 payload,
             } => {
-                let key = self
-                    .key_of(job_id, node_id)
-                    .ok_or_else(|| format!("the target instance on {node_id} is gone"))?;
+                let key = self.live_key(job_id, node_id, "target")?;
                 let cmd = Command::CutoverApply {
                     migration_id: migration_id.clone(),
                     payload: decode_migration_payload(Some(payload)),

@@ -32,17 +32,11 @@ fn chaos(addr: &str, args: &[&str]) -> (bool, String) {
     (out.status.success(), text)
 }
 
-#[test]
-fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `manager-sim serve ARGS` and reads the address it prints.
+fn serve(args: &[&str]) -> (Killed, std::net::SocketAddr) {
     let mut child = Command::new(bin())
-        .args([
-            "serve",
-            "--config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml"),
-        ])
-        .arg("--state-dir")
-        .arg(dir.path())
+        .arg("serve")
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -55,7 +49,15 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
         .trim()
         .strip_prefix("manager-sim listening on ")
         .expect(&line);
-    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    (child, addr.parse().unwrap())
+}
+
+#[test]
+fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml");
+    let state_dir = dir.path().to_str().unwrap();
+    let (child, addr) = serve(&["--config", config, "--state-dir", state_dir]);
     assert!(addr.ip().is_loopback());
     let url = format!("http://{addr}");
 
@@ -123,20 +125,7 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
 
 #[test]
 fn without_the_job_socket_migration_behaviours_are_refused() {
-    let mut child = Command::new(bin())
-        .args(["serve", "--no-job-socket"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _child = Killed(child);
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("manager-sim listening on ")
-        .expect(&line);
+    let (_child, addr) = serve(&["--no-job-socket"]);
     let (ok, out) = chaos(
         &format!("http://{addr}"),
         &["migration-behaviour", "b/0/j", "refuse-state"],

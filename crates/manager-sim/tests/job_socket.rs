@@ -219,6 +219,15 @@ impl Rig {
             .unwrap())
     }
 
+    /// Proposes, prepares the target with the source's state, and waits
+    /// until the target is ready.
+    async fn until_target_ready(&mut self, mid: &str, job_id: &str, target: &str) -> Migration {
+        self.get_state(mid, job_id).await;
+        let m = self.until_phase(mid, MigrationPhase::StateReceived).await;
+        self.prepare(mid, target, &m.source_state).await.unwrap();
+        self.until_phase(mid, MigrationPhase::TargetReady).await
+    }
+
     /// Runs a migration to its end, reacting to each phase the way a
     /// controller does; returns the final migration.
     async fn drive(&mut self, mid: &str, job_id: &str, target: &str) -> Migration {
@@ -435,10 +444,7 @@ async fn a_slow_cutover_completes_late_and_a_controller_abort_reaches_the_jobs()
         },
     )
     .await;
-    rig.get_state("m1", &job_id).await;
-    let m = rig.until_phase("m1", MigrationPhase::StateReceived).await;
-    rig.prepare("m1", "dc-b", &m.source_state).await.unwrap();
-    let m = rig.until_phase("m1", MigrationPhase::TargetReady).await;
+    let m = rig.until_target_ready("m1", &job_id, "dc-b").await;
     let m = rig.cutover("m1", &m.target_ready_payload).await.unwrap();
     assert_eq!(phase(&m), MigrationPhase::CuttingOver);
     // The source has not stopped its output yet: the delay is still running.
@@ -457,10 +463,7 @@ async fn a_slow_cutover_completes_late_and_a_controller_abort_reaches_the_jobs()
         },
     )
     .await;
-    rig.get_state("m2", &job_id).await;
-    let m = rig.until_phase("m2", MigrationPhase::StateReceived).await;
-    rig.prepare("m2", "dc-a", &m.source_state).await.unwrap();
-    let m = rig.until_phase("m2", MigrationPhase::TargetReady).await;
+    let m = rig.until_target_ready("m2", &job_id, "dc-a").await;
     rig.cutover("m2", &m.target_ready_payload).await.unwrap();
     let key = rig.agent.instance_key(&job_id, "dc-b").unwrap();
     eventually("the source to be asked to stop", || {
