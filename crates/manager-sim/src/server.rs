@@ -933,9 +933,14 @@ impl Sim {
     ) -> Result<SimHandle, SimError> {
         let agent = crate::SocketAgent::start(job_socket)
             .await
-            .map_err(|e| SimError::Io {
-                what: "starting the job socket listener".to_owned(),
-                source: std::io::Error::other(e),
+            .map_err(|e| match e {
+                crate::socket_agent::SocketAgentError::Config(problems) => {
+                    SimError::Config(crate::config::ConfigError::Invalid(problems))
+                }
+                crate::socket_agent::SocketAgentError::Listener(e) => SimError::Io {
+                    what: "starting the job socket listener".to_owned(),
+                    source: std::io::Error::other(e),
+                },
             })?;
         Sim::start_with_agent(config, agent).await
     }

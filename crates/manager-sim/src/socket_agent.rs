@@ -75,6 +75,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Why the socket agent could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SocketAgentError {
+    /// The `jobSocket:` settings are invalid; every problem is listed.
+    #[error("invalid job socket config:\n  - {}", .0.join("\n  - "))]
+    Config(Vec<String>),
+    /// The listener could not bind.
+    #[error(transparent)]
+    Listener(#[from] ListenerError),
+}
+
 /// A [`crate::JobAgent`] whose jobs speak the real job socket. See the
 /// module docs.
 pub struct SocketAgent {
@@ -112,14 +123,12 @@ struct State {
 }
 
 impl SocketAgent {
-    /// Binds the listener on `127.0.0.1:0` and starts relaying.
-    pub async fn start(config: JobSocketConfig) -> Result<Arc<SocketAgent>, ListenerError> {
+    /// Validates `config`, binds the listener on `127.0.0.1:0` and starts
+    /// relaying.
+    pub async fn start(config: JobSocketConfig) -> Result<Arc<SocketAgent>, SocketAgentError> {
         let problems = config.problems();
         if !problems.is_empty() {
-            tracing::warn!(
-                ?problems,
-                "job socket config has problems; using what is valid"
-            );
+            return Err(SocketAgentError::Config(problems));
         }
         let (listener, events) = JobSocketListener::bind(ListenerConfig::loopback()).await?;
         let shared = Arc::new(Shared {

@@ -643,3 +643,67 @@ async fn after_a_restart_from_the_state_dir_running_jobs_reconnect_and_hand_over
     assert_eq!(phase(&m), MigrationPhase::Completed, "{m:?}");
     rig.one_running_instance_on(&job_id, "dc-b").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_silent_past_the_answer_timeout_is_aborted_for() {
+    let agent = SocketAgent::start(JobSocketConfig {
+        answer_timeout_ms: 200,
+        behaviours: vec![BehaviourRule::new(
+            "b/*",
+            JobBehaviour {
+                cutover_delay_ms: 600_000,
+                ..Default::default()
+            },
+        )],
+    })
+    .await
+    .unwrap();
+    let sim = Sim::start_with_agent(SimConfig::from_yaml(CONFIG).unwrap(), agent.clone())
+        .await
+        .unwrap();
+    let mut rig = Rig {
+        manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
+        admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
+        sim,
+        agent,
+    };
+    let job_id = rig.running_job("b", "dc-a").await;
+    let m = rig.drive("m1", &job_id, "dc-b").await;
+    assert_eq!(phase(&m), MigrationPhase::Aborted, "{m:?}");
+    assert_eq!(m.aborted_by, MigrationParty::Source as i32);
+    assert!(
+        m.abort_reason.contains("did not answer within 200 ms"),
+        "{m:?}"
+    );
+    rig.one_running_instance_on(&job_id, "dc-a").await;
+}
+
+#[tokio::test]
+async fn an_invalid_job_socket_config_is_refused_with_every_problem() {
+    let err = SocketAgent::start(JobSocketConfig {
+        answer_timeout_ms: 0,
+        behaviours: vec![BehaviourRule::new(
+            "",
+            JobBehaviour {
+                cutover_delay_ms: u64::MAX,
+                ..Default::default()
+            },
+        )],
+    })
+    .await
+    .unwrap_err();
+    let text = err.to_string();
+    for needle in ["answerTimeoutMs", "job pattern", "cutoverDelayMs"] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    let err = Sim::start_with_job_socket(
+        SimConfig::from_yaml(CONFIG).unwrap(),
+        JobSocketConfig {
+            answer_timeout_ms: 0,
+            behaviours: Vec::new(),
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(err.to_string().contains("answerTimeoutMs"), "{err}");
+}
