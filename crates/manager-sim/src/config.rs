@@ -482,6 +482,14 @@ pools:
     }
 
     #[test]
+    fn the_handover_example_parses_with_its_behaviours_and_a_pool_without_sockets() {
+        let setup = SimSetup::from_yaml(include_str!("../examples/handover.yaml")).expect("valid");
+        assert_eq!(setup.job_socket.behaviours.len(), 5);
+        assert!(setup.sim.pools.iter().any(|p| !p.job_socket));
+        assert!(setup.sim.pools.iter().any(|p| p.job_socket));
+    }
+
+    #[test]
     fn job_socket_problems_are_listed_with_the_sim_config_ones() {
         let yaml = r"
 jobSocket: {answerTimeoutMs: 0, behaviours: [{job: x, cutoverDelayMs: 999999999}]}

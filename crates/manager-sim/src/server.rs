@@ -921,6 +921,8 @@ impl std::fmt::Debug for SimHandle {
 
 impl Sim {
     /// Binds, loads `state_dir` if any, and serves in the background.
+    /// Migrations are answered in process by [`DefaultAgent`]; see
+    /// [`Sim::start_with_job_socket`] for jobs on the real job socket.
     pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         Sim::start_with_agent(config, Arc::new(DefaultAgent)).await
     }
