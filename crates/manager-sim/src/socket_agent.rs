@@ -38,7 +38,7 @@
 //! whose source or target node lacks the job-socket capability is aborted
 //! by that side: such a job has no listener to talk to.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
@@ -114,8 +114,9 @@ struct Shared {
 
 #[derive(Default)]
 struct State {
-    /// (job id, node id) → the instance's socket key.
-    instances: HashMap<(String, String), InstanceKey>,
+    /// (job id, node id) → the instance's socket key; ordered so one
+    /// job's instances are a range (every job event looks them up).
+    instances: BTreeMap<(String, String), InstanceKey>,
     /// (instance, migration id) → whoever waits for the job's next frame.
     waiters: HashMap<(InstanceKey, String), oneshot::Sender<JobToWorker>>,
     /// Nodes known to lack the job-socket capability.
@@ -258,10 +259,8 @@ impl Shared {
     fn forget_job(&self, job_id: &str, gone: impl Fn(&str) -> bool) {
         let keys: Vec<InstanceKey> = {
             let mut st = lock(&self.state);
-            let dead: Vec<(String, String)> = st
-                .instances
-                .keys()
-                .filter(|(j, n)| j == job_id && gone(n))
+            let dead: Vec<(String, String)> = job_range(&st.instances, job_id)
+                .filter(|(_, n)| gone(n))
                 .cloned()
                 .collect();
             let keys: Vec<InstanceKey> =
@@ -292,7 +291,13 @@ impl Shared {
             // One listener stands in for every node, so an earlier normal
             // instance of the job elsewhere holds the same path: it is gone
             // (the world has one normal instance per job).
-            st.instances.retain(|_, k| *k != key);
+            let stale: Vec<(String, String)> = job_range(&st.instances, job_id)
+                .filter(|id| st.instances.get(*id) == Some(&key))
+                .cloned()
+                .collect();
+            for id in stale {
+                st.instances.remove(&id);
+            }
             st.instances.insert(id, key.clone());
             key
         };
@@ -558,6 +563,17 @@ impl Shared {
             }
         }
     }
+}
+
+/// The (job id, node id) keys of one job's instances.
+fn job_range<'a>(
+    instances: &'a BTreeMap<(String, String), InstanceKey>,
+    job_id: &'a str,
+) -> impl Iterator<Item = &'a (String, String)> + 'a {
+    instances
+        .range((job_id.to_owned(), String::new())..)
+        .map(|(id, _)| id)
+        .take_while(move |(j, _)| j == job_id)
 }
 
 fn no_listener(node_id: &str) -> String {
