@@ -217,7 +217,7 @@ pub(crate) enum Class {
 }
 
 impl Class {
-    fn code(self) -> u8 {
+    pub(crate) fn code(self) -> u8 {
         match self {
             Class::Regular => 0,
             Class::Spare(None) => 1,
@@ -266,7 +266,7 @@ impl NodeState {
     }
 
     /// Indexed in a bucket (ready) rather than in the pending set or nowhere.
-    fn bucketed(&self) -> bool {
+    pub(crate) fn bucketed(&self) -> bool {
         !self.cordoned && self.healthy && self.pending_since.is_none()
     }
 }
@@ -312,12 +312,29 @@ impl PartialEq for Key {
 
 impl Eq for Key {}
 
+/// Free-core classes: 0, 1, 2–3, 4–7, … up to [`MAX_CORES`].
+pub(crate) const CORE_CLASSES: usize = 22;
+
+/// The class of a free-core count: 0 for none, else 1 + ⌊log2⌋.
+pub(crate) fn core_class(cores: u32) -> usize {
+    if cores == 0 {
+        0
+    } else {
+        (32 - cores.leading_zeros()) as usize
+    }
+    .min(CORE_CLASSES - 1)
+}
+
+/// The nodes of one (capability set, zone, class) in a pool. Each is further split by its
+/// free-core class, so a search for `c` cores skips every node with fewer cores wholesale
+/// (except those sharing `c`'s class) instead of stepping over them one by one when cores,
+/// not capacity, run out first.
 #[derive(Debug, Clone)]
 pub(crate) struct Bucket {
     pub capset: CapSetId,
     pub zone: Option<ZoneId>,
     pub class: Class,
-    pub set: BTreeSet<Key>,
+    pub sets: Vec<BTreeSet<Key>>,
 }
 
 #[derive(Debug, Clone)]
@@ -338,9 +355,11 @@ pub(crate) struct PoolState {
     /// Zones a new node may be asked for, in preference order; `[None]` when the pool names none.
     pub provision_zones: Vec<Option<ZoneId>>,
     pub buckets: Vec<Bucket>,
-    bucket_of: HashMap<(CapSetId, Option<ZoneId>, u8), usize>,
+    pub bucket_of: HashMap<(CapSetId, Option<ZoneId>, u8), usize>,
     pub members: BTreeSet<NodeIdx>,
     pub pending: BTreeSet<NodeIdx>,
+    /// Cordoned or unhealthy members: in no bucket and not pending.
+    pub unbucketed: BTreeSet<NodeIdx>,
 }
 
 #[derive(Debug, Clone)]
@@ -567,6 +586,7 @@ impl Engine {
             bucket_of: HashMap::new(),
             members: BTreeSet::new(),
             pending: BTreeSet::new(),
+            unbucketed: BTreeSet::new(),
             spec,
         };
         let pidx = match existing {
@@ -916,6 +936,9 @@ impl Engine {
             return;
         };
         pool.members.insert(idx);
+        if !pending && !bucketed {
+            pool.unbucketed.insert(idx);
+        }
         if pending {
             pool.pending.insert(idx);
         }
@@ -927,15 +950,19 @@ impl Engine {
                         capset,
                         zone,
                         class,
-                        set: BTreeSet::new(),
+                        sets: vec![BTreeSet::new(); CORE_CLASSES],
                     });
                     let b = pool.buckets.len() - 1;
                     pool.bucket_of.insert(bucket_key, b);
                     b
                 }
             };
-            if let Some(bucket) = pool.buckets.get_mut(b) {
-                bucket.set.insert(key);
+            if let Some(set) = pool
+                .buckets
+                .get_mut(b)
+                .and_then(|bk| bk.sets.get_mut(core_class(key.cores)))
+            {
+                set.insert(key);
             }
         }
     }
@@ -951,10 +978,14 @@ impl Engine {
         };
         pool.members.remove(&idx);
         pool.pending.remove(&idx);
+        pool.unbucketed.remove(&idx);
         if let Some(&b) = pool.bucket_of.get(&bucket_key)
-            && let Some(bucket) = pool.buckets.get_mut(b)
+            && let Some(set) = pool
+                .buckets
+                .get_mut(b)
+                .and_then(|bk| bk.sets.get_mut(core_class(key.cores)))
         {
-            bucket.set.remove(&key);
+            set.remove(&key);
         }
     }
 }

@@ -4,9 +4,10 @@
 //! the speedup.
 
 use crate::decision::Decision;
+use crate::decision::RejectReason;
 use crate::engine::{Engine, NodeIdx, VIRTUAL};
 use crate::model::PlacementRequest;
-use crate::search::{Cand, Check, Query, Readiness, Searcher, check_node, consider};
+use crate::search::{Cand, Check, Counts, Query, Readiness, Searcher, check_node, consider};
 
 pub(crate) struct FullScan;
 
@@ -27,6 +28,19 @@ impl Searcher for FullScan {
             consider(e, q.strategy, &mut best, c);
         }
         best
+    }
+
+    fn diagnose(&self, e: &Engine, q: &Query<'_>) -> Counts {
+        let mut counts: Counts = [0; RejectReason::ALL.len()];
+        for (i, slot) in e.nodes.iter().enumerate() {
+            if slot.is_some()
+                && let Check::Reject(r) = check_node(e, q, i as NodeIdx)
+                && let Some(c) = counts.get_mut(r.index())
+            {
+                *c += 1;
+            }
+        }
+        counts
     }
 }
 

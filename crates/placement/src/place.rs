@@ -14,8 +14,7 @@ use crate::engine::{
 };
 use crate::model::{PlacementRequest, Strength};
 use crate::search::{
-    Cand, Check, Cons, Need, Overlay, Query, Readiness, Rule, Searcher, VirtualNode, check_node,
-    name_of, tiers,
+    Cand, Cons, Need, Overlay, Query, Readiness, Rule, Searcher, VirtualNode, name_of, tiers,
 };
 use crate::validate::rule_conflict;
 
@@ -222,7 +221,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
                 None => PoolLeftReason::NoInstanceTypeFits,
             }
         };
-        let rejections = diagnose(e, req, &prepared, pidx, &failure, now);
+        let rejections = diagnose(e, s, req, &prepared, pidx, &failure, now);
         let dominant = rejections
             .iter()
             .max_by(|a, b| a.count.cmp(&b.count).then(b.reason.cmp(&a.reason)));
@@ -928,8 +927,9 @@ fn provision<S: Searcher>(
 
 /// Counts, for the group that did not fit, every node of the pool under its first rejection
 /// reason.
-fn diagnose(
+fn diagnose<S: Searcher>(
     e: &Engine,
+    s: &S,
     req: &PlacementRequest,
     p: &Prepared,
     pool: PoolIdx,
@@ -951,14 +951,7 @@ fn diagnose(
         now,
         kind: req.kind,
     };
-    let mut counts = [0u64; RejectReason::ALL.len()];
-    for &m in &state.members {
-        if let Check::Reject(r) = check_node(e, &q, m)
-            && let Some(c) = counts.get_mut(r.index())
-        {
-            *c += 1;
-        }
-    }
+    let counts = s.diagnose(e, &q);
     RejectReason::ALL
         .iter()
         .zip(counts)

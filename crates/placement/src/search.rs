@@ -7,7 +7,8 @@
 
 use crate::decision::RejectReason;
 use crate::engine::{
-    CapSetId, Class, Engine, Key, NodeIdx, PoolIdx, VIRTUAL, VIRTUAL_NAME, ZoneId, is_subset,
+    CapSetId, Class, Engine, Key, NodeIdx, PoolIdx, VIRTUAL, VIRTUAL_NAME, ZoneId, core_class,
+    is_subset,
 };
 use crate::model::{PackingStrategy, PlacementKind, PriorityBand};
 
@@ -39,6 +40,16 @@ pub(crate) struct Rule {
 }
 
 impl Rule {
+    /// For a node not named by any rule nor used by the overlay: the rule's verdict is the
+    /// same for every such node of a bucket.
+    fn uniform_ok(&self, zone: Option<ZoneId>) -> bool {
+        match &self.cons {
+            Cons::NodeIn(_) => false,
+            Cons::NodeNotIn(_) => true,
+            Cons::ZoneIn(_) | Cons::ZoneNotIn(_) => self.zone_ok(zone),
+        }
+    }
+
     fn node_ok(&self, idx: NodeIdx, zone: Option<ZoneId>) -> bool {
         match &self.cons {
             Cons::NodeIn(v) => v.contains(&idx),
@@ -263,8 +274,15 @@ pub(crate) fn consider(e: &Engine, strategy: PackingStrategy, best: &mut Option<
     }
 }
 
+/// Per-[`RejectReason`] counts, indexed by [`RejectReason::index`].
+pub(crate) type Counts = [u64; RejectReason::ALL.len()];
+
 pub(crate) trait Searcher {
+    /// The best qualifying node for the query.
     fn best(&self, e: &Engine, q: &Query<'_>) -> Option<Cand>;
+    /// Every node of the query's pool under the first reason it is rejected for (the query
+    /// has `tier: None`, `readiness: Any`, and no node of the pool qualifies).
+    fn diagnose(&self, e: &Engine, q: &Query<'_>) -> Counts;
 }
 
 /// The indexed searcher the engine uses.
@@ -315,38 +333,43 @@ impl Searcher for Fast {
                 free: k.free,
                 cores: k.cores,
             };
-            match q.strategy {
-                PackingStrategy::Binpack => {
-                    let probe = Key {
-                        free: q.need.cap,
-                        cores: 0,
-                        name: e.probe_name.clone(),
-                        rev: false,
-                        idx: 0,
-                    };
-                    for k in bucket.set.range(probe..) {
-                        let c = as_cand(k);
-                        if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
-                            break;
-                        }
-                        if usable(k) {
-                            best = Some(c);
-                            break;
+            for set in bucket.sets.iter().skip(core_class(q.need.cores)) {
+                if set.is_empty() {
+                    continue;
+                }
+                match q.strategy {
+                    PackingStrategy::Binpack => {
+                        let probe = Key {
+                            free: q.need.cap,
+                            cores: 0,
+                            name: e.probe_name.clone(),
+                            rev: false,
+                            idx: 0,
+                        };
+                        for k in set.range(probe..) {
+                            let c = as_cand(k);
+                            if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
+                                break;
+                            }
+                            if usable(k) {
+                                best = Some(c);
+                                break;
+                            }
                         }
                     }
-                }
-                PackingStrategy::Spread => {
-                    for k in bucket.set.iter().rev() {
-                        if k.free < q.need.cap {
-                            break;
-                        }
-                        let c = as_cand(k);
-                        if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
-                            break;
-                        }
-                        if usable(k) {
-                            best = Some(c);
-                            break;
+                    PackingStrategy::Spread => {
+                        for k in set.iter().rev() {
+                            if k.free < q.need.cap {
+                                break;
+                            }
+                            let c = as_cand(k);
+                            if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
+                                break;
+                            }
+                            if usable(k) {
+                                best = Some(c);
+                                break;
+                            }
                         }
                     }
                 }
@@ -360,5 +383,90 @@ impl Searcher for Fast {
             check(&mut best, VIRTUAL);
         }
         best
+    }
+
+    /// Counts without visiting every node: a bucket whose class, capabilities or zone rules
+    /// reject it is counted whole; in the others only nodes with enough capacity are visited
+    /// (they can only lack cores, since nothing qualifies), the rest lack capacity. Nodes named
+    /// by a rule or used by the overlay, and nodes outside the buckets, are checked one by one.
+    fn diagnose(&self, e: &Engine, q: &Query<'_>) -> Counts {
+        let mut counts: Counts = [0; RejectReason::ALL.len()];
+        let Some(pool) = e.pool(q.pool) else {
+            return counts;
+        };
+        let mut add = |r: RejectReason, n: u64| {
+            if let Some(c) = counts.get_mut(r.index()) {
+                *c += n;
+            }
+        };
+        let mut special: Vec<NodeIdx> = q.overlay.entries.iter().map(|x| x.0).collect();
+        for r in q.rules {
+            if let Cons::NodeIn(v) | Cons::NodeNotIn(v) = &r.cons {
+                special.extend(v.iter().copied());
+            }
+        }
+        special.retain(|&i| i != VIRTUAL);
+        special.sort_unstable();
+        special.dedup();
+        let mut special_at: Vec<(usize, usize)> = Vec::new();
+        for &m in &special {
+            if let Check::Reject(r) = check_node(e, q, m) {
+                add(r, 1);
+            }
+            if let Some(n) = e.node(m)
+                && n.pool == Some(q.pool)
+                && n.bucketed()
+                && let Some(&b) = pool.bucket_of.get(&(n.capset, n.zone, n.class().code()))
+            {
+                special_at.push((b, core_class(n.free_cores())));
+            }
+        }
+        for &m in pool.unbucketed.iter().chain(&pool.pending) {
+            if special.binary_search(&m).is_err()
+                && let Check::Reject(r) = check_node(e, q, m)
+            {
+                add(r, 1);
+            }
+        }
+        for (bi, bucket) in pool.buckets.iter().enumerate() {
+            let whole = if let Err(r) = class_allowed(q.kind, q.need.band, bucket.class) {
+                Some(r)
+            } else if q.need.caps_unknown || !is_subset(&q.need.caps, e.capset_bits(bucket.capset))
+            {
+                Some(RejectReason::MissingCapability)
+            } else {
+                q.rules
+                    .iter()
+                    .find(|r| !r.uniform_ok(bucket.zone))
+                    .map(|r| r.reason)
+            };
+            for (cc, set) in bucket.sets.iter().enumerate() {
+                let here = special_at.iter().filter(|p| **p == (bi, cc)).count();
+                let uniform = set.len().saturating_sub(here) as u64;
+                if uniform == 0 {
+                    continue;
+                }
+                if let Some(r) = whole {
+                    add(r, uniform);
+                    continue;
+                }
+                let (mut enough_cap, mut short_cores) = (0u64, 0u64);
+                for k in set.iter().rev().take_while(|k| k.free >= q.need.cap) {
+                    if special.binary_search(&k.idx).is_ok() {
+                        continue;
+                    }
+                    enough_cap += 1;
+                    if k.cores < q.need.cores {
+                        short_cores += 1;
+                    }
+                }
+                add(RejectReason::InsufficientCores, short_cores);
+                add(
+                    RejectReason::InsufficientCapacity,
+                    uniform.saturating_sub(enough_cap),
+                );
+            }
+        }
+        counts
     }
 }
