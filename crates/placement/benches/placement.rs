@@ -160,6 +160,7 @@ fn bundle(rng: &mut Rng, i: usize) -> BundleSpec {
     }
 }
 
+#[derive(Clone, Copy)]
 struct WaveResult {
     nodes: usize,
     jobs_placed: u64,
@@ -216,7 +217,8 @@ fn wave(nodes: usize, naive_every: usize) -> WaveResult {
         }
     }
     eprintln!(
-        "{nodes} nodes: placed/provision/unplaceable replicas = {outcomes:?} spilled {spill:?} of {fast_time:?}"
+        "{nodes} nodes: replicas placed/provision/unplaceable = {outcomes:?}; {} spilled or unplaced, taking {:?} of {fast_time:?}",
+        spill.0, spill.1
     );
     WaveResult {
         nodes,
@@ -299,7 +301,16 @@ fn main() {
     let mut per_job = Vec::new();
     let mut last = None;
     for nodes in [1_000, 5_000, 10_000] {
-        let r = wave(nodes, 40);
+        // Best of three: the machine is shared, and noise only ever slows a run down.
+        let runs: Vec<WaveResult> = (0..3).map(|_| wave(nodes, 40)).collect();
+        let fastest = |f: fn(&WaveResult) -> Duration| runs.iter().map(f).min().unwrap_or_default();
+        let (fast_time, naive_time) = (fastest(|r| r.fast_time), fastest(|r| r.naive_time));
+        let Some(first) = runs.first() else { continue };
+        let r = WaveResult {
+            fast_time,
+            naive_time,
+            ..*first
+        };
         let rate = per_s(r.jobs_placed, r.fast_time);
         let naive = per_s(r.naive_jobs, r.naive_time);
         let us = r.fast_time.as_secs_f64() * 1e6 / r.jobs_placed.max(1) as f64;

@@ -812,7 +812,7 @@ fn attempt<S: Searcher>(
         let tier_list = tiers(req.kind, g.need.band);
         let find = |rules: &[Rule], overlay: &Overlay| -> Option<Landing> {
             for readiness in [Readiness::Ready, Readiness::Pending] {
-                for tier in &tier_list {
+                for tier in tier_list {
                     let q = Query {
                         pool,
                         strategy,

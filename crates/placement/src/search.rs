@@ -164,18 +164,16 @@ pub(crate) fn class_allowed(
 /// Tiers in preference order: gold recovery takes its band's spares, then shared spares, then
 /// ordinary nodes; other recoveries take ordinary nodes before any spare; first placements
 /// never take spares.
-pub(crate) fn tiers(kind: PlacementKind, band: PriorityBand) -> Vec<Vec<Class>> {
+pub(crate) fn tiers(kind: PlacementKind, band: PriorityBand) -> &'static [&'static [Class]] {
+    const GOLD: Class = Class::Spare(Some(PriorityBand::Gold));
+    const SILVER: Class = Class::Spare(Some(PriorityBand::Silver));
+    const BRONZE: Class = Class::Spare(Some(PriorityBand::Bronze));
+    const SHARED: Class = Class::Spare(None);
     match (kind, band) {
-        (PlacementKind::First, _) => vec![vec![Class::Regular]],
-        (PlacementKind::Recovery, PriorityBand::Gold) => vec![
-            vec![Class::Spare(Some(PriorityBand::Gold))],
-            vec![Class::Spare(None)],
-            vec![Class::Regular],
-        ],
-        (PlacementKind::Recovery, b) => vec![
-            vec![Class::Regular],
-            vec![Class::Spare(Some(b)), Class::Spare(None)],
-        ],
+        (PlacementKind::First, _) => &[&[Class::Regular]],
+        (PlacementKind::Recovery, PriorityBand::Gold) => &[&[GOLD], &[SHARED], &[Class::Regular]],
+        (PlacementKind::Recovery, PriorityBand::Silver) => &[&[Class::Regular], &[SILVER, SHARED]],
+        (PlacementKind::Recovery, PriorityBand::Bronze) => &[&[Class::Regular], &[BRONZE, SHARED]],
     }
 }
 
