@@ -26,7 +26,11 @@ pub enum HealthChange {
 
 impl NodeHealth {
     pub fn new(threshold: u32, window: Duration) -> Self {
-        NodeHealth { threshold: threshold.max(1), window, rejections: HashMap::new() }
+        NodeHealth {
+            threshold: threshold.max(1),
+            window,
+            rejections: HashMap::new(),
+        }
     }
 
     fn prune(&mut self, now: DateTime<Utc>) {
@@ -49,12 +53,18 @@ impl NodeHealth {
         while q.len() > self.threshold as usize {
             q.pop_front();
         }
-        if !was && self.is_unhealthy(node) { HealthChange::BecameUnhealthy } else { HealthChange::Unchanged }
+        if !was && self.is_unhealthy(node) {
+            HealthChange::BecameUnhealthy
+        } else {
+            HealthChange::Unchanged
+        }
     }
 
     /// Rejections of `node` in the current window.
     pub fn count(&self, node: &str) -> u32 {
-        self.rejections.get(node).map_or(0, |q| u32::try_from(q.len()).unwrap_or(u32::MAX))
+        self.rejections
+            .get(node)
+            .map_or(0, |q| u32::try_from(q.len()).unwrap_or(u32::MAX))
     }
 
     pub fn is_unhealthy(&self, node: &str) -> bool {
@@ -64,7 +74,12 @@ impl NodeHealth {
     /// Nodes unhealthy now, after dropping rejections older than the window.
     pub fn unhealthy_nodes(&mut self, now: DateTime<Utc>) -> Vec<String> {
         self.prune(now);
-        let mut v: Vec<String> = self.rejections.keys().filter(|n| self.is_unhealthy(n)).cloned().collect();
+        let mut v: Vec<String> = self
+            .rejections
+            .keys()
+            .filter(|n| self.is_unhealthy(n))
+            .cloned()
+            .collect();
         v.sort();
         v
     }
@@ -88,7 +103,10 @@ mod tests {
         let mut h = NodeHealth::new(3, Duration::from_secs(60));
         assert_eq!(h.record_rejection("n1", t(0)), HealthChange::Unchanged);
         assert_eq!(h.record_rejection("n1", t(10)), HealthChange::Unchanged);
-        assert_eq!(h.record_rejection("n1", t(20)), HealthChange::BecameUnhealthy);
+        assert_eq!(
+            h.record_rejection("n1", t(20)),
+            HealthChange::BecameUnhealthy
+        );
         assert!(h.is_unhealthy("n1"));
         assert!(!h.is_unhealthy("n2"));
     }

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{Bundle, ManagerNode, PlacementPool};
+use automanager_api::{Bundle, HotSpareTarget, ManagerNode, PlacementPool};
 use automanager_placement as pl;
 use futures::StreamExt;
 use kube::Api;
@@ -200,6 +200,25 @@ pub async fn run_controllers(
     )
     .for_each(|_| futures::future::ready(()));
 
+    let spares_on_change =
+        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
+    let created = Arc::new(controllers::hotspare::Created::default());
+    let spare_controller = Controller::new(
+        Api::<HotSpareTarget>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
+    .reconcile_all_on(spares_on_change)
+    .graceful_shutdown_on(shutdown.clone())
+    .run(
+        move |t: Arc<HotSpareTarget>, ctx: Arc<Context>| {
+            controllers::hotspare::reconcile(t, ctx, created.clone())
+        },
+        controllers::hotspare::error_policy,
+        ctx.clone(),
+    )
+    .for_each(|_| futures::future::ready(()));
+
     let pump = tokio::spawn(run_mirror_pump(ctx.clone(), ref_tx, wake_tx));
     let node_sync = tokio::spawn(controllers::node::run_mirror_sync(
         ctx.clone(),
@@ -207,7 +226,12 @@ pub async fn run_controllers(
         wake_rx,
     ));
     let connection = tokio::spawn(watch_connection(ctx.clone()));
-    tokio::join!(bundle_controller, pool_controller, node_controller);
+    tokio::join!(
+        bundle_controller,
+        pool_controller,
+        node_controller,
+        spare_controller
+    );
     pump.abort();
     node_sync.abort();
     connection.abort();
@@ -240,7 +264,7 @@ impl crate::http::DebugApi for DebugState {
             "namespace": namespace,
             "bundle": bundle,
             "bundleId": mapping::bundle_id(namespace, bundle),
-            "replicas": per_replica.iter().map(|(r, t)| serde_json::json!({"replica": r, "decision": t})).collect::<Vec<_>>(),
+            "replicas": per_replica.iter().map(|(r, t)| serde_json::json!({"replica": r, "decidedAt": t.at, "recovery": t.recovery, "decision": t.decision})).collect::<Vec<_>>(),
         }))
     }
 

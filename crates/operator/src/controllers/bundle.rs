@@ -583,7 +583,14 @@ async fn reconcile_replica(
     ctx.traces()
         .entry((bundle.namespace().unwrap_or_default(), bundle.name_any()))
         .or_default()
-        .insert(r, serde_json::to_value(&decision).unwrap_or_default());
+        .insert(
+            r,
+            super::LastDecision {
+                decision: decision.clone(),
+                recovery,
+                at: now,
+            },
+        );
 
     match &decision.outcome {
         pl::Outcome::Placed { pool, assignments } => {
@@ -847,6 +854,11 @@ fn build_status(
             .find(|x| x.replica == r as i32)
             .and_then(|x| x.jobs.iter().find(|j| j.job_name == name))
     };
+    let remembered: BTreeMap<u32, super::LastDecision> = ctx
+        .traces()
+        .get(&(bundle.namespace().unwrap_or_default(), bundle.name_any()))
+        .cloned()
+        .unwrap_or_default();
     let mut status = BundleStatus {
         last_retry: retry.or_else(|| prev.last_retry.clone()),
         conditions: prev.conditions.clone(),
@@ -879,12 +891,28 @@ fn build_status(
                     state = JobState::Provisioning;
                 }
             }
+            let previous = prev_job(r, &j.job_name).and_then(|p| p.last_placement.clone());
             let last_placement = match decision {
                 Some((d, recovery)) if d.trace_touches(&j.job_name) => {
                     let node = d.node_for(&j.job_name);
                     Some(mapping::trace_summary(&d.summary(), *recovery, now, node))
                 }
-                _ => prev_job(r, &j.job_name).and_then(|p| p.last_placement.clone()),
+                // A decision made in a pass whose status write was coalesced.
+                _ => match remembered.get(&r) {
+                    Some(last)
+                        if last.decision.trace_touches(&j.job_name)
+                            && previous.as_ref().is_none_or(|p| p.decided_at < last.at) =>
+                    {
+                        let node = last.decision.node_for(&j.job_name);
+                        Some(mapping::trace_summary(
+                            &last.decision.summary(),
+                            last.recovery,
+                            last.at,
+                            node,
+                        ))
+                    }
+                    _ => previous,
+                },
             };
             let (pool, zone) = ctx.manager.mirror().read(|m| {
                 m.nodes

@@ -5,6 +5,7 @@
 //! (status with server-side apply, Events, metrics).
 
 pub mod bundle;
+pub mod hotspare;
 pub mod node;
 pub mod pool;
 
@@ -22,6 +23,15 @@ use crate::ledger::RestartLedger;
 use crate::metrics::Metrics;
 use crate::model::ClusterModel;
 use crate::settings::Settings;
+
+/// The last placement decision for one replica of a bundle: the full trace for
+/// `/debug/trace`, and what status summarises (also when the status write was coalesced).
+#[derive(Debug, Clone)]
+pub struct LastDecision {
+    pub decision: automanager_placement::Decision,
+    pub recovery: bool,
+    pub at: chrono::DateTime<chrono::Utc>,
+}
 
 /// Why a reconcile failed. Variant names show up in logs and in the reconcile metric's label.
 #[derive(Debug, thiserror::Error)]
@@ -62,7 +72,7 @@ pub struct Context {
     pub ledger: Mutex<RestartLedger>,
     pub health: Mutex<NodeHealth>,
     /// The full placement trace of each bundle's last decision per replica, for `/debug/trace`.
-    pub traces: Mutex<HashMap<(String, String), BTreeMap<u32, serde_json::Value>>>,
+    pub traces: Mutex<HashMap<(String, String), BTreeMap<u32, LastDecision>>>,
     /// Job ids of bronze jobs dropped after a failure (they stay down until a retry or a spec change).
     pub dropped: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
     /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
@@ -116,9 +126,7 @@ impl Context {
     pub fn health(&self) -> MutexGuard<'_, NodeHealth> {
         self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn traces(
-        &self,
-    ) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, serde_json::Value>>> {
+    pub fn traces(&self) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, LastDecision>>> {
         self.traces.lock().unwrap_or_else(|e| e.into_inner())
     }
     pub fn dropped(&self) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {

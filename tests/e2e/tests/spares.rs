@@ -1,0 +1,250 @@
+//! Hot spares end to end: real apiserver, manager-sim and the operator binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use automanager_e2e::examples_dir;
+use automanager_e2e::stack::Stack;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+fn spare_target(
+    name: &str,
+    pool: &str,
+    count: u32,
+    band: Option<&str>,
+    instance_type: &str,
+    region: &str,
+) -> String {
+    let band = band
+        .map(|b| format!("  forBand: {b}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: HotSpareTarget\nmetadata: {{name: {name}}}\nspec:\n  pool: {pool}\n  targetCount: {count}\n{band}  spec: {{instanceType: {instance_type}, region: {region}}}\n"
+    )
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+async fn start() -> Stack {
+    let stack = Stack::start().await.expect("stack");
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    stack
+}
+
+async fn apply(stack: &Stack, yaml: &str) {
+    let out = stack.env.apply_yaml(yaml).await.unwrap();
+    assert!(out.success(), "apply failed: {}", out.stderr);
+}
+
+/// Spare ManagerNodes of `pool` that are started and hold no job.
+async fn live_spare_nodes(stack: &Stack, pool: &str) -> Vec<String> {
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["status"]["pool"] == pool
+                && n["status"]["spare"] == true
+                && n["status"]["state"] == "started"
+        })
+        .filter_map(|n| n["status"]["nodeId"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test]
+async fn spares_are_provisioned_to_target_and_the_oldest_excess_is_terminated() {
+    let stack = start().await;
+    apply(
+        &stack,
+        &spare_target("east", "aws-east", 2, None, "m5.xlarge", "eu-west-1"),
+    )
+    .await;
+    let t = stack
+        .wait_for("two live spares", WAIT, || async {
+            let t = stack.get_json(&["hotsparetarget", "east"]).await?;
+            Ok((t["status"]["liveSpares"] == 2).then_some(t))
+        })
+        .await
+        .unwrap();
+    assert_eq!(condition(&t, "SpareUnderflow")["status"], "False", "{t:#}");
+    stack
+        .wait_for(
+            "two spare ManagerNodes and the pool's figures",
+            WAIT,
+            || async {
+                let pool = stack.get_json(&["placementpool", "aws-east"]).await?;
+                let ok = live_spare_nodes(&stack, "aws-east").await.len() == 2
+                    && pool["status"]["liveSpares"] == 2
+                    && pool["status"]["spareTarget"] == 2;
+                Ok(ok.then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    let mut before = live_spare_nodes(&stack, "aws-east").await;
+    before.sort();
+
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "hotsparetarget",
+            "east",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"targetCount":1}}"#,
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    stack
+        .wait_for("one live spare", WAIT, || async {
+            let live = live_spare_nodes(&stack, "aws-east").await;
+            Ok((live.len() == 1).then_some(live))
+        })
+        .await
+        .unwrap();
+    // The sim numbers nodes in creation order: the older (first) spare went.
+    let after = live_spare_nodes(&stack, "aws-east").await;
+    assert_eq!(
+        after,
+        vec![before[1].clone()],
+        "the oldest excess spare is the one terminated"
+    );
+}
+
+#[tokio::test]
+async fn a_gold_recovery_takes_a_spare_which_is_then_replaced() {
+    let stack = start().await;
+    apply(
+        &stack,
+        &spare_target(
+            "gold-east",
+            "aws-east",
+            1,
+            Some("gold"),
+            "m5.xlarge",
+            "eu-west-1",
+        ),
+    )
+    .await;
+    stack
+        .wait_for("one live gold spare", WAIT, || async {
+            let t = stack.get_json(&["hotsparetarget", "gold-east"]).await?;
+            Ok((t["status"]["liveSpares"] == 1).then_some(()))
+        })
+        .await
+        .unwrap();
+    let spare = live_spare_nodes(&stack, "aws-east")
+        .await
+        .pop()
+        .expect("a spare");
+
+    // A first placement never lands on a spare: the gold job gets an ordinary node.
+    apply(
+        &stack,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: news, namespace: default}\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {requiredCapacity: 20, requiredCores: 2, priorityBand: gold}\n",
+    )
+    .await;
+    let b = stack
+        .wait_bundle_phase("default", "news", "Ready", WAIT)
+        .await
+        .unwrap();
+    let first = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(first, spare, "first placements must not use spares");
+
+    // Its node dies: gold recovery prefers the hot spare.
+    stack.chaos(&["kill-node", &first]).unwrap();
+    let b = stack
+        .wait_for("gold job restarted on the spare", WAIT, || async {
+            let b = stack.get_json(&["bundle", "news", "-n", "default"]).await?;
+            let j = &b["status"]["replicas"][0]["jobs"][0];
+            Ok((j["state"] == "running" && j["nodeId"] != first.as_str()).then_some(b))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        b["status"]["replicas"][0]["jobs"][0]["nodeId"],
+        spare.as_str(),
+        "{b:#}"
+    );
+    assert_eq!(
+        b["status"]["replicas"][0]["jobs"][0]["lastPlacement"]["recovery"],
+        true
+    );
+
+    // The spare that took the job is no longer a spare: a replacement comes up.
+    stack
+        .wait_for("a replacement spare", WAIT, || async {
+            let live = live_spare_nodes(&stack, "aws-east").await;
+            Ok((live.len() == 1 && live[0] != spare).then_some(()))
+        })
+        .await
+        .unwrap();
+    let events = stack
+        .env
+        .run_kubectl(["get", "events", "-A", "-o", "custom-columns=REASON:.reason"])
+        .await
+        .unwrap();
+    assert!(
+        events.stdout.contains("SpareUnderflow") || events.stdout.contains("ProvisioningSpare"),
+        "{}",
+        events.stdout
+    );
+}
+
+#[tokio::test]
+async fn a_fixed_pool_only_reports_underflow() {
+    let stack = start().await;
+    apply(
+        &stack,
+        &spare_target("onprem-spares", "onprem", 1, None, "r740", "oslo-dc1"),
+    )
+    .await;
+    let t = stack
+        .wait_for("underflow reported", WAIT, || async {
+            let t = stack.get_json(&["hotsparetarget", "onprem-spares"]).await?;
+            Ok((condition(&t, "SpareUnderflow")["status"] == "True").then_some(t))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        t["status"]["pendingSpares"], 0,
+        "a fixed pool never provisions: {t:#}"
+    );
+    assert!(t["status"]["underflowSince"].is_string());
+    let msg = condition(&t, "SpareUnderflow")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        msg.contains("onprem") && msg.contains('0') && msg.contains('1'),
+        "pool, current and target in: {msg}"
+    );
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    let onprem = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["status"]["pool"] == "onprem")
+        .count();
+    assert_eq!(onprem, 3, "no node was created in the fixed pool");
+}
