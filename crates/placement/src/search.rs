@@ -335,6 +335,20 @@ impl Searcher for Fast {
                 if set.is_empty() {
                     continue;
                 }
+                // Keys come best first; the first usable one is this set's best, and once a
+                // key is no better than the best so far no later key of the set can be.
+                let mut scan = |keys: &mut dyn Iterator<Item = &Key>| {
+                    for k in keys {
+                        let c = as_cand(k);
+                        if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
+                            break;
+                        }
+                        if usable(k) {
+                            best = Some(c);
+                            break;
+                        }
+                    }
+                };
                 match q.strategy {
                     PackingStrategy::Binpack => {
                         let probe = Key {
@@ -344,31 +358,10 @@ impl Searcher for Fast {
                             rev: false,
                             idx: 0,
                         };
-                        for k in set.range(probe..) {
-                            let c = as_cand(k);
-                            if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
-                                break;
-                            }
-                            if usable(k) {
-                                best = Some(c);
-                                break;
-                            }
-                        }
+                        scan(&mut set.range(probe..));
                     }
                     PackingStrategy::Spread => {
-                        for k in set.iter().rev() {
-                            if k.free < q.need.cap {
-                                break;
-                            }
-                            let c = as_cand(k);
-                            if best.as_ref().is_some_and(|b| !better(e, q.strategy, &c, b)) {
-                                break;
-                            }
-                            if usable(k) {
-                                best = Some(c);
-                                break;
-                            }
-                        }
+                        scan(&mut set.iter().rev().take_while(|k| k.free >= q.need.cap));
                     }
                 }
             }
