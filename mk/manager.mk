@@ -1,12 +1,17 @@
 # Manager gRPC API, manager-sim and manager-client (issue 6).
 
-.PHONY: test-manager test-sim-socket bench-manager manager-sim lint-manager
+.PHONY: test-manager test-sim-socket bench-sim-socket bench-manager manager-sim lint-manager
 
 test-manager: ## test manager-proto, manager-sim and manager-client (loopback, property tests)
 	cargo test -p manager-proto -p manager-sim -p manager-client
 
 test-sim-socket: ## handovers through manager-sim over gRPC and the real job socket (refuse, abort, slow cutover, failed participant)
 	cargo test -p manager-sim --test job_socket
+
+bench-sim-socket: ## handover latency through manager-sim over the real job socket vs in process; prints one summary line
+	@log=$$(mktemp); \
+	if cargo bench -q -p manager-sim --bench handover 2>"$$log" | grep '^sim-socket '; then rm -f "$$log"; \
+	else cat "$$log" >&2; rm -f "$$log"; exit 1; fi
 
 bench-manager: ## mirror ingest, 10k-node sync and StartJob rate over loopback; prints one summary line
 	@log=$$(mktemp); \
