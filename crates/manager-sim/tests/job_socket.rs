@@ -59,16 +59,17 @@ async fn rig(rules: Vec<BehaviourRule>) -> Rig {
     .await
     .unwrap();
     assert!(agent.listener_addr().ip().is_loopback());
-    let sim = Sim::start_with_agent(SimConfig::from_yaml(CONFIG).unwrap(), agent.clone())
-        .await
-        .unwrap();
-    let manager = ManagerClient::connect(sim.endpoint()).await.unwrap();
-    let admin = SimAdminClient::connect(sim.endpoint()).await.unwrap();
+    connect(SimConfig::from_yaml(CONFIG).unwrap(), agent).await
+}
+
+/// A sim with `config` whose jobs are on `agent`'s socket, and clients.
+async fn connect(config: SimConfig, agent: Arc<SocketAgent>) -> Rig {
+    let sim = Sim::start_with_agent(config, agent.clone()).await.unwrap();
     Rig {
+        manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
+        admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
         sim,
         agent,
-        manager,
-        admin,
     }
 }
 
@@ -608,15 +609,7 @@ async fn after_a_restart_from_the_state_dir_running_jobs_reconnect_and_hand_over
         let agent = SocketAgent::start(JobSocketConfig::default())
             .await
             .unwrap();
-        let sim = Sim::start_with_agent(config.clone(), agent.clone())
-            .await
-            .unwrap();
-        let mut rig = Rig {
-            manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
-            admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
-            sim,
-            agent,
-        };
+        let mut rig = connect(config.clone(), agent).await;
         let job_id = rig.running_job("b", "dc-a").await;
         rig.sim.shutdown().await;
         job_id
@@ -625,13 +618,7 @@ async fn after_a_restart_from_the_state_dir_running_jobs_reconnect_and_hand_over
     let agent = SocketAgent::start(JobSocketConfig::default())
         .await
         .unwrap();
-    let sim = Sim::start_with_agent(config, agent.clone()).await.unwrap();
-    let mut rig = Rig {
-        manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
-        admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
-        sim,
-        agent,
-    };
+    let mut rig = connect(config, agent).await;
     eventually("the restored job to connect", || {
         rig.agent
             .instance_status(&job_id, "normal")
@@ -658,15 +645,7 @@ async fn a_job_silent_past_the_answer_timeout_is_aborted_for() {
     })
     .await
     .unwrap();
-    let sim = Sim::start_with_agent(SimConfig::from_yaml(CONFIG).unwrap(), agent.clone())
-        .await
-        .unwrap();
-    let mut rig = Rig {
-        manager: ManagerClient::connect(sim.endpoint()).await.unwrap(),
-        admin: SimAdminClient::connect(sim.endpoint()).await.unwrap(),
-        sim,
-        agent,
-    };
+    let mut rig = connect(SimConfig::from_yaml(CONFIG).unwrap(), agent).await;
     let job_id = rig.running_job("b", "dc-a").await;
     let m = rig.drive("m1", &job_id, "dc-b").await;
     assert_eq!(phase(&m), MigrationPhase::Aborted, "{m:?}");
