@@ -2,8 +2,9 @@
 //!
 //! Decides where every job runs. Pure: no I/O, no async, no clock, no Kubernetes or gRPC
 //! types, and no dependency on any other crate of this workspace; the operator maps its CRDs
-//! and the Manager mirror into this crate's [`model`]. The same inputs always give the same
-//! decision. Semantics for users are in `docs/placement.md`; this page is for callers.
+//! and the Manager mirror into this crate's input types ([`ClusterSnapshot`],
+//! [`PlacementRequest`], [`BundleSpec`]). The same inputs always give the same decision.
+//! Semantics for users are in `docs/placement.md`; this page is for callers.
 //!
 //! ## Using it
 //!
@@ -84,11 +85,18 @@
 //!
 //! ## Indexes
 //!
-//! Per pool, ready nodes sit in buckets keyed by (capability set, zone, class), each a
-//! `BTreeSet` ordered by the packing key; capabilities are interned to bitsets so a bucket is
-//! matched with a few word operations, never a string compare. Each change of a node is
-//! remove + insert (O(log n)). A search visits only buckets whose capabilities, zone and class
-//! qualify and takes the first fitting entry of each. See `engine` and `search`.
+//! Per pool, ready nodes sit in buckets keyed by (capability set, zone, class), each split by
+//! free-core range (0, 1, 2–3, 4–7, …) into `BTreeSet`s ordered by the packing key (free
+//! capacity, free cores, node id). Capabilities are interned to bitsets, so a bucket is matched
+//! with a few word operations, never a string compare. Each change of a node is remove +
+//! insert (O(log n)). A search visits only buckets whose capabilities, zone and class qualify
+//! and core ranges that can hold the need, and takes the first fitting entry of each (binpack:
+//! a range lookup from the needed capacity; spread: the last entry). Starting nodes, and nodes
+//! the replica already uses in this attempt, are checked one by one (there are few).
+//! Rejection counts for a left pool are computed from bucket sizes, visiting only nodes that
+//! have the capacity but lack cores and nodes named by a rule. The naive full-scan placer
+//! (`naive`, feature `naive`) shares the driver and the per-node check, so property tests
+//! compare exactly the indexes against the scan, traces included.
 
 mod decision;
 mod engine;
