@@ -724,3 +724,56 @@ proptest! {
         }
     }
 }
+
+#[derive(Debug, Clone)]
+enum Op {
+    Upsert(usize, NodeGen),
+    Remove(usize),
+    Cordon(usize, bool),
+    Healthy(usize, bool),
+    Started(usize),
+    Reserve(usize, u32, u32),
+    Release(usize),
+    Pool(PoolSpec),
+    RemovePool(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0usize..40, node_gen()).prop_map(|(i, g)| Op::Upsert(i, g)),
+        (0usize..40).prop_map(Op::Remove),
+        (0usize..40, any::<bool>()).prop_map(|(i, b)| Op::Cordon(i, b)),
+        (0usize..40, any::<bool>()).prop_map(|(i, b)| Op::Healthy(i, b)),
+        (0usize..40).prop_map(Op::Started),
+        (0usize..40, 0u32..40, 0u32..4).prop_map(|(i, c, k)| Op::Reserve(i, c, k)),
+        (0usize..40).prop_map(Op::Release),
+        prop_oneof![pool_spec("p0"), pool_spec("p1"), pool_spec("p2")].prop_map(Op::Pool),
+        (0usize..3).prop_map(Op::RemovePool),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    /// Indexes kept up to date op by op answer exactly like a full scan of the current state.
+    #[test]
+    fn indexes_stay_exact_through_any_sequence_of_updates(s in scenario(), ops in proptest::collection::vec(op(), 1..40)) {
+        let mut e = load(&s);
+        for op in ops {
+            let id = |i: usize| format!("n{i:02}");
+            let key = |i: usize| JobKey { bundle_id: "ops".into(), replica_index: 0, job_name: format!("k{i}") };
+            match op {
+                Op::Upsert(i, g) => { let _ = e.upsert_node(to_node(i, &g)); }
+                Op::Remove(i) => { e.remove_node(&id(i)); }
+                Op::Cordon(i, b) => { let _ = e.set_cordoned(&id(i), b); }
+                Op::Healthy(i, b) => { let _ = e.set_healthy(&id(i), b); }
+                Op::Started(i) => { let _ = e.mark_started(&id(i)); }
+                Op::Reserve(i, c, k) => { let _ = e.reserve(key(i), &id(i), f64::from(c), k); }
+                Op::Release(i) => { e.release_job(&key(i)); }
+                Op::Pool(p) => { e.upsert_pool(p).expect("generated pool is valid"); }
+                Op::RemovePool(i) => { e.remove_pool(POOLS[i]); }
+            }
+            prop_assert_eq!(e.place(&s.request, NOW), naive::place(&e, &s.request, NOW));
+        }
+    }
+}
