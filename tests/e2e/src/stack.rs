@@ -146,6 +146,7 @@ pub fn start_sim(
     dir: &Path,
     config: &Path,
     state_dir: Option<&Path>,
+    extra_args: &[&str],
 ) -> Result<(Proc, String), SetupError> {
     let bins = binaries()?;
     let log = dir.join("manager-sim.log");
@@ -154,6 +155,7 @@ pub fn start_sim(
     if let Some(s) = state_dir {
         cmd.arg("--state-dir").arg(s);
     }
+    cmd.args(extra_args);
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(&log).map_err(|e| SetupError(e.to_string()))?)
@@ -200,12 +202,18 @@ impl Stack {
     pub async fn start_with(
         adjust: impl FnOnce(&mut serde_yaml::Mapping),
     ) -> Result<Stack, SetupError> {
-        Self::start_custom(&repo_root().join("deploy/demo/manager-sim.yaml"), adjust).await
+        Self::start_custom(
+            &repo_root().join("deploy/demo/manager-sim.yaml"),
+            &[],
+            adjust,
+        )
+        .await
     }
 
     /// Like [`Stack::start_with`], with another manager-sim config.
     pub async fn start_custom(
         sim_config: &Path,
+        sim_args: &[&str],
         adjust: impl FnOnce(&mut serde_yaml::Mapping),
     ) -> Result<Stack, SetupError> {
         binaries()?;
@@ -214,7 +222,7 @@ impl Stack {
             .prefix("automanager-e2e-")
             .tempdir()
             .map_err(|e| SetupError(e.to_string()))?;
-        let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None)?;
+        let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, sim_args)?;
         let http_port = free_port()?;
         let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
