@@ -14,13 +14,12 @@ use automanager_api::{
 };
 use automanager_placement as pl;
 use chrono::{DateTime, Utc};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use manager_proto as proto;
-use serde_json::json;
 
 use super::{Context, Error, condition, now_ms, ns_name};
 use crate::ledger::ReplicaKey;
@@ -166,6 +165,8 @@ struct ReplicaOutcome {
     waiting: bool,
     /// Every job this pass placed was accepted by its worker.
     started: bool,
+    /// "replica r on … in pool …", for the pass's one `Placed` Event.
+    placed_note: Option<String>,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -355,6 +356,10 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     );
     let phase = status.phase;
     ctx.set_broken(&bundle_id, phase == BundlePhase::Broken);
+    let placed: Vec<&str> = outcomes.values().filter_map(|o| o.placed_note.as_deref()).collect();
+    if !placed.is_empty() {
+        ctx.event(bundle, EventType::Normal, "Placed", "Place", placed.join("; ")).await;
+    }
     if let Some(reason) = &broken {
         ctx.metrics.bundle_broken();
         ctx.event(
@@ -603,20 +608,19 @@ async fn reconcile_replica(
             }
             ctx.metrics.placement_succeeded();
             let mut all_started = true;
-            for a in assignments {
-                let Some(job_id) = job_ids.get(&a.job_name) else {
-                    continue;
-                };
+            let mut first_error: Option<manager_client::ClientError> = None;
+            // Start every job of the replica at once; handle the answers in order.
+            let starts = assignments.iter().filter_map(|a| {
+                let job_id = job_ids.get(&a.job_name)?;
+                Some(async move { (a, job_id, ctx.manager.start_job(job_id, &a.node, proto::JobRole::Normal).await) })
+            });
+            for (a, job_id, answer) in futures::future::join_all(starts).await {
                 let key = pl::JobKey {
                     bundle_id: bundle_id.to_owned(),
                     replica_index: r,
                     job_name: a.job_name.clone(),
                 };
-                match ctx
-                    .manager
-                    .start_job(job_id, &a.node, proto::JobRole::Normal)
-                    .await
-                {
+                match answer {
                     Ok(job) => ctx
                         .manager
                         .mirror()
@@ -649,9 +653,12 @@ async fn reconcile_replica(
                     }
                     Err(e) => {
                         ctx.manager.mirror().read(|m| ctx.model().abandon(&key, m));
-                        return Err(e.into());
+                        first_error.get_or_insert(e);
                     }
                 }
+            }
+            if let Some(e) = first_error {
+                return Err(e.into());
             }
             if all_started {
                 outcome.started = true;
@@ -660,15 +667,13 @@ async fn reconcile_replica(
                 }
                 let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
                 nodes.dedup();
-                let what = if recovery { "Restarted" } else { "Placed" };
-                ctx.event(
-                    bundle,
-                    EventType::Normal,
-                    what,
-                    "Place",
-                    format!("replica {r} on {} in pool {pool}", nodes.join(", ")),
-                )
-                .await;
+                let note = format!("replica {r} on {} in pool {pool}", nodes.join(", "));
+                if recovery {
+                    ctx.event(bundle, EventType::Normal, "Restarted", "Place", note).await;
+                } else {
+                    // First placements of one pass are told in one Event (see `apply`).
+                    outcome.placed_note = Some(note);
+                }
                 let first_choice = engine_bundle.pools_for_replica(r).first();
                 if first_choice.is_some_and(|p| p != pool) {
                     ctx.event(
@@ -1044,29 +1049,12 @@ fn build_status(
 }
 
 /// Writes status by server-side apply, only when it changed.
-async fn write_status(
-    ctx: &Context,
-    bundle: &Bundle,
-    prev: &BundleStatus,
-    status: BundleStatus,
-) -> Result<(), Error> {
+async fn write_status(ctx: &Context, bundle: &Bundle, prev: &BundleStatus, status: BundleStatus) -> Result<(), Error> {
     if &status == prev {
         return Ok(());
     }
     let (ns, name) = ns_name(bundle)?;
-    let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), &ns);
-    let patch = json!({
-        "apiVersion": Bundle::api_version(&()),
-        "kind": Bundle::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        &name,
-        &PatchParams::apply(api::FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    super::apply_status(&Api::<Bundle>::namespaced(ctx.client.clone(), &ns), &name, &status).await
 }
 
 /// Deletion: stop the bundle's jobs and unregister it before the finalizer goes.

@@ -12,12 +12,11 @@ use std::time::{Duration, Instant};
 
 use automanager_api::{self as api, HotSpareTarget, HotSpareTargetStatus, PlacementPool};
 use chrono::{TimeZone, Utc};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use manager_proto as proto;
-use serde_json::json;
 
 use super::{Context, Error, condition};
 use crate::mapping;
@@ -286,24 +285,11 @@ async fn apply(
     ))
 }
 
-async fn write_status(
-    ctx: &Context,
-    target: &HotSpareTarget,
-    prev: &HotSpareTargetStatus,
-    status: HotSpareTargetStatus,
-) -> Result<(), Error> {
+async fn write_status(ctx: &Context, target: &HotSpareTarget, prev: &HotSpareTargetStatus, status: HotSpareTargetStatus) -> Result<(), Error> {
     if &status == prev {
         return Ok(());
     }
-    let api: Api<HotSpareTarget> = Api::all(ctx.client.clone());
-    let patch = json!({ "apiVersion": HotSpareTarget::api_version(&()), "kind": HotSpareTarget::kind(&()), "status": status });
-    api.patch_status(
-        &target.name_any(),
-        &PatchParams::apply(api::FIELD_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    super::apply_status(&Api::<HotSpareTarget>::all(ctx.client.clone()), &target.name_any(), &status).await
 }
 
 pub fn error_policy(target: Arc<HotSpareTarget>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -16,13 +16,12 @@ use automanager_api::{
     NodeState,
 };
 use chrono::{DateTime, TimeZone, Utc};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use manager_client::MirrorState;
 use manager_proto as proto;
-use serde_json::json;
 
 use super::{Context, Error, condition};
 use crate::mapping::{self, NodeOverlay};
@@ -263,15 +262,7 @@ pub async fn run_mirror_sync(
                     }
                 }
             }
-            let patch = json!({ "apiVersion": ManagerNode::api_version(&()), "kind": ManagerNode::kind(&()), "status": status });
-            match api
-                .patch_status(
-                    name,
-                    &PatchParams::apply(api::FIELD_MANAGER).force(),
-                    &Patch::Apply(&patch),
-                )
-                .await
-            {
+            match super::apply_status(&api, name, status).await {
                 Ok(_) => {
                     written.insert(name.clone(), status.clone());
                 }

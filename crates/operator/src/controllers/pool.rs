@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use chrono::Utc;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
-use serde_json::json;
+use kube::ResourceExt;
 
 use super::{Context, Error, condition};
 use crate::mapping;
@@ -109,14 +108,7 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     );
 
     if status != prev {
-        let api: Api<PlacementPool> = Api::all(ctx.client.clone());
-        let patch = json!({ "apiVersion": PlacementPool::api_version(&()), "kind": PlacementPool::kind(&()), "status": status });
-        api.patch_status(
-            &name,
-            &PatchParams::apply(api::FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
+        super::apply_status(&Api::<PlacementPool>::all(ctx.client.clone()), &name, &status).await?;
     }
     Ok(Action::requeue(REFRESH))
 }
