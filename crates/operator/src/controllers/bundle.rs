@@ -14,11 +14,11 @@ use automanager_api::{
 };
 use automanager_placement as pl;
 use chrono::{DateTime, Utc};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::ResourceExt;
 use manager_proto as proto;
 
 use super::{Context, Error, condition, now_ms, ns_name};
@@ -356,9 +356,19 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     );
     let phase = status.phase;
     ctx.set_broken(&bundle_id, phase == BundlePhase::Broken);
-    let placed: Vec<&str> = outcomes.values().filter_map(|o| o.placed_note.as_deref()).collect();
+    let placed: Vec<&str> = outcomes
+        .values()
+        .filter_map(|o| o.placed_note.as_deref())
+        .collect();
     if !placed.is_empty() {
-        ctx.event(bundle, EventType::Normal, "Placed", "Place", placed.join("; ")).await;
+        ctx.event(
+            bundle,
+            EventType::Normal,
+            "Placed",
+            "Place",
+            placed.join("; "),
+        )
+        .await;
     }
     if let Some(reason) = &broken {
         ctx.metrics.bundle_broken();
@@ -612,7 +622,15 @@ async fn reconcile_replica(
             // Start every job of the replica at once; handle the answers in order.
             let starts = assignments.iter().filter_map(|a| {
                 let job_id = job_ids.get(&a.job_name)?;
-                Some(async move { (a, job_id, ctx.manager.start_job(job_id, &a.node, proto::JobRole::Normal).await) })
+                Some(async move {
+                    (
+                        a,
+                        job_id,
+                        ctx.manager
+                            .start_job(job_id, &a.node, proto::JobRole::Normal)
+                            .await,
+                    )
+                })
             });
             for (a, job_id, answer) in futures::future::join_all(starts).await {
                 let key = pl::JobKey {
@@ -669,7 +687,8 @@ async fn reconcile_replica(
                 nodes.dedup();
                 let note = format!("replica {r} on {} in pool {pool}", nodes.join(", "));
                 if recovery {
-                    ctx.event(bundle, EventType::Normal, "Restarted", "Place", note).await;
+                    ctx.event(bundle, EventType::Normal, "Restarted", "Place", note)
+                        .await;
                 } else {
                     // First placements of one pass are told in one Event (see `apply`).
                     outcome.placed_note = Some(note);
@@ -1049,12 +1068,22 @@ fn build_status(
 }
 
 /// Writes status by server-side apply, only when it changed.
-async fn write_status(ctx: &Context, bundle: &Bundle, prev: &BundleStatus, status: BundleStatus) -> Result<(), Error> {
+async fn write_status(
+    ctx: &Context,
+    bundle: &Bundle,
+    prev: &BundleStatus,
+    status: BundleStatus,
+) -> Result<(), Error> {
     if &status == prev {
         return Ok(());
     }
     let (ns, name) = ns_name(bundle)?;
-    super::apply_status(&Api::<Bundle>::namespaced(ctx.client.clone(), &ns), &name, &status).await
+    super::apply_status(
+        &Api::<Bundle>::namespaced(ctx.client.clone(), &ns),
+        &name,
+        &status,
+    )
+    .await
 }
 
 /// Deletion: stop the bundle's jobs and unregister it before the finalizer goes.

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use automanager_api::{self as api, HotSpareTarget, HotSpareTargetStatus, PlacementPool};
 use chrono::{TimeZone, Utc};
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::ResourceExt;
 use manager_proto as proto;
 
 use super::{Context, Error, condition};
@@ -285,11 +285,21 @@ async fn apply(
     ))
 }
 
-async fn write_status(ctx: &Context, target: &HotSpareTarget, prev: &HotSpareTargetStatus, status: HotSpareTargetStatus) -> Result<(), Error> {
+async fn write_status(
+    ctx: &Context,
+    target: &HotSpareTarget,
+    prev: &HotSpareTargetStatus,
+    status: HotSpareTargetStatus,
+) -> Result<(), Error> {
     if &status == prev {
         return Ok(());
     }
-    super::apply_status(&Api::<HotSpareTarget>::all(ctx.client.clone()), &target.name_any(), &status).await
+    super::apply_status(
+        &Api::<HotSpareTarget>::all(ctx.client.clone()),
+        &target.name_any(),
+        &status,
+    )
+    .await
 }
 
 pub fn error_policy(target: Arc<HotSpareTarget>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -16,10 +16,10 @@ use automanager_api::{
     NodeState,
 };
 use chrono::{DateTime, TimeZone, Utc};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::ResourceExt;
 use manager_client::MirrorState;
 use manager_proto as proto;
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use chrono::Utc;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use kube::ResourceExt;
 
 use super::{Context, Error, condition};
 use crate::mapping;
@@ -108,7 +108,12 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     );
 
     if status != prev {
-        super::apply_status(&Api::<PlacementPool>::all(ctx.client.clone()), &name, &status).await?;
+        super::apply_status(
+            &Api::<PlacementPool>::all(ctx.client.clone()),
+            &name,
+            &status,
+        )
+        .await?;
     }
     Ok(Action::requeue(REFRESH))
 }
