@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{Bundle, HotSpareTarget, ManagerNode, PlacementPool};
+use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
 use automanager_placement as pl;
 use futures::StreamExt;
 use kube::Api;
@@ -78,6 +78,10 @@ pub async fn run_mirror_pump(
                     if let Some(bundle) = r.job_id.rsplitn(3, '/').nth(2) {
                         bundles.insert(bundle.to_owned());
                     }
+                }
+                // Migrations follow Manager's migration records (and their jobs' instances).
+                MirrorChange::MigrationUpdated(_) => {
+                    wake_all = true;
                 }
                 MirrorChange::Resynced { .. } => {
                     full = true;
@@ -219,6 +223,23 @@ pub async fn run_controllers(
     )
     .for_each(|_| futures::future::ready(()));
 
+    let migrations_on_change =
+        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
+    let migrations_api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(client.clone(), one),
+        _ => Api::all(client.clone()),
+    };
+    let migration_controller = Controller::new(migrations_api, watcher::Config::default())
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
+        .reconcile_all_on(migrations_on_change)
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            controllers::migration::reconcile,
+            controllers::migration::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
+
     let pump = tokio::spawn(run_mirror_pump(ctx.clone(), ref_tx, wake_tx));
     let node_sync = tokio::spawn(controllers::node::run_mirror_sync(
         ctx.clone(),
@@ -230,7 +251,8 @@ pub async fn run_controllers(
         bundle_controller,
         pool_controller,
         node_controller,
-        spare_controller
+        spare_controller,
+        migration_controller
     );
     pump.abort();
     node_sync.abort();

@@ -6,6 +6,7 @@
 
 pub mod bundle;
 pub mod hotspare;
+pub mod migration;
 pub mod node;
 pub mod pool;
 

@@ -1,0 +1,416 @@
+//! Migrations end to end: real apiserver, manager-sim (simulated jobs on the real job socket) and
+//! the operator binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use automanager_e2e::examples_dir;
+use automanager_e2e::stack::Stack;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn start() -> Stack {
+    let stack = Stack::start().await.expect("stack");
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    stack
+}
+
+async fn apply(stack: &Stack, yaml: &str) {
+    let out = stack.env.apply_yaml(yaml).await.unwrap();
+    assert!(out.success(), "apply failed: {}", out.stderr);
+}
+
+/// A one-job bundle on the fixed on-prem pool; `strategy` is the job's declared migration strategy.
+fn bundle(name: &str, strategy: Option<&str>) -> String {
+    let migration = strategy
+        .map(|s| format!("\n      migration: {{strategy: {s}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: silver}}{migration}\n"
+    )
+}
+
+fn migration(name: &str, bundle: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  job: {{bundle: {bundle}, replica: 0, jobName: enc}}\n{extra}"
+    )
+}
+
+fn job_id(bundle: &str) -> String {
+    format!("default.{bundle}/0/enc")
+}
+
+fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+/// Starts the bundle and returns the node its job runs on.
+async fn running_job(stack: &Stack, name: &str, strategy: Option<&str>) -> String {
+    apply(stack, &bundle(name, strategy)).await;
+    let b = stack
+        .wait_bundle_phase("default", name, "Ready", WAIT)
+        .await
+        .unwrap();
+    b["status"]["replicas"][0]["jobs"][0]["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn wait_phase(stack: &Stack, name: &str, phase: &str) -> Value {
+    stack
+        .wait_for(&format!("migration {name} phase {phase}"), WAIT, || async {
+            let m = stack
+                .get_json(&["migration", name, "-n", "default"])
+                .await?;
+            Ok((m["status"]["phase"] == phase).then_some(m))
+        })
+        .await
+        .unwrap()
+}
+
+/// The nodes that list an instance of `job` (normal or migration target).
+async fn instance_nodes(stack: &Stack, job: &str) -> Vec<String> {
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| {
+            n["status"]["jobs"]
+                .as_array()
+                .is_some_and(|js| js.iter().any(|j| j["jobId"] == job))
+        })
+        .filter_map(|n| n["status"]["nodeId"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits until exactly one instance of the bundle's job runs, on `node`, and the bundle says so.
+async fn wait_single_instance_on(stack: &Stack, bundle: &str, node: &str) {
+    let job = job_id(bundle);
+    stack
+        .wait_for(
+            &format!("one instance of {job} on {node}"),
+            WAIT,
+            || async {
+                let b = stack.get_json(&["bundle", bundle, "-n", "default"]).await?;
+                let j = &b["status"]["replicas"][0]["jobs"][0];
+                let nodes = instance_nodes(stack, &job).await;
+                Ok(
+                    (j["state"] == "running" && j["nodeId"] == node && nodes == [node])
+                        .then_some(()),
+                )
+            },
+        )
+        .await
+        .unwrap();
+}
+
+fn phases(m: &Value) -> Vec<String> {
+    m["status"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_handover_moves_the_job_and_reports_its_summary() {
+    let stack = start().await;
+    let source = running_job(&stack, "news", Some("handover")).await;
+    apply(&stack, &migration("move-news", "news", "")).await;
+    let m = wait_phase(&stack, "move-news", "Completed").await;
+    assert_eq!(m["status"]["strategy"], "handover", "{m:#}");
+    assert_eq!(m["status"]["sourceNode"], source.as_str());
+    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    assert_ne!(target, source);
+    assert!(
+        !m["status"]["handover"]["applied"]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "{m:#}"
+    );
+    assert!(m["status"]["handover"]["skewMs"].is_number(), "{m:#}");
+    assert_eq!(
+        phases(&m),
+        [
+            "Proposing",
+            "PlacingTarget",
+            "StartingTarget",
+            "TargetReady",
+            "CutoverReady",
+            "SourceStoppedOutput",
+            "CutoverApply",
+            "Completed"
+        ]
+    );
+    assert_eq!(condition(&m, "Ready")["status"], "True", "{m:#}");
+    wait_single_instance_on(&stack, "news", &target).await;
+}
+
+#[tokio::test]
+async fn stop_then_start_moves_the_job_to_the_named_node() {
+    let stack = start().await;
+    let source = running_job(&stack, "sport", None).await;
+    let target = ["onprem-a1", "onprem-a2", "onprem-b1"]
+        .into_iter()
+        .find(|n| *n != source)
+        .unwrap();
+    apply(
+        &stack,
+        &migration("move-sport", "sport", &format!("  targetNode: {target}\n")),
+    )
+    .await;
+    let m = wait_phase(&stack, "move-sport", "Completed").await;
+    assert_eq!(m["status"]["strategy"], "stopThenStart", "{m:#}");
+    assert_eq!(m["status"]["targetNode"], target);
+    assert_eq!(
+        phases(&m),
+        [
+            "PlacingTarget",
+            "PreparingTarget",
+            "StoppingSource",
+            "StartingTarget",
+            "Completed"
+        ]
+    );
+    wait_single_instance_on(&stack, "sport", target).await;
+}
+
+#[tokio::test]
+async fn a_stronger_strategy_than_declared_is_rejected() {
+    let stack = start().await;
+    let source = running_job(&stack, "film", None).await;
+    apply(
+        &stack,
+        &migration("up-film", "film", "  strategy: handover\n"),
+    )
+    .await;
+    let m = wait_phase(&stack, "up-film", "Rejected").await;
+    let c = condition(&m, "Rejected");
+    assert_eq!(c["status"], "True", "{m:#}");
+    assert_eq!(c["reason"], "StrategyRefused");
+    let msg = c["message"].as_str().unwrap();
+    assert!(
+        msg.contains("handover") && msg.contains("stopThenStart"),
+        "{msg}"
+    );
+    let events = stack
+        .env
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            "default",
+            "-o",
+            "custom-columns=REASON:.reason",
+        ])
+        .await
+        .unwrap();
+    assert!(
+        events.stdout.contains("MigrationRejected"),
+        "{}",
+        events.stdout
+    );
+    wait_single_instance_on(&stack, "film", &source).await;
+}
+
+#[tokio::test]
+async fn a_second_migration_of_the_same_job_is_rejected() {
+    let stack = start().await;
+    running_job(&stack, "talk", Some("handover")).await;
+    // The first migration holds the job in its cutover for a while.
+    stack
+        .chaos(&[
+            "migration-behaviour",
+            &job_id("talk"),
+            "slow-cutover",
+            "4000",
+        ])
+        .unwrap();
+    apply(&stack, &migration("first", "talk", "")).await;
+    wait_phase(&stack, "first", "CutoverReady").await;
+    apply(&stack, &migration("second", "talk", "")).await;
+    let m = wait_phase(&stack, "second", "Rejected").await;
+    let c = condition(&m, "Rejected");
+    assert_eq!(c["reason"], "ConcurrentMigration", "{m:#}");
+    assert!(c["message"].as_str().unwrap().contains("first"), "{m:#}");
+    let first = wait_phase(&stack, "first", "Completed").await;
+    let target = first["status"]["targetNode"].as_str().unwrap().to_owned();
+    wait_single_instance_on(&stack, "talk", &target).await;
+}
+
+#[tokio::test]
+async fn a_refused_state_ends_the_migration_with_no_target() {
+    let stack = start().await;
+    let source = running_job(&stack, "kids", Some("handover")).await;
+    stack
+        .chaos(&["migration-behaviour", &job_id("kids"), "refuse-state"])
+        .unwrap();
+    apply(&stack, &migration("move-kids", "kids", "")).await;
+    let m = wait_phase(&stack, "move-kids", "Refused").await;
+    assert!(m["status"]["targetNode"].is_null(), "{m:#}");
+    assert_eq!(phases(&m), ["Proposing", "Refused"]);
+    assert_eq!(condition(&m, "Ready")["reason"], "StateRefused", "{m:#}");
+    wait_single_instance_on(&stack, "kids", &source).await;
+}
+
+#[tokio::test]
+async fn an_abort_before_cutover_leaves_the_source_running() {
+    let stack = start().await;
+    let source = running_job(&stack, "docs", Some("handover")).await;
+    stack
+        .chaos(&[
+            "migration-behaviour",
+            &job_id("docs"),
+            "slow-cutover",
+            "30000",
+        ])
+        .unwrap();
+    apply(&stack, &migration("move-docs", "docs", "")).await;
+    wait_phase(&stack, "move-docs", "CutoverReady").await;
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "migration",
+            "move-docs",
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"abort":{"reason":"changed my mind"}}}"#,
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let m = wait_phase(&stack, "move-docs", "Aborted").await;
+    assert_eq!(m["status"]["abort"]["by"], "user", "{m:#}");
+    assert_eq!(m["status"]["abort"]["phase"], "CutoverReady", "{m:#}");
+    assert_eq!(m["status"]["abort"]["reason"], "changed my mind", "{m:#}");
+    assert_eq!(condition(&m, "Aborted")["status"], "True", "{m:#}");
+    wait_single_instance_on(&stack, "docs", &source).await;
+}
+
+#[tokio::test]
+async fn overlap_starts_the_target_before_it_stops_the_source() {
+    let stack = start().await;
+    let source = running_job(&stack, "music", Some("overlap")).await;
+    apply(&stack, &migration("move-music", "music", "")).await;
+    let m = wait_phase(&stack, "move-music", "Completed").await;
+    assert_eq!(m["status"]["strategy"], "overlap", "{m:#}");
+    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    assert_ne!(target, source);
+    assert_eq!(
+        phases(&m),
+        [
+            "PlacingTarget",
+            "StartingTarget",
+            "TargetRunning",
+            "StoppingSource",
+            "Completed"
+        ]
+    );
+    wait_single_instance_on(&stack, "music", &target).await;
+}
+
+#[tokio::test]
+async fn a_safer_strategy_than_declared_is_accepted() {
+    let stack = start().await;
+    let source = running_job(&stack, "radio", Some("handover")).await;
+    apply(
+        &stack,
+        &migration("down-radio", "radio", "  strategy: stopThenStart\n"),
+    )
+    .await;
+    let m = wait_phase(&stack, "down-radio", "Completed").await;
+    assert_eq!(m["status"]["strategy"], "stopThenStart", "{m:#}");
+    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    assert_ne!(target, source);
+    wait_single_instance_on(&stack, "radio", &target).await;
+}
+
+#[tokio::test]
+async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
+    let stack = Stack::start_with(|c| {
+        c.insert(
+            "migration".into(),
+            serde_yaml::from_str("{phaseTimeout: 3s}").unwrap(),
+        );
+    })
+    .await
+    .expect("stack");
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let source = running_job(&stack, "slow", Some("handover")).await;
+    stack
+        .chaos(&[
+            "migration-behaviour",
+            &job_id("slow"),
+            "slow-cutover",
+            "60000",
+        ])
+        .unwrap();
+    apply(&stack, &migration("move-slow", "slow", "")).await;
+    let m = wait_phase(&stack, "move-slow", "Aborted").await;
+    assert_eq!(m["status"]["abort"]["by"], "timeout", "{m:#}");
+    assert_eq!(m["status"]["abort"]["phase"], "CutoverReady", "{m:#}");
+    wait_single_instance_on(&stack, "slow", &source).await;
+}
+
+#[tokio::test]
+async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
+    let stack = start().await;
+    let source = running_job(&stack, "shop", Some("handover")).await;
+    stack
+        .chaos(&[
+            "migration-behaviour",
+            &job_id("shop"),
+            "slow-cutover",
+            "60000",
+        ])
+        .unwrap();
+    apply(&stack, &migration("move-shop", "shop", "")).await;
+    wait_phase(&stack, "move-shop", "CutoverReady").await;
+    let out = stack
+        .env
+        .run_kubectl([
+            "delete",
+            "migration",
+            "move-shop",
+            "-n",
+            "default",
+            "--wait=false",
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    stack
+        .wait_for("the Migration to be gone", WAIT, || async {
+            let out = stack
+                .env
+                .run_kubectl(["get", "migrations", "-n", "default", "-o", "name"])
+                .await?;
+            Ok((out.success() && !out.stdout.contains("move-shop")).then_some(()))
+        })
+        .await
+        .unwrap();
+    wait_single_instance_on(&stack, "shop", &source).await;
+}
