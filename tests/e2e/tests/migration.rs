@@ -116,6 +116,28 @@ async fn wait_single_instance_on(stack: &Stack, bundle: &str, node: &str) {
         .unwrap();
 }
 
+/// Starts a handover job whose source answers `cutover-ready` only after `delay_ms`, creates the
+/// Migration `migration_name` and waits until it sits in CutoverReady; returns the source node.
+async fn held_in_cutover(
+    stack: &Stack,
+    bundle: &str,
+    migration_name: &str,
+    delay_ms: &str,
+) -> String {
+    let source = running_job(stack, bundle, Some("handover")).await;
+    stack
+        .chaos(&[
+            "migration-behaviour",
+            &job_id(bundle),
+            "slow-cutover",
+            delay_ms,
+        ])
+        .unwrap();
+    apply(stack, &migration(migration_name, bundle, "")).await;
+    wait_phase(stack, migration_name, "CutoverReady").await;
+    source
+}
+
 fn phases(m: &Value) -> Vec<String> {
     m["status"]["phases"]
         .as_array()
@@ -230,18 +252,8 @@ async fn a_stronger_strategy_than_declared_is_rejected() {
 #[tokio::test]
 async fn a_second_migration_of_the_same_job_is_rejected() {
     let stack = start().await;
-    running_job(&stack, "talk", Some("handover")).await;
     // The first migration holds the job in its cutover for a while.
-    stack
-        .chaos(&[
-            "migration-behaviour",
-            &job_id("talk"),
-            "slow-cutover",
-            "4000",
-        ])
-        .unwrap();
-    apply(&stack, &migration("first", "talk", "")).await;
-    wait_phase(&stack, "first", "CutoverReady").await;
+    held_in_cutover(&stack, "talk", "first", "4000").await;
     apply(&stack, &migration("second", "talk", "")).await;
     let m = wait_phase(&stack, "second", "Rejected").await;
     let c = condition(&m, "Rejected");
@@ -270,17 +282,7 @@ async fn a_refused_state_ends_the_migration_with_no_target() {
 #[tokio::test]
 async fn an_abort_before_cutover_leaves_the_source_running() {
     let stack = start().await;
-    let source = running_job(&stack, "docs", Some("handover")).await;
-    stack
-        .chaos(&[
-            "migration-behaviour",
-            &job_id("docs"),
-            "slow-cutover",
-            "30000",
-        ])
-        .unwrap();
-    apply(&stack, &migration("move-docs", "docs", "")).await;
-    wait_phase(&stack, "move-docs", "CutoverReady").await;
+    let source = held_in_cutover(&stack, "docs", "move-docs", "30000").await;
     let out = stack
         .env
         .run_kubectl([
@@ -378,17 +380,7 @@ async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
 #[tokio::test]
 async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
     let stack = start().await;
-    let source = running_job(&stack, "shop", Some("handover")).await;
-    stack
-        .chaos(&[
-            "migration-behaviour",
-            &job_id("shop"),
-            "slow-cutover",
-            "60000",
-        ])
-        .unwrap();
-    apply(&stack, &migration("move-shop", "shop", "")).await;
-    wait_phase(&stack, "move-shop", "CutoverReady").await;
+    let source = held_in_cutover(&stack, "shop", "move-shop", "60000").await;
     let out = stack
         .env
         .run_kubectl([
