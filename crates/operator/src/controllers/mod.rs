@@ -224,11 +224,19 @@ pub fn condition(
 }
 
 /// Writes `status` of the object `name` by server-side apply under the operator's field manager.
-pub async fn apply_status<K>(api: &kube::Api<K>, name: &str, status: &impl serde::Serialize) -> Result<(), Error>
+pub async fn apply_status<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let patch = serde_json::json!({ "apiVersion": K::api_version(&()), "kind": K::kind(&()), "status": status });
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
     let params = kube::api::PatchParams::apply(api::FIELD_MANAGER).force();
     api.patch_status(name, &params, &kube::api::Patch::Apply(&patch)).await?;
     Ok(())
