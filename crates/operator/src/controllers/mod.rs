@@ -238,6 +238,7 @@ where
         "status": status,
     });
     let params = kube::api::PatchParams::apply(api::FIELD_MANAGER).force();
-    api.patch_status(name, &params, &kube::api::Patch::Apply(&patch)).await?;
+    api.patch_status(name, &params, &kube::api::Patch::Apply(&patch))
+        .await?;
     Ok(())
 }
