@@ -153,27 +153,27 @@ async fn examples_become_ready_with_placements_and_traces() {
         job(&s, 0, "encode")["nodeId"]
     );
 
-    // Every Manager node is mirrored as a ManagerNode, with its jobs.
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    let items = nodes["items"].as_array().cloned().unwrap_or_default();
-    assert!(
-        items.len() >= 4,
-        "expected the on-prem nodes and provisioned ones, got {}",
-        items.len()
-    );
+    // Every Manager node is mirrored as a ManagerNode, with its jobs (usage is written at most
+    // every couple of seconds per node, so wait for it).
     let encode_node = job(&b, 0, "encode")["nodeId"].as_str().unwrap().to_owned();
-    let mirrored = items
-        .iter()
-        .find(|n| n["status"]["nodeId"] == encode_node.as_str())
-        .expect("node mirrored");
-    assert!(
-        mirrored["status"]["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|j| j["jobName"] == "encode")
-    );
-    assert!(mirrored["status"]["usedCapacity"].as_i64().unwrap() >= 10);
+    stack
+        .wait_for("ManagerNodes with their jobs", READY, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let items = nodes["items"].as_array().cloned().unwrap_or_default();
+            let mirrored = items
+                .iter()
+                .find(|n| n["status"]["nodeId"] == encode_node.as_str());
+            let ok = items.len() >= 4
+                && mirrored.is_some_and(|m| {
+                    m["status"]["jobs"]
+                        .as_array()
+                        .is_some_and(|js| js.iter().any(|j| j["jobName"] == "encode"))
+                        && m["status"]["usedCapacity"].as_i64().unwrap_or(0) >= 10
+                });
+            Ok(ok.then_some(()))
+        })
+        .await
+        .unwrap();
 
     // The full trace is served by the operator.
     let (code, body) = stack
@@ -659,20 +659,27 @@ async fn a_restarted_operator_duplicates_nothing_and_loses_no_bundle() {
             .await
             .unwrap();
     }
-    // Each job runs exactly once across every node.
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    let mut ids: Vec<String> = nodes["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
-        .filter_map(|j| j["jobId"].as_str().map(str::to_owned))
-        .filter(|id| id.starts_with("default.wave-"))
-        .collect();
-    ids.sort();
-    let before = ids.len();
-    ids.dedup();
-    assert_eq!(before, ids.len(), "a job runs twice");
+    // Each job runs exactly once across every node (node statuses catch up within seconds).
+    let ids = stack
+        .wait_for("24 wave jobs on the ManagerNodes", READY, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let mut ids: Vec<String> = nodes["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter_map(|j| j["jobId"].as_str().map(str::to_owned))
+                .filter(|id| id.starts_with("default.wave-"))
+                .collect();
+            ids.sort();
+            Ok((ids.len() >= 24).then_some(ids))
+        })
+        .await
+        .unwrap();
+    let mut distinct = ids.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "a job runs twice: {ids:?}");
     assert_eq!(ids.len(), 24);
 }
 

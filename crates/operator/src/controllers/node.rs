@@ -26,6 +26,22 @@ use manager_proto as proto;
 use super::{Context, Error, condition};
 use crate::mapping::{self, NodeOverlay};
 
+/// Least time between two writes of a node's status that differ only in usage and jobs.
+const USAGE_WRITE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Whether two statuses differ at most in what changes with every job start or stop.
+fn same_but_usage(a: &ManagerNodeStatus, b: &ManagerNodeStatus) -> bool {
+    let strip = |s: &ManagerNodeStatus| ManagerNodeStatus {
+        used_capacity: 0,
+        used_cores: 0,
+        jobs: Vec::new(),
+        drain: None,
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+        && a.drain.as_ref().map(|d| d.completed_at) == b.drain.as_ref().map(|d| d.completed_at)
+}
+
 /// How often objects of nodes Manager no longer has are looked for.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 
@@ -180,6 +196,7 @@ pub async fn run_mirror_sync(
 ) {
     let api: Api<ManagerNode> = Api::all(ctx.client.clone());
     let mut written: HashMap<String, ManagerNodeStatus> = HashMap::new();
+    let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
     let mut last_sweep = std::time::Instant::now() - ORPHAN_SWEEP;
     loop {
         let tick = tokio::time::sleep(
@@ -248,7 +265,19 @@ pub async fn run_mirror_sync(
         let keep: std::collections::HashSet<&str> =
             desired.iter().map(|(n, _)| n.as_str()).collect();
         for (name, status) in &desired {
-            if written.get(name) == Some(status) {
+            let last = written.get(name);
+            if last == Some(status) {
+                continue;
+            }
+            // Usage and job lists change with every start during a wave: those are written at
+            // most every USAGE_WRITE_INTERVAL per node; anything else (state, conditions, spare,
+            // health, drain) at once.
+            let usage_only = last.is_some_and(|l| same_but_usage(l, status));
+            if usage_only
+                && written_at
+                    .get(name)
+                    .is_some_and(|t| t.elapsed() < USAGE_WRITE_INTERVAL)
+            {
                 continue;
             }
             if !written.contains_key(name) {
@@ -265,6 +294,7 @@ pub async fn run_mirror_sync(
             match super::apply_status(&api, name, status).await {
                 Ok(_) => {
                     written.insert(name.clone(), status.clone());
+                    written_at.insert(name.clone(), std::time::Instant::now());
                 }
                 Err(e) => {
                     tracing::warn!(node = %name, error = %e, "could not write ManagerNode status")
