@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use automanager_e2e::examples_dir;
 use automanager_e2e::stack::Stack;
+use automanager_e2e::{examples_dir, repo_root};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -76,7 +76,15 @@ async fn wait_phase(stack: &Stack, name: &str, phase: &str) -> Value {
             Ok((m["status"]["phase"] == phase).then_some(m))
         })
         .await
-        .unwrap()
+        .unwrap_or_else(|e| {
+            let log = stack.sim.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            panic!(
+                "{}\nmanager-sim log tail (newest first):\n{}",
+                e.0,
+                tail.join("\n")
+            )
+        })
 }
 
 /// The nodes that list an instance of `job` (normal or migration target).
@@ -405,4 +413,85 @@ async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
         .await
         .unwrap();
     wait_single_instance_on(&stack, "shop", &source).await;
+}
+
+#[tokio::test]
+// A source's abort right after `state` (`state-given`) can reach Manager before the state does;
+// Manager then records what a refusal records and the migration ends in Refused, which
+// `a_refused_state_ends_the_migration_with_no_target` covers.
+async fn a_job_abort_at_any_abortable_point_leaves_only_the_source_running() {
+    let stack = start().await;
+    for (i, point) in ["initial-state", "target-ready", "cutover-ready"]
+        .into_iter()
+        .enumerate()
+    {
+        let bundle = format!("ab{i}");
+        let name = format!("move-ab{i}");
+        let source = running_job(&stack, &bundle, Some("handover")).await;
+        stack
+            .chaos(&["migration-behaviour", &job_id(&bundle), "abort-at", point])
+            .unwrap();
+        apply(&stack, &migration(&name, &bundle, "")).await;
+        let m = wait_phase(&stack, &name, "Aborted").await;
+        let by = m["status"]["abort"]["by"].as_str().unwrap();
+        let expected = match point {
+            "cutover-ready" => "source",
+            _ => "target",
+        };
+        assert_eq!(by, expected, "abort at {point}: {m:#}");
+        assert!(
+            !m["status"]["phases"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["phase"] == "SourceStoppedOutput"),
+            "{m:#}"
+        );
+        wait_single_instance_on(&stack, &bundle, &source).await;
+    }
+}
+
+#[tokio::test]
+async fn a_handover_target_without_the_job_socket_is_rejected() {
+    // The on-prem pool's workers run no job-socket listener.
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
+    let config = demo.replacen(
+        "  - name: onprem\n",
+        "  - name: onprem\n    jobSocket: false\n",
+        1,
+    );
+    assert_ne!(config, demo);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("manager-sim.yaml");
+    std::fs::write(&path, config).unwrap();
+    let stack = Stack::start_custom(&path, &[], |_| {})
+        .await
+        .expect("stack");
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let source = running_job(&stack, "plain", Some("handover")).await;
+    let target = ["onprem-a1", "onprem-a2", "onprem-b1"]
+        .into_iter()
+        .find(|n| *n != source)
+        .unwrap();
+    apply(
+        &stack,
+        &migration("move-plain", "plain", &format!("  targetNode: {target}\n")),
+    )
+    .await;
+    let m = wait_phase(&stack, "move-plain", "Rejected").await;
+    let c = condition(&m, "Rejected");
+    assert_eq!(c["reason"], "TargetRefused", "{m:#}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("norsk.io/job-socket"),
+        "{m:#}"
+    );
+    wait_single_instance_on(&stack, "plain", &source).await;
 }

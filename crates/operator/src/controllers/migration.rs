@@ -670,7 +670,11 @@ impl Run<'_> {
         };
         let by = proto::MigrationParty::try_from(m.aborted_by).unwrap_or_default();
         match by {
-            proto::MigrationParty::Source if self.machine.phase() == MigrationPhase::Proposing => {
+            // A source that gave its state and then aborted did not refuse it.
+            proto::MigrationParty::Source
+                if self.machine.phase() == MigrationPhase::Proposing
+                    && m.source_state.is_empty() =>
+            {
                 MigrationEvent::StateRefused { reason }
             }
             proto::MigrationParty::Source => MigrationEvent::AbortRequested {
