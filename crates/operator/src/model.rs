@@ -18,6 +18,10 @@ use crate::mapping::{self, NodeOverlay};
 struct Inflight {
     job_id: String,
     node: String,
+    /// What the job holds on the node (its requirements when placed: the mirror may not even
+    /// know the job yet, right after the bundle was registered).
+    capacity: f64,
+    cores: u32,
     /// Set once StartJob answered: the mirror reflects the start once the job's
     /// `updated_at_ms` reaches this.
     reflected_at_ms: Option<i64>,
@@ -126,7 +130,7 @@ impl ClusterModel {
                 mirror
                     .jobs
                     .get(&f.job_id)
-                    .is_none_or(|j| j.updated_at_ms >= at)
+                    .is_some_and(|j| j.updated_at_ms >= at)
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -142,14 +146,10 @@ impl ClusterModel {
             };
             let mut used = usage.get(&id).copied().unwrap_or_default();
             for f in self.inflight.values().filter(|f| f.node == id) {
-                if let Some(j) = mirror
-                    .jobs
-                    .get(&f.job_id)
-                    .and_then(|j| j.requirements.as_ref())
-                {
-                    used.0 += j.required_capacity;
-                    used.1 = used.1.saturating_add(j.required_cores);
-                }
+                used.0 += f.capacity;
+                used.1 = used
+                    .1
+                    .saturating_add(i32::try_from(f.cores).unwrap_or(i32::MAX));
             }
             let spec = mapping::node(node, used, self.overlay(&id), self.pools.get(&node.pool));
             match spec {
@@ -210,6 +210,8 @@ impl ClusterModel {
                     Inflight {
                         job_id,
                         node: a.node.clone(),
+                        capacity: a.capacity,
+                        cores: a.cores,
                         reflected_at_ms: None,
                     },
                 );

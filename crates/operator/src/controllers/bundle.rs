@@ -72,6 +72,8 @@ struct Observed {
 enum Need {
     /// Running or on its way: nothing to do.
     Nothing,
+    /// Being stopped: the replica waits until it has stopped before anything is placed.
+    Wait,
     /// Never placed (or stopped on purpose): a first placement.
     Place,
     /// Failed or lost its node: band rules decide.
@@ -128,7 +130,8 @@ fn observe(
 fn need(o: &Observed, dropped: bool) -> Need {
     use proto::JobState as S;
     match o.state {
-        S::Running | S::Starting | S::Stopping => Need::Nothing,
+        S::Running | S::Starting => Need::Nothing,
+        S::Stopping => Need::Wait,
         S::Failed if dropped => Need::Dropped,
         S::Failed => Need::Recover,
         S::Stopped => match o.stop_reason {
@@ -455,6 +458,15 @@ async fn reconcile_replica(
         }
     }
 
+    // A job of the replica is still stopping (a rolled-back start, say): place nothing yet.
+    if spec
+        .jobs
+        .iter()
+        .any(|j| needs.get(&(r, j.job_name.clone())) == Some(&Need::Wait))
+    {
+        outcome.waiting = true;
+        return Ok(outcome);
+    }
     let to_place: Vec<&api::BundleJob> = spec
         .jobs
         .iter()
@@ -619,6 +631,7 @@ async fn reconcile_replica(
             ctx.metrics.placement_succeeded();
             let mut all_started = true;
             let mut first_error: Option<manager_client::ClientError> = None;
+            let mut started_now: Vec<(pl::JobKey, String)> = Vec::new();
             // Start every job of the replica at once; handle the answers in order.
             let starts = assignments.iter().filter_map(|a| {
                 let job_id = job_ids.get(&a.job_name)?;
@@ -639,10 +652,12 @@ async fn reconcile_replica(
                     job_name: a.job_name.clone(),
                 };
                 match answer {
-                    Ok(job) => ctx
-                        .manager
-                        .mirror()
-                        .read(|m| ctx.model().start_answered(&key, job.updated_at_ms, m)),
+                    Ok(job) => {
+                        ctx.manager
+                            .mirror()
+                            .read(|m| ctx.model().start_answered(&key, job.updated_at_ms, m));
+                        started_now.push((key, job_id.clone()));
+                    }
                     Err(manager_client::ClientError::Rejected {
                         reason, message, ..
                     }) => {
@@ -673,6 +688,17 @@ async fn reconcile_replica(
                         ctx.manager.mirror().read(|m| ctx.model().abandon(&key, m));
                         first_error.get_or_insert(e);
                     }
+                }
+            }
+            if !all_started || first_error.is_some() {
+                // A replica is placed whole or not at all: stop what did start, so the next pass
+                // places the replica again as a unit instead of pinning the rest to a node that
+                // just refused part of it.
+                for (key, job_id) in &started_now {
+                    if let Err(e) = ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
+                        tracing::warn!(job = %job_id, error = %e, "could not roll back a partial replica start");
+                    }
+                    ctx.manager.mirror().read(|m| ctx.model().abandon(key, m));
                 }
             }
             if let Some(e) = first_error {
@@ -1220,12 +1246,19 @@ mod tests {
     }
 
     #[test]
+    fn a_stopping_job_makes_its_replica_wait() {
+        assert_eq!(
+            need(
+                &obs(proto::JobState::Stopping, proto::StopReason::Requested),
+                false
+            ),
+            Need::Wait
+        );
+    }
+
+    #[test]
     fn running_and_starting_jobs_need_nothing() {
-        for s in [
-            proto::JobState::Running,
-            proto::JobState::Starting,
-            proto::JobState::Stopping,
-        ] {
+        for s in [proto::JobState::Running, proto::JobState::Starting] {
             assert_eq!(
                 need(&obs(s, proto::StopReason::Unspecified), false),
                 Need::Nothing
