@@ -76,3 +76,20 @@ pub fn expected_error(text: &str) -> Option<&str> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
 }
+
+/// The condition of `type_` in an object's `status.conditions` (JSON), or `null`.
+pub fn condition<'a>(obj: &'a serde_json::Value, type_: &str) -> &'a serde_json::Value {
+    static NULL: serde_json::Value = serde_json::Value::Null;
+    obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&NULL)
+}
+
+/// `kubectl apply -f -` of `yaml` against the stack's cluster; panics with kubectl's error
+/// (a test helper).
+#[allow(clippy::expect_used)]
+pub async fn apply(stack: &stack::Stack, yaml: &str) {
+    let out = stack.env.apply_yaml(yaml).await.expect("kubectl runs");
+    assert!(out.success(), "apply failed: {}", out.stderr);
+}

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, condition};
 use automanager_e2e::{examples_dir, repo_root};
 use serde_json::Value;
 
@@ -20,11 +21,6 @@ async fn start() -> Stack {
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     stack
-}
-
-async fn apply(stack: &Stack, yaml: &str) {
-    let out = stack.env.apply_yaml(yaml).await.unwrap();
-    assert!(out.success(), "apply failed: {}", out.stderr);
 }
 
 /// A one-job bundle on the fixed on-prem pool; `strategy` is the job's declared migration strategy.
@@ -45,13 +41,6 @@ fn migration(name: &str, bundle: &str, extra: &str) -> String {
 
 fn job_id(bundle: &str) -> String {
     format!("default.{bundle}/0/enc")
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&Value::Null)
 }
 
 /// Starts the bundle and returns the node its job runs on.

@@ -7,14 +7,10 @@ use std::time::Duration;
 
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{SetupError, examples_dir};
+use automanager_e2e::{apply, condition};
 use serde_json::Value;
 
 const READY: Duration = Duration::from_secs(90);
-
-async fn apply(stack: &Stack, yaml: &str) {
-    let out = stack.env.apply_yaml(yaml).await.unwrap();
-    assert!(out.success(), "apply failed: {}", out.stderr);
-}
 
 async fn apply_examples(stack: &Stack) {
     let out = stack
@@ -38,13 +34,6 @@ fn job<'a>(bundle: &'a Value, replica: usize, name: &str) -> &'a Value {
     bundle["status"]["replicas"][replica]["jobs"]
         .as_array()
         .and_then(|js| js.iter().find(|j| j["jobName"] == name))
-        .unwrap_or(&Value::Null)
-}
-
-fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
         .unwrap_or(&Value::Null)
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use automanager_e2e::examples_dir;
 use automanager_e2e::stack::Stack;
-use serde_json::Value;
+use automanager_e2e::{apply, condition};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -26,13 +26,6 @@ fn spare_target(
     )
 }
 
-fn condition<'a>(obj: &'a Value, type_: &str) -> &'a Value {
-    obj["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
-        .unwrap_or(&Value::Null)
-}
-
 async fn start() -> Stack {
     let stack = Stack::start().await.expect("stack");
     let out = stack
@@ -42,11 +35,6 @@ async fn start() -> Stack {
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     stack
-}
-
-async fn apply(stack: &Stack, yaml: &str) {
-    let out = stack.env.apply_yaml(yaml).await.unwrap();
-    assert!(out.success(), "apply failed: {}", out.stderr);
 }
 
 /// Spare ManagerNodes of `pool` that are started and hold no job.
