@@ -80,9 +80,14 @@ echo
 kubectl get automanager -A
 echo
 say "placement of my-channel-1, replica 0, job encode (status summary)"
-kubectl get bundle my-channel-1 -n default -o jsonpath='{.status.replicas[0].jobs[0].lastPlacement}' | jq .
+kubectl get bundle my-channel-1 -n default -o jsonpath='{.status.replicas[0].jobs[0].lastPlacement}' | python3 -m json.tool
 say "the full trace: curl -s http://127.0.0.1:$http_port/debug/trace/default/my-channel-1"
-curl -s "http://127.0.0.1:$http_port/debug/trace/default/my-channel-1" | jq -c '.replicas[] | {replica, outcome: .decision.outcome.kind, pool: .decision.outcome.pool}'
+curl -s "http://127.0.0.1:$http_port/debug/trace/default/my-channel-1" | python3 -c '
+import json, sys
+for r in json.load(sys.stdin)["replicas"]:
+    o = r["decision"]["outcome"]
+    print(json.dumps({"replica": r["replica"], "outcome": o.get("kind"), "pool": o.get("pool")}))
+'
 
 if [ "${DEMO_EXIT:-0}" = 1 ]; then
   exit 0
