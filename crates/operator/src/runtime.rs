@@ -11,7 +11,7 @@ use kube::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use manager_client::{ManagerClient, MirrorChange};
+use manager_client::MirrorChange;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
 
@@ -306,11 +306,4 @@ impl crate::http::DebugApi for DebugState {
         let result = pl::validate_admission(&spec, self.0.model().engine(), now);
         serde_json::to_value(result).unwrap_or_default()
     }
-}
-
-/// Connects to Manager with the settings' endpoint, token and TLS.
-pub async fn connect_manager(
-    config: manager_client::ClientConfig,
-) -> Result<ManagerClient, manager_client::ClientError> {
-    ManagerClient::connect(config).await
 }

@@ -306,36 +306,10 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
     // Each band's job starts on-prem; killing their nodes sends gold and silver to aws-east.
-    apply(
-        &stack,
-        &bundle_yaml(
-            "g",
-            1,
-            "[onprem, aws-east]",
-            &job_yaml("enc", 20, "gold", ""),
-        ),
-    )
-    .await;
-    apply(
-        &stack,
-        &bundle_yaml(
-            "s",
-            1,
-            "[onprem, aws-east]",
-            &job_yaml("enc", 20, "silver", ""),
-        ),
-    )
-    .await;
-    apply(
-        &stack,
-        &bundle_yaml(
-            "b",
-            1,
-            "[onprem, aws-east]",
-            &job_yaml("enc", 20, "bronze", ""),
-        ),
-    )
-    .await;
+    for (name, band) in [("g", "gold"), ("s", "silver"), ("b", "bronze")] {
+        let jobs = job_yaml("enc", 20, band, "");
+        apply(&stack, &bundle_yaml(name, 1, "[onprem, aws-east]", &jobs)).await;
+    }
     let mut nodes = std::collections::HashMap::new();
     for n in ["g", "s", "b"] {
         let b = stack

@@ -214,54 +214,52 @@ pub async fn run_mirror_sync(
         let now = Utc::now();
         let unhealthy_now = ctx.health().unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
-        let (nodes, desired): (Vec<proto::Node>, Vec<(String, ManagerNodeStatus)>) =
-            ctx.manager.mirror().read(|m| {
-                let usage = mapping::usage_by_node(m.jobs.values());
-                let mut model = ctx.model();
-                let mut drains = drains.lock();
-                let health = ctx.health();
-                let nodes: Vec<proto::Node> = m.nodes.values().cloned().collect();
-                let mut desired = Vec::new();
-                for n in &nodes {
-                    let mut overlay = model.overlay(&n.node_id);
-                    let unhealthy = unhealthy_now.contains(&n.node_id);
-                    if overlay.unhealthy != unhealthy {
-                        overlay.unhealthy = unhealthy;
-                        model.set_overlay(&n.node_id, overlay, m);
-                    }
-                    let state = node_state(n);
-                    let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
-                        .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
-                        .unwrap_or(0);
-                    if gone_for
-                        > i64::try_from(ctx.settings.remove_stopped_nodes_after.as_millis())
-                            .unwrap_or(i64::MAX)
-                    {
-                        continue; // removed below, and not recreated
-                    }
-                    let name = mapping::node_object_name(&n.node_id);
-                    let mut status = desired_status(
-                        n,
-                        m,
-                        usage.get(&n.node_id).copied().unwrap_or_default(),
-                        overlay,
-                        health.count(&n.node_id),
-                        written.get(&name),
-                        now,
-                    );
-                    status.drain = drains.get_mut(&n.node_id).map(|d| {
-                        d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
-                        if matches!(state, NodeState::Stopped | NodeState::Terminated)
-                            && d.completed_at.is_none()
-                        {
-                            d.completed_at = Some(now);
-                        }
-                        d.clone()
-                    });
-                    desired.push((name, status));
+        let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
+            let usage = mapping::usage_by_node(m.jobs.values());
+            let mut model = ctx.model();
+            let mut drains = drains.lock();
+            let health = ctx.health();
+            let mut desired = Vec::new();
+            for n in m.nodes.values() {
+                let mut overlay = model.overlay(&n.node_id);
+                let unhealthy = unhealthy_now.contains(&n.node_id);
+                if overlay.unhealthy != unhealthy {
+                    overlay.unhealthy = unhealthy;
+                    model.set_overlay(&n.node_id, overlay, m);
                 }
-                (nodes, desired)
-            });
+                let state = node_state(n);
+                let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
+                    .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
+                    .unwrap_or(0);
+                if gone_for
+                    > i64::try_from(ctx.settings.remove_stopped_nodes_after.as_millis())
+                        .unwrap_or(i64::MAX)
+                {
+                    continue; // removed below, and not recreated
+                }
+                let name = mapping::node_object_name(&n.node_id);
+                let mut status = desired_status(
+                    n,
+                    m,
+                    usage.get(&n.node_id).copied().unwrap_or_default(),
+                    overlay,
+                    health.count(&n.node_id),
+                    written.get(&name),
+                    now,
+                );
+                status.drain = drains.get_mut(&n.node_id).map(|d| {
+                    d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
+                    if matches!(state, NodeState::Stopped | NodeState::Terminated)
+                        && d.completed_at.is_none()
+                    {
+                        d.completed_at = Some(now);
+                    }
+                    d.clone()
+                });
+                desired.push((name, status));
+            }
+            desired
+        });
         let keep: std::collections::HashSet<&str> =
             desired.iter().map(|(n, _)| n.as_str()).collect();
         for (name, status) in &desired {
@@ -323,7 +321,6 @@ pub async fn run_mirror_sync(
                 }
             }
         }
-        let _ = nodes;
     }
 }
 
