@@ -13,7 +13,30 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn start() -> Stack {
-    let stack = Stack::start().await.expect("stack");
+    with_pools(Stack::start().await.expect("stack")).await
+}
+
+/// A stack whose simulated jobs wait up to ten minutes for an answer, so a cutover held by
+/// `slow-cutover` lasts as long as the test asks however loaded the machine is (the sim's default
+/// answer timeout, 30 s, would otherwise abort it first).
+async fn start_patient() -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
+    let config = dir.path().join("manager-sim.yaml");
+    std::fs::write(
+        &config,
+        format!("{demo}\njobSocket: {{answerTimeoutMs: 600000}}\n"),
+    )
+    .unwrap();
+    with_pools(
+        Stack::start_custom(&config, &[], |_| {})
+            .await
+            .expect("stack"),
+    )
+    .await
+}
+
+async fn with_pools(stack: Stack) -> Stack {
     let out = stack
         .env
         .apply_file(examples_dir().join("pools.yaml"))
@@ -68,8 +91,14 @@ async fn wait_phase(stack: &Stack, name: &str, phase: &str) -> Value {
         .unwrap_or_else(|e| {
             let log = stack.sim.log_text();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let now = std::process::Command::new("kubectl")
+                .env("KUBECONFIG", stack.env.kubeconfig_path())
+                .args(["get", "migration", name, "-n", "default", "-o", "yaml"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
             panic!(
-                "{}\nmanager-sim log tail (newest first):\n{}",
+                "{}\nthe Migration now:\n{now}\nmanager-sim log tail (newest first):\n{}",
                 e.0,
                 tail.join("\n")
             )
@@ -248,9 +277,9 @@ async fn a_stronger_strategy_than_declared_is_rejected() {
 
 #[tokio::test]
 async fn a_second_migration_of_the_same_job_is_rejected() {
-    let stack = start().await;
+    let stack = start_patient().await;
     // The first migration holds the job in its cutover for a while.
-    held_in_cutover(&stack, "talk", "first", "4000").await;
+    held_in_cutover(&stack, "talk", "first", "8000").await;
     apply(&stack, &migration("second", "talk", "")).await;
     let m = wait_phase(&stack, "second", "Rejected").await;
     let c = condition(&m, "Rejected");
@@ -278,8 +307,8 @@ async fn a_refused_state_ends_the_migration_with_no_target() {
 
 #[tokio::test]
 async fn an_abort_before_cutover_leaves_the_source_running() {
-    let stack = start().await;
-    let source = held_in_cutover(&stack, "docs", "move-docs", "30000").await;
+    let stack = start_patient().await;
+    let source = held_in_cutover(&stack, "docs", "move-docs", "300000").await;
     let out = stack
         .env
         .run_kubectl([
@@ -376,8 +405,8 @@ async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
 
 #[tokio::test]
 async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
-    let stack = start().await;
-    let source = held_in_cutover(&stack, "shop", "move-shop", "60000").await;
+    let stack = start_patient().await;
+    let source = held_in_cutover(&stack, "shop", "move-shop", "300000").await;
     let out = stack
         .env
         .run_kubectl([
