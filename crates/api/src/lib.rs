@@ -61,5 +61,10 @@ pub const MIGRATION_FINALIZER: &str = "automanager.norsk.io/migration-cleanup";
 /// Annotation a user sets to a new value to retry a Broken bundle:
 /// `kubectl annotate --overwrite bundle NAME automanager.norsk.io/retry=$(date +%s)`.
 pub const RETRY_ANNOTATION: &str = "automanager.norsk.io/retry";
+/// Label on the Migrations a `migrate` drain creates; its value identifies the drained node
+/// (a short hash of the node's object name, which may be longer than a label value may be).
+pub const DRAIN_NODE_LABEL: &str = "automanager.norsk.io/drain-node";
+/// Annotation on the Migrations a `migrate` drain creates: the drained ManagerNode's name.
+pub const DRAIN_NODE_ANNOTATION: &str = "automanager.norsk.io/drained-node";
 /// Field manager the operator uses for server-side apply of status.
 pub const FIELD_MANAGER: &str = "automanager-operator";

@@ -20,8 +20,9 @@ pub enum DrainMode {
     /// Cordon, then terminate the node; its jobs recover per their band (gold prefers a spare,
     /// bronze is dropped).
     Terminate,
-    /// Cordon, then move every job off the node with a Migration (the drop-free drain); only
-    /// jobs whose migration fails fall back to band recovery.
+    /// Cordon, then move every job off the node with a Migration (the drop-free drain), at most
+    /// `migration.drainParallelism` at a time; only jobs whose migration fails fall back to band
+    /// recovery. Once no job is left, the node is terminated.
     Migrate,
 }
 

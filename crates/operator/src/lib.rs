@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod controllers;
+pub mod drain_plan;
 pub mod health;
 pub mod http;
 pub mod leader;

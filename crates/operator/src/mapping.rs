@@ -29,6 +29,14 @@ pub fn bundle_object(bundle_id: &str) -> Option<(&str, &str)> {
     (!ns.is_empty() && !name.is_empty()).then_some((ns, name))
 }
 
+/// FNV-1a of `s`: stable across runs and platforms, unlike the std hasher, for names derived
+/// from ids.
+pub fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The object name of a ManagerNode for a Manager node id: the id itself when it is a valid
 /// DNS subdomain, else a sanitised form with a short hash so distinct ids stay distinct.
 pub fn node_object_name(node_id: &str) -> String {
@@ -60,10 +68,7 @@ pub fn node_object_name(node_id: &str) -> String {
         .collect();
     clean.truncate(200);
     let clean = clean.trim_matches('-');
-    // FNV-1a: stable across runs and platforms, unlike the std hasher.
-    let hash = node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = fnv1a(node_id);
     format!(
         "{}-{:08x}",
         if clean.is_empty() { "node" } else { clean },

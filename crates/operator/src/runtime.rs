@@ -7,10 +7,10 @@ use std::time::Duration;
 use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
 use automanager_placement as pl;
 use futures::StreamExt;
-use kube::Api;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
 use manager_client::MirrorChange;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
@@ -187,9 +187,23 @@ pub async fn run_controllers(
         )
         .for_each(|_| futures::future::ready(()));
 
+    // A migrate drain steps when one of its Migrations changes.
+    let drain_migrations: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(client.clone(), one),
+        _ => Api::all(client.clone()),
+    };
     let node_controller = Controller::new(
         Api::<ManagerNode>::all(client.clone()),
         watcher::Config::default(),
+    )
+    .watches(
+        drain_migrations,
+        watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
+        |m: Migration| {
+            m.annotations()
+                .get(automanager_api::DRAIN_NODE_ANNOTATION)
+                .map(|node| ObjectRef::<ManagerNode>::new(node))
+        },
     )
     .graceful_shutdown_on(shutdown.clone())
     .run(

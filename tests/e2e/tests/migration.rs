@@ -513,3 +513,214 @@ async fn a_handover_target_without_the_job_socket_is_rejected() {
     );
     wait_single_instance_on(&stack, "plain", &source).await;
 }
+
+/// A one-job bundle of the given band and declared strategy on the on-prem pool.
+fn banded_bundle(name: &str, strategy: &str, band: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: {band}}}\n      migration: {{strategy: {strategy}}}\n"
+    )
+}
+
+/// `kubectl patch managernode` (merge), retried until the operator has created the object.
+async fn patch_node(stack: &Stack, node: &str, patch: &str) {
+    stack
+        .wait_for(&format!("patching ManagerNode {node}"), WAIT, || async {
+            let out = stack
+                .env
+                .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
+                .await?;
+            Ok(out.success().then_some(()))
+        })
+        .await
+        .unwrap();
+}
+
+/// Cordons every on-prem node but `keep`, runs `bundles` (name, strategy, band) there, then
+/// uncordons the others: every job starts on `keep`.
+async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &str)]) {
+    let others: Vec<&str> = ["onprem-a1", "onprem-a2", "onprem-b1"]
+        .into_iter()
+        .filter(|n| *n != keep)
+        .collect();
+    for n in &others {
+        patch_node(stack, n, r#"{"spec":{"cordoned":true}}"#).await;
+    }
+    for (name, strategy, band) in bundles {
+        apply(stack, &banded_bundle(name, strategy, band)).await;
+    }
+    for (name, ..) in bundles {
+        let b = stack
+            .wait_bundle_phase("default", name, "Ready", WAIT)
+            .await
+            .unwrap();
+        assert_eq!(
+            b["status"]["replicas"][0]["jobs"][0]["nodeId"], keep,
+            "{b:#}"
+        );
+    }
+    for n in &others {
+        patch_node(stack, n, r#"{"spec":{"cordoned":false}}"#).await;
+    }
+}
+
+/// Waits until the drained node's status says the drain completed; returns the ManagerNode.
+async fn wait_drained(stack: &Stack, node: &str) -> Value {
+    stack
+        .wait_for(
+            &format!("the drain of {node} to complete"),
+            WAIT,
+            || async {
+                let n = stack.get_json(&["managernode", node]).await?;
+                let done = n["status"]["drain"]["completedAt"].is_string()
+                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
+                Ok(done.then_some(n))
+            },
+        )
+        .await
+        .unwrap()
+}
+
+/// The drain's Migrations: name → phase.
+async fn drain_migrations(stack: &Stack) -> Vec<(String, String)> {
+    let list = stack
+        .get_json(&[
+            "migrations",
+            "-n",
+            "default",
+            "-l",
+            "automanager.norsk.io/drain-node",
+        ])
+        .await
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["spec"]["job"]["bundle"].as_str().unwrap().to_owned(),
+                m["status"]["phase"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
+    let stack = start().await;
+    let bundles = [
+        ("dm-hand", "handover", "bronze"),
+        ("dm-over", "overlap", "bronze"),
+        ("dm-stop", "stopThenStart", "bronze"),
+        ("dm-gold", "handover", "gold"),
+        ("dm-silv", "overlap", "silver"),
+    ];
+    jobs_on_one_node(&stack, "onprem-a1", &bundles).await;
+
+    patch_node(
+        &stack,
+        "onprem-a1",
+        r#"{"spec":{"drain":{"mode":"migrate"}}}"#,
+    )
+    .await;
+    let node = wait_drained(&stack, "onprem-a1").await;
+    let drain = &node["status"]["drain"];
+    assert_eq!(drain["jobsMigrated"], 5, "{node:#}");
+    assert_eq!(drain["jobsDropped"], 0, "{node:#}");
+    assert_eq!(drain["jobsRecovered"], 0, "{node:#}");
+
+    let mut migs = drain_migrations(&stack).await;
+    migs.sort();
+    let mut expected: Vec<(String, String)> = bundles
+        .iter()
+        .map(|(b, ..)| ((*b).to_owned(), "Completed".to_owned()))
+        .collect();
+    expected.sort();
+    assert_eq!(migs, expected);
+    for (name, ..) in bundles {
+        let b = stack
+            .wait_bundle_phase("default", name, "Ready", WAIT)
+            .await
+            .unwrap();
+        let j = &b["status"]["replicas"][0]["jobs"][0];
+        assert_eq!(j["state"], "running", "{b:#}");
+        assert_ne!(j["nodeId"], "onprem-a1", "{b:#}");
+    }
+    // The node was emptied before it was terminated: no job stopped with it.
+    let events = stack
+        .get_json(&[
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=JobDropped",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(events["items"].as_array().unwrap().len(), 0, "{events:#}");
+}
+
+#[tokio::test]
+async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
+    let stack = with_pools(
+        Stack::start_with(|c| {
+            c.insert(
+                "migration".into(),
+                serde_yaml::from_str("{drainParallelism: 1}").unwrap(),
+            );
+        })
+        .await
+        .expect("stack"),
+    )
+    .await;
+    let bundles = [
+        ("fb-bronze", "handover", "bronze"),
+        ("fb-silver", "handover", "silver"),
+        ("fb-fine", "overlap", "bronze"),
+    ];
+    jobs_on_one_node(&stack, "onprem-b1", &bundles).await;
+    for b in ["fb-bronze", "fb-silver"] {
+        stack
+            .chaos(&["migration-behaviour", &job_id(b), "refuse-state"])
+            .unwrap();
+    }
+
+    patch_node(
+        &stack,
+        "onprem-b1",
+        r#"{"spec":{"drain":{"mode":"migrate"}}}"#,
+    )
+    .await;
+    let node = wait_drained(&stack, "onprem-b1").await;
+    let drain = &node["status"]["drain"];
+    assert_eq!(drain["jobsMigrated"], 1, "{node:#}");
+    assert_eq!(drain["jobsRecovered"], 1, "{node:#}");
+    assert_eq!(drain["jobsDropped"], 1, "{node:#}");
+
+    // The refused silver job restarted elsewhere by its band; the refused bronze one was dropped.
+    let silver = stack
+        .wait_bundle_phase("default", "fb-silver", "Ready", WAIT)
+        .await
+        .unwrap();
+    assert_ne!(
+        silver["status"]["replicas"][0]["jobs"][0]["nodeId"], "onprem-b1",
+        "{silver:#}"
+    );
+    stack
+        .wait_for("the refused bronze job to be dropped", WAIT, || async {
+            let b = stack
+                .get_json(&["bundle", "fb-bronze", "-n", "default"])
+                .await?;
+            Ok((b["status"]["replicas"][0]["jobs"][0]["state"] == "dropped").then_some(()))
+        })
+        .await
+        .unwrap();
+    let fine = stack
+        .wait_bundle_phase("default", "fb-fine", "Ready", WAIT)
+        .await
+        .unwrap();
+    assert_ne!(
+        fine["status"]["replicas"][0]["jobs"][0]["nodeId"], "onprem-b1",
+        "{fine:#}"
+    );
+}

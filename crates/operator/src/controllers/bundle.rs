@@ -245,6 +245,8 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         ctx.ledger().forget_bundle(&bundle_id);
         ctx.dropped()
             .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
+        ctx.handed_to_recovery()
+            .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
         ctx.event(
             bundle,
             EventType::Normal,
@@ -281,9 +283,28 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     let mut needs: BTreeMap<(u32, String), Need> = BTreeMap::new();
     {
         let dropped = ctx.dropped();
+        let mut handed = ctx.handed_to_recovery();
         let model = ctx.model();
         for (k, o) in observed.iter_mut() {
-            let mut n = need(o, dropped.contains_key(&o.job_id));
+            let is_dropped = dropped.contains_key(&o.job_id);
+            let mut n = need(o, is_dropped);
+            if handed.contains_key(&o.job_id) {
+                match o.state {
+                    // Handed over by a failed migration or a drain: its stop is a failure.
+                    proto::JobState::Stopped if n == Need::Place => {
+                        n = if is_dropped {
+                            Need::Dropped
+                        } else {
+                            Need::Recover
+                        };
+                    }
+                    // Running again: the recovery is done.
+                    proto::JobState::Running | proto::JobState::Starting => {
+                        handed.remove(&o.job_id);
+                    }
+                    _ => {}
+                }
+            }
             // Manager accepted a start the mirror does not show yet: never start it twice.
             let key = pl::JobKey {
                 bundle_id: bundle_id.clone(),
@@ -1149,6 +1170,8 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         .read(|m| ctx.model().forget_bundle(&bundle_id, m));
     ctx.ledger().forget_bundle(&bundle_id);
     ctx.dropped()
+        .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
+    ctx.handed_to_recovery()
         .retain(|id, _| !id.starts_with(&format!("{bundle_id}/")));
     ctx.traces().remove(&(ns, name));
     ctx.set_broken(&bundle_id, false);

@@ -1005,6 +1005,11 @@ impl Run<'_> {
                 Ok(None)
             }
             Action::RecoverByBand { reason } => {
+                // The job's stop now counts as a failure: its band decides (bronze is dropped).
+                self.ctx
+                    .handed_to_recovery()
+                    .insert(self.job_id.clone(), self.now());
+                let _ = self.ctx.bundle_trigger.send(());
                 self.ctx
                     .event(
                         self.mig,

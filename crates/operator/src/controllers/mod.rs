@@ -5,6 +5,7 @@
 //! (status with server-side apply, Events, metrics).
 
 pub mod bundle;
+pub mod drain;
 pub mod hotspare;
 pub mod migration;
 pub mod node;
@@ -76,6 +77,9 @@ pub struct Context {
     pub traces: Mutex<HashMap<(String, String), BTreeMap<u32, LastDecision>>>,
     /// Job ids of bronze jobs dropped after a failure (they stay down until a retry or a spec change).
     pub dropped: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
+    /// Job ids handed to their band's recovery by a failed migration or a drain's fallback: a
+    /// stop of such a job counts as a failure (gold and silver restart, bronze is dropped).
+    pub handed_to_recovery: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
     /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
     pub broken: Mutex<std::collections::HashSet<String>>,
     /// Asks the Bundle controller to look at every bundle (a pool or node changed).
@@ -112,6 +116,7 @@ impl Context {
             recorder,
             traces: Mutex::new(HashMap::new()),
             dropped: Mutex::new(HashMap::new()),
+            handed_to_recovery: Mutex::new(HashMap::new()),
             broken: Mutex::new(std::collections::HashSet::new()),
             bundle_trigger,
         })
@@ -132,6 +137,13 @@ impl Context {
     }
     pub fn dropped(&self) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
         self.dropped.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn handed_to_recovery(
+        &self,
+    ) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
+        self.handed_to_recovery
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records whether a bundle is Broken and updates the gauge.

@@ -5,7 +5,8 @@
 //! for each node Manager reports, writes status when it changed (batched every
 //! `statusWriteInterval`), and deletes objects of nodes gone or stopped for longer than
 //! `removeStoppedNodesAfter`. [`reconcile`] watches the objects' spec: a cordon (or drain) keeps
-//! placement off the node; `drain.mode: terminate` terminates it, and its jobs recover by band.
+//! placement off the node; `drain.mode: terminate` terminates it, and its jobs recover by band;
+//! `drain.mode: migrate` moves every job off first (see [`super::drain`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -51,7 +52,7 @@ const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 pub struct Drains(Mutex<HashMap<String, DrainStatus>>);
 
 impl Drains {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DrainStatus>> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DrainStatus>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -388,56 +389,40 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
     let Some(drain) = node.spec.drain else {
         return Ok(Action::await_change());
     };
+    if drain.mode == DrainMode::Migrate {
+        return super::drain::step(node, &node_id, ctx, drains).await;
+    }
     if drains.lock().contains_key(&node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
-    match drain.mode {
-        DrainMode::Terminate => {
-            if !ctx.manager_ready() {
-                return Err(ctx.manager_unavailable());
-            }
-            let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
-            drains.lock().insert(
-                node_id.clone(),
-                DrainStatus {
-                    jobs_remaining: i32::try_from(jobs).unwrap_or(0),
-                    started_at: Some(Utc::now()),
-                    ..Default::default()
-                },
-            );
-            let gone = ctx.manager.mirror().node(&node_id).is_none_or(|n| {
-                matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped)
-            });
-            if !gone {
-                ctx.manager.terminate_node(&node_id).await?;
-            }
-            ctx.event(
-                node,
-                EventType::Normal,
-                "Draining",
-                "Drain",
-                format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band"),
-            )
-            .await;
-        }
-        DrainMode::Migrate => {
-            ctx.event(
-                node,
-                EventType::Warning,
-                "DrainModeUnavailable",
-                "Drain",
-                "drain mode migrate needs the Migration controller, which this operator version does not run; the node is cordoned only".to_owned(),
-            )
-            .await;
-            drains.lock().insert(
-                node_id.clone(),
-                DrainStatus {
-                    started_at: Some(Utc::now()),
-                    ..Default::default()
-                },
-            );
-        }
+    if !ctx.manager_ready() {
+        return Err(ctx.manager_unavailable());
     }
+    let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
+    drains.lock().insert(
+        node_id.clone(),
+        DrainStatus {
+            jobs_remaining: i32::try_from(jobs).unwrap_or(0),
+            started_at: Some(Utc::now()),
+            ..Default::default()
+        },
+    );
+    let gone = ctx
+        .manager
+        .mirror()
+        .node(&node_id)
+        .is_none_or(|n| matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped));
+    if !gone {
+        ctx.manager.terminate_node(&node_id).await?;
+    }
+    ctx.event(
+        node,
+        EventType::Normal,
+        "Draining",
+        "Drain",
+        format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band"),
+    )
+    .await;
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 

@@ -1,0 +1,347 @@
+//! `drain: {mode: migrate}`: the drop-free drain. The node is cordoned (by the ManagerNode
+//! reconcile), then every job on it is moved by a `Migration` this module creates, at most
+//! `migration.drainParallelism` at a time; a job whose Migration fails is handed to its band's
+//! recovery; once the node holds no job of ours it is terminated.
+//!
+//! The Migrations are ordinary objects (owned by the ManagerNode, labelled with the node), so the
+//! user sees each move with `kubectl get migrations`, and a restarted operator picks the drain up
+//! from them. What to do next is decided by the pure [`crate::drain_plan`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_api::{
+    self as api, Bundle, DrainStatus, ManagerNode, Migration, MigrationJobRef, MigrationPhase,
+    MigrationSpec,
+};
+use chrono::Utc;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use manager_client::ClientError;
+use manager_proto as proto;
+
+use super::node::Drains;
+use super::{Context, Error};
+use crate::drain_plan::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
+use crate::mapping;
+
+/// How often a drain in progress is looked at when no Migration change wakes it.
+const STEP: Duration = Duration::from_secs(2);
+
+/// The label value naming a drained node on its Migrations (label values are at most 63
+/// characters; object names may be longer).
+pub fn node_label(node_object: &str) -> String {
+    format!("{:016x}", mapping::fnv1a(node_object))
+}
+
+/// The name of the Migration that moves `job_id` off `node_object`: stable, so a restarted
+/// operator finds (or re-creates) the same object.
+pub fn migration_name(node_object: &str, job_id: &str) -> String {
+    let node: String = node_object.chars().take(40).collect();
+    let node = node.trim_end_matches(['-', '.']);
+    format!("drain-{node}-{:08x}", mapping::fnv1a(job_id) as u32)
+}
+
+/// `(bundle namespace, bundle name, replica, job name)` of a Manager job id
+/// (`<namespace>.<bundle>/<replica>/<job>`), when it is one of ours.
+fn job_ref(job_id: &str) -> Option<(String, String, i32, String)> {
+    let mut parts = job_id.rsplitn(3, '/');
+    let job = parts.next()?;
+    let replica: i32 = parts.next()?.parse().ok()?;
+    let (ns, name) = mapping::bundle_object(parts.next()?)?;
+    (!job.is_empty() && replica >= 0)
+        .then(|| (ns.to_owned(), name.to_owned(), replica, job.to_owned()))
+}
+
+fn outcome(m: &Migration) -> MigrationOutcome {
+    use MigrationPhase as P;
+    match m.status.as_ref().map(|s| s.phase).unwrap_or_default() {
+        P::Completed => MigrationOutcome::Completed,
+        P::Aborted | P::Refused | P::Rejected | P::Failed => MigrationOutcome::Failed,
+        _ => MigrationOutcome::InFlight,
+    }
+}
+
+fn migration_job_id(m: &Migration) -> Option<String> {
+    let ns = m.namespace()?;
+    let j = &m.spec.job;
+    Some(format!(
+        "{}/{}/{}",
+        mapping::bundle_id(&ns, &j.bundle),
+        j.replica,
+        j.job_name
+    ))
+}
+
+/// Bundles looked up during one step, by (namespace, name).
+struct Bundles<'a> {
+    ctx: &'a Context,
+    seen: HashMap<(String, String), Option<Bundle>>,
+}
+
+impl Bundles<'_> {
+    async fn get(&mut self, ns: &str, name: &str) -> Result<Option<&Bundle>, Error> {
+        let key = (ns.to_owned(), name.to_owned());
+        if !self.seen.contains_key(&key) {
+            let watched = self.ctx.settings.watch_namespaces.is_empty()
+                || self.ctx.settings.watch_namespaces.iter().any(|n| n == ns);
+            let found = if watched {
+                Api::<Bundle>::namespaced(self.ctx.client.clone(), ns)
+                    .get_opt(name)
+                    .await?
+            } else {
+                None
+            };
+            self.seen.insert(key.clone(), found);
+        }
+        Ok(self.seen.get(&key).and_then(Option::as_ref))
+    }
+
+    /// Whether the job's band drops it on failure (bronze by default).
+    async fn drops(&mut self, job_id: &str) -> Result<bool, Error> {
+        let Some((ns, name, _, job)) = job_ref(job_id) else {
+            return Ok(false);
+        };
+        let ctx = self.ctx;
+        Ok(self.get(&ns, &name).await?.is_some_and(|b| {
+            b.spec.jobs.iter().any(|j| {
+                j.job_name == job
+                    && ctx
+                        .settings
+                        .band(j.requirements.priority_band, b.spec.bands.as_ref())
+                        .on_failure
+                        == api::OnFailure::Drop
+            })
+        }))
+    }
+}
+
+/// One step of a migrate drain of `node` (Manager id `node_id`).
+pub async fn step(
+    node: &ManagerNode,
+    node_id: &str,
+    ctx: &Arc<Context>,
+    drains: &Drains,
+) -> Result<Action, Error> {
+    if !ctx.manager_ready() {
+        return Err(ctx.manager_unavailable());
+    }
+    let node_object = node.name_any();
+    let started_at = node
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.as_ref())
+        .and_then(|d| d.started_at)
+        .unwrap_or_else(Utc::now);
+    drains
+        .lock()
+        .entry(node_id.to_owned())
+        .or_insert(DrainStatus {
+            started_at: Some(started_at),
+            ..Default::default()
+        });
+
+    // The node is gone already: its jobs recover by band (Manager reports them lost).
+    let state = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .get(node_id)
+            .and_then(|n| proto::NodeState::try_from(n.state).ok())
+    });
+    if !matches!(
+        state,
+        Some(proto::NodeState::Started | proto::NodeState::Starting)
+    ) {
+        return Ok(Action::await_change());
+    }
+
+    // The jobs Manager shows on the node (normal instances that hold it).
+    let on_node: Vec<String> = ctx.manager.mirror().read(|m| {
+        m.jobs
+            .values()
+            .filter(|j| {
+                j.instances.iter().any(|i| {
+                    i.node_id == node_id
+                        && (i.role == proto::JobRole::Normal as i32
+                            || i.role == proto::JobRole::Unspecified as i32)
+                        && (i.state == proto::JobState::Starting as i32
+                            || i.state == proto::JobState::Running as i32)
+                })
+            })
+            .map(|j| j.job_id.clone())
+            .collect()
+    });
+    let mut bundles = Bundles {
+        ctx,
+        seen: HashMap::new(),
+    };
+    let mut jobs = Vec::with_capacity(on_node.len());
+    for job_id in on_node {
+        let managed = match job_ref(&job_id) {
+            Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
+            None => false,
+        };
+        jobs.push(DrainJob { job_id, managed });
+    }
+
+    let migrations_api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(ctx.client.clone(), one),
+        _ => Api::all(ctx.client.clone()),
+    };
+    let listed = migrations_api
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            api::DRAIN_NODE_LABEL,
+            node_label(&node_object)
+        )))
+        .await?;
+    let mine: Vec<DrainMigration> = listed
+        .items
+        .iter()
+        .filter_map(|m| {
+            Some(DrainMigration {
+                job_id: migration_job_id(m)?,
+                outcome: outcome(m),
+            })
+        })
+        .collect();
+
+    let plan = plan_drain(&jobs, &mine, usize::from(ctx.settings.drain_parallelism));
+
+    for job_id in &plan.migrate {
+        let Some((ns, bundle, replica, job_name)) = job_ref(job_id) else {
+            continue;
+        };
+        let name = migration_name(&node_object, job_id);
+        let mig = Migration {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(ns.clone()),
+                labels: Some([(api::DRAIN_NODE_LABEL.to_owned(), node_label(&node_object))].into()),
+                annotations: Some(
+                    [(api::DRAIN_NODE_ANNOTATION.to_owned(), node_object.clone())].into(),
+                ),
+                owner_references: node.controller_owner_ref(&()).map(|o| vec![o]),
+                ..Default::default()
+            },
+            spec: MigrationSpec {
+                job: MigrationJobRef {
+                    bundle,
+                    replica,
+                    job_name,
+                },
+                target_node: None,
+                strategy: None,
+                abort: None,
+            },
+            status: None,
+        };
+        match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+            .create(&PostParams::default(), &mig)
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(node = %node_id, job = %job_id, migration = %name, "drain: migrating job");
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+
+    for job_id in &plan.fall_back {
+        ctx.handed_to_recovery().insert(job_id.clone(), Utc::now());
+        match ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
+            Ok(_) => {}
+            Err(
+                ClientError::NotFound(_)
+                | ClientError::FailedPrecondition(_)
+                | ClientError::InvalidArgument(_),
+            ) => {}
+            Err(e) => return Err(e.into()),
+        }
+        ctx.event(
+            node,
+            EventType::Warning,
+            "DrainFallback",
+            "Drain",
+            format!("the migration of {job_id} failed; the job is handed to its band's recovery"),
+        )
+        .await;
+        let _ = ctx.bundle_trigger.send(());
+    }
+
+    // Progress, from the Migrations (so it survives a restart).
+    let mut dropped = 0usize;
+    for m in mine
+        .iter()
+        .filter(|m| m.outcome == MigrationOutcome::Failed)
+    {
+        if bundles.drops(&m.job_id).await? {
+            dropped += 1;
+        }
+    }
+    if let Some(d) = drains.lock().get_mut(node_id) {
+        d.jobs_migrated = i32::try_from(plan.migrated).unwrap_or(i32::MAX);
+        d.jobs_dropped = i32::try_from(dropped).unwrap_or(i32::MAX);
+        d.jobs_recovered =
+            i32::try_from(plan.fell_back.saturating_sub(dropped)).unwrap_or(i32::MAX);
+    }
+
+    if plan.done {
+        ctx.manager.terminate_node(node_id).await?;
+        ctx.event(
+            node,
+            EventType::Normal,
+            "Drained",
+            "Drain",
+            format!(
+                "node {node_id} is empty ({} jobs migrated, {} handed to band recovery of which {dropped} dropped) and was terminated",
+                plan.migrated, plan.fell_back
+            ),
+        )
+        .await;
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(STEP))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_id_names_its_bundle_replica_and_job() {
+        assert_eq!(
+            job_ref("news.evening/1/enc"),
+            Some(("news".into(), "evening".into(), 1, "enc".into()))
+        );
+        assert_eq!(job_ref("no-namespace/0/enc"), None);
+        assert_eq!(job_ref("ns.b/x/enc"), None);
+        assert_eq!(job_ref("ns.b/-1/enc"), None);
+        assert_eq!(job_ref("ns.b/0/"), None);
+        assert_eq!(job_ref(""), None);
+    }
+
+    #[test]
+    fn drain_migration_names_are_stable_valid_and_distinct_per_job() {
+        let long = "n".repeat(253);
+        for node in ["onprem-a1", long.as_str(), "a.b-"] {
+            let a = migration_name(node, "ns.b/0/enc");
+            let b = migration_name(node, "ns.b/1/enc");
+            assert_ne!(a, b);
+            assert_eq!(a, migration_name(node, "ns.b/0/enc"));
+            assert!(a.len() <= 63, "{a}");
+            assert!(
+                a.bytes().all(|c| c.is_ascii_lowercase()
+                    || c.is_ascii_digit()
+                    || c == b'-'
+                    || c == b'.'),
+                "{a}"
+            );
+            assert!(!a.ends_with(['-', '.']), "{a}");
+        }
+        assert_eq!(node_label(&long).len(), 16);
+    }
+}

@@ -1,0 +1,312 @@
+//! The drain planner: what a `drain: {mode: migrate}` on one node needs done right now.
+//!
+//! Pure: the caller passes the jobs Manager shows on the node and the drain's Migrations as plain
+//! data; [`plan_drain`] answers with a [`DrainPlan`]. No I/O, no clock.
+//!
+//! The rules (issue 9, and the seed's "Drain / cordon": migrate is the drop-free variant of
+//! cordon + terminate):
+//!
+//! - **Every job gets one Migration.** A job on the node that belongs to a Bundle and has no
+//!   drain Migration yet is migrated; jobs are taken in job-id order, so a restarted operator
+//!   picks the same next job.
+//! - **Bounded parallelism.** At most `parallelism` drain Migrations are in flight at once
+//!   (at least one, whatever the caller passes).
+//! - **A failed migration falls back to band recovery.** When a job's Migration ended without
+//!   moving it (aborted, refused, rejected, failed) and the job is still on the node, that job —
+//!   and only that job — is handed to its band's recovery (gold and silver restart elsewhere,
+//!   bronze is dropped). A job whose Migration completed is never handed over, even while the
+//!   mirror still shows it on the node (it is about to disappear).
+//! - **Jobs that belong to no Bundle** cannot be migrated by the operator (it knows neither their
+//!   rules nor their owner); they do not hold the drain up and stop with the node.
+//! - **Done** when no managed job is left on the node and no Migration is in flight: the node is
+//!   then terminated, like a `terminate` drain of an empty node.
+//!
+//! Counting: `migrated` is the number of Completed Migrations, `fell_back` the number of jobs
+//! whose Migration failed (recovered or dropped by band, which the caller resolves).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A job Manager shows on the drained node (a normal instance that is starting or running).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainJob {
+    pub job_id: String,
+    /// It belongs to a Bundle, so a Migration can name it.
+    pub managed: bool,
+}
+
+/// Where one of the drain's Migrations stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrationOutcome {
+    InFlight,
+    Completed,
+    /// Ended without moving the job (aborted, refused, rejected, failed).
+    Failed,
+}
+
+/// One of the drain's Migrations, by the job it moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainMigration {
+    pub job_id: String,
+    pub outcome: MigrationOutcome,
+}
+
+/// What to do now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainPlan {
+    /// Jobs to create a Migration for now, in order.
+    pub migrate: Vec<String>,
+    /// Jobs whose Migration failed and which are still on the node: hand them to band recovery.
+    pub fall_back: Vec<String>,
+    /// Migrations in flight after `migrate` is carried out.
+    pub in_flight: usize,
+    /// Jobs moved by a completed Migration.
+    pub migrated: usize,
+    /// Jobs whose Migration failed.
+    pub fell_back: usize,
+    /// Managed jobs still on the node.
+    pub remaining: usize,
+    /// Nothing managed is left on the node and nothing is in flight: terminate the node.
+    pub done: bool,
+}
+
+/// The next step of a migrate drain. `parallelism` below 1 counts as 1.
+pub fn plan_drain(
+    jobs_on_node: &[DrainJob],
+    migrations: &[DrainMigration],
+    parallelism: usize,
+) -> DrainPlan {
+    let parallelism = parallelism.max(1);
+    // One outcome per job: a job listed twice counts by its most advanced record
+    // (in flight beats failed beats nothing; completed beats all).
+    let mut outcome: BTreeMap<&str, MigrationOutcome> = BTreeMap::new();
+    for m in migrations {
+        let rank = |o: MigrationOutcome| match o {
+            MigrationOutcome::Failed => 0,
+            MigrationOutcome::InFlight => 1,
+            MigrationOutcome::Completed => 2,
+        };
+        outcome
+            .entry(m.job_id.as_str())
+            .and_modify(|o| {
+                if rank(m.outcome) > rank(*o) {
+                    *o = m.outcome;
+                }
+            })
+            .or_insert(m.outcome);
+    }
+    let managed: BTreeSet<&str> = jobs_on_node
+        .iter()
+        .filter(|j| j.managed)
+        .map(|j| j.job_id.as_str())
+        .collect();
+
+    let mut plan = DrainPlan {
+        migrated: count(&outcome, MigrationOutcome::Completed),
+        fell_back: count(&outcome, MigrationOutcome::Failed),
+        in_flight: count(&outcome, MigrationOutcome::InFlight),
+        remaining: managed.len(),
+        ..DrainPlan::default()
+    };
+    for job in &managed {
+        match outcome.get(job) {
+            None if plan.in_flight < parallelism => {
+                plan.migrate.push((*job).to_owned());
+                plan.in_flight += 1;
+            }
+            Some(MigrationOutcome::Failed) => plan.fall_back.push((*job).to_owned()),
+            _ => {}
+        }
+    }
+    plan.done = managed.is_empty() && plan.in_flight == 0;
+    plan
+}
+
+fn count(outcome: &BTreeMap<&str, MigrationOutcome>, which: MigrationOutcome) -> usize {
+    outcome.values().filter(|o| **o == which).count()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn job(id: &str) -> DrainJob {
+        DrainJob {
+            job_id: id.into(),
+            managed: true,
+        }
+    }
+
+    fn mig(id: &str, outcome: MigrationOutcome) -> DrainMigration {
+        DrainMigration {
+            job_id: id.into(),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_fresh_drain_migrates_up_to_the_parallelism_in_job_order() {
+        let jobs = [job("c"), job("a"), job("b")];
+        let plan = plan_drain(&jobs, &[], 2);
+        assert_eq!(plan.migrate, ["a", "b"]);
+        assert_eq!(plan.in_flight, 2);
+        assert_eq!(plan.remaining, 3);
+        assert!(!plan.done);
+    }
+
+    #[test]
+    fn a_finished_migration_frees_a_slot_for_the_next_job() {
+        let jobs = [job("b"), job("c")];
+        let migs = [
+            mig("a", MigrationOutcome::Completed),
+            mig("b", MigrationOutcome::InFlight),
+        ];
+        let plan = plan_drain(&jobs, &migs, 2);
+        assert_eq!(plan.migrate, ["c"]);
+        assert_eq!(plan.migrated, 1);
+    }
+
+    #[test]
+    fn a_failed_migration_hands_only_its_job_to_band_recovery() {
+        let jobs = [job("a"), job("b")];
+        let migs = [
+            mig("a", MigrationOutcome::Failed),
+            mig("b", MigrationOutcome::InFlight),
+        ];
+        let plan = plan_drain(&jobs, &migs, 2);
+        assert_eq!(plan.fall_back, ["a"]);
+        assert!(plan.migrate.is_empty());
+        assert_eq!(plan.fell_back, 1);
+    }
+
+    #[test]
+    fn a_completed_job_the_mirror_still_shows_is_not_handed_over() {
+        let plan = plan_drain(&[job("a")], &[mig("a", MigrationOutcome::Completed)], 2);
+        assert!(plan.fall_back.is_empty() && plan.migrate.is_empty());
+        assert!(!plan.done, "the job is still on the node");
+    }
+
+    #[test]
+    fn unmanaged_jobs_neither_migrate_nor_hold_the_drain_up() {
+        let jobs = [DrainJob {
+            job_id: "other/0/x".into(),
+            managed: false,
+        }];
+        let plan = plan_drain(&jobs, &[mig("a", MigrationOutcome::Completed)], 2);
+        assert!(plan.migrate.is_empty());
+        assert!(plan.done);
+    }
+
+    #[test]
+    fn the_drain_is_done_once_the_node_is_empty_and_nothing_is_in_flight() {
+        let migs = [
+            mig("a", MigrationOutcome::Completed),
+            mig("b", MigrationOutcome::Failed),
+        ];
+        let plan = plan_drain(&[], &migs, 2);
+        assert!(plan.done);
+        assert_eq!((plan.migrated, plan.fell_back), (1, 1));
+        let busy = plan_drain(&[], &[mig("c", MigrationOutcome::InFlight)], 2);
+        assert!(!busy.done);
+    }
+
+    #[test]
+    fn a_zero_parallelism_still_moves_one_job_at_a_time() {
+        let plan = plan_drain(&[job("a"), job("b")], &[], 0);
+        assert_eq!(plan.migrate, ["a"]);
+    }
+
+    #[test]
+    fn a_job_listed_twice_counts_by_its_most_advanced_migration() {
+        let migs = [
+            mig("a", MigrationOutcome::Failed),
+            mig("a", MigrationOutcome::Completed),
+        ];
+        let plan = plan_drain(&[], &migs, 1);
+        assert_eq!((plan.migrated, plan.fell_back), (1, 0));
+    }
+
+    fn outcome() -> impl Strategy<Value = Option<MigrationOutcome>> {
+        prop_oneof![
+            Just(None),
+            Just(Some(MigrationOutcome::InFlight)),
+            Just(Some(MigrationOutcome::Completed)),
+            Just(Some(MigrationOutcome::Failed)),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn never_more_than_the_parallelism_in_flight_and_never_a_job_twice(
+            states in proptest::collection::vec((any::<bool>(), outcome(), any::<bool>()), 0..24),
+            parallelism in 0usize..6,
+        ) {
+            let mut jobs = Vec::new();
+            let mut migs = Vec::new();
+            for (i, (on_node, o, managed)) in states.iter().enumerate() {
+                let id = format!("j{i:02}");
+                if *on_node {
+                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed });
+                }
+                if let Some(o) = o {
+                    migs.push(mig(&id, *o));
+                }
+            }
+            let before = migs.iter().filter(|m| m.outcome == MigrationOutcome::InFlight).count();
+            let plan = plan_drain(&jobs, &migs, parallelism);
+            // New work only ever fills free slots.
+            prop_assert!(plan.migrate.is_empty() || plan.in_flight <= parallelism.max(1));
+            prop_assert_eq!(plan.in_flight, before + plan.migrate.len());
+            for j in &plan.migrate {
+                prop_assert!(!migs.iter().any(|m| &m.job_id == j), "{} migrated twice", j);
+                prop_assert!(jobs.iter().any(|d| &d.job_id == j && d.managed));
+            }
+            for j in &plan.fall_back {
+                prop_assert!(migs.iter().any(|m| &m.job_id == j && m.outcome == MigrationOutcome::Failed));
+                prop_assert!(jobs.iter().any(|d| &d.job_id == j));
+            }
+            prop_assert_eq!(plan.done, plan.remaining == 0 && plan.in_flight == 0);
+        }
+
+        #[test]
+        fn repeating_the_plan_until_done_migrates_every_managed_job_once(
+            n in 0usize..20,
+            parallelism in 1usize..5,
+            fail_every in 1usize..6,
+        ) {
+            // A small simulation: each step, in-flight migrations end (every `fail_every`-th
+            // fails), completed jobs leave the node, fallen-back jobs leave it too.
+            let mut on_node: Vec<DrainJob> = (0..n).map(|i| job(&format!("j{i:02}"))).collect();
+            let mut migs: Vec<DrainMigration> = Vec::new();
+            for _ in 0..(4 * n + 4) {
+                let plan = plan_drain(&on_node, &migs, parallelism);
+                if plan.done {
+                    break;
+                }
+                for j in plan.migrate {
+                    migs.push(mig(&j, MigrationOutcome::InFlight));
+                }
+                for j in plan.fall_back {
+                    on_node.retain(|d| d.job_id != j);
+                }
+                for (i, m) in migs.iter_mut().enumerate() {
+                    if m.outcome == MigrationOutcome::InFlight {
+                        m.outcome = if i % fail_every == fail_every - 1 {
+                            MigrationOutcome::Failed
+                        } else {
+                            on_node.retain(|d| d.job_id != m.job_id);
+                            MigrationOutcome::Completed
+                        };
+                    }
+                }
+            }
+            let plan = plan_drain(&on_node, &migs, parallelism);
+            prop_assert!(plan.done);
+            prop_assert_eq!(migs.len(), n);
+            prop_assert_eq!(plan.migrated + plan.fell_back, n);
+        }
+    }
+}
