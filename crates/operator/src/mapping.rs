@@ -204,6 +204,15 @@ pub fn provider(k: api::PoolKind) -> proto::ProviderKind {
     }
 }
 
+/// The Manager provider of an engine pool kind.
+pub fn provider_of(k: pl::PoolKind) -> proto::ProviderKind {
+    match k {
+        pl::PoolKind::Aws => proto::ProviderKind::Aws,
+        pl::PoolKind::Oci => proto::ProviderKind::Oci,
+        pl::PoolKind::Cluster => proto::ProviderKind::Cluster,
+    }
+}
+
 pub fn api_provider(p: i32) -> Option<api::PoolKind> {
     match proto::ProviderKind::try_from(p).ok()? {
         proto::ProviderKind::Aws => Some(api::PoolKind::Aws),

@@ -724,3 +724,47 @@ async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
         "{fine:#}"
     );
 }
+
+#[tokio::test]
+async fn a_migration_with_no_room_elsewhere_provisions_its_target_in_an_elastic_pool() {
+    let stack = start().await;
+    // One job that fills most of an aws-east node: the pool provisions one node for it, and the
+    // migration finds no other node with room.
+    apply(
+        &stack,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: big, namespace: default}\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {requiredCapacity: 70, requiredCores: 4, priorityBand: silver}\n",
+    )
+    .await;
+    let b = stack
+        .wait_bundle_phase("default", "big", "Ready", WAIT)
+        .await
+        .unwrap();
+    let source = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    apply(&stack, &migration("move-big", "big", "")).await;
+    let m = wait_phase(&stack, "move-big", "Completed").await;
+    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    assert_ne!(target, source, "{m:#}");
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    let pool_of_target = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["status"]["nodeId"] == target.as_str())
+        .map(|n| n["status"]["pool"].clone());
+    assert_eq!(pool_of_target, Some(Value::from("aws-east")), "{nodes:#}");
+    let events = stack
+        .get_json(&[
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=ProvisioningTarget",
+        ])
+        .await
+        .unwrap();
+    assert_eq!(events["items"].as_array().unwrap().len(), 1, "{events:#}");
+    wait_single_instance_on(&stack, "big", &target).await;
+}

@@ -836,14 +836,9 @@ async fn provision(
     let Some(spec) = ctx.model().pool(pool).cloned() else {
         return Ok(());
     };
-    let provider = match spec.kind {
-        pl::PoolKind::Aws => proto::ProviderKind::Aws,
-        pl::PoolKind::Oci => proto::ProviderKind::Oci,
-        pl::PoolKind::Cluster => proto::ProviderKind::Cluster,
-    };
     let req = proto::CreateNodeRequest {
         pool: pool.to_owned(),
-        provider: provider as i32,
+        provider: mapping::provider_of(spec.kind) as i32,
         region: spec.region.clone(),
         instance_type: instance_type.to_owned(),
         zone: zone.unwrap_or_default().to_owned(),

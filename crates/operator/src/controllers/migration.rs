@@ -122,6 +122,14 @@ async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> 
     }
 }
 
+/// Where the target goes, as far as placement can say now.
+enum TargetChoice {
+    Node(String),
+    /// The chosen node is starting (or was just asked for).
+    Wait,
+    Fail(String),
+}
+
 /// What one reconcile knows and has done so far.
 struct Run<'a> {
     ctx: &'a Arc<Context>,
@@ -763,8 +771,12 @@ impl Run<'_> {
         let node = match &self.mig.spec.target_node {
             Some(n) => n.clone(),
             None => match self.choose_target().await? {
-                Ok(n) => n,
-                Err(reason) => return Ok(Some(MigrationEvent::PlacementFailed { reason })),
+                TargetChoice::Node(n) => n,
+                // A node is being provisioned for the target: the phase's timeout bounds the wait.
+                TargetChoice::Wait => return Ok(None),
+                TargetChoice::Fail(reason) => {
+                    return Ok(Some(MigrationEvent::PlacementFailed { reason }));
+                }
             },
         };
         if strategy == MigrationStrategy::Overlap {
@@ -799,15 +811,19 @@ impl Run<'_> {
         Ok(Some(MigrationEvent::TargetPlaced { node }))
     }
 
-    /// The placement engine's choice of a node other than the source, or why there is none.
-    async fn choose_target(&self) -> Result<Result<String, String>, Error> {
+    /// The placement engine's choice of a node other than the source: an existing node, a node
+    /// to wait for (starting, or provisioned now in an elastic pool), or why there is none.
+    async fn choose_target(&self) -> Result<TargetChoice, Error> {
         let job = &self.mig.spec.job;
         let bundles: Api<Bundle> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
-            return Ok(Err(format!("Bundle {} no longer exists", job.bundle)));
+            return Ok(TargetChoice::Fail(format!(
+                "Bundle {} no longer exists",
+                job.bundle
+            )));
         };
         let Some(spec_job) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
-            return Ok(Err(format!(
+            return Ok(TargetChoice::Fail(format!(
                 "the bundle no longer has job {}",
                 job.job_name
             )));
@@ -878,19 +894,78 @@ impl Run<'_> {
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
                 match assignments.into_iter().find(|a| a.node != source) {
-                    Some(a) if !a.node_pending => Ok(a.node),
-                    Some(a) => Err(format!("the chosen node {} is still starting", a.node)),
-                    None => Err("placement chose no node other than the source".to_owned()),
+                    Some(a) if !a.node_pending => TargetChoice::Node(a.node),
+                    Some(_) => TargetChoice::Wait,
+                    None => {
+                        TargetChoice::Fail("placement chose no node other than the source".into())
+                    }
                 }
             }
-            pl::Outcome::Provision { pool, .. } => Err(format!(
-                "no existing node can take the job (pool {pool} would need a new node; migrations use existing nodes only)"
-            )),
-            pl::Outcome::Unplaceable { .. } => Err(format!(
+            pl::Outcome::Provision {
+                pool,
+                instance_type,
+                zone,
+            } => {
+                self.provision_target(&pool, &instance_type, zone.as_deref())
+                    .await?;
+                TargetChoice::Wait
+            }
+            pl::Outcome::Unplaceable { .. } => TargetChoice::Fail(format!(
                 "no node can take the job: {}",
                 serde_json::to_string(&summary).unwrap_or_default()
             )),
         })
+    }
+
+    /// Asks Manager for a node for the target (once per migration: a node tagged for it that is
+    /// starting or started is not asked for again).
+    async fn provision_target(
+        &self,
+        pool: &str,
+        instance_type: &str,
+        zone: Option<&str>,
+    ) -> Result<(), Error> {
+        let tag = format!("migration.{}", self.migration_id);
+        let already = self.ctx.manager.mirror().read(|m| {
+            m.nodes.values().any(|n| {
+                n.tags.get(mapping::PROVISIONED_FOR_TAG) == Some(&tag)
+                    && matches!(
+                        proto::NodeState::try_from(n.state),
+                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                    )
+            })
+        });
+        if already {
+            return Ok(());
+        }
+        let Some(spec) = self.ctx.model().pool(pool).cloned() else {
+            return Ok(());
+        };
+        let req = proto::CreateNodeRequest {
+            pool: pool.to_owned(),
+            provider: mapping::provider_of(spec.kind) as i32,
+            region: spec.region.clone(),
+            instance_type: instance_type.to_owned(),
+            zone: zone.unwrap_or_default().to_owned(),
+            tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
+                .into_iter()
+                .collect(),
+        };
+        let node = self.ctx.manager.create_node(req).await?;
+        self.ctx.model().add_provisioned(&node);
+        self.ctx
+            .event(
+                self.mig,
+                EventType::Normal,
+                "ProvisioningTarget",
+                "Provision",
+                format!(
+                    "no existing node can take {}: asked for a {instance_type} node in pool {pool} ({})",
+                    self.job_id, node.node_id
+                ),
+            )
+            .await;
+        Ok(())
     }
 
     /// Carries out one action; answers a follow-up event when the outcome is one.
