@@ -341,13 +341,28 @@ pub fn holds_capacity(state: i32) -> bool {
 pub fn usage_by_node<'a>(
     jobs: impl IntoIterator<Item = &'a proto::Job>,
 ) -> std::collections::HashMap<String, (f64, i32)> {
+    usage_where(jobs, |_| true)
+}
+
+/// [`usage_by_node`] for the nodes in `nodes` only (cheaper when few nodes changed).
+pub fn usage_of_nodes<'a>(
+    jobs: impl IntoIterator<Item = &'a proto::Job>,
+    nodes: &std::collections::HashSet<String>,
+) -> std::collections::HashMap<String, (f64, i32)> {
+    usage_where(jobs, |n| nodes.contains(n))
+}
+
+fn usage_where<'a>(
+    jobs: impl IntoIterator<Item = &'a proto::Job>,
+    wanted: impl Fn(&str) -> bool,
+) -> std::collections::HashMap<String, (f64, i32)> {
     let mut out: std::collections::HashMap<String, (f64, i32)> = std::collections::HashMap::new();
     for job in jobs {
         let Some(req) = &job.requirements else {
             continue;
         };
         for inst in &job.instances {
-            if holds_capacity(inst.state) {
+            if holds_capacity(inst.state) && wanted(&inst.node_id) {
                 let e = out.entry(inst.node_id.clone()).or_default();
                 e.0 += req.required_capacity;
                 e.1 = e.1.saturating_add(req.required_cores);

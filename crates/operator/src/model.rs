@@ -138,7 +138,7 @@ impl ClusterModel {
             self.inflight.remove(&key);
             self.engine.release_job(&key);
         }
-        let usage = mapping::usage_by_node(mirror.jobs.values());
+        let usage = mapping::usage_of_nodes(mirror.jobs.values(), &ids);
         for id in ids {
             let Some(node) = mirror.nodes.get(&id) else {
                 self.engine.remove_node(&id);

@@ -72,10 +72,44 @@ fn node_state(n: &proto::Node) -> NodeState {
     }
 }
 
+/// The jobs on each node (instances that hold capacity), in one pass over the mirror's jobs,
+/// sorted by job id and at most 512 per node (the schema's bound).
+fn jobs_by_node(mirror: &MirrorState) -> HashMap<&str, Vec<NodeJob>> {
+    let mut out: HashMap<&str, Vec<NodeJob>> = HashMap::new();
+    for j in mirror.jobs.values() {
+        for i in &j.instances {
+            if !mapping::holds_capacity(i.state) {
+                continue;
+            }
+            out.entry(i.node_id.as_str()).or_default().push(NodeJob {
+                job_id: j.job_id.clone(),
+                bundle: mapping::bundle_object(&j.bundle_id)
+                    .map(|(ns, name)| format!("{ns}/{name}")),
+                replica: i32::try_from(j.replica).ok(),
+                job_name: Some(j.job_name.clone()),
+                role: if i.role == proto::JobRole::MigrationTarget as i32 {
+                    "migrationTarget".into()
+                } else {
+                    String::new()
+                },
+                capacity: j
+                    .requirements
+                    .as_ref()
+                    .map_or(0, |r| r.required_capacity.round() as i64),
+            });
+        }
+    }
+    for jobs in out.values_mut() {
+        jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        jobs.truncate(512);
+    }
+    out
+}
+
 /// The status a node's object should carry, from the mirror and the operator's own view.
 fn desired_status(
     n: &proto::Node,
-    mirror: &MirrorState,
+    jobs: Vec<NodeJob>,
     usage: (f64, i32),
     overlay: NodeOverlay,
     rejections: u32,
@@ -85,33 +119,6 @@ fn desired_status(
     let state = node_state(n);
     let (spare, spare_band) = mapping::spare_of(n);
     let inv = n.inventory.as_ref();
-    let mut jobs: Vec<NodeJob> = mirror
-        .jobs
-        .values()
-        .flat_map(|j| {
-            j.instances
-                .iter()
-                .filter(|i| i.node_id == n.node_id && mapping::holds_capacity(i.state))
-                .map(move |i| (j, i))
-        })
-        .map(|(j, i)| NodeJob {
-            job_id: j.job_id.clone(),
-            bundle: mapping::bundle_object(&j.bundle_id).map(|(ns, name)| format!("{ns}/{name}")),
-            replica: i32::try_from(j.replica).ok(),
-            job_name: Some(j.job_name.clone()),
-            role: if i.role == proto::JobRole::MigrationTarget as i32 {
-                "migrationTarget".into()
-            } else {
-                String::new()
-            },
-            capacity: j
-                .requirements
-                .as_ref()
-                .map_or(0, |r| r.required_capacity.round() as i64),
-        })
-        .take(512)
-        .collect();
-    jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
     let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
     let ready = state == NodeState::Started;
     api::set_condition(
@@ -199,35 +206,42 @@ pub async fn run_mirror_sync(
     let mut written: HashMap<String, ManagerNodeStatus> = HashMap::new();
     let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
     let mut last_sweep = std::time::Instant::now() - ORPHAN_SWEEP;
+    let interval = ctx
+        .settings
+        .status_write_interval
+        .max(Duration::from_millis(50));
+    let mut last_pass = tokio::time::Instant::now();
     loop {
-        let tick = tokio::time::sleep(
-            ctx.settings
-                .status_write_interval
-                .max(Duration::from_millis(50)),
-        );
         tokio::select! {
-            _ = tick => {}
+            () = tokio::time::sleep(interval) => {}
             got = wake.recv() => if got.is_none() { return },
         }
+        // A wave of mirror changes wakes this loop constantly: one pass per interval is enough.
+        tokio::time::sleep_until(last_pass + interval).await;
+        last_pass = tokio::time::Instant::now();
         if !ctx.manager_ready() {
             continue;
         }
         let now = Utc::now();
         let unhealthy_now = ctx.health().unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
+        // One pass over the mirror; the model, drain and health locks are each held only for a
+        // node's own lookups, so placement is never held up behind this loop.
         let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
             let usage = mapping::usage_by_node(m.jobs.values());
-            let mut model = ctx.model();
-            let mut drains = drains.lock();
-            let health = ctx.health();
-            let mut desired = Vec::new();
+            let mut by_node = jobs_by_node(m);
+            let mut desired = Vec::with_capacity(m.nodes.len());
             for n in m.nodes.values() {
-                let mut overlay = model.overlay(&n.node_id);
                 let unhealthy = unhealthy_now.contains(&n.node_id);
-                if overlay.unhealthy != unhealthy {
-                    overlay.unhealthy = unhealthy;
-                    model.set_overlay(&n.node_id, overlay, m);
-                }
+                let overlay = {
+                    let mut model = ctx.model();
+                    let mut overlay = model.overlay(&n.node_id);
+                    if overlay.unhealthy != unhealthy {
+                        overlay.unhealthy = unhealthy;
+                        model.set_overlay(&n.node_id, overlay, m);
+                    }
+                    overlay
+                };
                 let state = node_state(n);
                 let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
                     .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
@@ -239,16 +253,17 @@ pub async fn run_mirror_sync(
                     continue; // removed below, and not recreated
                 }
                 let name = mapping::node_object_name(&n.node_id);
+                let rejections = ctx.health().count(&n.node_id);
                 let mut status = desired_status(
                     n,
-                    m,
+                    by_node.remove(n.node_id.as_str()).unwrap_or_default(),
                     usage.get(&n.node_id).copied().unwrap_or_default(),
                     overlay,
-                    health.count(&n.node_id),
+                    rejections,
                     written.get(&name),
                     now,
                 );
-                status.drain = drains.get_mut(&n.node_id).map(|d| {
+                status.drain = drains.lock().get_mut(&n.node_id).map(|d| {
                     d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
                     if matches!(state, NodeState::Stopped | NodeState::Terminated)
                         && d.completed_at.is_none()
@@ -429,4 +444,72 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
 pub fn error_policy(node: Arc<ManagerNode>, error: &Error, _ctx: Arc<Context>) -> Action {
     tracing::warn!(node = %node.name_any(), error = %error, "node reconcile failed");
     Action::requeue(super::backoff_for(error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(
+        id: &str,
+        bundle: &str,
+        instances: &[(&str, proto::JobState, proto::JobRole)],
+    ) -> proto::Job {
+        proto::Job {
+            job_id: id.into(),
+            bundle_id: bundle.into(),
+            job_name: "enc".into(),
+            requirements: Some(proto::JobRequirements {
+                required_capacity: 10.4,
+                ..Default::default()
+            }),
+            instances: instances
+                .iter()
+                .map(|(node, state, role)| proto::JobInstance {
+                    node_id: (*node).into(),
+                    state: *state as i32,
+                    role: *role as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn jobs_are_listed_on_the_nodes_their_holding_instances_run_on() {
+        use proto::{JobRole as R, JobState as S};
+        let mut m = MirrorState::default();
+        for j in [
+            job("ns.b/1/enc", "ns.b", &[("n1", S::Running, R::Normal)]),
+            job(
+                "ns.b/0/enc",
+                "ns.b",
+                &[
+                    ("n1", S::Running, R::Normal),
+                    ("n2", S::Starting, R::MigrationTarget),
+                ],
+            ),
+            job("ns.c/0/enc", "ns.c", &[("n2", S::Stopped, R::Normal)]),
+        ] {
+            m.jobs.insert(j.job_id.clone(), j);
+        }
+        let by_node = jobs_by_node(&m);
+        let ids = |n: &str| -> Vec<String> {
+            by_node
+                .get(n)
+                .map(|js| js.iter().map(|j| j.job_id.clone()).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(ids("n1"), ["ns.b/0/enc", "ns.b/1/enc"]);
+        assert_eq!(
+            ids("n2"),
+            ["ns.b/0/enc"],
+            "the stopped instance holds nothing"
+        );
+        let target = &by_node["n2"][0];
+        assert_eq!(target.role, "migrationTarget");
+        assert_eq!(target.bundle.as_deref(), Some("ns/b"));
+        assert_eq!(target.capacity, 10);
+    }
 }
