@@ -821,16 +821,7 @@ async fn provision(
     zone: Option<&str>,
 ) -> Result<(), Error> {
     let tag = format!("{bundle_id}.r{r}");
-    let already = ctx.manager.mirror().read(|m| {
-        m.nodes.values().any(|n| {
-            n.tags.get(mapping::PROVISIONED_FOR_TAG) == Some(&tag)
-                && matches!(
-                    proto::NodeState::try_from(n.state),
-                    Ok(proto::NodeState::Starting | proto::NodeState::Started)
-                )
-        })
-    });
-    if already {
+    if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
         return Ok(());
     }
     let Some(spec) = ctx.model().pool(pool).cloned() else {
@@ -860,6 +851,32 @@ async fn provision(
     )
     .await;
     Ok(())
+}
+
+/// Whether a node asked for the replica tagged `tag` is still on its way to it: starting, or
+/// started and still empty (the engine may not have seen it yet). A started node that another
+/// bundle's job took in the meantime is not: the replica must ask again, or it would wait forever.
+fn provision_in_flight(m: &manager_client::MirrorState, tag: &str) -> bool {
+    m.nodes.values().any(|n| {
+        if n.tags.get(mapping::PROVISIONED_FOR_TAG).map(String::as_str) != Some(tag) {
+            return false;
+        }
+        match proto::NodeState::try_from(n.state) {
+            Ok(proto::NodeState::Starting) => true,
+            Ok(proto::NodeState::Started) => !m.jobs.values().any(|j| {
+                j.instances.iter().any(|i| {
+                    i.node_id == n.node_id
+                        && matches!(
+                            proto::JobState::try_from(i.state),
+                            Ok(proto::JobState::Starting
+                                | proto::JobState::Running
+                                | proto::JobState::Stopping)
+                        )
+                })
+            }),
+            _ => false,
+        }
+    })
 }
 
 /// Conditions to set in one go.
@@ -1218,6 +1235,73 @@ mod tests {
             stop_reason: reason,
             started_at_ms: 0,
         }
+    }
+
+    fn mirror_with(
+        node_state: proto::NodeState,
+        job_on_it: Option<proto::JobState>,
+    ) -> manager_client::MirrorState {
+        let mut m = manager_client::MirrorState::default();
+        let node = proto::Node {
+            node_id: "gold-7".into(),
+            state: node_state as i32,
+            tags: [(
+                mapping::PROVISIONED_FOR_TAG.to_owned(),
+                "ns.b.r0".to_owned(),
+            )]
+            .into_iter()
+            .collect(),
+            ..Default::default()
+        };
+        m.nodes.insert(node.node_id.clone(), node);
+        if let Some(state) = job_on_it {
+            let job = proto::Job {
+                job_id: "ns.other/0/enc".into(),
+                state: state as i32,
+                node_id: "gold-7".into(),
+                instances: vec![proto::JobInstance {
+                    node_id: "gold-7".into(),
+                    state: state as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            m.jobs.insert(job.job_id.clone(), job);
+        }
+        m
+    }
+
+    #[test]
+    fn a_node_asked_for_a_replica_is_awaited_until_someone_else_takes_it() {
+        use proto::{JobState as J, NodeState as N};
+        assert!(provision_in_flight(
+            &mirror_with(N::Starting, None),
+            "ns.b.r0"
+        ));
+        assert!(provision_in_flight(
+            &mirror_with(N::Started, None),
+            "ns.b.r0"
+        ));
+        assert!(!provision_in_flight(
+            &mirror_with(N::Started, Some(J::Running)),
+            "ns.b.r0"
+        ));
+        assert!(!provision_in_flight(
+            &mirror_with(N::Started, Some(J::Starting)),
+            "ns.b.r0"
+        ));
+        assert!(provision_in_flight(
+            &mirror_with(N::Started, Some(J::Failed)),
+            "ns.b.r0"
+        ));
+        assert!(!provision_in_flight(
+            &mirror_with(N::Terminated, None),
+            "ns.b.r0"
+        ));
+        assert!(!provision_in_flight(
+            &mirror_with(N::Starting, None),
+            "ns.c.r0"
+        ));
     }
 
     #[test]

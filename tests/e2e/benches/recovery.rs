@@ -1,0 +1,572 @@
+//! `make bench-recovery`: how fast the operator brings a gold job back after its node dies, and
+//! how long a handover migration takes, against the real apiserver, manager-sim and the operator
+//! binary (release builds, as `cargo bench` builds them).
+//!
+//! Prints one line:
+//! `recovery kills=<n> gold_p50_ms=<x> gold_p99_ms=<x> handover_p99_ms=<x> handovers=<n>
+//! handover_p50_ms=<x> handover_manager_p99_ms=<x> on_spare=<n> job_start_delay_ms=<x>`.
+//! Goals (issue #9): gold p99 ≤ 1,000 ms with zero provisioning delay, handover p99 ≤ 2,000 ms.
+//!
+//! **Set-up.** manager-sim with an elastic `gold` pool (provisioning delay 0, jobs start and stop
+//! in 20 ms, the demo's figure) and a fixed `hand` pool of three nodes with the job socket; a
+//! HotSpareTarget keeps two gold-dedicated spares live in `gold`; ten gold bundles (one replica,
+//! one job of 60 of a node's 100 capacity, so every node holds exactly one gold job) and four
+//! silver bundles on `hand` whose job declares `migration: {strategy: handover}`. The operator's
+//! gold `maxRestartsPerHour` is raised to 1,000 so 100 kills never trip the restart ceiling.
+//!
+//! **Gold recovery (sequential kills).** Before each kill the bench waits (in its own mirror of
+//! Manager, a `manager_client::ManagerClient`) until the target count of spares is live and the
+//! next gold job (round robin) runs; then `manager-sim chaos kill-node <its node>`. The figure is
+//! measured on **Manager's own clock**: from the killed node's `state_changed_at_ms` (the moment
+//! of its `NodeTerminated` event; the sim's kill emits the jobs' failure and the node's
+//! termination at that one instant) to the `updated_at_ms` of the first `JobUpdated` that shows
+//! the job `RUNNING` on another node. So it includes the operator noticing the failure, deciding,
+//! `StartJob`, and the sim's 20 ms job start (`job_start_delay_ms`, the floor); not the time the
+//! bench's own mirror takes to hear of it. The same interval as the bench's mirror saw it (change
+//! arrival times) is printed on stderr as a cross-check. `on_spare` counts recoveries that landed
+//! on a hot spare.
+//!
+//! **Handover (sequential).** Each round creates a `Migration` (no target node: placement picks
+//! one in `hand`) for the next handover bundle and measures **from the create call to the
+//! apiserver watch event showing `status.phase: Completed`** in the bench process, i.e. what a
+//! user waits: admission, placement, the four Manager calls, the job-socket handshake of the
+//! simulated jobs, and the operator's status write. `handover_manager_p99_ms` is the part Manager
+//! itself saw (its migration record's `created_at_ms` to its `COMPLETED` `updated_at_ms`).
+//!
+//! `BENCH_KILLS` (default 100) and `BENCH_HANDOVERS` (default 40) set the counts.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use automanager_api::{Migration, MigrationPhase};
+use automanager_e2e::SetupError;
+use automanager_e2e::stack::Stack;
+use futures::StreamExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use manager_client::proto::{JobRole, JobState, NodeState};
+use manager_client::{ClientConfig, ManagerClient, MirrorChange, MirrorState};
+use tokio::sync::{broadcast, mpsc};
+
+const GOLD_BUNDLES: usize = 10;
+const HANDOVER_BUNDLES: usize = 4;
+const SPARES: usize = 2;
+const JOB_START_DELAY_MS: u64 = 20;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn sim_config() -> String {
+    format!(
+        "listen: 127.0.0.1:0
+timing: {{provisionDelayMs: 0, jobStartDelayMs: {JOB_START_DELAY_MS}, jobStopDelayMs: 20}}
+pools:
+  - name: gold
+    kind: aws
+    region: eu-west-1
+    zones: [eu-west-1a, eu-west-1b]
+    scaleOut: elastic
+    instanceTypes:
+      - {{instanceType: m5.xlarge, capacity: 100, cores: 16}}
+  - name: hand
+    kind: cluster
+    region: oslo-dc1
+    zones: [rack-a, rack-b]
+    scaleOut: fixed
+    nodes:
+      - {{id: hand-a1, zone: rack-a, capacity: 100, cores: 16}}
+      - {{id: hand-a2, zone: rack-a, capacity: 100, cores: 16}}
+      - {{id: hand-b1, zone: rack-b, capacity: 100, cores: 16}}
+"
+    )
+}
+
+const POOLS: &str = "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {name: gold}
+spec:
+  kind: aws
+  region: eu-west-1
+  zones: [eu-west-1a, eu-west-1b]
+  packingStrategy: binpack
+  scaleOut: elastic
+  candidateInstanceTypes: [{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16}]
+---
+apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {name: hand}
+spec:
+  kind: cluster
+  region: oslo-dc1
+  zones: [rack-a, rack-b]
+  packingStrategy: spread
+  scaleOut: fixed
+  candidateInstanceTypes: [{instanceType: hand, totalCapacity: 100, totalCores: 16}]
+";
+
+fn spare_target() -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: HotSpareTarget
+metadata: {{name: gold-spares}}
+spec:
+  pool: gold
+  targetCount: {SPARES}
+  forBand: gold
+  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
+"
+    )
+}
+
+fn gold_bundle(i: usize) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: gold-{i:02}, namespace: default}}
+spec:
+  replicas: 1
+  pools: [gold]
+  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 60, requiredCores: 2, priorityBand: gold}}
+"
+    )
+}
+
+fn handover_bundle(i: usize) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: hand-{i:02}, namespace: default}}
+spec:
+  replicas: 1
+  pools: [hand]
+  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: silver}}
+      migration: {{strategy: handover}}
+"
+    )
+}
+
+fn gold_job(i: usize) -> String {
+    format!("default.gold-{:02}/0/enc", i % GOLD_BUNDLES)
+}
+
+fn handover_job(i: usize) -> String {
+    format!("default.hand-{:02}/0/enc", i % HANDOVER_BUNDLES)
+}
+
+fn err(e: impl std::fmt::Display) -> SetupError {
+    SetupError(e.to_string())
+}
+
+fn is_live(state: i32) -> bool {
+    [JobState::Starting, JobState::Running, JobState::Stopping]
+        .iter()
+        .any(|s| *s as i32 == state)
+}
+
+/// The node of `job_id` when it runs with exactly one live instance (its normal one) and no
+/// migration of it is in flight: the state a kill or a migration starts from.
+fn settled_node(m: &MirrorState, job_id: &str) -> Option<String> {
+    let job = m.jobs.get(job_id)?;
+    let live: Vec<_> = job.instances.iter().filter(|i| is_live(i.state)).collect();
+    let single = matches!(live.as_slice(), [i] if i.state == JobState::Running as i32
+        && i.role != JobRole::MigrationTarget as i32);
+    let migrating = m.migrations.values().any(|mg| {
+        mg.job_id == job_id
+            && ![
+                manager_client::proto::MigrationPhase::Completed as i32,
+                manager_client::proto::MigrationPhase::Aborted as i32,
+            ]
+            .contains(&mg.phase)
+    });
+    (job.state == JobState::Running as i32 && single && !migrating && !job.node_id.is_empty())
+        .then(|| job.node_id.clone())
+}
+
+fn is_spare(m: &MirrorState, node_id: &str) -> bool {
+    m.nodes
+        .get(node_id)
+        .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
+}
+
+/// Started, spare-tagged nodes of the gold pool that hold no live job instance.
+fn live_spares(m: &MirrorState) -> usize {
+    let busy: BTreeSet<&str> = m
+        .jobs
+        .values()
+        .flat_map(|j| j.instances.iter())
+        .filter(|i| is_live(i.state))
+        .map(|i| i.node_id.as_str())
+        .collect();
+    m.nodes
+        .values()
+        .filter(|n| {
+            n.pool == "gold"
+                && n.state == NodeState::Started as i32
+                && is_spare(m, &n.node_id)
+                && !busy.contains(n.node_id.as_str())
+        })
+        .count()
+}
+
+/// Nearest-rank percentile of sorted values.
+fn pct(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
+    let out = stack.env.apply_yaml(yaml).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(SetupError(out.stderr))
+    }
+}
+
+/// One kill: the job's node dies; returns (Manager-clock ms, bench-mirror ms, landed on a spare).
+async fn kill_and_wait(
+    stack: &Stack,
+    client: &ManagerClient,
+    job_id: &str,
+) -> Result<(f64, f64, bool), SetupError> {
+    client
+        .wait_until(WAIT, |m| {
+            live_spares(m) >= SPARES && settled_node(m, job_id).is_some()
+        })
+        .await
+        .map_err(|e| {
+            err(format!(
+                "waiting for {SPARES} live spares and {job_id}: {e}"
+            ))
+        })?;
+    let node = client
+        .mirror()
+        .read(|m| settled_node(m, job_id))
+        .ok_or_else(|| err(format!("{job_id} is not running")))?;
+    // Subscribed before the kill, so no change of interest can be missed.
+    let mut rx = client.subscribe();
+    stack.chaos(&["kill-node", &node])?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut killed: Option<(i64, Instant)> = None;
+    loop {
+        let change = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| err(format!("{job_id} did not run again within {WAIT:?}")))?;
+        match change {
+            Ok(MirrorChange::NodeUpserted(n))
+                if n.node_id == node && n.state == NodeState::Terminated as i32 =>
+            {
+                killed = Some((n.state_changed_at_ms, Instant::now()));
+            }
+            Ok(MirrorChange::JobUpserted(j))
+                if j.job_id == job_id
+                    && j.state == JobState::Running as i32
+                    && !j.node_id.is_empty()
+                    && j.node_id != node =>
+            {
+                let seen = Instant::now();
+                // The node's event precedes the restart; read it from the mirror if it was
+                // coalesced away (a resync).
+                let (killed_ms, killed_seen) = match killed {
+                    Some(k) => k,
+                    None => {
+                        let ms = client
+                            .mirror()
+                            .node(&node)
+                            .map(|n| n.state_changed_at_ms)
+                            .ok_or_else(|| err(format!("node {node} vanished")))?;
+                        (ms, seen)
+                    }
+                };
+                let spare = client.mirror().read(|m| is_spare(m, &j.node_id));
+                return Ok((
+                    (j.updated_at_ms - killed_ms) as f64,
+                    seen.duration_since(killed_seen).as_secs_f64() * 1000.0,
+                    spare,
+                ));
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                return Err(err(format!("the bench's mirror lagged by {n} changes")));
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                return Err(err("the Manager connection closed"));
+            }
+        }
+    }
+}
+
+/// Sends (name, phase, object, when seen) for every Migration event into `tx`.
+fn watch_migrations(
+    api: Api<Migration>,
+    tx: mpsc::UnboundedSender<(String, MigrationPhase, Migration, Instant)>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stream = watcher(api, watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        while let Some(ev) = stream.next().await {
+            let Ok(m) = ev else { continue };
+            let seen = Instant::now();
+            let Some(phase) = m.status.as_ref().map(|s| s.phase) else {
+                continue;
+            };
+            let name = m.metadata.name.clone().unwrap_or_default();
+            if tx.send((name, phase, m, seen)).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// One handover: returns (create → Completed in the bench, Manager's own duration), in ms.
+async fn handover(
+    client: &ManagerClient,
+    api: &Api<Migration>,
+    rx: &mut mpsc::UnboundedReceiver<(String, MigrationPhase, Migration, Instant)>,
+    i: usize,
+) -> Result<(f64, f64), SetupError> {
+    let job_id = handover_job(i);
+    client
+        .wait_until(WAIT, |m| settled_node(m, &job_id).is_some())
+        .await
+        .map_err(|e| err(format!("waiting for {job_id} to settle: {e}")))?;
+    let name = format!("ho-{i:03}");
+    let m: Migration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Migration",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"job": {"bundle": format!("hand-{:02}", i % HANDOVER_BUNDLES), "replica": 0, "jobName": "enc"}}
+    }))
+    .map_err(err)?;
+    let started = Instant::now();
+    api.create(&PostParams::default(), &m).await.map_err(err)?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (n, phase, obj, seen) = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| err(format!("migration {name} did not complete within {WAIT:?}")))?
+            .ok_or_else(|| err("the Migration watch ended"))?;
+        if n != name {
+            continue;
+        }
+        match phase {
+            MigrationPhase::Completed => {
+                let total = seen.duration_since(started).as_secs_f64() * 1000.0;
+                let id = obj
+                    .status
+                    .and_then(|s| s.migration_id)
+                    .ok_or_else(|| err(format!("{name} has no migrationId")))?;
+                let completed = manager_client::proto::MigrationPhase::Completed as i32;
+                client
+                    .wait_until(WAIT, |m| {
+                        m.migrations
+                            .get(&id)
+                            .is_some_and(|mg| mg.phase == completed)
+                    })
+                    .await
+                    .map_err(err)?;
+                let mg = client
+                    .mirror()
+                    .migration(&id)
+                    .ok_or_else(|| err(format!("Manager has no migration {id}")))?;
+                return Ok((total, (mg.updated_at_ms - mg.created_at_ms) as f64));
+            }
+            MigrationPhase::Aborted
+            | MigrationPhase::Refused
+            | MigrationPhase::Rejected
+            | MigrationPhase::Failed => {
+                return Err(err(format!(
+                    "migration {name} ended {phase:?}: {:?}",
+                    obj.status
+                )));
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn run() -> Result<(), SetupError> {
+    let env_count = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let kills = env_count("BENCH_KILLS", 100);
+    let handovers = env_count("BENCH_HANDOVERS", 40);
+    let dir = tempfile::tempdir().map_err(err)?;
+    let sim_path = dir.path().join("sim.yaml");
+    std::fs::write(&sim_path, sim_config()).map_err(err)?;
+    eprintln!("bench-recovery: starting control plane, manager-sim and the operator (release)");
+    let stack = Stack::start_custom(&sim_path, &[], |c| {
+        c.insert(
+            "watchNamespaces".into(),
+            serde_yaml::Value::Sequence(vec!["default".into()]),
+        );
+        let bands: serde_yaml::Value =
+            serde_yaml::from_str("{gold: {maxRestartsPerHour: 1000}}").unwrap_or_default();
+        c.insert("bands".into(), bands);
+    })
+    .await?;
+    measure(&stack, kills, handovers).await.map_err(|e| {
+        let log = stack.operator.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        SetupError(format!("{e}\noperator log tail:\n{tail}"))
+    })
+}
+
+async fn measure(stack: &Stack, kills: usize, handovers: usize) -> Result<(), SetupError> {
+    let mut config = ClientConfig::new(stack.sim_endpoint.clone());
+    config.change_buffer = 1 << 20;
+    let client = ManagerClient::connect(config).await.map_err(err)?;
+    client.wait_ready(WAIT).await.map_err(err)?;
+
+    apply(stack, POOLS).await?;
+    apply(stack, &spare_target()).await?;
+    client
+        .wait_until(WAIT, |m| live_spares(m) >= SPARES)
+        .await
+        .map_err(|e| err(format!("waiting for {SPARES} live spares: {e}")))?;
+    for i in 0..GOLD_BUNDLES {
+        apply(stack, &gold_bundle(i)).await?;
+    }
+    for i in 0..HANDOVER_BUNDLES {
+        apply(stack, &handover_bundle(i)).await?;
+    }
+    let placed = client
+        .wait_until(WAIT, |m| {
+            (0..GOLD_BUNDLES).all(|i| settled_node(m, &gold_job(i)).is_some())
+                && (0..HANDOVER_BUNDLES).all(|i| settled_node(m, &handover_job(i)).is_some())
+        })
+        .await
+        .map_err(|e| {
+            let state = client.mirror().read(|m| {
+                m.jobs
+                    .values()
+                    .map(|j| {
+                        format!(
+                            "{} state {} node {:?} instances {:?}",
+                            j.job_id, j.state, j.node_id, j.instances
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            });
+            err(format!(
+                "waiting for every bundle's job to run: {e}\n{state}"
+            ))
+        });
+    if let Err(e) = placed {
+        let bundles = stack
+            .env
+            .run_kubectl(["get", "bundles", "-n", "default", "-o", "yaml"])
+            .await?;
+        let nodes = client.mirror().read(|m| {
+            m.nodes
+                .values()
+                .map(|n| format!("{} state {} tags {:?}", n.node_id, n.state, n.tags))
+                .collect::<Vec<_>>()
+                .join("\n")
+        });
+        return Err(err(format!(
+            "{e}\nnodes:\n{nodes}\nbundles:\n{}",
+            bundles.stdout
+        )));
+    }
+
+    eprintln!(
+        "bench-recovery: {kills} sequential node kills ({GOLD_BUNDLES} gold bundles, {SPARES} live gold spares before each)"
+    );
+    let mut gold = Vec::with_capacity(kills);
+    let mut gold_seen = Vec::with_capacity(kills);
+    let mut on_spare = 0usize;
+    for i in 0..kills {
+        let (ms, seen_ms, spare) = kill_and_wait(stack, &client, &gold_job(i)).await?;
+        gold.push(ms);
+        gold_seen.push(seen_ms);
+        on_spare += usize::from(spare);
+    }
+    let gold = sorted(gold);
+    let gold_seen = sorted(gold_seen);
+    eprintln!(
+        "bench-recovery: gold (Manager clock) p50 {:.0} ms, p90 {:.0} ms, p99 {:.0} ms, max {:.0} ms; as the bench's mirror saw it p50 {:.1} ms, p99 {:.1} ms; {on_spare} of {kills} on a hot spare",
+        pct(&gold, 0.5),
+        pct(&gold, 0.9),
+        pct(&gold, 0.99),
+        pct(&gold, 1.0),
+        pct(&gold_seen, 0.5),
+        pct(&gold_seen, 0.99),
+    );
+
+    eprintln!(
+        "bench-recovery: {handovers} sequential handover migrations over {HANDOVER_BUNDLES} bundles"
+    );
+    let api: Api<Migration> = Api::namespaced(stack.env.client(), "default");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let watch = watch_migrations(api.clone(), tx);
+    let mut total = Vec::with_capacity(handovers);
+    let mut manager = Vec::with_capacity(handovers);
+    for i in 0..handovers {
+        match handover(&client, &api, &mut rx, i).await {
+            Ok((t, m)) => {
+                total.push(t);
+                manager.push(m);
+            }
+            Err(e) => {
+                watch.abort();
+                return Err(e);
+            }
+        }
+    }
+    watch.abort();
+    let total = sorted(total);
+    let manager = sorted(manager);
+    eprintln!(
+        "bench-recovery: handover create→Completed p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms; Manager's part p50 {:.0} ms, p99 {:.0} ms",
+        pct(&total, 0.5),
+        pct(&total, 0.99),
+        pct(&total, 1.0),
+        pct(&manager, 0.5),
+        pct(&manager, 0.99),
+    );
+    client.close().await;
+
+    println!(
+        "recovery kills={kills} gold_p50_ms={:.0} gold_p99_ms={:.0} handover_p99_ms={:.0} handovers={handovers} handover_p50_ms={:.0} handover_manager_p99_ms={:.0} on_spare={on_spare} job_start_delay_ms={JOB_START_DELAY_MS}",
+        pct(&gold, 0.5),
+        pct(&gold, 0.99),
+        pct(&total, 0.99),
+        pct(&total, 0.5),
+        pct(&manager, 0.99),
+    );
+    Ok(())
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument (a filter) is ignored.
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench-recovery: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("bench-recovery failed: {e}");
+        std::process::exit(1);
+    }
+}
