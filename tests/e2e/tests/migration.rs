@@ -561,6 +561,17 @@ async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &st
     for n in &others {
         patch_node(stack, n, r#"{"spec":{"cordoned":false}}"#).await;
     }
+    // The operator has taken the uncordon in (its status says so) before anything is placed on
+    // those nodes again.
+    for n in &others {
+        stack
+            .wait_for(&format!("{n} schedulable again"), WAIT, || async {
+                let obj = stack.get_json(&["managernode", n]).await?;
+                Ok((condition(&obj, "Cordoned")["status"] == "False").then_some(()))
+            })
+            .await
+            .unwrap();
+    }
 }
 
 /// Waits until the drained node's status says the drain completed; returns the ManagerNode.
@@ -625,7 +636,11 @@ async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
     .await;
     let node = wait_drained(&stack, "onprem-a1").await;
     let drain = &node["status"]["drain"];
-    assert_eq!(drain["jobsMigrated"], 5, "{node:#}");
+    let all = stack
+        .get_json(&["migrations", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(drain["jobsMigrated"], 5, "{node:#}\n{all:#}");
     assert_eq!(drain["jobsDropped"], 0, "{node:#}");
     assert_eq!(drain["jobsRecovered"], 0, "{node:#}");
 
