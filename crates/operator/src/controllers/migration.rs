@@ -76,6 +76,12 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
     let started = std::time::Instant::now();
     let (ns, _) = ns_name(mig.as_ref())?;
     let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &ns);
+    // Status is this controller's state store, and the cache can lag behind the last write
+    // (every Manager change wakes every Migration, often before our own write is watched back):
+    // act on the live object, or a running migration would be admitted again from `Pending`.
+    let Some(mig) = api.get_opt(&mig.name_any()).await?.map(Arc::new) else {
+        return Ok(Requeue::await_change());
+    };
     let result = finalizer(&api, api::MIGRATION_FINALIZER, mig, |event| async {
         match event {
             Finalizer::Apply(m) => apply(&m, &ctx, false).await,
@@ -352,10 +358,13 @@ async fn admit(
                 .find(|i| is_normal(i) && i.state == proto::JobState::Running as i32)
                 .map(|i| i.node_id.clone())
         });
+        // This Migration's own record (its admission was written to Manager but not to status)
+        // is not another migration.
+        let own = manager_migration_id(mig);
         let other = m
             .migrations
             .values()
-            .find(|x| x.job_id == job_id && !manager_final(x.phase))
+            .find(|x| x.job_id == job_id && !manager_final(x.phase) && x.migration_id != own)
             .map(|x| x.migration_id.clone());
         (source, other)
     });
