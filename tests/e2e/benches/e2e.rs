@@ -339,19 +339,5 @@ async fn run() -> Result<(), SetupError> {
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; any other argument (a filter) is ignored.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench-e2e: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = rt.block_on(run()) {
-        eprintln!("bench-e2e failed: {e}");
-        std::process::exit(1);
-    }
+    automanager_e2e::bench_main("bench-e2e", run);
 }

@@ -596,19 +596,5 @@ async fn measure(stack: &Stack, kills: usize, handovers: usize) -> Result<(), Se
 }
 
 fn main() {
-    // `cargo bench` passes `--bench`; any other argument (a filter) is ignored.
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("bench-recovery: {e}");
-            std::process::exit(1);
-        }
-    };
-    if let Err(e) = rt.block_on(run()) {
-        eprintln!("bench-recovery failed: {e}");
-        std::process::exit(1);
-    }
+    automanager_e2e::bench_main("bench-recovery", run);
 }

@@ -93,3 +93,26 @@ pub async fn apply(stack: &stack::Stack, yaml: &str) {
     let out = stack.env.apply_yaml(yaml).await.expect("kubectl runs");
     assert!(out.success(), "apply failed: {}", out.stderr);
 }
+
+/// The `main` of a `harness = false` bench: runs `run` on a multi-threaded runtime and exits 1
+/// with `<name> failed: <why>` on an error. (`cargo bench` passes `--bench`; other arguments, such
+/// as a filter, are ignored.)
+pub fn bench_main<F>(name: &str, run: impl FnOnce() -> F)
+where
+    F: std::future::Future<Output = Result<(), SetupError>>,
+{
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run()) {
+        eprintln!("{name} failed: {e}");
+        std::process::exit(1);
+    }
+}

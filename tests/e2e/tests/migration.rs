@@ -514,6 +514,16 @@ async fn a_handover_target_without_the_job_socket_is_rejected() {
     wait_single_instance_on(&stack, "plain", &source).await;
 }
 
+/// The Events in `default` with the given reason.
+async fn events_with_reason(stack: &Stack, reason: &str) -> Vec<Value> {
+    let selector = format!("reason={reason}");
+    let events = stack
+        .get_json(&["events", "-n", "default", "--field-selector", &selector])
+        .await
+        .unwrap();
+    events["items"].as_array().cloned().unwrap_or_default()
+}
+
 /// A one-job bundle of the given band and declared strategy on the on-prem pool.
 fn banded_bundle(name: &str, strategy: &str, band: &str) -> String {
     format!(
@@ -662,17 +672,8 @@ async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
         assert_ne!(j["nodeId"], "onprem-a1", "{b:#}");
     }
     // The node was emptied before it was terminated: no job stopped with it.
-    let events = stack
-        .get_json(&[
-            "events",
-            "-n",
-            "default",
-            "--field-selector",
-            "reason=JobDropped",
-        ])
-        .await
-        .unwrap();
-    assert_eq!(events["items"].as_array().unwrap().len(), 0, "{events:#}");
+    let events = events_with_reason(&stack, "JobDropped").await;
+    assert_eq!(events.len(), 0, "{events:#?}");
 }
 
 #[tokio::test]
@@ -770,16 +771,7 @@ async fn a_migration_with_no_room_elsewhere_provisions_its_target_in_an_elastic_
         .find(|n| n["status"]["nodeId"] == target.as_str())
         .map(|n| n["status"]["pool"].clone());
     assert_eq!(pool_of_target, Some(Value::from("aws-east")), "{nodes:#}");
-    let events = stack
-        .get_json(&[
-            "events",
-            "-n",
-            "default",
-            "--field-selector",
-            "reason=ProvisioningTarget",
-        ])
-        .await
-        .unwrap();
-    assert_eq!(events["items"].as_array().unwrap().len(), 1, "{events:#}");
+    let events = events_with_reason(&stack, "ProvisioningTarget").await;
+    assert_eq!(events.len(), 1, "{events:#?}");
     wait_single_instance_on(&stack, "big", &target).await;
 }

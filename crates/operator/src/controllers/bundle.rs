@@ -821,24 +821,9 @@ async fn provision(
     zone: Option<&str>,
 ) -> Result<(), Error> {
     let tag = format!("{bundle_id}.r{r}");
-    if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
-        return Ok(());
-    }
-    let Some(spec) = ctx.model().pool(pool).cloned() else {
+    let Some(node) = super::request_node(ctx, pool, instance_type, zone, tag).await? else {
         return Ok(());
     };
-    let req = proto::CreateNodeRequest {
-        pool: pool.to_owned(),
-        provider: mapping::provider_of(spec.kind) as i32,
-        region: spec.region.clone(),
-        instance_type: instance_type.to_owned(),
-        zone: zone.unwrap_or_default().to_owned(),
-        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
-            .into_iter()
-            .collect(),
-    };
-    let node = ctx.manager.create_node(req).await?;
-    ctx.model().add_provisioned(&node);
     ctx.event(
         bundle,
         EventType::Normal,
@@ -851,32 +836,6 @@ async fn provision(
     )
     .await;
     Ok(())
-}
-
-/// Whether a node asked for the replica tagged `tag` is still on its way to it: starting, or
-/// started and still empty (the engine may not have seen it yet). A started node that another
-/// bundle's job took in the meantime is not: the replica must ask again, or it would wait forever.
-fn provision_in_flight(m: &manager_client::MirrorState, tag: &str) -> bool {
-    m.nodes.values().any(|n| {
-        if n.tags.get(mapping::PROVISIONED_FOR_TAG).map(String::as_str) != Some(tag) {
-            return false;
-        }
-        match proto::NodeState::try_from(n.state) {
-            Ok(proto::NodeState::Starting) => true,
-            Ok(proto::NodeState::Started) => !m.jobs.values().any(|j| {
-                j.instances.iter().any(|i| {
-                    i.node_id == n.node_id
-                        && matches!(
-                            proto::JobState::try_from(i.state),
-                            Ok(proto::JobState::Starting
-                                | proto::JobState::Running
-                                | proto::JobState::Stopping)
-                        )
-                })
-            }),
-            _ => false,
-        }
-    })
 }
 
 /// Conditions to set in one go.
@@ -1274,31 +1233,31 @@ mod tests {
     #[test]
     fn a_node_asked_for_a_replica_is_awaited_until_someone_else_takes_it() {
         use proto::{JobState as J, NodeState as N};
-        assert!(provision_in_flight(
+        assert!(crate::controllers::provision_in_flight(
             &mirror_with(N::Starting, None),
             "ns.b.r0"
         ));
-        assert!(provision_in_flight(
+        assert!(crate::controllers::provision_in_flight(
             &mirror_with(N::Started, None),
             "ns.b.r0"
         ));
-        assert!(!provision_in_flight(
+        assert!(!crate::controllers::provision_in_flight(
             &mirror_with(N::Started, Some(J::Running)),
             "ns.b.r0"
         ));
-        assert!(!provision_in_flight(
+        assert!(!crate::controllers::provision_in_flight(
             &mirror_with(N::Started, Some(J::Starting)),
             "ns.b.r0"
         ));
-        assert!(provision_in_flight(
+        assert!(crate::controllers::provision_in_flight(
             &mirror_with(N::Started, Some(J::Failed)),
             "ns.b.r0"
         ));
-        assert!(!provision_in_flight(
+        assert!(!crate::controllers::provision_in_flight(
             &mirror_with(N::Terminated, None),
             "ns.b.r0"
         ));
-        assert!(!provision_in_flight(
+        assert!(!crate::controllers::provision_in_flight(
             &mirror_with(N::Starting, None),
             "ns.c.r0"
         ));

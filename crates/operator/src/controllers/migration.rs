@@ -927,7 +927,7 @@ impl Run<'_> {
     }
 
     /// Asks Manager for a node for the target (once per migration: a node tagged for it that is
-    /// starting or started is not asked for again).
+    /// on its way is not asked for again).
     async fn provision_target(
         &self,
         pool: &str,
@@ -935,33 +935,10 @@ impl Run<'_> {
         zone: Option<&str>,
     ) -> Result<(), Error> {
         let tag = format!("migration.{}", self.migration_id);
-        let already = self.ctx.manager.mirror().read(|m| {
-            m.nodes.values().any(|n| {
-                n.tags.get(mapping::PROVISIONED_FOR_TAG) == Some(&tag)
-                    && matches!(
-                        proto::NodeState::try_from(n.state),
-                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
-                    )
-            })
-        });
-        if already {
-            return Ok(());
-        }
-        let Some(spec) = self.ctx.model().pool(pool).cloned() else {
+        let Some(node) = super::request_node(self.ctx, pool, instance_type, zone, tag).await?
+        else {
             return Ok(());
         };
-        let req = proto::CreateNodeRequest {
-            pool: pool.to_owned(),
-            provider: mapping::provider_of(spec.kind) as i32,
-            region: spec.region.clone(),
-            instance_type: instance_type.to_owned(),
-            zone: zone.unwrap_or_default().to_owned(),
-            tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
-                .into_iter()
-                .collect(),
-        };
-        let node = self.ctx.manager.create_node(req).await?;
-        self.ctx.model().add_provisioned(&node);
         self.ctx
             .event(
                 self.mig,

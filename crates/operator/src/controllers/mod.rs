@@ -19,9 +19,11 @@ use automanager_api as api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use manager_client::ManagerClient;
+use manager_proto as proto;
 
 use crate::health::NodeHealth;
 use crate::ledger::RestartLedger;
+use crate::mapping;
 use crate::metrics::Metrics;
 use crate::model::ClusterModel;
 use crate::settings::Settings;
@@ -253,4 +255,61 @@ where
     api.patch_status(name, &params, &kube::api::Patch::Apply(&patch))
         .await?;
     Ok(())
+}
+
+/// Asks Manager for a node of `instance_type` in `pool` (zone optional) for whatever `tag` names,
+/// unless one asked for it is still on its way ([`provision_in_flight`]), and tells the engine a
+/// node is coming. `None` when nothing was asked (one is on its way, or the pool is not loaded).
+pub async fn request_node(
+    ctx: &Context,
+    pool: &str,
+    instance_type: &str,
+    zone: Option<&str>,
+    tag: String,
+) -> Result<Option<proto::Node>, Error> {
+    if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
+        return Ok(None);
+    }
+    let Some(spec) = ctx.model().pool(pool).cloned() else {
+        return Ok(None);
+    };
+    let req = proto::CreateNodeRequest {
+        pool: pool.to_owned(),
+        provider: mapping::provider_of(spec.kind) as i32,
+        region: spec.region.clone(),
+        instance_type: instance_type.to_owned(),
+        zone: zone.unwrap_or_default().to_owned(),
+        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
+            .into_iter()
+            .collect(),
+    };
+    let node = ctx.manager.create_node(req).await?;
+    ctx.model().add_provisioned(&node);
+    Ok(Some(node))
+}
+
+/// Whether a node asked for the replica (or migration target) tagged `tag` is still on its way to it: starting, or
+/// started and still empty (the engine may not have seen it yet). A started node that another
+/// bundle's job took in the meantime is not: the replica must ask again, or it would wait forever.
+pub fn provision_in_flight(m: &manager_client::MirrorState, tag: &str) -> bool {
+    m.nodes.values().any(|n| {
+        if n.tags.get(mapping::PROVISIONED_FOR_TAG).map(String::as_str) != Some(tag) {
+            return false;
+        }
+        match proto::NodeState::try_from(n.state) {
+            Ok(proto::NodeState::Starting) => true,
+            Ok(proto::NodeState::Started) => !m.jobs.values().any(|j| {
+                j.instances.iter().any(|i| {
+                    i.node_id == n.node_id
+                        && matches!(
+                            proto::JobState::try_from(i.state),
+                            Ok(proto::JobState::Starting
+                                | proto::JobState::Running
+                                | proto::JobState::Stopping)
+                        )
+                })
+            }),
+            _ => false,
+        }
+    })
 }
