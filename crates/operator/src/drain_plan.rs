@@ -6,9 +6,10 @@
 //! The rules (issue 9, and the seed's "Drain / cordon": migrate is the drop-free variant of
 //! cordon + terminate):
 //!
-//! - **Every job gets one Migration.** A job on the node that belongs to a Bundle and has no
-//!   drain Migration yet is migrated; jobs are taken in job-id order, so a restarted operator
-//!   picks the same next job.
+//! - **Every job gets one Migration.** A running job on the node that belongs to a Bundle and
+//!   has no drain Migration yet is migrated; jobs are taken in job-id order, so a restarted
+//!   operator picks the same next job. A job still starting waits until it runs (a Migration
+//!   would refuse it, and the refusal would hand a bronze job to the drop).
 //! - **Bounded parallelism.** At most `parallelism` drain Migrations are in flight at once
 //!   (at least one, whatever the caller passes).
 //! - **A failed migration falls back to band recovery.** When a job's Migration ended without
@@ -32,6 +33,8 @@ pub struct DrainJob {
     pub job_id: String,
     /// It belongs to a Bundle, so a Migration can name it.
     pub managed: bool,
+    /// Its instance runs (a starting one cannot be migrated yet: it waits, it is not refused).
+    pub running: bool,
 }
 
 /// Where one of the drain's Migrations stands.
@@ -99,6 +102,11 @@ pub fn plan_drain(
         .filter(|j| j.managed)
         .map(|j| j.job_id.as_str())
         .collect();
+    let running: BTreeSet<&str> = jobs_on_node
+        .iter()
+        .filter(|j| j.running)
+        .map(|j| j.job_id.as_str())
+        .collect();
 
     let mut plan = DrainPlan {
         migrated: count(&outcome, MigrationOutcome::Completed),
@@ -109,7 +117,7 @@ pub fn plan_drain(
     };
     for job in &managed {
         match outcome.get(job) {
-            None if plan.in_flight < parallelism => {
+            None if plan.in_flight < parallelism && running.contains(job) => {
                 plan.migrate.push((*job).to_owned());
                 plan.in_flight += 1;
             }
@@ -135,6 +143,7 @@ mod tests {
         DrainJob {
             job_id: id.into(),
             managed: true,
+            running: true,
         }
     }
 
@@ -192,6 +201,7 @@ mod tests {
         let jobs = [DrainJob {
             job_id: "other/0/x".into(),
             managed: false,
+            running: true,
         }];
         let plan = plan_drain(&jobs, &[mig("a", MigrationOutcome::Completed)], 2);
         assert!(plan.migrate.is_empty());
@@ -209,6 +219,18 @@ mod tests {
         assert_eq!((plan.migrated, plan.fell_back), (1, 1));
         let busy = plan_drain(&[], &[mig("c", MigrationOutcome::InFlight)], 2);
         assert!(!busy.done);
+    }
+
+    #[test]
+    fn a_starting_job_waits_until_it_runs() {
+        let starting = DrainJob {
+            running: false,
+            ..job("a")
+        };
+        let plan = plan_drain(&[starting, job("b")], &[], 2);
+        assert_eq!(plan.migrate, ["b"]);
+        assert_eq!(plan.remaining, 2);
+        assert!(!plan.done);
     }
 
     #[test]
@@ -241,15 +263,18 @@ mod tests {
 
         #[test]
         fn never_more_than_the_parallelism_in_flight_and_never_a_job_twice(
-            states in proptest::collection::vec((any::<bool>(), outcome(), any::<bool>()), 0..24),
+            states in proptest::collection::vec(
+                (any::<bool>(), outcome(), any::<bool>(), any::<bool>()),
+                0..24,
+            ),
             parallelism in 0usize..6,
         ) {
             let mut jobs = Vec::new();
             let mut migs = Vec::new();
-            for (i, (on_node, o, managed)) in states.iter().enumerate() {
+            for (i, (on_node, o, managed, running)) in states.iter().enumerate() {
                 let id = format!("j{i:02}");
                 if *on_node {
-                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed });
+                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed, running: *running });
                 }
                 if let Some(o) = o {
                     migs.push(mig(&id, *o));
@@ -262,7 +287,7 @@ mod tests {
             prop_assert_eq!(plan.in_flight, before + plan.migrate.len());
             for j in &plan.migrate {
                 prop_assert!(!migs.iter().any(|m| &m.job_id == j), "{} migrated twice", j);
-                prop_assert!(jobs.iter().any(|d| &d.job_id == j && d.managed));
+                prop_assert!(jobs.iter().any(|d| &d.job_id == j && d.managed && d.running));
             }
             for j in &plan.fall_back {
                 prop_assert!(migs.iter().any(|m| &m.job_id == j && m.outcome == MigrationOutcome::Failed));

@@ -157,20 +157,21 @@ pub async fn step(
         return Ok(Action::await_change());
     }
 
-    // The jobs Manager shows on the node (normal instances that hold it).
-    let on_node: Vec<String> = ctx.manager.mirror().read(|m| {
+    // The jobs Manager shows on the node (normal instances that start or run there), and
+    // whether each runs.
+    let on_node: Vec<(String, bool)> = ctx.manager.mirror().read(|m| {
         m.jobs
             .values()
-            .filter(|j| {
-                j.instances.iter().any(|i| {
+            .filter_map(|j| {
+                let i = j.instances.iter().find(|i| {
                     i.node_id == node_id
                         && (i.role == proto::JobRole::Normal as i32
                             || i.role == proto::JobRole::Unspecified as i32)
                         && (i.state == proto::JobState::Starting as i32
                             || i.state == proto::JobState::Running as i32)
-                })
+                })?;
+                Some((j.job_id.clone(), i.state == proto::JobState::Running as i32))
             })
-            .map(|j| j.job_id.clone())
             .collect()
     });
     let mut bundles = Bundles {
@@ -178,12 +179,16 @@ pub async fn step(
         seen: HashMap::new(),
     };
     let mut jobs = Vec::with_capacity(on_node.len());
-    for job_id in on_node {
+    for (job_id, running) in on_node {
         let managed = match job_ref(&job_id) {
             Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
             None => false,
         };
-        jobs.push(DrainJob { job_id, managed });
+        jobs.push(DrainJob {
+            job_id,
+            managed,
+            running,
+        });
     }
 
     let migrations_api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
