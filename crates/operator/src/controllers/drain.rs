@@ -295,7 +295,14 @@ pub async fn step(
     }
 
     if plan.done {
-        ctx.manager.terminate_node(node_id).await?;
+        match ctx.manager.terminate_node(node_id).await {
+            Ok(_) => {}
+            // Already on its way out (the mirror has not shown it yet): said once already.
+            Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => {
+                return Ok(Action::await_change());
+            }
+            Err(e) => return Err(e.into()),
+        }
         ctx.event(
             node,
             EventType::Normal,
