@@ -584,8 +584,10 @@ async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &st
     }
 }
 
-/// Waits until the drained node's status says the drain completed; returns the ManagerNode.
-async fn wait_drained(stack: &Stack, node: &str) -> Value {
+/// Drains `node` with `mode: migrate` and waits until its status says the drain completed;
+/// returns the ManagerNode.
+async fn drain_migrate(stack: &Stack, node: &str) -> Value {
+    patch_node(stack, node, r#"{"spec":{"drain":{"mode":"migrate"}}}"#).await;
     stack
         .wait_for(
             &format!("the drain of {node} to complete"),
@@ -638,13 +640,7 @@ async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
     ];
     jobs_on_one_node(&stack, "onprem-a1", &bundles).await;
 
-    patch_node(
-        &stack,
-        "onprem-a1",
-        r#"{"spec":{"drain":{"mode":"migrate"}}}"#,
-    )
-    .await;
-    let node = wait_drained(&stack, "onprem-a1").await;
+    let node = drain_migrate(&stack, "onprem-a1").await;
     let drain = &node["status"]["drain"];
     let all = stack
         .get_json(&["migrations", "-n", "default"])
@@ -701,13 +697,7 @@ async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
             .unwrap();
     }
 
-    patch_node(
-        &stack,
-        "onprem-b1",
-        r#"{"spec":{"drain":{"mode":"migrate"}}}"#,
-    )
-    .await;
-    let node = wait_drained(&stack, "onprem-b1").await;
+    let node = drain_migrate(&stack, "onprem-b1").await;
     let drain = &node["status"]["drain"];
     assert_eq!(drain["jobsMigrated"], 1, "{node:#}");
     assert_eq!(drain["jobsRecovered"], 1, "{node:#}");

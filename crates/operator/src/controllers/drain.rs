@@ -259,11 +259,7 @@ pub async fn step(
         ctx.handed_to_recovery().insert(job_id.clone(), Utc::now());
         match ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
             Ok(_) => {}
-            Err(
-                ClientError::NotFound(_)
-                | ClientError::FailedPrecondition(_)
-                | ClientError::InvalidArgument(_),
-            ) => {}
+            Err(e) if super::is_final_answer(&e) => {}
             Err(e) => return Err(e.into()),
         }
         ctx.event(

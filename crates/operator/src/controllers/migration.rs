@@ -55,7 +55,7 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use manager_client::ClientError;
 use manager_proto as proto;
 
-use super::{Context, Error, condition, now_ms, ns_name};
+use super::{Context, Error, condition, is_final_answer, now_ms, ns_name};
 use crate::mapping;
 use crate::migration_plan::{
     self as plan, AbortBy, Action, MigrationEvent, MigrationMachine, MigrationRecord,
@@ -478,18 +478,6 @@ fn holds(state: i32) -> bool {
 fn manager_final(phase: i32) -> bool {
     phase == proto::MigrationPhase::Completed as i32
         || phase == proto::MigrationPhase::Aborted as i32
-}
-
-/// Errors Manager answers that no retry will change: they end the step, not the reconcile.
-fn is_final_answer(e: &ClientError) -> bool {
-    matches!(
-        e,
-        ClientError::InvalidArgument(_)
-            | ClientError::NotFound(_)
-            | ClientError::FailedPrecondition(_)
-            | ClientError::AlreadyExists(_)
-            | ClientError::Rejected { .. }
-    )
 }
 
 impl Run<'_> {

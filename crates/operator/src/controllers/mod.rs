@@ -18,7 +18,7 @@ use std::time::Duration;
 use automanager_api as api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
-use manager_client::ManagerClient;
+use manager_client::{ClientError, ManagerClient};
 use manager_proto as proto;
 
 use crate::health::NodeHealth;
@@ -312,4 +312,16 @@ pub fn provision_in_flight(m: &manager_client::MirrorState, tag: &str) -> bool {
             _ => false,
         }
     })
+}
+
+/// Errors Manager answers that no retry will change: they end the step, not the reconcile.
+pub fn is_final_answer(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::InvalidArgument(_)
+            | ClientError::NotFound(_)
+            | ClientError::FailedPrecondition(_)
+            | ClientError::AlreadyExists(_)
+            | ClientError::Rejected { .. }
+    )
 }

@@ -72,16 +72,28 @@ fn node_state(n: &proto::Node) -> NodeState {
     }
 }
 
-/// The jobs on each node (instances that hold capacity), in one pass over the mirror's jobs,
-/// sorted by job id and at most 512 per node (the schema's bound).
-fn jobs_by_node(mirror: &MirrorState) -> HashMap<&str, Vec<NodeJob>> {
-    let mut out: HashMap<&str, Vec<NodeJob>> = HashMap::new();
+/// What one node holds: its jobs (sorted by job id, at most 512, the schema's bound) and the
+/// capacity and cores they use (all of them, past the bound too).
+#[derive(Default)]
+struct NodeLoad {
+    jobs: Vec<NodeJob>,
+    used: (f64, i32),
+}
+
+/// Each node's load (instances that hold capacity), in one pass over the mirror's jobs.
+fn load_by_node(mirror: &MirrorState) -> HashMap<&str, NodeLoad> {
+    let mut out: HashMap<&str, NodeLoad> = HashMap::new();
     for j in mirror.jobs.values() {
         for i in &j.instances {
             if !mapping::holds_capacity(i.state) {
                 continue;
             }
-            out.entry(i.node_id.as_str()).or_default().push(NodeJob {
+            let load = out.entry(i.node_id.as_str()).or_default();
+            if let Some(r) = &j.requirements {
+                load.used.0 += r.required_capacity;
+                load.used.1 = load.used.1.saturating_add(r.required_cores);
+            }
+            load.jobs.push(NodeJob {
                 job_id: j.job_id.clone(),
                 bundle: mapping::bundle_object(&j.bundle_id)
                     .map(|(ns, name)| format!("{ns}/{name}")),
@@ -99,9 +111,9 @@ fn jobs_by_node(mirror: &MirrorState) -> HashMap<&str, Vec<NodeJob>> {
             });
         }
     }
-    for jobs in out.values_mut() {
-        jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
-        jobs.truncate(512);
+    for load in out.values_mut() {
+        load.jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+        load.jobs.truncate(512);
     }
     out
 }
@@ -109,8 +121,7 @@ fn jobs_by_node(mirror: &MirrorState) -> HashMap<&str, Vec<NodeJob>> {
 /// The status a node's object should carry, from the mirror and the operator's own view.
 fn desired_status(
     n: &proto::Node,
-    jobs: Vec<NodeJob>,
-    usage: (f64, i32),
+    load: NodeLoad,
     overlay: NodeOverlay,
     rejections: u32,
     prev: Option<&ManagerNodeStatus>,
@@ -179,15 +190,15 @@ fn desired_status(
         instance_type: n.instance_type.clone(),
         state,
         total_capacity: inv.map_or(0, |i| i.capacity.round() as i64),
-        used_capacity: usage.0.round() as i64,
+        used_capacity: load.used.0.round() as i64,
         total_cores: inv.map_or(0, |i| i.cores),
-        used_cores: usage.1,
+        used_cores: load.used.1,
         capabilities: inv.map(|i| i.capabilities.clone()).unwrap_or_default(),
-        spare: spare && jobs.is_empty(),
+        spare: spare && load.jobs.is_empty(),
         spare_band: if spare { spare_band } else { None },
         healthy: !overlay.unhealthy,
         recent_rejections: i32::try_from(rejections).unwrap_or(i32::MAX),
-        jobs,
+        jobs: load.jobs,
         drain: None,
         stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
             .then(|| ms_to_time(n.state_changed_at_ms))
@@ -228,8 +239,7 @@ pub async fn run_mirror_sync(
         // One pass over the mirror; the model, drain and health locks are each held only for a
         // node's own lookups, so placement is never held up behind this loop.
         let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
-            let usage = mapping::usage_by_node(m.jobs.values());
-            let mut by_node = jobs_by_node(m);
+            let mut by_node = load_by_node(m);
             let mut desired = Vec::with_capacity(m.nodes.len());
             for n in m.nodes.values() {
                 let unhealthy = unhealthy_now.contains(&n.node_id);
@@ -257,7 +267,6 @@ pub async fn run_mirror_sync(
                 let mut status = desired_status(
                     n,
                     by_node.remove(n.node_id.as_str()).unwrap_or_default(),
-                    usage.get(&n.node_id).copied().unwrap_or_default(),
                     overlay,
                     rejections,
                     written.get(&name),
@@ -477,7 +486,7 @@ mod tests {
     }
 
     #[test]
-    fn jobs_are_listed_on_the_nodes_their_holding_instances_run_on() {
+    fn jobs_and_usage_are_counted_on_the_nodes_their_holding_instances_run_on() {
         use proto::{JobRole as R, JobState as S};
         let mut m = MirrorState::default();
         for j in [
@@ -494,11 +503,11 @@ mod tests {
         ] {
             m.jobs.insert(j.job_id.clone(), j);
         }
-        let by_node = jobs_by_node(&m);
+        let by_node = load_by_node(&m);
         let ids = |n: &str| -> Vec<String> {
             by_node
                 .get(n)
-                .map(|js| js.iter().map(|j| j.job_id.clone()).collect())
+                .map(|l| l.jobs.iter().map(|j| j.job_id.clone()).collect())
                 .unwrap_or_default()
         };
         assert_eq!(ids("n1"), ["ns.b/0/enc", "ns.b/1/enc"]);
@@ -507,7 +516,9 @@ mod tests {
             ["ns.b/0/enc"],
             "the stopped instance holds nothing"
         );
-        let target = &by_node["n2"][0];
+        assert!((by_node["n1"].used.0 - 20.8).abs() < 1e-9);
+        assert!((by_node["n2"].used.0 - 10.4).abs() < 1e-9);
+        let target = &by_node["n2"].jobs[0];
         assert_eq!(target.role, "migrationTarget");
         assert_eq!(target.bundle.as_deref(), Some("ns/b"));
         assert_eq!(target.capacity, 10);
