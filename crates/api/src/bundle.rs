@@ -14,6 +14,10 @@ pub const MAX_REPLICAS: i32 = 16;
 pub const MAX_JOBS: usize = 16;
 /// Most pools in a preference list.
 pub const MAX_POOLS: usize = 16;
+/// Longest Bundle name. Manager accepts ids of at most 253 bytes, and a job's id is
+/// `<namespace>.<name>/<replica>/<jobName>`: 253 − 63 (namespace) − 1 − 1 − 2 (replica
+/// index, at most 15) − 1 − 63 (jobName) leaves 122 for the name.
+pub const MAX_NAME: usize = 122;
 
 /// What one job needs from the node it runs on (the seed's `requirements`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
@@ -100,6 +104,7 @@ pub struct ReplicaOverride {
     shortname = "bdl",
     category = "automanager",
     status = "BundleStatus",
+    validation = Rule::new("self.metadata.name.size() <= 122").message("a Bundle's name may be at most 122 characters: Manager's job ids (<namespace>.<name>/<replica>/<jobName>) are at most 253 bytes"),
     doc = "A replicated group of live-video jobs: how many replicas, which pools they may run in (in preference order), what each job needs and how replicas and jobs are kept apart or together.",
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(

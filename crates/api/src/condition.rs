@@ -40,7 +40,8 @@ pub struct Condition {
 }
 
 impl Condition {
-    /// A new condition observed at `now`.
+    /// A new condition observed at `now`. The reason and message are clipped to the schema's
+    /// bounds ([`crate::bounded`]), so a condition never makes a status write fail.
     pub fn new(
         type_: impl Into<String>,
         status: ConditionStatus,
@@ -52,8 +53,9 @@ impl Condition {
         Condition {
             type_: type_.into(),
             status,
-            reason: reason.into(),
-            message: message.into(),
+            reason: crate::bounded::clip(&reason.into(), 128).into_owned(),
+            message: crate::bounded::clip(&message.into(), crate::bounded::MAX_CONDITION_MESSAGE)
+                .into_owned(),
             last_transition_time: now,
             observed_generation,
         }

@@ -26,6 +26,7 @@
 // duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
+pub mod bounded;
 pub mod bundle;
 pub mod common;
 pub mod condition;

@@ -15,6 +15,7 @@ pub mod mapping;
 pub mod metrics;
 pub mod migration_plan;
 pub mod model;
+pub mod provision_budget;
 pub mod runtime;
 pub mod settings;
 pub mod spares;

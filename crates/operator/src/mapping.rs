@@ -23,19 +23,37 @@ pub fn bundle_id(namespace: &str, name: &str) -> String {
     format!("{namespace}.{name}")
 }
 
+/// Manager's bound on ids (bundle, job and node ids, tag values).
+pub const MAX_MANAGER_ID: usize = 253;
+
+/// Why a Bundle's ids would not fit Manager's bound, if they would not. The CRD refuses names
+/// over `automanager_api::MAX_NAME`; this guards objects written around that rule (an older
+/// CRD, say) so the bundle says why instead of failing every pass.
+pub fn ids_too_long(bundle_id: &str, spec: &api::BundleSpec) -> Option<String> {
+    let last_replica = spec.replicas.saturating_sub(1).max(0).to_string();
+    let longest_job = spec
+        .jobs
+        .iter()
+        .map(|j| j.job_name.len())
+        .max()
+        .unwrap_or(0);
+    let job_id = bundle_id.len() + 1 + last_replica.len() + 1 + longest_job;
+    (job_id > MAX_MANAGER_ID).then(|| {
+        format!(
+            "job ids of this bundle would be {job_id} bytes (`{bundle_id}/<replica>/<jobName>`), more than the {MAX_MANAGER_ID} Manager accepts: use a shorter name (at most {} characters) or job names",
+            api::MAX_NAME
+        )
+    })
+}
+
 /// The Bundle object a Manager bundle id belongs to, as `(namespace, name)`.
 pub fn bundle_object(bundle_id: &str) -> Option<(&str, &str)> {
     let (ns, name) = bundle_id.split_once('.')?;
     (!ns.is_empty() && !name.is_empty()).then_some((ns, name))
 }
 
-/// FNV-1a of `s`: stable across runs and platforms, unlike the std hasher, for names derived
-/// from ids.
-pub fn fnv1a(s: &str) -> u64 {
-    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
+/// FNV-1a of `s`: stable across runs and platforms, for names derived from ids.
+pub use automanager_api::bounded::fnv1a;
 
 /// The object name of a ManagerNode for a Manager node id: the id itself when it is a valid
 /// DNS subdomain, else a sanitised form with a short hash so distinct ids stay distinct.
@@ -430,6 +448,19 @@ pub fn trace_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_longer_than_manager_accepts_are_named_before_anything_is_sent() {
+        let spec: api::BundleSpec = serde_json::from_value(serde_json::json!({
+            "replicas": 2, "pools": ["p"],
+            "jobs": [{"jobName": "e".repeat(63), "requirements": {"requiredCapacity": 1, "priorityBand": "gold"}}]
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let fits = bundle_id(&"n".repeat(63), &"b".repeat(api::MAX_NAME));
+        assert_eq!(ids_too_long(&fits, &spec), None);
+        let long = bundle_id("default", &"b".repeat(250));
+        assert!(ids_too_long(&long, &spec).is_some_and(|m| m.contains("more than the 253")));
+    }
 
     #[test]
     fn bundle_ids_round_trip_through_the_first_dot() {

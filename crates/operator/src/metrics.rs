@@ -65,6 +65,7 @@ struct Inner {
     pool_nodes: Family<PoolLabels, Gauge>,
     pool_live_spares: Family<PoolLabels, Gauge>,
     pool_spare_target: Family<PoolLabels, Gauge>,
+    pool_spare_underflow: Family<PoolLabels, Gauge>,
     pool_used_capacity_fraction: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     broken_bundles: Gauge,
     connection_state: Family<StateLabels, Gauge>,
@@ -102,6 +103,7 @@ impl Metrics {
         let pool_nodes = Family::<PoolLabels, Gauge>::default();
         let pool_live_spares = Family::<PoolLabels, Gauge>::default();
         let pool_spare_target = Family::<PoolLabels, Gauge>::default();
+        let pool_spare_underflow = Family::<PoolLabels, Gauge>::default();
         let pool_used_capacity_fraction = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
         let broken_bundles = Gauge::default();
         let connection_state = Family::<StateLabels, Gauge>::default();
@@ -156,6 +158,11 @@ impl Metrics {
             pool_spare_target.clone(),
         );
         registry.register(
+            "automanager_pool_spare_underflow",
+            "Hot spares the placement pool is short of its target (0 when at or above it)",
+            pool_spare_underflow.clone(),
+        );
+        registry.register(
             "automanager_pool_used_capacity_fraction",
             "Fraction of the placement pool's capacity in use (0 to 1)",
             pool_used_capacity_fraction.clone(),
@@ -188,6 +195,7 @@ impl Metrics {
                 pool_nodes,
                 pool_live_spares,
                 pool_spare_target,
+                pool_spare_underflow,
                 pool_used_capacity_fraction,
                 broken_bundles,
                 connection_state,
@@ -254,6 +262,10 @@ impl Metrics {
             .pool_spare_target
             .get_or_create(&labels)
             .set(spare_target);
+        self.inner
+            .pool_spare_underflow
+            .get_or_create(&labels)
+            .set(spare_target.saturating_sub(live_spares).max(0));
         let fraction = if used_fraction.is_finite() {
             used_fraction
         } else {
@@ -273,6 +285,7 @@ impl Metrics {
         self.inner.pool_nodes.remove(&labels);
         self.inner.pool_live_spares.remove(&labels);
         self.inner.pool_spare_target.remove(&labels);
+        self.inner.pool_spare_underflow.remove(&labels);
         self.inner.pool_used_capacity_fraction.remove(&labels);
     }
 
@@ -327,7 +340,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 14] = [
+    const NAMES: [&str; 15] = [
         "automanager_placements_attempted_total",
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
@@ -337,6 +350,7 @@ mod tests {
         "automanager_pool_nodes",
         "automanager_pool_live_spares",
         "automanager_pool_spare_target",
+        "automanager_pool_spare_underflow",
         "automanager_pool_used_capacity_fraction",
         "automanager_broken_bundles",
         "automanager_manager_connection_state",
@@ -386,6 +400,7 @@ mod tests {
         assert!(text.contains("automanager_pool_nodes{pool=\"aws-east\"} 5"));
         assert!(text.contains("automanager_pool_live_spares{pool=\"aws-east\"} 2"));
         assert!(text.contains("automanager_pool_spare_target{pool=\"aws-east\"} 3"));
+        assert!(text.contains("automanager_pool_spare_underflow{pool=\"aws-east\"} 1"));
         assert!(text.contains("automanager_pool_used_capacity_fraction{pool=\"aws-east\"} 0.25"));
         m.remove_pool("aws-east");
         assert!(!m.encode().contains("aws-east"));

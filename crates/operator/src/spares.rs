@@ -152,12 +152,90 @@ pub struct SparePlan {
     pub taken: Vec<String>,
     /// Ids of the live and pending spares observed, sorted (`status.spareNodes`).
     pub spare_nodes: Vec<String>,
+    /// Set when the provisioning brake held back some of the spares wanted ([`SparePlan::brake`]).
+    pub braked: Option<Brake>,
+}
+
+/// Why fewer spares are asked for than the target needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Brake {
+    /// The pool is at its `maxNodes`: the target cannot be met until nodes go or the bound rises.
+    MaxNodes {
+        /// The pool's `maxNodes`.
+        max_nodes: u32,
+        /// Spares wanted now.
+        wanted: u32,
+        /// Spares that fit under `maxNodes`.
+        room: u32,
+    },
+    /// The pool's request rate is used up for this minute; the rest follow later.
+    Rate {
+        /// Spares wanted now.
+        wanted: u32,
+        /// Requests the rate allows now.
+        allowed: u32,
+    },
+}
+
+impl Brake {
+    /// The reason word for conditions.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Brake::MaxNodes { .. } => "PoolAtMaxNodes",
+            Brake::Rate { .. } => "ProvisioningRateLimited",
+        }
+    }
+
+    /// A sentence for conditions and Events.
+    pub fn message(&self, pool: &str, target: u32) -> String {
+        match self {
+            Brake::MaxNodes {
+                max_nodes,
+                wanted,
+                room,
+            } => format!(
+                "target {target} cannot be met: pool {pool} is at or near its maxNodes ({max_nodes}); {wanted} more spare(s) wanted, room for {room}"
+            ),
+            Brake::Rate { wanted, allowed } => format!(
+                "pool {pool} may ask for {allowed} more node(s) this minute; {wanted} spare(s) wanted, the rest follow"
+            ),
+        }
+    }
 }
 
 impl SparePlan {
     /// Whether the plan asks for any change on Manager.
     pub fn is_noop(&self) -> bool {
         self.provision == 0 && self.terminate.is_empty()
+    }
+
+    /// The plan with the provisioning brake applied: at most `room` more nodes in the pool (its
+    /// `maxNodes` less the nodes it has; `None` when unbounded) and at most `allowance` requests
+    /// now (the pool's rate). The `maxNodes` bound wins the reason when both hold back spares.
+    /// A rotation whose replacement cannot be asked for does not start.
+    pub fn brake(mut self, max_nodes: Option<u32>, room: Option<u32>, allowance: u32) -> Self {
+        let wanted = self.provision;
+        let fits = room.unwrap_or(u32::MAX);
+        let allowed = wanted.min(fits).min(allowance);
+        if allowed == wanted {
+            return self;
+        }
+        self.braked = Some(match max_nodes {
+            Some(max_nodes) if fits < wanted => Brake::MaxNodes {
+                max_nodes,
+                wanted,
+                room: fits,
+            },
+            _ => Brake::Rate {
+                wanted,
+                allowed: allowance,
+            },
+        });
+        self.provision = allowed;
+        if allowed == 0 && matches!(self.rotate, Some(RotationStep::ProvisionReplacement { .. })) {
+            self.rotate = None;
+        }
+        self
     }
 
     /// `status.underflowSince`: kept from the previous status while the underflow lasts, set to
@@ -274,6 +352,7 @@ pub fn plan_spares(
         underflow,
         taken,
         spare_nodes,
+        braked: None,
     };
     if scale_out == ScaleOut::Fixed {
         return Ok(plan);
@@ -456,6 +535,49 @@ mod tests {
 
     fn plan(s: &HotSpareTargetSpec, nodes: &[SpareNode]) -> SparePlan {
         plan_spares("t", s, ScaleOut::Elastic, nodes, t0()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_target_beyond_max_nodes_provisions_only_up_to_the_bound_and_says_so() {
+        let p = plan(&spec(1000, None, None), &[]).brake(Some(20), Some(20), 60);
+        assert_eq!(p.provision, 20);
+        assert_eq!(
+            p.braked,
+            Some(Brake::MaxNodes {
+                max_nodes: 20,
+                wanted: 1000,
+                room: 20
+            })
+        );
+        assert!(
+            p.underflow.is_some(),
+            "a target that cannot be met is an underflow"
+        );
+        let m = p.braked.as_ref().map(|b| b.message("aws-east", 1000));
+        assert!(m.is_some_and(|m| m.contains("maxNodes (20)")));
+    }
+
+    #[test]
+    fn the_rate_limit_spreads_a_large_target_over_minutes() {
+        let p = plan(&spec(100, None, None), &[]).brake(None, None, 60);
+        assert_eq!(p.provision, 60);
+        assert_eq!(
+            p.braked.as_ref().map(Brake::reason),
+            Some("ProvisioningRateLimited")
+        );
+        let unbraked = plan(&spec(3, None, None), &[]).brake(Some(20), Some(5), 60);
+        assert_eq!((unbraked.provision, unbraked.braked), (3, None));
+    }
+
+    #[test]
+    fn a_rotation_whose_replacement_does_not_fit_does_not_start() {
+        let s = spec(1, None, Some("1h"));
+        let p = plan(&s, &[live("old", 120)]).brake(Some(1), Some(0), 60);
+        assert_eq!((p.provision, p.rotate), (0, None));
+        assert!(
+            p.terminate.is_empty(),
+            "the aged spare stays until a replacement can come"
+        );
     }
 
     #[test]
@@ -849,6 +971,18 @@ mod tests {
             }
             let unique: BTreeSet<_> = p.terminate.iter().collect();
             prop_assert_eq!(unique.len(), p.terminate.len());
+        }
+
+        #[test]
+        fn the_brake_never_asks_for_more_than_room_or_rate(
+            s in arb_spec(), nodes in prop::collection::vec(arb_node(), 0..16),
+            room in proptest::option::of(0u32..30), allowance in 0u32..30,
+        ) {
+            let p = plan_spares("t", &s, ScaleOut::Elastic, &nodes, t0()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let wanted = p.provision;
+            let b = p.brake(room.map(|r| r + 5), room, allowance);
+            prop_assert!(b.provision <= allowance && b.provision <= room.unwrap_or(u32::MAX));
+            prop_assert_eq!(b.braked.is_some(), b.provision < wanted);
         }
 
         #[test]

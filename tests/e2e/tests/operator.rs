@@ -705,3 +705,103 @@ async fn an_invalid_config_exits_non_zero_listing_every_problem() -> Result<(), 
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn the_worst_case_status_and_retry_values_are_written_bounded() {
+    let stack = Stack::start().await.expect("stack");
+    apply_examples(&stack).await;
+    // 16 replicas of 16 jobs with long names, 150 each: a replica needs 16 on-prem nodes of 200
+    // and there are three, so every replica is unplaceable and the reasons together are far
+    // over a condition's 4,096 bytes.
+    let jobs: String = (0..16)
+        .map(|i| {
+            job_yaml(
+                &format!("a-job-with-a-deliberately-long-name-so-reasons-are-long-{i:02}"),
+                150,
+                "silver",
+                "",
+            )
+        })
+        .collect();
+    apply(&stack, &bundle_yaml("huge", 16, "[onprem]", &jobs)).await;
+    let b = stack
+        .wait_for("huge to stall with a status", READY, || async {
+            let b = stack.get_json(&["bundle", "huge", "-n", "default"]).await?;
+            Ok((condition(&b, "Stalled")["status"] == "True").then_some(b))
+        })
+        .await
+        .unwrap();
+    let message = condition(&b, "Stalled")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(condition(&b, "Stalled")["reason"], "NoCapacity", "{b:#}");
+    assert!(message.len() <= 4096, "{}", message.len());
+    assert!(message.contains("more"), "the cut is marked: {message}");
+
+    // A retry value far over status.lastRetry's 256 bytes is acted on exactly once.
+    let long = "r".repeat(10_000);
+    let out = stack
+        .env
+        .run_kubectl([
+            "annotate",
+            "--overwrite",
+            "bundle",
+            "huge",
+            "-n",
+            "default",
+            &format!("automanager.norsk.io/retry={long}"),
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let b = stack
+        .wait_for("lastRetry to be recorded", READY, || async {
+            let b = stack.get_json(&["bundle", "huge", "-n", "default"]).await?;
+            Ok(b["status"]["lastRetry"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("rrr"))
+                .then_some(b))
+        })
+        .await
+        .unwrap();
+    assert!(b["status"]["lastRetry"].as_str().unwrap().len() <= 256);
+    // Give a looping operator time to show itself, then count the Retry Events.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let events = events_for(&stack, "huge").await;
+    let retries = events
+        .lines()
+        .filter(|l| l.split_whitespace().any(|w| w == "Retry"))
+        .count();
+    // `events_for` lists each Event twice (core and events.k8s.io views).
+    assert!(retries <= 2, "one Retry Event expected:\n{events}");
+
+    // Validation errors past 4,096 bytes: every job fits no instance type of the pool.
+    let jobs: String = (0..16)
+        .map(|i| {
+            job_yaml(
+                &format!("a-job-with-a-deliberately-long-name-so-errors-are-long-{i:02}"),
+                300,
+                "silver",
+                ", requiredCapabilities: [a-capability-no-node-in-any-pool-advertises-at-all, another-capability-no-node-in-any-pool-advertises-at-all, a-third-capability-no-node-in-any-pool-advertises-at-all]",
+            )
+        })
+        .collect();
+    apply(&stack, &bundle_yaml("invalid", 16, "[onprem]", &jobs)).await;
+    let b = stack
+        .wait_for("invalid to stall with a status", READY, || async {
+            let b = stack
+                .get_json(&["bundle", "invalid", "-n", "default"])
+                .await?;
+            Ok((condition(&b, "Stalled")["reason"] == "InvalidSpec").then_some(b))
+        })
+        .await
+        .unwrap();
+    let message = condition(&b, "Stalled")["message"].as_str().unwrap();
+    assert!(
+        message.len() <= 4096 && message.contains("more"),
+        "{} bytes, ends {:?}",
+        message.len(),
+        &message[message.len().saturating_sub(200)..]
+    );
+}

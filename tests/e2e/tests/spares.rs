@@ -236,3 +236,67 @@ async fn a_fixed_pool_only_reports_underflow() {
         .count();
     assert_eq!(onprem, 3, "no node was created in the fixed pool");
 }
+
+#[tokio::test]
+async fn a_spare_target_beyond_max_nodes_stops_at_the_bound_and_says_so() {
+    let stack = start().await;
+    // aws-west has maxNodes 20 (examples/pools.yaml).
+    apply(
+        &stack,
+        &spare_target("lots", "aws-west", 1000, None, "m5.xlarge", "us-west-2"),
+    )
+    .await;
+    let t = stack
+        .wait_for("the target to say it cannot be met", WAIT, || async {
+            let t = stack.get_json(&["hotsparetarget", "lots"]).await?;
+            Ok((condition(&t, "Ready")["reason"] == "PoolAtMaxNodes").then_some(t))
+        })
+        .await
+        .unwrap();
+    assert_eq!(condition(&t, "Ready")["status"], "False", "{t:#}");
+    assert_eq!(condition(&t, "SpareUnderflow")["status"], "True", "{t:#}");
+    let west_nodes = |nodes: &serde_json::Value| {
+        nodes["items"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|n| n["status"]["pool"] == "aws-west")
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    stack
+        .wait_for("the pool to fill to its bound", WAIT, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            Ok((west_nodes(&nodes) == 20).then_some(()))
+        })
+        .await
+        .unwrap();
+    // Nothing beyond the bound arrives later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    assert_eq!(west_nodes(&nodes), 20);
+    let events = stack
+        .env
+        .run_kubectl([
+            "get",
+            "events.events.k8s.io",
+            "-A",
+            "-o",
+            "custom-columns=REASON:.reason",
+        ])
+        .await
+        .unwrap();
+    assert!(
+        events.stdout.contains("SpareTargetUnreachable"),
+        "{}",
+        events.stdout
+    );
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("automanager_pool_spare_underflow{pool=\"aws-west\"}")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+}

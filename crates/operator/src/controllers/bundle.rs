@@ -195,6 +195,30 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(3)));
     }
 
+    // Ids Manager would refuse: say so once instead of failing every pass.
+    if let Some(message) = mapping::ids_too_long(&bundle_id, spec) {
+        let mut status = prev.clone();
+        status.phase = BundlePhase::Pending;
+        mark(
+            &mut status,
+            generation,
+            now,
+            Marks::stalled("InvalidName", message.clone()),
+        );
+        if !is_condition(&prev, "Stalled", "InvalidName") {
+            ctx.event(
+                bundle,
+                EventType::Warning,
+                "InvalidBundle",
+                "Validate",
+                message,
+            )
+            .await;
+        }
+        write_status(ctx, bundle, &prev, status).await?;
+        return Ok(Action::await_change());
+    }
+
     // Static validation against the pools we know (pool references, capabilities, rules).
     let engine_bundle = mapping::bundle(&bundle_id, spec);
     let errors = {
@@ -211,11 +235,11 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
                 return Ok(Action::requeue(Duration::from_millis(500)));
             }
         }
-        let message = errors
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ");
+        let message = api::bounded::join_bounded(
+            &errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "; ",
+            api::bounded::MAX_CONDITION_MESSAGE,
+        );
         let mut status = prev.clone();
         status.phase = BundlePhase::Pending;
         mark(
@@ -239,7 +263,12 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     }
 
     // A retry annotation the operator has not acted on clears the ceiling and the drops.
-    let retry = bundle.annotations().get(api::RETRY_ANNOTATION).cloned();
+    // Compared and recorded as its bounded marker, so any value (even one longer than
+    // `status.lastRetry` may hold) is acted on exactly once.
+    let retry = bundle
+        .annotations()
+        .get(api::RETRY_ANNOTATION)
+        .map(|v| api::bounded::retry_marker(v));
     let retried = retry.is_some() && retry != prev.last_retry;
     if retried {
         ctx.ledger().forget_bundle(&bundle_id);
@@ -252,7 +281,7 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
             EventType::Normal,
             "Retry",
             "Retry",
-            format!("retry requested ({})", retry.clone().unwrap_or_default()),
+            format!("retry requested ({})", retry.as_deref().unwrap_or_default()),
         )
         .await;
     } else if is_condition(&prev, "Broken", "RestartCeilingExceeded") {
@@ -1024,6 +1053,8 @@ fn build_status(
     } else {
         BundlePhase::Placing
     };
+    let no_capacity =
+        api::bounded::join_bounded(&unplaceable_msgs, "; ", api::bounded::MAX_CONDITION_MESSAGE);
     let marks = match status.phase {
         BundlePhase::Ready => Marks {
             ready: (
@@ -1039,9 +1070,9 @@ fn build_status(
             broken.unwrap_or_default().to_owned(),
         ),
         _ if !unplaceable_msgs.is_empty() => Marks {
-            ready: (false, "NoCapacity", unplaceable_msgs.join("; ")),
+            ready: (false, "NoCapacity", no_capacity.clone()),
             reconciling: (any_busy, "Placing", String::new()),
-            stalled: (true, "NoCapacity", unplaceable_msgs.join("; ")),
+            stalled: (true, "NoCapacity", no_capacity),
         },
         BundlePhase::Degraded => Marks {
             ready: (

@@ -142,8 +142,37 @@ async fn apply(
         nodes.extend(mine.iter().map(|(n, _)| spare_node(n, false)));
     }
 
+    // The brake: spares count against the pool's maxNodes like any node, and the pool's
+    // request rate bounds how many are asked for at once.
+    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
+    let pool_nodes = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| {
+                n.pool == spec.pool
+                    && matches!(
+                        proto::NodeState::try_from(n.state),
+                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                    )
+            })
+            .count()
+    }) + nodes
+        .iter()
+        .filter(|n| {
+            n.state == SpareState::Starting
+                && !ctx
+                    .manager
+                    .mirror()
+                    .read(|m| m.nodes.contains_key(&n.node_id))
+        })
+        .count();
+    let room = crate::provision_budget::room_under_max_nodes(
+        max_nodes,
+        u32::try_from(pool_nodes).unwrap_or(u32::MAX),
+    );
+    let allowance = ctx.provision_budget().allowance(&spec.pool, now);
     let plan = match spares::plan_spares(&name, spec, pool.spec.scale_out, &nodes, now) {
-        Ok(p) => p,
+        Ok(p) => p.brake(max_nodes, room, allowance),
         Err(e) => {
             api::set_condition(
                 &mut status.conditions,
@@ -164,6 +193,9 @@ async fn apply(
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
     let req = spares::spare_provision_request(&name, spec);
     for _ in 0..plan.provision {
+        if !ctx.provision_budget().take(&spec.pool, now) {
+            break;
+        }
         let create = proto::CreateNodeRequest {
             pool: req.pool.clone(),
             provider: mapping::provider(pool.spec.kind) as i32,
@@ -267,18 +299,51 @@ async fn apply(
             );
         }
     }
-    let ready_msg = format!(
-        "{} live, {} pending, target {}",
-        plan.live, plan.pending, plan.target
-    );
-    api::set_condition(
-        &mut status.conditions,
-        condition("Ready", true, "Reconciled", ready_msg, generation, now),
-    );
+    match &plan.braked {
+        // A target the pool's maxNodes cannot hold is not Ready, and says why.
+        Some(brake @ spares::Brake::MaxNodes { .. }) => {
+            let message = brake.message(&spec.pool, plan.target);
+            let was = api::find_condition(&prev.conditions, "Ready")
+                .is_some_and(|c| c.reason == brake.reason());
+            api::set_condition(
+                &mut status.conditions,
+                condition(
+                    "Ready",
+                    false,
+                    brake.reason(),
+                    message.clone(),
+                    generation,
+                    now,
+                ),
+            );
+            if !was {
+                ctx.event(
+                    target,
+                    EventType::Warning,
+                    "SpareTargetUnreachable",
+                    "Provision",
+                    message,
+                )
+                .await;
+            }
+        }
+        _ => {
+            let ready_msg = format!(
+                "{} live, {} pending, target {}",
+                plan.live, plan.pending, plan.target
+            );
+            api::set_condition(
+                &mut status.conditions,
+                condition("Ready", true, "Reconciled", ready_msg, generation, now),
+            );
+        }
+    }
     write_status(ctx, target, &prev, status).await?;
     Ok(Action::requeue(
         if plan.provision > 0 || plan.rotate.is_some() {
             Duration::from_secs(1)
+        } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
+            Duration::from_secs(5)
         } else {
             REFRESH
         },

@@ -82,6 +82,8 @@ pub struct Context {
     /// Job ids handed to their band's recovery by a failed migration or a drain's fallback: a
     /// stop of such a job counts as a failure (gold and silver restart, bronze is dropped).
     pub handed_to_recovery: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
+    /// Node requests per pool in the last minute: the provisioning brake.
+    pub provision_budget: Mutex<crate::provision_budget::ProvisionBudget>,
     /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
     pub broken: Mutex<std::collections::HashSet<String>>,
     /// Asks the Bundle controller to look at every bundle (a pool or node changed).
@@ -119,6 +121,7 @@ impl Context {
             traces: Mutex::new(HashMap::new()),
             dropped: Mutex::new(HashMap::new()),
             handed_to_recovery: Mutex::new(HashMap::new()),
+            provision_budget: Mutex::new(Default::default()),
             broken: Mutex::new(std::collections::HashSet::new()),
             bundle_trigger,
         })
@@ -127,6 +130,11 @@ impl Context {
     /// Poison-tolerant locks: a panic elsewhere must not wedge the operator.
     pub fn model(&self) -> MutexGuard<'_, ClusterModel> {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub fn provision_budget(&self) -> MutexGuard<'_, crate::provision_budget::ProvisionBudget> {
+        self.provision_budget
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
     pub fn ledger(&self) -> MutexGuard<'_, RestartLedger> {
         self.ledger.lock().unwrap_or_else(|e| e.into_inner())
@@ -259,7 +267,8 @@ where
 
 /// Asks Manager for a node of `instance_type` in `pool` (zone optional) for whatever `tag` names,
 /// unless one asked for it is still on its way ([`provision_in_flight`]), and tells the engine a
-/// node is coming. `None` when nothing was asked (one is on its way, or the pool is not loaded).
+/// node is coming. `None` when nothing was asked (one is on its way, the pool is not loaded, or
+/// the pool's provisioning rate is used up for this minute).
 pub async fn request_node(
     ctx: &Context,
     pool: &str,
@@ -273,6 +282,10 @@ pub async fn request_node(
     let Some(spec) = ctx.model().pool(pool).cloned() else {
         return Ok(None);
     };
+    if !ctx.provision_budget().take(pool, chrono::Utc::now()) {
+        tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
+        return Ok(None);
+    }
     let req = proto::CreateNodeRequest {
         pool: pool.to_owned(),
         provider: mapping::provider_of(spec.kind) as i32,
