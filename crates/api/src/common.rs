@@ -4,69 +4,7 @@ use kube::KubeSchema;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A job's priority band. It governs what happens when the job fails or loses its node.
-#[derive(
-    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub enum PriorityBand {
-    /// Restarted on failure, preferring a hot spare (a spare dedicated to gold first).
-    Gold,
-    /// Restarted on failure on any node that fits.
-    Silver,
-    /// Dropped on failure: never restarted (an Event and a metric record the drop).
-    Bronze,
-}
-
-impl PriorityBand {
-    /// The band's name as written in the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PriorityBand::Gold => "gold",
-            PriorityBand::Silver => "silver",
-            PriorityBand::Bronze => "bronze",
-        }
-    }
-}
-
-/// How a running instance may be moved between nodes (the seed's `MigrationStrategy`).
-///
-/// A job declares the strongest promise it keeps; a Migration may only ask for a safer one.
-/// Safety order, safest first: `stopThenStart`, `overlap`, `handover`.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema, Default)]
-#[serde(rename_all = "camelCase")]
-pub enum MigrationStrategy {
-    /// The target is started before the source is stopped, so both instances may produce
-    /// briefly: a promise only a job whose outputs tolerate a second writer can make.
-    Overlap,
-    /// The target is prepared but not started, the source is stopped, then the target is
-    /// started: safe for any job, at the cost of a gap. The default when a job declares nothing.
-    #[default]
-    StopThenStart,
-    /// The job speaks the worker's job socket and hands over at an exact position, so the
-    /// output continues seamlessly: a promise the job's own code keeps.
-    Handover,
-}
-
-impl MigrationStrategy {
-    /// Rank in the safety order: 0 is the safest. A request may move to a lower or equal rank.
-    pub fn safety_rank(self) -> u8 {
-        match self {
-            MigrationStrategy::StopThenStart => 0,
-            MigrationStrategy::Overlap => 1,
-            MigrationStrategy::Handover => 2,
-        }
-    }
-
-    /// The strategy's name as written in the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigrationStrategy::Overlap => "overlap",
-            MigrationStrategy::StopThenStart => "stopThenStart",
-            MigrationStrategy::Handover => "handover",
-        }
-    }
-}
+pub use automanager_policy::vocab::{MigrationStrategy, OnFailure, PriorityBand, RestartPlacement};
 
 /// Whether a placement rule must hold (`hard`: a filter) or should hold (`soft`: an ordering
 /// preference whose breach is reported in status).
@@ -147,26 +85,6 @@ impl PlacementRules {
             zone: PlacementRule::ANY,
         }
     }
-}
-
-/// What a band does when a job fails or loses its node (the seed's `bands` setting).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum OnFailure {
-    /// Place the job again.
-    Restart,
-    /// Do not restart; record the drop.
-    Drop,
-}
-
-/// Where a restarted job may go.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum RestartPlacement {
-    /// Prefer a hot spare (one dedicated to the band first), then any node that fits.
-    PreferHotSpare,
-    /// Any node that fits.
-    Any,
 }
 
 /// One band's failure policy. Unset fields take the operator's configured defaults

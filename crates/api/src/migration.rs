@@ -1,12 +1,15 @@
 //! `Migration`: a request to move one running job to another node.
 
-use chrono::{DateTime, Utc};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::MigrationStrategy;
 use crate::condition::Condition;
+
+pub use automanager_policy::vocab::{
+    AbortInfo, FailedParticipant, HandoverSummary, MigrationPhase, PhaseTransition,
+};
 
 /// The job instance to move: a job of a replica of a bundle in the Migration's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -77,100 +80,6 @@ pub struct MigrationSpec {
     /// Set to abort the migration while it is abortable (until the source has stopped output).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort: Option<MigrationAbort>,
-}
-
-/// A migration's phase.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub enum MigrationPhase {
-    /// Accepted, not started.
-    #[default]
-    Pending,
-    /// handover: the source was asked for its state (`get-state`).
-    Proposing,
-    /// A target node is being chosen or provisioned.
-    PlacingTarget,
-    /// stopThenStart: the target is prepared but not started.
-    PreparingTarget,
-    /// The target instance is starting (handover: with its initial state).
-    StartingTarget,
-    /// overlap: the target runs beside the source.
-    TargetRunning,
-    /// handover: the target reported `target-ready`.
-    TargetReady,
-    /// handover: the source was sent `cutover-ready`.
-    CutoverReady,
-    /// The source is being stopped.
-    StoppingSource,
-    /// handover: the source reported `source-stopped-output`; past the point of no return.
-    SourceStoppedOutput,
-    /// handover: the target was sent `cutover-apply`.
-    CutoverApply,
-    /// Done: the job runs on the target and the source instance is gone.
-    Completed,
-    /// Stopped before completion; the source keeps running and any target was cleaned up.
-    Aborted,
-    /// handover: the source refused (`state-refused`); no target was placed.
-    Refused,
-    /// Not started: the request was invalid (for example a stronger strategy than declared,
-    /// or another migration of the same job in progress).
-    Rejected,
-    /// Failed after the point of no return; the job was recovered by its band rules.
-    Failed,
-}
-
-/// When a phase was entered.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct PhaseTransition {
-    /// The phase.
-    pub phase: MigrationPhase,
-    /// When it was entered.
-    pub entered_at: DateTime<Utc>,
-}
-
-/// A participant that failed to apply during a handover (from `target-applied.failed`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct FailedParticipant {
-    /// The participant's id.
-    #[schemars(length(max = 256))]
-    pub id: String,
-    /// Why it failed.
-    #[schemars(length(max = 1024))]
-    pub reason: String,
-}
-
-/// What the target reported in `target-applied`.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema, Default)]
-#[serde(rename_all = "camelCase")]
-pub struct HandoverSummary {
-    /// Participants applied.
-    #[serde(default)]
-    #[schemars(length(max = 64), inner(length(max = 256)))]
-    pub applied: Vec<String>,
-    /// Participants that failed to apply (reported, not fatal: the source has already stopped).
-    #[serde(default)]
-    #[schemars(length(max = 64))]
-    pub failed: Vec<FailedParticipant>,
-    /// Skew between the source's last output and the target's first, in milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub skew_ms: Option<f64>,
-}
-
-/// Why and where a migration was aborted.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct AbortInfo {
-    /// The reason given (by the user, the job or a timeout).
-    #[schemars(length(max = 1024))]
-    pub reason: String,
-    /// The phase the migration was in.
-    pub phase: MigrationPhase,
-    /// Who aborted: `user`, `source`, `target`, `timeout` or `operator`.
-    #[schemars(length(max = 32))]
-    pub by: String,
-    /// When.
-    pub at: DateTime<Utc>,
 }
 
 /// What the migration controller observes and did.

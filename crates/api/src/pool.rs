@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::condition::Condition;
 
+pub use automanager_policy::vocab::ScaleOut;
+
 /// Where a pool's nodes come from.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -27,16 +29,6 @@ pub enum PackingStrategy {
     Binpack,
     /// Use the emptiest node that fits first, so a node's loss touches fewer jobs.
     Spread,
-}
-
-/// Whether the pool can grow.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ScaleOut {
-    /// AutoManager may provision nodes (of the smallest candidate instance type that fits).
-    Elastic,
-    /// The pool's nodes are what exists; nothing is provisioned.
-    Fixed,
 }
 
 /// A kind of node the pool has or can provision.

@@ -45,22 +45,26 @@
 //!
 //! See `docs/job-socket.md` for the operator-facing summary and `reference/` for the oracle.
 
+#[cfg(feature = "runtime")]
 pub mod client;
 pub mod conformance;
 pub mod consts;
 pub mod frame;
 pub mod json;
+#[cfg(feature = "runtime")]
 pub mod listener;
 pub mod path;
 pub mod payload;
 pub mod phase;
 
+#[cfg(feature = "runtime")]
 pub use client::{MigrationClient, connect_migration, connect_migration_to};
 pub use consts::CloseCode;
 pub use frame::{
     JobToWorker, TargetApplied, WorkerToJob, parse_job_to_worker, parse_worker_to_job,
 };
 pub use json::{JsString, Json};
+#[cfg(feature = "runtime")]
 pub use listener::{
     Command, EventKind, InstanceKey, InstanceSpec, JobSocketListener, ListenerConfig,
     ListenerEvent, ListenerHandle,

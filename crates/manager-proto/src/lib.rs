@@ -21,5 +21,5 @@ pub mod v1 {
 pub use v1::*;
 
 /// The id of the capability a worker advertises while its job socket
-/// listener is up; a handover target must have it.
-pub const JOB_SOCKET_CAPABILITY: &str = "norsk.io/job-socket";
+/// listener is up; a handover target must have it. Defined once, by the job-socket contract.
+pub use job_socket::consts::JOB_SOCKET_CAPABILITY;

@@ -6,16 +6,10 @@
 
 pub mod config;
 pub mod controllers;
-pub mod drain_plan;
-pub mod health;
 pub mod http;
 pub mod leader;
-pub mod ledger;
 pub mod mapping;
 pub mod metrics;
-pub mod migration_plan;
 pub mod model;
-pub mod provision_budget;
 pub mod runtime;
 pub mod settings;
-pub mod spares;

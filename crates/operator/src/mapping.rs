@@ -8,23 +8,28 @@ use automanager_api as api;
 use automanager_placement as pl;
 use manager_proto as proto;
 
-/// Node tag that marks a hot spare (the seed's `spare=true`).
-pub const SPARE_TAG: &str = "spare";
-/// Node tag that dedicates a spare to one band.
-pub const SPARE_BAND_TAG: &str = "spare-band";
-/// Node tag naming the HotSpareTarget that provisioned a spare.
-pub const SPARE_TARGET_TAG: &str = "automanager.hot-spare-target";
-/// Node tag naming the bundle a node was provisioned for.
-pub const PROVISIONED_FOR_TAG: &str = "automanager.provisioned-for";
+pub use automanager_policy::tags::{
+    PROVISIONED_FOR_TAG, SPARE_BAND_TAG, SPARE_TAG, SPARE_TARGET_TAG,
+};
 
-/// Manager's bundle id for a Bundle object: `<namespace>.<name>`. Namespaces are DNS labels
-/// (no dots), so the first dot splits it back unambiguously; Manager refuses `/` in ids.
+/// Manager's bundle id for a Bundle object ([`BundleId`] holds the format).
 pub fn bundle_id(namespace: &str, name: &str) -> String {
-    format!("{namespace}.{name}")
+    BundleId::of(namespace, name).to_string()
 }
 
-/// Manager's bound on ids (bundle, job and node ids, tag values).
-pub const MAX_MANAGER_ID: usize = 253;
+/// A HotSpareTarget's spec as the spare planner reads it.
+pub fn spare_target(spec: &api::HotSpareTargetSpec) -> automanager_policy::spares::SpareTarget {
+    automanager_policy::spares::SpareTarget {
+        pool: spec.pool.clone(),
+        target_count: spec.target_count,
+        for_band: spec.for_band,
+        instance_type: spec.spec.instance_type.clone(),
+        region: spec.spec.region.clone(),
+        max_age: spec.max_age.clone(),
+    }
+}
+
+pub use automanager_policy::ids::{BundleId, MAX_MANAGER_ID};
 
 /// Why a Bundle's ids would not fit Manager's bound, if they would not. The CRD refuses names
 /// over `automanager_api::MAX_NAME`; this guards objects written around that rule (an older
@@ -47,9 +52,10 @@ pub fn ids_too_long(bundle_id: &str, spec: &api::BundleSpec) -> Option<String> {
 }
 
 /// The Bundle object a Manager bundle id belongs to, as `(namespace, name)`.
-pub fn bundle_object(bundle_id: &str) -> Option<(&str, &str)> {
-    let (ns, name) = bundle_id.split_once('.')?;
-    (!ns.is_empty() && !name.is_empty()).then_some((ns, name))
+pub fn bundle_object(bundle_id: &str) -> Option<(String, String)> {
+    let id = BundleId::parse(bundle_id)?;
+    let (ns, name) = id.object();
+    Some((ns.to_owned(), name.to_owned()))
 }
 
 /// FNV-1a of `s`: stable across runs and platforms, for names derived from ids.
@@ -460,15 +466,6 @@ mod tests {
         assert_eq!(ids_too_long(&fits, &spec), None);
         let long = bundle_id("default", &"b".repeat(250));
         assert!(ids_too_long(&long, &spec).is_some_and(|m| m.contains("more than the 253")));
-    }
-
-    #[test]
-    fn bundle_ids_round_trip_through_the_first_dot() {
-        let id = bundle_id("default", "my.channel");
-        assert_eq!(id, "default.my.channel");
-        assert_eq!(bundle_object(&id), Some(("default", "my.channel")));
-        assert_eq!(bundle_object("nodot"), None);
-        assert_eq!(bundle_object(".x"), None);
     }
 
     #[test]

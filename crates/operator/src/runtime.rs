@@ -100,7 +100,7 @@ pub async fn run_mirror_pump(
         });
         for b in bundles {
             if let Some((ns, name)) = mapping::bundle_object(&b) {
-                let _ = bundle_refs.try_send(ObjectRef::new(name).within(ns));
+                let _ = bundle_refs.try_send(ObjectRef::new(&name).within(&ns));
             }
         }
         if wake_all {

@@ -22,8 +22,8 @@ use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use manager_proto as proto;
 
 use super::{Context, Error, condition, now_ms, ns_name};
-use crate::ledger::ReplicaKey;
 use crate::mapping;
+use automanager_policy::ledger::ReplicaKey;
 
 /// Requeue while something is in progress (a node starting, a job starting).
 const REQUEUE_BUSY: Duration = Duration::from_secs(2);
@@ -715,7 +715,8 @@ async fn reconcile_replica(
                         ctx.manager.mirror().read(|m| ctx.model().abandon(&key, m));
                         ctx.metrics.job_rejected();
                         let change = ctx.health().record_rejection(&a.node, Utc::now());
-                        if change == crate::health::HealthChange::BecameUnhealthy {
+                        if change == automanager_policy::node_health::HealthChange::BecameUnhealthy
+                        {
                             let overlay = mapping::NodeOverlay {
                                 unhealthy: true,
                                 ..ctx.model().overlay(&a.node)

@@ -5,7 +5,7 @@
 //!
 //! The Migrations are ordinary objects (owned by the ManagerNode, labelled with the node), so the
 //! user sees each move with `kubectl get migrations`, and a restarted operator picks the drain up
-//! from them. What to do next is decided by the pure [`crate::drain_plan`].
+//! from them. What to do next is decided by the pure [`automanager_policy::drain`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,8 +25,8 @@ use manager_proto as proto;
 
 use super::node::Drains;
 use super::{Context, Error};
-use crate::drain_plan::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
 use crate::mapping;
+use automanager_policy::drain::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
 
 /// How often a drain in progress is looked at when no Migration change wakes it.
 const STEP: Duration = Duration::from_secs(2);

@@ -1,7 +1,7 @@
 //! The HotSpareTarget controller: keeps a pool's warm, empty nodes at target.
 //!
 //! Observe the pool's spare-tagged nodes in the mirror; decide with the pure planner
-//! (`crate::spares`); act (CreateNode with `spare=true`, TerminateNode of the oldest excess or of
+//! (`automanager_policy::spares`); act (CreateNode with `spare=true`, TerminateNode of the oldest excess or of
 //! an aged spare once its replacement is up); record status, the `SpareUnderflow` condition and a
 //! Warning Event (the seed's `onSpareUnderflow(pool, current, target)`). Mirror node changes wake
 //! every target at once, so a spare that takes a job is replaced without waiting for a poll.
@@ -20,7 +20,7 @@ use manager_proto as proto;
 
 use super::{Context, Error, condition};
 use crate::mapping;
-use crate::spares::{self, RotationStep, SpareNode, SpareState};
+use automanager_policy::spares::{self, RotationStep, SpareNode, SpareState};
 
 /// Rotation and figures are looked at least this often.
 const REFRESH: Duration = Duration::from_secs(30);
@@ -166,12 +166,13 @@ async fn apply(
                     .read(|m| m.nodes.contains_key(&n.node_id))
         })
         .count();
-    let room = crate::provision_budget::room_under_max_nodes(
+    let room = automanager_policy::provision_budget::room_under_max_nodes(
         max_nodes,
         u32::try_from(pool_nodes).unwrap_or(u32::MAX),
     );
     let allowance = ctx.provision_budget().allowance(&spec.pool, now);
-    let plan = match spares::plan_spares(&name, spec, pool.spec.scale_out, &nodes, now) {
+    let wanted = mapping::spare_target(spec);
+    let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
         Ok(p) => p.brake(max_nodes, room, allowance),
         Err(e) => {
             api::set_condition(
@@ -191,7 +192,7 @@ async fn apply(
     };
 
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
-    let req = spares::spare_provision_request(&name, spec);
+    let req = spares::spare_provision_request(&name, &wanted);
     for _ in 0..plan.provision {
         if !ctx.provision_budget().take(&spec.pool, now) {
             break;

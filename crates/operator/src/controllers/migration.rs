@@ -1,7 +1,7 @@
 //! The Migration controller: moves one running job to another node with the strategy in effect.
 //!
 //! Observe the Migration, its Bundle and the mirror (the job, its instances, Manager's migration
-//! record); decide with the pure machine (`crate::migration_plan`); act (Manager's migration
+//! record); decide with the pure machine (`automanager_policy::migration`); act (Manager's migration
 //! calls, StartJob/StopJob); record (status by server-side apply only when it changed, Events).
 //!
 //! Choices made where the issue left room:
@@ -57,7 +57,7 @@ use manager_proto as proto;
 
 use super::{Context, Error, condition, is_final_answer, now_ms, ns_name};
 use crate::mapping;
-use crate::migration_plan::{
+use automanager_policy::migration::{
     self as plan, AbortBy, Action, MigrationEvent, MigrationMachine, MigrationRecord,
     PhaseTimeouts, SourceJob,
 };

@@ -21,12 +21,12 @@ use kube::{Client, Resource, ResourceExt};
 use manager_client::{ClientError, ManagerClient};
 use manager_proto as proto;
 
-use crate::health::NodeHealth;
-use crate::ledger::RestartLedger;
 use crate::mapping;
 use crate::metrics::Metrics;
 use crate::model::ClusterModel;
 use crate::settings::Settings;
+use automanager_policy::ledger::RestartLedger;
+use automanager_policy::node_health::NodeHealth;
 
 /// The last placement decision for one replica of a bundle: the full trace for
 /// `/debug/trace`, and what status summarises (also when the status write was coalesced).
@@ -83,7 +83,7 @@ pub struct Context {
     /// stop of such a job counts as a failure (gold and silver restart, bronze is dropped).
     pub handed_to_recovery: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
     /// Node requests per pool in the last minute: the provisioning brake.
-    pub provision_budget: Mutex<crate::provision_budget::ProvisionBudget>,
+    pub provision_budget: Mutex<automanager_policy::provision_budget::ProvisionBudget>,
     /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
     pub broken: Mutex<std::collections::HashSet<String>>,
     /// Asks the Bundle controller to look at every bundle (a pool or node changed).
@@ -131,7 +131,9 @@ impl Context {
     pub fn model(&self) -> MutexGuard<'_, ClusterModel> {
         self.model.lock().unwrap_or_else(|e| e.into_inner())
     }
-    pub fn provision_budget(&self) -> MutexGuard<'_, crate::provision_budget::ProvisionBudget> {
+    pub fn provision_budget(
+        &self,
+    ) -> MutexGuard<'_, automanager_policy::provision_budget::ProvisionBudget> {
         self.provision_budget
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -52,7 +52,7 @@
 //! [`MigrationError`] and change nothing; re-deliveries of the event that led into the current
 //! phase (a mirror resync) are accepted as no-ops. Nothing here panics on any input.
 
-use automanager_api::{
+use crate::vocab::{
     AbortInfo, FailedParticipant, HandoverSummary, MigrationPhase, MigrationStrategy,
     PhaseTransition,
 };
@@ -61,8 +61,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 /// The role a migration target instance is started with (the source keeps its own role).
 pub const MIGRATION_TARGET_ROLE: &str = "migrationTarget";
 
-/// The capability a handover target's worker advertises while its job-socket listener is up.
-pub const JOB_SOCKET_CAPABILITY: &str = "norsk.io/job-socket";
+pub use crate::JOB_SOCKET_CAPABILITY;
 
 /// The largest payload a job socket frame can carry (a frame is at most 64 KiB).
 pub const MAX_PAYLOAD_BYTES: usize = 64 * 1024;

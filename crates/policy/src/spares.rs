@@ -41,11 +41,28 @@
 
 use std::collections::BTreeSet;
 
-use automanager_api::{HotSpareTargetSpec, PriorityBand, ScaleOut};
 use chrono::{DateTime, TimeDelta, Utc};
 
-pub use crate::mapping::SPARE_TARGET_TAG;
-use crate::mapping::{SPARE_BAND_TAG, SPARE_TAG};
+pub use crate::tags::SPARE_TARGET_TAG;
+use crate::tags::{SPARE_BAND_TAG, SPARE_TAG};
+use crate::vocab::{PriorityBand, ScaleOut};
+
+/// What a `HotSpareTarget` asks for, as plain data (the CRD's spec without Kubernetes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpareTarget {
+    /// The pool the spares belong to.
+    pub pool: String,
+    /// How many live spares to keep (the schema bounds it to 0..=1000).
+    pub target_count: i32,
+    /// The band the spares are dedicated to, if any.
+    pub for_band: Option<PriorityBand>,
+    /// The instance type to provision.
+    pub instance_type: String,
+    /// The region to provision in.
+    pub region: String,
+    /// Rotate spares older than this (a duration such as `24h`).
+    pub max_age: Option<String>,
+}
 
 /// The largest `targetCount` the schema allows.
 pub const MAX_TARGET_COUNT: u32 = 1000;
@@ -280,7 +297,7 @@ pub enum SpareSpecError {
 }
 
 /// The request for one new spare of `target_name` (the seed's `createAwsNode` with `spare=true`).
-pub fn spare_provision_request(target_name: &str, spec: &HotSpareTargetSpec) -> ProvisionRequest {
+pub fn spare_provision_request(target_name: &str, spec: &SpareTarget) -> ProvisionRequest {
     let mut tags = vec![(SPARE_TAG.to_owned(), "true".to_owned())];
     if let Some(band) = spec.for_band {
         tags.push((SPARE_BAND_TAG.to_owned(), band.as_str().to_owned()));
@@ -288,8 +305,8 @@ pub fn spare_provision_request(target_name: &str, spec: &HotSpareTargetSpec) -> 
     tags.push((SPARE_TARGET_TAG.to_owned(), target_name.to_owned()));
     ProvisionRequest {
         pool: spec.pool.clone(),
-        instance_type: spec.spec.instance_type.clone(),
-        region: spec.spec.region.clone(),
+        instance_type: spec.instance_type.clone(),
+        region: spec.region.clone(),
         tags,
     }
 }
@@ -299,7 +316,7 @@ pub fn spare_provision_request(target_name: &str, spec: &HotSpareTargetSpec) -> 
 /// See the module docs for the rules. Deterministic: the order of `nodes` does not matter.
 pub fn plan_spares(
     target_name: &str,
-    spec: &HotSpareTargetSpec,
+    spec: &SpareTarget,
     scale_out: ScaleOut,
     nodes: &[SpareNode],
     now: DateTime<Utc>,
@@ -495,7 +512,6 @@ fn digits_value(digits: &[u8]) -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use automanager_api::SpareNodeSpec;
     use chrono::TimeZone;
     use proptest::prelude::*;
 
@@ -505,15 +521,13 @@ mod tests {
             .unwrap_or_default()
     }
 
-    fn spec(target: i32, band: Option<PriorityBand>, max_age: Option<&str>) -> HotSpareTargetSpec {
-        HotSpareTargetSpec {
+    fn spec(target: i32, band: Option<PriorityBand>, max_age: Option<&str>) -> SpareTarget {
+        SpareTarget {
             pool: "aws-east".into(),
             target_count: target,
             for_band: band,
-            spec: SpareNodeSpec {
-                instance_type: "m5.xlarge".into(),
-                region: "eu-west-1".into(),
-            },
+            instance_type: "m5.xlarge".into(),
+            region: "eu-west-1".into(),
             max_age: max_age.map(str::to_owned),
         }
     }
@@ -533,7 +547,7 @@ mod tests {
         node(id, SpareState::Started, age_min)
     }
 
-    fn plan(s: &HotSpareTargetSpec, nodes: &[SpareNode]) -> SparePlan {
+    fn plan(s: &SpareTarget, nodes: &[SpareNode]) -> SparePlan {
         plan_spares("t", s, ScaleOut::Elastic, nodes, t0()).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -942,7 +956,7 @@ mod tests {
             })
     }
 
-    fn arb_spec() -> impl Strategy<Value = HotSpareTargetSpec> {
+    fn arb_spec() -> impl Strategy<Value = SpareTarget> {
         (
             0i32..8,
             arb_band(),

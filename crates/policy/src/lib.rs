@@ -1,0 +1,38 @@
+//! # automanager-policy
+//!
+//! What the operator decides, as plain functions and small state machines over plain data: no
+//! kube, no tokio, no I/O, no clock (time is passed in). Controllers observe, call this crate,
+//! act on its answer and record it; everything here is unit- and property-tested without a
+//! cluster, like `automanager-placement` beside it.
+//!
+//! | module | decides |
+//! |---|---|
+//! | [`vocab`] | the words: bands, failure policy, migration strategies and phases |
+//! | [`ids`] | the bundle id the operator gives Manager for a Bundle object |
+//! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
+//! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
+//! | [`node_health`] | nodes whose workers refuse too many starts |
+//! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
+//! | [`provision_budget`] | how many nodes a pool may be asked for now |
+//! | [`drain`] | the next step of a `migrate` drain |
+//! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
+//!
+//! Behaviour follows the `@norskvideo/norsk-auto-manager` TypeScript library; where the operator
+//! goes further the module says so.
+
+pub mod bundle;
+pub mod drain;
+pub mod ids;
+pub mod ledger;
+pub mod migration;
+pub mod node_health;
+pub mod provision_budget;
+pub mod spares;
+pub mod tags;
+pub mod vocab;
+
+pub use vocab::*;
+
+/// The capability a worker advertises while its job-socket listener is up; a handover target
+/// must have it. Defined once, by the job-socket contract.
+pub use job_socket::consts::JOB_SOCKET_CAPABILITY;
