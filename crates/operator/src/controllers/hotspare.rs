@@ -88,32 +88,26 @@ async fn apply(
 
     let pools: Api<PlacementPool> = Api::all(ctx.client.clone());
     let Some(pool) = pools.get_opt(&spec.pool).await? else {
-        api::set_condition(
+        api::set_standing(
             &mut status.conditions,
-            condition(
-                "Ready",
-                false,
-                "UnknownPool",
-                format!("PlacementPool {} does not exist", spec.pool),
-                generation,
-                now,
-            ),
+            api::Standing::Stalled,
+            "UnknownPool",
+            format!("PlacementPool {} does not exist", spec.pool),
+            generation,
+            now,
         );
         write_status(ctx, target, &prev, status).await?;
         return Ok(Action::requeue(REFRESH));
     };
     if !ctx.manager_ready() {
         let err = ctx.manager_unavailable();
-        api::set_condition(
+        api::set_standing(
             &mut status.conditions,
-            condition(
-                "Ready",
-                false,
-                "ManagerUnavailable",
-                err.to_string(),
-                generation,
-                now,
-            ),
+            api::Standing::Stalled,
+            "ManagerUnavailable",
+            err.to_string(),
+            generation,
+            now,
         );
         write_status(ctx, target, &prev, status).await?;
         return Ok(Action::requeue(Duration::from_secs(3)));
@@ -145,16 +139,13 @@ async fn apply(
     let plan = match spares::plan_spares(&name, spec, pool.spec.scale_out, &nodes, now) {
         Ok(p) => p,
         Err(e) => {
-            api::set_condition(
+            api::set_standing(
                 &mut status.conditions,
-                condition(
-                    "Ready",
-                    false,
-                    "InvalidSpec",
-                    e.to_string(),
-                    generation,
-                    now,
-                ),
+                api::Standing::Stalled,
+                "InvalidSpec",
+                e.to_string(),
+                generation,
+                now,
             );
             write_status(ctx, target, &prev, status).await?;
             return Ok(Action::await_change());
@@ -267,13 +258,32 @@ async fn apply(
             );
         }
     }
-    let ready_msg = format!(
+    let counts = format!(
         "{} live, {} pending, target {}",
         plan.live, plan.pending, plan.target
     );
-    api::set_condition(
+    // Underflow with spares on their way is progress; underflow nothing can fix (a fixed pool
+    // has no nodes to spare) is stalled until nodes or the target change.
+    let (standing, reason) = match &plan.underflow {
+        Some(_) if plan.pending + plan.provision > 0 => {
+            (api::Standing::Reconciling, "Provisioning")
+        }
+        Some(_) => (api::Standing::Stalled, "SpareUnderflow"),
+        None if !plan.terminate.is_empty() => (api::Standing::Reconciling, "TerminatingExcess"),
+        None if plan.rotate.is_some() => (api::Standing::Reconciling, "Rotating"),
+        None => (api::Standing::Ready, "AtTarget"),
+    };
+    let message = match &plan.underflow {
+        Some(u) => format!("{}; {counts}", u.message()),
+        None => counts,
+    };
+    api::set_standing(
         &mut status.conditions,
-        condition("Ready", true, "Reconciled", ready_msg, generation, now),
+        standing,
+        reason,
+        message,
+        generation,
+        now,
     );
     write_status(ctx, target, &prev, status).await?;
     Ok(Action::requeue(
