@@ -52,17 +52,20 @@ for _ in $(seq 1 100); do
 done
 [ -n "${addr:-}" ] || { cat "$dir/manager-sim.log" >&2; echo "manager-sim did not start" >&2; exit 1; }
 
-http_port=${DEMO_HTTP_PORT:-$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+http_port=${DEMO_HTTP_PORT:-$(free_port)}
+debug_port=${DEMO_DEBUG_PORT:-$(free_port)}
 cat >"$dir/operator.yaml" <<YAML
 manager:
   url: http://$addr
 http:
   bindAddress: 127.0.0.1:$http_port
+  debugBindAddress: 127.0.0.1:$debug_port
 leaderElection:
   enabled: true
   leaseNamespace: default
 YAML
-say "starting automanager-operator (manager at http://$addr, http on 127.0.0.1:$http_port)"
+say "starting automanager-operator (manager at http://$addr, http on 127.0.0.1:$http_port, debugging API on 127.0.0.1:$debug_port)"
 RUST_LOG=${RUST_LOG:-info} "$target/debug/automanager-operator" --config "$dir/operator.yaml" >"$dir/operator.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 300); do
@@ -81,8 +84,8 @@ kubectl get automanager -A
 echo
 say "placement of my-channel-1, replica 0, job encode (status summary)"
 kubectl get bundle my-channel-1 -n default -o jsonpath='{.status.replicas[0].jobs[0].lastPlacement}' | python3 -m json.tool
-say "the full trace: curl -s http://127.0.0.1:$http_port/debug/trace/default/my-channel-1"
-curl -s "http://127.0.0.1:$http_port/debug/trace/default/my-channel-1" | python3 -c '
+say "the full trace: curl -s http://127.0.0.1:$debug_port/debug/trace/default/my-channel-1"
+curl -s "http://127.0.0.1:$debug_port/debug/trace/default/my-channel-1" | python3 -c '
 import json, sys
 for r in json.load(sys.stdin)["replicas"]:
     o = r["decision"]["outcome"]

@@ -290,9 +290,10 @@ pub struct BundleStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 256))]
     pub last_retry: Option<String>,
-    /// `Ready`, `Reconciling`, `Stalled` and `Broken`, each with `observedGeneration`.
+    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), and `Broken`, each with
+    /// `observedGeneration`.
     #[serde(default)]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

@@ -94,8 +94,9 @@ pub struct HotSpareTargetStatus {
     #[serde(default)]
     #[schemars(length(max = 1000), inner(length(max = 253)))]
     pub spare_nodes: Vec<String>,
-    /// `Ready` and `SpareUnderflow` (with pool, current and target in its message).
+    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), and `SpareUnderflow`
+    /// (with pool, current and target in its message), each with `observedGeneration`.
     #[serde(default)]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }

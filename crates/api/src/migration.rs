@@ -121,8 +121,9 @@ pub struct MigrationStatus {
     /// Set when the migration was aborted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort: Option<AbortInfo>,
-    /// `Ready` (completed), `Progressing`, `Aborted`, `Rejected`.
+    /// kstatus `Ready` (completed), `Reconciling` and `Stalled` (see docs/kstatus.md), and
+    /// `Progressing`, `Aborted`, `Rejected`, each with `observedGeneration`.
     #[serde(default)]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }

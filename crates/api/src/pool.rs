@@ -133,8 +133,9 @@ pub struct PlacementPoolStatus {
     /// Used capacity over total capacity of the pool's started nodes, 0 to 1.
     #[serde(default)]
     pub used_capacity_fraction: f64,
-    /// `Ready` (the pool is valid and usable) and others.
+    /// kstatus `Ready` (the pool is valid and usable), `Reconciling` and `Stalled` (see
+    /// docs/kstatus.md), each with `observedGeneration`.
     #[serde(default)]
-    #[schemars(length(max = 16))]
+    #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }

@@ -242,12 +242,16 @@ impl LeaderElectionConfig {
     }
 }
 
-/// The HTTP server (`/healthz`, `/readyz`, `/metrics`, debugging API).
+/// The HTTP servers: `/healthz`, `/readyz`, `/metrics` on one address, the debugging API
+/// (`/debug/trace`, `/v1/what-if`) on another, off unless set.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpConfig {
     /// Listen address (default `127.0.0.1:8080`: loopback only; set `0.0.0.0:8080` in a Pod so
     /// probes and Prometheus can reach it).
     pub bind_address: SocketAddr,
+    /// Listen address of the debugging API (default none: not served). Must differ from
+    /// `bind_address`, so exposing probes and metrics never exposes the debugging API.
+    pub debug_bind_address: Option<SocketAddr>,
 }
 
 /// Parallelism of the controllers.
@@ -321,6 +325,7 @@ impl Default for OperatorConfig {
             },
             http: HttpConfig {
                 bind_address: SocketAddr::from(([127, 0, 0, 1], 8080)),
+                debug_bind_address: None,
             },
             concurrency: ConcurrencyConfig { bundles: 8 },
             status_write_interval: Duration::from_millis(250),
@@ -356,6 +361,13 @@ pub struct ConfigOverrides {
         value_name = "ADDR"
     )]
     pub http_bind_address: Option<String>,
+    /// Listen address of /debug/trace and /v1/what-if (overrides `http.debugBindAddress`).
+    #[arg(
+        long = "http-debug-bind-address",
+        env = "AUTOMANAGER_HTTP_DEBUG_BIND_ADDRESS",
+        value_name = "ADDR"
+    )]
+    pub http_debug_bind_address: Option<String>,
     /// `true` or `false` (overrides `leaderElection.enabled`).
     #[arg(
         long = "leader-election",
@@ -483,6 +495,18 @@ impl OperatorConfig {
                 Err(m) => errors.push(err("--http-bind-address", m)),
             }
         }
+        if let Some(addr) = &o.http_debug_bind_address {
+            match parse_socket_addr(addr) {
+                Ok(a) => {
+                    self.http.debug_bind_address = Some(a);
+                    sources.push((
+                        "http.debugBindAddress",
+                        "--http-debug-bind-address / AUTOMANAGER_HTTP_DEBUG_BIND_ADDRESS",
+                    ));
+                }
+                Err(m) => errors.push(err("--http-debug-bind-address", m)),
+            }
+        }
         if let Some(enabled) = o.leader_election {
             self.leader_election.enabled = enabled;
         }
@@ -607,6 +631,18 @@ impl OperatorConfig {
                 format!(
                     "must be at least 2s shorter than leaderElection.leaseDuration ({}s), so the holder renews before the lease lapses",
                     le.lease_duration.as_secs()
+                ),
+            ));
+        }
+
+        if let Some(debug) = self.http.debug_bind_address
+            && same_listener(debug, self.http.bind_address)
+        {
+            errors.push(err(
+                "http.debugBindAddress",
+                format!(
+                    "must use another port than http.bindAddress ({}): the debugging API has a port of its own, so exposing probes and metrics never exposes it",
+                    self.http.bind_address
                 ),
             ));
         }
@@ -856,7 +892,7 @@ const LEADER_KEYS: &[&str] = &[
     "leaseDuration",
     "renewEvery",
 ];
-const HTTP_KEYS: &[&str] = &["bindAddress"];
+const HTTP_KEYS: &[&str] = &["bindAddress", "debugBindAddress"];
 const CONCURRENCY_KEYS: &[&str] = &["bundles"];
 const MIGRATION_KEYS: &[&str] = &["drainParallelism", "phaseTimeout"];
 
@@ -1207,6 +1243,12 @@ impl Walker {
                 Err(m) => self.push("http.bindAddress", m),
             }
         }
+        if let Some(s) = self.string(h, "debugBindAddress", "http", 256) {
+            match parse_socket_addr(&s) {
+                Ok(a) => c.http.debug_bind_address = Some(a),
+                Err(m) => self.push("http.debugBindAddress", m),
+            }
+        }
 
         let cc = self.mapping(
             Self::field(root, "concurrency"),
@@ -1329,6 +1371,15 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
         let shown: String = s.chars().take(64).collect();
         format!("must be an IP address and port, e.g. 127.0.0.1:8080 or [::]:8080, not `{shown}`")
     })
+}
+
+/// Whether two listen addresses would collide: the same port on the same address, or on any
+/// address when either is unspecified (`0.0.0.0`, `[::]`).
+fn same_listener(a: SocketAddr, b: SocketAddr) -> bool {
+    // Port 0 asks for any free port, so it never collides.
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// A Manager URL taken apart.
@@ -2256,6 +2307,84 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
             error_at(&e, "watchNamespaces[0]")
                 .message
                 .contains("--watch-namespace")
+        );
+    }
+
+    #[test]
+    fn the_debugging_api_is_off_unless_given_a_port_of_its_own() {
+        assert_eq!(ok(URL).http.debug_bind_address, None);
+        let c = ok(&format!(
+            "{URL}http: {{ bindAddress: 0.0.0.0:8080, debugBindAddress: 127.0.0.1:8082 }}\n"
+        ));
+        assert_eq!(
+            c.http.debug_bind_address,
+            Some(SocketAddr::from(([127, 0, 0, 1], 8082)))
+        );
+        // Port 0 (any free port) on both is fine; ports 0 never collide.
+        ok(&format!(
+            "{URL}http: {{ bindAddress: 127.0.0.1:0, debugBindAddress: 127.0.0.1:0 }}\n"
+        ));
+        for (main, debug) in [
+            ("127.0.0.1:8080", "127.0.0.1:8080"),
+            ("0.0.0.0:8080", "127.0.0.1:8080"),
+            ("127.0.0.1:8080", "[::]:8080"),
+        ] {
+            let e = errors(&format!(
+                "{URL}http: {{ bindAddress: \"{main}\", debugBindAddress: \"{debug}\" }}\n"
+            ));
+            assert!(
+                error_at(&e, "http.debugBindAddress")
+                    .message
+                    .contains("another port than http.bindAddress"),
+                "{e}"
+            );
+        }
+        let e = errors(&format!("{URL}http: {{ debugBindAddress: localhost }}\n"));
+        assert!(
+            error_at(&e, "http.debugBindAddress")
+                .message
+                .contains("IP address and port")
+        );
+        let e = errors(&format!("{URL}http: {{ debugBindAdress: 127.0.0.1:1 }}\n"));
+        assert!(
+            error_at(&e, "http.debugBindAdress")
+                .message
+                .contains("debugBindAddress")
+        );
+    }
+
+    #[test]
+    fn the_debug_address_flag_overrides_the_file_and_is_named_in_errors() {
+        let mut c = ok(URL);
+        let o = ConfigOverrides {
+            http_debug_bind_address: Some("127.0.0.1:9091".into()),
+            ..Default::default()
+        };
+        assert_eq!(c.apply_overrides(&o), Ok(()));
+        assert_eq!(c.http.debug_bind_address.map(|a| a.port()), Some(9091));
+        let mut c = ok(URL);
+        let o = ConfigOverrides {
+            http_debug_bind_address: Some("127.0.0.1:8080".into()),
+            ..Default::default()
+        };
+        let e = c
+            .apply_overrides(&o)
+            .err()
+            .unwrap_or_else(|| panic!("expected a collision with the default bindAddress"));
+        assert!(
+            error_at(&e, "http.debugBindAddress")
+                .message
+                .contains("--http-debug-bind-address")
+        );
+        let o = ConfigOverrides {
+            http_debug_bind_address: Some("nope".into()),
+            ..Default::default()
+        };
+        assert!(
+            ok(URL)
+                .apply_overrides(&o)
+                .err()
+                .is_some_and(|e| e.has("--http-debug-bind-address"))
         );
     }
 

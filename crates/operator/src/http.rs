@@ -5,6 +5,13 @@
 //! | `GET /healthz` | `200 ok` while the process serves HTTP |
 //! | `GET /readyz` | `200` when ready, `503` otherwise; JSON `{ready, leader, role, cachesSynced, managerConnection}` |
 //! | `GET /metrics` | OpenMetrics text from [`Metrics::encode`] |
+//!
+//! The debugging API is served by [`debug_router`] on a listener of its own
+//! (`http.debugBindAddress`, off unless set), so the port probes and Prometheus reach never
+//! exposes it:
+//!
+//! | Route | Answer |
+//! |---|---|
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
 //! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out |
 //!
@@ -172,26 +179,29 @@ impl Readiness {
 
 #[derive(Clone)]
 struct AppState {
-    debug: Arc<dyn DebugApi>,
     metrics: Metrics,
     readiness: Readiness,
 }
 
-/// The routes, for [`serve`] and for tests.
-pub fn router(debug: Arc<dyn DebugApi>, metrics: Metrics, readiness: Readiness) -> Router {
+/// Health, readiness and metrics: the routes of `http.bindAddress`, for [`serve`] and tests.
+pub fn router(metrics: Metrics, readiness: Readiness) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_handler))
+        .fallback(not_found_here)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(AppState { metrics, readiness })
+}
+
+/// The debugging API: the routes of `http.debugBindAddress`, for [`serve`] and tests.
+pub fn debug_router(debug: Arc<dyn DebugApi>) -> Router {
+    Router::new()
         .route("/debug/trace/{namespace}/{bundle}", get(trace))
         .route("/v1/what-if", post(what_if))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(AppState {
-            debug,
-            metrics,
-            readiness,
-        })
+        .with_state(debug)
 }
 
 /// Binds `addr` (use port 0 for any free port).
@@ -201,30 +211,27 @@ pub async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, HttpError
         .map_err(|source| HttpError::Bind { addr, source })
 }
 
-/// Serves on `addr` until `shutdown` completes, then finishes in-flight requests and returns.
+/// Serves `app` ([`router`] or [`debug_router`]) on `addr` until `shutdown` completes, then
+/// finishes in-flight requests and returns.
 pub async fn serve(
     addr: SocketAddr,
-    debug: Arc<dyn DebugApi>,
-    metrics: Metrics,
-    readiness: Readiness,
+    app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), HttpError> {
     let listener = bind(addr).await?;
-    serve_on(listener, debug, metrics, readiness, shutdown).await
+    serve_on(listener, app, shutdown).await
 }
 
 /// Like [`serve`], on a listener already bound (e.g. by [`bind`], to learn the port first).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
-    debug: Arc<dyn DebugApi>,
-    metrics: Metrics,
-    readiness: Readiness,
+    app: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), HttpError> {
     if let Ok(local) = listener.local_addr() {
         tracing::info!(addr = %local, "HTTP server listening");
     }
-    axum::serve(listener, router(debug, metrics, readiness))
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(HttpError::Serve)
@@ -264,7 +271,7 @@ fn valid_name(s: &str) -> bool {
 }
 
 async fn trace(
-    State(state): State<AppState>,
+    State(debug): State<Arc<dyn DebugApi>>,
     Path((namespace, bundle)): Path<(String, String)>,
 ) -> Response {
     if !valid_name(&namespace) || !valid_name(&bundle) {
@@ -273,7 +280,7 @@ async fn trace(
             "namespace and bundle must be Kubernetes names (lowercase letters, digits, '-', '.'; at most 253 characters)",
         );
     }
-    match state.debug.trace(&namespace, &bundle) {
+    match debug.trace(&namespace, &bundle) {
         Some(trace) => axum::Json(trace).into_response(),
         None => error(
             StatusCode::NOT_FOUND,
@@ -292,7 +299,7 @@ fn is_yaml(headers: &HeaderMap) -> bool {
 }
 
 async fn what_if(
-    State(state): State<AppState>,
+    State(debug): State<Arc<dyn DebugApi>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -329,7 +336,6 @@ async fn what_if(
         Ok(bundle) => bundle,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    let debug = state.debug.clone();
     // Admission runs placement over the live snapshot: keep it off the async workers.
     match tokio::task::spawn_blocking(move || debug.what_if(&bundle)).await {
         Ok(result) => axum::Json(result).into_response(),
@@ -345,4 +351,16 @@ async fn what_if(
 
 async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "no such route")
+}
+
+/// The probe port's 404, which points a debugging request at the port that serves it.
+async fn not_found_here(uri: axum::http::Uri) -> Response {
+    let path = uri.path();
+    if path.starts_with("/debug/") || path.starts_with("/v1/") {
+        return error(
+            StatusCode::NOT_FOUND,
+            "the debugging API (/debug/trace, /v1/what-if) is served on http.debugBindAddress, which is off unless set",
+        );
+    }
+    not_found().await
 }

@@ -31,7 +31,11 @@ impl DebugApi for FakeDebug {
 }
 
 fn app(readiness: Readiness, metrics: Metrics) -> axum::Router {
-    http::router(Arc::new(FakeDebug), metrics, readiness)
+    http::router(metrics, readiness)
+}
+
+fn debug_app() -> axum::Router {
+    http::debug_router(Arc::new(FakeDebug))
 }
 
 async fn call(router: axum::Router, req: Request<Body>) -> (StatusCode, String, String) {
@@ -145,11 +149,7 @@ async fn metrics_are_openmetrics_text() {
 
 #[tokio::test]
 async fn trace_of_a_known_bundle_is_its_json() {
-    let (status, ctype, body) = call(
-        app(Readiness::new(), Metrics::new()),
-        get("/debug/trace/default/news"),
-    )
-    .await;
+    let (status, ctype, body) = call(debug_app(), get("/debug/trace/default/news")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(ctype.starts_with("application/json"));
     assert_eq!(json_of(&body)["bundle"], "news");
@@ -157,11 +157,7 @@ async fn trace_of_a_known_bundle_is_its_json() {
 
 #[tokio::test]
 async fn trace_of_an_unknown_bundle_is_a_json_404() {
-    let (status, ctype, body) = call(
-        app(Readiness::new(), Metrics::new()),
-        get("/debug/trace/default/nope"),
-    )
-    .await;
+    let (status, ctype, body) = call(debug_app(), get("/debug/trace/default/nope")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(ctype.starts_with("application/json"));
     assert_eq!(
@@ -178,7 +174,7 @@ async fn trace_with_a_name_that_is_not_a_kubernetes_name_is_a_400() {
         format!("/debug/trace/default/{long}"),
         "/debug/trace/default/a%20b".to_owned(),
     ] {
-        let (status, _, body) = call(app(Readiness::new(), Metrics::new()), get(&uri)).await;
+        let (status, _, body) = call(debug_app(), get(&uri)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
         assert!(json_of(&body)["error"].is_string());
     }
@@ -186,11 +182,7 @@ async fn trace_with_a_name_that_is_not_a_kubernetes_name_is_a_400() {
 
 #[tokio::test]
 async fn what_if_returns_the_admission_result() {
-    let (status, _, body) = call(
-        app(Readiness::new(), Metrics::new()),
-        post("/v1/what-if", BUNDLE),
-    )
-    .await;
+    let (status, _, body) = call(debug_app(), post("/v1/what-if", BUNDLE)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
         json_of(&body),
@@ -205,14 +197,14 @@ async fn what_if_accepts_yaml_with_a_yaml_content_type() {
         .header(header::CONTENT_TYPE, "application/yaml")
         .body(Body::from(yaml))
         .unwrap_or_default();
-    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), req).await;
+    let (status, _, body) = call(debug_app(), req).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(json_of(&body)["name"], "clip");
     let req = Request::post("/v1/what-if")
         .header(header::CONTENT_TYPE, "application/yaml")
         .body(Body::from("spec: [unclosed"))
         .unwrap_or_default();
-    let (status, _, body) = call(app(Readiness::new(), Metrics::new()), req).await;
+    let (status, _, body) = call(debug_app(), req).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(
         json_of(&body)["error"]
@@ -225,11 +217,7 @@ async fn what_if_accepts_yaml_with_a_yaml_content_type() {
 
 #[tokio::test]
 async fn what_if_with_malformed_json_is_a_400_naming_the_position() {
-    let (status, _, body) = call(
-        app(Readiness::new(), Metrics::new()),
-        post("/v1/what-if", "{\"spec\": "),
-    )
-    .await;
+    let (status, _, body) = call(debug_app(), post("/v1/what-if", "{\"spec\": ")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let msg = json_of(&body)["error"]
         .as_str()
@@ -244,7 +232,7 @@ async fn what_if_with_malformed_json_is_a_400_naming_the_position() {
 #[tokio::test]
 async fn what_if_with_json_that_is_not_a_bundle_is_a_400() {
     let (status, _, body) = call(
-        app(Readiness::new(), Metrics::new()),
+        debug_app(),
         post(
             "/v1/what-if",
             r#"{"metadata": {}, "spec": {"replicas": "two"}}"#,
@@ -263,11 +251,7 @@ async fn what_if_with_json_that_is_not_a_bundle_is_a_400() {
 #[tokio::test]
 async fn what_if_with_an_oversized_body_is_a_413() {
     let big = vec![b' '; MAX_BODY_BYTES + 1];
-    let (status, _, body) = call(
-        app(Readiness::new(), Metrics::new()),
-        post("/v1/what-if", big),
-    )
-    .await;
+    let (status, _, body) = call(debug_app(), post("/v1/what-if", big)).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(
         json_of(&body)["error"]
@@ -282,8 +266,33 @@ async fn unknown_routes_are_a_json_404_and_wrong_methods_a_405() {
     let (status, _, body) = call(app(Readiness::new(), Metrics::new()), get("/nope")).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(json_of(&body)["error"], "no such route");
-    let (status, _, _) = call(app(Readiness::new(), Metrics::new()), get("/v1/what-if")).await;
+    let (status, _, body) = call(debug_app(), get("/nope")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(json_of(&body)["error"], "no such route");
+    let (status, _, _) = call(debug_app(), get("/v1/what-if")).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn the_probe_port_serves_no_debugging_api_and_says_where_it_is() {
+    for req in [
+        get("/debug/trace/default/news"),
+        post("/v1/what-if", BUNDLE),
+    ] {
+        let (status, _, body) = call(app(Readiness::new(), Metrics::new()), req).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(
+            json_of(&body)["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("http.debugBindAddress"),
+            "{body}"
+        );
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, _, _) = call(debug_app(), get(path)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path} on the debug port");
+    }
 }
 
 #[tokio::test]
@@ -302,9 +311,7 @@ async fn serve_binds_answers_and_stops_on_shutdown() {
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(http::serve_on(
         listener,
-        Arc::new(FakeDebug),
-        Metrics::new(),
-        Readiness::new(),
+        app(Readiness::new(), Metrics::new()),
         async {
             let _ = rx.await;
         },
@@ -341,13 +348,6 @@ async fn serve_reports_an_address_in_use() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let addr = first.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    let err = http::serve(
-        addr,
-        Arc::new(FakeDebug),
-        Metrics::new(),
-        Readiness::new(),
-        async {},
-    )
-    .await;
+    let err = http::serve(addr, app(Readiness::new(), Metrics::new()), async {}).await;
     assert!(matches!(err, Err(http::HttpError::Bind { .. })), "{err:?}");
 }

@@ -126,8 +126,10 @@ pub struct Stack {
     pub sim: Proc,
     /// `http://127.0.0.1:PORT` of the simulated Manager.
     pub sim_endpoint: String,
-    /// `http://127.0.0.1:PORT` of the operator's HTTP server (health, metrics, debug).
+    /// `http://127.0.0.1:PORT` of the operator's HTTP server (health, readiness, metrics).
     pub operator_http: String,
+    /// `http://127.0.0.1:PORT` of the operator's debugging API (`/debug/trace`, `/v1/what-if`).
+    pub operator_debug_http: String,
     pub config_path: PathBuf,
     pub dir: tempfile::TempDir,
     // Dropped last: the processes above talk to it.
@@ -224,8 +226,9 @@ impl Stack {
             .map_err(|e| SetupError(e.to_string()))?;
         let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, sim_args)?;
         let http_port = free_port()?;
+        let debug_port = free_port()?;
         let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
-            "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
+            "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\", debugBindAddress: \"127.0.0.1:{debug_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
         ))
         .map_err(|e| SetupError(e.to_string()))?;
         adjust(&mut config);
@@ -244,6 +247,7 @@ impl Stack {
             sim,
             sim_endpoint,
             operator_http: format!("http://127.0.0.1:{http_port}"),
+            operator_debug_http: format!("http://127.0.0.1:{debug_port}"),
             config_path,
             dir,
             env,
@@ -303,9 +307,14 @@ impl Stack {
         http_request(&self.operator_http, "GET", path, None).await
     }
 
-    /// POST with a JSON body.
-    pub async fn http_post(&self, path: &str, body: &str) -> Result<(u16, String), SetupError> {
-        http_request(&self.operator_http, "POST", path, Some(body)).await
+    /// A GET against the operator's debugging API.
+    pub async fn debug_get(&self, path: &str) -> Result<(u16, String), SetupError> {
+        http_request(&self.operator_debug_http, "GET", path, None).await
+    }
+
+    /// A POST with a JSON body against the operator's debugging API.
+    pub async fn debug_post(&self, path: &str, body: &str) -> Result<(u16, String), SetupError> {
+        http_request(&self.operator_debug_http, "POST", path, Some(body)).await
     }
 
     /// `manager-sim chaos <args>` against the stack's sim.

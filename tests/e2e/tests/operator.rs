@@ -164,9 +164,14 @@ async fn examples_become_ready_with_placements_and_traces() {
         .await
         .unwrap();
 
-    // The full trace is served by the operator.
-    let (code, body) = stack
+    // The full trace is served by the operator's debugging API, and only there.
+    let (code, _) = stack
         .http_get("/debug/trace/default/my-channel-1")
+        .await
+        .unwrap();
+    assert_eq!(code, 404, "the probe port must not serve the debugging API");
+    let (code, body) = stack
+        .debug_get("/debug/trace/default/my-channel-1")
         .await
         .unwrap();
     assert_eq!(code, 200, "{body}");
@@ -661,19 +666,19 @@ async fn what_if_answers_admission_against_the_live_snapshot() {
     stack
         .wait_for("the on-prem pool to be loaded", READY, || async {
             let (code, body) = stack
-                .http_post("/v1/what-if", &bundle("onprem", 10))
+                .debug_post("/v1/what-if", &bundle("onprem", 10))
                 .await?;
             Ok((code == 200 && body.contains("\"ok\"")).then_some(()))
         })
         .await
         .unwrap();
     let (code, body) = stack
-        .http_post("/v1/what-if", &bundle("nowhere", 10))
+        .debug_post("/v1/what-if", &bundle("nowhere", 10))
         .await
         .unwrap();
     assert_eq!(code, 200);
     assert!(body.contains("validationErrors"), "{body}");
-    let (code, body) = stack.http_post("/v1/what-if", "{not json").await.unwrap();
+    let (code, body) = stack.debug_post("/v1/what-if", "{not json").await.unwrap();
     assert_eq!(code, 400, "{body}");
 }
 
@@ -804,4 +809,33 @@ async fn the_worst_case_status_and_retry_values_are_written_bounded() {
         message.len(),
         &message[message.len().saturating_sub(200)..]
     );
+}
+
+#[tokio::test]
+async fn check_config_validates_and_exits_without_connecting() -> Result<(), SetupError> {
+    let bins = automanager_e2e::stack::binaries()?;
+    let dir = tempfile::tempdir().map_err(|e| SetupError(e.to_string()))?;
+    let run = |yaml: &str| -> Result<std::process::Output, SetupError> {
+        let path = dir.path().join("operator.yaml");
+        std::fs::write(&path, yaml).map_err(|e| SetupError(e.to_string()))?;
+        // No cluster and no Manager: a check must not need either.
+        std::process::Command::new(&bins.operator)
+            .arg("--config")
+            .arg(&path)
+            .arg("--check-config")
+            .env("KUBECONFIG", dir.path().join("none"))
+            .output()
+            .map_err(|e| SetupError(e.to_string()))
+    };
+    let out = run(
+        "manager: {url: \"http://manager:6789\"}\nhttp: {bindAddress: \"0.0.0.0:8080\", debugBindAddress: \"0.0.0.0:8082\"}\n",
+    )?;
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("configuration is valid"));
+    let out = run(
+        "manager: {url: \"http://manager:6789\"}\nhttp: {bindAddress: \"0.0.0.0:8080\", debugBindAddress: \"127.0.0.1:8080\"}\n",
+    )?;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("http.debugBindAddress"));
+    Ok(())
 }

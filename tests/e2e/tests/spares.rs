@@ -249,10 +249,11 @@ async fn a_spare_target_beyond_max_nodes_stops_at_the_bound_and_says_so() {
     let t = stack
         .wait_for("the target to say it cannot be met", WAIT, || async {
             let t = stack.get_json(&["hotsparetarget", "lots"]).await?;
-            Ok((condition(&t, "Ready")["reason"] == "PoolAtMaxNodes").then_some(t))
+            Ok((condition(&t, "Stalled")["reason"] == "PoolAtMaxNodes").then_some(t))
         })
         .await
         .unwrap();
+    assert_eq!(condition(&t, "Stalled")["status"], "True", "{t:#}");
     assert_eq!(condition(&t, "Ready")["status"], "False", "{t:#}");
     assert_eq!(condition(&t, "SpareUnderflow")["status"], "True", "{t:#}");
     let west_nodes = |nodes: &serde_json::Value| {

@@ -40,6 +40,10 @@ struct Cli {
     /// This replica's identity in leader election (default: hostname and pid).
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Validate the settings (file, flags and environment, files they name included) and exit:
+    /// 0 and `configuration is valid` when valid, 2 and every problem otherwise.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn init_tracing(format: &str) {
@@ -66,6 +70,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cli.check_config {
+        println!("automanager-operator: configuration is valid");
+        return ExitCode::SUCCESS;
+    }
     init_tracing(&cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -165,11 +173,22 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
 
     let server = tokio::spawn(http::serve(
         config.http.bind_address,
-        Arc::new(DebugState(ctx.clone())),
-        metrics.clone(),
-        readiness.clone(),
+        http::router(metrics.clone(), readiness.clone()),
         stopped(),
     ));
+    // The debugging API only when asked for, on its own port.
+    let debug_server = config.http.debug_bind_address.map(|addr| {
+        let serving = http::serve(
+            addr,
+            http::debug_router(Arc::new(DebugState(ctx.clone()))),
+            stopped(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!(error = %e, "debugging API stopped");
+            }
+        })
+    });
 
     let election = run_leader_election(
         client.clone(),
@@ -222,5 +241,8 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     }
     let _ = election.task.await;
     let _ = server.await;
+    if let Some(debug_server) = debug_server {
+        let _ = debug_server.await;
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -289,6 +289,7 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         let mut status = prev.clone();
         status.phase = BundlePhase::Broken;
         status.observed_generation = generation;
+        api::kstatus::observe_generation(&mut status.conditions, generation);
         ctx.set_broken(&bundle_id, true);
         write_status(ctx, bundle, &prev, status).await?;
         return Ok(Action::await_change());
@@ -868,35 +869,33 @@ async fn provision(
     Ok(())
 }
 
-/// Conditions to set in one go.
+/// The bundle's kstatus standing, set in one go (see `automanager_api::kstatus`).
 struct Marks {
-    ready: (bool, &'static str, String),
-    reconciling: (bool, &'static str, String),
-    stalled: (bool, &'static str, String),
+    standing: api::Standing,
+    reason: &'static str,
+    message: String,
 }
 
 impl Marks {
     fn stalled(reason: &'static str, message: String) -> Self {
         Marks {
-            ready: (false, reason, message.clone()),
-            reconciling: (false, reason, String::new()),
-            stalled: (true, reason, message),
+            standing: api::Standing::Stalled,
+            reason,
+            message,
         }
     }
 }
 
 fn mark(status: &mut BundleStatus, generation: Option<i64>, now: DateTime<Utc>, marks: Marks) {
     status.observed_generation = generation;
-    for (type_, (value, reason, message)) in [
-        ("Ready", marks.ready),
-        ("Reconciling", marks.reconciling),
-        ("Stalled", marks.stalled),
-    ] {
-        api::set_condition(
-            &mut status.conditions,
-            condition(type_, value, reason, message, generation, now),
-        );
-    }
+    api::set_standing(
+        &mut status.conditions,
+        marks.standing,
+        marks.reason,
+        marks.message,
+        generation,
+        now,
+    );
 }
 
 fn is_condition(status: &BundleStatus, type_: &str, reason: &str) -> bool {
@@ -1058,32 +1057,24 @@ fn build_status(
         api::bounded::join_bounded(&unplaceable_msgs, "; ", api::bounded::MAX_CONDITION_MESSAGE);
     let marks = match status.phase {
         BundlePhase::Ready => Marks {
-            ready: (
-                true,
-                "AllReplicasRunning",
-                format!("{running_replicas} of {} replicas running", spec.replicas),
-            ),
-            reconciling: (false, "Settled", String::new()),
-            stalled: (false, "Settled", String::new()),
+            standing: api::Standing::Ready,
+            reason: "AllReplicasRunning",
+            message: format!("{running_replicas} of {} replicas running", spec.replicas),
         },
         BundlePhase::Broken => Marks::stalled(
             "RestartCeilingExceeded",
             broken.unwrap_or_default().to_owned(),
         ),
-        _ if !unplaceable_msgs.is_empty() => Marks {
-            ready: (false, "NoCapacity", no_capacity.clone()),
-            reconciling: (any_busy, "Placing", String::new()),
-            stalled: (true, "NoCapacity", no_capacity),
-        },
-        BundlePhase::Degraded => Marks {
-            ready: (
-                false,
-                "JobsDropped",
-                "some jobs were dropped after failing (bronze band)".into(),
-            ),
-            reconciling: (false, "Settled", String::new()),
-            stalled: (false, "Settled", String::new()),
-        },
+        // Some job fits nowhere: the bundle cannot get to Ready until capacity or the spec
+        // changes, even if other jobs are still being placed.
+        _ if !unplaceable_msgs.is_empty() => {
+            Marks::stalled("NoCapacity", no_capacity)
+        }
+        // Dropped jobs stay down until a retry or a spec change.
+        BundlePhase::Degraded => Marks::stalled(
+            "JobsDropped",
+            "some jobs were dropped after failing (bronze band); retry with the automanager.norsk.io/retry annotation".into(),
+        ),
         _ => {
             let reason = if outcomes.values().any(|o| o.provisioning) {
                 "Provisioning"
@@ -1091,13 +1082,9 @@ fn build_status(
                 "Placing"
             };
             Marks {
-                ready: (
-                    false,
-                    reason,
-                    format!("{running_replicas} of {} replicas running", spec.replicas),
-                ),
-                reconciling: (true, reason, String::new()),
-                stalled: (false, reason, String::new()),
+                standing: api::Standing::Reconciling,
+                reason,
+                message: format!("{running_replicas} of {} replicas running", spec.replicas),
             }
         }
     };

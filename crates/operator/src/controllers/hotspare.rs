@@ -88,32 +88,26 @@ async fn apply(
 
     let pools: Api<PlacementPool> = Api::all(ctx.client.clone());
     let Some(pool) = pools.get_opt(&spec.pool).await? else {
-        api::set_condition(
+        api::set_standing(
             &mut status.conditions,
-            condition(
-                "Ready",
-                false,
-                "UnknownPool",
-                format!("PlacementPool {} does not exist", spec.pool),
-                generation,
-                now,
-            ),
+            api::Standing::Stalled,
+            "UnknownPool",
+            format!("PlacementPool {} does not exist", spec.pool),
+            generation,
+            now,
         );
         write_status(ctx, target, &prev, status).await?;
         return Ok(Action::requeue(REFRESH));
     };
     if !ctx.manager_ready() {
         let err = ctx.manager_unavailable();
-        api::set_condition(
+        api::set_standing(
             &mut status.conditions,
-            condition(
-                "Ready",
-                false,
-                "ManagerUnavailable",
-                err.to_string(),
-                generation,
-                now,
-            ),
+            api::Standing::Stalled,
+            "ManagerUnavailable",
+            err.to_string(),
+            generation,
+            now,
         );
         write_status(ctx, target, &prev, status).await?;
         return Ok(Action::requeue(Duration::from_secs(3)));
@@ -175,16 +169,13 @@ async fn apply(
     let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
         Ok(p) => p.brake(max_nodes, room, allowance),
         Err(e) => {
-            api::set_condition(
+            api::set_standing(
                 &mut status.conditions,
-                condition(
-                    "Ready",
-                    false,
-                    "InvalidSpec",
-                    e.to_string(),
-                    generation,
-                    now,
-                ),
+                api::Standing::Stalled,
+                "InvalidSpec",
+                e.to_string(),
+                generation,
+                now,
             );
             write_status(ctx, target, &prev, status).await?;
             return Ok(Action::await_change());
@@ -300,45 +291,54 @@ async fn apply(
             );
         }
     }
-    match &plan.braked {
-        // A target the pool's maxNodes cannot hold is not Ready, and says why.
-        Some(brake @ spares::Brake::MaxNodes { .. }) => {
-            let message = brake.message(&spec.pool, plan.target);
-            let was = api::find_condition(&prev.conditions, "Ready")
-                .is_some_and(|c| c.reason == brake.reason());
-            api::set_condition(
-                &mut status.conditions,
-                condition(
-                    "Ready",
-                    false,
-                    brake.reason(),
-                    message.clone(),
-                    generation,
-                    now,
-                ),
-            );
-            if !was {
-                ctx.event(
-                    target,
-                    EventType::Warning,
-                    "SpareTargetUnreachable",
-                    "Provision",
-                    message,
-                )
-                .await;
-            }
+    let counts = format!(
+        "{} live, {} pending, target {}",
+        plan.live, plan.pending, plan.target
+    );
+    // Underflow with spares on their way is progress; underflow nothing can fix (a fixed pool
+    // has no nodes to spare) is stalled until nodes or the target change.
+    // A target the pool's maxNodes cannot hold is stalled, and says why.
+    let at_max_nodes = plan
+        .braked
+        .as_ref()
+        .filter(|b| matches!(b, spares::Brake::MaxNodes { .. }));
+    let (standing, reason) = match &plan.underflow {
+        Some(_) if at_max_nodes.is_some() => (api::Standing::Stalled, "PoolAtMaxNodes"),
+        Some(_) if plan.pending + plan.provision > 0 => {
+            (api::Standing::Reconciling, "Provisioning")
         }
-        _ => {
-            let ready_msg = format!(
-                "{} live, {} pending, target {}",
-                plan.live, plan.pending, plan.target
-            );
-            api::set_condition(
-                &mut status.conditions,
-                condition("Ready", true, "Reconciled", ready_msg, generation, now),
-            );
+        Some(_) => (api::Standing::Stalled, "SpareUnderflow"),
+        None if !plan.terminate.is_empty() => (api::Standing::Reconciling, "TerminatingExcess"),
+        None if plan.rotate.is_some() => (api::Standing::Reconciling, "Rotating"),
+        None => (api::Standing::Ready, "AtTarget"),
+    };
+    let message = match (&plan.underflow, at_max_nodes) {
+        (Some(_), Some(brake)) => format!("{}; {counts}", brake.message(&spec.pool, plan.target)),
+        (Some(u), None) => format!("{}; {counts}", u.message()),
+        (None, _) => counts,
+    };
+    if let Some(brake) = at_max_nodes {
+        let was = api::find_condition(&prev.conditions, api::kstatus::STALLED)
+            .is_some_and(|c| c.is_true() && c.reason == brake.reason());
+        if !was {
+            ctx.event(
+                target,
+                EventType::Warning,
+                "SpareTargetUnreachable",
+                "Provision",
+                message.clone(),
+            )
+            .await;
         }
     }
+    api::set_standing(
+        &mut status.conditions,
+        standing,
+        reason,
+        message,
+        generation,
+        now,
+    );
     write_status(ctx, target, &prev, status).await?;
     Ok(Action::requeue(
         if plan.provision > 0 || plan.rotate.is_some() {

@@ -159,20 +159,30 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         ..prev.clone()
     };
     if plan::is_terminal(prev.phase) {
+        api::kstatus::observe_generation(&mut status.conditions, generation);
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::await_change());
     }
     if !ctx.manager_ready() {
+        let message = ctx.manager_unavailable().to_string();
         api::set_condition(
             &mut status.conditions,
             condition(
                 "Progressing",
                 false,
                 "ManagerUnavailable",
-                ctx.manager_unavailable().to_string(),
+                message.clone(),
                 generation,
                 now,
             ),
+        );
+        api::set_standing(
+            &mut status.conditions,
+            api::Standing::Stalled,
+            "ManagerUnavailable",
+            message,
+            generation,
+            now,
         );
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::requeue(Duration::from_secs(3)));
@@ -437,12 +447,20 @@ async fn reject(
     let generation = mig.metadata.generation;
     status.phase = MigrationPhase::Rejected;
     push_phase(&mut status, MigrationPhase::Rejected, now);
-    for (type_, value) in [("Rejected", true), ("Ready", false), ("Progressing", false)] {
+    for (type_, value) in [("Rejected", true), ("Progressing", false)] {
         api::set_condition(
             &mut status.conditions,
             condition(type_, value, reason, message.clone(), generation, now),
         );
     }
+    api::set_standing(
+        &mut status.conditions,
+        api::Standing::Stalled,
+        reason,
+        message.clone(),
+        generation,
+        now,
+    );
     ctx.event(
         mig,
         EventType::Warning,
@@ -1223,15 +1241,15 @@ impl Run<'_> {
             );
         };
         let strategy = self.status.strategy.unwrap_or_default().as_str();
-        match phase {
+        let (standing, reason, msg) = match phase {
             P::Completed => {
                 let msg = format!(
                     "job {} runs on {} ({strategy})",
                     self.job_id,
                     self.status.target_node.clone().unwrap_or_default()
                 );
-                set("Ready", true, "Completed", msg.clone());
-                set("Progressing", false, "Completed", msg);
+                set("Progressing", false, "Completed", msg.clone());
+                (api::Standing::Ready, "Completed", msg)
             }
             P::Aborted => {
                 let msg = self.status.abort.as_ref().map_or_else(
@@ -1239,32 +1257,53 @@ impl Run<'_> {
                     |a| format!("aborted by {} in phase {:?}: {}", a.by, a.phase, a.reason),
                 );
                 set("Aborted", true, "Aborted", msg.clone());
-                set("Ready", false, "Aborted", msg.clone());
-                set("Progressing", false, "Aborted", msg);
+                set("Progressing", false, "Aborted", msg.clone());
+                // An abort the user asked for is the outcome they wanted; any other abort
+                // (the job, the target, a timeout, no room) is a failure to migrate.
+                let by_user = self
+                    .status
+                    .abort
+                    .as_ref()
+                    .is_some_and(|a| a.by == AbortBy::User.as_str());
+                let standing = if by_user {
+                    api::Standing::Settled
+                } else {
+                    api::Standing::Stalled
+                };
+                (standing, "Aborted", msg)
             }
             P::Refused => {
                 let msg = format!(
                     "the job refused to hand over its state: {}; no target was placed",
                     self.failure.clone().unwrap_or_default()
                 );
-                set("Ready", false, "StateRefused", msg.clone());
-                set("Progressing", false, "StateRefused", msg);
+                set("Progressing", false, "StateRefused", msg.clone());
+                (api::Standing::Stalled, "StateRefused", msg)
             }
             P::Failed => {
                 let msg = format!(
                     "{}; the job was handed to its band's recovery",
                     self.failure.clone().unwrap_or_default()
                 );
-                set("Ready", false, "Failed", msg.clone());
-                set("Progressing", false, "Failed", msg);
+                set("Progressing", false, "Failed", msg.clone());
+                (api::Standing::Stalled, "Failed", msg)
             }
-            P::Rejected => {}
+            // `reject` sets the conditions of a rejected migration.
+            P::Rejected => return,
             phase => {
                 let msg = format!("{strategy} migration in phase {phase:?}");
                 set("Progressing", true, "InProgress", msg.clone());
-                set("Ready", false, "InProgress", msg);
+                (api::Standing::Reconciling, "InProgress", msg)
             }
-        }
+        };
+        api::set_standing(
+            &mut self.status.conditions,
+            standing,
+            reason,
+            msg,
+            generation,
+            now,
+        );
     }
 }
 

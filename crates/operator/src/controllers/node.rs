@@ -47,13 +47,57 @@ fn same_but_usage(a: &ManagerNodeStatus, b: &ManagerNodeStatus) -> bool {
 const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 
 /// Drains in progress, by Manager node id (kept in memory: a restarted operator re-reads the
-/// spec and resumes; a terminate already sent is idempotent).
+/// spec and resumes; a terminate already sent is idempotent), and the spec generation the node
+/// controller last acted on, which the status writer reports as `observedGeneration`.
 #[derive(Default)]
-pub struct Drains(Mutex<HashMap<String, DrainStatus>>);
+pub struct Drains(
+    Mutex<HashMap<String, DrainStatus>>,
+    Mutex<HashMap<String, i64>>,
+);
 
 impl Drains {
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DrainStatus>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn observe(&self, node_id: &str, generation: Option<i64>) {
+        let mut seen = self.1.lock().unwrap_or_else(|e| e.into_inner());
+        match generation {
+            Some(g) => seen.insert(node_id.to_owned(), g),
+            None => seen.remove(node_id),
+        };
+    }
+
+    fn observed(&self, node_id: &str) -> Option<i64> {
+        self.1
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node_id)
+            .copied()
+    }
+}
+
+/// A node's kstatus standing: starting or draining is progress, a node whose workers keep
+/// refusing starts is stalled, a node Manager stopped is settled.
+fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
+    use api::Standing;
+    if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
+        let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
+        return (Standing::Reconciling, "Draining", msg);
+    }
+    let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
+    match status.state {
+        NodeState::Stopped | NodeState::Terminated => (Standing::Settled, "NotStarted", reported),
+        NodeState::Starting => (Standing::Reconciling, "Starting", reported),
+        NodeState::Started if !status.healthy => (
+            Standing::Stalled,
+            "RejectionRateTripped",
+            format!(
+                "{} refused starts within the window; placement avoids the node",
+                status.recent_rejections
+            ),
+        ),
+        NodeState::Started => (Standing::Ready, "Started", reported),
     }
 }
 
@@ -130,19 +174,8 @@ fn desired_status(
     let state = node_state(n);
     let (spare, spare_band) = mapping::spare_of(n);
     let inv = n.inventory.as_ref();
+    // Ready, Reconciling and Stalled are set once the drain is known (`node_standing`).
     let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
-    let ready = state == NodeState::Started;
-    api::set_condition(
-        &mut conditions,
-        condition(
-            "Ready",
-            ready,
-            if ready { "Started" } else { "NotStarted" },
-            format!("Manager reports the node {state:?}").to_lowercase(),
-            None,
-            now,
-        ),
-    );
     api::set_condition(
         &mut conditions,
         condition(
@@ -281,6 +314,18 @@ pub async fn run_mirror_sync(
                     }
                     d.clone()
                 });
+                let generation = drains.observed(&n.node_id);
+                status.observed_generation = generation;
+                api::kstatus::observe_generation(&mut status.conditions, generation);
+                let (standing, reason, message) = node_standing(&status);
+                api::set_standing(
+                    &mut status.conditions,
+                    standing,
+                    reason,
+                    message,
+                    generation,
+                    now,
+                );
                 desired.push((name, status));
             }
             desired
@@ -391,6 +436,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
     ctx.manager
         .mirror()
         .read(|m| ctx.model().set_overlay(&node_id, overlay, m));
+    drains.observe(&node_id, node.metadata.generation);
     if was.cordoned != cordoned {
         let what = if cordoned { "Cordoned" } else { "Uncordoned" };
         ctx.event(
@@ -482,6 +528,56 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_stands_by_its_state_health_and_drain() {
+        use api::Standing as S;
+        let node = |state, healthy, drain: Option<DrainStatus>| ManagerNodeStatus {
+            state,
+            healthy,
+            drain,
+            ..Default::default()
+        };
+        let draining = DrainStatus {
+            jobs_remaining: 2,
+            ..Default::default()
+        };
+        let drained = DrainStatus {
+            completed_at: Some(Utc::now()),
+            ..Default::default()
+        };
+        for (status, want, reason) in [
+            (node(NodeState::Started, true, None), S::Ready, "Started"),
+            (
+                node(NodeState::Starting, true, None),
+                S::Reconciling,
+                "Starting",
+            ),
+            (
+                node(NodeState::Started, false, None),
+                S::Stalled,
+                "RejectionRateTripped",
+            ),
+            (
+                node(NodeState::Started, false, Some(draining.clone())),
+                S::Reconciling,
+                "Draining",
+            ),
+            (
+                node(NodeState::Terminated, true, Some(drained)),
+                S::Settled,
+                "NotStarted",
+            ),
+            (
+                node(NodeState::Stopped, true, None),
+                S::Settled,
+                "NotStarted",
+            ),
+        ] {
+            let (standing, r, _) = node_standing(&status);
+            assert_eq!((standing, r), (want, reason), "{status:?}");
         }
     }
 

@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 
-use super::{Context, Error, condition};
+use super::{Context, Error};
 use crate::mapping;
 
 /// Pool figures are refreshed at least this often.
@@ -95,9 +95,19 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
         }),
         conditions: prev.conditions.clone(),
     };
-    api::set_condition(
+    // A pool that is invalid or unknown to Manager stays so until its spec or Manager changes.
+    let standing = if ready.0 {
+        api::Standing::Ready
+    } else {
+        api::Standing::Stalled
+    };
+    api::set_standing(
         &mut status.conditions,
-        condition("Ready", ready.0, ready.1, ready.2, generation, now),
+        standing,
+        ready.1,
+        ready.2,
+        generation,
+        now,
     );
     ctx.metrics.set_pool(
         &name,
