@@ -1,8 +1,10 @@
 //! Generated Rust code for the Norsk Manager gRPC API, package
 //! `norsk.manager.v1` (`proto/norsk/manager/v1/manager.proto`).
 //!
-//! Nothing but generated code lives here: messages (prost 0.14), the
-//! `Manager` and `SimAdmin` clients and servers (tonic 0.14).
+//! Generated code: messages (prost 0.14), the `Manager` and `SimAdmin` clients
+//! and servers (tonic 0.14); and, in [`ext`], a few helpers on the generated
+//! enums (`JobState::holds_capacity`, `JobInstance::is_normal`, `Node::zone`)
+//! so every crate reads them the same way.
 //!
 //! Code generation choice: `build.rs` parses the proto with
 //! [`protox`](https://docs.rs/protox) — a pure-Rust protobuf compiler — and
@@ -19,6 +21,8 @@ pub mod v1 {
 }
 
 pub use v1::*;
+
+pub mod ext;
 
 /// The id of the capability a worker advertises while its job socket
 /// listener is up; a handover target must have it. Defined once, by the job-socket contract.
