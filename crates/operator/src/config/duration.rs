@@ -167,6 +167,19 @@ impl Range {
         }
         Ok(d)
     }
+
+    /// `1s to 1d` for the reference tables.
+    pub(crate) fn describe(&self) -> String {
+        let min = self.min.unwrap_or(Duration::ZERO);
+        let mut s = match self.max {
+            Some(max) => format!("{} to {}", format(min), format(max)),
+            None => format!("at least {}", format(min)),
+        };
+        if self.whole_seconds {
+            s.push_str(", whole seconds");
+        }
+        s
+    }
 }
 
 #[cfg(test)]
@@ -221,6 +234,7 @@ mod tests {
             r.check(&serde_json::json!(0)),
             Err("must be between 1s and 86400s (got 0s)".into())
         );
+        assert_eq!(r.describe(), "1s to 1day");
         let w = Range::from_keyword(&serde_json::json!({"min": 3, "wholeSeconds": true}))
             .unwrap_or_else(|e| panic!("{e}"));
         assert!(

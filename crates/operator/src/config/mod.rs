@@ -19,6 +19,7 @@
 
 mod checks;
 mod duration;
+pub mod reference;
 mod schema;
 
 use std::fmt;

@@ -90,6 +90,14 @@ pub(crate) const FORMATS: &[(&str, &str, checks::Check)] = &[
     ("file-path", "a file path", checks::file_path),
 ];
 
+/// `extend("format" = ..)` on a field; the same string in [`FORMATS`].
+pub(crate) fn format_of(
+    node: &Value,
+) -> Option<&'static (&'static str, &'static str, checks::Check)> {
+    let name = node.get("format")?.as_str()?;
+    FORMATS.iter().find(|(n, _, _)| *n == name)
+}
+
 /// `watchNamespaces`: each a namespace name, listed once.
 pub(crate) fn namespace_list(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
