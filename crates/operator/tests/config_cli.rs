@@ -33,7 +33,7 @@ fn check_lists_every_problem_and_exits_2() {
     let file = dir.path().join("bad.yaml");
     std::fs::write(
         &file,
-        "manager: { url: \"https://h:1\", tokenFile: /nonexistent/token, tls: { caFile: /nonexistent/ca } }\npendingWindw: 60\nbands: { gold: { maxRestartsPerHour: 0 } }\n",
+        "manager: { url: \"https://h:1\", tokenFile: /nonexistent/token, tls: { caFile: /nonexistent/ca } }\npendingWindw: 60\nbands: { gold: { restartClearAfter: 0 } }\n",
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let path = file.to_string_lossy().into_owned();
@@ -43,7 +43,7 @@ fn check_lists_every_problem_and_exits_2() {
     for line in [
         "pendingWindw: unknown key",
         "did you mean `pendingWindow`?",
-        "bands.gold.maxRestartsPerHour: must be between 1 and 1000 (got 0)",
+        "bands.gold.restartClearAfter: must be between 1s and 86400s (got 0s)",
         "manager.tokenFile: cannot read /nonexistent/token",
         "manager.tls.caFile: cannot read /nonexistent/ca",
     ] {
@@ -78,7 +78,9 @@ fn schema_prints_the_json_schema() {
     let schema: serde_json::Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON: {e}"));
     assert_eq!(
-        schema.pointer("/properties/pendingWindow/x-duration/min"),
+        schema.pointer(
+            "/properties/bands/properties/gold/properties/restartClearAfter/x-duration/min"
+        ),
         Some(&serde_json::json!("1s"))
     );
 }
@@ -103,7 +105,7 @@ fn docs_prints_or_rewrites_the_reference() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let written = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{e}"));
     assert!(written.starts_with("# Page\n") && written.ends_with(&format!("{end}\nafter\n")));
-    assert!(written.contains("`bands.<band>.onFailure`") && !written.contains("stale"));
+    assert!(written.contains("`bands.<band>.restartClearAfter`") && !written.contains("stale"));
     let out = run(&["config", "docs", "--write", "/nonexistent/page.md"]);
     assert_ne!(out.status.code(), Some(0));
 }

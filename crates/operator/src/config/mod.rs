@@ -185,6 +185,10 @@ pub struct BandConfig {
     pub restart_placement: RestartPlacement,
     /// More restarts of one replica than this within a sliding hour marks the bundle Broken.
     pub max_restarts_per_hour: u32,
+    /// How long a restarted replica must stay Running before its restart count is cleared (the
+    /// TypeScript library's "a successful restart clears the count").
+    #[serde(with = "duration")]
+    pub restart_clear_after: Duration,
 }
 
 /// One band in the file; a key left out takes that band's default.
@@ -202,6 +206,13 @@ struct BandFile {
     /// (the restart that would exceed it is not made). A Bundle's `spec.bands` may override it.
     #[schemars(range(min = 1, max = 1000))]
     max_restarts_per_hour: Option<u32>,
+    /// A restart succeeded once every job of the restarted replica has been Running for this
+    /// long without interruption; the replica's restart count is then cleared. A job that
+    /// fails sooner keeps its count, so a crash loop still reaches `maxRestartsPerHour`.
+    /// Not overridden by a Bundle.
+    #[serde(default, with = "duration::option")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    restart_clear_after: Option<Duration>,
 }
 
 impl BandFile {
@@ -212,6 +223,7 @@ impl BandFile {
             max_restarts_per_hour: self
                 .max_restarts_per_hour
                 .unwrap_or(base.max_restarts_per_hour),
+            restart_clear_after: self.restart_clear_after.unwrap_or(base.restart_clear_after),
         }
     }
 }
@@ -245,11 +257,11 @@ impl From<BandsFile> for BandsConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "BandsFile")]
 pub struct BandsConfig {
-    /// Default: restart, preferHotSpare, 6.
+    /// Default: restart, preferHotSpare, 6, 10 minutes.
     pub gold: BandConfig,
-    /// Default: restart, any, 6.
+    /// Default: restart, any, 6, 10 minutes.
     pub silver: BandConfig,
-    /// Default: drop (any, 6).
+    /// Default: drop (any, 6, 10 minutes).
     pub bronze: BandConfig,
 }
 
@@ -264,12 +276,16 @@ impl JsonSchema for BandsConfig {
     }
 }
 
+/// How long a restarted replica must run before its count is cleared, in every band.
+const RESTART_CLEAR_AFTER: Duration = Duration::from_secs(600);
+
 impl Default for BandsConfig {
     fn default() -> Self {
         let band = |on_failure, restart_placement| BandConfig {
             on_failure,
             restart_placement,
             max_restarts_per_hour: 6,
+            restart_clear_after: RESTART_CLEAR_AFTER,
         };
         BandsConfig {
             gold: band(OnFailure::Restart, RestartPlacement::PreferHotSpare),
@@ -290,8 +306,8 @@ impl BandsConfig {
     }
 
     /// The policy for `band` in a bundle: its `spec.bands` fields where set, the defaults
-    /// otherwise. An out-of-range `maxRestartsPerHour` (the CRD schema bounds it to 1..=1000)
-    /// is clamped into range.
+    /// otherwise (`restartClearAfter` has no bundle field). An out-of-range
+    /// `maxRestartsPerHour` (the CRD schema bounds it to 1..=1000) is clamped into range.
     pub fn effective(&self, band: PriorityBand, overrides: Option<&BandOverrides>) -> BandConfig {
         let base = self.get(band);
         let policy: Option<&BandPolicy> = overrides.and_then(|o| match band {
@@ -310,6 +326,7 @@ impl BandsConfig {
                 .map_or(base.max_restarts_per_hour, |m| {
                     m.clamp(1, 1000).unsigned_abs()
                 }),
+            restart_clear_after: base.restart_clear_after,
         }
     }
 }

@@ -219,7 +219,7 @@ mod tests {
             "`pendingWindow`",
             "`watchNamespaces`",
             "`manager.tls.caFile`",
-            "`bands.<band>.maxRestartsPerHour`",
+            "`bands.<band>.restartClearAfter`",
             "`leaderElection.renewEvery`",
             "`migration.phaseTimeout`",
         ] {

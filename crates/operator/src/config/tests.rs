@@ -44,6 +44,7 @@ fn a_minimal_file_takes_every_default() {
             on_failure: OnFailure::Restart,
             restart_placement: RestartPlacement::PreferHotSpare,
             max_restarts_per_hour: 6,
+            restart_clear_after: d(600),
         }
     );
     assert_eq!(
@@ -52,9 +53,11 @@ fn a_minimal_file_takes_every_default() {
             on_failure: OnFailure::Restart,
             restart_placement: RestartPlacement::Any,
             max_restarts_per_hour: 6,
+            restart_clear_after: d(600),
         }
     );
     assert_eq!(c.bands.bronze.on_failure, OnFailure::Drop);
+    assert_eq!(c.bands.bronze.restart_clear_after, d(600));
     assert_eq!(
         c.node_health,
         NodeHealthConfig {
@@ -108,8 +111,8 @@ manager:
 pendingWindow: 90
 removeStoppedNodesAfter: 2h
 bands:
-  gold: {{ onFailure: drop, restartPlacement: any, maxRestartsPerHour: 3 }}
-  silver: {{ restartPlacement: preferHotSpare }}
+  gold: {{ onFailure: drop, restartPlacement: any, maxRestartsPerHour: 3, restartClearAfter: 30m }}
+  silver: {{ restartPlacement: preferHotSpare, restartClearAfter: 45 }}
   bronze: {{ onFailure: restart }}
 nodeHealth: {{ rejectionThreshold: 9, rejectionWindow: 30s }}
 watchNamespaces: [video, staging]
@@ -130,6 +133,9 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
     assert_eq!(c.remove_stopped_nodes_after, Duration::from_secs(7200));
     assert_eq!(c.bands.gold.on_failure, OnFailure::Drop);
     assert_eq!(c.bands.gold.max_restarts_per_hour, 3);
+    assert_eq!(c.bands.gold.restart_clear_after, Duration::from_secs(1800));
+    assert_eq!(c.bands.silver.restart_clear_after, Duration::from_secs(45));
+    assert_eq!(c.bands.bronze.restart_clear_after, Duration::from_secs(600));
     assert_eq!(
         c.bands.silver.restart_placement,
         RestartPlacement::PreferHotSpare
@@ -800,6 +806,8 @@ fn bundle_band_overrides_win_field_by_field() {
         (g.on_failure, g.restart_placement, g.max_restarts_per_hour),
         (OnFailure::Restart, RestartPlacement::PreferHotSpare, 4)
     );
+    // No Bundle field overrides how long a restart must run to clear the count.
+    assert_eq!(g.restart_clear_after, bands.gold.restart_clear_after);
     let s = bands.effective(PriorityBand::Silver, Some(&o));
     assert_eq!(
         (s.on_failure, s.max_restarts_per_hour),
@@ -810,6 +818,29 @@ fn bundle_band_overrides_win_field_by_field() {
         bands.bronze
     );
     assert_eq!(bands.effective(PriorityBand::Gold, None), bands.gold);
+}
+
+#[test]
+fn restart_clear_after_is_per_band_bounded_and_reaches_the_settings() {
+    let c = ok(&format!(
+        "{URL}bands: {{ gold: {{ restartClearAfter: 2m }}, bronze: {{ restartClearAfter: 90 }} }}\n"
+    ));
+    assert_eq!(c.bands.gold.restart_clear_after, Duration::from_secs(120));
+    assert_eq!(c.bands.silver.restart_clear_after, Duration::from_secs(600));
+    assert_eq!(c.bands.bronze.restart_clear_after, Duration::from_secs(90));
+    let settings = crate::settings::Settings::from_config(&c);
+    assert_eq!(
+        settings.band(PriorityBand::Gold, None).restart_clear_after,
+        Duration::from_secs(120)
+    );
+    let e = errors(&format!(
+        "{URL}bands: {{ silver: {{ restartClearAfter: 0 }}, gold: {{ restartClearAfter: 2d }} }}\n"
+    ));
+    assert_eq!(
+        error_at(&e, "bands.silver.restartClearAfter").message,
+        "must be between 1s and 86400s (got 0s)"
+    );
+    assert!(e.has("bands.gold.restartClearAfter"));
 }
 
 #[test]
@@ -891,6 +922,7 @@ mod prop {
         fn settings_in_range_round_trip(
             pending_ms in 1_000u64..=86_400_000,
             interval_ms in 1u64..=60_000,
+            clear_s in 1u64..=86_400,
             restarts in 1u32..=1000,
             bundles in 1u16..=1024,
             lease in 3u64..=600,
@@ -901,6 +933,7 @@ mod prop {
             c.manager.url = format!("http://manager:{port}");
             c.pending_window = Duration::from_millis(pending_ms);
             c.status_write_interval = Duration::from_millis(interval_ms);
+            c.bands.silver.restart_clear_after = Duration::from_secs(clear_s);
             c.bands.bronze.max_restarts_per_hour = restarts;
             c.concurrency.bundles = bundles;
             c.leader_election.lease_duration = Duration::from_secs(lease);
