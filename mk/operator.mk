@@ -1,8 +1,11 @@
 # The operator: the demo and its figures.
-.PHONY: demo demo-smoke operator bench-e2e
+.PHONY: demo demo-smoke operator bench-e2e config-docs
 
 operator: ## build the operator binary
 	cargo build -p automanager-operator --bin automanager-operator
+
+config-docs: ## rewrite the reference tables of docs/operator-config.md from the settings' schema
+	cargo run -q -p automanager-operator --bin automanager-operator -- config docs --write docs/operator-config.md
 
 demo: control-plane ## the whole product locally: control plane + manager-sim + operator + examples/ (Ctrl-C stops it)
 	scripts/demo.sh

@@ -305,7 +305,7 @@ mod tests {
         let yaml = format!(
             "replicas: 2\npools: [aws-east, aws-west]\njobs:\n  - jobName: encode\n    requirements: {{requiredCapacity: 8, priorityBand: gold}}\n{extra}"
         );
-        serde_yaml::from_str(&yaml).expect("valid spec")
+        serde_saphyr::from_str(&yaml).expect("valid spec")
     }
 
     #[test]

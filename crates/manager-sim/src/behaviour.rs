@@ -497,7 +497,7 @@ mod tests {
 
     #[test]
     fn the_yaml_section_lists_every_problem() {
-        let cfg: JobSocketConfig = serde_yaml::from_str(
+        let cfg: JobSocketConfig = serde_saphyr::from_str(
             "answerTimeoutMs: 0\nbehaviours:\n  - {job: '', cutoverDelayMs: 99999999}\n  - {job: 'a/*', abortAt: state-given, failParticipants: [x]}\n",
         )
         .unwrap();
@@ -514,7 +514,7 @@ mod tests {
             Some(AbortAt::StateGiven)
         );
         assert!(
-            serde_yaml::from_str::<JobSocketConfig>("behaviours: [{job: a, refuse: true}]")
+            serde_saphyr::from_str::<JobSocketConfig>("behaviours: [{job: a, refuse: true}]")
                 .is_err()
         );
     }

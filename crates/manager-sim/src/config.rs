@@ -257,7 +257,7 @@ impl SimConfig {
     /// Parses YAML and validates.
     pub fn from_yaml(text: &str) -> Result<SimConfig, ConfigError> {
         let cfg: SimConfig =
-            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -414,21 +414,19 @@ pub struct SimSetup {
 impl SimSetup {
     /// Parses YAML and validates both parts, listing every problem.
     pub fn from_yaml(text: &str) -> Result<SimSetup, ConfigError> {
-        let mut doc: serde_yaml::Value =
-            serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        let section = doc
-            .as_mapping_mut()
-            .and_then(|m| m.remove(serde_yaml::Value::from("jobSocket")));
+        let mut doc: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let section = doc.as_object_mut().and_then(|m| m.remove("jobSocket"));
         let Some(section) = section else {
             return Ok(SimSetup {
                 sim: SimConfig::from_yaml(text)?,
                 job_socket: crate::behaviour::JobSocketConfig::default(),
             });
         };
-        let job_socket: crate::behaviour::JobSocketConfig = serde_yaml::from_value(section)
+        let job_socket: crate::behaviour::JobSocketConfig = serde_json::from_value(section)
             .map_err(|e| ConfigError::Parse(format!("jobSocket: {e}")))?;
         let sim: SimConfig =
-            serde_yaml::from_value(doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            serde_json::from_value(doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let mut errs = match sim.validate() {
             Ok(()) => Vec::new(),
             Err(ConfigError::Invalid(errs)) => errs,

@@ -316,13 +316,10 @@ async fn what_if(
         }
     };
     let parsed = if is_yaml(&headers) {
-        serde_yaml::from_slice::<automanager_api::Bundle>(&body).map_err(|e| {
-            let at = e
-                .location()
-                .map(|l| format!(" (line {}, column {})", l.line(), l.column()))
-                .unwrap_or_default();
-            format!("body is not a Bundle as YAML{at}: {e}")
-        })
+        // One line, ending in the position (`... at line L, column C`), like the JSON answer.
+        let options = serde_saphyr::options! { with_snippet: false };
+        serde_saphyr::from_slice_with_options::<automanager_api::Bundle>(&body, options)
+            .map_err(|e| format!("body is not a Bundle as YAML: {e}"))
     } else {
         serde_json::from_slice::<automanager_api::Bundle>(&body).map_err(|e| {
             format!(

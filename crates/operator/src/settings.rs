@@ -16,10 +16,6 @@ pub struct Settings {
     pub rejection_window: Duration,
     pub status_write_interval: Duration,
     pub bundle_concurrency: u16,
-    /// How long a restarted replica must run before its restart count is cleared (the seed's
-    /// "a successful restart clears the count": success is staying up this long, so a job
-    /// that crashes right after each start still reaches the ceiling).
-    pub restart_stable_after: Duration,
     pub watch_namespaces: Vec<String>,
     pub drain_parallelism: u16,
     pub migration_phase_timeout: Duration,
@@ -41,14 +37,15 @@ impl Settings {
             rejection_window: c.node_health.rejection_window,
             status_write_interval: c.status_write_interval,
             bundle_concurrency: c.concurrency.bundles.max(1),
-            restart_stable_after: Duration::from_secs(600),
             watch_namespaces: c.watch_namespaces.clone(),
             drain_parallelism: c.migration.drain_parallelism.max(1),
             migration_phase_timeout: c.migration.phase_timeout,
         }
     }
 
-    /// The policy for `band`, with a bundle's overrides applied.
+    /// The policy for `band`, with a bundle's overrides applied. Its `restart_clear_after` is
+    /// how long a restarted replica must stay Running before its restart count is cleared
+    /// (`bands.<band>.restartClearAfter`; a bundle does not override it).
     pub fn band(
         &self,
         band: api::PriorityBand,
@@ -83,5 +80,6 @@ mod tests {
             s.band(api::PriorityBand::Bronze, Some(&o)).on_failure,
             api::OnFailure::Drop
         );
+        assert_eq!(gold.restart_clear_after, Duration::from_secs(600));
     }
 }

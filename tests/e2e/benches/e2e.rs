@@ -180,10 +180,7 @@ async fn run() -> Result<(), SetupError> {
     // The operator's throughput is measured, not the simulated jobs' sockets: one WebSocket per
     // running job would add 4,000 connections to the sim.
     let stack = Stack::start_custom(&sim_path, &["--no-job-socket"], |c| {
-        c.insert(
-            "watchNamespaces".into(),
-            serde_yaml::Value::Sequence(vec!["default".into()]),
-        );
+        c.insert("watchNamespaces".into(), serde_json::json!(["default"]));
     })
     .await?;
     let client = stack.env.client();

@@ -430,13 +430,11 @@ async fn run() -> Result<(), SetupError> {
     std::fs::write(&sim_path, sim_config()).map_err(err)?;
     eprintln!("bench-recovery: starting control plane, manager-sim and the operator (release)");
     let stack = Stack::start_custom(&sim_path, &[], |c| {
+        c.insert("watchNamespaces".into(), serde_json::json!(["default"]));
         c.insert(
-            "watchNamespaces".into(),
-            serde_yaml::Value::Sequence(vec!["default".into()]),
+            "bands".into(),
+            serde_json::json!({"gold": {"maxRestartsPerHour": 1000}}),
         );
-        let bands: serde_yaml::Value =
-            serde_yaml::from_str("{gold: {maxRestartsPerHour: 1000}}").unwrap_or_default();
-        c.insert("bands".into(), bands);
     })
     .await?;
     measure(&stack, kills, handovers).await.map_err(|e| {

@@ -200,9 +200,9 @@ impl Stack {
         Self::start_with(|_| {}).await
     }
 
-    /// Like [`Stack::start`], letting the test adjust the operator's config (YAML mapping).
+    /// Like [`Stack::start`], letting the test adjust the operator's config (its top-level mapping).
     pub async fn start_with(
-        adjust: impl FnOnce(&mut serde_yaml::Mapping),
+        adjust: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
     ) -> Result<Stack, SetupError> {
         Self::start_custom(
             &repo_root().join("deploy/demo/manager-sim.yaml"),
@@ -216,7 +216,7 @@ impl Stack {
     pub async fn start_custom(
         sim_config: &Path,
         sim_args: &[&str],
-        adjust: impl FnOnce(&mut serde_yaml::Mapping),
+        adjust: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
     ) -> Result<Stack, SetupError> {
         binaries()?;
         let env = env_with_crds().await?;
@@ -227,7 +227,7 @@ impl Stack {
         let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, sim_args)?;
         let http_port = free_port()?;
         let debug_port = free_port()?;
-        let mut config: serde_yaml::Mapping = serde_yaml::from_str(&format!(
+        let mut config: serde_json::Map<String, serde_json::Value> = serde_saphyr::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\", debugBindAddress: \"127.0.0.1:{debug_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
         ))
         .map_err(|e| SetupError(e.to_string()))?;
@@ -235,7 +235,7 @@ impl Stack {
         let config_path = dir.path().join("operator.yaml");
         std::fs::write(
             &config_path,
-            serde_yaml::to_string(&config).map_err(|e| SetupError(e.to_string()))?,
+            serde_saphyr::to_string(&config).map_err(|e| SetupError(e.to_string()))?,
         )
         .map_err(|e| SetupError(e.to_string()))?;
         let mut stack = Stack {

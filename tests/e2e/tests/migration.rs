@@ -376,7 +376,7 @@ async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
     let stack = Stack::start_with(|c| {
         c.insert(
             "migration".into(),
-            serde_yaml::from_str("{phaseTimeout: 3s}").unwrap(),
+            serde_json::json!({"phaseTimeout": "3s"}),
         );
     })
     .await
@@ -678,7 +678,7 @@ async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
         Stack::start_with(|c| {
             c.insert(
                 "migration".into(),
-                serde_yaml::from_str("{drainParallelism: 1}").unwrap(),
+                serde_json::json!({"drainParallelism": 1}),
             );
         })
         .await

@@ -1,5 +1,8 @@
 //! `automanager-operator`: the AutoManager operator process.
 //!
+//! `automanager-operator config schema|docs|check` work with the settings file without starting
+//! anything (see docs/operator-config.md).
+//!
 //! Loads and validates the config (exits 2 listing every problem), connects to Kubernetes and to
 //! Manager, serves `/healthz`, `/readyz`, `/metrics` and the debugging API, takes part in leader
 //! election and, while leader, runs the controllers. SIGTERM or Ctrl-C stops it cleanly; losing
@@ -10,14 +13,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_operator::config::{ConfigOverrides, OperatorConfig};
+use automanager_operator::config::{ConfigOverrides, FileChecks, OperatorConfig, reference};
 use automanager_operator::controllers::Context;
 use automanager_operator::http::{self, Readiness};
 use automanager_operator::leader::run_leader_election;
 use automanager_operator::metrics::Metrics;
 use automanager_operator::runtime::{DebugState, run_controllers};
 use automanager_operator::settings::Settings;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use futures::FutureExt;
 use tokio::sync::watch;
 
@@ -28,6 +31,8 @@ use tokio::sync::watch;
     about = "The AutoManager Kubernetes operator"
 )]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// The operator's config file (YAML; see docs/operator-config.md). Without it every setting
     /// takes its default and `--manager-url` is required.
     #[arg(long, env = "AUTOMANAGER_CONFIG", value_name = "PATH")]
@@ -44,6 +49,96 @@ struct Cli {
     /// 0 and `configuration is valid` when valid, 2 and every problem otherwise.
     #[arg(long)]
     check_config: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// The settings file, without starting the operator.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Print the settings' JSON Schema.
+    Schema,
+    /// Print the reference tables of docs/operator-config.md, or rewrite them in a file.
+    Docs {
+        /// Replace the generated part of this Markdown file (between its markers).
+        #[arg(long, value_name = "PATH")]
+        write: Option<PathBuf>,
+    },
+    /// Validate a settings file as the operator would load it (with the flags and environment
+    /// below applied): exit 0 when valid, 2 listing every problem.
+    Check {
+        /// The settings file (YAML).
+        file: PathBuf,
+        #[command(flatten)]
+        overrides: ConfigOverrides,
+        /// Do not require the files the settings name (token, TLS) to exist, e.g. for a
+        /// chart's settings checked away from the Pod that mounts them.
+        #[arg(long)]
+        no_file_checks: bool,
+    },
+}
+
+/// `automanager-operator config ...`: what it prints goes to stdout, problems to stderr.
+fn config_command(command: ConfigCommand) -> ExitCode {
+    match command {
+        ConfigCommand::Schema => {
+            match serde_json::to_string_pretty(&automanager_operator::config::schema()) {
+                Ok(text) => {
+                    println!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("automanager-operator: cannot render the schema: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        ConfigCommand::Docs { write: None } => {
+            print!("{}", reference::markdown());
+            ExitCode::SUCCESS
+        }
+        ConfigCommand::Docs { write: Some(path) } => {
+            let written = std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|doc| reference::splice(&doc, &reference::markdown()))
+                .and_then(|doc| std::fs::write(&path, doc).map_err(|e| e.to_string()));
+            match written {
+                Ok(()) => {
+                    eprintln!("automanager-operator: wrote {}", path.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("automanager-operator: {}: {e}", path.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        ConfigCommand::Check {
+            file,
+            overrides,
+            no_file_checks,
+        } => {
+            let files = if no_file_checks {
+                FileChecks::Skip
+            } else {
+                FileChecks::Check
+            };
+            match OperatorConfig::load_with(Some(&file), &overrides, files) {
+                Ok(_) => {
+                    println!("{}: valid", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    eprintln!("{}: invalid configuration:\n{errors}", file.display());
+                    ExitCode::from(2)
+                }
+            }
+        }
+    }
 }
 
 fn init_tracing(format: &str) {
@@ -63,6 +158,9 @@ fn init_tracing(format: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Config(command)) = cli.command {
+        return config_command(command);
+    }
     let config = match OperatorConfig::load(cli.config.as_deref(), &cli.overrides) {
         Ok(c) => c,
         Err(errors) => {

@@ -547,8 +547,18 @@ async fn reconcile_replica(
                 .map(|o| o.started_at_ms)
                 .max()
                 .unwrap_or(0);
-            let stable_ms =
-                i64::try_from(ctx.settings.restart_stable_after.as_millis()).unwrap_or(i64::MAX);
+            // `bands.<band>.restartClearAfter`; jobs of several bands wait for the longest.
+            let clear_after = spec
+                .jobs
+                .iter()
+                .map(|j| {
+                    ctx.settings
+                        .band(j.requirements.priority_band, spec.bands.as_ref())
+                        .restart_clear_after
+                })
+                .max()
+                .unwrap_or_default();
+            let stable_ms = i64::try_from(clear_after.as_millis()).unwrap_or(i64::MAX);
             if now.timestamp_millis().saturating_sub(newest) >= stable_ms {
                 ctx.ledger().clear(&replica_key);
             }

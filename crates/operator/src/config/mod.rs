@@ -1,0 +1,917 @@
+//! The operator's settings file (YAML): the TypeScript library's (`@norskvideo/norsk-auto-manager`)
+//! `AutoSettings`, validated at start-up.
+//!
+//! The types below are the settings: their serde attributes are the file's keys and defaults,
+//! their doc comments and schemars attributes its JSON Schema ([`schema()`]), which also
+//! generates the reference tables in `docs/operator-config.md` ([`reference`]).
+//!
+//! Like the TypeScript library's `AutoManager.run` (which throws `AutoSettingsValidationError`
+//! with the whole list), loading reports *every* problem at once, each with its path
+//! (`bands.gold.maxRestartsPerHour`) and a message a person can act on, in three stages:
+//! 1. the YAML is parsed into a value (malformed YAML is one error with line and column), null
+//!    values are dropped (they mean "the default"), and flags/environment ([`ConfigOverrides`])
+//!    are written into it, so they are validated exactly like the file;
+//! 2. the value is validated against the schema: types, unknown keys (with a "did you mean"),
+//!    enum values, ranges, durations, names and addresses;
+//! 3. what the schema found is dropped, the rest is read into the types, and the checks a schema
+//!    cannot express run on them: Manager's URL is given, TLS matches its scheme, files exist,
+//!    the lease is renewed before it lapses.
+
+mod checks;
+mod duration;
+pub mod reference;
+mod schema;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use automanager_api::{BandOverrides, BandPolicy, OnFailure, PriorityBand, RestartPlacement};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+pub use duration::parse_duration_str;
+pub use schema::schema;
+
+/// Largest settings file accepted.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+
+/// One problem in the settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where: a dotted path (`bands.gold.maxRestartsPerHour`, `watchNamespaces[2]`), or empty
+    /// for the document as a whole.
+    pub path: String,
+    /// What is wrong and what is allowed; a value set by a flag names the flag.
+    pub message: String,
+    /// A likely intended spelling (for unknown keys, enum values and Manager's URL).
+    pub suggestion: Option<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let path = if self.path.is_empty() {
+            "<document>"
+        } else {
+            &self.path
+        };
+        write!(f, "{path}: {}", self.message)?;
+        if let Some(s) = &self.suggestion {
+            write!(f, "; did you mean `{s}`?")?;
+        }
+        Ok(())
+    }
+}
+
+/// Every problem found in the settings; `Display` writes one per line.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", render(.errors))]
+pub struct ConfigErrors {
+    /// The problems: those the schema finds, then those of the typed checks.
+    pub errors: Vec<ConfigError>,
+}
+
+fn render(errors: &[ConfigError]) -> String {
+    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    lines.join("\n")
+}
+
+impl ConfigErrors {
+    fn one(path: &str, message: impl Into<String>) -> Self {
+        ConfigErrors {
+            errors: vec![err(path, message)],
+        }
+    }
+
+    /// Whether some problem is reported at `path`.
+    pub fn has(&self, path: &str) -> bool {
+        self.errors.iter().any(|e| e.path == path)
+    }
+}
+
+fn err(path: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.to_owned(),
+        message: message.into(),
+        suggestion: None,
+    }
+}
+
+/// Whether the files the settings name (token, TLS) must exist: yes for the operator; `config
+/// check --no-file-checks` skips it for settings checked away from the Pod that mounts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FileChecks {
+    /// Each named file must be a readable regular file.
+    #[default]
+    Check,
+    /// Named files are not looked at.
+    Skip,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The settings.
+
+/// TLS towards Manager (PEM files).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM CA certificate(s) that sign Manager's certificate. Required with `https://`: no
+    /// system roots are built in.
+    #[schemars(length(max = 4096), extend("format" = "file-path"))]
+    pub ca_file: PathBuf,
+    /// Client certificate for mutual TLS; with `keyFile`, both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), extend("format" = "file-path"))]
+    pub cert_file: Option<PathBuf>,
+    /// Client key for mutual TLS; with `certFile`, both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), extend("format" = "file-path"))]
+    pub key_file: Option<PathBuf>,
+    /// The name to verify in Manager's certificate (default: the URL's host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253), extend("format" = "dns-subdomain"))]
+    pub domain: Option<String>,
+}
+
+/// How to reach Manager.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ManagerConfig {
+    /// Manager's gRPC address, `http://host:port` or `https://host:port` (a trailing `/` is
+    /// allowed; no path). Required, here or with `--manager-url`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 2048), extend("format" = "manager-url"))]
+    pub url: String,
+    /// A file holding the bearer token sent on every call (surrounding whitespace is trimmed),
+    /// read at start-up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096), extend("format" = "file-path"))]
+    pub token_file: Option<PathBuf>,
+    /// TLS towards Manager: required with an `https://` URL, refused with `http://`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+    /// Connect timeout.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "100ms", "max": "5m"}))]
+    pub connect_timeout: Duration,
+    /// Deadline of each call.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "100ms", "max": "10m"}))]
+    pub request_timeout: Duration,
+}
+
+impl Default for ManagerConfig {
+    /// `url` is empty, which validation reports as missing.
+    fn default() -> Self {
+        ManagerConfig {
+            url: String::new(),
+            token_file: None,
+            tls: None,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One band's failure policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BandConfig {
+    /// `restart` or `drop`.
+    pub on_failure: OnFailure,
+    /// `preferHotSpare` or `any` (ignored with `drop`).
+    pub restart_placement: RestartPlacement,
+    /// More restarts of one replica than this within a sliding hour marks the bundle Broken.
+    pub max_restarts_per_hour: u32,
+    /// How long a restarted replica must stay Running before its restart count is cleared (the
+    /// TypeScript library's "a successful restart clears the count").
+    #[serde(with = "duration")]
+    pub restart_clear_after: Duration,
+}
+
+/// One band in the file; a key left out takes that band's default.
+#[derive(Default, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct BandFile {
+    /// `restart`: place the job again. `drop`: do not restart it; an Event and
+    /// `automanager_jobs_dropped_total` record the drop. A Bundle's `spec.bands` may override it.
+    on_failure: Option<OnFailure>,
+    /// `preferHotSpare`: a hot spare (one dedicated to the band first), then any node that
+    /// fits. `any`: any node that fits. Ignored with `drop`. A Bundle's `spec.bands` may
+    /// override it.
+    restart_placement: Option<RestartPlacement>,
+    /// More restarts of one replica than this within a sliding hour marks the bundle Broken
+    /// (the restart that would exceed it is not made). A Bundle's `spec.bands` may override it.
+    #[schemars(range(min = 1, max = 1000))]
+    max_restarts_per_hour: Option<u32>,
+    /// A restart succeeded once every job of the restarted replica has been Running for this
+    /// long without interruption; the replica's restart count is then cleared. A job that
+    /// fails sooner keeps its count, so a crash loop still reaches `maxRestartsPerHour`.
+    /// Not overridden by a Bundle.
+    #[serde(default, with = "duration::option")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    restart_clear_after: Option<Duration>,
+}
+
+impl BandFile {
+    fn over(self, base: BandConfig) -> BandConfig {
+        BandConfig {
+            on_failure: self.on_failure.unwrap_or(base.on_failure),
+            restart_placement: self.restart_placement.unwrap_or(base.restart_placement),
+            max_restarts_per_hour: self
+                .max_restarts_per_hour
+                .unwrap_or(base.max_restarts_per_hour),
+            restart_clear_after: self.restart_clear_after.unwrap_or(base.restart_clear_after),
+        }
+    }
+}
+
+/// What each band does when a job fails or loses its node. Each key falls back to its band's
+/// default; a Bundle's own `spec.bands` overrides `onFailure`, `restartPlacement` and
+/// `maxRestartsPerHour` per field.
+#[derive(Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields, default)]
+struct BandsFile {
+    /// Gold jobs.
+    gold: BandFile,
+    /// Silver jobs.
+    silver: BandFile,
+    /// Bronze jobs.
+    bronze: BandFile,
+}
+
+impl From<BandsFile> for BandsConfig {
+    fn from(f: BandsFile) -> Self {
+        let d = BandsConfig::default();
+        BandsConfig {
+            gold: f.gold.over(d.gold),
+            silver: f.silver.over(d.silver),
+            bronze: f.bronze.over(d.bronze),
+        }
+    }
+}
+
+/// The band defaults (a bundle's `spec.bands` overrides them per field).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "BandsFile")]
+pub struct BandsConfig {
+    /// Default: restart, preferHotSpare, 6, 10 minutes.
+    pub gold: BandConfig,
+    /// Default: restart, any, 6, 10 minutes.
+    pub silver: BandConfig,
+    /// Default: drop (any, 6, 10 minutes).
+    pub bronze: BandConfig,
+}
+
+/// The file's shape, not the resolved one: a band lists only what it changes.
+impl JsonSchema for BandsConfig {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BandsConfig".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        BandsFile::json_schema(generator)
+    }
+}
+
+/// How long a restarted replica must run before its count is cleared, in every band.
+const RESTART_CLEAR_AFTER: Duration = Duration::from_secs(600);
+
+impl Default for BandsConfig {
+    fn default() -> Self {
+        let band = |on_failure, restart_placement| BandConfig {
+            on_failure,
+            restart_placement,
+            max_restarts_per_hour: 6,
+            restart_clear_after: RESTART_CLEAR_AFTER,
+        };
+        BandsConfig {
+            gold: band(OnFailure::Restart, RestartPlacement::PreferHotSpare),
+            silver: band(OnFailure::Restart, RestartPlacement::Any),
+            bronze: band(OnFailure::Drop, RestartPlacement::Any),
+        }
+    }
+}
+
+impl BandsConfig {
+    /// The configured defaults of `band`.
+    pub fn get(&self, band: PriorityBand) -> BandConfig {
+        match band {
+            PriorityBand::Gold => self.gold,
+            PriorityBand::Silver => self.silver,
+            PriorityBand::Bronze => self.bronze,
+        }
+    }
+
+    /// The policy for `band` in a bundle: its `spec.bands` fields where set, the defaults
+    /// otherwise (`restartClearAfter` has no bundle field). An out-of-range
+    /// `maxRestartsPerHour` (the CRD schema bounds it to 1..=1000) is clamped into range.
+    pub fn effective(&self, band: PriorityBand, overrides: Option<&BandOverrides>) -> BandConfig {
+        let base = self.get(band);
+        let policy: Option<&BandPolicy> = overrides.and_then(|o| match band {
+            PriorityBand::Gold => o.gold.as_ref(),
+            PriorityBand::Silver => o.silver.as_ref(),
+            PriorityBand::Bronze => o.bronze.as_ref(),
+        });
+        let Some(p) = policy else {
+            return base;
+        };
+        BandConfig {
+            on_failure: p.on_failure.unwrap_or(base.on_failure),
+            restart_placement: p.restart_placement.unwrap_or(base.restart_placement),
+            max_restarts_per_hour: p
+                .max_restarts_per_hour
+                .map_or(base.max_restarts_per_hour, |m| {
+                    m.clamp(1, 1000).unsigned_abs()
+                }),
+            restart_clear_after: base.restart_clear_after,
+        }
+    }
+}
+
+/// When a node counts as Unhealthy (placement then avoids it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NodeHealthConfig {
+    /// Job rejections within `rejectionWindow` that mark a node Unhealthy.
+    #[schemars(range(min = 1, max = 10_000))]
+    pub rejection_threshold: u32,
+    /// The sliding window for rejections.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    pub rejection_window: Duration,
+}
+
+impl Default for NodeHealthConfig {
+    fn default() -> Self {
+        NodeHealthConfig {
+            rejection_threshold: 5,
+            rejection_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Leader election on a `coordination.k8s.io/v1` Lease, so that of two replicas only one acts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct LeaderElectionConfig {
+    /// Elect a leader. Turn off only when exactly one operator runs (as in the demo).
+    pub enabled: bool,
+    /// The Lease's name (a Kubernetes object name).
+    #[schemars(length(max = 253), extend("format" = "dns-subdomain"))]
+    pub lease_name: String,
+    /// The Lease's namespace; in a cluster, usually the operator's own (see
+    /// `--lease-namespace`).
+    #[schemars(length(max = 63), extend("format" = "dns-label"))]
+    pub lease_namespace: String,
+    /// How long the holder's claim lasts without renewal: after a crash, the standby takes
+    /// over within this time.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "3s", "max": "600s", "wholeSeconds": true}))]
+    pub lease_duration: Duration,
+    /// How often the holder renews; at least 2 s shorter than `leaseDuration` (default: two
+    /// thirds of it).
+    #[serde(with = "duration::option", skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "598s", "wholeSeconds": true}))]
+    pub renew_every: Option<Duration>,
+}
+
+impl Default for LeaderElectionConfig {
+    fn default() -> Self {
+        LeaderElectionConfig {
+            enabled: true,
+            lease_name: "automanager-operator".to_owned(),
+            lease_namespace: "default".to_owned(),
+            lease_duration: Duration::from_secs(15),
+            renew_every: None,
+        }
+    }
+}
+
+impl LeaderElectionConfig {
+    /// The lease duration in whole seconds (at least 3).
+    pub fn lease_duration_seconds(&self) -> u64 {
+        self.lease_duration.as_secs().max(3)
+    }
+
+    /// Seconds before expiry at which the holder renews (kube-lease-manager's "grace"):
+    /// `lease_duration - renew_every`, at least 2 and less than `lease_duration`.
+    pub fn grace_seconds(&self) -> u64 {
+        let duration = self.lease_duration_seconds();
+        let renew = self
+            .renew_every
+            .map_or(duration * 2 / 3, |r| r.as_secs())
+            .clamp(1, duration.saturating_sub(2).max(1));
+        duration - renew
+    }
+}
+
+/// The HTTP servers: `/healthz`, `/readyz`, `/metrics` on one address, the debugging API
+/// (`/debug/trace`, `/v1/what-if`) on another, off unless set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Listen address (an IP address and port). The default is loopback only, so a developer's
+    /// operator exposes nothing; in a Pod set `0.0.0.0:8080` so probes and Prometheus can
+    /// reach it.
+    #[schemars(length(max = 256), extend("format" = "ip-and-port"))]
+    pub bind_address: SocketAddr,
+    /// Listen address of the debugging API (`/debug/trace`, `/v1/what-if`); unset, it is not
+    /// served. Must use another port than `bindAddress`, so exposing probes and metrics never
+    /// exposes the debugging API.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), extend("format" = "ip-and-port"))]
+    pub debug_bind_address: Option<SocketAddr>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            bind_address: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            debug_bind_address: None,
+        }
+    }
+}
+
+/// Parallelism of the controllers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConcurrencyConfig {
+    /// Bundles reconciled at once.
+    #[schemars(range(min = 1, max = 1024))]
+    pub bundles: u16,
+}
+
+impl Default for ConcurrencyConfig {
+    fn default() -> Self {
+        ConcurrencyConfig { bundles: 8 }
+    }
+}
+
+/// Node drains and migrations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct MigrationConfig {
+    /// Jobs moved off a draining node at once.
+    #[schemars(range(min = 1, max = 64))]
+    pub drain_parallelism: u16,
+    /// Longest a migration phase may take before it is aborted.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1h"}))]
+    pub phase_timeout: Duration,
+}
+
+impl Default for MigrationConfig {
+    fn default() -> Self {
+        MigrationConfig {
+            drain_parallelism: 2,
+            phase_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
+/// optional except `manager.url` (which a flag may give instead); a key left out, or set to
+/// null, takes its default.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+#[schemars(title = "AutoManager operator settings")]
+pub struct OperatorConfig {
+    // A section's field has no doc comment: its type's is its description in the schema.
+    pub manager: ManagerConfig,
+    /// How long a node may stay starting before it counts as failed (the TypeScript library's
+    /// `pendingWindow`).
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    pub pending_window: Duration,
+    /// How long a stopped node's `ManagerNode` is kept before it is removed.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "30d"}))]
+    pub remove_stopped_nodes_after: Duration,
+    pub bands: BandsConfig,
+    pub node_health: NodeHealthConfig,
+    /// Namespaces whose Bundles are reconciled; empty means all. Each a namespace name,
+    /// listed once.
+    #[schemars(schema_with = "schema::namespace_list")]
+    pub watch_namespaces: Vec<String>,
+    pub leader_election: LeaderElectionConfig,
+    pub http: HttpConfig,
+    pub concurrency: ConcurrencyConfig,
+    /// Status writes for one object within this window are coalesced into one, so a wave of
+    /// events does not become a write per event.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1ms", "max": "60s"}))]
+    pub status_write_interval: Duration,
+    pub migration: MigrationConfig,
+}
+
+impl Default for OperatorConfig {
+    /// Every default; `manager.url` is empty, which validation reports as missing.
+    fn default() -> Self {
+        OperatorConfig {
+            manager: ManagerConfig::default(),
+            pending_window: Duration::from_secs(60),
+            remove_stopped_nodes_after: Duration::from_secs(3600),
+            bands: BandsConfig::default(),
+            node_health: NodeHealthConfig::default(),
+            watch_namespaces: Vec::new(),
+            leader_election: LeaderElectionConfig::default(),
+            http: HttpConfig::default(),
+            concurrency: ConcurrencyConfig::default(),
+            status_write_interval: Duration::from_millis(250),
+            migration: MigrationConfig::default(),
+        }
+    }
+}
+
+/// Settings given on the command line or in the environment; they win over the file.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConfigOverrides {
+    /// Manager's address, `http(s)://host:port` (overrides `manager.url`).
+    #[arg(
+        long = "manager-url",
+        env = "AUTOMANAGER_MANAGER_URL",
+        value_name = "URL"
+    )]
+    pub manager_url: Option<String>,
+    /// File holding Manager's bearer token (overrides `manager.tokenFile`).
+    #[arg(
+        long = "manager-token-file",
+        env = "AUTOMANAGER_MANAGER_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub manager_token_file: Option<PathBuf>,
+    /// Listen address of /healthz, /readyz, /metrics (overrides `http.bindAddress`).
+    #[arg(
+        long = "http-bind-address",
+        env = "AUTOMANAGER_HTTP_BIND_ADDRESS",
+        value_name = "ADDR"
+    )]
+    pub http_bind_address: Option<String>,
+    /// Listen address of /debug/trace and /v1/what-if (overrides `http.debugBindAddress`).
+    #[arg(
+        long = "http-debug-bind-address",
+        env = "AUTOMANAGER_HTTP_DEBUG_BIND_ADDRESS",
+        value_name = "ADDR"
+    )]
+    pub http_debug_bind_address: Option<String>,
+    /// `true` or `false` (overrides `leaderElection.enabled`).
+    #[arg(
+        long = "leader-election",
+        env = "AUTOMANAGER_LEADER_ELECTION",
+        value_name = "BOOL"
+    )]
+    pub leader_election: Option<bool>,
+    /// Namespace of the leader-election Lease, e.g. the Pod's own (overrides
+    /// `leaderElection.leaseNamespace`).
+    #[arg(
+        long = "lease-namespace",
+        env = "AUTOMANAGER_LEASE_NAMESPACE",
+        value_name = "NAMESPACE"
+    )]
+    pub lease_namespace: Option<String>,
+    /// A namespace to watch; repeat, or comma-separate in the environment (replaces
+    /// `watchNamespaces`).
+    #[arg(
+        long = "watch-namespace",
+        env = "AUTOMANAGER_WATCH_NAMESPACES",
+        value_name = "NAMESPACE",
+        value_delimiter = ','
+    )]
+    pub watch_namespaces: Vec<String>,
+    /// How long a started node may stay pending, e.g. `60` or `90s` (overrides `pendingWindow`).
+    #[arg(
+        long = "pending-window",
+        env = "AUTOMANAGER_PENDING_WINDOW",
+        value_name = "DURATION"
+    )]
+    pub pending_window: Option<String>,
+}
+
+impl ConfigOverrides {
+    /// Writes what is set into the settings document, so it is validated like the file.
+    /// Returns (path, `--flag / VARIABLE`) pairs, so that an error there can name the flag.
+    fn write_into(&self, doc: &mut Value) -> Vec<(&'static str, String)> {
+        // (settings path, clap argument id, value)
+        let mut set: Vec<(&'static str, &'static str, Value)> = Vec::new();
+        if let Some(url) = &self.manager_url {
+            set.push(("manager.url", "manager_url", url.as_str().into()));
+        }
+        if let Some(token) = &self.manager_token_file {
+            let token = token.to_string_lossy().into_owned();
+            set.push(("manager.tokenFile", "manager_token_file", token.into()));
+        }
+        if let Some(addr) = &self.http_bind_address {
+            set.push(("http.bindAddress", "http_bind_address", addr.trim().into()));
+        }
+        if let Some(addr) = &self.http_debug_bind_address {
+            set.push((
+                "http.debugBindAddress",
+                "http_debug_bind_address",
+                addr.trim().into(),
+            ));
+        }
+        if let Some(enabled) = self.leader_election {
+            set.push(("leaderElection.enabled", "leader_election", enabled.into()));
+        }
+        if let Some(ns) = &self.lease_namespace {
+            set.push((
+                "leaderElection.leaseNamespace",
+                "lease_namespace",
+                ns.as_str().into(),
+            ));
+        }
+        if !self.watch_namespaces.is_empty() {
+            let names: Vec<Value> = self
+                .watch_namespaces
+                .iter()
+                .map(|s| s.trim())
+                .filter(|s| !s.is_empty())
+                .map(Value::from)
+                .collect();
+            set.push(("watchNamespaces", "watch_namespaces", names.into()));
+        }
+        if let Some(w) = &self.pending_window {
+            set.push(("pendingWindow", "pending_window", w.as_str().into()));
+        }
+        set.into_iter()
+            .filter_map(|(path, id, value)| put(doc, path, value).then(|| (path, flag(id))))
+            .collect()
+    }
+}
+
+/// `--manager-url / AUTOMANAGER_MANAGER_URL`: how a [`ConfigOverrides`] field is given, read
+/// from its clap attributes.
+fn flag(id: &str) -> String {
+    let command = <ConfigOverrides as clap::Args>::augment_args(clap::Command::new("operator"));
+    let Some(arg) = command.get_arguments().find(|a| a.get_id() == id) else {
+        return id.to_owned();
+    };
+    let long = arg.get_long().map(|l| format!("--{l}")).unwrap_or_default();
+    match arg.get_env() {
+        Some(env) => format!("{long} / {}", env.to_string_lossy()),
+        None => long,
+    }
+}
+
+/// Sets the dotted `path` in `doc`, making the mappings on the way; false when something
+/// else is in the way (a problem the schema reports).
+fn put(doc: &mut Value, path: &str, value: Value) -> bool {
+    let mut keys: Vec<&str> = path.split('.').collect();
+    let Some(last) = keys.pop() else {
+        return false;
+    };
+    let mut here = doc;
+    for k in keys {
+        let Value::Object(m) = here else {
+            return false;
+        };
+        here = m.entry(k).or_insert_with(|| Value::Object(Map::new()));
+    }
+    let Value::Object(m) = here else {
+        return false;
+    };
+    m.insert(last.to_owned(), value);
+    true
+}
+
+impl OperatorConfig {
+    /// Parses and validates a settings document.
+    pub fn from_yaml_str(yaml: &str) -> Result<OperatorConfig, ConfigErrors> {
+        Self::load_str(yaml, &ConfigOverrides::default())
+    }
+
+    /// Reads, parses and validates a settings file.
+    pub fn from_file(path: &Path) -> Result<OperatorConfig, ConfigErrors> {
+        Self::load(Some(path), &ConfigOverrides::default())
+    }
+
+    /// What `main` calls: the file (if any) with `overrides` applied on top, validated as a
+    /// whole. Without a file every key takes its default, so the flags must at least give
+    /// `--manager-url`.
+    pub fn load(
+        path: Option<&Path>,
+        overrides: &ConfigOverrides,
+    ) -> Result<OperatorConfig, ConfigErrors> {
+        Self::load_with(path, overrides, FileChecks::Check)
+    }
+
+    /// [`OperatorConfig::load`], saying whether named files must exist.
+    pub fn load_with(
+        path: Option<&Path>,
+        overrides: &ConfigOverrides,
+        files: FileChecks,
+    ) -> Result<OperatorConfig, ConfigErrors> {
+        let text = match path {
+            Some(path) => read_limited(path)?,
+            None => String::new(),
+        };
+        Self::load_str_with(&text, overrides, files)
+    }
+
+    /// [`OperatorConfig::load`] with the document given as a string.
+    pub fn load_str(
+        yaml: &str,
+        overrides: &ConfigOverrides,
+    ) -> Result<OperatorConfig, ConfigErrors> {
+        Self::load_str_with(yaml, overrides, FileChecks::Check)
+    }
+
+    fn load_str_with(
+        yaml: &str,
+        overrides: &ConfigOverrides,
+        files: FileChecks,
+    ) -> Result<OperatorConfig, ConfigErrors> {
+        if yaml.len() > MAX_CONFIG_BYTES {
+            return Err(ConfigErrors::one(
+                "",
+                format!("the settings are larger than {MAX_CONFIG_BYTES} bytes"),
+            ));
+        }
+        Self::from_document(parse_yaml(yaml)?, overrides, files)
+    }
+
+    /// Applies flag/environment overrides, then validates the result as a whole.
+    pub fn apply_overrides(&mut self, overrides: &ConfigOverrides) -> Result<(), ConfigErrors> {
+        *self = Self::from_document(self.to_document(), overrides, FileChecks::Check)?;
+        Ok(())
+    }
+
+    /// Every problem of these settings (ranges, URL shape, files, contradictions); empty when
+    /// valid.
+    pub fn validate(&self) -> Vec<ConfigError> {
+        Self::from_document(
+            self.to_document(),
+            &ConfigOverrides::default(),
+            FileChecks::Check,
+        )
+        .err()
+        .map(|e| e.errors)
+        .unwrap_or_default()
+    }
+
+    fn to_document(&self) -> Value {
+        // Cannot fail: every field serialises to a string, number, bool, list or mapping.
+        serde_json::to_value(self).unwrap_or_else(|_| Value::Object(Map::new()))
+    }
+
+    /// The three stages of the module documentation.
+    fn from_document(
+        mut doc: Value,
+        overrides: &ConfigOverrides,
+        files: FileChecks,
+    ) -> Result<OperatorConfig, ConfigErrors> {
+        schema::normalise(&mut doc);
+        if doc.is_null() {
+            doc = Value::Object(Map::new());
+        }
+        let sources = overrides.write_into(&mut doc);
+        let found = schema::validate(&doc);
+        for f in &found {
+            schema::drop_at(&mut doc, &f.at);
+        }
+        let mut errors: Vec<ConfigError> = found.into_iter().map(|f| f.error).collect();
+        match serde_json::from_value::<OperatorConfig>(doc) {
+            Ok(config) => {
+                let reported: Vec<String> = errors.iter().map(|e| e.path.clone()).collect();
+                let covered = |path: &str| {
+                    reported.iter().any(|r| {
+                        r.is_empty()
+                            || path == r
+                            || path
+                                .strip_prefix(r.as_str())
+                                .is_some_and(|rest| rest.starts_with(['.', '[']))
+                    })
+                };
+                errors.extend(
+                    checks::typed(&config, files)
+                        .into_iter()
+                        .filter(|e| !covered(&e.path)),
+                );
+                if errors.is_empty() {
+                    return Ok(config);
+                }
+            }
+            // The schema let through what the types refuse: a mismatch between the two, which
+            // the tests guard against; still an answer rather than a panic.
+            Err(e) if errors.is_empty() => errors.push(err("", e.to_string())),
+            Err(_) => {}
+        }
+        for e in &mut errors {
+            let flag = sources.iter().find(|(p, _)| {
+                e.path
+                    .strip_prefix(p)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[']))
+            });
+            if let Some((_, flag)) = flag {
+                e.message.push_str(&format!(" (set by {flag})"));
+            }
+        }
+        Err(ConfigErrors { errors })
+    }
+}
+
+fn parse_yaml(yaml: &str) -> Result<Value, ConfigErrors> {
+    let options = serde_saphyr::options! {
+        // YAML 1.2: `yes` and `on` are strings, as in Kubernetes manifests.
+        strict_booleans: true,
+        // `.nan` and `.inf` reach the schema as text, which then says what is expected there.
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::AsString,
+        // One line per error.
+        with_snippet: false,
+    };
+    serde_saphyr::from_str_with_options::<Value>(yaml, options).map_err(|e| {
+        let text = e.to_string();
+        let message = match e.location() {
+            Some(l) => {
+                let at = format!("line {}, column {}", l.line(), l.column());
+                let what = text.strip_suffix(&format!(" at {at}")).unwrap_or(&text);
+                format!("malformed YAML at {at}: {what}")
+            }
+            None => format!("malformed YAML: {text}"),
+        };
+        ConfigErrors::one("", message)
+    })
+}
+
+fn read_limited(path: &Path) -> Result<String, ConfigErrors> {
+    use std::io::Read;
+    let shown = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| {
+        ConfigErrors::one("", format!("cannot read the settings file {shown}: {e}"))
+    })?;
+    let mut bytes = Vec::new();
+    file.take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| {
+            ConfigErrors::one("", format!("cannot read the settings file {shown}: {e}"))
+        })?;
+    if bytes.len() > MAX_CONFIG_BYTES {
+        return Err(ConfigErrors::one(
+            "",
+            format!("the settings file {shown} is larger than {MAX_CONFIG_BYTES} bytes"),
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| ConfigErrors::one("", format!("the settings file {shown} is not UTF-8 text")))
+}
+
+/// Why the Manager client settings could not be built from a valid config.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerConfigError {
+    /// A token or TLS file could not be read.
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The token file is empty (after trimming whitespace).
+    #[error("the token file {0} is empty")]
+    EmptyToken(PathBuf),
+}
+
+impl ManagerConfig {
+    /// The `manager-client` settings: reads the token and PEM files now.
+    pub fn client_config(&self) -> Result<manager_client::ClientConfig, ManagerConfigError> {
+        let read = |what: &'static str, path: &Path| {
+            std::fs::read(path).map_err(|source| ManagerConfigError::Read {
+                what,
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let mut config = manager_client::ClientConfig::new(self.url.trim_end_matches('/'));
+        config.connect_timeout = self.connect_timeout;
+        config.request_timeout = self.request_timeout;
+        if let Some(path) = &self.token_file {
+            let token = String::from_utf8_lossy(&read("token file", path)?)
+                .trim()
+                .to_owned();
+            if token.is_empty() {
+                return Err(ManagerConfigError::EmptyToken(path.clone()));
+            }
+            config = config.with_token(token);
+        }
+        if let Some(tls) = &self.tls {
+            let identity = match (&tls.cert_file, &tls.key_file) {
+                (Some(c), Some(k)) => {
+                    Some((read("client certificate", c)?, read("client key", k)?))
+                }
+                _ => None,
+            };
+            config = config.with_tls(manager_client::TlsOptions {
+                ca_pem: read("CA file", &tls.ca_file)?,
+                domain: tls.domain.clone(),
+                identity,
+            });
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests;
