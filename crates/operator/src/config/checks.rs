@@ -221,6 +221,15 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
     errors
 }
 
+/// Whether two listen addresses would collide: the same port on the same address, or on any
+/// address when either is unspecified (`0.0.0.0`, `[::]`). Port 0 asks for any free port, so it
+/// never collides.
+fn same_listener(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() != 0
+        && a.port() == b.port()
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,13 +284,4 @@ mod tests {
         assert!(ip_and_port("localhost:8080").is_err());
         assert!(file_path(" ").is_err());
     }
-}
-
-/// Whether two listen addresses would collide: the same port on the same address, or on any
-/// address when either is unspecified (`0.0.0.0`, `[::]`). Port 0 asks for any free port, so it
-/// never collides.
-fn same_listener(a: SocketAddr, b: SocketAddr) -> bool {
-    a.port() != 0
-        && a.port() == b.port()
-        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
