@@ -1,4 +1,4 @@
-# Manager gRPC API, manager-sim and manager-client (issue 6).
+# Manager gRPC API, manager-sim and manager-client.
 
 .PHONY: test-manager test-sim-socket bench-sim-socket bench-manager manager-sim lint-manager
 

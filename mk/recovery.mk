@@ -1,4 +1,4 @@
-# Recovery figures (issue #9): gold restart after a node kill, handover migration time.
+# Recovery figures: gold restart after a node kill, handover migration time.
 .PHONY: bench-recovery
 
 bench-recovery: control-plane ## gold recovery after 100 node kills and handover migration time: recovery kills=... gold_p99_ms=... handover_p99_ms=...

@@ -8,6 +8,8 @@ use crate::common::{BandOverrides, MigrationStrategy, PlacementRules, PriorityBa
 use crate::condition::Condition;
 use crate::trace::PlacementTraceSummary;
 
+pub use automanager_policy::vocab::{BundlePhase, JobState};
+
 /// Most replicas a bundle may declare.
 pub const MAX_REPLICAS: i32 = 16;
 /// Most jobs in one replica.
@@ -19,7 +21,7 @@ pub const MAX_POOLS: usize = 16;
 /// index, at most 15) − 1 − 63 (jobName) leaves 122 for the name.
 pub const MAX_NAME: usize = 122;
 
-/// What one job needs from the node it runs on (the seed's `requirements`).
+/// What one job needs from the node it runs on (the TypeScript library's `requirements`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct JobRequirements {
@@ -50,7 +52,7 @@ pub struct JobMigration {
     pub strategy: MigrationStrategy,
 }
 
-/// One job of a replica (the seed's `BundleJobSpec`).
+/// One job of a replica (the TypeScript library's `BundleJobSpec`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.coLocateWith) || !(self.jobName in self.coLocateWith)").message("a job cannot list itself in coLocateWith").field_path(".coLocateWith"))]
@@ -79,7 +81,7 @@ pub struct BundleJob {
     pub migration: Option<JobMigration>,
 }
 
-/// Pools for one replica, overriding the bundle's `pools` (the seed's `replicaOverrides[i]`).
+/// Pools for one replica, overriding the bundle's `pools` (the TypeScript library's `replicaOverrides[i]`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaOverride {
@@ -93,7 +95,7 @@ pub struct ReplicaOverride {
     pub pools: Vec<String>,
 }
 
-/// A replicated group of jobs: the seed's `Bundle`. Its bundle id in Manager is `<namespace>.<name>`.
+/// A replicated group of jobs: the TypeScript library's `Bundle`. Its bundle id in Manager is `<namespace>.<name>`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "automanager.norsk.io",
@@ -142,7 +144,7 @@ pub struct BundleSpec {
     #[x_kube(validation = Rule::new("self.all(j, self.filter(k, k.jobName == j.jobName).size() == 1)").message("jobName must be unique within the bundle"))]
     #[x_kube(validation = Rule::new("self.all(j, oldSelf.exists(o, o.jobName == j.jobName)) || oldSelf.all(o, self.exists(j, j.jobName == o.jobName))").message("a job cannot be renamed in place (its running instances would be lost track of): remove the old jobName in one update and add the new one in another"))]
     pub jobs: Vec<BundleJob>,
-    /// Per-replica pool preferences, overriding `pools` for that replica. The seed writes this as
+    /// Per-replica pool preferences, overriding `pools` for that replica. The TypeScript library writes this as
     /// a map keyed by replica index (`{1: {pools: [...]}}`); Kubernetes API conventions have no
     /// maps keyed by number, so here it is a list keyed by `replica`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -175,49 +177,6 @@ impl BundleSpec {
         self.intra_replica_placement
             .unwrap_or_else(PlacementRules::intra_replica_default)
     }
-}
-
-/// Where a bundle is in its life.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub enum BundlePhase {
-    /// Accepted, nothing placed yet.
-    #[default]
-    Pending,
-    /// Some replicas are being placed, provisioned or restarted.
-    Placing,
-    /// Every replica's jobs are running.
-    Ready,
-    /// Some replicas run, others cannot be placed or were dropped.
-    Degraded,
-    /// A replica exceeded its restart ceiling; no more retries until the retry annotation changes.
-    Broken,
-    /// Being deleted: jobs are being stopped and the bundle unregistered from Manager.
-    Deleting,
-}
-
-/// A job instance's state as the operator last saw it.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum JobState {
-    /// Not placed yet.
-    #[default]
-    Pending,
-    /// Waiting for a node being provisioned.
-    Provisioning,
-    /// Started on a node, not yet running.
-    Starting,
-    /// Running.
-    Running,
-    /// Being stopped.
-    Stopping,
-    /// Stopped on purpose.
-    Stopped,
-    /// Failed or lost its node; recovery follows the band.
-    Failed,
-    /// A bronze job that failed and was dropped.
-    Dropped,
-    /// No pool can take it now.
-    Unplaceable,
 }
 
 /// One job of one replica.
@@ -263,6 +222,11 @@ pub struct ReplicaStatus {
     /// Restarts of this replica within the last hour (the count `maxRestartsPerHour` bounds).
     #[serde(default)]
     pub restarts_last_hour: i32,
+    /// When those restarts happened, oldest first: the history the count is taken from, kept
+    /// here so an operator restart or a leader change keeps the ceiling.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    pub restart_times: Vec<chrono::DateTime<chrono::Utc>>,
     /// The replica's jobs.
     #[serde(default)]
     #[schemars(length(max = 16))]

@@ -64,7 +64,7 @@ pub struct PlacementRules {
 }
 
 impl PlacementRules {
-    /// The seed's defaults between replicas: different node (hard), same zone (soft).
+    /// The TypeScript library's defaults between replicas: different node (hard), same zone (soft).
     pub fn inter_replica_default() -> Self {
         PlacementRules {
             node: PlacementRule {

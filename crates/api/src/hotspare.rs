@@ -20,7 +20,7 @@ pub struct SpareNodeSpec {
     pub region: String,
 }
 
-/// Spares for one pool and, optionally, one band (the seed's `hotSpares[]` entry).
+/// Spares for one pool and, optionally, one band (the TypeScript library's `hotSpares[]` entry).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "automanager.norsk.io",
@@ -58,7 +58,7 @@ pub struct HotSpareTargetSpec {
     /// Dedicate these spares to one band's recovery. Absent: any band may use them, gold first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub for_band: Option<PriorityBand>,
-    /// The node to provision as a spare. The seed calls this field `spec`, so it is `spec.spec`.
+    /// The node to provision as a spare. The TypeScript library calls this field `spec`, so it is `spec.spec`.
     pub spec: SpareNodeSpec,
     /// Rotate spares older than this (a duration such as `24h` or `90m`, at least `1m`): a
     /// replacement is provisioned before the old spare is terminated, one at a time.

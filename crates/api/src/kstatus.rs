@@ -21,38 +21,14 @@ use chrono::{DateTime, Utc};
 
 use crate::condition::{Condition, ConditionStatus, set_condition};
 
+pub use automanager_policy::vocab::Standing;
+
 /// The condition that is True when the object is what its spec asks.
 pub const READY: &str = "Ready";
 /// The condition that is True while the operator is still working towards the spec.
 pub const RECONCILING: &str = "Reconciling";
 /// The condition that is True when the operator cannot get there without a change.
 pub const STALLED: &str = "Stalled";
-
-/// What a reconcile concluded about an object, in kstatus' terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// The object is what its spec asks (kstatus `Current`).
-    Ready,
-    /// The operator is working towards the spec and expects to get there (kstatus `InProgress`).
-    Reconciling,
-    /// The operator cannot get there without a change of spec, of the world, or a user's retry
-    /// (kstatus `Failed`).
-    Stalled,
-    /// An end state that is not "ready" and that the operator will not change: a Migration
-    /// aborted at the user's request, a node Manager has stopped (kstatus `Current`).
-    Settled,
-}
-
-impl Standing {
-    /// The kstatus status this standing reads as once the generation is observed.
-    pub fn kstatus(self) -> &'static str {
-        match self {
-            Standing::Ready | Standing::Settled => "Current",
-            Standing::Reconciling => "InProgress",
-            Standing::Stalled => "Failed",
-        }
-    }
-}
 
 /// Sets `Ready`, `Reconciling` and `Stalled` for `standing`, all stamped with `generation`.
 /// The True condition (and `Ready`, which people read first) carries `message`; every one

@@ -10,8 +10,8 @@
 //! | [`Migration`] | namespaced | a request to move one running job to another node |
 //! | [`ManagerNode`] | cluster | a node Manager runs, mirrored by the operator; users set cordon and drain |
 //!
-//! Field names are the seed library's own (`replicas`, `pools`, `requiredCapacity`, `priorityBand`, …)
-//! so a user of the TypeScript `norsk-auto-manager` recognises every field. Where the seed's shape
+//! Field names are the `@norskvideo/norsk-auto-manager` TypeScript library's own (`replicas`, `pools`, `requiredCapacity`, `priorityBand`, …)
+//! so a user of the TypeScript `norsk-auto-manager` recognises every field. Where the library's shape
 //! clashes with Kubernetes API conventions the convention wins and the field's description says so
 //! (for example `replicaOverrides` is a list keyed by `replica`, not a map keyed by number).
 //!
@@ -26,7 +26,8 @@
 // duplicated attributes.
 #![allow(clippy::duplicated_attributes)]
 
-pub mod bounded;
+/// Status fields bounded by construction (defined with the policy, which writes them).
+pub use automanager_policy::bounded;
 pub mod bundle;
 pub mod common;
 pub mod condition;
@@ -61,6 +62,9 @@ pub const BUNDLE_FINALIZER: &str = "automanager.norsk.io/bundle-cleanup";
 /// Finalizer the operator puts on Migrations so an abortable migration is aborted (and its
 /// target cleaned up) before the object goes away.
 pub const MIGRATION_FINALIZER: &str = "automanager.norsk.io/migration-cleanup";
+/// Finalizer the operator puts on HotSpareTargets so a deleted target's idle spares are
+/// terminated rather than left running.
+pub const SPARE_TARGET_FINALIZER: &str = "automanager.norsk.io/spare-cleanup";
 /// Annotation a user sets to a new value to retry a Broken bundle:
 /// `kubectl annotate --overwrite bundle NAME automanager.norsk.io/retry=$(date +%s)`.
 pub const RETRY_ANNOTATION: &str = "automanager.norsk.io/retry";

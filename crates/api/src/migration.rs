@@ -35,7 +35,7 @@ pub struct MigrationAbort {
     pub reason: String,
 }
 
-/// Move one job (the seed's `migrateJob(jobId, targetNodeId)`).
+/// Move one job (the TypeScript library's `migrateJob(jobId, targetNodeId)`).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "automanager.norsk.io",

@@ -39,7 +39,7 @@ pub struct CandidateInstanceType {
     #[schemars(length(min = 1, max = 63))]
     pub instance_type: String,
     /// Capacity of one such node, in benchmarked reference-workload units (whole units;
-    /// the seed's numbers are whole units too).
+    /// the TypeScript library's numbers are whole units too).
     #[schemars(range(min = 0, max = 1_000_000))]
     pub total_capacity: i64,
     /// CPU cores of one such node available for pinning.
@@ -51,7 +51,7 @@ pub struct CandidateInstanceType {
     pub capabilities: Vec<String>,
 }
 
-/// A pool of nodes: the seed's `PlacementPool`. The pool's `name` is the object's `metadata.name`.
+/// A pool of nodes: the TypeScript library's `PlacementPool`. The pool's `name` is the object's `metadata.name`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "automanager.norsk.io",

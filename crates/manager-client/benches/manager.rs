@@ -5,7 +5,7 @@
 //! and details (including the baseline: unary round trips per second on the
 //! same connection, the floor a StartJob call cannot beat) on stderr.
 //!
-//! Targets (issue 6): ingest >= 200,000 events/s; initial sync of 10,000
+//! Targets: ingest >= 200,000 events/s; initial sync of 10,000
 //! nodes + 40,000 jobs <= 1,000 ms; >= 5,000 StartJob calls/s.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

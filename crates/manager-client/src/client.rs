@@ -12,8 +12,8 @@ use manager_proto::{
     ListPoolsRequest, Migration, Node, NodeControllerMigrationAbort,
     NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
-    RejectionReason, SnapshotReason, StartJobRequest, StopJobRequest, TerminateNodeRequest,
-    UpdateJobConfigRequest, WatchRequest, watch_response,
+    RejectionReason, SnapshotReason, StartJobRequest, StopJobRequest, StopReason,
+    TerminateNodeRequest, UpdateJobConfigRequest, WatchRequest, watch_response,
 };
 use rand::Rng;
 use tokio::sync::{broadcast, watch};
@@ -171,7 +171,7 @@ impl ClientConfig {
     }
 }
 
-/// The connection state, as the seed names it.
+/// The connection state, as the TypeScript library names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectionState {
     /// Created, not yet trying.
@@ -187,7 +187,7 @@ pub enum ConnectionState {
 }
 
 impl ConnectionState {
-    /// The seed's spelling: `idle`, `connecting`, `ready`, `transientFailure`, `shutdown`.
+    /// The TypeScript library's spelling: `idle`, `connecting`, `ready`, `transientFailure`, `shutdown`.
     pub fn as_str(self) -> &'static str {
         match self {
             ConnectionState::Idle => "idle",
@@ -575,9 +575,28 @@ impl ManagerClient {
 
     /// StopJob (idempotent).
     pub async fn stop_job(&self, job_id: &str, role: JobRole) -> Result<Job, ClientError> {
+        self.stop_job_because(job_id, role, StopReason::Requested)
+            .await
+    }
+
+    /// StopJob of the normal instance with `STOP_REASON_HANDED_TO_RECOVERY`: Manager stops it
+    /// if it still runs and records either way that the job's band recovery takes over, so the
+    /// verdict survives an operator restart.
+    pub async fn hand_to_recovery(&self, job_id: &str) -> Result<Job, ClientError> {
+        self.stop_job_because(job_id, JobRole::Normal, StopReason::HandedToRecovery)
+            .await
+    }
+
+    async fn stop_job_because(
+        &self,
+        job_id: &str,
+        role: JobRole,
+        reason: StopReason,
+    ) -> Result<Job, ClientError> {
         let req = StopJobRequest {
             job_id: job_id.to_owned(),
             role: role as i32,
+            reason: reason as i32,
         };
         let r = self
             .call(|mut c, d| async move { c.stop_job(req_with(req, d)).await })

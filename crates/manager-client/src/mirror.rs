@@ -2,7 +2,7 @@
 //! update it from `Watch` messages ([`MirrorState::apply_event`],
 //! [`MirrorState::replace`]) producing [`MirrorChange`]s.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use manager_proto::{
@@ -77,12 +77,17 @@ pub struct MirrorState {
     pub revision: u64,
     /// Nodes by id (terminated ones included; inventory in `Node.inventory`).
     pub nodes: BTreeMap<String, Node>,
-    /// Runtime jobs by id (`bundle/replica/job`).
+    /// Runtime jobs by id (`bundle/replica/job`). Add and remove them with
+    /// [`MirrorState::insert_job`] / [`MirrorState::remove_job`], which keep the indexes.
     pub jobs: BTreeMap<String, Job>,
     /// Bundles by id.
     pub bundles: BTreeMap<String, Bundle>,
     /// Migrations by id.
     pub migrations: BTreeMap<String, Migration>,
+    /// Job ids by bundle id; kept by every change that goes through this type's methods.
+    jobs_by_bundle: Index,
+    /// Job ids by the nodes their instances (or their current node) are on.
+    jobs_by_node: Index,
 }
 
 /// A full copy of Manager's objects, as assembled from snapshot chunks.
@@ -121,6 +126,46 @@ fn diff<T: Clone + PartialEq>(
     }
 }
 
+type Index = HashMap<String, BTreeSet<String>>;
+
+/// The nodes a job is on: its instances' and its current node.
+fn nodes_of(job: &Job) -> BTreeSet<&str> {
+    job.instances
+        .iter()
+        .map(|i| i.node_id.as_str())
+        .chain(std::iter::once(job.node_id.as_str()))
+        .filter(|n| !n.is_empty())
+        .collect()
+}
+
+fn index(by_bundle: &mut Index, by_node: &mut Index, job: &Job) {
+    by_bundle
+        .entry(job.bundle_id.clone())
+        .or_default()
+        .insert(job.job_id.clone());
+    for node in nodes_of(job) {
+        by_node
+            .entry(node.to_owned())
+            .or_default()
+            .insert(job.job_id.clone());
+    }
+}
+
+fn unindex(by_bundle: &mut Index, by_node: &mut Index, job: &Job) {
+    let drop_from = |map: &mut Index, key: &str| {
+        if let Some(set) = map.get_mut(key) {
+            set.remove(&job.job_id);
+            if set.is_empty() {
+                map.remove(key);
+            }
+        }
+    };
+    drop_from(by_bundle, &job.bundle_id);
+    for node in nodes_of(job) {
+        drop_from(by_node, node);
+    }
+}
+
 impl MirrorState {
     /// Applies one event. Events at or below the current revision are
     /// ignored, so a replayed event can never be applied twice. Takes the
@@ -148,14 +193,14 @@ impl MirrorState {
             }
             event::Kind::JobUpdated(e) => {
                 if let Some(job) = e.job {
-                    self.jobs.insert(job.job_id.clone(), job.clone());
+                    self.insert_job(job.clone());
                     out.push(MirrorChange::JobUpserted(job));
                 }
             }
             event::Kind::JobRejected(e) => out.push(MirrorChange::JobRejected(e)),
             event::Kind::JobStopping(e) => out.push(MirrorChange::JobStopping(e)),
             event::Kind::JobRemoved(e) => {
-                self.jobs.remove(&e.job_id);
+                self.remove_job(&e.job_id);
                 out.push(MirrorChange::JobRemoved { job_id: e.job_id });
             }
             event::Kind::ConfigUpdated(e) => {
@@ -188,6 +233,61 @@ impl MirrorState {
         }
     }
 
+    /// Adds or replaces a job, keeping the indexes. (Insert jobs through this, not into
+    /// `jobs` directly, or the by-bundle and by-node queries miss them.)
+    pub fn insert_job(&mut self, job: Job) {
+        if let Some(old) = self.jobs.get(&job.job_id) {
+            unindex(&mut self.jobs_by_bundle, &mut self.jobs_by_node, old);
+        }
+        index(&mut self.jobs_by_bundle, &mut self.jobs_by_node, &job);
+        self.jobs.insert(job.job_id.clone(), job);
+    }
+
+    /// Removes a job, keeping the indexes.
+    pub fn remove_job(&mut self, job_id: &str) -> Option<Job> {
+        let old = self.jobs.remove(job_id)?;
+        unindex(&mut self.jobs_by_bundle, &mut self.jobs_by_node, &old);
+        Some(old)
+    }
+
+    fn rebuild_indexes(&mut self) {
+        self.jobs_by_bundle.clear();
+        self.jobs_by_node.clear();
+        for job in self.jobs.values() {
+            index(&mut self.jobs_by_bundle, &mut self.jobs_by_node, job);
+        }
+    }
+
+    /// The jobs Manager expanded bundle `bundle_id` into, by job id.
+    pub fn jobs_of_bundle<'a>(&'a self, bundle_id: &str) -> impl Iterator<Item = &'a Job> + 'a {
+        self.jobs_by_bundle
+            .get(bundle_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id))
+    }
+
+    /// The job of `bundle_id` for replica `replica` and job name `job_name`, with the id
+    /// Manager gave it.
+    pub fn job_of(&self, bundle_id: &str, replica: u32, job_name: &str) -> Option<&Job> {
+        self.jobs_of_bundle(bundle_id)
+            .find(|j| j.replica == replica && j.job_name == job_name)
+    }
+
+    /// Jobs with an instance (in any state) on `node_id`, or whose current node it is.
+    pub fn jobs_on<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Job> + 'a {
+        self.jobs_by_node
+            .get(node_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.jobs.get(id))
+    }
+
+    /// The zone of a node ([`Node::zone`]), if Manager knows the node.
+    pub fn zone_of(&self, node_id: &str) -> Option<&str> {
+        self.nodes.get(node_id).map(Node::zone)
+    }
+
     fn upsert_node(&mut self, node: Option<Node>, out: &mut Vec<MirrorChange>) {
         if let Some(node) = node {
             self.nodes.insert(node.node_id.clone(), node.clone());
@@ -198,7 +298,7 @@ impl MirrorState {
     /// Replaces everything with a snapshot, pushing the differences (then
     /// [`MirrorChange::Resynced`]) to `out`.
     pub fn replace(&mut self, snap: SnapshotData, out: &mut Vec<MirrorChange>) {
-        let new = MirrorState {
+        let mut new = MirrorState {
             epoch: snap.epoch,
             revision: snap.revision,
             nodes: snap
@@ -221,7 +321,9 @@ impl MirrorState {
                 .into_iter()
                 .map(|m| (m.migration_id.clone(), m))
                 .collect(),
+            ..MirrorState::default()
         };
+        new.rebuild_indexes();
         diff(
             &self.nodes,
             &new.nodes,
@@ -261,20 +363,16 @@ impl MirrorState {
     /// STARTING, RUNNING or STOPPING, from the jobs' current requirements
     /// (the worker keeps what an instance reserved when it started, so the
     /// two differ only after a bundle changed a running job's requirements).
-    /// Scans the jobs: O(jobs).
+    /// Reads only the node's jobs (an index), not every job.
     pub fn node_usage(&self, node_id: &str) -> (f64, i32) {
-        use manager_proto::JobState;
         let mut capacity = 0.0;
         let mut cores = 0i32;
-        for job in self.jobs.values() {
+        for job in self.jobs_on(node_id) {
             let Some(req) = &job.requirements else {
                 continue;
             };
             for inst in &job.instances {
-                let holding = inst.state == JobState::Starting as i32
-                    || inst.state == JobState::Running as i32
-                    || inst.state == JobState::Stopping as i32;
-                if holding && inst.node_id == node_id {
+                if inst.holds_capacity() && inst.node_id == node_id {
                     capacity += req.required_capacity;
                     cores = cores.saturating_add(req.required_cores);
                 }

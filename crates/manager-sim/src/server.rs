@@ -703,7 +703,7 @@ impl Manager for ManagerSvc {
         let req = req.into_inner();
         let job = self
             .0
-            .apply(|w, now| w.stop_job(&req.job_id, req.role, now))
+            .apply(|w, now| w.stop_job_with(&req.job_id, req.role, req.reason, now))
             .map_err(status)?;
         Ok(Response::new(StopJobResponse { job: Some(job) }))
     }

@@ -1423,14 +1423,47 @@ impl World {
 
     /// StopJob: idempotent (stopping a stopped instance is a no-op).
     pub fn stop_job(&mut self, job_id: &str, role: i32, now_ms: i64) -> Result<Job, CommandError> {
+        self.stop_job_with(job_id, role, StopReason::Requested as i32, now_ms)
+    }
+
+    /// StopJob with a reason: `REQUESTED` (or unset) is a plain stop; `HANDED_TO_RECOVERY`
+    /// stops the instance if it still holds its node and records the reason on it either way,
+    /// so a caller's "this stop is a failure" survives the caller.
+    pub fn stop_job_with(
+        &mut self,
+        job_id: &str,
+        role: i32,
+        reason: i32,
+        now_ms: i64,
+    ) -> Result<Job, CommandError> {
         validate::id("job_id", job_id)?;
+        let reason = match StopReason::try_from(reason) {
+            Ok(StopReason::Unspecified | StopReason::Requested) => StopReason::Requested,
+            Ok(StopReason::HandedToRecovery) => StopReason::HandedToRecovery,
+            _ => {
+                return Err(CommandError::InvalidArgument(format!(
+                    "reason {reason} is not one a caller may give: use STOP_REASON_REQUESTED or STOP_REASON_HANDED_TO_RECOVERY"
+                )));
+            }
+        };
         if !self.jobs.contains_key(job_id) {
             return Err(CommandError::NotFound(format!(
                 "job {:?}",
                 validate::excerpt(job_id)
             )));
         }
-        self.stop_instance(job_id, role_of(role), StopReason::Requested, None, now_ms);
+        let role = role_of(role);
+        let holding = self.instance(job_id, role).is_some_and(|i| holds(i.state));
+        if holding {
+            self.stop_instance(job_id, role, reason, None, now_ms);
+        } else if reason == StopReason::HandedToRecovery
+            && let Some(state) = self
+                .instance(job_id, role)
+                .and_then(|i| JobState::try_from(i.state).ok())
+        {
+            self.set_instance_state(job_id, role, state, Some(reason), "");
+            self.emit_job(job_id, now_ms);
+        }
         self.jobs
             .get(job_id)
             .cloned()

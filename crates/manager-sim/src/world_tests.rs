@@ -295,6 +295,45 @@ fn instances_go_starting_running_stopping_stopped_and_release_capacity() {
 }
 
 #[test]
+fn a_job_handed_to_recovery_says_so_whether_it_was_running_or_already_stopped() {
+    let reason_of = |w: &World| {
+        w.job("b/0/enc")
+            .and_then(|j| j.instances.first().map(|i| i.stop_reason))
+            .unwrap_or_default()
+    };
+    let handed = StopReason::HandedToRecovery as i32;
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 30.0, 2), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.stop_job_with("b/0/enc", 0, handed, 20).unwrap();
+    w.advance(30);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Stopped);
+    assert_eq!(reason_of(&w), handed);
+
+    // Already stopped (by a plain stop): the reason is recorded, and the change is an event.
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 30.0, 2), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.stop_job("b/0/enc", 0, 20).unwrap();
+    w.advance(30);
+    assert_eq!(reason_of(&w), StopReason::Requested as i32);
+    w.take_events();
+    w.stop_job_with("b/0/enc", 0, handed, 40).unwrap();
+    assert_eq!(reason_of(&w), handed);
+    assert!(!w.take_events().is_empty());
+
+    // Reasons that are Manager's own to give are refused.
+    for r in [StopReason::NodeLost, StopReason::Migrated] {
+        assert!(matches!(
+            w.stop_job_with("b/0/enc", 0, r as i32, 50),
+            Err(CommandError::InvalidArgument(_))
+        ));
+    }
+}
+
+#[test]
 fn terminating_a_node_emits_stopping_for_every_hosted_job_then_terminated() {
     let mut w = world();
     w.register_bundle(&bundle("b", 3, 10.0, 1), 0).unwrap();

@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod model;
 pub mod runtime;
 pub mod settings;
+pub mod state;

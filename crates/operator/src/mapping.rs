@@ -17,6 +17,32 @@ pub fn bundle_id(namespace: &str, name: &str) -> String {
     BundleId::of(namespace, name).to_string()
 }
 
+/// Manager's job state as the bundle planner reads it.
+pub fn job_phase(state: proto::JobState) -> automanager_policy::bundle::JobPhase {
+    use automanager_policy::bundle::JobPhase as P;
+    match state {
+        proto::JobState::Starting => P::Starting,
+        proto::JobState::Running => P::Running,
+        proto::JobState::Stopping => P::Stopping,
+        proto::JobState::Stopped => P::Stopped,
+        proto::JobState::Failed => P::Failed,
+        proto::JobState::Pending | proto::JobState::Unspecified => P::Pending,
+    }
+}
+
+/// Manager's stop reason as the bundle planner reads it.
+pub fn stop_cause(reason: proto::StopReason) -> automanager_policy::bundle::StopCause {
+    use automanager_policy::bundle::StopCause as C;
+    match reason {
+        proto::StopReason::Unspecified => C::Unknown,
+        proto::StopReason::Requested | proto::StopReason::MigrationAborted => C::Requested,
+        proto::StopReason::NodeLost => C::NodeLost,
+        proto::StopReason::NodeTerminated => C::NodeTerminated,
+        proto::StopReason::HandedToRecovery => C::HandedToRecovery,
+        proto::StopReason::BundleRemoved | proto::StopReason::Migrated => C::Gone,
+    }
+}
+
 /// A HotSpareTarget's spec as the spare planner reads it.
 pub fn spare_target(spec: &api::HotSpareTargetSpec) -> automanager_policy::spares::SpareTarget {
     automanager_policy::spares::SpareTarget {

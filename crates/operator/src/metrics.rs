@@ -1,12 +1,12 @@
 //! The operator's Prometheus metrics, served as OpenMetrics text on `/metrics`.
 //!
 //! One [`Metrics`] value is created at start-up and cloned into every controller (clones share
-//! the same counters). The metric names are the ones issue 8 lists; prometheus-client appends
+//! the same counters). The metric names are the ones docs/operator.md lists; prometheus-client appends
 //! `_total` to counters when encoding, so counters are registered without it.
 //!
 //! Choices made here:
 //! - `automanager_manager_connection_state{state}` is one-hot: one series per state of the
-//!   seed's vocabulary (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`), the
+//!   TypeScript library's vocabulary (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`), the
 //!   current one at 1 and the others at 0. Alerting is then `..{state="ready"} == 0`. A state
 //!   name outside the vocabulary is shown as `unknown` so the label set stays bounded.
 //! - `automanager_reconcile_duration_seconds{controller, result}` has `result` `ok` or `error`
@@ -24,7 +24,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-/// The connection states the one-hot gauge knows (the seed's spelling), plus `unknown`.
+/// The connection states the one-hot gauge knows (the TypeScript library's spelling), plus `unknown`.
 pub const CONNECTION_STATES: [&str; 6] = [
     "idle",
     "connecting",

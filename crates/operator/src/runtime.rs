@@ -1,33 +1,151 @@
-//! Wiring: the mirror pump, the controllers, the HTTP server and leader election.
+//! Wiring: the mirror pump, the controllers, the engine snapshot and the debugging API.
+//!
+//! **Targeted wake-ups.** A Manager change wakes only the objects it concerns, so one node event
+//! costs the reconciles of the bundles with a job there, not one per object:
+//!
+//! | Manager change | wakes |
+//! |---|---|
+//! | a job changed | its Bundle, its Migration in progress; when an instance stopped, the bundles waiting for capacity in that node's pool; the HotSpareTargets of that pool |
+//! | a start was refused | the job's Bundle |
+//! | a node came, went or changed (inventory included) | bundles waiting on its pool, the pool's HotSpareTargets and PlacementPool, and the bundle or Migration it was provisioned for |
+//! | a migration changed | the Migration driving it |
+//! | a resync, or a lagged change stream | everything (rare) |
+//!
+//! Who waits where is kept in [`crate::state::WakeIndex`], written by the reconciles
+//! themselves. Status echoes do not wake anything: each kind's watch passes only changes of
+//! generation, annotations, finalizers or deletion ([`spec_changes`]).
 
 use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
 use automanager_placement as pl;
+use automanager_policy::ids::BundleId;
 use futures::StreamExt;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
 use manager_client::MirrorChange;
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::{BroadcastStream, ReceiverStream};
+use tokio::sync::broadcast;
+use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 
-use crate::controllers::{self, Context, node::Drains};
+use crate::controllers::{self, Context};
 use crate::mapping;
+use crate::state::SNAPSHOT_EVERY;
 
-/// Keeps the placement model in step with the mirror and turns mirror changes into controller
-/// triggers: a job change wakes its bundle; a node coming or going wakes every bundle (capacity
-/// changed) and the ManagerNode sync.
-pub async fn run_mirror_pump(
-    ctx: Arc<Context>,
-    bundle_refs: mpsc::Sender<ObjectRef<Bundle>>,
-    node_wake: mpsc::Sender<()>,
-) {
+/// The watch predicate every kind uses: an object is reconciled when its generation (spec),
+/// annotations (the retry annotation), finalizers or deletion change, never for a status write
+/// (ours or anyone's).
+pub fn spec_changes<K: Resource>(obj: &K) -> Option<u64> {
+    let meta = obj.meta();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.deletion_timestamp.is_some().hash(&mut h);
+    meta.finalizers.hash(&mut h);
+    meta.annotations.hash(&mut h);
+    Some(h.finish())
+}
+
+/// What one batch of mirror changes wakes.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Wakes {
+    /// Nodes whose engine entry must be re-read.
+    pub nodes: HashSet<String>,
+    /// Bundles (by Manager id) whose jobs changed.
+    pub bundles: HashSet<String>,
+    /// Pools where capacity came or went (node changes, stopped instances).
+    pub pools_capacity: HashSet<String>,
+    /// Pools where a job changed (spares may have been taken).
+    pub pools_jobs: HashSet<String>,
+    /// Manager migration ids that changed.
+    pub migrations: HashSet<String>,
+    /// Jobs that changed (their Migrations in progress).
+    pub jobs: HashSet<String>,
+    /// Tags `automanager.provisioned-for` of nodes that changed.
+    pub provisioned_for: HashSet<String>,
+    /// Re-read and wake everything.
+    pub everything: bool,
+}
+
+/// Sorts a batch of mirror changes into what they wake. Pure; `pool_of` names a node's pool.
+pub fn classify(
+    batch: &[MirrorChange],
+    mirror: &manager_client::MirrorState,
+    pool_of: impl Fn(&str) -> Option<String>,
+) -> Wakes {
+    let mut w = Wakes::default();
+    for change in batch {
+        match change {
+            MirrorChange::NodeUpserted(n) => {
+                w.nodes.insert(n.node_id.clone());
+                w.pools_capacity.insert(n.pool.clone());
+                if let Some(tag) = n.tags.get(mapping::PROVISIONED_FOR_TAG) {
+                    w.provisioned_for.insert(tag.clone());
+                }
+            }
+            MirrorChange::NodeRemoved { node_id } => {
+                w.nodes.insert(node_id.clone());
+                w.pools_capacity.extend(pool_of(node_id));
+            }
+            MirrorChange::InventoryUpdated(inv) => {
+                w.nodes.insert(inv.node_id.clone());
+                w.pools_capacity.extend(pool_of(&inv.node_id));
+            }
+            MirrorChange::JobUpserted(job) => {
+                w.bundles.insert(job.bundle_id.clone());
+                w.jobs.insert(job.job_id.clone());
+                for i in &job.instances {
+                    w.nodes.insert(i.node_id.clone());
+                    let pool = pool_of(&i.node_id);
+                    w.pools_jobs.extend(pool.clone());
+                    if !i.holds_capacity() {
+                        w.pools_capacity.extend(pool);
+                    }
+                }
+                if !job.node_id.is_empty() {
+                    w.nodes.insert(job.node_id.clone());
+                }
+            }
+            MirrorChange::JobRemoved { job_id } => {
+                w.jobs.insert(job_id.clone());
+            }
+            MirrorChange::JobRejected(r) => {
+                if let Some(job) = mirror.jobs.get(&r.job_id) {
+                    w.bundles.insert(job.bundle_id.clone());
+                }
+                w.jobs.insert(r.job_id.clone());
+            }
+            MirrorChange::MigrationUpdated(m) => {
+                w.migrations.insert(m.migration_id.clone());
+                w.jobs.insert(m.job_id.clone());
+            }
+            MirrorChange::MigrationRemoved { migration_id } => {
+                w.migrations.insert(migration_id.clone());
+            }
+            MirrorChange::Resynced { .. } => w.everything = true,
+            _ => {}
+        }
+    }
+    w.nodes.retain(|n| !n.is_empty());
+    w.pools_capacity.retain(|p| !p.is_empty());
+    w.pools_jobs.retain(|p| !p.is_empty());
+    w
+}
+
+fn bundle_ref(bundle_id: &str) -> Option<ObjectRef<Bundle>> {
+    let id = BundleId::parse(bundle_id)?;
+    let (ns, name) = id.object();
+    Some(ObjectRef::new(name).within(ns))
+}
+
+/// Keeps the placement model in step with the mirror and turns mirror changes into targeted
+/// wake-ups (see the module docs).
+pub async fn run_mirror_pump(ctx: Arc<Context>) {
     let mut rx = ctx.manager.subscribe();
-    ctx.manager.mirror().read(|m| ctx.model().sync_all(m));
+    ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
     loop {
         let first = match rx.recv().await {
             Ok(c) => Some(c),
@@ -42,73 +160,121 @@ pub async fn run_mirror_pump(
         };
         // Batch what is queued so a wave of events is one model update.
         let mut batch: Vec<MirrorChange> = first.into_iter().collect();
-        let mut full = batch.is_empty();
+        let mut lagged = batch.is_empty();
         while batch.len() < 4096 {
             match rx.try_recv() {
                 Ok(c) => batch.push(c),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => full = true,
+                Err(broadcast::error::TryRecvError::Lagged(_)) => lagged = true,
                 Err(_) => break,
             }
         }
-        let mut nodes: HashSet<String> = HashSet::new();
-        let mut bundles: HashSet<String> = HashSet::new();
-        let mut wake_all = full;
-        for change in &batch {
-            match change {
-                MirrorChange::NodeUpserted(n) => {
-                    nodes.insert(n.node_id.clone());
-                    wake_all = true;
-                }
-                MirrorChange::NodeRemoved { node_id } => {
-                    nodes.insert(node_id.clone());
-                    wake_all = true;
-                }
-                MirrorChange::InventoryUpdated(inv) => {
-                    nodes.insert(inv.node_id.clone());
-                    wake_all = true;
-                }
-                MirrorChange::JobUpserted(job) => {
-                    nodes.extend(job.instances.iter().map(|i| i.node_id.clone()));
-                    if !job.node_id.is_empty() {
-                        nodes.insert(job.node_id.clone());
-                    }
-                    bundles.insert(job.bundle_id.clone());
-                }
-                MirrorChange::JobRejected(r) => {
-                    if let Some(bundle) = r.job_id.rsplitn(3, '/').nth(2) {
-                        bundles.insert(bundle.to_owned());
-                    }
-                }
-                // Migrations follow Manager's migration records (and their jobs' instances).
-                MirrorChange::MigrationUpdated(_) => {
-                    wake_all = true;
-                }
-                MirrorChange::Resynced { .. } => {
-                    full = true;
-                    wake_all = true;
-                }
-                _ => {}
-            }
-        }
-        ctx.manager.mirror().read(|m| {
-            let mut model = ctx.model();
-            if full {
-                model.sync_all(m);
+        let mut wakes = ctx.with_mirror(|m, s| {
+            let pool_of = |node: &str| {
+                m.nodes
+                    .get(node)
+                    .map(|n| n.pool.clone())
+                    .or_else(|| s.model.engine().node_view(node).map(|v| v.pool))
+            };
+            let wakes = classify(&batch, m, pool_of);
+            if wakes.everything || lagged {
+                s.model_mut().sync_all(m);
             } else {
-                model.sync_nodes(m, nodes.iter().cloned());
+                s.model_mut().sync_nodes(m, wakes.nodes.iter().cloned());
             }
+            wakes
         });
-        for b in bundles {
-            if let Some((ns, name)) = mapping::bundle_object(&b) {
-                let _ = bundle_refs.try_send(ObjectRef::new(&name).within(&ns));
+        wakes.everything |= lagged;
+        deliver(&ctx, &wakes);
+    }
+}
+
+/// Sends the wake-ups of one batch.
+fn deliver(ctx: &Context, w: &Wakes) {
+    if w.everything {
+        let _ = ctx.wake.everything.send(());
+        let _ = ctx.wake.node_sync.try_send(());
+        return;
+    }
+    for b in &w.bundles {
+        if let Some(r) = bundle_ref(b) {
+            let _ = ctx.wake.bundles.send(r);
+        }
+    }
+    for tag in &w.provisioned_for {
+        // `<bundle id>.r<replica>` or `migration.<id>`: whoever waits for that node.
+        if let Some(id) = tag.strip_prefix("migration.") {
+            if let Some(m) = ctx.state().wake.migration_by_manager_id(id) {
+                let _ = ctx.wake.migrations.send(m.clone());
+            }
+        } else if let Some((bundle, _)) = tag.rsplit_once(".r")
+            && let Some(r) = bundle_ref(bundle)
+        {
+            let _ = ctx.wake.bundles.send(r);
+        }
+    }
+    for pool in &w.pools_capacity {
+        ctx.wake_pool(pool);
+    }
+    {
+        let state = ctx.state();
+        for pool in w.pools_jobs.difference(&w.pools_capacity) {
+            for t in state.wake.spare_targets_of(pool) {
+                let _ = ctx.wake.spare_targets.send(t.clone());
             }
         }
-        if wake_all {
-            let _ = ctx.bundle_trigger.send(());
+        for id in &w.migrations {
+            if let Some(m) = state.wake.migration_by_manager_id(id) {
+                let _ = ctx.wake.migrations.send(m.clone());
+            }
         }
-        if !nodes.is_empty() || full {
-            let _ = node_wake.try_send(());
+        for job in &w.jobs {
+            if let Some(m) = state.wake.migration_of_job(job) {
+                let _ = ctx.wake.migrations.send(m.clone());
+            }
         }
+    }
+    if !w.nodes.is_empty() {
+        let _ = ctx.wake.node_sync.try_send(());
+    }
+}
+
+/// A watch of `api` that reflects every change into a store and passes on only spec changes
+/// ([`spec_changes`]): a controller built on it is not woken by status echoes.
+fn spec_watch<K>(
+    api: Api<K>,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_changes::<K>, Default::default());
+    (reader, stream)
+}
+
+fn everything(ctx: &Context) -> impl futures::Stream<Item = ()> + Send + 'static {
+    BroadcastStream::new(ctx.wake.everything.subscribe()).filter_map(|r| async move { r.ok() })
+}
+
+fn scoped<K>(ctx: &Context) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(ctx.client.clone(), one),
+        _ => Api::all(ctx.client.clone()),
     }
 }
 
@@ -117,25 +283,20 @@ pub async fn run_controllers(
     ctx: Arc<Context>,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + Clone + 'static,
 ) {
-    let client = ctx.client.clone();
-    let (ref_tx, ref_rx) = mpsc::channel::<ObjectRef<Bundle>>(4096);
-    let (wake_tx, wake_rx) = mpsc::channel::<()>(1);
-    let drains = Arc::new(Drains::default());
-
-    let bundles_api: Api<Bundle> = match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(client.clone(), one),
-        _ => Api::all(client.clone()),
+    let Some(rx) = ctx.take_receivers() else {
+        tracing::error!("controllers were started twice in one process");
+        return;
     };
-    let all_bundles =
-        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
-    let bundle_controller = Controller::new(bundles_api, watcher::Config::default())
+
+    let (bundle_store, bundle_events) = spec_watch(scoped::<Bundle>(&ctx));
+    let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
         .with_config(
             ControllerConfig::default()
                 .concurrency(ctx.settings.bundle_concurrency)
                 .debounce(Duration::from_millis(100)),
         )
-        .reconcile_on(ReceiverStream::new(ref_rx))
-        .reconcile_all_on(all_bundles)
+        .reconcile_on(UnboundedReceiverStream::new(rx.bundles))
+        .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             {
@@ -154,98 +315,70 @@ pub async fn run_controllers(
                     }
                 }
             },
-            controllers::bundle::error_policy,
+            controllers::error_policy,
             ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
 
-    let pool_controller = Controller::new(
-        Api::<PlacementPool>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let pool_store = pool_controller.store();
-    let pools_on_change =
-        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
-    let pool_controller = pool_controller
+    let (pool_store, pool_events) = spec_watch(Api::<PlacementPool>::all(ctx.client.clone()));
+    let pools_known = pool_store.clone();
+    let pool_controller = Controller::for_stream(pool_events, pool_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
-        .reconcile_all_on(pools_on_change)
+        .reconcile_on(UnboundedReceiverStream::new(rx.pools))
+        .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |p: Arc<PlacementPool>, ctx: Arc<Context>| {
-                let existing: Vec<String> = pool_store
-                    .state()
-                    .iter()
-                    .map(|p| kube::ResourceExt::name_any(p.as_ref()))
-                    .collect();
+                let existing: Vec<String> =
+                    pools_known.state().iter().map(|p| p.name_any()).collect();
                 async move {
                     controllers::pool::prune(&ctx, &existing);
                     controllers::pool::reconcile(p, ctx).await
                 }
             },
-            controllers::pool::error_policy,
+            controllers::error_policy,
             ctx.clone(),
         )
         .for_each(|_| futures::future::ready(()));
 
     // A migrate drain steps when one of its Migrations changes.
-    let drain_migrations: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(client.clone(), one),
-        _ => Api::all(client.clone()),
-    };
-    let node_controller = Controller::new(
-        Api::<ManagerNode>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches(
-        drain_migrations,
-        watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
-        |m: Migration| {
-            m.annotations()
-                .get(automanager_api::DRAIN_NODE_ANNOTATION)
-                .map(|node| ObjectRef::<ManagerNode>::new(node))
-        },
-    )
-    .graceful_shutdown_on(shutdown.clone())
-    .run(
-        {
-            let drains = drains.clone();
-            move |n: Arc<ManagerNode>, ctx: Arc<Context>| {
-                controllers::node::reconcile(n, ctx, drains.clone())
-            }
-        },
-        controllers::node::error_policy,
-        ctx.clone(),
-    )
-    .for_each(|_| futures::future::ready(()));
+    let (node_store, node_events) = spec_watch(Api::<ManagerNode>::all(ctx.client.clone()));
+    let node_controller = Controller::for_stream(node_events, node_store)
+        .watches(
+            scoped::<Migration>(&ctx),
+            watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
+            |m: Migration| {
+                m.annotations()
+                    .get(automanager_api::DRAIN_NODE_ANNOTATION)
+                    .map(|node| ObjectRef::<ManagerNode>::new(node))
+            },
+        )
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            controllers::node::reconcile,
+            controllers::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
 
-    let spares_on_change =
-        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
-    let created = Arc::new(controllers::hotspare::Created::default());
-    let spare_controller = Controller::new(
-        Api::<HotSpareTarget>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
-    .reconcile_all_on(spares_on_change)
-    .graceful_shutdown_on(shutdown.clone())
-    .run(
-        move |t: Arc<HotSpareTarget>, ctx: Arc<Context>| {
-            controllers::hotspare::reconcile(t, ctx, created.clone())
-        },
-        controllers::hotspare::error_policy,
-        ctx.clone(),
-    )
-    .for_each(|_| futures::future::ready(()));
+    let (spare_store, spare_events) = spec_watch(Api::<HotSpareTarget>::all(ctx.client.clone()));
+    let spare_controller = Controller::for_stream(spare_events, spare_store)
+        .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
+        .reconcile_on(UnboundedReceiverStream::new(rx.spare_targets))
+        .reconcile_all_on(everything(&ctx))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            controllers::hotspare::reconcile,
+            controllers::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| futures::future::ready(()));
 
-    let migrations_on_change =
-        BroadcastStream::new(ctx.bundle_trigger.subscribe()).filter_map(|r| async move { r.ok() });
-    let migrations_api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(client.clone(), one),
-        _ => Api::all(client.clone()),
-    };
-    let migration_controller = Controller::new(migrations_api, watcher::Config::default())
+    let (migration_store, migration_events) = spec_watch(scoped::<Migration>(&ctx));
+    let migration_controller = Controller::for_stream(migration_events, migration_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
-        .reconcile_all_on(migrations_on_change)
+        .reconcile_on(UnboundedReceiverStream::new(rx.migrations))
+        .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             controllers::migration::reconcile,
@@ -254,13 +387,13 @@ pub async fn run_controllers(
         )
         .for_each(|_| futures::future::ready(()));
 
-    let pump = tokio::spawn(run_mirror_pump(ctx.clone(), ref_tx, wake_tx));
+    let pump = tokio::spawn(run_mirror_pump(ctx.clone()));
     let node_sync = tokio::spawn(controllers::node::run_mirror_sync(
         ctx.clone(),
-        drains,
-        wake_rx,
+        rx.node_sync,
     ));
     let connection = tokio::spawn(watch_connection(ctx.clone()));
+    let snapshots = tokio::spawn(publish_snapshots(ctx.clone()));
     tokio::join!(
         bundle_controller,
         pool_controller,
@@ -271,6 +404,7 @@ pub async fn run_controllers(
     pump.abort();
     node_sync.abort();
     connection.abort();
+    snapshots.abort();
 }
 
 /// Publishes Manager's connection state as a metric, and re-reads the mirror after a reconnect.
@@ -280,12 +414,24 @@ async fn watch_connection(ctx: Arc<Context>) {
         let state = *rx.borrow_and_update();
         ctx.metrics.set_connection_state(state.as_str());
         if state == manager_client::ConnectionState::Ready {
-            ctx.manager.mirror().read(|m| ctx.model().sync_all(m));
-            let _ = ctx.bundle_trigger.send(());
+            ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
+            let _ = ctx.wake.everything.send(());
         }
         if rx.changed().await.is_err() {
             return;
         }
+    }
+}
+
+/// Refreshes the engine snapshot what-if reads, at most every [`SNAPSHOT_EVERY`] and only
+/// when the engine changed.
+async fn publish_snapshots(ctx: Arc<Context>) {
+    let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut state = ctx.state();
+        ctx.snapshot.refresh(&mut state);
     }
 }
 
@@ -294,8 +440,13 @@ pub struct DebugState(pub Arc<Context>);
 
 impl crate::http::DebugApi for DebugState {
     fn trace(&self, namespace: &str, bundle: &str) -> Option<serde_json::Value> {
-        let traces = self.0.traces();
-        let per_replica = traces.get(&(namespace.to_owned(), bundle.to_owned()))?;
+        // One entry cloned under the lock; the JSON is built after it is released.
+        let per_replica = self
+            .0
+            .state()
+            .traces
+            .get(&(namespace.to_owned(), bundle.to_owned()))
+            .cloned()?;
         Some(serde_json::json!({
             "namespace": namespace,
             "bundle": bundle,
@@ -317,7 +468,130 @@ impl crate::http::DebugApi for DebugState {
             .unwrap_or_else(|| "what-if".into());
         let spec = mapping::bundle(&mapping::bundle_id(&ns, &name), &bundle.spec);
         let now = crate::controllers::now_ms(chrono::Utc::now());
-        let result = pl::validate_admission(&spec, self.0.model().engine(), now);
+        // The dry run reads the published snapshot: it never holds the state lock.
+        let engine = match self.0.snapshot.get() {
+            Some(e) => e,
+            None => {
+                let mut state = self.0.state();
+                self.0.snapshot.refresh(&mut state);
+                drop(state);
+                self.0
+                    .snapshot
+                    .get()
+                    .unwrap_or_else(|| Arc::new(pl::Engine::empty(0)))
+            }
+        };
+        let result = pl::validate_admission(&spec, &engine, now);
         serde_json::to_value(result).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manager_proto as proto;
+
+    fn node(id: &str, pool: &str) -> proto::Node {
+        proto::Node {
+            node_id: id.into(),
+            pool: pool.into(),
+            ..Default::default()
+        }
+    }
+
+    fn job(id: &str, bundle: &str, node: &str, state: proto::JobState) -> proto::Job {
+        proto::Job {
+            job_id: id.into(),
+            bundle_id: bundle.into(),
+            node_id: node.into(),
+            instances: vec![proto::JobInstance {
+                node_id: node.into(),
+                state: state as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_job_change_wakes_its_bundle_and_frees_capacity_only_when_it_stopped() {
+        let m = manager_client::MirrorState::default();
+        let pool_of = |n: &str| (n == "n1").then(|| "p".to_owned());
+        let w = classify(
+            &[MirrorChange::JobUpserted(job(
+                "ns.b/0/j",
+                "ns.b",
+                "n1",
+                proto::JobState::Running,
+            ))],
+            &m,
+            pool_of,
+        );
+        assert_eq!(w.bundles, HashSet::from(["ns.b".to_owned()]));
+        assert!(w.pools_capacity.is_empty(), "a start frees nothing");
+        assert_eq!(w.pools_jobs, HashSet::from(["p".to_owned()]));
+        let w = classify(
+            &[MirrorChange::JobUpserted(job(
+                "ns.b/0/j",
+                "ns.b",
+                "n1",
+                proto::JobState::Stopped,
+            ))],
+            &m,
+            pool_of,
+        );
+        assert_eq!(w.pools_capacity, HashSet::from(["p".to_owned()]));
+        assert!(!w.everything);
+    }
+
+    #[test]
+    fn a_node_change_wakes_its_pool_and_whoever_it_was_provisioned_for() {
+        let m = manager_client::MirrorState::default();
+        let mut n = node("n9", "aws-east");
+        n.tags
+            .insert(mapping::PROVISIONED_FOR_TAG.into(), "ns.b.r1".into());
+        let w = classify(&[MirrorChange::NodeUpserted(n)], &m, |_| None);
+        assert_eq!(w.pools_capacity, HashSet::from(["aws-east".to_owned()]));
+        assert_eq!(w.provisioned_for, HashSet::from(["ns.b.r1".to_owned()]));
+        assert!(
+            w.bundles.is_empty(),
+            "no bundle is woken for a node as such"
+        );
+    }
+
+    #[test]
+    fn only_a_resync_wakes_everything() {
+        let m = manager_client::MirrorState::default();
+        let w = classify(
+            &[MirrorChange::Resynced {
+                revision: 1,
+                reason: proto::SnapshotReason::Initial,
+            }],
+            &m,
+            |_| None,
+        );
+        assert!(w.everything);
+    }
+
+    #[test]
+    fn the_watch_predicate_ignores_status_and_resource_version() {
+        let mut b = Bundle::new(
+            "b",
+            serde_json::from_value(serde_json::json!({
+                "replicas": 1, "pools": ["p"],
+                "jobs": [{"jobName": "j", "requirements": {"requiredCapacity": 1, "priorityBand": "gold"}}]
+            }))
+            .unwrap_or_else(|e| panic!("{e}")),
+        );
+        b.metadata.generation = Some(1);
+        let before = spec_changes(&b);
+        b.metadata.resource_version = Some("99".into());
+        b.status = Some(Default::default());
+        assert_eq!(spec_changes(&b), before, "a status write is not a change");
+        b.metadata.annotations = Some([("automanager.norsk.io/retry".into(), "1".into())].into());
+        assert_ne!(spec_changes(&b), before, "a retry annotation is");
+        let annotated = spec_changes(&b);
+        b.metadata.generation = Some(2);
+        assert_ne!(spec_changes(&b), annotated, "a spec change is");
     }
 }

@@ -1,7 +1,7 @@
 //! `make bench-placement`: a wave of bundles into 1k / 5k / 10k-node clusters, the indexed
 //! engine against the naive full scan in the same run, and binpack quality.
 //!
-//! Workload (issue 5): four pools — `aws` (elastic, binpack), `oci` (elastic, spread),
+//! Workload: four pools — `aws` (elastic, binpack), `oci` (elastic, spread),
 //! `onprem` (fixed cluster, spread) and `gpu` (fixed, binpack, nodes with a `gpu`
 //! capability) — and bundles of 2 replicas × 2 jobs with mixed bands and capabilities,
 //! inter-replica different-node (hard) and same-zone (soft), placed and committed one replica

@@ -82,7 +82,7 @@ pub struct UnplaceableJob {
     pub reason: String,
 }
 
-/// The answer of [`validate_admission`], as the seed's `validateBundleAdmission`.
+/// The answer of [`validate_admission`], as the TypeScript library's `validateBundleAdmission`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "kind")]
 pub enum AdmissionResult {

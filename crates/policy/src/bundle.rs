@@ -1,1 +1,755 @@
-//! placeholder
+//! The bundle planner: per job and per replica of one Bundle, what is needed now, and what the
+//! bundle's status says about it.
+//!
+//! The rules, from the `@norskvideo/norsk-auto-manager` TypeScript library's "Priority bands":
+//!
+//! - A job that runs or is starting needs nothing; one that is stopping makes its replica wait
+//!   (nothing of the replica is placed until it has stopped, so a replica is placed whole).
+//! - A job never placed, or stopped on purpose, gets a **first placement**.
+//! - A job that **failed**, lost its node (`NodeLost`, `NodeTerminated`) or was **handed to
+//!   recovery** (a migration that failed past its point of no return, a drain whose migration of
+//!   it failed; Manager records that as the stop reason, so it outlives the operator) is
+//!   recovered by its band: `restart` places it again as a **recovery** (counted against
+//!   `maxRestartsPerHour`, hot spares preferred for gold), `drop` (bronze by default) **drops** it:
+//!   it stays down until the retry annotation or a spec change.
+//! - More than `maxRestartsPerHour` restarts of a replica within a sliding hour marks the bundle
+//!   **Broken**: with a ceiling of 6, six restarts are made and the seventh is refused.
+//! - "A successful restart clears the count": a replica whose every job has been Running for its
+//!   band's `restartClearAfter` since the newest start has its count cleared. Success is staying
+//!   up, so a job that crashes right after each start still reaches the ceiling.
+//!
+//! Pure: the caller observes (the mirror, the previous status, the ledger) and passes plain data.
+
+use std::collections::BTreeMap;
+
+use crate::bounded::{MAX_CONDITION_MESSAGE, join_bounded};
+use crate::vocab::{BundlePhase, JobState, OnFailure, Standing};
+
+/// Where Manager says a job's normal instance is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobPhase {
+    /// Registered, never started.
+    Pending,
+    /// Started on a node, not yet running.
+    Starting,
+    /// Running.
+    Running,
+    /// Being stopped.
+    Stopping,
+    /// Stopped.
+    Stopped,
+    /// Failed.
+    Failed,
+}
+
+/// Why a stopped instance stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopCause {
+    /// Nothing recorded.
+    Unknown,
+    /// Someone asked for the stop (a rollback, a migration's source, a user).
+    Requested,
+    /// Its node died or became unreachable.
+    NodeLost,
+    /// Its node was terminated (a `terminate` drain, say).
+    NodeTerminated,
+    /// Handed to its band's recovery by a failed migration or a drain's fallback.
+    HandedToRecovery,
+    /// Its bundle no longer has it, or it moved away (a completed migration's source).
+    Gone,
+}
+
+/// One job of one replica, as observed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedJob {
+    /// The job's name in the spec.
+    pub job_name: String,
+    /// Its normal instance's phase.
+    pub phase: JobPhase,
+    /// Why it stopped, when it did.
+    pub stop_cause: StopCause,
+    /// When its normal instance started (ms since the epoch; 0 when never).
+    pub started_at_ms: i64,
+    /// Manager accepted a start the mirror does not show yet: never start it twice.
+    pub start_in_flight: bool,
+    /// The previous status says it was dropped (so a drop is reported once, not every pass).
+    pub dropped_before: bool,
+}
+
+/// A job's band, as it applies to this bundle (the operator's defaults with the bundle's
+/// overrides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BandRule {
+    /// `restart` or `drop`.
+    pub on_failure: OnFailure,
+    /// The restart ceiling per replica per sliding hour.
+    pub max_restarts_per_hour: u32,
+    /// How long a restarted replica must run before its count is cleared (ms).
+    pub restart_clear_after_ms: i64,
+}
+
+/// What one job needs now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Running or on its way.
+    Nothing,
+    /// Being stopped: its replica waits.
+    Wait,
+    /// A first placement.
+    Place,
+    /// A recovery placement (restart by band).
+    Recover,
+    /// Dropped by its band: stays down.
+    Dropped,
+}
+
+fn failed(job: &ObservedJob) -> bool {
+    match job.phase {
+        JobPhase::Failed => true,
+        JobPhase::Stopped => matches!(
+            job.stop_cause,
+            StopCause::NodeLost | StopCause::NodeTerminated | StopCause::HandedToRecovery
+        ),
+        _ => false,
+    }
+}
+
+/// What `job` needs. `undrop`: a retry or a spec change since the drop, which places a dropped
+/// job again (as a first placement).
+pub fn need(job: &ObservedJob, band: &BandRule, undrop: bool) -> Need {
+    if job.start_in_flight {
+        return Need::Nothing;
+    }
+    match job.phase {
+        JobPhase::Running | JobPhase::Starting => Need::Nothing,
+        JobPhase::Stopping => Need::Wait,
+        _ if failed(job) => match band.on_failure {
+            OnFailure::Restart => Need::Recover,
+            OnFailure::Drop if undrop => Need::Place,
+            OnFailure::Drop => Need::Dropped,
+        },
+        JobPhase::Stopped | JobPhase::Pending | JobPhase::Failed => Need::Place,
+    }
+}
+
+/// One replica's jobs, observed, each with its band.
+#[derive(Clone, Debug)]
+pub struct ReplicaInput<'a> {
+    /// The replica index.
+    pub replica: u32,
+    /// Its jobs in spec order.
+    pub jobs: &'a [(ObservedJob, BandRule)],
+    /// Restarts of the replica within the last hour (the ledger's count).
+    pub restarts_in_window: u32,
+    /// A retry or a spec change since the last pass ([`need`]).
+    pub undrop: bool,
+    /// Now (ms since the epoch).
+    pub now_ms: i64,
+}
+
+/// What to do with one replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaIntent {
+    /// Nothing to place. `clear_restarts`: the replica has stayed up long enough since its
+    /// newest start for its restart count to be cleared.
+    Settled {
+        /// Clear the replica's restart count now.
+        clear_restarts: bool,
+    },
+    /// A job is stopping: place nothing yet.
+    Wait,
+    /// Place these jobs together; `recovery` when any of them failed (counted, spares first).
+    Place {
+        /// The jobs to place, in spec order.
+        jobs: Vec<String>,
+        /// Whether this is a recovery placement.
+        recovery: bool,
+        /// The restart ceiling that applies (the lowest of the jobs' bands).
+        max_restarts: u32,
+    },
+    /// The replica failed again with its restart count at the ceiling: the bundle is Broken.
+    Broken {
+        /// Restarts within the last hour.
+        restarts: u32,
+        /// The ceiling.
+        max_restarts: u32,
+    },
+}
+
+/// The plan for one replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaPlan {
+    /// What to do.
+    pub intent: ReplicaIntent,
+    /// What each job needs, by name.
+    pub needs: BTreeMap<String, Need>,
+    /// Jobs dropped in this pass (not dropped before): an Event and a metric each.
+    pub newly_dropped: Vec<String>,
+}
+
+/// Plans one replica.
+pub fn plan_replica(input: &ReplicaInput<'_>) -> ReplicaPlan {
+    let mut needs = BTreeMap::new();
+    let mut newly_dropped = Vec::new();
+    for (job, band) in input.jobs {
+        let n = need(job, band, input.undrop);
+        if n == Need::Dropped && !job.dropped_before {
+            newly_dropped.push(job.job_name.clone());
+        }
+        needs.insert(job.job_name.clone(), n);
+    }
+    let of = |job: &ObservedJob| needs.get(&job.job_name).copied();
+    let intent = if input.jobs.iter().any(|(j, _)| of(j) == Some(Need::Wait)) {
+        ReplicaIntent::Wait
+    } else {
+        let to_place: Vec<&(ObservedJob, BandRule)> = input
+            .jobs
+            .iter()
+            .filter(|(j, _)| matches!(of(j), Some(Need::Place | Need::Recover)))
+            .collect();
+        if to_place.is_empty() {
+            let all_running = !input.jobs.is_empty()
+                && input
+                    .jobs
+                    .iter()
+                    .all(|(j, _)| j.phase == JobPhase::Running && !j.start_in_flight);
+            let newest = input
+                .jobs
+                .iter()
+                .map(|(j, _)| j.started_at_ms)
+                .max()
+                .unwrap_or(0);
+            let clear_after = input
+                .jobs
+                .iter()
+                .map(|(_, b)| b.restart_clear_after_ms)
+                .max()
+                .unwrap_or(0);
+            ReplicaIntent::Settled {
+                clear_restarts: all_running && input.now_ms.saturating_sub(newest) >= clear_after,
+            }
+        } else {
+            let recovery = to_place.iter().any(|(j, _)| of(j) == Some(Need::Recover));
+            let max_restarts = to_place
+                .iter()
+                .map(|(_, b)| b.max_restarts_per_hour)
+                .min()
+                .unwrap_or(6);
+            if recovery && input.restarts_in_window >= max_restarts {
+                ReplicaIntent::Broken {
+                    restarts: input.restarts_in_window,
+                    max_restarts,
+                }
+            } else {
+                ReplicaIntent::Place {
+                    jobs: to_place.iter().map(|(j, _)| j.job_name.clone()).collect(),
+                    recovery,
+                    max_restarts,
+                }
+            }
+        }
+    };
+    ReplicaPlan {
+        intent,
+        needs,
+        newly_dropped,
+    }
+}
+
+/// How a replica's placement in this pass went, for the status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementResult {
+    /// No pool can take the replica now (the message says why, per job).
+    pub unplaceable: Option<String>,
+    /// Waiting for a node being provisioned.
+    pub provisioning: bool,
+}
+
+/// The state status shows for a job.
+pub fn job_state(phase: JobPhase, need: Need, result: &PlacementResult) -> JobState {
+    let state = match (need, phase) {
+        (Need::Dropped, _) => JobState::Dropped,
+        (_, JobPhase::Running) => JobState::Running,
+        (_, JobPhase::Starting) => JobState::Starting,
+        (_, JobPhase::Stopping) => JobState::Stopping,
+        (_, JobPhase::Failed) => JobState::Failed,
+        (_, JobPhase::Stopped) => JobState::Stopped,
+        (_, JobPhase::Pending) => JobState::Pending,
+    };
+    match state {
+        JobState::Pending | JobState::Failed | JobState::Stopped
+            if result.unplaceable.is_some() =>
+        {
+            JobState::Unplaceable
+        }
+        JobState::Pending | JobState::Failed | JobState::Stopped if result.provisioning => {
+            JobState::Provisioning
+        }
+        s => s,
+    }
+}
+
+/// What the bundle's status says as a whole: its phase and kstatus standing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    /// `status.phase`.
+    pub phase: BundlePhase,
+    /// Replicas whose every job runs.
+    pub placed_replicas: u32,
+    /// Ready / Reconciling / Stalled.
+    pub standing: Standing,
+    /// The conditions' reason.
+    pub reason: &'static str,
+    /// The conditions' message (bounded).
+    pub message: String,
+}
+
+/// The verdict over every replica's job states. `unplaceable` holds each unplaceable replica's
+/// message; `provisioning` whether any replica waits for a node; `broken` the Broken reason.
+pub fn verdict(
+    replicas: &[Vec<JobState>],
+    unplaceable: &[String],
+    provisioning: bool,
+    broken: Option<&str>,
+) -> Verdict {
+    let total = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
+    let placed = replicas
+        .iter()
+        .filter(|r| !r.is_empty() && r.iter().all(|s| *s == JobState::Running))
+        .count();
+    let placed = u32::try_from(placed).unwrap_or(u32::MAX);
+    let all = || replicas.iter().flatten();
+    let any = |s: JobState| all().any(|x| *x == s);
+    let any_dropped = any(JobState::Dropped);
+    let any_unplaceable = any(JobState::Unplaceable);
+    let any_busy = all().any(|s| {
+        matches!(
+            s,
+            JobState::Pending
+                | JobState::Provisioning
+                | JobState::Starting
+                | JobState::Stopping
+                | JobState::Failed
+                | JobState::Stopped
+        )
+    });
+    let phase = if broken.is_some() {
+        BundlePhase::Broken
+    } else if placed == total && !any_dropped {
+        BundlePhase::Ready
+    } else if any_busy && !any_unplaceable {
+        BundlePhase::Placing
+    } else if any(JobState::Running) || any_dropped {
+        BundlePhase::Degraded
+    } else if any_unplaceable {
+        BundlePhase::Pending
+    } else {
+        BundlePhase::Placing
+    };
+    let running = format!("{placed} of {total} replicas running");
+    let (standing, reason, message) = match phase {
+        BundlePhase::Ready => (Standing::Ready, "AllReplicasRunning", running),
+        BundlePhase::Broken => (
+            Standing::Stalled,
+            "RestartCeilingExceeded",
+            broken.unwrap_or_default().to_owned(),
+        ),
+        // Some job fits nowhere: no Ready until capacity or the spec changes, even if other
+        // jobs are still being placed.
+        _ if !unplaceable.is_empty() => (
+            Standing::Stalled,
+            "NoCapacity",
+            join_bounded(unplaceable, "; ", MAX_CONDITION_MESSAGE),
+        ),
+        // Dropped jobs stay down until a retry or a spec change.
+        BundlePhase::Degraded => (
+            Standing::Stalled,
+            "JobsDropped",
+            "some jobs were dropped after failing (bronze band); retry with the automanager.norsk.io/retry annotation".to_owned(),
+        ),
+        _ => (
+            Standing::Reconciling,
+            if provisioning {
+                "Provisioning"
+            } else {
+                "Placing"
+            },
+            running,
+        ),
+    };
+    Verdict {
+        phase,
+        placed_replicas: placed,
+        standing,
+        reason,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const HOUR_MS: i64 = 3_600_000;
+
+    fn gold() -> BandRule {
+        BandRule {
+            on_failure: OnFailure::Restart,
+            max_restarts_per_hour: 3,
+            restart_clear_after_ms: 600_000,
+        }
+    }
+
+    fn bronze() -> BandRule {
+        BandRule {
+            on_failure: OnFailure::Drop,
+            ..gold()
+        }
+    }
+
+    fn job(name: &str, phase: JobPhase, cause: StopCause) -> ObservedJob {
+        ObservedJob {
+            job_name: name.into(),
+            phase,
+            stop_cause: cause,
+            started_at_ms: 0,
+            start_in_flight: false,
+            dropped_before: false,
+        }
+    }
+
+    fn plan(jobs: &[(ObservedJob, BandRule)], restarts: u32) -> ReplicaPlan {
+        plan_replica(&ReplicaInput {
+            replica: 0,
+            jobs,
+            restarts_in_window: restarts,
+            undrop: false,
+            now_ms: HOUR_MS,
+        })
+    }
+
+    #[test]
+    fn the_need_table() {
+        use JobPhase as P;
+        use StopCause as C;
+        let rows = [
+            (P::Running, C::Unknown, Need::Nothing, Need::Nothing),
+            (P::Starting, C::Unknown, Need::Nothing, Need::Nothing),
+            (P::Stopping, C::Requested, Need::Wait, Need::Wait),
+            (P::Pending, C::Unknown, Need::Place, Need::Place),
+            (P::Stopped, C::Requested, Need::Place, Need::Place),
+            (P::Stopped, C::Gone, Need::Place, Need::Place),
+            (P::Failed, C::Unknown, Need::Recover, Need::Dropped),
+            (P::Stopped, C::NodeLost, Need::Recover, Need::Dropped),
+            (P::Stopped, C::NodeTerminated, Need::Recover, Need::Dropped),
+            (
+                P::Stopped,
+                C::HandedToRecovery,
+                Need::Recover,
+                Need::Dropped,
+            ),
+        ];
+        for (phase, cause, restart, drop) in rows {
+            let j = job("j", phase, cause);
+            assert_eq!(
+                need(&j, &gold(), false),
+                restart,
+                "{phase:?} {cause:?} gold"
+            );
+            assert_eq!(
+                need(&j, &bronze(), false),
+                drop,
+                "{phase:?} {cause:?} bronze"
+            );
+        }
+    }
+
+    #[test]
+    fn a_start_manager_accepted_is_never_made_twice() {
+        let mut j = job("j", JobPhase::Failed, StopCause::Unknown);
+        j.start_in_flight = true;
+        assert_eq!(need(&j, &gold(), false), Need::Nothing);
+    }
+
+    #[test]
+    fn a_retry_places_a_dropped_job_again_as_a_first_placement() {
+        let j = job("j", JobPhase::Failed, StopCause::Unknown);
+        assert_eq!(need(&j, &bronze(), true), Need::Place);
+    }
+
+    #[test]
+    fn a_drop_is_reported_once() {
+        let mut j = job("b", JobPhase::Stopped, StopCause::NodeLost);
+        let p = plan(&[(j.clone(), bronze())], 0);
+        assert_eq!(p.newly_dropped, vec!["b".to_owned()]);
+        assert_eq!(
+            p.intent,
+            ReplicaIntent::Settled {
+                clear_restarts: false
+            }
+        );
+        j.dropped_before = true;
+        assert!(plan(&[(j, bronze())], 0).newly_dropped.is_empty());
+    }
+
+    #[test]
+    fn a_stopping_job_makes_the_whole_replica_wait() {
+        let p = plan(
+            &[
+                (job("a", JobPhase::Stopping, StopCause::Requested), gold()),
+                (job("b", JobPhase::Failed, StopCause::Unknown), gold()),
+            ],
+            0,
+        );
+        assert_eq!(p.intent, ReplicaIntent::Wait);
+    }
+
+    #[test]
+    fn failed_jobs_are_placed_with_their_replica_as_a_recovery() {
+        let p = plan(
+            &[
+                (job("a", JobPhase::Running, StopCause::Unknown), gold()),
+                (job("b", JobPhase::Failed, StopCause::Unknown), gold()),
+                (job("c", JobPhase::Pending, StopCause::Unknown), gold()),
+            ],
+            0,
+        );
+        assert_eq!(
+            p.intent,
+            ReplicaIntent::Place {
+                jobs: vec!["b".into(), "c".into()],
+                recovery: true,
+                max_restarts: 3
+            }
+        );
+    }
+
+    #[test]
+    fn the_ceiling_allows_max_restarts_and_breaks_on_the_next() {
+        let jobs = [(job("a", JobPhase::Failed, StopCause::Unknown), gold())];
+        assert!(matches!(plan(&jobs, 2).intent, ReplicaIntent::Place { .. }));
+        assert_eq!(
+            plan(&jobs, 3).intent,
+            ReplicaIntent::Broken {
+                restarts: 3,
+                max_restarts: 3
+            }
+        );
+        // A first placement is never refused by the ceiling.
+        let first = [(job("a", JobPhase::Pending, StopCause::Unknown), gold())];
+        assert!(matches!(
+            plan(&first, 99).intent,
+            ReplicaIntent::Place { .. }
+        ));
+    }
+
+    #[test]
+    fn the_lowest_ceiling_of_the_jobs_placed_applies() {
+        let strict = BandRule {
+            max_restarts_per_hour: 1,
+            ..gold()
+        };
+        let jobs = [
+            (job("a", JobPhase::Failed, StopCause::Unknown), gold()),
+            (job("b", JobPhase::Failed, StopCause::Unknown), strict),
+        ];
+        assert!(matches!(
+            plan(&jobs, 1).intent,
+            ReplicaIntent::Broken {
+                max_restarts: 1,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_replica_that_stayed_up_for_restart_clear_after_has_its_count_cleared() {
+        let mut a = job("a", JobPhase::Running, StopCause::Unknown);
+        a.started_at_ms = HOUR_MS - 600_000;
+        assert_eq!(
+            plan(&[(a.clone(), gold())], 2).intent,
+            ReplicaIntent::Settled {
+                clear_restarts: true
+            }
+        );
+        a.started_at_ms = HOUR_MS - 599_999;
+        assert_eq!(
+            plan(&[(a, gold())], 2).intent,
+            ReplicaIntent::Settled {
+                clear_restarts: false
+            }
+        );
+    }
+
+    #[test]
+    fn job_states_show_unplaceable_and_provisioning_for_jobs_waiting_to_be_placed() {
+        let unplaceable = PlacementResult {
+            unplaceable: Some("no room".into()),
+            provisioning: false,
+        };
+        let provisioning = PlacementResult {
+            unplaceable: None,
+            provisioning: true,
+        };
+        let none = PlacementResult::default();
+        assert_eq!(
+            job_state(JobPhase::Pending, Need::Place, &unplaceable),
+            JobState::Unplaceable
+        );
+        assert_eq!(
+            job_state(JobPhase::Failed, Need::Recover, &provisioning),
+            JobState::Provisioning
+        );
+        assert_eq!(
+            job_state(JobPhase::Running, Need::Nothing, &unplaceable),
+            JobState::Running
+        );
+        assert_eq!(
+            job_state(JobPhase::Failed, Need::Dropped, &none),
+            JobState::Dropped
+        );
+    }
+
+    #[test]
+    fn the_verdict_table() {
+        use JobState as S;
+        let run = vec![S::Running];
+        let v = verdict(&[run.clone(), run.clone()], &[], false, None);
+        assert_eq!(
+            (v.phase, v.standing, v.placed_replicas),
+            (BundlePhase::Ready, Standing::Ready, 2)
+        );
+        let v = verdict(&[run.clone(), vec![S::Starting]], &[], false, None);
+        assert_eq!(
+            (v.phase, v.standing),
+            (BundlePhase::Placing, Standing::Reconciling)
+        );
+        let v = verdict(&[run.clone(), vec![S::Provisioning]], &[], true, None);
+        assert_eq!(v.reason, "Provisioning");
+        let v = verdict(&[run.clone(), vec![S::Dropped]], &[], false, None);
+        assert_eq!(
+            (v.phase, v.standing, v.reason),
+            (BundlePhase::Degraded, Standing::Stalled, "JobsDropped")
+        );
+        let v = verdict(
+            &[vec![S::Unplaceable]],
+            &["replica 0 cannot be placed".into()],
+            false,
+            None,
+        );
+        assert_eq!(
+            (v.phase, v.standing, v.reason),
+            (BundlePhase::Pending, Standing::Stalled, "NoCapacity")
+        );
+        let v = verdict(
+            &[run.clone(), vec![S::Unplaceable]],
+            &["r1".into()],
+            false,
+            None,
+        );
+        assert_eq!((v.phase, v.reason), (BundlePhase::Degraded, "NoCapacity"));
+        let v = verdict(&[run], &[], false, Some("replica 0 failed again"));
+        assert_eq!(
+            (v.phase, v.standing, v.reason),
+            (
+                BundlePhase::Broken,
+                Standing::Stalled,
+                "RestartCeilingExceeded"
+            )
+        );
+    }
+
+    #[test]
+    fn the_no_capacity_message_is_bounded() {
+        let reasons: Vec<String> = (0..500)
+            .map(|i| format!("replica {i} cannot be placed: job-{i}: no node of pool p has room"))
+            .collect();
+        let v = verdict(&[vec![JobState::Unplaceable]], &reasons, false, None);
+        assert!(v.message.len() <= MAX_CONDITION_MESSAGE);
+    }
+
+    fn arb_phase() -> impl Strategy<Value = JobPhase> {
+        prop_oneof![
+            Just(JobPhase::Pending),
+            Just(JobPhase::Starting),
+            Just(JobPhase::Running),
+            Just(JobPhase::Stopping),
+            Just(JobPhase::Stopped),
+            Just(JobPhase::Failed),
+        ]
+    }
+
+    fn arb_cause() -> impl Strategy<Value = StopCause> {
+        prop_oneof![
+            Just(StopCause::Unknown),
+            Just(StopCause::Requested),
+            Just(StopCause::NodeLost),
+            Just(StopCause::NodeTerminated),
+            Just(StopCause::HandedToRecovery),
+            Just(StopCause::Gone),
+        ]
+    }
+
+    fn arb_job() -> impl Strategy<Value = (ObservedJob, BandRule)> {
+        (
+            0u8..8,
+            arb_phase(),
+            arb_cause(),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            1u32..8,
+        )
+            .prop_map(|(n, phase, cause, in_flight, dropped, drop_band, max)| {
+                let band = BandRule {
+                    on_failure: if drop_band {
+                        OnFailure::Drop
+                    } else {
+                        OnFailure::Restart
+                    },
+                    max_restarts_per_hour: max,
+                    restart_clear_after_ms: 600_000,
+                };
+                let job = ObservedJob {
+                    job_name: format!("j{n}"),
+                    phase,
+                    stop_cause: cause,
+                    started_at_ms: 0,
+                    start_in_flight: in_flight,
+                    dropped_before: dropped,
+                };
+                (job, band)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn a_plan_never_places_a_running_stopping_or_dropped_job_and_never_exceeds_the_ceiling(
+            jobs in proptest::collection::vec(arb_job(), 1..8),
+            restarts in 0u32..10,
+            undrop in any::<bool>(),
+        ) {
+            // Job names are unique within a replica (the CRD says so).
+            let mut seen = std::collections::BTreeSet::new();
+            let jobs: Vec<_> = jobs.into_iter().filter(|(j, _)| seen.insert(j.job_name.clone())).collect();
+            let p = plan_replica(&ReplicaInput { replica: 0, jobs: &jobs, restarts_in_window: restarts, undrop, now_ms: HOUR_MS });
+            match &p.intent {
+                ReplicaIntent::Place { jobs: placed, recovery, max_restarts } => {
+                    for name in placed {
+                        let (j, _) = jobs.iter().find(|(j, _)| &j.job_name == name).ok_or_else(|| TestCaseError::fail("unknown job"))?;
+                        prop_assert!(!j.start_in_flight);
+                        prop_assert!(matches!(j.phase, JobPhase::Pending | JobPhase::Stopped | JobPhase::Failed));
+                    }
+                    prop_assert!(!recovery || restarts < *max_restarts);
+                }
+                ReplicaIntent::Wait => prop_assert!(jobs.iter().any(|(j, _)| j.phase == JobPhase::Stopping && !j.start_in_flight)),
+                ReplicaIntent::Broken { restarts: r, max_restarts } => prop_assert!(r >= max_restarts),
+                ReplicaIntent::Settled { .. } => {}
+            }
+            for name in &p.newly_dropped {
+                prop_assert_eq!(p.needs.get(name), Some(&Need::Dropped));
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! Pure: the caller passes the jobs Manager shows on the node and the drain's Migrations as plain
 //! data; [`plan_drain`] answers with a [`DrainPlan`]. No I/O, no clock.
 //!
-//! The rules (issue 9, and the seed's "Drain / cordon": migrate is the drop-free variant of
+//! The rules (the TypeScript library's "Drain / cordon": migrate is the drop-free variant of
 //! cordon + terminate):
 //!
 //! - **Every job gets one Migration.** A running job on the node that belongs to a Bundle and

@@ -1,6 +1,6 @@
 //! The restart ledger: how often each replica was restarted within the last hour.
 //!
-//! The seed's rule: "More than `maxRestartsPerHour` restarts of a replica marks the bundle
+//! The TypeScript library's rule: "More than `maxRestartsPerHour` restarts of a replica marks the bundle
 //! Broken ... A successful restart clears the count for that replica." So with a ceiling of 6,
 //! six restarts inside any sliding hour are allowed and the seventh is refused
 //! ([`RestartVerdict::CeilingExceeded`]); the caller then marks the bundle Broken and stops
@@ -78,6 +78,9 @@ impl RestartVerdict {
 #[derive(Clone, Debug, Default)]
 pub struct RestartLedger {
     entries: HashMap<ReplicaKey, VecDeque<DateTime<Utc>>>,
+    /// When each replica's count was last cleared: history older than this that comes back
+    /// from a status written before the clear is not merged in again.
+    cleared: HashMap<ReplicaKey, DateTime<Utc>>,
     calls: u64,
 }
 
@@ -127,15 +130,51 @@ impl RestartLedger {
         u32::try_from(n).unwrap_or(u32::MAX)
     }
 
-    /// Forgets the restarts of `key`: call when a restart succeeded (the replica is running
-    /// again) or when the user asked for a retry of a Broken bundle.
-    pub fn clear(&mut self, key: &ReplicaKey) {
+    /// Forgets the restarts of `key` at `now`: call when a restart succeeded (the replica has
+    /// stayed up) or when the user asked for a retry of a Broken bundle. History from before
+    /// `now` is not merged back in ([`RestartLedger::merge`]).
+    pub fn clear(&mut self, key: &ReplicaKey, now: DateTime<Utc>) {
         self.entries.remove(key);
+        self.cleared.insert(key.clone(), now);
     }
 
     /// Forgets every replica of `bundle` (the bundle was deleted).
     pub fn forget_bundle(&mut self, bundle: &str) {
         self.entries.retain(|k, _| k.bundle != bundle);
+        self.cleared.retain(|k, _| k.bundle != bundle);
+    }
+
+    /// Merges restart times recorded elsewhere (the Bundle's status, written by this or an
+    /// earlier operator) into `key`'s history: times already held, outside the window, or from
+    /// before the last [`RestartLedger::clear`] are skipped. This is what keeps the ceiling
+    /// across operator restarts and leader changes.
+    pub fn merge(
+        &mut self,
+        key: &ReplicaKey,
+        times: impl IntoIterator<Item = DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) {
+        let cleared = self.cleared.get(key).copied();
+        let mut fresh: Vec<DateTime<Utc>> = times
+            .into_iter()
+            .filter(|t| in_window(*t, now) && cleared.is_none_or(|c| *t > c))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let held = self.entries.entry(key.clone()).or_default();
+        fresh.retain(|t| !held.contains(t));
+        held.extend(fresh);
+        held.make_contiguous().sort();
+        prune_times(held, now);
+    }
+
+    /// `key`'s restart times within the hour before `now`, oldest first (what status records).
+    pub fn times(&self, key: &ReplicaKey, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+        self.entries
+            .get(key)
+            .map(|t| t.iter().copied().filter(|t| in_window(*t, now)).collect())
+            .unwrap_or_default()
     }
 
     /// Drops every restart that left the window, and keys left with none.
@@ -144,6 +183,7 @@ impl RestartLedger {
             prune_times(times, now);
             !times.is_empty()
         });
+        self.cleared.retain(|_, at| in_window(*at, now));
     }
 
     /// How many replicas have restarts on record (after the last prune).
@@ -222,12 +262,37 @@ mod tests {
         for i in 0..6 {
             l.record_restart(&key(0), t(i), 6);
         }
-        l.clear(&key(0));
+        l.clear(&key(0), t(6));
         assert_eq!(l.count(&key(0), t(10)), 0);
         assert_eq!(
             l.record_restart(&key(0), t(10), 6),
             RestartVerdict::Allowed { count_in_window: 1 }
         );
+    }
+
+    #[test]
+    fn history_read_back_from_status_is_merged_once_and_never_before_a_clear() {
+        let mut l = RestartLedger::new();
+        let stored = [t(10), t(20), t(30)];
+        l.merge(&key(0), stored, t(40));
+        l.merge(&key(0), stored, t(40));
+        assert_eq!(l.count(&key(0), t(40)), 3, "merging twice counts once");
+        assert_eq!(l.times(&key(0), t(40)), stored.to_vec());
+        // One more restart here, then the same old status again: four, not seven.
+        l.record_restart(&key(0), t(50), 6);
+        l.merge(&key(0), stored, t(60));
+        assert_eq!(l.count(&key(0), t(60)), 4);
+        // A clear wins over a status written before it.
+        l.clear(&key(0), t(70));
+        l.merge(&key(0), stored, t(80));
+        assert_eq!(l.count(&key(0), t(80)), 0);
+        // Restarts after the clear are merged.
+        l.merge(&key(0), [t(75)], t(80));
+        assert_eq!(l.count(&key(0), t(80)), 1);
+        // Nothing outside the hour.
+        let mut fresh = RestartLedger::new();
+        fresh.merge(&key(1), [t(0)], t(4000));
+        assert_eq!(fresh.count(&key(1), t(4000)), 0);
     }
 
     #[test]
@@ -349,7 +414,7 @@ mod tests {
                         }
                     }
                     Op::Clear { replica } => {
-                        l.clear(&key(replica));
+                        l.clear(&key(replica), t(now));
                         allowed.remove(&replica);
                         prop_assert_eq!(l.count(&key(replica), t(now)), 0);
                     }

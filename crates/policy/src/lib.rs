@@ -9,6 +9,7 @@
 //! |---|---|
 //! | [`vocab`] | the words: bands, failure policy, migration strategies and phases |
 //! | [`ids`] | the bundle id the operator gives Manager for a Bundle object |
+//! | [`bounded`] | how status text is clipped to the schema's bounds |
 //! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
 //! | [`node_health`] | nodes whose workers refuse too many starts |
@@ -20,6 +21,7 @@
 //! Behaviour follows the `@norskvideo/norsk-auto-manager` TypeScript library; where the operator
 //! goes further the module says so.
 
+pub mod bounded;
 pub mod bundle;
 pub mod drain;
 pub mod ids;

@@ -9,7 +9,7 @@
 //!
 //! A job declares the strongest promise it keeps (absent: `stopThenStart`); a Migration may ask
 //! for that strategy or a *safer* one, never a stronger one ([`strategy_in_effect`]). Safest
-//! first, from the seed's definitions:
+//! first, from the TypeScript library's definitions:
 //!
 //! 1. `stopThenStart` — the target is prepared, the source stopped, then the target started. It
 //!    asks nothing of the job (one instance at a time, at the cost of a gap), so any job can take it.

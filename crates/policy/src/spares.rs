@@ -5,7 +5,7 @@
 //! [`SparePlan`] (how many spares to request, which to terminate, the rotation step, underflow).
 //! No I/O, no clock, no Kubernetes or Manager types beyond the CRD spec.
 //!
-//! The rules, from the seed's "Hot spares" section and issue 9:
+//! The rules, from the TypeScript library's "Hot spares" section:
 //!
 //! - **Membership.** A node counts for a target when its spare band equals the target's
 //!   `forBand` (an unbanded target counts only unbanded spares) and, when the node carries a
@@ -29,7 +29,7 @@
 //!   oldest-excess rule terminates the aged spare ([`RotationStep::RetireAged`]). One at a time,
 //!   and live never drops below target during a rotation unless fewer than target existed.
 //! - **Fixed pools never act.** They cannot grow or be trusted to shrink by us: the plan only
-//!   reports underflow (the seed's `onSpareUnderflow` for cluster pools), with no provisioning,
+//!   reports underflow (the TypeScript library's `onSpareUnderflow` for cluster pools), with no provisioning,
 //!   termination or rotation.
 //! - **Underflow** is reported whenever live < target (pending spares do not hide it: a gold
 //!   job failing now could not use them), with pool, current and target.
@@ -127,7 +127,7 @@ pub enum RotationStep {
     },
 }
 
-/// Live spares are below target (the seed's `onSpareUnderflow(pool, current, target)`).
+/// Live spares are below target (the TypeScript library's `onSpareUnderflow(pool, current, target)`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Underflow {
     /// The pool.
@@ -296,7 +296,7 @@ pub enum SpareSpecError {
     },
 }
 
-/// The request for one new spare of `target_name` (the seed's `createAwsNode` with `spare=true`).
+/// The request for one new spare of `target_name` (the TypeScript library's `createAwsNode` with `spare=true`).
 pub fn spare_provision_request(target_name: &str, spec: &SpareTarget) -> ProvisionRequest {
     let mut tags = vec![(SPARE_TAG.to_owned(), "true".to_owned())];
     if let Some(band) = spec.for_band {

@@ -33,7 +33,7 @@ impl PriorityBand {
     }
 }
 
-/// How a running instance may be moved between nodes (the seed's `MigrationStrategy`).
+/// How a running instance may be moved between nodes (the TypeScript library's `MigrationStrategy`).
 ///
 /// A job declares the strongest promise it keeps; a Migration may only ask for a safer one.
 /// Safety order, safest first: `stopThenStart`, `overlap`, `handover`.
@@ -72,7 +72,7 @@ impl MigrationStrategy {
     }
 }
 
-/// What a band does when a job fails or loses its node (the seed's `bands` setting).
+/// What a band does when a job fails or loses its node (the TypeScript library's `bands` setting).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum OnFailure {
@@ -194,4 +194,73 @@ pub struct AbortInfo {
     pub by: String,
     /// When.
     pub at: DateTime<Utc>,
+}
+
+/// Where a bundle is in its life.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum BundlePhase {
+    /// Accepted, nothing placed yet.
+    #[default]
+    Pending,
+    /// Some replicas are being placed, provisioned or restarted.
+    Placing,
+    /// Every replica's jobs are running.
+    Ready,
+    /// Some replicas run, others cannot be placed or were dropped.
+    Degraded,
+    /// A replica exceeded its restart ceiling; no more retries until the retry annotation changes.
+    Broken,
+    /// Being deleted: jobs are being stopped and the bundle unregistered from Manager.
+    Deleting,
+}
+
+/// A job instance's state as the operator last saw it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum JobState {
+    /// Not placed yet.
+    #[default]
+    Pending,
+    /// Waiting for a node being provisioned.
+    Provisioning,
+    /// Started on a node, not yet running.
+    Starting,
+    /// Running.
+    Running,
+    /// Being stopped.
+    Stopping,
+    /// Stopped on purpose.
+    Stopped,
+    /// Failed or lost its node; recovery follows the band.
+    Failed,
+    /// A bronze job that failed and was dropped.
+    Dropped,
+    /// No pool can take it now.
+    Unplaceable,
+}
+
+/// What a reconcile concluded about an object, in kstatus' terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// The object is what its spec asks (kstatus `Current`).
+    Ready,
+    /// The operator is working towards the spec and expects to get there (kstatus `InProgress`).
+    Reconciling,
+    /// The operator cannot get there without a change of spec, of the world, or a user's retry
+    /// (kstatus `Failed`).
+    Stalled,
+    /// An end state that is not "ready" and that the operator will not change: a Migration
+    /// aborted at the user's request, a node Manager has stopped (kstatus `Current`).
+    Settled,
+}
+
+impl Standing {
+    /// The kstatus status this standing reads as once the generation is observed.
+    pub fn kstatus(self) -> &'static str {
+        match self {
+            Standing::Ready | Standing::Settled => "Current",
+            Standing::Reconciling => "InProgress",
+            Standing::Stalled => "Failed",
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! Prints one line:
 //! `recovery kills=<n> gold_p50_ms=<x> gold_p99_ms=<x> handover_p99_ms=<x> handovers=<n>
 //! handover_p50_ms=<x> handover_manager_p99_ms=<x> on_spare=<n> job_start_delay_ms=<x>`.
-//! Goals (issue #9): gold p99 ≤ 1,000 ms with zero provisioning delay, handover p99 ≤ 2,000 ms.
+//! Goals: gold p99 ≤ 1,000 ms with zero provisioning delay, handover p99 ≤ 2,000 ms.
 //!
 //! **Set-up.** manager-sim with an elastic `gold` pool (provisioning delay 0, jobs start and stop
 //! in 20 ms, the demo's figure) and a fixed `hand` pool of three nodes with the job socket; a

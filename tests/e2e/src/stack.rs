@@ -108,6 +108,15 @@ impl Proc {
         let _ = child.wait();
     }
 
+    /// Kills the process at once (SIGKILL): no shutdown, no lease release, nothing flushed.
+    pub fn kill9(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
     /// The process's log so far (stdout and stderr).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

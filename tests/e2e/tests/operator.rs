@@ -442,6 +442,63 @@ async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
 }
 
 #[tokio::test]
+async fn a_crash_loop_breaks_the_bundle_after_exactly_max_restarts_across_operator_kills() {
+    let mut stack = Stack::start().await.expect("stack");
+    apply_examples(&stack).await;
+    apply(
+        &stack,
+        &format!(
+            "{}  bands:\n    gold: {{maxRestartsPerHour: 3}}\n",
+            bundle_yaml("crashy", 1, "[onprem]", &job_yaml("enc", 10, "gold", ""))
+        ),
+    )
+    .await;
+    let job_id = "default.crashy/0/enc";
+    stack
+        .wait_bundle_phase("default", "crashy", "Ready", READY)
+        .await
+        .unwrap();
+    for i in 1..=3 {
+        stack.chaos(&["fail-job", job_id]).unwrap();
+        stack
+            .wait_for(&format!("restart {i}"), READY, || async {
+                let b = stack
+                    .get_json(&["bundle", "crashy", "-n", "default"])
+                    .await?;
+                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
+                    && job(&b, 0, "enc")["state"] == "running")
+                    .then_some(()))
+            })
+            .await
+            .unwrap();
+        if i < 3 {
+            // The count lives in the bundle's status, not only in the operator's memory.
+            stack.operator.kill9();
+            stack.start_operator().unwrap();
+            stack
+                .wait_operator_ready(Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+    }
+    // The fourth failure is one more than maxRestartsPerHour = 3: Broken, not restarted.
+    stack.chaos(&["fail-job", job_id]).unwrap();
+    let b = stack
+        .wait_bundle_phase("default", "crashy", "Broken", READY)
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], 3, "{b:#}");
+    assert_eq!(
+        b["status"]["replicas"][0]["restartTimes"]
+            .as_array()
+            .map(Vec::len),
+        Some(3),
+        "{b:#}"
+    );
+    assert_eq!(job(&b, 0, "enc")["state"], "failed", "{b:#}");
+}
+
+#[tokio::test]
 async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_its_jobs() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;

@@ -19,11 +19,11 @@ use chrono::Utc;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use manager_client::ClientError;
 use manager_proto as proto;
 
-use super::node::Drains;
 use super::{Context, Error};
 use crate::mapping;
 use automanager_policy::drain::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
@@ -45,15 +45,25 @@ pub fn migration_name(node_object: &str, job_id: &str) -> String {
     format!("drain-{node}-{:08x}", mapping::fnv1a(job_id) as u32)
 }
 
-/// `(bundle namespace, bundle name, replica, job name)` of a Manager job id
-/// (`<namespace>.<bundle>/<replica>/<job>`), when it is one of ours.
-fn job_ref(job_id: &str) -> Option<(String, String, i32, String)> {
-    let mut parts = job_id.rsplitn(3, '/');
-    let job = parts.next()?;
-    let replica: i32 = parts.next()?.parse().ok()?;
-    let (ns, name) = mapping::bundle_object(parts.next()?)?;
-    (!job.is_empty() && replica >= 0)
-        .then(|| (ns.to_owned(), name.to_owned(), replica, job.to_owned()))
+/// `(bundle namespace, bundle name, replica, job name)` of a Manager job, from Manager's own
+/// record of it, when it belongs to a Bundle.
+fn job_ref(ctx: &Context, job_id: &str) -> Option<(String, String, i32, String)> {
+    ctx.manager.mirror().read(|m| {
+        let job = m.jobs.get(job_id)?;
+        let id = mapping::BundleId::parse(&job.bundle_id)?;
+        let (ns, name) = id.object();
+        Some((
+            ns.to_owned(),
+            name.to_owned(),
+            i32::try_from(job.replica).ok()?,
+            job.job_name.clone(),
+        ))
+    })
+}
+
+/// The Bundle a Manager job belongs to.
+pub(crate) fn job_bundle(ctx: &Context, job_id: &str) -> Option<ObjectRef<Bundle>> {
+    job_ref(ctx, job_id).map(|(ns, name, _, _)| ObjectRef::new(&name).within(&ns))
 }
 
 fn outcome(m: &Migration) -> MigrationOutcome {
@@ -65,15 +75,16 @@ fn outcome(m: &Migration) -> MigrationOutcome {
     }
 }
 
-fn migration_job_id(m: &Migration) -> Option<String> {
+/// Manager's id of the job a Migration names.
+fn migration_job_id(ctx: &Context, m: &Migration) -> Option<String> {
     let ns = m.namespace()?;
     let j = &m.spec.job;
-    Some(format!(
-        "{}/{}/{}",
-        mapping::bundle_id(&ns, &j.bundle),
-        j.replica,
-        j.job_name
-    ))
+    let replica = u32::try_from(j.replica).ok()?;
+    ctx.manager.mirror().read(|mirror| {
+        mirror
+            .job_of(&mapping::bundle_id(&ns, &j.bundle), replica, &j.job_name)
+            .map(|job| job.job_id.clone())
+    })
 }
 
 /// Bundles looked up during one step, by (namespace, name).
@@ -102,7 +113,7 @@ impl Bundles<'_> {
 
     /// Whether the job's band drops it on failure (bronze by default).
     async fn drops(&mut self, job_id: &str) -> Result<bool, Error> {
-        let Some((ns, name, _, job)) = job_ref(job_id) else {
+        let Some((ns, name, _, job)) = job_ref(self.ctx, job_id) else {
             return Ok(false);
         };
         let ctx = self.ctx;
@@ -120,12 +131,7 @@ impl Bundles<'_> {
 }
 
 /// One step of a migrate drain of `node` (Manager id `node_id`).
-pub async fn step(
-    node: &ManagerNode,
-    node_id: &str,
-    ctx: &Arc<Context>,
-    drains: &Drains,
-) -> Result<Action, Error> {
+pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Result<Action, Error> {
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
@@ -136,8 +142,8 @@ pub async fn step(
         .and_then(|s| s.drain.as_ref())
         .and_then(|d| d.started_at)
         .unwrap_or_else(Utc::now);
-    drains
-        .lock()
+    ctx.state()
+        .drains
         .entry(node_id.to_owned())
         .or_insert(DrainStatus {
             started_at: Some(started_at),
@@ -180,7 +186,7 @@ pub async fn step(
     };
     let mut jobs = Vec::with_capacity(on_node.len());
     for (job_id, running) in on_node {
-        let managed = match job_ref(&job_id) {
+        let managed = match job_ref(ctx, &job_id) {
             Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
             None => false,
         };
@@ -207,7 +213,7 @@ pub async fn step(
         .iter()
         .filter_map(|m| {
             Some(DrainMigration {
-                job_id: migration_job_id(m)?,
+                job_id: migration_job_id(ctx, m)?,
                 outcome: outcome(m),
             })
         })
@@ -216,7 +222,7 @@ pub async fn step(
     let plan = plan_drain(&jobs, &mine, usize::from(ctx.settings.drain_parallelism));
 
     for job_id in &plan.migrate {
-        let Some((ns, bundle, replica, job_name)) = job_ref(job_id) else {
+        let Some((ns, bundle, replica, job_name)) = job_ref(ctx, job_id) else {
             continue;
         };
         let name = migration_name(&node_object, job_id);
@@ -256,8 +262,9 @@ pub async fn step(
     }
 
     for job_id in &plan.fall_back {
-        ctx.handed_to_recovery().insert(job_id.clone(), Utc::now());
-        match ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
+        // Manager records the stop as "handed to recovery", so the job's band decides even
+        // after an operator restart (gold and silver restart, bronze is dropped).
+        match ctx.manager.hand_to_recovery(job_id).await {
             Ok(_) => {}
             Err(e) if super::is_final_answer(&e) => {}
             Err(e) => return Err(e.into()),
@@ -270,7 +277,9 @@ pub async fn step(
             format!("the migration of {job_id} failed; the job is handed to its band's recovery"),
         )
         .await;
-        let _ = ctx.bundle_trigger.send(());
+        if let Some(bundle) = job_bundle(ctx, job_id) {
+            let _ = ctx.wake.bundles.send(bundle);
+        }
     }
 
     // Progress, from the Migrations (so it survives a restart).
@@ -283,7 +292,7 @@ pub async fn step(
             dropped += 1;
         }
     }
-    if let Some(d) = drains.lock().get_mut(node_id) {
+    if let Some(d) = ctx.state().drains.get_mut(node_id) {
         d.jobs_migrated = i32::try_from(plan.migrated).unwrap_or(i32::MAX);
         d.jobs_dropped = i32::try_from(dropped).unwrap_or(i32::MAX);
         d.jobs_recovered =
@@ -318,19 +327,6 @@ pub async fn step(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_job_id_names_its_bundle_replica_and_job() {
-        assert_eq!(
-            job_ref("news.evening/1/enc"),
-            Some(("news".into(), "evening".into(), 1, "enc".into()))
-        );
-        assert_eq!(job_ref("no-namespace/0/enc"), None);
-        assert_eq!(job_ref("ns.b/x/enc"), None);
-        assert_eq!(job_ref("ns.b/-1/enc"), None);
-        assert_eq!(job_ref("ns.b/0/"), None);
-        assert_eq!(job_ref(""), None);
-    }
 
     #[test]
     fn drain_migration_names_are_stable_valid_and_distinct_per_job() {

@@ -3,11 +3,10 @@
 //! Observe the pool's spare-tagged nodes in the mirror; decide with the pure planner
 //! (`automanager_policy::spares`); act (CreateNode with `spare=true`, TerminateNode of the oldest excess or of
 //! an aged spare once its replacement is up); record status, the `SpareUnderflow` condition and a
-//! Warning Event (the seed's `onSpareUnderflow(pool, current, target)`). Mirror node changes wake
+//! Warning Event (the TypeScript library's `onSpareUnderflow(pool, current, target)`). Mirror node changes wake
 //! every target at once, so a spare that takes a job is replaced without waiting for a poll.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use automanager_api::{self as api, HotSpareTarget, HotSpareTargetStatus, PlacementPool};
@@ -27,23 +26,65 @@ const REFRESH: Duration = Duration::from_secs(30);
 /// A node asked for counts as pending this long even before the mirror shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(30);
 
-/// Nodes this operator asked for, per target, until the mirror shows them.
-#[derive(Default)]
-pub struct Created(Mutex<HashMap<String, Vec<(proto::Node, Instant)>>>);
-
-pub async fn reconcile(
-    target: Arc<HotSpareTarget>,
-    ctx: Arc<Context>,
-    created: Arc<Created>,
-) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = apply(&target, &ctx, &created).await;
-    ctx.metrics.observe_reconcile(
+/// Reconciles one HotSpareTarget, inside its cleanup finalizer: a deleted target terminates
+/// the spares it provisioned that hold no job (a spare that took a job is a working node now).
+pub async fn reconcile(target: Arc<HotSpareTarget>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let api: Api<HotSpareTarget> = Api::all(ctx.client.clone());
+    super::reconcile_finalized(
         "hotsparetarget",
-        result.is_ok(),
-        started.elapsed().as_secs_f64(),
-    );
-    result
+        &ctx,
+        api,
+        api::SPARE_TARGET_FINALIZER,
+        target,
+        |t| {
+            let ctx = &ctx;
+            async move { apply(&t, ctx).await }
+        },
+        |t| {
+            let ctx = &ctx;
+            async move { cleanup(&t, ctx).await }
+        },
+    )
+    .await
+}
+
+/// Deletion: terminate this target's spares that hold no job, then let the object go.
+async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let name = target.name_any();
+    ctx.state()
+        .wake
+        .set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);
+    ctx.state().spares_created.remove(&name);
+    if !ctx.manager_ready() {
+        return Err(ctx.manager_unavailable());
+    }
+    let idle: Vec<String> = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| {
+                n.pool == target.spec.pool
+                    && n.tags.get(mapping::SPARE_TARGET_TAG).map(String::as_str)
+                        == Some(name.as_str())
+                    && matches!(
+                        proto::NodeState::try_from(n.state),
+                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                    )
+                    && m.node_usage(&n.node_id) == (0.0, 0)
+            })
+            .map(|n| n.node_id.clone())
+            .collect()
+    });
+    for node in &idle {
+        match ctx.manager.terminate_node(node).await {
+            Ok(_) => {}
+            Err(e) if super::is_final_answer(&e) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if !idle.is_empty() {
+        tracing::info!(target = %name, spares = idle.len(), "deleted HotSpareTarget: its idle spares terminated");
+    }
+    Ok(Action::await_change())
 }
 
 fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
@@ -69,12 +110,12 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
     }
 }
 
-async fn apply(
-    target: &HotSpareTarget,
-    ctx: &Arc<Context>,
-    created: &Created,
-) -> Result<Action, Error> {
+async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
     let name = target.name_any();
+    ctx.state().wake.set_spare_target(
+        &kube::runtime::reflector::ObjectRef::from(target),
+        Some(&target.spec.pool),
+    );
     let generation = target.metadata.generation;
     let now = Utc::now();
     let prev = target.status.clone().unwrap_or_default();
@@ -115,21 +156,18 @@ async fn apply(
 
     // The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
     let mut nodes: Vec<SpareNode> = ctx.manager.mirror().read(|m| {
-        let usage = mapping::usage_by_node(m.jobs.values());
         m.nodes
             .values()
             .filter(|n| n.pool == spec.pool && mapping::spare_of(n).0)
             .map(|n| {
-                spare_node(
-                    n,
-                    usage.get(&n.node_id).is_some_and(|u| u.0 > 0.0 || u.1 > 0),
-                )
+                let (capacity, cores) = m.node_usage(&n.node_id);
+                spare_node(n, capacity > 0.0 || cores > 0)
             })
             .collect()
     });
     {
-        let mut created = created.0.lock().unwrap_or_else(|e| e.into_inner());
-        let mine = created.entry(name.clone()).or_default();
+        let mut state = ctx.state();
+        let mine = state.spares_created.entry(name.clone()).or_default();
         mine.retain(|(n, at)| {
             at.elapsed() < CREATED_GRACE && !nodes.iter().any(|s| s.node_id == n.node_id)
         });
@@ -164,7 +202,7 @@ async fn apply(
         max_nodes,
         u32::try_from(pool_nodes).unwrap_or(u32::MAX),
     );
-    let allowance = ctx.provision_budget().allowance(&spec.pool, now);
+    let allowance = ctx.state().provision_budget.allowance(&spec.pool, now);
     let wanted = mapping::spare_target(spec);
     let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
         Ok(p) => p.brake(max_nodes, room, allowance),
@@ -185,7 +223,7 @@ async fn apply(
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
     let req = spares::spare_provision_request(&name, &wanted);
     for _ in 0..plan.provision {
-        if !ctx.provision_budget().take(&spec.pool, now) {
+        if !ctx.state().provision_budget.take(&spec.pool, now) {
             break;
         }
         let create = proto::CreateNodeRequest {
@@ -197,14 +235,15 @@ async fn apply(
             tags: req.tags.iter().cloned().collect(),
         };
         let node = ctx.manager.create_node(create).await?;
-        ctx.model().add_provisioned(&node);
-        created
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(name.clone())
-            .or_default()
-            .push((node.clone(), Instant::now()));
+        {
+            let mut state = ctx.state();
+            state.model_mut().add_provisioned(&node);
+            state
+                .spares_created
+                .entry(name.clone())
+                .or_default()
+                .push((node.clone(), Instant::now()));
+        }
         ctx.event(
             target,
             EventType::Normal,
@@ -366,9 +405,4 @@ async fn write_status(
         &status,
     )
     .await
-}
-
-pub fn error_policy(target: Arc<HotSpareTarget>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(target = %target.name_any(), error = %error, "hot spare reconcile failed");
-    Action::requeue(super::backoff_for(error))
 }

@@ -159,6 +159,9 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         ..prev.clone()
     };
     if plan::is_terminal(prev.phase) {
+        ctx.state()
+            .wake
+            .set_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
         api::kstatus::observe_generation(&mut status.conditions, generation);
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::await_change());
@@ -190,11 +193,25 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
 
     let job = &mig.spec.job;
     let bundle_id = mapping::bundle_id(&ns, &job.bundle);
-    let job_id = format!("{bundle_id}/{}/{}", job.replica, job.job_name);
+    // Manager's id for the job, as Manager gave it (the status keeps it once admitted).
+    let job_id = prev.job_id.clone().or_else(|| {
+        let replica = u32::try_from(job.replica).ok()?;
+        ctx.manager.mirror().read(|m| {
+            m.job_of(&bundle_id, replica, &job.job_name)
+                .map(|j| j.job_id.clone())
+        })
+    });
+    // Unknown to Manager: admission rejects it as UnknownJob.
+    let job_id = job_id.unwrap_or_default();
     let migration_id = prev
         .migration_id
         .clone()
         .unwrap_or_else(|| manager_migration_id(mig));
+    // Manager's changes to this migration and its job wake this object (and only it).
+    ctx.state().wake.set_migration(
+        &kube::runtime::reflector::ObjectRef::from(mig),
+        Some((migration_id.clone(), job_id.clone())),
+    );
 
     let machine = if prev.phase == MigrationPhase::Pending {
         if deleting {
@@ -904,7 +921,7 @@ impl Run<'_> {
             other_replicas,
             placed_siblings,
         };
-        let decision = self.ctx.model().place(&request, now_ms(Utc::now()));
+        let decision = self.ctx.state().model.place(&request, now_ms(Utc::now()));
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
@@ -1073,10 +1090,15 @@ impl Run<'_> {
             }
             Action::RecoverByBand { reason } => {
                 // The job's stop now counts as a failure: its band decides (bronze is dropped).
-                self.ctx
-                    .handed_to_recovery()
-                    .insert(self.job_id.clone(), self.now());
-                let _ = self.ctx.bundle_trigger.send(());
+                // Manager records that as the stop's reason, so it outlives this operator.
+                match self.ctx.manager.hand_to_recovery(&self.job_id).await {
+                    Ok(_) => {}
+                    Err(e) if is_final_answer(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                if let Some(bundle) = super::drain::job_bundle(self.ctx, &self.job_id) {
+                    let _ = self.ctx.wake.bundles.send(bundle);
+                }
                 self.ctx
                     .event(
                         self.mig,

@@ -1,6 +1,6 @@
 //! The controllers, one per custom resource, and what they share.
 //!
-//! Each `reconcile` reads like the seed's prose: observe (the object, the mirror), decide with
+//! Each `reconcile` reads like the TypeScript library's prose: observe (the object, the mirror), decide with
 //! pure code (placement, band policy, the restart ledger), act (Manager commands), record
 //! (status with server-side apply, Events, metrics).
 
@@ -11,7 +11,6 @@ pub mod migration;
 pub mod node;
 pub mod pool;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,19 +22,13 @@ use manager_proto as proto;
 
 use crate::mapping;
 use crate::metrics::Metrics;
-use crate::model::ClusterModel;
 use crate::settings::Settings;
-use automanager_policy::ledger::RestartLedger;
-use automanager_policy::node_health::NodeHealth;
+use crate::state::{EngineSnapshot, OperatorState};
+use automanager_api::{Bundle, HotSpareTarget, Migration, PlacementPool};
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::{broadcast, mpsc};
 
-/// The last placement decision for one replica of a bundle: the full trace for
-/// `/debug/trace`, and what status summarises (also when the status write was coalesced).
-#[derive(Debug, Clone)]
-pub struct LastDecision {
-    pub decision: automanager_placement::Decision,
-    pub recovery: bool,
-    pub at: chrono::DateTime<chrono::Utc>,
-}
+pub use crate::state::LastDecision;
 
 /// Why a reconcile failed. Variant names show up in logs and in the reconcile metric's label.
 #[derive(Debug, thiserror::Error)]
@@ -65,29 +58,66 @@ impl Error {
     }
 }
 
-/// Everything the controllers share.
+/// Where the mirror pump and the controllers send "look at this object again".
+#[derive(Clone)]
+pub struct Wakers {
+    pub bundles: mpsc::UnboundedSender<ObjectRef<Bundle>>,
+    pub pools: mpsc::UnboundedSender<ObjectRef<PlacementPool>>,
+    pub spare_targets: mpsc::UnboundedSender<ObjectRef<HotSpareTarget>>,
+    pub migrations: mpsc::UnboundedSender<ObjectRef<Migration>>,
+    /// The ManagerNode status sync.
+    pub node_sync: mpsc::Sender<()>,
+    /// Every object of every kind (after a resync, when the change stream lagged).
+    pub everything: broadcast::Sender<()>,
+}
+
+/// The receiving ends of [`Wakers`], taken once by the runtime.
+pub struct WakeReceivers {
+    pub bundles: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    pub pools: mpsc::UnboundedReceiver<ObjectRef<PlacementPool>>,
+    pub spare_targets: mpsc::UnboundedReceiver<ObjectRef<HotSpareTarget>>,
+    pub migrations: mpsc::UnboundedReceiver<ObjectRef<Migration>>,
+    pub node_sync: mpsc::Receiver<()>,
+}
+
+fn wake_channels() -> (Wakers, WakeReceivers) {
+    let (bundles, bundles_rx) = mpsc::unbounded_channel();
+    let (pools, pools_rx) = mpsc::unbounded_channel();
+    let (spare_targets, spare_targets_rx) = mpsc::unbounded_channel();
+    let (migrations, migrations_rx) = mpsc::unbounded_channel();
+    let (node_sync, node_sync_rx) = mpsc::channel(1);
+    let (everything, _) = broadcast::channel(16);
+    (
+        Wakers {
+            bundles,
+            pools,
+            spare_targets,
+            migrations,
+            node_sync,
+            everything,
+        },
+        WakeReceivers {
+            bundles: bundles_rx,
+            pools: pools_rx,
+            spare_targets: spare_targets_rx,
+            migrations: migrations_rx,
+            node_sync: node_sync_rx,
+        },
+    )
+}
+
+/// Everything the controllers share: clients, settings, metrics, the one state owner
+/// ([`crate::state`]), the engine snapshot readers use, and the wakers.
 pub struct Context {
     pub client: Client,
     pub manager: ManagerClient,
     pub settings: Settings,
     pub metrics: Metrics,
     pub recorder: Recorder,
-    pub model: Mutex<ClusterModel>,
-    pub ledger: Mutex<RestartLedger>,
-    pub health: Mutex<NodeHealth>,
-    /// The full placement trace of each bundle's last decision per replica, for `/debug/trace`.
-    pub traces: Mutex<HashMap<(String, String), BTreeMap<u32, LastDecision>>>,
-    /// Job ids of bronze jobs dropped after a failure (they stay down until a retry or a spec change).
-    pub dropped: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
-    /// Job ids handed to their band's recovery by a failed migration or a drain's fallback: a
-    /// stop of such a job counts as a failure (gold and silver restart, bronze is dropped).
-    pub handed_to_recovery: Mutex<HashMap<String, chrono::DateTime<chrono::Utc>>>,
-    /// Node requests per pool in the last minute: the provisioning brake.
-    pub provision_budget: Mutex<automanager_policy::provision_budget::ProvisionBudget>,
-    /// Bundles currently Broken, for the `automanager_broken_bundles` gauge.
-    pub broken: Mutex<std::collections::HashSet<String>>,
-    /// Asks the Bundle controller to look at every bundle (a pool or node changed).
-    pub bundle_trigger: tokio::sync::broadcast::Sender<()>,
+    state: Mutex<OperatorState>,
+    pub snapshot: EngineSnapshot,
+    pub wake: Wakers,
+    receivers: Mutex<Option<WakeReceivers>>,
 }
 
 impl Context {
@@ -105,70 +135,74 @@ impl Context {
                 instance: Some(identity.to_owned()),
             },
         );
-        let (bundle_trigger, _) = tokio::sync::broadcast::channel(64);
+        let (wake, receivers) = wake_channels();
         Arc::new(Context {
             client,
             manager,
-            model: Mutex::new(ClusterModel::new(settings.pending_window.as_millis() as u64)),
-            ledger: Mutex::new(RestartLedger::default()),
-            health: Mutex::new(NodeHealth::new(
+            state: Mutex::new(OperatorState::new(
+                settings.pending_window,
                 settings.rejection_threshold,
                 settings.rejection_window,
             )),
+            snapshot: EngineSnapshot::default(),
             settings,
             metrics,
             recorder,
-            traces: Mutex::new(HashMap::new()),
-            dropped: Mutex::new(HashMap::new()),
-            handed_to_recovery: Mutex::new(HashMap::new()),
-            provision_budget: Mutex::new(Default::default()),
-            broken: Mutex::new(std::collections::HashSet::new()),
-            bundle_trigger,
+            wake,
+            receivers: Mutex::new(Some(receivers)),
         })
     }
 
-    /// Poison-tolerant locks: a panic elsewhere must not wedge the operator.
-    pub fn model(&self) -> MutexGuard<'_, ClusterModel> {
-        self.model.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn provision_budget(
-        &self,
-    ) -> MutexGuard<'_, automanager_policy::provision_budget::ProvisionBudget> {
-        self.provision_budget
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn ledger(&self) -> MutexGuard<'_, RestartLedger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn health(&self) -> MutexGuard<'_, NodeHealth> {
-        self.health.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn traces(&self) -> MutexGuard<'_, HashMap<(String, String), BTreeMap<u32, LastDecision>>> {
-        self.traces.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn dropped(&self) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
-        self.dropped.lock().unwrap_or_else(|e| e.into_inner())
-    }
-    pub fn handed_to_recovery(
-        &self,
-    ) -> MutexGuard<'_, HashMap<String, chrono::DateTime<chrono::Utc>>> {
-        self.handed_to_recovery
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+    /// The one state owner's lock ([`crate::state`]: never held across an `.await`, and taken
+    /// after the mirror's lock when both are needed). Poison-tolerant: a panic elsewhere must
+    /// not wedge the operator.
+    pub fn state(&self) -> MutexGuard<'_, OperatorState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records whether a bundle is Broken and updates the gauge.
+    /// Runs `f` with the mirror read-locked and the state locked, in that order.
+    pub fn with_mirror<R>(
+        &self,
+        f: impl FnOnce(&manager_client::MirrorState, &mut OperatorState) -> R,
+    ) -> R {
+        self.manager.mirror().read(|m| f(m, &mut self.state()))
+    }
+
+    /// The wake receivers, once (the runtime takes them when controllers start).
+    pub fn take_receivers(&self) -> Option<WakeReceivers> {
+        self.receivers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Capacity came or went in `pool`: wakes the bundles waiting on it, its HotSpareTargets and
+    /// its PlacementPool (its figures).
+    pub fn wake_pool(&self, pool: &str) {
+        let state = self.state();
+        for b in state.wake.waiting_on(pool) {
+            let _ = self.wake.bundles.send(b.clone());
+        }
+        for t in state.wake.spare_targets_of(pool) {
+            let _ = self.wake.spare_targets.send(t.clone());
+        }
+        let _ = self.wake.pools.send(ObjectRef::new(pool));
+    }
+
+    /// Records whether a bundle is Broken and updates the gauges.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
-        let mut set = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-        let changed = if broken {
-            set.insert(bundle_id.to_owned())
-        } else {
-            set.remove(bundle_id)
+        let count = {
+            let mut state = self.state();
+            let changed = if broken {
+                state.broken.insert(bundle_id.to_owned())
+            } else {
+                state.broken.remove(bundle_id)
+            };
+            changed.then(|| state.broken.len())
         };
-        if changed {
+        if let Some(count) = count {
             self.metrics
-                .set_broken_bundles(i64::try_from(set.len()).unwrap_or(i64::MAX));
+                .set_broken_bundles(i64::try_from(count).unwrap_or(i64::MAX));
         }
     }
 
@@ -209,6 +243,81 @@ impl Context {
             tracing::warn!(object = %obj.meta().name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
         }
     }
+}
+
+/// The wrapper every finalized controller's reconcile goes through: the kind's cleanup
+/// finalizer, the `automanager_reconcile_duration_seconds{controller, result}` metric and the
+/// error mapping, in one place.
+pub async fn reconcile_finalized<K, A, AFut, C, CFut>(
+    controller: &'static str,
+    ctx: &Context,
+    api: kube::Api<K>,
+    finalizer_name: &str,
+    obj: Arc<K>,
+    apply: A,
+    cleanup: C,
+) -> Result<kube::runtime::controller::Action, Error>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    A: FnOnce(Arc<K>) -> AFut,
+    AFut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
+    C: FnOnce(Arc<K>) -> CFut,
+    CFut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
+{
+    use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+    timed(controller, ctx, async {
+        finalizer(&api, finalizer_name, obj, |event| async {
+            match event {
+                Finalizer::Apply(o) => apply(o).await,
+                Finalizer::Cleanup(o) => cleanup(o).await,
+            }
+        })
+        .await
+        .map_err(|e| match e {
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+            other => Error::Finalizer(other.to_string()),
+        })
+    })
+    .await
+}
+
+/// Runs one reconcile and records its duration and result under `controller`.
+pub async fn timed<T>(
+    controller: &'static str,
+    ctx: &Context,
+    work: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    let started = std::time::Instant::now();
+    let result = work.await;
+    ctx.metrics
+        .observe_reconcile(controller, result.is_ok(), started.elapsed().as_secs_f64());
+    result
+}
+
+/// The error policy every controller shares: log with the object and the error's kind, and
+/// retry after a delay suited to the error.
+pub fn error_policy<K: ResourceExt>(
+    obj: Arc<K>,
+    error: &Error,
+    _ctx: Arc<Context>,
+) -> kube::runtime::controller::Action {
+    tracing::warn!(
+        kind = %std::any::type_name::<K>().rsplit("::").next().unwrap_or_default(),
+        name = %obj.name_any(),
+        namespace = ?obj.namespace(),
+        error = %error,
+        error_kind = error.metric_label(),
+        "reconcile failed"
+    );
+    kube::runtime::controller::Action::requeue(backoff_for(error))
 }
 
 /// How long to wait before retrying after an error.
@@ -281,10 +390,10 @@ pub async fn request_node(
     if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
         return Ok(None);
     }
-    let Some(spec) = ctx.model().pool(pool).cloned() else {
+    let Some(spec) = ctx.state().model.pool(pool).cloned() else {
         return Ok(None);
     };
-    if !ctx.provision_budget().take(pool, chrono::Utc::now()) {
+    if !ctx.state().provision_budget.take(pool, chrono::Utc::now()) {
         tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
         return Ok(None);
     }
@@ -299,7 +408,7 @@ pub async fn request_node(
             .collect(),
     };
     let node = ctx.manager.create_node(req).await?;
-    ctx.model().add_provisioned(&node);
+    ctx.state().model.add_provisioned(&node);
     Ok(Some(node))
 }
 

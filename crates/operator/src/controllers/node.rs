@@ -9,7 +9,7 @@
 //! `drain.mode: migrate` moves every job off first (see [`super::drain`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
@@ -45,61 +45,6 @@ fn same_but_usage(a: &ManagerNodeStatus, b: &ManagerNodeStatus) -> bool {
 
 /// How often objects of nodes Manager no longer has are looked for.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
-
-/// Drains in progress, by Manager node id (kept in memory: a restarted operator re-reads the
-/// spec and resumes; a terminate already sent is idempotent), and the spec generation the node
-/// controller last acted on, which the status writer reports as `observedGeneration`.
-#[derive(Default)]
-pub struct Drains(
-    Mutex<HashMap<String, DrainStatus>>,
-    Mutex<HashMap<String, i64>>,
-);
-
-impl Drains {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, DrainStatus>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn observe(&self, node_id: &str, generation: Option<i64>) {
-        let mut seen = self.1.lock().unwrap_or_else(|e| e.into_inner());
-        match generation {
-            Some(g) => seen.insert(node_id.to_owned(), g),
-            None => seen.remove(node_id),
-        };
-    }
-
-    fn observed(&self, node_id: &str) -> Option<i64> {
-        self.1
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(node_id)
-            .copied()
-    }
-}
-
-/// A node's kstatus standing: starting or draining is progress, a node whose workers keep
-/// refusing starts is stalled, a node Manager stopped is settled.
-fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
-    use api::Standing;
-    if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
-        let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
-        return (Standing::Reconciling, "Draining", msg);
-    }
-    let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
-    match status.state {
-        NodeState::Stopped | NodeState::Terminated => (Standing::Settled, "NotStarted", reported),
-        NodeState::Starting => (Standing::Reconciling, "Starting", reported),
-        NodeState::Started if !status.healthy => (
-            Standing::Stalled,
-            "RejectionRateTripped",
-            format!(
-                "{} refused starts within the window; placement avoids the node",
-                status.recent_rejections
-            ),
-        ),
-        NodeState::Started => (Standing::Ready, "Started", reported),
-    }
-}
 
 fn ms_to_time(ms: i64) -> Option<DateTime<Utc>> {
     (ms > 0)
@@ -240,12 +185,32 @@ fn desired_status(
     }
 }
 
+/// A node's kstatus standing: starting or draining is progress, a node whose workers keep
+/// refusing starts is stalled, a node Manager stopped is settled.
+fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
+    use api::Standing;
+    if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
+        let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
+        return (Standing::Reconciling, "Draining", msg);
+    }
+    let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
+    match status.state {
+        NodeState::Stopped | NodeState::Terminated => (Standing::Settled, "NotStarted", reported),
+        NodeState::Starting => (Standing::Reconciling, "Starting", reported),
+        NodeState::Started if !status.healthy => (
+            Standing::Stalled,
+            "RejectionRateTripped",
+            format!(
+                "{} refused starts within the window; placement avoids the node",
+                status.recent_rejections
+            ),
+        ),
+        NodeState::Started => (Standing::Ready, "Started", reported),
+    }
+}
+
 /// Mirrors Manager's nodes into ManagerNode objects until `shutdown` resolves.
-pub async fn run_mirror_sync(
-    ctx: Arc<Context>,
-    drains: Arc<Drains>,
-    mut wake: tokio::sync::mpsc::Receiver<()>,
-) {
+pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Receiver<()>) {
     let api: Api<ManagerNode> = Api::all(ctx.client.clone());
     let mut written: HashMap<String, ManagerNodeStatus> = HashMap::new();
     let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
@@ -267,7 +232,7 @@ pub async fn run_mirror_sync(
             continue;
         }
         let now = Utc::now();
-        let unhealthy_now = ctx.health().unhealthy_nodes(now);
+        let unhealthy_now = ctx.state().health.unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
         // One pass over the mirror; the model, drain and health locks are each held only for a
         // node's own lookups, so placement is never held up behind this loop.
@@ -277,11 +242,11 @@ pub async fn run_mirror_sync(
             for n in m.nodes.values() {
                 let unhealthy = unhealthy_now.contains(&n.node_id);
                 let overlay = {
-                    let mut model = ctx.model();
-                    let mut overlay = model.overlay(&n.node_id);
+                    let mut state = ctx.state();
+                    let mut overlay = state.model.overlay(&n.node_id);
                     if overlay.unhealthy != unhealthy {
                         overlay.unhealthy = unhealthy;
-                        model.set_overlay(&n.node_id, overlay, m);
+                        state.model_mut().set_overlay(&n.node_id, overlay, m);
                     }
                     overlay
                 };
@@ -296,7 +261,7 @@ pub async fn run_mirror_sync(
                     continue; // removed below, and not recreated
                 }
                 let name = mapping::node_object_name(&n.node_id);
-                let rejections = ctx.health().count(&n.node_id);
+                let rejections = ctx.state().health.count(&n.node_id);
                 let mut status = desired_status(
                     n,
                     by_node.remove(n.node_id.as_str()).unwrap_or_default(),
@@ -305,7 +270,7 @@ pub async fn run_mirror_sync(
                     written.get(&name),
                     now,
                 );
-                status.drain = drains.lock().get_mut(&n.node_id).map(|d| {
+                status.drain = ctx.state().drains.get_mut(&n.node_id).map(|d| {
                     d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
                     if matches!(state, NodeState::Stopped | NodeState::Terminated)
                         && d.completed_at.is_none()
@@ -314,7 +279,7 @@ pub async fn run_mirror_sync(
                     }
                     d.clone()
                 });
-                let generation = drains.observed(&n.node_id);
+                let generation = ctx.state().drain_generations.get(&n.node_id).copied();
                 status.observed_generation = generation;
                 api::kstatus::observe_generation(&mut status.conditions, generation);
                 let (standing, reason, message) = node_standing(&status);
@@ -361,6 +326,9 @@ pub async fn run_mirror_sync(
             }
             match super::apply_status(&api, name, status).await {
                 Ok(_) => {
+                    if last.is_none_or(|l| l.state != status.state) {
+                        lifecycle_event(&ctx, name, status).await;
+                    }
                     written.insert(name.clone(), status.clone());
                     written_at.insert(name.clone(), std::time::Instant::now());
                 }
@@ -382,16 +350,77 @@ pub async fn run_mirror_sync(
         if last_sweep.elapsed() >= ORPHAN_SWEEP {
             last_sweep = std::time::Instant::now();
             if let Ok(list) = api.list(&ListParams::default()).await {
-                for obj in list.items {
-                    let name = obj.name_any();
+                let existing: std::collections::HashSet<String> =
+                    list.items.iter().map(|o| o.name_any()).collect();
+                for name in &existing {
                     if !keep.contains(name.as_str()) {
-                        delete(&api, &name).await;
-                        written.remove(&name);
+                        delete(&api, name).await;
+                        written.remove(name);
                     }
                 }
+                // An object deleted by hand is recreated: the mirror is the truth, and the
+                // object is where a person cordons or drains the node.
+                written.retain(|name, _| existing.contains(name));
             }
         }
     }
+}
+
+/// An Event on the ManagerNode when Manager's node changes state (the TypeScript library's
+/// `onNodeStarting / onNodeStarted / onNodeStopped / onNodeTerminated`).
+async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) {
+    let (reason, type_) = match status.state {
+        NodeState::Starting => ("NodeStarting", EventType::Normal),
+        NodeState::Started => ("NodeStarted", EventType::Normal),
+        NodeState::Stopped => ("NodeStopped", EventType::Warning),
+        NodeState::Terminated => ("NodeTerminated", EventType::Normal),
+    };
+    let mut obj = ManagerNode::new(name, ManagerNodeSpec::default());
+    obj.metadata.uid = None;
+    ctx.event(
+        &obj,
+        type_,
+        reason,
+        "Mirror",
+        format!(
+            "Manager reports node {} {}",
+            status.node_id,
+            reason.trim_start_matches("Node").to_lowercase()
+        ),
+    )
+    .await;
+}
+
+/// A worker refused a start on `node_id`: counted toward the node's health, and a node whose
+/// rejection rate trips the threshold is marked unhealthy (placement avoids it), with a
+/// `NodeUnhealthy` Event on its ManagerNode (the library's `onNodeUnhealthy`).
+pub async fn record_rejection(ctx: &Context, node_id: &str) {
+    let change = ctx.state().health.record_rejection(node_id, Utc::now());
+    if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
+        return;
+    }
+    ctx.with_mirror(|m, s| {
+        let overlay = NodeOverlay {
+            unhealthy: true,
+            ..s.model.overlay(node_id)
+        };
+        s.model_mut().set_overlay(node_id, overlay, m);
+    });
+    tracing::warn!(node = %node_id, "node marked unhealthy: too many rejected starts");
+    let name = mapping::node_object_name(node_id);
+    let obj = ManagerNode::new(&name, ManagerNodeSpec::default());
+    ctx.event(
+        &obj,
+        EventType::Warning,
+        "NodeUnhealthy",
+        "Health",
+        format!(
+            "node {node_id} refused {} starts within {}s: placements avoid it until the window passes quietly",
+            ctx.settings.rejection_threshold,
+            ctx.settings.rejection_window.as_secs()
+        ),
+    )
+    .await;
 }
 
 async fn delete(api: &Api<ManagerNode>, name: &str) {
@@ -405,22 +434,11 @@ async fn delete(api: &Api<ManagerNode>, name: &str) {
 }
 
 /// Applies a ManagerNode's spec: cordon, drain.
-pub async fn reconcile(
-    node: Arc<ManagerNode>,
-    ctx: Arc<Context>,
-    drains: Arc<Drains>,
-) -> Result<Action, Error> {
-    let started = std::time::Instant::now();
-    let result = apply(&node, &ctx, &drains).await;
-    ctx.metrics.observe_reconcile(
-        "managernode",
-        result.is_ok(),
-        started.elapsed().as_secs_f64(),
-    );
-    result
+pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>) -> Result<Action, Error> {
+    super::timed("managernode", &ctx, apply(&node, &ctx)).await
 }
 
-async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Result<Action, Error> {
+async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> {
     let node_id = node
         .status
         .as_ref()
@@ -428,15 +446,16 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| node.name_any());
     let cordoned = node.spec.cordoned || node.spec.drain.is_some();
-    let overlay = NodeOverlay {
-        cordoned,
-        ..ctx.model().overlay(&node_id)
-    };
-    let was = ctx.model().overlay(&node_id);
-    ctx.manager
-        .mirror()
-        .read(|m| ctx.model().set_overlay(&node_id, overlay, m));
-    drains.observe(&node_id, node.metadata.generation);
+    let was = ctx.with_mirror(|m, s| {
+        let was = s.model.overlay(&node_id);
+        s.model_mut()
+            .set_overlay(&node_id, NodeOverlay { cordoned, ..was }, m);
+        match node.metadata.generation {
+            Some(g) => s.drain_generations.insert(node_id.clone(), g),
+            None => s.drain_generations.remove(&node_id),
+        };
+        was
+    });
     if was.cordoned != cordoned {
         let what = if cordoned { "Cordoned" } else { "Uncordoned" };
         ctx.event(
@@ -454,22 +473,25 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
             ),
         )
         .await;
-        let _ = ctx.bundle_trigger.send(());
+        // Capacity came or went in the node's pool.
+        if let Some(pool) = ctx.manager.mirror().node(&node_id).map(|n| n.pool) {
+            ctx.wake_pool(&pool);
+        }
     }
     let Some(drain) = node.spec.drain else {
         return Ok(Action::await_change());
     };
     if drain.mode == DrainMode::Migrate {
-        return super::drain::step(node, &node_id, ctx, drains).await;
+        return super::drain::step(node, &node_id, ctx).await;
     }
-    if drains.lock().contains_key(&node_id) {
+    if ctx.state().drains.contains_key(&node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
-    drains.lock().insert(
+    ctx.state().drains.insert(
         node_id.clone(),
         DrainStatus {
             jobs_remaining: i32::try_from(jobs).unwrap_or(0),
@@ -494,11 +516,6 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>, drains: &Drains) -> Resul
     )
     .await;
     Ok(Action::requeue(Duration::from_secs(10)))
-}
-
-pub fn error_policy(node: Arc<ManagerNode>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(node = %node.name_any(), error = %error, "node reconcile failed");
-    Action::requeue(super::backoff_for(error))
 }
 
 #[cfg(test)]
@@ -597,7 +614,7 @@ mod tests {
             ),
             job("ns.c/0/enc", "ns.c", &[("n2", S::Stopped, R::Normal)]),
         ] {
-            m.jobs.insert(j.job_id.clone(), j);
+            m.insert_job(j);
         }
         let by_node = load_by_node(&m);
         let ids = |n: &str| -> Vec<String> {

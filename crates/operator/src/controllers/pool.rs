@@ -17,14 +17,7 @@ use crate::mapping;
 const REFRESH: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let started = std::time::Instant::now();
-    let result = apply(&pool, &ctx).await;
-    ctx.metrics.observe_reconcile(
-        "placementpool",
-        result.is_ok(),
-        started.elapsed().as_secs_f64(),
-    );
-    result
+    super::timed("placementpool", &ctx, apply(&pool, &ctx)).await
 }
 
 async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -34,10 +27,7 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     let prev = pool.status.clone().unwrap_or_default();
     let spec = mapping::pool(&name, &pool.spec);
 
-    let loaded = ctx
-        .manager
-        .mirror()
-        .read(|m| ctx.model().upsert_pool(spec, m));
+    let loaded = ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m));
     let mut ready = match &loaded {
         Ok(_) => (true, "Valid", String::new()),
         Err(e) => (false, "InvalidPool", e.to_string()),
@@ -66,12 +56,12 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
         }
     }
     if let Ok(true) = loaded {
-        // Bundles waiting for this pool may now place. Only on a change: pools are also woken
-        // by this trigger, and an unconditional send would loop.
-        let _ = ctx.bundle_trigger.send(());
+        // Bundles waiting for this pool may now place. Only on a change: the pool itself is
+        // woken too, and an unconditional wake would loop.
+        ctx.wake_pool(&name);
     }
 
-    let usage = ctx.model().engine().pool_usage(&name);
+    let usage = ctx.state().model.engine().pool_usage(&name);
     let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
     let spare_target: i64 = match targets.list(&ListParams::default()).await {
         Ok(list) => list
@@ -130,16 +120,21 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
 
 /// Forgets pools whose objects are gone (the store is the controller's cache).
 pub fn prune(ctx: &Context, existing: &[String]) {
-    let mut model = ctx.model();
-    for p in model.pools() {
-        if !existing.contains(&p.name) {
-            model.remove_pool(&p.name);
-            ctx.metrics.remove_pool(&p.name);
+    let gone: Vec<String> = {
+        let mut state = ctx.state();
+        let gone: Vec<String> = state
+            .model
+            .pools()
+            .into_iter()
+            .map(|p| p.name)
+            .filter(|p| !existing.contains(p))
+            .collect();
+        for p in &gone {
+            state.model_mut().remove_pool(p);
         }
+        gone
+    };
+    for p in gone {
+        ctx.metrics.remove_pool(&p);
     }
-}
-
-pub fn error_policy(pool: Arc<PlacementPool>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(pool = %pool.name_any(), error = %error, "pool reconcile failed");
-    Action::requeue(super::backoff_for(error))
 }
