@@ -11,11 +11,13 @@
 //! | [`Standing::Ready`] | True | False | False | Current |
 //! | [`Standing::Reconciling`] | False | True | False | InProgress |
 //! | [`Standing::Stalled`] | False | False | True | Failed |
-//! | [`Standing::Settled`] | False | False | False | Current |
 //!
-//! kstatus reads `InProgress` while `observedGeneration` lags `metadata.generation`, so a spec
-//! change reads as in progress until the operator has looked at it. The per-kind mapping from
-//! an object's state to its standing is in docs/kstatus.md.
+//! There is no fourth standing: kstatus reads `Ready=False` with neither of the others True as
+//! `InProgress`, so an end state that is what the spec asked for without being the usual
+//! success (a Migration aborted at the user's request, a node Manager stopped) is `Ready`, and
+//! its reason says which. kstatus reads `InProgress` while `observedGeneration` lags
+//! `metadata.generation`, so a spec change reads as in progress until the operator has looked at
+//! it. The per-kind mapping from an object's state to its standing is in docs/kstatus.md.
 
 use chrono::{DateTime, Utc};
 
@@ -31,23 +33,22 @@ pub const STALLED: &str = "Stalled";
 /// What a reconcile concluded about an object, in kstatus' terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
-    /// The object is what its spec asks (kstatus `Current`).
+    /// The object is what its spec asks, and nothing more will happen until it changes (kstatus
+    /// `Current`). The reason tells an end state that is not the usual success (`Aborted`,
+    /// `Terminated`) from success.
     Ready,
     /// The operator is working towards the spec and expects to get there (kstatus `InProgress`).
     Reconciling,
     /// The operator cannot get there without a change of spec, of the world, or a user's retry
     /// (kstatus `Failed`).
     Stalled,
-    /// An end state that is not "ready" and that the operator will not change: a Migration
-    /// aborted at the user's request, a node Manager has stopped (kstatus `Current`).
-    Settled,
 }
 
 impl Standing {
     /// The kstatus status this standing reads as once the generation is observed.
     pub fn kstatus(self) -> &'static str {
         match self {
-            Standing::Ready | Standing::Settled => "Current",
+            Standing::Ready => "Current",
             Standing::Reconciling => "InProgress",
             Standing::Stalled => "Failed",
         }
@@ -103,7 +104,6 @@ pub fn standing(conditions: &[Condition]) -> Option<Standing> {
         (true, false, false) => Some(Standing::Ready),
         (false, true, false) => Some(Standing::Reconciling),
         (false, false, true) => Some(Standing::Stalled),
-        (false, false, false) => Some(Standing::Settled),
         _ => None,
     }
 }
@@ -139,7 +139,6 @@ mod tests {
             (Standing::Ready, [True, False, False]),
             (Standing::Reconciling, [False, True, False]),
             (Standing::Stalled, [False, False, True]),
-            (Standing::Settled, [False, False, False]),
         ] {
             let mut cs = Vec::new();
             set_standing(&mut cs, standing, "Why", "what", Some(3), at(1));
@@ -216,12 +215,17 @@ mod tests {
             c.status = ConditionStatus::True;
         }
         assert_eq!(standing(&cs), None);
+        // All three False is what kstatus reads as InProgress with no reason: never written.
+        for c in cs.iter_mut() {
+            c.status = ConditionStatus::False;
+        }
+        assert_eq!(standing(&cs), None);
     }
 
     #[test]
     fn observing_a_generation_stamps_every_condition() {
         let mut cs = Vec::new();
-        set_standing(&mut cs, Standing::Settled, "Aborted", "", Some(1), at(1));
+        set_standing(&mut cs, Standing::Ready, "Aborted", "", Some(1), at(1));
         observe_generation(&mut cs, Some(4));
         assert!(cs.iter().all(|c| c.observed_generation == Some(4)));
     }
@@ -231,7 +235,6 @@ mod tests {
             Just(Standing::Ready),
             Just(Standing::Reconciling),
             Just(Standing::Stalled),
-            Just(Standing::Settled),
         ]
     }
 

@@ -78,7 +78,8 @@ impl Drains {
 }
 
 /// A node's kstatus standing: starting or draining is progress, a node whose workers keep
-/// refusing starts is stalled, a node Manager stopped is settled.
+/// refusing starts is stalled, a started node and one Manager stopped or terminated (nothing
+/// more will happen to it) are ready, the reason saying which.
 fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
     use api::Standing;
     if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
@@ -87,7 +88,8 @@ fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, St
     }
     let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
     match status.state {
-        NodeState::Stopped | NodeState::Terminated => (Standing::Settled, "NotStarted", reported),
+        NodeState::Stopped => (Standing::Ready, "Stopped", reported),
+        NodeState::Terminated => (Standing::Ready, "Terminated", reported),
         NodeState::Starting => (Standing::Reconciling, "Starting", reported),
         NodeState::Started if !status.healthy => (
             Standing::Stalled,
@@ -567,14 +569,10 @@ mod tests {
             ),
             (
                 node(NodeState::Terminated, true, Some(drained)),
-                S::Settled,
-                "NotStarted",
+                S::Ready,
+                "Terminated",
             ),
-            (
-                node(NodeState::Stopped, true, None),
-                S::Settled,
-                "NotStarted",
-            ),
+            (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
         ] {
             let (standing, r, _) = node_standing(&status);
             assert_eq!((standing, r), (want, reason), "{status:?}");
