@@ -16,18 +16,11 @@ async fn start() -> Stack {
     with_pools(Stack::start().await.expect("stack")).await
 }
 
-/// A stack whose simulated jobs wait up to ten minutes for an answer, so a cutover held by
-/// `slow-cutover` lasts as long as the test asks however loaded the machine is (the sim's default
-/// answer timeout, 30 s, would otherwise abort it first).
+/// A stack whose simulated jobs wait up to ten minutes for an answer
+/// ([`automanager_e2e::stack::patient_sim_config`]).
 async fn start_patient() -> Stack {
     let dir = tempfile::tempdir().unwrap();
-    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
-    let config = dir.path().join("manager-sim.yaml");
-    std::fs::write(
-        &config,
-        format!("{demo}\njobSocket: {{answerTimeoutMs: 600000}}\n"),
-    )
-    .unwrap();
+    let config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
     with_pools(
         Stack::start_custom(&config, &[], |_| {})
             .await
