@@ -11,11 +11,13 @@
 //! | [`Standing::Ready`] | True | False | False | Current |
 //! | [`Standing::Reconciling`] | False | True | False | InProgress |
 //! | [`Standing::Stalled`] | False | False | True | Failed |
-//! | [`Standing::Settled`] | False | False | False | Current |
 //!
-//! kstatus reads `InProgress` while `observedGeneration` lags `metadata.generation`, so a spec
-//! change reads as in progress until the operator has looked at it. The per-kind mapping from
-//! an object's state to its standing is in docs/kstatus.md.
+//! There is no fourth standing: kstatus reads `Ready=False` with neither of the others True as
+//! `InProgress`, so an end state that is what the spec asked for without being the usual
+//! success (a Migration aborted at the user's request, a node Manager stopped) is `Ready`, and
+//! its reason says which. kstatus reads `InProgress` while `observedGeneration` lags
+//! `metadata.generation`, so a spec change reads as in progress until the operator has looked at
+//! it. The per-kind mapping from an object's state to its standing is in docs/kstatus.md.
 
 use chrono::{DateTime, Utc};
 
@@ -79,7 +81,6 @@ pub fn standing(conditions: &[Condition]) -> Option<Standing> {
         (true, false, false) => Some(Standing::Ready),
         (false, true, false) => Some(Standing::Reconciling),
         (false, false, true) => Some(Standing::Stalled),
-        (false, false, false) => Some(Standing::Settled),
         _ => None,
     }
 }
@@ -115,7 +116,6 @@ mod tests {
             (Standing::Ready, [True, False, False]),
             (Standing::Reconciling, [False, True, False]),
             (Standing::Stalled, [False, False, True]),
-            (Standing::Settled, [False, False, False]),
         ] {
             let mut cs = Vec::new();
             set_standing(&mut cs, standing, "Why", "what", Some(3), at(1));
@@ -192,12 +192,17 @@ mod tests {
             c.status = ConditionStatus::True;
         }
         assert_eq!(standing(&cs), None);
+        // All three False is what kstatus reads as InProgress with no reason: never written.
+        for c in cs.iter_mut() {
+            c.status = ConditionStatus::False;
+        }
+        assert_eq!(standing(&cs), None);
     }
 
     #[test]
     fn observing_a_generation_stamps_every_condition() {
         let mut cs = Vec::new();
-        set_standing(&mut cs, Standing::Settled, "Aborted", "", Some(1), at(1));
+        set_standing(&mut cs, Standing::Ready, "Aborted", "", Some(1), at(1));
         observe_generation(&mut cs, Some(4));
         assert!(cs.iter().all(|c| c.observed_generation == Some(4)));
     }
@@ -207,7 +212,6 @@ mod tests {
             Just(Standing::Ready),
             Just(Standing::Reconciling),
             Just(Standing::Stalled),
-            Just(Standing::Settled),
         ]
     }
 

@@ -242,23 +242,22 @@ pub enum JobState {
 /// What a reconcile concluded about an object, in kstatus' terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
-    /// The object is what its spec asks (kstatus `Current`).
+    /// The object is what its spec asks, and nothing more will happen until it changes (kstatus
+    /// `Current`). The reason tells an end state that is not the usual success (`Aborted`,
+    /// `Terminated`) from success.
     Ready,
     /// The operator is working towards the spec and expects to get there (kstatus `InProgress`).
     Reconciling,
     /// The operator cannot get there without a change of spec, of the world, or a user's retry
     /// (kstatus `Failed`).
     Stalled,
-    /// An end state that is not "ready" and that the operator will not change: a Migration
-    /// aborted at the user's request, a node Manager has stopped (kstatus `Current`).
-    Settled,
 }
 
 impl Standing {
     /// The kstatus status this standing reads as once the generation is observed.
     pub fn kstatus(self) -> &'static str {
         match self {
-            Standing::Ready | Standing::Settled => "Current",
+            Standing::Ready => "Current",
             Standing::Reconciling => "InProgress",
             Standing::Stalled => "Failed",
         }

@@ -140,6 +140,9 @@ pub struct Stack {
     /// `http://127.0.0.1:PORT` of the operator's debugging API (`/debug/trace`, `/v1/what-if`).
     pub operator_debug_http: String,
     pub config_path: PathBuf,
+    /// The kubeconfig the operator runs with (the control plane's admin one unless the stack
+    /// was started with another, e.g. a ServiceAccount's token).
+    pub operator_kubeconfig: PathBuf,
     pub dir: tempfile::TempDir,
     // Dropped last: the processes above talk to it.
     pub env: TestEnv,
@@ -150,6 +153,22 @@ fn free_port() -> Result<u16, SetupError> {
     Ok(l.local_addr()
         .map_err(|e| SetupError(e.to_string()))?
         .port())
+}
+
+/// The demo's manager-sim config (deploy/demo/manager-sim.yaml) with simulated jobs that wait
+/// ten minutes for an answer, written into `dir`: a cutover held by `slow-cutover` then lasts as
+/// long as a test asks however loaded the machine is (the sim's default answer timeout, 30 s,
+/// would otherwise abort it first).
+pub fn patient_sim_config(dir: &Path) -> Result<PathBuf, SetupError> {
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml"))
+        .map_err(|e| SetupError(format!("reading the demo's manager-sim config: {e}")))?;
+    let config = dir.join("manager-sim.yaml");
+    std::fs::write(
+        &config,
+        format!("{demo}\njobSocket: {{answerTimeoutMs: 600000}}\n"),
+    )
+    .map_err(|e| SetupError(e.to_string()))?;
+    Ok(config)
 }
 
 /// Starts `manager-sim serve` and waits for its `listening on` line.
@@ -229,6 +248,19 @@ impl Stack {
     ) -> Result<Stack, SetupError> {
         binaries()?;
         let env = env_with_crds().await?;
+        Self::start_on(env, sim_config, sim_args, None, adjust).await
+    }
+
+    /// Like [`Stack::start_custom`], on a control plane the caller set up (its CRDs installed),
+    /// with the operator using `operator_kubeconfig` instead of the admin one when given.
+    pub async fn start_on(
+        env: TestEnv,
+        sim_config: &Path,
+        sim_args: &[&str],
+        operator_kubeconfig: Option<PathBuf>,
+        adjust: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+    ) -> Result<Stack, SetupError> {
+        binaries()?;
         let dir = tempfile::Builder::new()
             .prefix("automanager-e2e-")
             .tempdir()
@@ -258,6 +290,8 @@ impl Stack {
             operator_http: format!("http://127.0.0.1:{http_port}"),
             operator_debug_http: format!("http://127.0.0.1:{debug_port}"),
             config_path,
+            operator_kubeconfig: operator_kubeconfig
+                .unwrap_or_else(|| env.kubeconfig_path().to_path_buf()),
             dir,
             env,
         };
@@ -278,7 +312,7 @@ impl Stack {
         let child = Command::new(&bins.operator)
             .arg("--config")
             .arg(&self.config_path)
-            .env("KUBECONFIG", self.env.kubeconfig_path())
+            .env("KUBECONFIG", &self.operator_kubeconfig)
             .env("RUST_LOG", "info,automanager_operator=debug")
             .stdout(log)
             .stderr(log2)

@@ -1280,15 +1280,16 @@ impl Run<'_> {
                 );
                 set("Aborted", true, "Aborted", msg.clone());
                 set("Progressing", false, "Aborted", msg.clone());
-                // An abort the user asked for is the outcome they wanted; any other abort
-                // (the job, the target, a timeout, no room) is a failure to migrate.
+                // An abort the user asked for is what the spec asks (kstatus Current, reason
+                // Aborted); any other abort (the job, the target, a timeout, no room) is a
+                // failure to migrate.
                 let by_user = self
                     .status
                     .abort
                     .as_ref()
                     .is_some_and(|a| a.by == AbortBy::User.as_str());
                 let standing = if by_user {
-                    api::Standing::Settled
+                    api::Standing::Ready
                 } else {
                     api::Standing::Stalled
                 };

@@ -46,6 +46,32 @@ fn same_but_usage(a: &ManagerNodeStatus, b: &ManagerNodeStatus) -> bool {
 /// How often objects of nodes Manager no longer has are looked for.
 const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 
+/// A node's kstatus standing: starting or draining is progress, a node whose workers keep
+/// refusing starts is stalled, a started node and one Manager stopped or terminated (nothing
+/// more will happen to it) are ready, the reason saying which.
+fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
+    use api::Standing;
+    if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
+        let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
+        return (Standing::Reconciling, "Draining", msg);
+    }
+    let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
+    match status.state {
+        NodeState::Stopped => (Standing::Ready, "Stopped", reported),
+        NodeState::Terminated => (Standing::Ready, "Terminated", reported),
+        NodeState::Starting => (Standing::Reconciling, "Starting", reported),
+        NodeState::Started if !status.healthy => (
+            Standing::Stalled,
+            "RejectionRateTripped",
+            format!(
+                "{} refused starts within the window; placement avoids the node",
+                status.recent_rejections
+            ),
+        ),
+        NodeState::Started => (Standing::Ready, "Started", reported),
+    }
+}
+
 fn ms_to_time(ms: i64) -> Option<DateTime<Utc>> {
     (ms > 0)
         .then(|| Utc.timestamp_millis_opt(ms).single())
@@ -182,30 +208,6 @@ fn desired_status(
             .then(|| ms_to_time(n.state_changed_at_ms))
             .flatten(),
         conditions,
-    }
-}
-
-/// A node's kstatus standing: starting or draining is progress, a node whose workers keep
-/// refusing starts is stalled, a node Manager stopped is settled.
-fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
-    use api::Standing;
-    if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
-        let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
-        return (Standing::Reconciling, "Draining", msg);
-    }
-    let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
-    match status.state {
-        NodeState::Stopped | NodeState::Terminated => (Standing::Settled, "NotStarted", reported),
-        NodeState::Starting => (Standing::Reconciling, "Starting", reported),
-        NodeState::Started if !status.healthy => (
-            Standing::Stalled,
-            "RejectionRateTripped",
-            format!(
-                "{} refused starts within the window; placement avoids the node",
-                status.recent_rejections
-            ),
-        ),
-        NodeState::Started => (Standing::Ready, "Started", reported),
     }
 }
 
@@ -584,14 +586,10 @@ mod tests {
             ),
             (
                 node(NodeState::Terminated, true, Some(drained)),
-                S::Settled,
-                "NotStarted",
+                S::Ready,
+                "Terminated",
             ),
-            (
-                node(NodeState::Stopped, true, None),
-                S::Settled,
-                "NotStarted",
-            ),
+            (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
         ] {
             let (standing, r, _) = node_standing(&status);
             assert_eq!((standing, r), (want, reason), "{status:?}");

@@ -1,0 +1,111 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "automanager.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The base of every object name: fullnameOverride, or <release>-<chart> (just <release> when it already holds the chart's name). */}}
+{{- define "automanager.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "automanager.name" . -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "automanager.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: automanager
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end -}}
+
+{{/* Selector labels of the operator pods. */}}
+{{- define "automanager.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "automanager.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* Selector labels of the simulator pod. */}}
+{{- define "automanager.simSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "automanager.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: manager-sim
+{{- end -}}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "automanager.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "automanager.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository@digest, or repository:tag (tag defaults to appVersion). */}}
+{{- define "automanager.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The simulator's Service name and Manager's URL (the simulator's when it runs). */}}
+{{- define "automanager.simName" -}}
+{{- printf "%s-manager-sim" (include "automanager.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- define "automanager.managerUrl" -}}
+{{- if .Values.managerSim.enabled -}}
+{{- printf "http://%s.%s.svc:%d" (include "automanager.simName" .) .Release.Namespace (int .Values.managerSim.port) -}}
+{{- else -}}
+{{- .Values.manager.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secrets the operator mounts: none with the simulator. */}}
+{{- define "automanager.tlsSecret" -}}
+{{- if not .Values.managerSim.enabled }}{{ .Values.manager.tls.secretName }}{{ end -}}
+{{- end -}}
+{{- define "automanager.tokenSecret" -}}
+{{- if not .Values.managerSim.enabled }}{{ .Values.manager.token.secretName }}{{ end -}}
+{{- end -}}
+
+{{/* Where the Secrets are mounted in the operator's container. */}}
+{{- define "automanager.tlsDir" -}}/var/run/secrets/automanager/manager-tls{{- end -}}
+{{- define "automanager.tokenDir" -}}/var/run/secrets/automanager/manager-token{{- end -}}
+{{- define "automanager.configDir" -}}/etc/automanager{{- end -}}
+
+{{/* The operator's settings file (docs/operator-config.md), from the values. */}}
+{{- define "automanager.operatorConfig" -}}
+{{- $c := .Values.config -}}
+{{- $manager := dict "url" (include "automanager.managerUrl" .) "connectTimeout" .Values.manager.connectTimeout "requestTimeout" .Values.manager.requestTimeout -}}
+{{- if include "automanager.tokenSecret" . -}}
+{{- $_ := set $manager "tokenFile" (printf "%s/token" (include "automanager.tokenDir" .)) -}}
+{{- end -}}
+{{- if include "automanager.tlsSecret" . -}}
+{{- $tls := dict "caFile" (printf "%s/ca.crt" (include "automanager.tlsDir" .)) -}}
+{{- if .Values.manager.tls.clientCertificate -}}
+{{- $_ := set $tls "certFile" (printf "%s/tls.crt" (include "automanager.tlsDir" .)) -}}
+{{- $_ := set $tls "keyFile" (printf "%s/tls.key" (include "automanager.tlsDir" .)) -}}
+{{- end -}}
+{{- if .Values.manager.tls.domain -}}
+{{- $_ := set $tls "domain" .Values.manager.tls.domain -}}
+{{- end -}}
+{{- $_ := set $manager "tls" $tls -}}
+{{- end -}}
+{{- $http := dict "bindAddress" (printf "0.0.0.0:%d" (int .Values.metrics.port)) -}}
+{{- if .Values.debug.enabled -}}
+{{- $host := ternary (printf "[%s]" .Values.debug.address) .Values.debug.address (contains ":" .Values.debug.address) -}}
+{{- $_ := set $http "debugBindAddress" (printf "%s:%d" $host (int .Values.debug.port)) -}}
+{{- end -}}
+{{- $le := dict "enabled" $c.leaderElection.enabled "leaseName" (include "automanager.fullname" .) "leaseNamespace" .Release.Namespace "leaseDuration" $c.leaderElection.leaseDuration -}}
+{{- $out := dict "manager" $manager "pendingWindow" $c.pendingWindow "removeStoppedNodesAfter" $c.removeStoppedNodesAfter "bands" $c.bands "nodeHealth" $c.nodeHealth "watchNamespaces" $c.watchNamespaces "leaderElection" $le "http" $http "concurrency" $c.concurrency "statusWriteInterval" $c.statusWriteInterval "migration" $c.migration -}}
+{{- toYaml $out -}}
+{{- end -}}

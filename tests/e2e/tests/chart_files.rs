@@ -1,0 +1,107 @@
+//! The Helm chart's files that must agree with the rest of the repository (no cluster, no
+//! helm: these run with `make test`; the chart itself is exercised by `make test-install`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use automanager_e2e::install::chart_dir;
+use automanager_e2e::repo_root;
+use serde_json::Value;
+
+fn yaml(path: &std::path::Path) -> Value {
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn the_charts_app_version_is_the_operators_version() {
+    let chart = yaml(&chart_dir().join("Chart.yaml"));
+    assert_eq!(chart["appVersion"], env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn the_charts_simulator_config_is_the_demos() {
+    let chart = std::fs::read_to_string(chart_dir().join("files/manager-sim.yaml")).unwrap();
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
+    assert_eq!(
+        chart, demo,
+        "copy deploy/demo/manager-sim.yaml to deploy/helm/automanager/files/"
+    );
+}
+
+/// Every key of values.yaml has a schema entry and every schema entry a value, so nothing is
+/// unchecked and nothing checked is undocumented.
+#[test]
+fn values_and_their_schema_name_the_same_keys() {
+    fn walk(path: &str, values: &Value, schema: &Value, problems: &mut Vec<String>) {
+        let Some(props) = schema["properties"].as_object() else {
+            return;
+        };
+        if let Some(map) = values.as_object() {
+            for (k, v) in map {
+                let p = format!("{path}.{k}");
+                match props.get(k) {
+                    Some(s) => walk(&p, v, s, problems),
+                    None => problems.push(format!("{p} has no schema")),
+                }
+            }
+            for k in props
+                .keys()
+                .filter(|k| !map.contains_key(*k) && *k != "global")
+            {
+                problems.push(format!(
+                    "{path}.{k} is in the schema but not in values.yaml"
+                ));
+            }
+        }
+    }
+    let values = yaml(&chart_dir().join("values.yaml"));
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    let mut problems = Vec::new();
+    walk("", &values, &schema, &mut problems);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// values.yaml is documented key by key: every key has a comment line right above it, or is
+/// part of a block (resources, bands) whose key has one.
+#[test]
+fn every_value_is_documented() {
+    let text = std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let is_key = |l: &str| {
+        let t = l.trim_start();
+        !t.is_empty() && !t.starts_with('#') && !t.starts_with('-') && t.contains(':')
+    };
+    let commented = |i: usize| i > 0 && lines[i - 1].trim_start().starts_with('#');
+    let mut undocumented = Vec::new();
+    for (i, line) in lines.iter().enumerate().filter(|(_, l)| is_key(l)) {
+        let nested = lines[i + 1..]
+            .iter()
+            .find(|n| is_key(n))
+            .is_some_and(|n| indent(n) > indent(line));
+        if nested {
+            continue; // a group: its keys are checked one by one
+        }
+        // The key, or one of the blocks it sits in, has a comment right above it.
+        let mut documented = commented(i);
+        let mut level = indent(line);
+        for j in (0..i).rev() {
+            if documented || level == 0 {
+                break;
+            }
+            if is_key(lines[j]) && indent(lines[j]) < level {
+                level = indent(lines[j]);
+                documented = commented(j);
+            }
+        }
+        if !documented {
+            undocumented.push(format!("line {}: {}", i + 1, line.trim()));
+        }
+    }
+    assert!(
+        undocumented.is_empty(),
+        "values without a comment: {undocumented:#?}"
+    );
+}

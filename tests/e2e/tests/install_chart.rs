@@ -1,0 +1,631 @@
+//! The Helm chart (deploy/helm/automanager) with the real helm (tools/helm) against the real
+//! apiserver: lint, render and server-side dry run, the restricted Pod Security Standard, the
+//! rendered config against the operator's own validation, the values schema, and install →
+//! upgrade (a CRD gains a field) → uninstall. Also the GitOps kustomizations.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use automanager_e2e::install::{
+    FULLNAME, Helm, RELEASE, RELEASE_NAMESPACE, chart_dir, documents, find, run,
+};
+use automanager_e2e::{TestEnv, crd_names, repo_root, stack};
+use serde_json::Value;
+
+/// Every optional feature on.
+const ALL_ON: &[&str] = &[
+    "--set",
+    "managerSim.enabled=true",
+    "--set",
+    "debug.enabled=true",
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.debugFrom[0].podSelector.matchLabels.role=debugger",
+    "--set",
+    "debug.address=0.0.0.0",
+    "--set",
+    "config.watchNamespaces[0]=video",
+];
+
+#[test]
+fn helm_lint_is_clean_with_the_defaults_and_with_every_feature_on() {
+    let helm = Helm::offline().unwrap();
+    let chart = chart_dir();
+    for extra in [&[][..], ALL_ON] {
+        let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = helm.run(&args).unwrap();
+        assert!(
+            out.success(),
+            "helm lint {extra:?}:\n{}{}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            !out.stdout.contains("[WARNING]") && !out.stdout.contains("[ERROR]"),
+            "{}",
+            out.stdout
+        );
+        assert!(out.stdout.contains("0 chart(s) failed"), "{}", out.stdout);
+    }
+}
+
+/// `kubectl apply --dry-run=server -f -` of `yaml`; returns kubectl's output.
+fn dry_run(env: &TestEnv, yaml: &str) -> automanager_e2e::CommandOutput {
+    let mut cmd = env.kubectl();
+    cmd.args(["apply", "--dry-run=server", "-f", "-"]);
+    run(cmd, Some(yaml.as_bytes())).unwrap()
+}
+
+async fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
+    let out = env.run_kubectl(args).await.unwrap();
+    assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
+    out.stdout
+}
+
+/// The release namespace, enforcing (and warning about) the restricted Pod Security Standard.
+async fn restricted_namespace(env: &TestEnv, name: &str) {
+    kubectl_ok(env, &["create", "namespace", name]).await;
+    kubectl_ok(
+        env,
+        &[
+            "label",
+            "namespace",
+            name,
+            "pod-security.kubernetes.io/enforce=restricted",
+            "pod-security.kubernetes.io/warn=restricted",
+            "pod-security.kubernetes.io/audit=restricted",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_rendered_chart_is_accepted_by_the_apiserver_under_the_restricted_pod_security_standard()
+ {
+    let env = TestEnv::start().await.unwrap();
+    restricted_namespace(&env, RELEASE_NAMESPACE).await;
+    kubectl_ok(&env, &["create", "namespace", "video"]).await;
+    // The Prometheus Operator's ServiceMonitor kind, so the optional ServiceMonitor can be
+    // checked too (a minimal definition of it: the test is about our object's shape).
+    let out = env
+        .apply_file(repo_root().join("tests/e2e/fixtures/servicemonitor-crd.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    env.wait_for_crds_established(
+        ["servicemonitors.monitoring.coreos.com"],
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+
+    let helm = Helm::offline().unwrap();
+    for extra in [&[][..], ALL_ON] {
+        let rendered = helm.template(&chart_dir(), extra).unwrap();
+        let out = dry_run(&env, &rendered);
+        assert!(out.success(), "{extra:?}: {}", out.stderr);
+        assert!(
+            !out.stderr.contains("PodSecurity"),
+            "{extra:?}: the workloads violate the restricted standard:\n{}",
+            out.stderr
+        );
+        // The pods themselves, as the Deployments would create them, under enforcement.
+        let docs = documents(&rendered).unwrap();
+        for d in docs.iter().filter(|d| d["kind"] == "Deployment") {
+            let pod = serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "pss-check", "namespace": RELEASE_NAMESPACE},
+                "spec": d["spec"]["template"]["spec"],
+            });
+            let out = dry_run(&env, &pod.to_string());
+            assert!(
+                out.success(),
+                "{}: refused under the restricted standard: {}",
+                d["metadata"]["name"],
+                out.stderr
+            );
+        }
+    }
+    // The enforcement is real: a pod that may run as root is refused in that namespace.
+    let rootable = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "rootable", "namespace": RELEASE_NAMESPACE},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    });
+    let out = dry_run(&env, &rootable.to_string());
+    assert!(
+        !out.success(),
+        "the namespace does not enforce the standard"
+    );
+    assert!(out.stderr.contains("restricted"), "{}", out.stderr);
+}
+
+#[test]
+fn the_rendered_config_passes_the_operators_own_validation() {
+    let bins = stack::binaries().unwrap();
+    let helm = Helm::offline().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for extra in [&[][..], ALL_ON] {
+        let docs = documents(&helm.template(&chart_dir(), extra).unwrap()).unwrap();
+        let cm = find(&docs, "ConfigMap", Some(FULLNAME)).unwrap();
+        let config = cm["data"]["operator.yaml"].as_str().unwrap();
+        let path = dir.path().join("operator.yaml");
+        std::fs::write(&path, config).unwrap();
+        let mut cmd = std::process::Command::new(&bins.operator);
+        cmd.arg("--config").arg(&path).arg("--check-config");
+        let out = run(cmd, None).unwrap();
+        // The Deployment mounts the Manager token and CA from Secrets; outside a pod those
+        // files do not exist, so those (and only those) are reported.
+        let deployment = find(&docs, "Deployment", Some(FULLNAME)).unwrap();
+        let mounts: Vec<&str> =
+            deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|m| m["mountPath"].as_str())
+                .collect();
+        let args = deployment["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+        assert!(
+            args.contains("--config=/etc/automanager/operator.yaml"),
+            "{args}"
+        );
+        assert!(mounts.contains(&"/etc/automanager"), "{mounts:?}");
+        if out.success() {
+            assert!(out.stdout.contains("configuration is valid"));
+            continue;
+        }
+        let problems: Vec<&str> = out
+            .stderr
+            .lines()
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .collect();
+        assert!(!problems.is_empty(), "{}", out.stderr);
+        for p in problems {
+            let missing_mounted_file = (p.starts_with("manager.tokenFile:")
+                || p.starts_with("manager.tls.caFile:"))
+                && mounts
+                    .iter()
+                    .any(|m| m.starts_with("/var/run/secrets/automanager/") && p.contains(*m));
+            assert!(
+                missing_mounted_file,
+                "{extra:?}: the rendered config has a problem other than a Secret file only a pod has: {p}\n{config}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_values_schema_refuses_bad_values_naming_them() {
+    let helm = Helm::offline().unwrap();
+    let chart = chart_dir();
+    // (what is wrong, the flags, what the message must name)
+    let cases: &[(&str, &[&str], &str)] = &[
+        (
+            "negative replicas",
+            &["--set", "replicaCount=-1"],
+            "/replicaCount",
+        ),
+        (
+            "a string for a number",
+            &["--set-string", "replicaCount=two"],
+            "/replicaCount",
+        ),
+        (
+            "an unknown key",
+            &["--set", "replicas=3"],
+            "'replicas' not allowed",
+        ),
+        (
+            "an unknown band",
+            &["--set", "config.bands.platinum.onFailure=drop"],
+            "'platinum' not allowed",
+        ),
+        (
+            "a band action that does not exist",
+            &["--set", "config.bands.gold.onFailure=retry"],
+            "/config/bands/gold/onFailure",
+        ),
+        (
+            "a restart ceiling out of range",
+            &["--set", "config.bands.gold.maxRestartsPerHour=0"],
+            "/config/bands/gold/maxRestartsPerHour",
+        ),
+        (
+            "a URL that is not Manager's",
+            &["--set", "manager.url=ftp://manager"],
+            "/manager/url",
+        ),
+        (
+            "a URL without a port",
+            &["--set", "manager.url=https://manager"],
+            "/manager/url",
+        ),
+        (
+            "https without a CA",
+            &["--set", "manager.tls.secretName="],
+            "/manager/tls/secretName",
+        ),
+        (
+            "a CA with plain http",
+            &["--set", "manager.url=http://manager:6789"],
+            "/manager/url",
+        ),
+        (
+            "no token secret when TLS is off and a token is required",
+            &[
+                "--set",
+                "manager.url=http://manager:6789",
+                "--set",
+                "manager.tls.secretName=",
+                "--set",
+                "manager.token.secretName=",
+            ],
+            "/manager/token/secretName",
+        ),
+        (
+            "no Manager at all",
+            &["--set", "manager.url="],
+            "/manager/url",
+        ),
+        (
+            "two replicas without leader election",
+            &["--set", "config.leaderElection.enabled=false"],
+            "/replicaCount",
+        ),
+        (
+            "a duration that is not one",
+            &["--set", "config.pendingWindow=soon"],
+            "/config/pendingWindow",
+        ),
+        (
+            "a lease shorter than 3s",
+            &["--set", "config.leaderElection.leaseDuration=1s"],
+            "/config/leaderElection/leaseDuration",
+        ),
+        (
+            "a namespace name that is not one",
+            &["--set", "config.watchNamespaces[0]=Video_1"],
+            "/config/watchNamespaces/0",
+        ),
+        (
+            "a namespace listed twice",
+            &[
+                "--set",
+                "config.watchNamespaces[0]=video",
+                "--set",
+                "config.watchNamespaces[1]=video",
+            ],
+            "/config/watchNamespaces",
+        ),
+        (
+            "an unknown pull policy",
+            &["--set", "image.pullPolicy=Sometimes"],
+            "/image/pullPolicy",
+        ),
+        (
+            "a digest that is not one",
+            &["--set", "image.digest=latest"],
+            "/image/digest",
+        ),
+        (
+            "a port out of range",
+            &["--set", "metrics.port=70000"],
+            "/metrics/port",
+        ),
+        (
+            "a log format that does not exist",
+            &["--set", "logFormat=xml"],
+            "/logFormat",
+        ),
+        (
+            "a ServiceMonitor with no Service",
+            &[
+                "--set",
+                "metrics.serviceMonitor.enabled=true",
+                "--set",
+                "metrics.service.enabled=false",
+            ],
+            "/metrics/service/enabled",
+        ),
+        (
+            "a debug address that is not an IP",
+            &["--set", "debug.address=localhost"],
+            "/debug/address",
+        ),
+    ];
+    assert!(cases.len() >= 10);
+    for (what, flags, names) in cases {
+        let mut args = vec!["template", RELEASE, chart.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = helm.run(&args).unwrap();
+        assert!(!out.success(), "{what}: accepted");
+        assert!(
+            out.stderr
+                .contains("values don't meet the specifications of the schema"),
+            "{what}: not refused by the schema: {}",
+            out.stderr
+        );
+        assert!(
+            out.stderr.contains(names),
+            "{what}: the message does not name {names}: {}",
+            out.stderr
+        );
+    }
+    // What the schema cannot say (two values that must differ) the templates say.
+    let mut args = vec!["template", RELEASE, chart.to_str().unwrap()];
+    args.extend_from_slice(&["--set", "debug.port=8080"]);
+    let out = helm.run(&args).unwrap();
+    assert!(!out.success());
+    assert!(
+        out.stderr
+            .contains("debug.port (8080) must differ from metrics.port"),
+        "{}",
+        out.stderr
+    );
+}
+
+/// A copy of the chart whose PlacementPool CRD gained `spec.description`, as version 0.1.1.
+fn chart_with_a_new_crd_field(into: &Path) -> std::path::PathBuf {
+    let chart = into.join("automanager");
+    copy_dir(&chart_dir(), &chart);
+    let crd_path = chart.join("files/crds/placementpools.yaml");
+    let mut crd: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&crd_path).unwrap()).unwrap();
+    let props = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"];
+    assert!(props.is_object(), "the CRD's spec has no properties");
+    props["description"] = serde_json::json!(
+        {"type": "string", "maxLength": 256, "description": "What the pool is for."}
+    );
+    std::fs::write(&crd_path, serde_saphyr::to_string(&crd).unwrap()).unwrap();
+    let chart_yaml = chart.join("Chart.yaml");
+    let text = std::fs::read_to_string(&chart_yaml).unwrap();
+    std::fs::write(
+        &chart_yaml,
+        text.replace("\nversion: 0.1.0\n", "\nversion: 0.1.1\n"),
+    )
+    .unwrap();
+    chart
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+async fn get_json(env: &TestEnv, args: &[&str]) -> Value {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["-o", "json"]);
+    serde_json::from_str(&kubectl_ok(env, &all).await).unwrap()
+}
+
+async fn exists(env: &TestEnv, args: &[&str]) -> bool {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    let out = env.run_kubectl(&all).await.unwrap();
+    if !out.success() {
+        assert!(out.stderr.contains("NotFound"), "{}", out.stderr);
+    }
+    out.success()
+}
+
+#[tokio::test]
+async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
+    let env = TestEnv::start().await.unwrap();
+    let helm = Helm::on(&env).unwrap();
+    let chart = chart_dir();
+    let sim = ["--set", "managerSim.enabled=true"];
+
+    // Install: every object appears, the CRDs are established.
+    let mut args = vec![
+        "install",
+        RELEASE,
+        chart.to_str().unwrap(),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+    ];
+    args.extend_from_slice(&sim);
+    let out = helm.run(&args).unwrap();
+    assert!(out.success(), "helm install: {}", out.stderr);
+    assert!(out.stdout.contains("STATUS: deployed"), "{}", out.stdout);
+    env.wait_for_crds_established(crd_names(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    for what in [
+        vec!["deployment", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec![
+            "deployment",
+            "am-automanager-manager-sim",
+            "-n",
+            RELEASE_NAMESPACE,
+        ],
+        vec!["serviceaccount", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec!["configmap", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec!["service", "am-automanager-metrics", "-n", RELEASE_NAMESPACE],
+        vec!["poddisruptionbudget", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec![
+            "role",
+            "am-automanager-leader-election",
+            "-n",
+            RELEASE_NAMESPACE,
+        ],
+        vec!["clusterrole", FULLNAME],
+        vec!["clusterrolebinding", FULLNAME],
+    ] {
+        assert!(exists(&env, &what).await, "{what:?} was not installed");
+    }
+    let d = get_json(&env, &["deployment", FULLNAME, "-n", RELEASE_NAMESPACE]).await;
+    assert_eq!(d["spec"]["replicas"], 2);
+
+    // The user's objects.
+    let out = env
+        .apply_file(repo_root().join("examples/pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = env
+        .apply_file(repo_root().join("examples/cross-cloud-dr.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+
+    // Before the upgrade the field is unknown: the apiserver prunes it.
+    let with_description = "apiVersion: automanager.norsk.io/v1alpha1\nkind: PlacementPool\nmetadata: {name: described}\nspec: {kind: cluster, region: r, scaleOut: fixed, description: edge sites}\n";
+    let mut cmd = env.kubectl();
+    cmd.args([
+        "create",
+        "--validate=false",
+        "--dry-run=server",
+        "-o",
+        "json",
+        "-f",
+        "-",
+    ]);
+    let before = run(cmd, Some(with_description.as_bytes())).unwrap();
+    assert!(before.success(), "{}", before.stderr);
+    let before: Value = serde_json::from_str(&before.stdout).unwrap();
+    assert!(before["spec"]["description"].is_null(), "{before:#}");
+
+    // Upgrade to a chart whose CRD gained a field: the CRD is updated.
+    let tmp = tempfile::tempdir().unwrap();
+    let upgraded = chart_with_a_new_crd_field(tmp.path());
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        upgraded.to_str().unwrap(),
+        "--namespace",
+        RELEASE_NAMESPACE,
+    ];
+    args.extend_from_slice(&sim);
+    let out = helm.run(&args).unwrap();
+    assert!(out.success(), "helm upgrade: {}", out.stderr);
+    let crd = get_json(&env, &["crd", "placementpools.automanager.norsk.io"]).await;
+    assert_eq!(
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["description"]["type"],
+        "string",
+        "the upgrade did not apply the CRD change"
+    );
+    assert_eq!(
+        crd["metadata"]["labels"]["helm.sh/chart"],
+        "automanager-0.1.1"
+    );
+    let out = env.apply_yaml(with_description).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let pool = get_json(&env, &["placementpool", "described"]).await;
+    assert_eq!(pool["spec"]["description"], "edge sites", "{pool:#}");
+
+    // Uninstall: the release's objects go, the CRDs and every user object stay.
+    let out = helm
+        .run(["uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE])
+        .unwrap();
+    assert!(out.success(), "helm uninstall: {}", out.stderr);
+    assert!(
+        out.stdout.contains("kept due to the resource policy")
+            || out.stderr.contains("kept due to the resource policy"),
+        "helm did not say it kept the CRDs:\n{}{}",
+        out.stdout,
+        out.stderr
+    );
+    for what in [
+        vec!["deployment", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec!["serviceaccount", FULLNAME, "-n", RELEASE_NAMESPACE],
+        vec!["clusterrole", FULLNAME],
+        vec!["clusterrolebinding", FULLNAME],
+    ] {
+        assert!(
+            !exists(&env, &what).await,
+            "{what:?} survived the uninstall"
+        );
+    }
+    for crd in crd_names() {
+        assert!(exists(&env, &["crd", &crd]).await, "CRD {crd} was deleted");
+    }
+    assert!(exists(&env, &["placementpool", "aws-east"]).await);
+    assert!(exists(&env, &["placementpool", "described"]).await);
+    assert!(exists(&env, &["bundle", "my-channel-1", "-n", "default"]).await);
+}
+
+#[tokio::test]
+async fn the_gitops_kustomizations_are_accepted_by_the_apiserver() {
+    let env = automanager_e2e::env_with_crds().await.unwrap();
+    for (dir, namespace) in [
+        ("deploy/gitops", None),
+        ("deploy/gitops/argocd/health", Some("argocd")),
+    ] {
+        if let Some(ns) = namespace {
+            kubectl_ok(&env, &["create", "namespace", ns]).await;
+        }
+        let built = kubectl_ok(
+            &env,
+            &["kustomize", repo_root().join(dir).to_str().unwrap()],
+        )
+        .await;
+        let out = dry_run(&env, &built);
+        assert!(out.success(), "{dir}: {}", out.stderr);
+        assert!(
+            !documents(&built).unwrap().is_empty(),
+            "{dir} builds nothing"
+        );
+    }
+    // Everything in examples/ reaches Git through deploy/gitops.
+    let built = documents(
+        &kubectl_ok(
+            &env,
+            &[
+                "kustomize",
+                repo_root().join("deploy/gitops").to_str().unwrap(),
+            ],
+        )
+        .await,
+    )
+    .unwrap();
+    let mut in_examples = 0;
+    for entry in std::fs::read_dir(repo_root().join("examples")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            for d in documents(&std::fs::read_to_string(&path).unwrap()).unwrap() {
+                in_examples += 1;
+                assert!(
+                    built.iter().any(|b| b["kind"] == d["kind"]
+                        && b["metadata"]["name"] == d["metadata"]["name"]),
+                    "{} {} from {} is not in deploy/gitops",
+                    d["kind"],
+                    d["metadata"]["name"],
+                    path.display()
+                );
+            }
+        }
+    }
+    assert_eq!(built.len(), in_examples);
+    // The Argo CD Applications point at directories that exist.
+    let apps = documents(
+        &std::fs::read_to_string(repo_root().join("deploy/gitops/argocd/applications.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(apps.len(), 2);
+    for app in &apps {
+        assert_eq!(app["kind"], "Application");
+        let path = app["spec"]["source"]["path"].as_str().unwrap();
+        assert!(repo_root().join(path).is_dir(), "{path}");
+    }
+}
