@@ -151,10 +151,13 @@ pub struct ReplicaInput<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReplicaIntent {
     /// Nothing to place. `clear_restarts`: the replica has stayed up long enough since its
-    /// newest start for its restart count to be cleared.
+    /// newest start for its restart count to be cleared; `clear_in_ms`: when it will have, if it
+    /// has restarts to clear and keeps running (so the caller can look again then).
     Settled {
         /// Clear the replica's restart count now.
         clear_restarts: bool,
+        /// Milliseconds until the count may be cleared, while it has one to clear.
+        clear_in_ms: Option<i64>,
     },
     /// A job is stopping: place nothing yet.
     Wait,
@@ -225,8 +228,12 @@ pub fn plan_replica(input: &ReplicaInput<'_>) -> ReplicaPlan {
                 .map(|(_, b)| b.restart_clear_after_ms)
                 .max()
                 .unwrap_or(0);
+            let up_for = input.now_ms.saturating_sub(newest);
+            let clear_restarts = all_running && up_for >= clear_after;
             ReplicaIntent::Settled {
-                clear_restarts: all_running && input.now_ms.saturating_sub(newest) >= clear_after,
+                clear_restarts,
+                clear_in_ms: (all_running && !clear_restarts && input.restarts_in_window > 0)
+                    .then(|| clear_after.saturating_sub(up_for)),
             }
         } else {
             let recovery = to_place.iter().any(|(j, _)| of(j) == Some(Need::Recover));
@@ -486,7 +493,8 @@ mod tests {
         assert_eq!(
             p.intent,
             ReplicaIntent::Settled {
-                clear_restarts: false
+                clear_restarts: false,
+                clear_in_ms: None
             }
         );
         j.dropped_before = true;
@@ -570,15 +578,26 @@ mod tests {
         assert_eq!(
             plan(&[(a.clone(), gold())], 2).intent,
             ReplicaIntent::Settled {
-                clear_restarts: true
+                clear_restarts: true,
+                clear_in_ms: None
             }
         );
-        a.started_at_ms = HOUR_MS - 599_999;
+        a.started_at_ms = HOUR_MS - 599_000;
         assert_eq!(
-            plan(&[(a, gold())], 2).intent,
+            plan(&[(a.clone(), gold())], 2).intent,
             ReplicaIntent::Settled {
-                clear_restarts: false
-            }
+                clear_restarts: false,
+                clear_in_ms: Some(1_000)
+            },
+            "the caller is told when to look again"
+        );
+        assert_eq!(
+            plan(&[(a, gold())], 0).intent,
+            ReplicaIntent::Settled {
+                clear_restarts: false,
+                clear_in_ms: None
+            },
+            "nothing to clear, nothing to wait for"
         );
     }
 

@@ -355,7 +355,7 @@ impl<'a> Pass<'a> {
             }
             let mut outcome = Outcome::default();
             match &p.intent {
-                ReplicaIntent::Settled { clear_restarts } => {
+                ReplicaIntent::Settled { clear_restarts, .. } => {
                     if *clear_restarts {
                         ctx.state()
                             .ledger
@@ -845,8 +845,22 @@ impl<'a> Pass<'a> {
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
         write_status(ctx, self.bundle, &self.prev, status).await?;
+        // A replica whose restart count clears soon is looked at again then (not at the
+        // settled interval), so status shows the cleared count when it happens.
+        let clear_in = plans
+            .values()
+            .filter_map(|p| match p.intent {
+                ReplicaIntent::Settled { clear_in_ms, .. } => clear_in_ms,
+                _ => None,
+            })
+            .min()
+            .map(|ms| {
+                Duration::from_millis(u64::try_from(ms).unwrap_or(0)) + Duration::from_millis(50)
+            });
         Ok(match phase {
-            BundlePhase::Ready => Action::requeue(REQUEUE_SETTLED),
+            BundlePhase::Ready => {
+                Action::requeue(clear_in.map_or(REQUEUE_SETTLED, |d| d.min(REQUEUE_SETTLED)))
+            }
             BundlePhase::Broken => Action::await_change(),
             _ if outcomes.values().any(|o| o.result.unplaceable.is_some()) => {
                 Action::requeue(REQUEUE_STALLED)
