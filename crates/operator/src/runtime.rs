@@ -317,7 +317,16 @@ impl crate::http::DebugApi for DebugState {
             .unwrap_or_else(|| "what-if".into());
         let spec = mapping::bundle(&mapping::bundle_id(&ns, &name), &bundle.spec);
         let now = crate::controllers::now_ms(chrono::Utc::now());
-        let result = pl::validate_admission(&spec, self.0.model().engine(), now);
-        serde_json::to_value(result).unwrap_or_default()
+        let (result, decisions) =
+            pl::validate_admission_traced(&spec, self.0.model().engine(), now);
+        // The admission result as before (`kind` ...), plus the dry run's decision per replica.
+        let mut answer = serde_json::to_value(result).unwrap_or_default();
+        if let Some(obj) = answer.as_object_mut() {
+            obj.insert(
+                "decisions".into(),
+                serde_json::to_value(decisions).unwrap_or_default(),
+            );
+        }
+        answer
     }
 }
