@@ -16,3 +16,13 @@ plugin: ## build kubectl-automanager (put target/debug on PATH, then: kubectl au
 test-cli: control-plane ## the plugin's unit and snapshot tests, then its end-to-end suite against the real stack
 	cargo test -p automanager-cli
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo test -p automanager-e2e --test cli
+
+JOB_EXAMPLE_TS := examples/job-socket/typescript
+.PHONY: job-socket-examples
+
+job-socket-examples: ## install (npm ci) and build the TypeScript handover job example; build the Rust one
+	cd $(JOB_EXAMPLE_TS) && npm ci --no-audit --no-fund --loglevel=error && npm run -s build
+	cargo build -p job-socket --example handover_job
+
+# The e2e suite runs both example jobs under manager-sim.
+test: job-socket-examples
