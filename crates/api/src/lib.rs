@@ -34,6 +34,7 @@ pub mod hotspare;
 pub mod migration;
 pub mod node;
 pub mod pool;
+pub mod reference;
 pub mod trace;
 
 pub use bundle::*;
