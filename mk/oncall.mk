@@ -26,3 +26,6 @@ job-socket-examples: ## install (npm ci) and build the TypeScript handover job e
 
 # The e2e suite runs both example jobs under manager-sim.
 test: job-socket-examples
+
+bench-cli: control-plane ## trace and top nodes latency at CLI_BENCH_NODES (2000) / CLI_BENCH_BUNDLES (10000): cli trace_ms=... top_ms=...
+	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench cli

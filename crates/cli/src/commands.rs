@@ -453,34 +453,24 @@ async fn drain(
         api::DrainMode::Migrate => "migrate",
         api::DrainMode::Terminate => "terminate",
     };
-    let n = match n.spec.drain {
-        Some(d) if d.mode == mode => {
-            if !g.output.is_data() {
-                println!("managernode/{name} already draining (mode {mode_name})");
-            }
-            n
-        }
-        _ => {
-            let n = api
-                .patch(
-                    &name,
-                    &patch_params(),
-                    &Patch::Merge(actions::drain_patch(mode)),
-                )
-                .await
-                .map_err(api_error)?;
-            if !g.output.is_data() {
-                println!("managernode/{name} draining (mode {mode_name})");
-            }
-            n
-        }
+    let (n, line) = match n.spec.drain {
+        Some(d) if d.mode == mode => (
+            n,
+            format!("managernode/{name} already draining (mode {mode_name})"),
+        ),
+        _ => (
+            api.patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(actions::drain_patch(mode)),
+            )
+            .await
+            .map_err(api_error)?,
+            format!("managernode/{name} draining (mode {mode_name})"),
+        ),
     };
-    if !wait.wait {
-        return if g.output.is_data() {
-            print_data(g.output, &n)
-        } else {
-            Ok(())
-        };
+    if !written(g.output, &line, &n, wait)? {
+        return Ok(());
     }
     let mut last = None;
     let fin = follow(
@@ -543,15 +533,13 @@ async fn migrate(
         .await
         .map_err(api_error)?;
     let name = created.metadata.name.clone().unwrap_or_default();
-    if !g.output.is_data() {
-        println!("migration/{name} created");
-    }
-    if !wait.wait {
-        return if g.output.is_data() {
-            print_data(g.output, &created)
-        } else {
-            Ok(())
-        };
+    if !written(
+        g.output,
+        &format!("migration/{name} created"),
+        &created,
+        wait,
+    )? {
+        return Ok(());
     }
     let mut seen = 0;
     let fin = follow(
@@ -605,15 +593,13 @@ async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Res
             .await
             .map_err(api_error)?,
     };
-    if !g.output.is_data() {
-        println!("migration/{name} abort requested");
-    }
-    if !wait.wait {
-        return if g.output.is_data() {
-            print_data(g.output, &m)
-        } else {
-            Ok(())
-        };
+    if !written(
+        g.output,
+        &format!("migration/{name} abort requested"),
+        &m,
+        wait,
+    )? {
+        return Ok(());
     }
     let mut seen = 0;
     let fin = follow(
@@ -667,18 +653,12 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
         )
         .await
         .map_err(api_error)?;
-    if !g.output.is_data() {
-        println!(
-            "bundle/{name} retry requested ({}={value})",
-            api::RETRY_ANNOTATION
-        );
-    }
-    if !wait.wait {
-        return if g.output.is_data() {
-            print_data(g.output, &b)
-        } else {
-            Ok(())
-        };
+    let line = format!(
+        "bundle/{name} retry requested ({}={value})",
+        api::RETRY_ANNOTATION
+    );
+    if !written(g.output, &line, &b, wait)? {
+        return Ok(());
     }
     let mut last = None;
     let fin = follow(
@@ -694,6 +674,26 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
     )
     .await?;
     finish(g.output, fin.as_ref(), &format!("bundle/{name} Ready"))
+}
+
+/// Says what was written; without `--wait` that is the whole answer (the object, for `-o
+/// json|yaml`). Returns whether to follow the change.
+fn written<T: Serialize>(
+    out: Output,
+    line: &str,
+    obj: &T,
+    wait: &WaitArgs,
+) -> Result<bool, CliError> {
+    if !out.is_data() {
+        println!("{line}");
+    }
+    if wait.wait {
+        return Ok(true);
+    }
+    if out.is_data() {
+        print_data(out, obj)?;
+    }
+    Ok(false)
 }
 
 fn gone(kind: &str) -> Step {

@@ -43,34 +43,10 @@ impl PluginOutput {
 pub fn plugin_binary() -> Result<&'static Path, SetupError> {
     static BIN: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("no target dir")?
-            .to_path_buf();
-        let mut cmd = Command::new(&cargo);
-        cmd.args([
-            "build",
-            "-p",
-            "automanager-cli",
-            "--bin",
-            "kubectl-automanager",
-        ]);
-        if profile_dir.file_name().is_some_and(|n| n == "release") {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .current_dir(repo_root())
-            .status()
-            .map_err(|e| format!("running {cargo} build: {e}"))?;
-        if !status.success() {
-            return Err(format!(
-                "cargo build of kubectl-automanager failed ({status})"
-            ));
-        }
-        let bin = profile_dir.join("kubectl-automanager");
+        let bin =
+            crate::stack::cargo_build(&["-p", "automanager-cli", "--bin", "kubectl-automanager"])
+                .map_err(|e| e.0)?
+                .join("kubectl-automanager");
         if bin.exists() {
             Ok(bin)
         } else {

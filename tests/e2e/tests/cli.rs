@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use automanager_e2e::plugin::{self, PluginOutput, expose_operator, listen_on_all_addresses};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, examples_dir, repo_root};
+use automanager_e2e::{
+    apply, apply_example_pools, demo_sim_config_with_job_socket, examples_dir, repo_root,
+};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -20,12 +22,7 @@ async fn start() -> Stack {
     let stack = Stack::start_with(listen_on_all_addresses)
         .await
         .expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    apply_example_pools(&stack).await.unwrap();
     stack
 }
 
@@ -360,22 +357,15 @@ async fn reads_validate_what_if_trace_top_and_broken() {
 async fn writes_cordon_drain_migrate_abort_with_wait() {
     // Simulated jobs wait up to ten minutes for an answer, so a held cutover stays held.
     let dir = tempfile::tempdir().unwrap();
-    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
-    let config = dir.path().join("manager-sim.yaml");
-    std::fs::write(
-        &config,
-        format!("{demo}\njobSocket: {{answerTimeoutMs: 600000}}\n"),
+    let config = demo_sim_config_with_job_socket(
+        dir.path(),
+        &serde_json::json!({"answerTimeoutMs": 600000}),
     )
     .unwrap();
     let stack = Stack::start_custom(&config, &[], listen_on_all_addresses)
         .await
         .expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    apply_example_pools(&stack).await.unwrap();
     let out = stack
         .env
         .apply_file(examples_dir().join("hot-spares.yaml"))

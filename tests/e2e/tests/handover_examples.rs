@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, examples_dir, repo_root};
+use automanager_e2e::stack::{Stack, cargo_build};
+use automanager_e2e::{apply, apply_example_pools, demo_sim_config_with_job_socket, examples_dir};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -50,16 +50,9 @@ fn typescript_job() -> PathBuf {
 
 /// The Rust example's binary, built with the cargo that runs the tests.
 fn rust_job() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", "job-socket", "--example", "handover_job"]);
-    if profile.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
-    }
-    assert!(cmd.current_dir(repo_root()).status().unwrap().success());
-    profile.join("examples/handover_job")
+    cargo_build(&["-p", "job-socket", "--example", "handover_job"])
+        .unwrap()
+        .join("examples/handover_job")
 }
 
 fn events(log: &Path) -> Vec<Value> {
@@ -186,8 +179,6 @@ async fn the_typescript_and_rust_example_jobs_hand_over_through_the_operator() {
     let dir = tempfile::tempdir().unwrap();
     let logs_dir = dir.path().join("jobs");
     std::fs::create_dir_all(&logs_dir).unwrap();
-    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
-    let config = dir.path().join("manager-sim.yaml");
     let exec = serde_json::json!({
         "answerTimeoutMs": 60000,
         "exec": [
@@ -195,16 +186,11 @@ async fn the_typescript_and_rust_example_jobs_hand_over_through_the_operator() {
             {"job": "default.rust-job/*", "command": [rust], "logDir": logs_dir},
         ]
     });
-    std::fs::write(&config, format!("{demo}\njobSocket: {exec}\n")).unwrap();
+    let config = demo_sim_config_with_job_socket(dir.path(), &exec).unwrap();
     let stack = Stack::start_custom(&config, &[], |_| {})
         .await
         .expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    apply_example_pools(&stack).await.unwrap();
     hand_over(&stack, &logs_dir, "node-job").await;
     hand_over(&stack, &logs_dir, "rust-job").await;
 }
