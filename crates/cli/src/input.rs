@@ -239,4 +239,44 @@ mod tests {
         let objs = parse_documents(Path::new("f.json"), r#"{"kind": "Bundle"}"#).expect("json");
         assert_eq!(objs[0].kind(), "Bundle");
     }
+
+    #[test]
+    fn an_oversized_file_is_refused_before_it_is_read() {
+        let dir = tempfile::tempdir().expect("dir");
+        let big = dir.path().join("big.yaml");
+        let f = std::fs::File::create(&big).expect("create");
+        f.set_len(MAX_FILE_BYTES + 1).expect("grow");
+        let err = read_objects(&[big]).expect_err("too large");
+        assert!(
+            err.to_string()
+                .ends_with("is larger than 4194304 bytes; split it into smaller files"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_directory_is_read_like_kubectl_apply_reads_it() {
+        let dir = tempfile::tempdir().expect("dir");
+        std::fs::write(dir.path().join("b.yaml"), "kind: B\n").expect("write");
+        std::fs::write(dir.path().join("a.json"), r#"{"kind": "A"}"#).expect("write");
+        std::fs::write(dir.path().join("notes.txt"), "kind: C\n").expect("write");
+        std::fs::create_dir(dir.path().join("sub")).expect("mkdir");
+        std::fs::write(dir.path().join("sub/d.yaml"), "kind: D\n").expect("write");
+        let objs = read_objects(&[dir.path().to_owned()]).expect("reads");
+        let kinds: Vec<&str> = objs.iter().map(SourceObject::kind).collect();
+        assert_eq!(kinds, ["A", "B"]);
+    }
+
+    #[test]
+    fn invalid_utf8_is_named() {
+        let dir = tempfile::tempdir().expect("dir");
+        let f = dir.path().join("bin.yaml");
+        std::fs::write(&f, b"kind: A\n\xff\xfe").expect("write");
+        let err = read_objects(&[f]).expect_err("not text");
+        assert!(
+            err.to_string()
+                .contains("not UTF-8 text (invalid byte at offset 8)"),
+            "{err}"
+        );
+    }
 }

@@ -337,6 +337,27 @@ mod tests {
     }
 
     #[test]
+    fn completions_name_the_plugin_and_its_commands() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "kubectl-automanager",
+            &mut out,
+        );
+        let text = String::from_utf8_lossy(&out);
+        for word in [
+            "kubectl-automanager",
+            "what-if",
+            "trace",
+            "drain",
+            "--strategy",
+        ] {
+            assert!(text.contains(word), "{word} missing");
+        }
+    }
+
+    #[test]
     fn a_bad_timeout_is_a_usage_error() {
         let e = Cli::try_parse_from(["kubectl-automanager", "retry", "b", "--timeout", "soon"])
             .expect_err("bad");
