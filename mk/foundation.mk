@@ -8,9 +8,10 @@ QUICKSTART_DIR ?= .tmp/quickstart
 # Areas add what `make test` needs first (an npm install, say) to TEST_PREREQS in their mk file.
 TEST_PREREQS += control-plane
 
-crds: ## regenerate crds/*.yaml (and the Helm chart's copy) from crates/api
+crds: ## regenerate crds/*.yaml, the Helm chart's copy and docs/reference/crds.md from crates/api
 	$(CARGO) run -q -p automanager-api --bin crdgen -- crds
 	$(CARGO) run -q -p automanager-api --bin crdgen -- deploy/helm/automanager/files/crds
+	$(CARGO) run -q -p automanager-api --bin crdgen -- --reference docs/reference/crds.md
 
 test: $(TEST_PREREQS) ## the whole test suite: unit, property, component and e2e (real apiserver)
 	@echo "==> cargo test --workspace (control plane binaries: $(K8S_BIN))"

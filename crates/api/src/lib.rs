@@ -37,6 +37,7 @@ pub mod kstatus;
 pub mod migration;
 pub mod node;
 pub mod pool;
+pub mod reference;
 pub mod trace;
 
 pub use bundle::*;

@@ -105,3 +105,13 @@ fn no_spec_preserves_unknown_fields() {
         );
     }
 }
+
+#[test]
+fn the_committed_crd_reference_matches_the_schemas() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/reference/crds.md");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == automanager_api::reference::markdown(),
+        "docs/reference/crds.md drifted from crates/api; run `make crds`"
+    );
+}

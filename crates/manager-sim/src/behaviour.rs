@@ -196,6 +196,9 @@ pub struct JobSocketConfig {
     pub answer_timeout_ms: u64,
     /// Per-job switches by job id pattern; the first match wins.
     pub behaviours: Vec<BehaviourRule>,
+    /// Jobs run as external processes (see [`crate::exec`]); the first match wins. Jobs
+    /// matching none are simulated.
+    pub exec: Vec<crate::exec::ExecRule>,
 }
 
 impl Default for JobSocketConfig {
@@ -203,6 +206,7 @@ impl Default for JobSocketConfig {
         JobSocketConfig {
             answer_timeout_ms: DEFAULT_ANSWER_TIMEOUT_MS,
             behaviours: Vec::new(),
+            exec: Vec::new(),
         }
     }
 }
@@ -226,6 +230,15 @@ impl JobSocketConfig {
             if let Err(e) = r.behaviour().validate() {
                 errs.push(format!("jobSocket.behaviours[{i}]: {e}"));
             }
+        }
+        if self.exec.len() > crate::exec::MAX_EXEC_RULES {
+            errs.push(format!(
+                "jobSocket.exec: at most {} rules",
+                crate::exec::MAX_EXEC_RULES
+            ));
+        }
+        for (i, r) in self.exec.iter().enumerate() {
+            errs.extend(r.problems(i));
         }
         errs
     }

@@ -72,6 +72,8 @@
 
 pub mod behaviour;
 pub mod config;
+pub mod exec;
+pub mod overrides;
 pub mod server;
 pub mod socket_agent;
 pub mod validate;

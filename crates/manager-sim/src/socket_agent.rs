@@ -59,6 +59,7 @@ use manager_proto::{
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::behaviour::{AbortAt, BehaviourError, Behaviours, JobBehaviour, JobSocketConfig};
+use crate::exec::ExecJobs;
 use crate::server::{JobAgent, JobEvents, now_ms};
 use crate::world::{JobAsk, JobReply};
 
@@ -110,6 +111,8 @@ struct Shared {
     state: Mutex<State>,
     connected: Notify,
     sink: Mutex<Option<JobEvents>>,
+    /// Jobs run as external processes instead of simulated tasks.
+    exec: ExecJobs,
 }
 
 #[derive(Default)]
@@ -140,6 +143,7 @@ impl SocketAgent {
             state: Mutex::new(State::default()),
             connected: Notify::new(),
             sink: Mutex::new(None),
+            exec: ExecJobs::new(config.exec),
         });
         tokio::spawn(pump(Arc::downgrade(&shared), events));
         Ok(Arc::new(SocketAgent {
@@ -272,6 +276,7 @@ impl Shared {
         for key in keys {
             tracing::debug!(job_id = %key.job_id, role = %key.role, "job socket instance forgotten");
             self.handle.unregister(&key);
+            self.exec.stop(&key);
         }
     }
 
@@ -315,8 +320,16 @@ impl Shared {
         );
         let token = spec.token.clone();
         let job_id = spec.key.job_id.clone();
+        let key = spec.key.clone();
         if let Err(e) = self.handle.register(spec) {
             tracing::warn!(error = %e, "registering a simulated job failed");
+            return;
+        }
+        // A configured job runs as its own process, as a worker starts a container.
+        if let Some(rule) = self.exec.rule_for(&job_id) {
+            if let Err(e) = self.exec.spawn(rule, &key, &url, &token) {
+                tracing::warn!(%job_id, error = %e, "starting the job's process failed");
+            }
             return;
         }
         tokio::spawn(run_job(url, token, job_id, self.behaviours.clone()));

@@ -55,6 +55,7 @@ async fn rig(rules: Vec<BehaviourRule>) -> Rig {
     let agent = SocketAgent::start(JobSocketConfig {
         answer_timeout_ms: 10_000,
         behaviours: rules,
+        ..JobSocketConfig::default()
     })
     .await
     .unwrap();
@@ -642,6 +643,7 @@ async fn a_job_silent_past_the_answer_timeout_is_aborted_for() {
                 ..Default::default()
             },
         )],
+        ..JobSocketConfig::default()
     })
     .await
     .unwrap();
@@ -668,6 +670,7 @@ async fn an_invalid_job_socket_config_is_refused_with_every_problem() {
                 ..Default::default()
             },
         )],
+        ..JobSocketConfig::default()
     })
     .await
     .unwrap_err();
@@ -680,6 +683,7 @@ async fn an_invalid_job_socket_config_is_refused_with_every_problem() {
         JobSocketConfig {
             answer_timeout_ms: 0,
             behaviours: Vec::new(),
+            ..JobSocketConfig::default()
         },
     )
     .await

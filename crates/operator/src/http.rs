@@ -13,7 +13,7 @@
 //! | Route | Answer |
 //! |---|---|
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
-//! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out |
+//! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out, with the dry run's `decisions` |
 //!
 //! Readiness: ready = (leader OR standby) AND caches synced. "Standby" means leader election
 //! has reported at least once and this replica does not hold the lease: a standby is ready so

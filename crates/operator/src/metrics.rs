@@ -13,9 +13,18 @@
 //!   and buckets from 1 ms doubling to about 32 s.
 //! - Per-pool gauges carry the label `pool`; [`Metrics::remove_pool`] drops a deleted pool's
 //!   series so they do not linger.
+//! - `automanager_migrations{phase}` counts Migration objects per phase (final phases stay
+//!   counted while their objects exist); `automanager_migration_phase_start_time_seconds
+//!   {namespace, migration, phase}` exists only for migrations not yet in a final phase and
+//!   holds when their current phase began, so an alert can say which one is stuck. Both come
+//!   from [`Metrics::observe_migration`] / [`Metrics::forget_migration`].
+//! - `automanager_spare_underflow{hotsparetarget, pool}` is 1 while a HotSpareTarget has fewer
+//!   live spares than its target (its `SpareUnderflow` condition), else 0.
+//! - `automanager_leader` is 1 while this replica holds the leader lease.
 
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -45,6 +54,32 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabels {
+    namespace: String,
+    migration: String,
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpareLabels {
+    hotsparetarget: String,
+    pool: String,
+}
+
+/// What the migration gauges were last told about one Migration.
+#[derive(Clone, Debug, PartialEq)]
+struct MigrationSeen {
+    phase: String,
+    /// When the current phase began, while the migration is not in a final phase.
+    active_since: Option<f64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReconcileLabels {
     controller: String,
     result: String,
@@ -70,6 +105,12 @@ struct Inner {
     broken_bundles: Gauge,
     connection_state: Family<StateLabels, Gauge>,
     reconcile_duration: Family<ReconcileLabels, Histogram, fn() -> Histogram>,
+    migrations: Family<PhaseLabels, Gauge>,
+    migration_phase_start: Family<MigrationLabels, Gauge<f64, AtomicU64>>,
+    migrations_seen: Mutex<HashMap<(String, String), MigrationSeen>>,
+    spare_underflow: Family<SpareLabels, Gauge>,
+    spare_seen: Mutex<HashSet<SpareLabels>>,
+    leader: Gauge,
 }
 
 /// The operator's metrics. Cheap to clone; clones share one registry.
@@ -111,6 +152,10 @@ impl Metrics {
             Family::<ReconcileLabels, Histogram, fn() -> Histogram>::new_with_constructor(
                 reconcile_histogram,
             );
+        let migrations = Family::<PhaseLabels, Gauge>::default();
+        let migration_phase_start = Family::<MigrationLabels, Gauge<f64, AtomicU64>>::default();
+        let spare_underflow = Family::<SpareLabels, Gauge>::default();
+        let leader = Gauge::default();
 
         registry.register(
             "automanager_placements_attempted",
@@ -183,6 +228,27 @@ impl Metrics {
             reconcile_duration.clone(),
         );
 
+        registry.register(
+            "automanager_migrations",
+            "Migration objects by phase (final phases stay counted while the objects exist)",
+            migrations.clone(),
+        );
+        registry.register(
+            "automanager_migration_phase_start_time_seconds",
+            "When a migration not yet in a final phase entered its current phase (Unix seconds)",
+            migration_phase_start.clone(),
+        );
+        registry.register(
+            "automanager_spare_underflow",
+            "1 while a HotSpareTarget has fewer live spares than its target, else 0",
+            spare_underflow.clone(),
+        );
+        registry.register(
+            "automanager_leader",
+            "1 while this operator replica holds the leader lease, else 0",
+            leader.clone(),
+        );
+
         let metrics = Metrics {
             inner: Arc::new(Inner {
                 registry,
@@ -200,6 +266,12 @@ impl Metrics {
                 broken_bundles,
                 connection_state,
                 reconcile_duration,
+                migrations,
+                migration_phase_start,
+                migrations_seen: Mutex::new(HashMap::new()),
+                spare_underflow,
+                spare_seen: Mutex::new(HashSet::new()),
+                leader,
             }),
         };
         metrics.set_connection_state("idle");
@@ -324,6 +396,128 @@ impl Metrics {
         }
     }
 
+    /// Whether this replica holds the leader lease.
+    pub fn set_leader(&self, leader: bool) {
+        self.inner.leader.set(i64::from(leader));
+    }
+
+    /// A Migration was seen in `phase`; `active_since` is when that phase began (Unix seconds)
+    /// when the phase is not final, `None` when it is.
+    pub fn observe_migration(
+        &self,
+        namespace: &str,
+        name: &str,
+        phase: &str,
+        active_since: Option<f64>,
+    ) {
+        let seen = MigrationSeen {
+            phase: phase.to_owned(),
+            active_since: active_since.filter(|t| t.is_finite()),
+        };
+        let key = (namespace.to_owned(), name.to_owned());
+        let mut all = self
+            .inner
+            .migrations_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let before = all.insert(key.clone(), seen.clone());
+        self.migration_changed(&all, &key, before.as_ref(), Some(&seen));
+    }
+
+    /// A Migration is gone: its series go with it.
+    pub fn forget_migration(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_owned(), name.to_owned());
+        let mut all = self
+            .inner
+            .migrations_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let before = all.remove(&key);
+        self.migration_changed(&all, &key, before.as_ref(), None);
+    }
+
+    fn migration_changed(
+        &self,
+        all: &HashMap<(String, String), MigrationSeen>,
+        key: &(String, String),
+        before: Option<&MigrationSeen>,
+        after: Option<&MigrationSeen>,
+    ) {
+        if before == after {
+            return;
+        }
+        let labels = |seen: &MigrationSeen| MigrationLabels {
+            namespace: key.0.clone(),
+            migration: key.1.clone(),
+            phase: seen.phase.clone(),
+        };
+        if let Some(b) = before {
+            self.inner.migration_phase_start.remove(&labels(b));
+        }
+        if let Some(a) = after
+            && let Some(t) = a.active_since
+        {
+            self.inner
+                .migration_phase_start
+                .get_or_create(&labels(a))
+                .set(t);
+        }
+        let phases: HashSet<&str> = before
+            .into_iter()
+            .chain(after)
+            .map(|s| s.phase.as_str())
+            .collect();
+        for phase in phases {
+            let count = all.values().filter(|s| s.phase == phase).count();
+            self.inner
+                .migrations
+                .get_or_create(&PhaseLabels {
+                    phase: phase.to_owned(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Whether a HotSpareTarget is below its target count.
+    pub fn set_spare_underflow(&self, target: &str, pool: &str, underflow: bool) {
+        let labels = SpareLabels {
+            hotsparetarget: target.to_owned(),
+            pool: pool.to_owned(),
+        };
+        self.inner
+            .spare_underflow
+            .get_or_create(&labels)
+            .set(i64::from(underflow));
+        self.inner
+            .spare_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(labels);
+    }
+
+    /// Drops the underflow series of every HotSpareTarget not in `existing` (deleted ones).
+    pub fn retain_spare_targets(&self, existing: &[(String, String)]) {
+        let keep: HashSet<SpareLabels> = existing
+            .iter()
+            .map(|(t, p)| SpareLabels {
+                hotsparetarget: t.clone(),
+                pool: p.clone(),
+            })
+            .collect();
+        let mut seen = self
+            .inner
+            .spare_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        seen.retain(|l| {
+            let kept = keep.contains(l);
+            if !kept {
+                self.inner.spare_underflow.remove(l);
+            }
+            kept
+        });
+    }
+
     /// Everything in OpenMetrics text format (ends with `# EOF`).
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -340,7 +534,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 15] = [
+    const NAMES: [&str; 19] = [
         "automanager_placements_attempted_total",
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
@@ -356,6 +550,10 @@ mod tests {
         "automanager_manager_connection_state",
         "automanager_reconcile_duration_seconds_bucket",
         "automanager_reconcile_duration_seconds_count",
+        "automanager_migrations",
+        "automanager_migration_phase_start_time_seconds",
+        "automanager_spare_underflow",
+        "automanager_leader",
     ];
 
     #[test]
@@ -363,6 +561,8 @@ mod tests {
         let m = Metrics::new();
         m.set_pool("aws", 3, 1, 2, 0.5);
         m.observe_reconcile("bundle", true, 0.01);
+        m.observe_migration("ns", "m", "Pending", Some(1.0));
+        m.set_spare_underflow("t", "aws", true);
         let text = m.encode();
         for name in NAMES {
             assert!(text.contains(name), "{name} missing from:\n{text}");
@@ -442,5 +642,55 @@ mod tests {
         assert!(text.contains(
             "automanager_reconcile_duration_seconds_count{controller=\"bundle\",result=\"error\"} 1"
         ));
+    }
+
+    #[test]
+    fn migrations_are_counted_by_phase_and_only_active_ones_have_a_start_time() {
+        let m = Metrics::new();
+        m.observe_migration("video", "a", "StartingTarget", Some(100.0));
+        m.observe_migration("video", "b", "StartingTarget", Some(105.5));
+        let text = m.encode();
+        assert!(
+            text.contains("automanager_migrations{phase=\"StartingTarget\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "automanager_migration_phase_start_time_seconds{namespace=\"video\",migration=\"a\",phase=\"StartingTarget\"} 100.0"
+        ));
+        m.observe_migration("video", "a", "Completed", None);
+        let text = m.encode();
+        assert!(text.contains("automanager_migrations{phase=\"StartingTarget\"} 1"));
+        assert!(text.contains("automanager_migrations{phase=\"Completed\"} 1"));
+        assert!(!text.contains("migration=\"a\""), "{text}");
+        m.forget_migration("video", "a");
+        m.forget_migration("video", "b");
+        m.forget_migration("video", "never-seen");
+        let text = m.encode();
+        assert!(text.contains("automanager_migrations{phase=\"Completed\"} 0"));
+        assert!(text.contains("automanager_migrations{phase=\"StartingTarget\"} 0"));
+        assert!(!text.contains("automanager_migration_phase_start_time_seconds{"));
+    }
+
+    #[test]
+    fn spare_underflow_follows_its_target_and_goes_with_it() {
+        let m = Metrics::new();
+        m.set_spare_underflow("gold-spares", "aws-east", true);
+        m.set_spare_underflow("other", "oci", false);
+        let text = m.encode();
+        assert!(text.contains(
+            "automanager_spare_underflow{hotsparetarget=\"gold-spares\",pool=\"aws-east\"} 1"
+        ));
+        m.retain_spare_targets(&[("other".into(), "oci".into())]);
+        let text = m.encode();
+        assert!(!text.contains("gold-spares"), "{text}");
+        assert!(text.contains("hotsparetarget=\"other\""));
+    }
+
+    #[test]
+    fn the_leader_gauge_follows_the_lease() {
+        let m = Metrics::new();
+        assert!(m.encode().contains("automanager_leader 0"));
+        m.set_leader(true);
+        assert!(m.encode().contains("automanager_leader 1"));
     }
 }

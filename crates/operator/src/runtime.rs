@@ -481,8 +481,16 @@ impl crate::http::DebugApi for DebugState {
                     .unwrap_or_else(|| Arc::new(pl::Engine::empty(0)))
             }
         };
-        let result = pl::validate_admission(&spec, &engine, now);
-        serde_json::to_value(result).unwrap_or_default()
+        let (result, decisions) = pl::validate_admission_traced(&spec, &engine, now);
+        // The admission result as before (`kind` ...), plus the dry run's decision per replica.
+        let mut answer = serde_json::to_value(result).unwrap_or_default();
+        if let Some(obj) = answer.as_object_mut() {
+            obj.insert(
+                "decisions".into(),
+                serde_json::to_value(decisions).unwrap_or_default(),
+            );
+        }
+        answer
     }
 }
 

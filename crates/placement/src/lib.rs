@@ -127,7 +127,7 @@ pub use model::{
 pub use place::MAX_JOBS_PER_REPLICA;
 pub use validate::{
     AdmissionResult, MAX_REPLICAS, UnplaceableJob, ValidationError, validate_admission,
-    validate_bundle,
+    validate_admission_traced, validate_bundle,
 };
 
 impl Engine {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::decision::Outcome;
+use crate::decision::{Decision, Outcome};
 use crate::engine::{Engine, NumberProblem, check_cores, to_milli};
 use crate::model::{
     BundleSpec, NodeSpec, PlacementKind, PlacementRules, PoolSpec, Position, Strength,
@@ -376,16 +376,30 @@ fn check_fit(
 /// that asks for a provision counts as admissible: the dry run adds the node it asks for and
 /// places the replica on it. The engine itself is not changed.
 pub fn validate_admission(bundle: &BundleSpec, engine: &Engine, now_ms: u64) -> AdmissionResult {
+    validate_admission_traced(bundle, engine, now_ms).0
+}
+
+/// [`validate_admission`], with the dry run's final decision for every replica (in replica
+/// order), for tools that show why (`what-if`). No decisions when static validation failed.
+pub fn validate_admission_traced(
+    bundle: &BundleSpec,
+    engine: &Engine,
+    now_ms: u64,
+) -> (AdmissionResult, Vec<Decision>) {
     let errors = engine.validate_bundle(bundle);
     if !errors.is_empty() {
-        return AdmissionResult::ValidationErrors { errors };
+        return (AdmissionResult::ValidationErrors { errors }, Vec::new());
     }
     let mut sim = engine.clone();
     let mut positions: Vec<Position> = Vec::new();
     let mut unplaceable = Vec::new();
+    let mut decisions = Vec::new();
     for r in 0..bundle.replicas {
         let req = bundle.request_for_replica(r, PlacementKind::First, positions.clone());
-        match place_with_provisioning(&mut sim, &req, now_ms, &format!("~admission-{r}")) {
+        let (decision, placed) =
+            place_with_provisioning(&mut sim, &req, now_ms, &format!("~admission-{r}"));
+        decisions.push(decision);
+        match placed {
             Ok(placed) => positions.extend(placed),
             Err(jobs) => {
                 unplaceable.extend(jobs.into_iter().map(|(job_name, reason)| UnplaceableJob {
@@ -396,21 +410,26 @@ pub fn validate_admission(bundle: &BundleSpec, engine: &Engine, now_ms: u64) -> 
             }
         }
     }
-    if unplaceable.is_empty() {
+    let result = if unplaceable.is_empty() {
         AdmissionResult::Ok
     } else {
         AdmissionResult::NoCapacity { unplaceable }
-    }
+    };
+    (result, decisions)
 }
 
+/// Where a replica's jobs landed, or (job, reason) for each job that did not.
+pub(crate) type ReplicaPlacement = Result<Vec<Position>, Vec<(String, String)>>;
+
 /// Places one replica on `sim`, adding the nodes `Provision` decisions ask for (at most two
-/// rounds), and commits it. Returns where its jobs landed, or (job, reason) for each job.
+/// rounds), and commits it. Returns the last decision and where its jobs landed, or (job,
+/// reason) for each job.
 pub(crate) fn place_with_provisioning(
     sim: &mut Engine,
     req: &crate::model::PlacementRequest,
     now_ms: u64,
     node_prefix: &str,
-) -> Result<Vec<Position>, Vec<(String, String)>> {
+) -> (Decision, ReplicaPlacement) {
     let mut decision = sim.place(req, now_ms);
     for round in 0..2 {
         let Outcome::Provision {
@@ -446,7 +465,7 @@ pub(crate) fn place_with_provisioning(
         }
         decision = sim.place(req, now_ms);
     }
-    match &decision.outcome {
+    let placed = match &decision.outcome {
         Outcome::Placed { assignments, .. } => {
             let placed = assignments
                 .iter()
@@ -456,13 +475,14 @@ pub(crate) fn place_with_provisioning(
                 })
                 .collect();
             if sim.commit(&decision).is_err() {
-                return Err(req
+                Err(req
                     .jobs
                     .iter()
                     .map(|j| (j.job_name.clone(), "commit failed".to_owned()))
-                    .collect());
+                    .collect())
+            } else {
+                Ok(placed)
             }
-            Ok(placed)
         }
         Outcome::Unplaceable { jobs } => Err(jobs
             .iter()
@@ -482,7 +502,8 @@ pub(crate) fn place_with_provisioning(
                 )
             })
             .collect()),
-    }
+    };
+    (decision, placed)
 }
 
 impl Engine {

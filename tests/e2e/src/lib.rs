@@ -5,6 +5,7 @@
 //! removes their directory, also when the test fails.
 
 pub mod install;
+pub mod plugin;
 pub mod stack;
 
 use std::path::{Path, PathBuf};
@@ -93,6 +94,36 @@ pub fn condition<'a>(obj: &'a serde_json::Value, type_: &str) -> &'a serde_json:
 pub async fn apply(stack: &stack::Stack, yaml: &str) {
     let out = stack.env.apply_yaml(yaml).await.expect("kubectl runs");
     assert!(out.success(), "apply failed: {}", out.stderr);
+}
+
+/// `kubectl apply -f examples/pools.yaml`: the pools the demo config's Manager has.
+pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError> {
+    let out = stack
+        .env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(SetupError(format!(
+            "applying examples/pools.yaml: {}",
+            out.stderr
+        )))
+    }
+}
+
+/// Writes `deploy/demo/manager-sim.yaml` with `job_socket` as its `jobSocket:` section into
+/// `dir`, and returns the file's path.
+pub fn demo_sim_config_with_job_socket(
+    dir: &Path,
+    job_socket: &serde_json::Value,
+) -> Result<PathBuf, SetupError> {
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml"))
+        .map_err(|e| SetupError(e.to_string()))?;
+    let path = dir.join("manager-sim.yaml");
+    std::fs::write(&path, format!("{demo}\njobSocket: {job_socket}\n"))
+        .map_err(|e| SetupError(e.to_string()))?;
+    Ok(path)
 }
 
 /// The `main` of a `harness = false` bench: runs `run` on a multi-threaded runtime and exits 1

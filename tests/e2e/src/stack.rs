@@ -19,44 +19,41 @@ pub struct Binaries {
     pub sim: PathBuf,
 }
 
+/// Runs `cargo build ARGS` with the cargo that runs the tests, in the same profile as the test
+/// executable (release under `cargo bench`), and returns that profile's target directory.
+pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // The test executable lives in <target>/<profile>/deps/.
+    let exe = std::env::current_exe().map_err(|e| SetupError(e.to_string()))?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| SetupError("no target dir".into()))?
+        .to_path_buf();
+    let mut cmd = Command::new(&cargo);
+    cmd.arg("build").args(args);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd
+        .current_dir(repo_root())
+        .status()
+        .map_err(|e| SetupError(format!("running {cargo} build: {e}")))?;
+    if !status.success() {
+        return Err(SetupError(format!(
+            "cargo build {args:?} failed ({status})"
+        )));
+    }
+    Ok(profile_dir)
+}
+
 /// Builds `automanager-operator` and `manager-sim` (once per process) and returns their paths.
 pub fn binaries() -> Result<&'static Binaries, SetupError> {
     static BINS: OnceLock<Result<Binaries, String>> = OnceLock::new();
     BINS.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        // The test executable lives in <target>/<profile>/deps/; build the same profile.
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let release = exe
-            .parent()
-            .and_then(Path::parent)
-            .and_then(Path::file_name)
-            .is_some_and(|n| n == "release");
-        let mut cmd = Command::new(&cargo);
-        cmd.args([
-            "build",
-            "--bins",
-            "-p",
-            "automanager-operator",
-            "-p",
-            "manager-sim",
-        ]);
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd
-            .current_dir(repo_root())
-            .status()
-            .map_err(|e| format!("running {cargo} build: {e}"))?;
-        if !status.success() {
-            return Err(format!(
-                "cargo build of the operator and manager-sim failed ({status})"
-            ));
-        }
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .ok_or("no target dir")?
-            .to_path_buf();
+        let profile_dir =
+            cargo_build(&["--bins", "-p", "automanager-operator", "-p", "manager-sim"])
+                .map_err(|e| e.0)?;
         let bins = Binaries {
             operator: profile_dir.join("automanager-operator"),
             sim: profile_dir.join("manager-sim"),

@@ -224,6 +224,14 @@ async fn run(cli: Cli) -> Result<(), String> {
                     job_socket: manager_sim::JobSocketConfig::default(),
                 },
             };
+            // Manager's own overrides file retargets provider configs: the sim's pools.
+            let env = std::env::var(manager_sim::overrides::ENV_FILE).ok();
+            if let Some(path) = manager_sim::overrides::locate(env.as_deref()) {
+                let o = manager_sim::overrides::read(&path).map_err(|e| e.to_string())?;
+                let changed = manager_sim::overrides::apply(&o, &mut cfg, &path)
+                    .map_err(|e| e.to_string())?;
+                tracing::info!(file = %path.display(), pools = ?changed, "applied Manager's overrides file");
+            }
             if let Some(l) = listen {
                 cfg.listen = l;
             }

@@ -299,11 +299,13 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     tracing::info!(identity = %identity, "waiting for leadership");
     readiness.set_caches_synced(true);
     readiness.set_leader(false);
+    metrics.set_leader(false);
     tokio::select! {
         r = is_leader.wait_for(|l| *l) => { if r.is_err() { return Ok(ExitCode::SUCCESS) } }
         _ = stopped() => { manager.close().await; let _ = election.task.await; return Ok(ExitCode::SUCCESS) }
     }
     readiness.set_leader(true);
+    metrics.set_leader(true);
     tracing::info!(identity = %identity, "leading: starting controllers");
     if manager.wait_ready(Duration::from_secs(30)).await.is_err() {
         tracing::warn!(

@@ -289,6 +289,8 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
     status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
     status.underflow_since = plan.underflow_since(prev.underflow_since, now);
+    ctx.metrics
+        .set_spare_underflow(&name, &spec.pool, plan.underflow.is_some());
     match &plan.underflow {
         Some(u) => {
             let message = u.message();

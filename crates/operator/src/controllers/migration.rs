@@ -80,8 +80,10 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
     // (every Manager change wakes every Migration, often before our own write is watched back):
     // act on the live object, or a running migration would be admitted again from `Pending`.
     let Some(mig) = api.get_opt(&mig.name_any()).await?.map(Arc::new) else {
+        ctx.metrics.forget_migration(&ns, &mig.name_any());
         return Ok(Requeue::await_change());
     };
+    observe(&ctx, &mig, &mig.status.clone().unwrap_or_default());
     let result = finalizer(&api, api::MIGRATION_FINALIZER, mig, |event| async {
         match event {
             Finalizer::Apply(m) => apply(&m, &ctx, false).await,
@@ -119,6 +121,8 @@ async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> 
         .map(|s| s.phase)
         .unwrap_or_default();
     if plan::is_terminal(now) {
+        ctx.metrics
+            .forget_migration(&ns_name(mig)?.0, &mig.name_any());
         Ok(Requeue::await_change())
     } else {
         Err(Error::Finalizer(format!(
@@ -1341,7 +1345,30 @@ async fn write_status(
     }
     let (ns, name) = ns_name(mig)?;
     let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &ns);
-    super::apply_status(&api, &name, &status).await
+    super::apply_status(&api, &name, &status).await?;
+    observe(ctx, mig, &status);
+    Ok(())
+}
+
+/// Feeds the migration gauges: the phase, and when it began while it is not final (the
+/// object's creation for one still `Pending`).
+fn observe(ctx: &Context, mig: &Migration, status: &MigrationStatus) {
+    let Ok((ns, name)) = ns_name(mig) else {
+        return;
+    };
+    let since = (!plan::is_terminal(status.phase))
+        .then(|| {
+            status.phases.last().map(|p| p.entered_at).or_else(|| {
+                mig.metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
+            })
+        })
+        .flatten()
+        .map(|t| t.timestamp_millis() as f64 / 1000.0);
+    ctx.metrics
+        .observe_migration(&ns, &name, &format!("{:?}", status.phase), since);
 }
 
 #[cfg(test)]

@@ -64,12 +64,20 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
     let usage = ctx.state().model.engine().pool_usage(&name);
     let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
     let spare_target: i64 = match targets.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .filter(|t| t.spec.pool == name)
-            .map(|t| i64::from(t.spec.target_count))
-            .sum(),
+        Ok(list) => {
+            // The list is complete: spare-underflow series of deleted targets go now.
+            let existing: Vec<(String, String)> = list
+                .items
+                .iter()
+                .map(|t| (t.name_any(), t.spec.pool.clone()))
+                .collect();
+            ctx.metrics.retain_spare_targets(&existing);
+            list.items
+                .iter()
+                .filter(|t| t.spec.pool == name)
+                .map(|t| i64::from(t.spec.target_count))
+                .sum()
+        }
         Err(e) => {
             tracing::debug!(error = %e, "could not list HotSpareTargets");
             prev.spare_target

@@ -392,7 +392,9 @@ fn place_all_replicas(engine: &Engine, b: &BundleSpec) -> bool {
             &req,
             NOW,
             &format!("~admission-{r}"),
-        ) {
+        )
+        .1
+        {
             Ok(p) => positions.extend(p),
             Err(_) => ok = false,
         }

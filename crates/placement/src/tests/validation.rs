@@ -176,3 +176,17 @@ fn admission_returns_validation_errors_first() {
     let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["kind"], "validationErrors");
 }
+
+#[test]
+fn the_traced_admission_gives_one_decision_per_replica_and_the_same_answer() {
+    let e = engine(pools(), vec![node("f1", "f", "a", 100.0, 0.0)]);
+    let b = bundle(vec![job("a", 60.0)], &["f"], 2);
+    let (result, decisions) = crate::validate_admission_traced(&b, &e, 0);
+    assert_eq!(result, validate_admission(&b, &e, 0));
+    assert_eq!(decisions.len(), 2);
+    assert_eq!(decisions[1].replica_index, 1);
+    let (invalid, none) =
+        crate::validate_admission_traced(&bundle(vec![job("a", 1.0)], &["zzz"], 1), &e, 0);
+    assert!(matches!(invalid, AdmissionResult::ValidationErrors { .. }));
+    assert!(none.is_empty());
+}

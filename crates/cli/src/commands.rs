@@ -1,0 +1,783 @@
+//! Running the commands: the I/O around the pure parts (reading, rendering, patches).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use automanager_api as api;
+use futures::StreamExt;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::actions::{self, Step};
+use crate::error::CliError;
+use crate::operator::{OperatorClient, OperatorEndpoint};
+use crate::progress::Progress;
+use crate::render::{self, trace::TraceView};
+use crate::{Cli, Command, GetWhat, GlobalArgs, Output, TopWhat, WaitArgs};
+
+/// The field manager of every write the plugin makes.
+pub const FIELD_MANAGER: &str = "kubectl-automanager";
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let g = &cli.global;
+    match cli.command {
+        Command::Validate { files, pools } => validate(g, &files, &pools),
+        Command::WhatIf { file } => what_if(g, &file).await,
+        Command::Trace {
+            bundle,
+            replica,
+            job,
+        } => trace(g, &bundle, replica, job).await,
+        Command::Top { what } => top(g, what).await,
+        Command::Get {
+            what: GetWhat::Broken { all_namespaces },
+        } => broken(g, all_namespaces).await,
+        Command::Cordon { node } => cordon(g, &node, true).await,
+        Command::Uncordon { node } => cordon(g, &node, false).await,
+        Command::Drain { node, mode, wait } => drain(g, &node, mode.to_api(), &wait).await,
+        Command::Migrate {
+            job,
+            to,
+            strategy,
+            wait,
+        } => migrate(g, &job, to.as_deref(), strategy.map(|s| s.to_api()), &wait).await,
+        Command::Abort {
+            migration,
+            reason,
+            wait,
+        } => abort(g, &migration, &reason, &wait).await,
+        Command::Retry { bundle, wait } => retry(g, &bundle, &wait).await,
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(
+                shell,
+                &mut cmd,
+                "kubectl-automanager",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+fn print_data<T: Serialize>(out: Output, value: &T) -> Result<(), CliError> {
+    let text = match out {
+        Output::Yaml => {
+            serde_saphyr::to_string(value).map_err(|e| CliError::Output(e.to_string()))?
+        }
+        _ => {
+            let mut s =
+                serde_json::to_string_pretty(value).map_err(|e| CliError::Output(e.to_string()))?;
+            s.push('\n');
+            s
+        }
+    };
+    print!("{text}");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cluster
+
+struct Cluster {
+    client: kube::Client,
+    namespace: String,
+}
+
+async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
+    let options = kube::config::KubeConfigOptions {
+        context: g.context.clone(),
+        cluster: None,
+        user: None,
+    };
+    let mut config = match &g.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| CliError::Kubeconfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| CliError::Kubeconfig(e.to_string()))?
+        }
+        None if g.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| CliError::Kubeconfig(e.to_string()))?,
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| CliError::Kubeconfig(e.to_string()))?,
+    };
+    config.connect_timeout = Some(g.request_timeout);
+    config.read_timeout = Some(g.request_timeout);
+    config.write_timeout = Some(g.request_timeout);
+    let namespace = g
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone());
+    let client = kube::Client::try_from(config).map_err(|e| CliError::Kubeconfig(e.to_string()))?;
+    Ok(Cluster { client, namespace })
+}
+
+fn endpoint(g: &GlobalArgs) -> OperatorEndpoint {
+    match &g.operator_url {
+        Some(url) => OperatorEndpoint::Direct(url.clone()),
+        None => OperatorEndpoint::ServiceProxy {
+            namespace: g.operator_namespace.clone(),
+            service: g.operator_service.clone(),
+            port: g.operator_port.clone(),
+        },
+    }
+}
+
+/// A kube error as the message a person needs.
+fn api_error(e: kube::Error) -> CliError {
+    match e {
+        kube::Error::Api(s) => CliError::Api(format!(
+            "the apiserver refused: {}",
+            if s.message.is_empty() {
+                s.reason.clone()
+            } else {
+                s.message.clone()
+            }
+        )),
+        other => CliError::Api(format!("cannot reach the apiserver: {other}")),
+    }
+}
+
+async fn get_opt<K>(api: &Api<K>, name: &str) -> Result<Option<K>, CliError>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    api.get_opt(name).await.map_err(api_error)
+}
+
+async fn list<K>(api: &Api<K>) -> Result<Vec<K>, CliError>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    // From the apiserver's watch cache: a moment stale at most, and fast on big clusters.
+    api.list(&ListParams::default().match_any())
+        .await
+        .map(|l| l.items)
+        .map_err(api_error)
+}
+
+async fn bundle(c: &Cluster, name: &str) -> Result<api::Bundle, CliError> {
+    let bundles: Api<api::Bundle> = Api::namespaced(c.client.clone(), &c.namespace);
+    get_opt(&bundles, name)
+        .await?
+        .ok_or_else(|| CliError::NotFound {
+            kind: "bundle",
+            name: format!("{}/{name}", c.namespace),
+            hint: " (kubectl get bundles -A lists them)".into(),
+        })
+}
+
+/// The ManagerNode called `name`, or the one of Manager's node id `name`.
+async fn manager_node(c: &Cluster, name: &str) -> Result<api::ManagerNode, CliError> {
+    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
+    if let Some(n) = get_opt(&nodes, name).await? {
+        return Ok(n);
+    }
+    let object_name = crate::engine::node_object_name(name);
+    if object_name != name
+        && let Some(n) = get_opt(&nodes, &object_name).await?
+    {
+        return Ok(n);
+    }
+    Err(CliError::NotFound {
+        kind: "managernode",
+        name: name.to_owned(),
+        hint: " (kubectl automanager top nodes lists them)".into(),
+    })
+}
+
+async fn packing(c: &Cluster) -> BTreeMap<String, String> {
+    let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
+    list(&pools)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            let packing = match p.spec.packing_strategy {
+                api::PackingStrategy::Binpack => "binpack",
+                api::PackingStrategy::Spread => "spread",
+            };
+            (p.metadata.name.unwrap_or_default(), packing.to_owned())
+        })
+        .collect()
+}
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// validate, what-if, trace
+
+fn validate(
+    g: &GlobalArgs,
+    files: &[std::path::PathBuf],
+    pools: &[std::path::PathBuf],
+) -> Result<(), CliError> {
+    let objects = crate::input::read_objects(files)?;
+    let pool_objects = crate::input::read_objects(pools)?;
+    let schemas = crate::schema::Schemas::load().map_err(CliError::Input)?;
+    let namespace = g.namespace.as_deref().unwrap_or("default");
+    let report = crate::validate::validate(&objects, &pool_objects, namespace, &schemas);
+    if g.output.is_data() {
+        print_data(g.output, &report)?;
+    } else {
+        print!("{}", render::validate::render(&report));
+    }
+    if report.valid {
+        Ok(())
+    } else {
+        let n = report.objects.iter().filter(|o| !o.valid).count();
+        Err(CliError::Refused(format!(
+            "{n} invalid object{}",
+            if n == 1 { "" } else { "s" }
+        )))
+    }
+}
+
+async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError> {
+    let objects = crate::input::read_objects(&[file.to_path_buf()])?;
+    let bundles: Vec<_> = objects.iter().filter(|o| o.kind() == "Bundle").collect();
+    let [obj] = bundles.as_slice() else {
+        return Err(CliError::Input(format!(
+            "what-if takes exactly one Bundle; {} holds {}",
+            file.display(),
+            bundles.len()
+        )));
+    };
+    let spec: api::Bundle =
+        serde_json::from_value(obj.value.clone()).map_err(|e| CliError::Parse {
+            path: file.to_path_buf(),
+            message: format!(
+                "not a Bundle: {e} (kubectl automanager validate -f shows every problem)"
+            ),
+        })?;
+    let endpoint = endpoint(g);
+    let cluster = match (&endpoint, cluster(g).await) {
+        (_, Ok(c)) => Some(c),
+        (OperatorEndpoint::Direct(_), Err(_)) => None,
+        (_, Err(e)) => return Err(e),
+    };
+    let namespace = obj
+        .namespace()
+        .map(str::to_owned)
+        .or_else(|| cluster.as_ref().map(|c| c.namespace.clone()))
+        .unwrap_or_else(|| "default".into());
+    let mut body = obj.value.clone();
+    body["metadata"]["namespace"] = serde_json::Value::String(namespace.clone());
+    let client = OperatorClient::new(
+        endpoint,
+        cluster.as_ref().map(|c| c.client.clone()),
+        g.request_timeout,
+    );
+    let raw = client.what_if(&body).await?;
+    let answer: render::whatif::WhatIf =
+        serde_json::from_value(raw.clone()).map_err(|e| CliError::Operator {
+            status: 200,
+            message: format!("an answer this plugin does not understand ({e}): {raw}"),
+        })?;
+    if g.output.is_data() {
+        print_data(g.output, &raw)?;
+    } else {
+        let view = TraceView {
+            packing: match &cluster {
+                Some(c) => packing(c).await,
+                None => BTreeMap::new(),
+            },
+            wide: g.output == Output::Wide,
+            ..TraceView::default()
+        };
+        let name = format!("{namespace}/{}", obj.name());
+        print!(
+            "{}",
+            render::whatif::render(&name, &answer, &spec.spec, &view)
+        );
+    }
+    if answer.fits() {
+        Ok(())
+    } else {
+        Err(CliError::Refused(format!(
+            "bundle {namespace}/{} would not be admitted now",
+            obj.name()
+        )))
+    }
+}
+
+async fn trace(
+    g: &GlobalArgs,
+    name: &str,
+    replica: Option<u32>,
+    job: Option<String>,
+) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let b = bundle(&c, name).await?;
+    let client = OperatorClient::new(endpoint(g), Some(c.client.clone()), g.request_timeout);
+    let Some(raw) = client.trace(&c.namespace, name).await? else {
+        let phase = b
+            .status
+            .map(|s| format!("{:?}", s.phase))
+            .unwrap_or_else(|| "no status yet".into());
+        return Err(CliError::NotFound {
+            kind: "placement trace of bundle",
+            name: format!("{}/{name}", c.namespace),
+            hint: format!(
+                " (phase {phase}): the operator keeps the full trace of the decisions it made since it started; the bounded summary of the last one is in the Bundle's status.replicas[].jobs[].lastPlacement"
+            ),
+        });
+    };
+    let full: render::trace::BundleTrace =
+        serde_json::from_value(raw).map_err(|e| CliError::Operator {
+            status: 200,
+            message: format!("a trace this plugin does not understand: {e}"),
+        })?;
+    let mut view = TraceView {
+        replica,
+        job,
+        wide: g.output == Output::Wide,
+        ..TraceView::default()
+    };
+    let shown = full.filtered(&view).map_err(CliError::Input)?;
+    if g.output.is_data() {
+        return print_data(g.output, &shown);
+    }
+    view.packing = packing(&c).await;
+    print!("{}", render::trace::render(&shown, &view));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// top, get broken
+
+async fn top(g: &GlobalArgs, what: TopWhat) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
+    let wide = g.output == Output::Wide;
+    match what {
+        TopWhat::Nodes { pool } => {
+            let rows = render::top::node_rows(&list(&nodes).await?, pool.as_deref());
+            if g.output.is_data() {
+                print_data(g.output, &rows)
+            } else {
+                print!("{}", render::top::render_nodes(&rows, wide));
+                Ok(())
+            }
+        }
+        TopWhat::Pools => {
+            let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
+            let (pools, nodes) = futures::try_join!(list(&pools), list(&nodes))?;
+            let rows = render::top::pool_rows(&pools, &nodes);
+            if g.output.is_data() {
+                print_data(g.output, &rows)
+            } else {
+                print!("{}", render::top::render_pools(&rows, wide));
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn broken(g: &GlobalArgs, all_namespaces: bool) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let api: Api<api::Bundle> = if all_namespaces {
+        Api::all(c.client.clone())
+    } else {
+        Api::namespaced(c.client.clone(), &c.namespace)
+    };
+    let rows = render::broken::rows(&list(&api).await?);
+    if g.output.is_data() {
+        print_data(g.output, &rows)
+    } else {
+        print!("{}", render::broken::render(&rows, chrono::Utc::now()));
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes
+
+async fn cordon(g: &GlobalArgs, node: &str, cordoned: bool) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let n = manager_node(&c, node).await?;
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let verb = if cordoned { "cordoned" } else { "uncordoned" };
+    let node = if n.spec.cordoned == cordoned {
+        if !g.output.is_data() {
+            println!("managernode/{name} already {verb}");
+        }
+        n
+    } else {
+        let api: Api<api::ManagerNode> = Api::all(c.client.clone());
+        let n = api
+            .patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(actions::cordon_patch(cordoned)),
+            )
+            .await
+            .map_err(api_error)?;
+        if !g.output.is_data() {
+            println!("managernode/{name} {verb}");
+        }
+        n
+    };
+    if g.output.is_data() {
+        print_data(g.output, &node)?;
+    }
+    Ok(())
+}
+
+async fn drain(
+    g: &GlobalArgs,
+    node: &str,
+    mode: api::DrainMode,
+    wait: &WaitArgs,
+) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let n = manager_node(&c, node).await?;
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let api: Api<api::ManagerNode> = Api::all(c.client.clone());
+    let mode_name = match mode {
+        api::DrainMode::Migrate => "migrate",
+        api::DrainMode::Terminate => "terminate",
+    };
+    let (n, line) = match n.spec.drain {
+        Some(d) if d.mode == mode => (
+            n,
+            format!("managernode/{name} already draining (mode {mode_name})"),
+        ),
+        _ => (
+            api.patch(
+                &name,
+                &patch_params(),
+                &Patch::Merge(actions::drain_patch(mode)),
+            )
+            .await
+            .map_err(api_error)?,
+            format!("managernode/{name} draining (mode {mode_name})"),
+        ),
+    };
+    if !written(g.output, &line, &n, wait)? {
+        return Ok(());
+    }
+    let mut last = None;
+    let fin = follow(
+        &api,
+        &name,
+        wait,
+        g.output,
+        format!("the drain of managernode/{name}"),
+        |obj| actions::drain_step(obj, &mut last),
+    )
+    .await?;
+    finish(
+        g.output,
+        fin.as_ref(),
+        &format!("managernode/{name} drained"),
+    )
+}
+
+async fn migrate(
+    g: &GlobalArgs,
+    job: &str,
+    to: Option<&str>,
+    strategy: Option<api::MigrationStrategy>,
+    wait: &WaitArgs,
+) -> Result<(), CliError> {
+    let job = actions::parse_job_ref(job).map_err(CliError::Input)?;
+    let c = cluster(g).await?;
+    let b = bundle(&c, &job.bundle).await?;
+    if job.replica >= b.spec.replicas {
+        return Err(CliError::Input(format!(
+            "bundle {}/{} has {} replica{} (0 to {}); there is no replica {}",
+            c.namespace,
+            job.bundle,
+            b.spec.replicas,
+            if b.spec.replicas == 1 { "" } else { "s" },
+            b.spec.replicas - 1,
+            job.replica
+        )));
+    }
+    if !b.spec.jobs.iter().any(|j| j.job_name == job.job) {
+        let names: Vec<&str> = b.spec.jobs.iter().map(|j| j.job_name.as_str()).collect();
+        return Err(CliError::Input(format!(
+            "bundle {}/{} has no job {:?} (its jobs: {})",
+            c.namespace,
+            job.bundle,
+            job.job,
+            names.join(", ")
+        )));
+    }
+    let api: Api<api::Migration> = Api::namespaced(c.client.clone(), &c.namespace);
+    let m = actions::migration(&c.namespace, &job, to, strategy);
+    let created = api
+        .create(
+            &PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            },
+            &m,
+        )
+        .await
+        .map_err(api_error)?;
+    let name = created.metadata.name.clone().unwrap_or_default();
+    if !written(
+        g.output,
+        &format!("migration/{name} created"),
+        &created,
+        wait,
+    )? {
+        return Ok(());
+    }
+    let mut seen = 0;
+    let fin = follow(
+        &api,
+        &name,
+        wait,
+        g.output,
+        format!("migration {}/{name}", c.namespace),
+        |obj| match obj {
+            Some(m) => actions::migration_step(m, &mut seen),
+            None => gone("migration"),
+        },
+    )
+    .await?;
+    finish(
+        g.output,
+        fin.as_ref(),
+        &format!("migration/{name} completed"),
+    )
+}
+
+async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let api: Api<api::Migration> = Api::namespaced(c.client.clone(), &c.namespace);
+    let m = get_opt(&api, name)
+        .await?
+        .ok_or_else(|| CliError::NotFound {
+            kind: "migration",
+            name: format!("{}/{name}", c.namespace),
+            hint: " (kubectl get migrations lists them)".into(),
+        })?;
+    let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    use api::MigrationPhase as P;
+    if matches!(
+        phase,
+        P::Completed | P::Aborted | P::Refused | P::Rejected | P::Failed
+    ) {
+        return Err(CliError::Refused(format!(
+            "migration {}/{name} already ended ({phase:?}); there is nothing to abort",
+            c.namespace
+        )));
+    }
+    let m = match &m.spec.abort {
+        Some(_) => m,
+        None => api
+            .patch(
+                name,
+                &patch_params(),
+                &Patch::Merge(actions::abort_patch(reason)),
+            )
+            .await
+            .map_err(api_error)?,
+    };
+    if !written(
+        g.output,
+        &format!("migration/{name} abort requested"),
+        &m,
+        wait,
+    )? {
+        return Ok(());
+    }
+    let mut seen = 0;
+    let fin = follow(
+        &api,
+        name,
+        wait,
+        g.output,
+        format!("migration {}/{name} to stop", c.namespace),
+        |obj| match obj {
+            Some(m) => {
+                let mut s = actions::migration_step(m, &mut seen);
+                // For an abort, Aborted is the good end and Completed the refusal.
+                let phase = m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+                match phase {
+                    P::Aborted => {
+                        s.done = Some(true);
+                        s.failure = None;
+                    }
+                    P::Completed => {
+                        s.done = Some(false);
+                        s.failure = Some(
+                            "the migration completed: it was past its point of no return when the abort came".into(),
+                        );
+                    }
+                    _ => {}
+                }
+                s
+            }
+            None => Step {
+                events: vec![],
+                status: "deleted".into(),
+                done: Some(true),
+                failure: None,
+            },
+        },
+    )
+    .await?;
+    finish(g.output, fin.as_ref(), &format!("migration/{name} aborted"))
+}
+
+async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    bundle(&c, name).await?;
+    let api: Api<api::Bundle> = Api::namespaced(c.client.clone(), &c.namespace);
+    let value = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let b = api
+        .patch(
+            name,
+            &patch_params(),
+            &Patch::Merge(actions::retry_patch(&value)),
+        )
+        .await
+        .map_err(api_error)?;
+    let line = format!(
+        "bundle/{name} retry requested ({}={value})",
+        api::RETRY_ANNOTATION
+    );
+    if !written(g.output, &line, &b, wait)? {
+        return Ok(());
+    }
+    let mut last = None;
+    let fin = follow(
+        &api,
+        name,
+        wait,
+        g.output,
+        format!("bundle {}/{name} to be Ready", c.namespace),
+        |obj| match obj {
+            Some(b) => actions::retry_step(b, &value, &mut last),
+            None => gone("bundle"),
+        },
+    )
+    .await?;
+    finish(g.output, fin.as_ref(), &format!("bundle/{name} Ready"))
+}
+
+/// Says what was written; without `--wait` that is the whole answer (the object, for `-o
+/// json|yaml`). Returns whether to follow the change.
+fn written<T: Serialize>(
+    out: Output,
+    line: &str,
+    obj: &T,
+    wait: &WaitArgs,
+) -> Result<bool, CliError> {
+    if !out.is_data() {
+        println!("{line}");
+    }
+    if wait.wait {
+        return Ok(true);
+    }
+    if out.is_data() {
+        print_data(out, obj)?;
+    }
+    Ok(false)
+}
+
+fn gone(kind: &str) -> Step {
+    Step {
+        events: vec![],
+        status: format!("the {kind} was deleted"),
+        done: Some(false),
+        failure: Some(format!("the {kind} was deleted while waiting")),
+    }
+}
+
+fn finish<T: Serialize>(out: Output, obj: Option<&T>, done: &str) -> Result<(), CliError> {
+    if out.is_data() {
+        match obj {
+            Some(o) => print_data(out, o),
+            None => print_data(out, &serde_json::Value::Null),
+        }
+    } else {
+        println!("{done}");
+        Ok(())
+    }
+}
+
+/// Follows one object until `step` says it is done, or `wait.timeout` passes.
+async fn follow<K>(
+    api: &Api<K>,
+    name: &str,
+    wait: &WaitArgs,
+    out: Output,
+    what: String,
+    mut step: impl FnMut(Option<&K>) -> Step,
+) -> Result<Option<K>, CliError>
+where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    let mut progress = Progress::stdio(out.is_data());
+    let deadline = tokio::time::Instant::now() + wait.timeout;
+    let mut stream = kube::runtime::watcher::watch_object(api.clone(), name).boxed();
+    let mut last_status: Option<String> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        let next = tokio::select! {
+            n = stream.next() => n,
+            _ = tick.tick() => {
+                // Keeps a terminal's elapsed time moving while nothing changes.
+                if let Some(s) = &last_status { progress.status(s); }
+                continue;
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                progress.finish();
+                return Err(CliError::Timeout { what, after: wait.timeout, last: last_status });
+            }
+        };
+        match next {
+            Some(Ok(obj)) => {
+                let s = step(obj.as_ref());
+                for e in &s.events {
+                    progress.event(e);
+                }
+                progress.status(&s.status);
+                last_status = Some(s.status.clone());
+                match s.done {
+                    Some(true) => {
+                        progress.finish();
+                        return Ok(obj);
+                    }
+                    Some(false) => {
+                        progress.finish();
+                        return Err(CliError::Refused(
+                            s.failure.unwrap_or_else(|| format!("{what} failed")),
+                        ));
+                    }
+                    None => {}
+                }
+            }
+            Some(Err(e)) => {
+                // The watch restarts by itself; say so and keep waiting.
+                progress.event(&format!("watch interrupted ({e}); resuming"));
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            None => {
+                progress.finish();
+                return Err(CliError::Api(format!("the watch of {what} ended")));
+            }
+        }
+    }
+}

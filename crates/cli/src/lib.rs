@@ -1,0 +1,366 @@
+//! # kubectl-automanager
+//!
+//! The kubectl plugin for AutoManager: what the person on call uses. Installed on `PATH` as
+//! `kubectl-automanager`, it runs as `kubectl automanager <command>`:
+//!
+//! | command | what |
+//! |---|---|
+//! | `validate -f FILE [--pools FILE]` | offline checks with the operator's own code; no cluster |
+//! | `what-if -f FILE` | the operator's admission answer for a Bundle, with the dry run's trace |
+//! | `trace BUNDLE [--replica R] [--job J]` | the last placement decisions as a tree |
+//! | `top pools`, `top nodes` | capacity and cores in use, spares live/target |
+//! | `get broken` | Broken bundles and why |
+//! | `cordon`, `uncordon`, `drain NODE` | the ManagerNode spec a person would patch |
+//! | `migrate BUNDLE/REPLICA/JOB`, `abort MIGRATION` | a Migration created or aborted |
+//! | `retry BUNDLE` | the retry annotation |
+//! | `completion SHELL` | shell completions |
+//!
+//! Exit codes are in [`error`]. The user guide is `docs/cli.md`.
+
+pub mod actions;
+pub mod engine;
+pub mod error;
+pub mod input;
+pub mod operator;
+pub mod progress;
+pub mod render;
+pub mod schema;
+pub mod validate;
+
+mod commands;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use commands::run;
+pub use error::CliError;
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Output {
+    /// Text for people.
+    #[default]
+    Text,
+    /// Text with more detail.
+    Wide,
+    /// JSON, for scripts.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+impl Output {
+    /// JSON or YAML: data on stdout, progress on stderr.
+    pub fn is_data(self) -> bool {
+        matches!(self, Output::Json | Output::Yaml)
+    }
+}
+
+/// kubectl automanager: run and debug AutoManager from kubectl.
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-automanager",
+    bin_name = "kubectl automanager",
+    version,
+    about = "Run and debug AutoManager (Norsk's placement operator) from kubectl",
+    long_about = "Run and debug AutoManager from kubectl: validate bundles offline, ask the operator \
+                  what-if, read placement traces, see capacity, and cordon, drain, migrate and retry \
+                  with the same objects a person would write.\n\nExit codes: 0 done, 1 failed or \
+                  refused, 2 bad command line, 3 --wait timed out.",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command takes.
+#[derive(Debug, Args, Clone)]
+pub struct GlobalArgs {
+    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: the current one).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// The namespace of Bundles and Migrations (default: the context's, else `default`).
+    #[arg(short = 'n', long, global = true)]
+    pub namespace: Option<String>,
+    /// Output format: text, wide, json or yaml.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// The namespace of the operator's Service.
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_NAMESPACE",
+        default_value = "automanager-system"
+    )]
+    pub operator_namespace: String,
+    /// The operator's Service, reached through the apiserver's service proxy.
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_SERVICE",
+        default_value = "automanager-operator"
+    )]
+    pub operator_service: String,
+    /// The Service port (name or number) serving /debug/trace and /v1/what-if.
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_PORT",
+        default_value = "debug"
+    )]
+    pub operator_port: String,
+    /// Talk to the operator at this URL instead of through the apiserver (an operator running
+    /// outside any cluster, as `make demo` runs it), e.g. http://127.0.0.1:8080.
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_URL",
+        value_name = "URL"
+    )]
+    pub operator_url: Option<String>,
+    /// How long to wait for one answer from the apiserver or the operator.
+    #[arg(long, global = true, default_value = "30s", value_parser = error::parse_duration)]
+    pub request_timeout: Duration,
+}
+
+/// `--wait` and its bound.
+#[derive(Debug, Args, Clone)]
+pub struct WaitArgs {
+    /// Follow the change until it finishes, showing its progress.
+    #[arg(long)]
+    pub wait: bool,
+    /// Give up waiting after this long (exit code 3); the change itself goes on.
+    #[arg(long, default_value = "5m", value_parser = error::parse_duration)]
+    pub timeout: Duration,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check Bundles (and other AutoManager objects) offline, with the operator's own
+    /// validation; exits 1 when anything is invalid. Needs no cluster.
+    Validate {
+        /// Files, directories or - (stdin) holding the objects.
+        #[arg(short = 'f', long = "filename", required = true, value_name = "FILE")]
+        files: Vec<PathBuf>,
+        /// PlacementPools to check pool names and fit against (PlacementPools among -f count too).
+        #[arg(long, value_name = "FILE")]
+        pools: Vec<PathBuf>,
+    },
+    /// Ask the running operator whether a Bundle would be admitted now (ok, validation errors,
+    /// or no capacity with the replica, job and reason), with the dry run's decisions.
+    WhatIf {
+        /// The file holding the Bundle (or -).
+        #[arg(short = 'f', long = "filename", value_name = "FILE")]
+        file: PathBuf,
+    },
+    /// Explain a bundle's last placement decisions: pools tried and why each was left,
+    /// rejections by reason, the node chosen for each job and why, soft rules broken.
+    Trace {
+        /// The Bundle.
+        bundle: String,
+        /// Only this replica.
+        #[arg(long)]
+        replica: Option<u32>,
+        /// Only this job.
+        #[arg(long)]
+        job: Option<String>,
+    },
+    /// Capacity and cores in use.
+    Top {
+        #[command(subcommand)]
+        what: TopWhat,
+    },
+    /// List objects that need attention.
+    Get {
+        #[command(subcommand)]
+        what: GetWhat,
+    },
+    /// Stop new placements on a node (running jobs stay): sets ManagerNode spec.cordoned.
+    Cordon {
+        /// The ManagerNode (or Manager's node id).
+        node: String,
+    },
+    /// Allow placements on a node again.
+    Uncordon {
+        /// The ManagerNode (or Manager's node id).
+        node: String,
+    },
+    /// Empty a node: cordon it, move (migrate) or end (terminate) its jobs, terminate it.
+    Drain {
+        /// The ManagerNode (or Manager's node id).
+        node: String,
+        /// migrate: move every job with a Migration first (drop-free); terminate: terminate the
+        /// node, its jobs recover by band (bronze is dropped).
+        #[arg(long, value_enum, default_value_t = DrainModeArg::Migrate)]
+        mode: DrainModeArg,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Move one running job to another node: creates a Migration.
+    Migrate {
+        /// The job: BUNDLE/REPLICA/JOB, e.g. news-1/0/encode (the bundle is in --namespace).
+        job: String,
+        /// The target node (default: the placement engine picks one).
+        #[arg(long = "to", value_name = "NODE")]
+        to: Option<String>,
+        /// The strategy (default: the job's declared one); only as safe or safer is accepted.
+        #[arg(long, value_enum)]
+        strategy: Option<StrategyArg>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Abort a Migration while it is abortable (before the source stops its output).
+    Abort {
+        /// The Migration.
+        migration: String,
+        /// Why (recorded in its status and Events).
+        #[arg(long, default_value = "aborted with kubectl automanager abort")]
+        reason: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Retry a Broken bundle (sets the retry annotation to the current time).
+    Retry {
+        /// The Bundle.
+        bundle: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `top` targets.
+#[derive(Debug, Subcommand)]
+pub enum TopWhat {
+    /// Per pool: nodes, capacity and cores in use, spares live/target.
+    Pools,
+    /// Per node: capacity and cores in use, jobs, cordon/drain/spare/health.
+    Nodes {
+        /// Only this pool's nodes.
+        #[arg(long)]
+        pool: Option<String>,
+    },
+}
+
+/// `get` targets.
+#[derive(Debug, Subcommand)]
+pub enum GetWhat {
+    /// Broken bundles (restart ceiling exceeded) and why.
+    Broken {
+        /// In every namespace.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DrainModeArg {
+    Migrate,
+    Terminate,
+}
+
+/// `--strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    StopThenStart,
+    Overlap,
+    Handover,
+}
+
+impl StrategyArg {
+    pub fn to_api(self) -> automanager_api::MigrationStrategy {
+        match self {
+            StrategyArg::StopThenStart => automanager_api::MigrationStrategy::StopThenStart,
+            StrategyArg::Overlap => automanager_api::MigrationStrategy::Overlap,
+            StrategyArg::Handover => automanager_api::MigrationStrategy::Handover,
+        }
+    }
+}
+
+impl DrainModeArg {
+    pub fn to_api(self) -> automanager_api::DrainMode {
+        match self {
+            DrainModeArg::Migrate => automanager_api::DrainMode::Migrate,
+            DrainModeArg::Terminate => automanager_api::DrainMode::Terminate,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn wait_and_timeout_parse() {
+        let cli = Cli::try_parse_from([
+            "kubectl-automanager",
+            "migrate",
+            "news/0/encode",
+            "--to",
+            "n1",
+            "--strategy",
+            "stop-then-start",
+            "--wait",
+            "--timeout",
+            "90s",
+            "-o",
+            "json",
+        ])
+        .expect("parses");
+        let Command::Migrate { wait, strategy, .. } = cli.command else {
+            panic!("migrate");
+        };
+        assert!(wait.wait);
+        assert_eq!(wait.timeout, Duration::from_secs(90));
+        assert_eq!(strategy, Some(StrategyArg::StopThenStart));
+        assert_eq!(cli.global.output, Output::Json);
+    }
+
+    #[test]
+    fn completions_name_the_plugin_and_its_commands() {
+        let mut out = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut Cli::command(),
+            "kubectl-automanager",
+            &mut out,
+        );
+        let text = String::from_utf8_lossy(&out);
+        for word in [
+            "kubectl-automanager",
+            "what-if",
+            "trace",
+            "drain",
+            "--strategy",
+        ] {
+            assert!(text.contains(word), "{word} missing");
+        }
+    }
+
+    #[test]
+    fn a_bad_timeout_is_a_usage_error() {
+        let e = Cli::try_parse_from(["kubectl-automanager", "retry", "b", "--timeout", "soon"])
+            .expect_err("bad");
+        assert_eq!(e.exit_code(), 2);
+    }
+}
