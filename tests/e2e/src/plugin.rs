@@ -107,14 +107,14 @@ pub fn host_ip() -> Result<String, SetupError> {
         })
 }
 
-/// The port the stack's operator serves HTTP on.
+/// The port the stack's operator serves its debugging API (`/debug/trace`, `/v1/what-if`) on.
 pub fn operator_port(stack: &Stack) -> u16 {
     stack
-        .operator_http
+        .operator_debug_http
         .rsplit(':')
         .next()
         .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {}", stack.operator_http))
+        .unwrap_or_else(|| panic!("no port in {}", stack.operator_debug_http))
 }
 
 /// Makes the stack's operator reachable as Service `automanager-system/automanager-operator`,
