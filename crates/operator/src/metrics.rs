@@ -66,6 +66,12 @@ struct MigrationLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BundleLabels {
+    namespace: String,
+    bundle: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpareLabels {
     hotsparetarget: String,
     pool: String,
@@ -111,6 +117,10 @@ struct Inner {
     spare_underflow: Family<SpareLabels, Gauge>,
     spare_seen: Mutex<HashSet<SpareLabels>>,
     leader: Gauge,
+    bundle_broken: Family<BundleLabels, Gauge>,
+    start_time_seconds: Gauge<f64, AtomicU64>,
+    uptime_seconds: Gauge<f64, AtomicU64>,
+    started: std::time::Instant,
 }
 
 /// The operator's metrics. Cheap to clone; clones share one registry.
@@ -156,6 +166,14 @@ impl Metrics {
         let migration_phase_start = Family::<MigrationLabels, Gauge<f64, AtomicU64>>::default();
         let spare_underflow = Family::<SpareLabels, Gauge>::default();
         let leader = Gauge::default();
+        let bundle_broken = Family::<BundleLabels, Gauge>::default();
+        let start_time_seconds = Gauge::<f64, AtomicU64>::default();
+        let uptime_seconds = Gauge::<f64, AtomicU64>::default();
+        start_time_seconds.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
 
         registry.register(
             "automanager_placements_attempted",
@@ -248,6 +266,21 @@ impl Metrics {
             "1 while this operator replica holds the leader lease, else 0",
             leader.clone(),
         );
+        registry.register(
+            "automanager_bundle_broken",
+            "1 for each Bundle that is Broken (the TypeScript library's brokenBundleIds); the series goes when it is retried or deleted",
+            bundle_broken.clone(),
+        );
+        registry.register(
+            "automanager_start_time_seconds",
+            "When this operator process started, in seconds since the Unix epoch (the TypeScript library's startedAt)",
+            start_time_seconds.clone(),
+        );
+        registry.register(
+            "automanager_uptime_seconds",
+            "Seconds since this operator process started (the TypeScript library's uptimeMs, in seconds)",
+            uptime_seconds.clone(),
+        );
 
         let metrics = Metrics {
             inner: Arc::new(Inner {
@@ -272,6 +305,10 @@ impl Metrics {
                 spare_underflow,
                 spare_seen: Mutex::new(HashSet::new()),
                 leader,
+                bundle_broken,
+                start_time_seconds,
+                uptime_seconds,
+                started: std::time::Instant::now(),
             }),
         };
         metrics.set_connection_state("idle");
@@ -311,6 +348,19 @@ impl Metrics {
     /// How many bundles are Broken right now.
     pub fn set_broken_bundles(&self, count: i64) {
         self.inner.broken_bundles.set(count);
+    }
+
+    /// Whether the Bundle `namespace/bundle` is Broken (its labelled series exists only while it is).
+    pub fn set_bundle_broken(&self, namespace: &str, bundle: &str, broken: bool) {
+        let labels = BundleLabels {
+            namespace: namespace.to_owned(),
+            bundle: bundle.to_owned(),
+        };
+        if broken {
+            self.inner.bundle_broken.get_or_create(&labels).set(1);
+        } else {
+            self.inner.bundle_broken.remove(&labels);
+        }
     }
 
     /// One pool's gauges. A non-finite fraction is recorded as 0.
@@ -520,6 +570,9 @@ impl Metrics {
 
     /// Everything in OpenMetrics text format (ends with `# EOF`).
     pub fn encode(&self) -> String {
+        self.inner
+            .uptime_seconds
+            .set(self.inner.started.elapsed().as_secs_f64());
         let mut out = String::new();
         // Writing into a String cannot fail; an error would only come from a label encoder,
         // and ours are plain strings.
@@ -534,7 +587,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 19] = [
+    const NAMES: [&str; 22] = [
         "automanager_placements_attempted_total",
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
@@ -554,6 +607,9 @@ mod tests {
         "automanager_migration_phase_start_time_seconds",
         "automanager_spare_underflow",
         "automanager_leader",
+        "automanager_bundle_broken",
+        "automanager_start_time_seconds",
+        "automanager_uptime_seconds",
     ];
 
     #[test]
@@ -563,11 +619,40 @@ mod tests {
         m.observe_reconcile("bundle", true, 0.01);
         m.observe_migration("ns", "m", "Pending", Some(1.0));
         m.set_spare_underflow("t", "aws", true);
+        m.set_bundle_broken("ns", "b", true);
         let text = m.encode();
         for name in NAMES {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
         assert!(text.trim_end().ends_with("# EOF"));
+    }
+
+    #[test]
+    fn broken_bundles_are_listed_by_id_until_they_recover() {
+        let m = Metrics::new();
+        m.set_bundle_broken("media", "news", true);
+        assert!(
+            m.encode()
+                .contains("automanager_bundle_broken{namespace=\"media\",bundle=\"news\"} 1")
+        );
+        m.set_bundle_broken("media", "news", false);
+        assert!(!m.encode().contains("bundle=\"news\""));
+    }
+
+    #[test]
+    fn uptime_grows_from_the_start_time() {
+        let m = Metrics::new();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let text = m.encode();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .find(|l| l.starts_with(name) && !l.starts_with('#'))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0)
+        };
+        assert!(value("automanager_uptime_seconds") >= 0.02);
+        assert!(value("automanager_start_time_seconds") > 1.7e9);
     }
 
     #[test]

@@ -203,6 +203,10 @@ impl Context {
         if let Some(count) = count {
             self.metrics
                 .set_broken_bundles(i64::try_from(count).unwrap_or(i64::MAX));
+            if let Some(id) = mapping::BundleId::parse(bundle_id) {
+                let (ns, name) = id.object();
+                self.metrics.set_bundle_broken(ns, name, broken);
+            }
         }
     }
 
