@@ -118,7 +118,7 @@ struct Inner {
     spare_seen: Mutex<HashSet<SpareLabels>>,
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
-    start_time_seconds: Gauge<f64, AtomicU64>,
+    // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
 }
@@ -306,7 +306,6 @@ impl Metrics {
                 spare_seen: Mutex::new(HashSet::new()),
                 leader,
                 bundle_broken,
-                start_time_seconds,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
