@@ -801,7 +801,11 @@ impl Run<'_> {
                     match self
                         .ctx
                         .manager
-                        .migration_get_state(&self.migration_id, &self.job_id)
+                        .migration_get_state(
+                            &self.migration_id,
+                            &self.job_id,
+                            proto::MigrationStrategy::Overlap,
+                        )
                         .await
                     {
                         Ok(_) | Err(ClientError::AlreadyExists(_)) => {}
@@ -967,7 +971,11 @@ impl Run<'_> {
         match action {
             Action::SendGetState => {
                 match manager
-                    .migration_get_state(&self.migration_id, &self.job_id)
+                    .migration_get_state(
+                        &self.migration_id,
+                        &self.job_id,
+                        proto::MigrationStrategy::Handover,
+                    )
                     .await
                 {
                     Ok(_) | Err(ClientError::AlreadyExists(_)) => Ok(None),
