@@ -1836,29 +1836,9 @@ impl World {
                 "the target node must differ from the source node".to_owned(),
             ));
         }
-        match strategy_of(&m) {
-            MigrationStrategy::StopThenStart => {
-                return self.prepare_reserved_target(&m, target_node_id, now_ms);
-            }
-            MigrationStrategy::Overlap => {
-                let outcome = self.start_instance(
-                    &m.job_id,
-                    target_node_id,
-                    JobRole::MigrationTarget as i32,
-                    migration_id,
-                    now_ms,
-                )?;
-                if outcome != StartOutcome::Accepted {
-                    return Ok((m, outcome));
-                }
-                let m = self.migration_mut(migration_id)?;
-                m.phase = MigrationPhase::PreparingTarget as i32;
-                m.target_node_id = target_node_id.to_owned();
-                self.emit_migration(migration_id, now_ms);
-                let m = self.migration_mut(migration_id)?.clone();
-                return Ok((m, outcome));
-            }
-            _ => {}
+        let strategy = strategy_of(&m);
+        if strategy == MigrationStrategy::StopThenStart {
+            return self.prepare_reserved_target(&m, target_node_id, now_ms);
         }
         let outcome = self.start_instance(
             &m.job_id,
@@ -1875,12 +1855,16 @@ impl World {
         m.target_node_id = target_node_id.to_owned();
         let job_id = m.job_id.clone();
         self.emit_migration(migration_id, now_ms);
-        self.asks.push(JobAsk::InitialState {
-            migration_id: migration_id.to_owned(),
-            job_id,
-            node_id: target_node_id.to_owned(),
-            payload: initial_state.to_vec(),
-        });
+        // A handover target is ready when it says so; an overlap target once it runs
+        // (`step_migrations`).
+        if strategy == MigrationStrategy::Handover {
+            self.asks.push(JobAsk::InitialState {
+                migration_id: migration_id.to_owned(),
+                job_id,
+                node_id: target_node_id.to_owned(),
+                payload: initial_state.to_vec(),
+            });
+        }
         let m = self.migration_mut(migration_id)?.clone();
         Ok((m, outcome))
     }

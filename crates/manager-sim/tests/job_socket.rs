@@ -201,6 +201,19 @@ impl Rig {
             .unwrap()
     }
 
+    async fn abort(&mut self, mid: &str, reason: &str) -> Migration {
+        self.manager
+            .migration_abort(NodeControllerMigrationAbort {
+                migration_id: mid.into(),
+                reason: reason.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .migration
+            .unwrap()
+    }
+
     /// Every instance start the sim saw, as (node, role).
     async fn roles_started(&mut self, job_id: &str) -> Vec<(String, JobRole)> {
         self.history(job_id)
@@ -463,17 +476,7 @@ async fn overlap_and_stop_then_start_say_nothing_to_a_job_with_a_socket_even_whe
         assert_eq!(phase(&m), MigrationPhase::StateReceived, "nothing asked");
         rig.prepare(bundle, "dc-b", b"").await.unwrap();
         rig.until_phase(bundle, MigrationPhase::TargetReady).await;
-        let m = rig
-            .manager
-            .migration_abort(NodeControllerMigrationAbort {
-                migration_id: bundle.into(),
-                reason: "not now".into(),
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .migration
-            .unwrap();
+        let m = rig.abort(bundle, "not now").await;
         assert_eq!(phase(&m), MigrationPhase::Aborted);
         rig.one_running_instance_on(&job_id, "dc-a").await;
         assert_eq!(rig.agent.commands_sent(&job_id), 0, "{strategy:?}");
@@ -613,17 +616,7 @@ async fn a_slow_cutover_completes_late_and_a_controller_abort_reaches_the_jobs()
         (s.migration?.phase == Phase::AwaitingSourceStop).then_some(())
     })
     .await;
-    let m = rig
-        .manager
-        .migration_abort(NodeControllerMigrationAbort {
-            migration_id: "m2".into(),
-            reason: "operator gave up".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .migration
-        .unwrap();
+    let m = rig.abort("m2", "operator gave up").await;
     assert_eq!(phase(&m), MigrationPhase::Aborted);
     assert_eq!(m.aborted_by, MigrationParty::Controller as i32);
     let s = rig.agent.instance_status(&job_id, &key.role).unwrap();

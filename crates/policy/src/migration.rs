@@ -1226,26 +1226,32 @@ pub fn one_at_a_time(
     }
 }
 
+/// The fixed clock of the migration tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use MigrationPhase as P;
-    use MigrationStrategy as S;
-    use chrono::TimeZone;
-    use proptest::prelude::*;
-    use std::collections::BTreeSet;
+mod test_clock {
+    use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 
-    const STRATEGIES: [MigrationStrategy; 3] = [S::StopThenStart, S::Overlap, S::Handover];
-
-    fn t0() -> DateTime<Utc> {
+    pub fn t0() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
             .single()
             .unwrap_or_default()
     }
 
-    fn at(secs: i64) -> DateTime<Utc> {
+    pub fn at(secs: i64) -> DateTime<Utc> {
         t0() + TimeDelta::seconds(secs)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_clock::{at, t0};
+    use super::*;
+    use MigrationPhase as P;
+    use MigrationStrategy as S;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    const STRATEGIES: [MigrationStrategy; 3] = [S::StopThenStart, S::Overlap, S::Handover];
 
     fn machine(strategy: MigrationStrategy) -> MigrationMachine {
         MigrationMachine::new(strategy, Some("src".into()), t0())

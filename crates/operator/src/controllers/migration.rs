@@ -334,14 +334,14 @@ impl<'a> Run<'a> {
                 .manager
                 .mirror()
                 .read(|m| m.migrations.get(&migration_id).map(manager_record));
-            observe::resume(
+            let from_status = MigrationMachine::resume(
                 status.strategy.unwrap_or_default(),
                 status.phase,
                 entered,
                 status.source_node.clone(),
                 status.target_node.clone(),
-                record.as_ref(),
-            )
+            );
+            observe::resume(from_status, record.as_ref())
         };
         Ok(Some(Run {
             ctx,

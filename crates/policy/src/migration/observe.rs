@@ -272,37 +272,30 @@ pub fn answer(call: &ManagerCall, outcome: &CallOutcome, resent: bool) -> Option
     }
 }
 
-/// The machine rebuilt from status after an operator restart. A handover waiting in TargetReady
-/// needs the payload it relays next; Manager's record still holds it, so the machine is rebuilt
-/// one phase earlier and given that payload again (keeping the phase's entry time).
-pub fn resume(
-    strategy: MigrationStrategy,
-    phase: MigrationPhase,
-    entered_at: DateTime<Utc>,
-    source_node: Option<String>,
-    target_node: Option<String>,
-    record: Option<&ManagerRecord>,
-) -> MigrationMachine {
-    let plain = |phase| {
-        MigrationMachine::resume(
-            strategy,
-            phase,
-            entered_at,
-            source_node.clone(),
-            target_node.clone(),
-        )
+/// The machine rebuilt from status (`from_status`, see [`MigrationMachine::resume`]) with what
+/// Manager's record adds. A handover waiting in TargetReady needs the payload it relays next;
+/// the record still holds it, so the machine is rebuilt one phase earlier and given that payload
+/// again (keeping the phase's entry time).
+pub fn resume(from_status: MigrationMachine, record: Option<&ManagerRecord>) -> MigrationMachine {
+    let waits_for_payload = from_status.strategy() == MigrationStrategy::Handover
+        && from_status.phase() == MigrationPhase::TargetReady;
+    let Some(r) = record.filter(|_| waits_for_payload) else {
+        return from_status;
     };
-    match (strategy, phase, record) {
-        (MigrationStrategy::Handover, MigrationPhase::TargetReady, Some(r)) => {
-            let replay = MigrationEvent::TargetReady {
-                payload: r.target_ready_payload.clone(),
-            };
-            match plain(MigrationPhase::StartingTarget).next(replay, entered_at) {
-                Ok(t) if t.phase == phase => t.machine,
-                _ => plain(phase),
-            }
-        }
-        _ => plain(phase),
+    let entered_at = from_status.entered_at();
+    let before = MigrationMachine::resume(
+        MigrationStrategy::Handover,
+        MigrationPhase::StartingTarget,
+        entered_at,
+        from_status.source_node().map(str::to_owned),
+        from_status.target_node().map(str::to_owned),
+    );
+    let replay = MigrationEvent::TargetReady {
+        payload: r.target_ready_payload.clone(),
+    };
+    match before.next(replay, entered_at) {
+        Ok(t) if t.phase == MigrationPhase::TargetReady => t.machine,
+        _ => from_status,
     }
 }
 

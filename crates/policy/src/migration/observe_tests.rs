@@ -2,24 +2,14 @@
 //! (`docs/manager-api.md`) the controller's loop is run against under random timing.
 
 use super::*;
+use crate::migration::test_clock::{at, t0};
 use crate::migration::{Action, MigrationError, happy_path};
 use InstanceRole as R;
 use InstanceState as I;
 use ManagerPhase as M;
 use MigrationPhase as P;
 use MigrationStrategy as S;
-use chrono::{TimeDelta, TimeZone};
 use proptest::prelude::*;
-
-fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
-        .single()
-        .unwrap_or_default()
-}
-
-fn at(secs: i64) -> DateTime<Utc> {
-    t0() + TimeDelta::seconds(secs)
-}
 
 fn machine_in(strategy: MigrationStrategy, phase: MigrationPhase) -> MigrationMachine {
     let placed = happy_path(strategy)
@@ -294,12 +284,17 @@ fn refused_calls_abort_or_fail_only_when_they_were_the_machines_own() {
 
 #[test]
 fn a_resumed_handover_in_target_ready_takes_its_payload_from_managers_record() {
+    let from_status = |strategy, phase| {
+        MigrationMachine::resume(
+            strategy,
+            phase,
+            at(5),
+            Some("src".into()),
+            Some("dst".into()),
+        )
+    };
     let with = resume(
-        S::Handover,
-        P::TargetReady,
-        at(5),
-        Some("src".into()),
-        Some("dst".into()),
+        from_status(S::Handover, P::TargetReady),
         Some(&record(M::TargetReady)),
     );
     assert_eq!((with.phase(), with.entered_at()), (P::TargetReady, at(5)));
@@ -312,27 +307,13 @@ fn a_resumed_handover_in_target_ready_takes_its_payload_from_managers_record() {
             payload: b"\"ready\"".to_vec()
         }]
     );
-    let without = resume(
-        S::Handover,
-        P::TargetReady,
-        at(5),
-        Some("src".into()),
-        Some("dst".into()),
-        None,
-    );
+    let without = resume(from_status(S::Handover, P::TargetReady), None);
     let t = without
         .next(MigrationEvent::Proceed, at(6))
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(t.phase, P::Aborted);
-    let other = resume(
-        S::Overlap,
-        P::StoppingSource,
-        at(5),
-        Some("src".into()),
-        Some("dst".into()),
-        Some(&record(M::TargetReady)),
-    );
-    assert_eq!(other.phase(), P::StoppingSource);
+    let other = from_status(S::Overlap, P::StoppingSource);
+    assert_eq!(resume(other.clone(), Some(&record(M::TargetReady))), other);
 }
 
 // ---- the controller's loop against a model of Manager ----
