@@ -171,7 +171,7 @@ impl ClientConfig {
     }
 }
 
-/// The connection state, as the seed names it.
+/// The connection state, as `@norskvideo/norsk-auto-manager` names it (`onConnectionStateChange`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectionState {
     /// Created, not yet trying.
@@ -187,7 +187,7 @@ pub enum ConnectionState {
 }
 
 impl ConnectionState {
-    /// The seed's spelling: `idle`, `connecting`, `ready`, `transientFailure`, `shutdown`.
+    /// The TypeScript library's spelling: `idle`, `connecting`, `ready`, `transientFailure`, `shutdown`.
     pub fn as_str(self) -> &'static str {
         match self {
             ConnectionState::Idle => "idle",
