@@ -12,6 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // serde on every message lets manager-sim persist its world as JSON.
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
+        // A field added to the proto reads as its default from a state file
+        // written before it existed.
+        .message_attribute(".", "#[serde(default)]")
         .compile_fds(fds)?;
     Ok(())
 }

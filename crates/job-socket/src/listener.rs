@@ -243,9 +243,9 @@ pub struct ListenerEvent {
 /// What happened on an instance's socket.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EventKind {
-    /// A job connected and authenticated. `connection` numbers connections per instance.
+    /// A job connected and authenticated. `connection` numbers connections.
     Connected {
-        /// Connection number (increasing per instance).
+        /// Connection number (unique in the listener, increasing).
         connection: u64,
         /// The migration it was told it is the target of, if any.
         target_of: Option<String>,
@@ -326,7 +326,6 @@ struct Instance {
     migration: Option<Migration>,
     initial_state: Option<Json>,
     conn: Option<Conn>,
-    next_conn: u64,
 }
 
 struct Shared {
@@ -334,6 +333,10 @@ struct Shared {
     instances: Mutex<HashMap<InstanceKey, Instance>>,
     events: mpsc::Sender<ListenerEvent>,
     shutdown: watch::Receiver<bool>,
+    /// The last connection number given. Listener-wide, so a key registered again (its job
+    /// moved back, say) never reuses a number: the end of the removed instance's connection is
+    /// then never taken for the end of the new one's.
+    last_conn: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -382,6 +385,7 @@ impl JobSocketListener {
             instances: Mutex::new(HashMap::new()),
             events,
             shutdown,
+            last_conn: std::sync::atomic::AtomicU64::new(0),
         });
         let accept = tokio::spawn(accept_loop(tcp, shared.clone()));
         tracing::info!(%addr, "job socket listener up");
@@ -442,7 +446,6 @@ impl ListenerHandle {
                 migration,
                 initial_state,
                 conn: None,
-                next_conn: 0,
             },
         );
         Ok(())
@@ -676,8 +679,10 @@ async fn serve(mut ws: Ws, key: InstanceKey, shared: Arc<Shared>) {
     let greeting = {
         let mut map = shared.lock();
         map.get_mut(&key).map(|inst| {
-            inst.next_conn += 1;
-            let id = inst.next_conn;
+            let id = shared
+                .last_conn
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
             if let Some(old) = inst.conn.replace(Conn {
                 id,
                 frames: frames_tx,

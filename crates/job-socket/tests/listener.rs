@@ -316,6 +316,42 @@ async fn a_second_connection_replaces_the_first_with_4409_and_keeps_the_phase() 
 }
 
 #[tokio::test]
+async fn an_instance_registered_again_keeps_its_new_connection_when_the_old_one_ends() {
+    let mut w = Worker::new().await;
+    let key = InstanceKey::new("job", "main");
+    w.register(InstanceSpec::new("job", "main", "old"));
+    let mut first = raw(&w.url("job", "main")).await;
+    hello(&mut first, "old").await;
+    // The job moved away and back: the same key, a new registration, a new job.
+    assert!(w.listener.handle().unregister(&key));
+    w.register(InstanceSpec::new("job", "main", "new"));
+    let mut second = raw(&w.url("job", "main")).await;
+    hello(&mut second, "new").await;
+    assert_eq!(closed_with(&mut first).await.0, 1000);
+    let (mut connected, mut old_gone) = (Vec::new(), false);
+    while connected.len() < 2 || !old_gone {
+        match w.event().await {
+            EventKind::Connected { connection, .. } => connected.push(connection),
+            EventKind::Disconnected { connection, .. } => {
+                assert_eq!(
+                    Some(&connection),
+                    connected.first(),
+                    "only the old one ends"
+                );
+                old_gone = true;
+            }
+            _ => {}
+        }
+    }
+    assert_ne!(
+        connected[0], connected[1],
+        "connection numbers are never reused"
+    );
+    let status = w.listener.handle().status(&key).expect("registered");
+    assert!(status.connected, "the new job is still connected");
+}
+
+#[tokio::test]
 async fn manager_commands_are_checked_against_instance_connection_and_phase() {
     let w = Worker::new().await;
     let cmd = || get_state("m");

@@ -9,7 +9,7 @@ use manager_proto::Pool;
 use manager_proto::manager_client::ManagerClient as GrpcClient;
 use manager_proto::{
     Bundle, CreateNodeRequest, DeleteBundleRequest, Job, JobRole, ListNodesRequest,
-    ListPoolsRequest, Migration, Node, NodeControllerMigrationAbort,
+    ListPoolsRequest, Migration, MigrationStrategy, Node, NodeControllerMigrationAbort,
     NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
     RejectionReason, SnapshotReason, StartJobRequest, StopJobRequest, StopReason,
@@ -171,7 +171,7 @@ impl ClientConfig {
     }
 }
 
-/// The connection state, as the TypeScript library names it.
+/// The connection state, as `@norskvideo/norsk-auto-manager` names it (`onConnectionStateChange`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectionState {
     /// Created, not yet trying.
@@ -626,16 +626,19 @@ impl ManagerClient {
         })
     }
 
-    /// NodeControllerMigrationGetState (propose). Progress arrives as
+    /// NodeControllerMigrationGetState (propose) with the strategy Manager
+    /// moves the job with. Progress arrives as
     /// [`MirrorChange::MigrationUpdated`].
     pub async fn migration_get_state(
         &self,
         migration_id: &str,
         job_id: &str,
+        strategy: MigrationStrategy,
     ) -> Result<Migration, ClientError> {
         let req = NodeControllerMigrationGetState {
             migration_id: migration_id.to_owned(),
             job_id: job_id.to_owned(),
+            strategy: strategy as i32,
         };
         migration_of(
             self.call(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await })

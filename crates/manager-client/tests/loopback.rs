@@ -10,8 +10,8 @@ use manager_client::{ClientConfig, ClientError, ConnectionState, ManagerClient, 
 use manager_proto::manager_client::ManagerClient as RawClient;
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    CreateNodeRequest, JobRole, JobState, KillNodeRequest, MigrationPhase, NodeState,
-    RejectionReason, SnapshotReason, StopReason, WatchRequest, watch_response,
+    CreateNodeRequest, JobRole, JobState, KillNodeRequest, MigrationPhase, MigrationStrategy,
+    NodeState, RejectionReason, SnapshotReason, StopReason, WatchRequest, watch_response,
 };
 use manager_sim::Sim;
 
@@ -641,12 +641,12 @@ async fn a_migration_runs_its_phases_and_moves_the_job() {
         .unwrap();
 
     let m = client
-        .migration_get_state("mig-1", "m/0/encode")
+        .migration_get_state("mig-1", "m/0/encode", MigrationStrategy::Handover)
         .await
         .unwrap();
     assert_eq!(m.phase(), MigrationPhase::Proposed);
     let again = client
-        .migration_get_state("mig-2", "m/0/encode")
+        .migration_get_state("mig-2", "m/0/encode", MigrationStrategy::Handover)
         .await
         .unwrap_err();
     assert!(
@@ -721,7 +721,7 @@ async fn an_aborted_migration_stops_its_target() {
         .await
         .unwrap();
     client
-        .migration_get_state("mig", "a/0/encode")
+        .migration_get_state("mig", "a/0/encode", MigrationStrategy::Handover)
         .await
         .unwrap();
     client
@@ -884,7 +884,7 @@ async fn a_job_that_refuses_its_state_ends_the_migration_with_no_target() {
         .await
         .unwrap();
     client
-        .migration_get_state("mig", "r/0/encode")
+        .migration_get_state("mig", "r/0/encode", MigrationStrategy::Handover)
         .await
         .unwrap();
     client

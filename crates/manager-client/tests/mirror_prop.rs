@@ -187,7 +187,7 @@ proptest! {
                     if let Some(j) = pick(&jobs, job) {
                         let active = world.snapshot().migrations.into_iter().find(|m| m.job_id == j && m.phase < 6);
                         match (active, step) {
-                            (None, _) => { migration_seq += 1; let _ = world.migration_get_state(&format!("m{migration_seq}"), &j, now); }
+                            (None, _) => { migration_seq += 1; let _ = world.migration_get_state(&format!("m{migration_seq}"), &j, i32::from(step % 4), now); }
                             (Some(m), 0) => { let _ = world.migration_abort(&m.migration_id, "why not", now); }
                             (Some(m), 1 | 2) => { if let Some(n) = pick(&nodes, node) { let _ = world.migration_prepare_target(&m.migration_id, &n, b"null", now); } }
                             (Some(m), _) => { let _ = world.migration_cutover(&m.migration_id, b"{}", now); }

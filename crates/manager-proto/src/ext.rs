@@ -1,6 +1,6 @@
 //! Small helpers on the generated types, so every crate reads Manager's enums the same way.
 
-use crate::v1::{JobInstance, JobRole, JobState, Node};
+use crate::v1::{JobInstance, JobRole, JobState, Migration, MigrationPhase, Node};
 
 impl JobState {
     /// Whether an instance in this state holds its capacity and cores on its node (a worker
@@ -25,6 +25,20 @@ impl JobInstance {
     }
 }
 
+impl MigrationPhase {
+    /// Whether a migration in this phase has ended (completed or aborted).
+    pub fn is_final(self) -> bool {
+        matches!(self, MigrationPhase::Completed | MigrationPhase::Aborted)
+    }
+}
+
+impl Migration {
+    /// Whether Manager's migration has ended ([`MigrationPhase::is_final`]).
+    pub fn is_final(&self) -> bool {
+        self.phase().is_final()
+    }
+}
+
 impl Node {
     /// The node's availability zone: its inventory's when the worker advertised one, else the
     /// one it was created in.
@@ -41,6 +55,22 @@ impl Node {
 mod tests {
     use super::*;
     use crate::v1::NodeInventory;
+
+    #[test]
+    fn only_completed_and_aborted_migrations_are_final() {
+        for (p, fin) in [
+            (MigrationPhase::Unspecified, false),
+            (MigrationPhase::Proposed, false),
+            (MigrationPhase::StateReceived, false),
+            (MigrationPhase::PreparingTarget, false),
+            (MigrationPhase::TargetReady, false),
+            (MigrationPhase::CuttingOver, false),
+            (MigrationPhase::Completed, true),
+            (MigrationPhase::Aborted, true),
+        ] {
+            assert_eq!(p.is_final(), fin, "{p:?}");
+        }
+    }
 
     #[test]
     fn only_starting_running_and_stopping_instances_hold_capacity() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use manager_proto::manager_client::ManagerClient;
 use manager_proto::{
-    Bundle, BundleJob, JobRequirements, JobRole, JobState, MigrationPhase,
+    Bundle, BundleJob, JobRequirements, JobRole, JobState, MigrationPhase, MigrationStrategy,
     NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, StartJobRequest,
 };
@@ -53,6 +53,7 @@ async fn one(sim: &SimHandle, c: &mut ManagerClient<Channel>, mid: &str, target:
     c.migration_get_state(NodeControllerMigrationGetState {
         migration_id: mid.into(),
         job_id: "b/0/j".into(),
+        strategy: MigrationStrategy::Handover as i32,
     })
     .await
     .unwrap();

@@ -13,14 +13,15 @@ use manager_proto::manager_server::{Manager, ManagerServer};
 use manager_proto::sim_admin_server::{SimAdmin, SimAdminServer};
 use manager_proto::{
     AdminResponse, CreateNodeRequest, CreateNodeResponse, CutStreamsRequest, DeleteBundleRequest,
-    DeleteBundleResponse, Event, EventBatch, FailJobRequest, KillNodeRequest, ListNodesRequest,
-    ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
-    NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
-    NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
-    RegisterBundleResponse, RejectNextRequest, RejectionReason, SetMigrationBehaviourRequest,
-    SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest, StartJobResponse,
-    StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest, TerminateNodeResponse,
-    UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest, WatchResponse, watch_response,
+    DeleteBundleResponse, Event, EventBatch, FailJobRequest, JobHistoryRequest, JobHistoryResponse,
+    KillNodeRequest, ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse,
+    MigrationResponse, NodeControllerMigrationAbort, NodeControllerMigrationCutover,
+    NodeControllerMigrationGetState, NodeControllerMigrationPrepareTarget, PartitionZoneRequest,
+    RegisterBundleRequest, RegisterBundleResponse, RejectNextRequest, RejectionReason,
+    SetMigrationBehaviourRequest, SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest,
+    StartJobResponse, StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest,
+    TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest,
+    WatchResponse, watch_response,
 };
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, mpsc, watch};
@@ -727,7 +728,9 @@ impl Manager for ManagerSvc {
         let req = req.into_inner();
         let m = self
             .0
-            .apply(|w, now| w.migration_get_state(&req.migration_id, &req.job_id, now))
+            .apply(|w, now| {
+                w.migration_get_state(&req.migration_id, &req.job_id, req.strategy, now)
+            })
             .map_err(status)?;
         Ok(migration_response(m))
     }
@@ -895,6 +898,18 @@ impl SimAdmin for AdminSvc {
             .set_behaviour(&req.job_id, behaviour)
             .map_err(behaviour_status)?;
         done(format!("job {} {text}", req.job_id))
+    }
+
+    async fn job_history(
+        &self,
+        req: Request<JobHistoryRequest>,
+    ) -> Result<Response<JobHistoryResponse>, Status> {
+        let req = req.into_inner();
+        let g = lock(&self.0.shared);
+        g.world
+            .job_history(&req.job_id, now_ms())
+            .map(Response::new)
+            .map_err(status)
     }
 }
 

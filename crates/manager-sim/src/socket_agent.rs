@@ -14,7 +14,9 @@
 //! the world's [`JobAsk`]s become listener [`Command`]s, and the frames the
 //! listener relays back become [`JobReply`]s; payloads cross as the gRPC
 //! bytes with [`encode_migration_payload`] / [`decode_migration_payload`].
-//! A controller abort (or a job's abort) is relayed as `abort` to both ends.
+//! A controller abort (or a job's abort) of a handover is relayed as `abort`
+//! to both ends. Overlap and stop-then-start migrations ask the job nothing,
+//! so nothing of theirs crosses the socket, not even an abort.
 //!
 //! Socket paths: `/instances/<jobId>/normal` for a normal instance and
 //! `/instances/<jobId>/migrationTarget:<migrationId>` for a target, so a
@@ -54,7 +56,8 @@ use job_socket::{
     connect_migration_to, decode_migration_payload, encode_migration_payload, job_socket_url,
 };
 use manager_proto::{
-    FailedParticipant, JOB_SOCKET_CAPABILITY, JobRole, JobState, MigrationPhase, event,
+    FailedParticipant, JOB_SOCKET_CAPABILITY, JobRole, JobState, MigrationPhase, MigrationStrategy,
+    event,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -124,6 +127,9 @@ struct State {
     waiters: HashMap<(InstanceKey, String), oneshot::Sender<JobToWorker>>,
     /// Nodes known to lack the job-socket capability.
     no_socket: HashSet<String>,
+    /// job id → migration commands sent to its jobs (`get-state`,
+    /// `initial-state`, `cutover-ready`, `cutover-apply`, `abort`).
+    commands_sent: HashMap<String, u64>,
 }
 
 impl SocketAgent {
@@ -162,6 +168,17 @@ impl SocketAgent {
         self.shared.handle.status(&InstanceKey::new(job_id, role))
     }
 
+    /// How many migration commands (`get-state`, `initial-state`,
+    /// `cutover-ready`, `cutover-apply`, `abort`) the worker side sent to the
+    /// job's instances so far.
+    pub fn commands_sent(&self, job_id: &str) -> u64 {
+        lock(&self.shared.state)
+            .commands_sent
+            .get(job_id)
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// The socket key of the job's instance on `node_id`, if registered.
     pub fn instance_key(&self, job_id: &str, node_id: &str) -> Option<InstanceKey> {
         lock(&self.shared.state)
@@ -198,6 +215,14 @@ fn token() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// Whether the migration talks to its job (unset strategy reads as handover).
+fn is_handover(m: &manager_proto::Migration) -> bool {
+    matches!(
+        MigrationStrategy::try_from(m.strategy),
+        Ok(MigrationStrategy::Handover | MigrationStrategy::Unspecified) | Err(_)
+    )
+}
+
 fn holds(state: i32) -> bool {
     state == JobState::Starting as i32
         || state == JobState::Running as i32
@@ -226,6 +251,7 @@ impl Shared {
             event::Kind::MigrationPhase(p) => {
                 if let Some(m) = &p.migration
                     && m.phase == MigrationPhase::Aborted as i32
+                    && is_handover(m)
                 {
                     self.relay_abort(m);
                 }
@@ -351,6 +377,7 @@ impl Shared {
                 migration_id: m.migration_id.clone(),
                 reason: m.abort_reason.clone(),
             };
+            self.count_command(&m.job_id);
             if let Err(e) = self.handle.send(&key, cmd) {
                 tracing::debug!(error = %e, "abort not relayed");
             }
@@ -364,6 +391,13 @@ impl Shared {
             .get(&(job_id.to_owned(), node_id.to_owned()))
             .cloned()
             .ok_or_else(|| format!("the {side} instance on {node_id} is gone"))
+    }
+
+    fn count_command(&self, job_id: &str) {
+        *lock(&self.state)
+            .commands_sent
+            .entry(job_id.to_owned())
+            .or_default() += 1;
     }
 
     fn has_socket(&self, node_id: &str) -> bool {
@@ -422,6 +456,7 @@ impl Shared {
                 self.handle.unregister(&key);
                 let state = decode_migration_payload(Some(payload));
                 let rx = self.wait_for(&key, migration_id);
+                self.count_command(job_id);
                 self.start_job(
                     InstanceSpec::new(job_id.clone(), role, token())
                         .target_of(migration_id.clone(), state),
@@ -503,6 +538,9 @@ impl Shared {
             }
         }
         let rx = self.wait_for(key, migration_id);
+        if cmd.is_some() {
+            self.count_command(&key.job_id);
+        }
         if let Some(cmd) = cmd
             && let Err(e) = self.handle.send(key, cmd)
         {

@@ -9,20 +9,27 @@
 //!   is STARTING, RUNNING or STOPPING; STOPPED and FAILED release them.
 //! - Delayed transitions (node provisioning, instance start and stop) are
 //!   timers; [`World::advance`] fires those that are due.
-//! - Migrations ask the job things (get-state, initial-state, cutover); those
-//!   asks leave the world as [`JobAsk`]s and the answers come back through
+//! - Migrations move a job with a [`MigrationStrategy`]. A handover asks the
+//!   job things (get-state, initial-state, cutover); those asks leave the
+//!   world as [`JobAsk`]s and the answers come back through
 //!   [`World::migration_reply`], so the answering side can be an in-process
-//!   default ([`default_reply`]) or, later, a real job socket.
+//!   default ([`default_reply`]) or a real job socket. Overlap and
+//!   stop-then-start ask the job nothing: the world starts the target (role
+//!   MIGRATION_TARGET), stops the source and promotes the target to the
+//!   job's normal instance at cutover, driven by its own instance timers.
+//! - Every job's history (instance starts with their roles, time without a
+//!   RUNNING instance) is kept for [`World::job_history`].
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 use manager_proto::{
     Bundle, BundleDeleted, BundleJob, BundleUpdated, ConfigUpdated, CreateNodeRequest, Event,
-    FailedParticipant, InventoryUpdated, Job, JobInstance, JobRejected, JobRemoved,
-    JobRequirements, JobRole, JobState, JobStopping, JobUpdated, Migration, MigrationParty,
-    MigrationPhase, MigrationPhaseChanged, Node, NodeInventory, NodeStarted, NodeStarting,
-    NodeState, NodeStopped, NodeTerminated, Pool, ProviderKind, RejectionReason, StopReason, event,
+    FailedParticipant, InstanceStart, InventoryUpdated, Job, JobHistoryResponse, JobInstance,
+    JobRejected, JobRemoved, JobRequirements, JobRole, JobState, JobStopping, JobUpdated,
+    Migration, MigrationParty, MigrationPhase, MigrationPhaseChanged, MigrationStrategy, Node,
+    NodeInventory, NodeStarted, NodeStarting, NodeState, NodeStopped, NodeTerminated, Pool,
+    ProviderKind, RejectionReason, StopReason, event,
 };
 use serde::{Deserialize, Serialize};
 
@@ -162,6 +169,64 @@ pub fn default_reply(ask: &JobAsk) -> JobReply {
 /// (job id, role) → (capacity, cores) reserved on one node.
 type Reservations = BTreeMap<(String, i32), (f64, i32)>;
 
+/// Instance starts kept per job for [`World::job_history`].
+const MAX_HISTORY_STARTS: usize = 256;
+
+/// What the world saw of one job (see [`World::job_history`]).
+#[derive(Debug, Clone, Default)]
+struct JobRecord {
+    starts: VecDeque<InstanceStart>,
+    /// When the job first had a RUNNING instance.
+    first_running_ms: Option<i64>,
+    /// When its current gap (no RUNNING instance since it first ran) began.
+    uncovered_since_ms: Option<i64>,
+    /// Closed gaps, summed.
+    uncovered_ms: u64,
+    gaps: u32,
+    max_running: u32,
+    running: u32,
+}
+
+impl JobRecord {
+    fn note_start(&mut self, start: InstanceStart) {
+        if self.starts.len() >= MAX_HISTORY_STARTS {
+            self.starts.pop_front();
+        }
+        self.starts.push_back(start);
+    }
+
+    fn note_running(&mut self, running: u32, now_ms: i64) {
+        self.max_running = self.max_running.max(running);
+        match (self.running, running) {
+            (0, n) if n > 0 => {
+                self.first_running_ms.get_or_insert(now_ms);
+                if let Some(since) = self.uncovered_since_ms.take() {
+                    self.uncovered_ms += u64::try_from(now_ms - since).unwrap_or(0);
+                }
+            }
+            (n, 0) if n > 0 => {
+                self.gaps += 1;
+                self.uncovered_since_ms = Some(now_ms);
+            }
+            _ => {}
+        }
+        self.running = running;
+    }
+
+    fn to_proto(&self, now_ms: i64) -> JobHistoryResponse {
+        let open = self
+            .uncovered_since_ms
+            .map_or(0, |since| u64::try_from(now_ms - since).unwrap_or(0));
+        JobHistoryResponse {
+            starts: self.starts.iter().cloned().collect(),
+            uncovered_ms: self.uncovered_ms + open,
+            gaps: self.gaps,
+            max_running: self.max_running,
+            running: self.running,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Timer {
     NodeUp(String),
@@ -252,6 +317,7 @@ pub struct World {
     next_node_seq: u64,
     reject_next: u32,
     partitioned: BTreeSet<String>,
+    history: BTreeMap<String, JobRecord>,
 }
 
 fn role_of(role: i32) -> i32 {
@@ -270,6 +336,15 @@ fn holds(state: i32) -> bool {
 
 fn is_final(phase: i32) -> bool {
     phase == MigrationPhase::Completed as i32 || phase == MigrationPhase::Aborted as i32
+}
+
+/// A migration's strategy; unset reads as HANDOVER.
+fn strategy_of(m: &Migration) -> MigrationStrategy {
+    match MigrationStrategy::try_from(m.strategy) {
+        Ok(MigrationStrategy::Overlap) => MigrationStrategy::Overlap,
+        Ok(MigrationStrategy::StopThenStart) => MigrationStrategy::StopThenStart,
+        _ => MigrationStrategy::Handover,
+    }
 }
 
 /// What a worker advertises: its capabilities, plus the job socket one
@@ -342,6 +417,7 @@ impl World {
             next_node_seq: 1,
             reject_next: 0,
             partitioned: BTreeSet::new(),
+            history: BTreeMap::new(),
         }
     }
 
@@ -463,8 +539,9 @@ impl World {
         for (delay, t) in timers {
             world.schedule(now_ms, delay, t);
         }
-        // Phases that wait on an answer from a job; the others wait on the
-        // controller and can carry on.
+        // Handover phases that wait on an answer from a job; the others wait
+        // on the controller and can carry on. Overlap and stop-then-start
+        // wait only on Manager's own timers, rescheduled above.
         let waiting_on_job = [
             MigrationPhase::Proposed as i32,
             MigrationPhase::PreparingTarget as i32,
@@ -473,11 +550,33 @@ impl World {
         let waiting: Vec<String> = world
             .migrations
             .values()
-            .filter(|m| waiting_on_job.contains(&m.phase))
+            .filter(|m| {
+                strategy_of(m) == MigrationStrategy::Handover && waiting_on_job.contains(&m.phase)
+            })
             .map(|m| m.migration_id.clone())
             .collect();
         for id in waiting {
             world.abort_migration(&id, MigrationParty::Manager, "manager restarted", now_ms);
+        }
+        // A stop-then-start target's reservation is not an instance: take it again.
+        let reserved: Vec<(String, String)> = world
+            .migrations
+            .values()
+            .filter(|m| strategy_of(m) == MigrationStrategy::StopThenStart && !is_final(m.phase))
+            .filter(|m| !m.target_node_id.is_empty())
+            .map(|m| (m.job_id.clone(), m.target_node_id.clone()))
+            .collect();
+        for (job_id, node_id) in reserved {
+            world.reserve_target(&job_id, &node_id);
+        }
+        let jobs: BTreeSet<String> = world
+            .migrations
+            .values()
+            .filter(|m| !is_final(m.phase))
+            .map(|m| m.job_id.clone())
+            .collect();
+        for job_id in jobs {
+            world.step_migrations(&job_id, now_ms);
         }
         world.add_declared_nodes(now_ms);
         world
@@ -630,6 +729,15 @@ impl World {
         if let Some(job) = self.jobs.get_mut(job_id) {
             job.updated_at_ms = now_ms;
             let job = job.clone();
+            let running = job
+                .instances
+                .iter()
+                .filter(|i| i.state == JobState::Running as i32)
+                .count();
+            // A job is in the history from its first start on.
+            if let Some(h) = self.history.get_mut(job_id) {
+                h.note_running(u32::try_from(running).unwrap_or(u32::MAX), now_ms);
+            }
             self.emit(
                 now_ms,
                 event::Kind::JobUpdated(JobUpdated { job: Some(job) }),
@@ -747,7 +855,10 @@ impl World {
             }
         }
         self.emit_job(job_id, now_ms);
-        self.abort_migrations_touching(job_id, role, now_ms);
+        // Manager's own stop of a source at cutover is the migration itself.
+        if reason != StopReason::Migrated {
+            self.abort_migrations_touching(job_id, role, now_ms);
+        }
     }
 
     /// A participant of an ongoing migration went away: abort it.
@@ -785,6 +896,7 @@ impl World {
         m.abort_reason = reason.to_owned();
         let job_id = m.job_id.clone();
         let mid = m.migration_id.clone();
+        let target_node = m.target_node_id.clone();
         self.emit_migration(id, now_ms);
         // A target started for this migration is stopped.
         let target_role = JobRole::MigrationTarget as i32;
@@ -800,6 +912,114 @@ impl World {
                 now_ms,
             );
         }
+        self.release_target(&job_id, &target_node);
+    }
+
+    /// Holds the job's capacity on `node_id` for a stop-then-start target
+    /// that is not started yet.
+    fn reserve_target(&mut self, job_id: &str, node_id: &str) {
+        let target_role = JobRole::MigrationTarget as i32;
+        if self
+            .instance(job_id, target_role)
+            .is_some_and(|i| holds(i.state))
+        {
+            return;
+        }
+        let req = self
+            .jobs
+            .get(job_id)
+            .and_then(|j| j.requirements.clone())
+            .unwrap_or_default();
+        self.holding.entry(node_id.to_owned()).or_default().insert(
+            (job_id.to_owned(), target_role),
+            (req.required_capacity, req.required_cores),
+        );
+    }
+
+    /// Releases a target reservation on `node_id` that no live target
+    /// instance holds.
+    fn release_target(&mut self, job_id: &str, node_id: &str) {
+        let target_role = JobRole::MigrationTarget as i32;
+        if self
+            .instance(job_id, target_role)
+            .is_some_and(|i| i.node_id == node_id && holds(i.state))
+        {
+            return;
+        }
+        if let Some(set) = self.holding.get_mut(node_id) {
+            set.remove(&(job_id.to_owned(), target_role));
+        }
+    }
+
+    /// Moves the job's overlap and stop-then-start migrations on after one
+    /// of its instances changed state: an overlap target that runs is
+    /// TARGET_READY; a stop-then-start source that stopped has its target
+    /// started on the reservation, and a target that runs is promoted.
+    fn step_migrations(&mut self, job_id: &str, now_ms: i64) {
+        let ids: Vec<String> = self
+            .migrations
+            .values()
+            .filter(|m| m.job_id == job_id && !is_final(m.phase))
+            .filter(|m| strategy_of(m) != MigrationStrategy::Handover)
+            .map(|m| m.migration_id.clone())
+            .collect();
+        for id in ids {
+            let Some(m) = self.migrations.get(&id).cloned() else {
+                continue;
+            };
+            let target = self
+                .instance(job_id, JobRole::MigrationTarget as i32)
+                .filter(|i| i.migration_id == id)
+                .cloned();
+            let target_runs = target
+                .as_ref()
+                .is_some_and(|i| i.state == JobState::Running as i32);
+            let phase = MigrationPhase::try_from(m.phase).unwrap_or_default();
+            match (strategy_of(&m), phase) {
+                (MigrationStrategy::Overlap, MigrationPhase::PreparingTarget) if target_runs => {
+                    if let Some(m) = self.migrations.get_mut(&id) {
+                        m.phase = MigrationPhase::TargetReady as i32;
+                    }
+                    self.emit_migration(&id, now_ms);
+                }
+                (MigrationStrategy::StopThenStart, MigrationPhase::CuttingOver) => {
+                    let source_holds = self
+                        .instance(job_id, JobRole::Normal as i32)
+                        .is_some_and(|i| holds(i.state));
+                    if target_runs {
+                        self.complete_migration(job_id, &id, now_ms);
+                    } else if target.is_none() && !source_holds {
+                        self.start_reserved_target(job_id, &m, now_ms);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Starts a stop-then-start target on its reservation (the source has
+    /// stopped); a refusal aborts the migration by the target.
+    fn start_reserved_target(&mut self, job_id: &str, m: &Migration, now_ms: i64) {
+        self.release_target(job_id, &m.target_node_id);
+        let outcome = self.start_instance(
+            job_id,
+            &m.target_node_id,
+            JobRole::MigrationTarget as i32,
+            &m.migration_id,
+            now_ms,
+        );
+        let (by, why) = match outcome {
+            Ok(StartOutcome::Accepted) => return,
+            Ok(StartOutcome::Rejected { message, .. }) => (
+                MigrationParty::Target,
+                format!("the target node refused the start: {message}"),
+            ),
+            Err(e) => (
+                MigrationParty::Manager,
+                format!("the target could not be started: {e}"),
+            ),
+        };
+        self.abort_migration(&m.migration_id, by, &validate::excerpt(&why), now_ms);
     }
 
     // ───────────────────────────── timers ─────────────────────────────
@@ -822,6 +1042,7 @@ impl World {
                     {
                         self.set_instance_state(&job_id, role, JobState::Running, None, "");
                         self.emit_job(&job_id, now_ms);
+                        self.step_migrations(&job_id, now_ms);
                     }
                 }
                 Timer::InstanceStopped(job_id, role) => {
@@ -831,6 +1052,7 @@ impl World {
                     {
                         self.set_instance_state(&job_id, role, JobState::Stopped, None, "");
                         self.emit_job(&job_id, now_ms);
+                        self.step_migrations(&job_id, now_ms);
                     }
                 }
             }
@@ -1361,7 +1583,23 @@ impl World {
         role: i32,
         now_ms: i64,
     ) -> Result<StartOutcome, CommandError> {
-        self.start_instance(job_id, node_id, role_of(role), "", now_ms)
+        let role = role_of(role);
+        // Between a stop-then-start source's stop and its target's promotion
+        // the job is Manager's to start: a second normal instance would
+        // leave two once the target is promoted.
+        if role == JobRole::Normal as i32
+            && let Some(m) = self.migrations.values().find(|m| {
+                m.job_id == job_id
+                    && m.phase == MigrationPhase::CuttingOver as i32
+                    && strategy_of(m) == MigrationStrategy::StopThenStart
+            })
+        {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {job_id} is being moved by migration {} (stop-then-start cutover: Manager starts its target)",
+                m.migration_id
+            )));
+        }
+        self.start_instance(job_id, node_id, role, "", now_ms)
     }
 
     fn start_instance(
@@ -1407,6 +1645,18 @@ impl World {
         });
         job.instances.sort_by_key(|i| i.role);
         Self::refresh_summary(job);
+        self.history
+            .entry(job_id.to_owned())
+            .or_default()
+            .note_start(InstanceStart {
+                node_id: node_id.to_owned(),
+                role,
+                migration_id: migration_id.to_owned(),
+                at_ms: now_ms,
+            });
+        let Some(job) = self.jobs.get(job_id) else {
+            return Err(CommandError::NotFound(format!("job {job_id:?}")));
+        };
         let req = job.requirements.clone().unwrap_or_default();
         self.holding.entry(node_id.to_owned()).or_default().insert(
             (job_id.to_owned(), role),
@@ -1521,15 +1771,29 @@ impl World {
         Ok(())
     }
 
-    /// NodeControllerMigrationGetState (the propose).
+    /// NodeControllerMigrationGetState (the propose). A handover asks the
+    /// source for its state; overlap and stop-then-start ask the job
+    /// nothing and are STATE_RECEIVED at once.
     pub fn migration_get_state(
         &mut self,
         migration_id: &str,
         job_id: &str,
+        strategy: i32,
         now_ms: i64,
     ) -> Result<Migration, CommandError> {
         validate::name("migration_id", migration_id, validate::MAX_ID_BYTES)?;
         validate::id("job_id", job_id)?;
+        let strategy = match MigrationStrategy::try_from(strategy) {
+            Ok(MigrationStrategy::Unspecified | MigrationStrategy::Handover) => {
+                MigrationStrategy::Handover
+            }
+            Ok(s) => s,
+            Err(_) => {
+                return Err(CommandError::InvalidArgument(format!(
+                    "strategy {strategy} is not a MigrationStrategy"
+                )));
+            }
+        };
         if self.migrations.contains_key(migration_id) {
             return Err(CommandError::AlreadyExists(format!(
                 "migration {migration_id}"
@@ -1561,22 +1825,30 @@ impl World {
                 other.migration_id
             )));
         }
+        let handover = strategy == MigrationStrategy::Handover;
         let m = Migration {
             migration_id: migration_id.to_owned(),
             job_id: job_id.to_owned(),
             source_node_id: source.node_id.clone(),
-            phase: MigrationPhase::Proposed as i32,
+            phase: if handover {
+                MigrationPhase::Proposed
+            } else {
+                MigrationPhase::StateReceived
+            } as i32,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
+            strategy: strategy as i32,
             ..Default::default()
         };
         self.migrations.insert(migration_id.to_owned(), m.clone());
         self.emit_migration(migration_id, now_ms);
-        self.asks.push(JobAsk::GetState {
-            migration_id: migration_id.to_owned(),
-            job_id: job_id.to_owned(),
-            node_id: source.node_id,
-        });
+        if handover {
+            self.asks.push(JobAsk::GetState {
+                migration_id: migration_id.to_owned(),
+                job_id: job_id.to_owned(),
+                node_id: source.node_id,
+            });
+        }
         Ok(m)
     }
 
@@ -1597,6 +1869,10 @@ impl World {
                 "the target node must differ from the source node".to_owned(),
             ));
         }
+        let strategy = strategy_of(&m);
+        if strategy == MigrationStrategy::StopThenStart {
+            return self.prepare_reserved_target(&m, target_node_id, now_ms);
+        }
         let outcome = self.start_instance(
             &m.job_id,
             target_node_id,
@@ -1612,17 +1888,65 @@ impl World {
         m.target_node_id = target_node_id.to_owned();
         let job_id = m.job_id.clone();
         self.emit_migration(migration_id, now_ms);
-        self.asks.push(JobAsk::InitialState {
-            migration_id: migration_id.to_owned(),
-            job_id,
-            node_id: target_node_id.to_owned(),
-            payload: initial_state.to_vec(),
-        });
+        // A handover target is ready when it says so; an overlap target once it runs
+        // (`step_migrations`).
+        if strategy == MigrationStrategy::Handover {
+            self.asks.push(JobAsk::InitialState {
+                migration_id: migration_id.to_owned(),
+                job_id,
+                node_id: target_node_id.to_owned(),
+                payload: initial_state.to_vec(),
+            });
+        }
         let m = self.migration_mut(migration_id)?.clone();
         Ok((m, outcome))
     }
 
-    /// NodeControllerMigrationCutover.
+    /// Stop-then-start's PrepareTarget: the worker's check without a start,
+    /// and the job's capacity reserved on the target node.
+    fn prepare_reserved_target(
+        &mut self,
+        m: &Migration,
+        target_node_id: &str,
+        now_ms: i64,
+    ) -> Result<(Migration, StartOutcome), CommandError> {
+        let target_role = JobRole::MigrationTarget as i32;
+        self.check_job_and_node(&m.job_id, target_node_id)?;
+        if self
+            .instance(&m.job_id, target_role)
+            .is_some_and(|i| holds(i.state))
+        {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {} already has a live JOB_ROLE_MIGRATION_TARGET instance",
+                m.job_id
+            )));
+        }
+        if let Some((reason, message)) = self.worker_check(&m.job_id, target_node_id) {
+            self.emit(
+                now_ms,
+                event::Kind::JobRejected(JobRejected {
+                    job_id: m.job_id.clone(),
+                    node_id: target_node_id.to_owned(),
+                    role: target_role,
+                    reason: reason as i32,
+                    message: message.clone(),
+                }),
+            );
+            return Ok((m.clone(), StartOutcome::Rejected { reason, message }));
+        }
+        self.reserve_target(&m.job_id, target_node_id);
+        let rec = self.migration_mut(&m.migration_id)?;
+        rec.phase = MigrationPhase::TargetReady as i32;
+        rec.target_node_id = target_node_id.to_owned();
+        self.emit_migration(&m.migration_id, now_ms);
+        let rec = self.migration_mut(&m.migration_id)?.clone();
+        Ok((rec, StartOutcome::Accepted))
+    }
+
+    /// NodeControllerMigrationCutover. Handover: `cutover-ready` to the
+    /// source. Overlap: the running target is promoted and the source
+    /// stopped at once. Stop-then-start: the source is stopped; its target
+    /// starts once the source has stopped (see `step_migrations`).
     pub fn migration_cutover(
         &mut self,
         migration_id: &str,
@@ -1632,6 +1956,27 @@ impl World {
         validate::json("payload", payload)?;
         let m = self.migration_mut(migration_id)?;
         Self::expect_phase(m, MigrationPhase::TargetReady)?;
+        let job_id = m.job_id.clone();
+        match strategy_of(m) {
+            MigrationStrategy::Overlap => {
+                self.complete_migration(&job_id, migration_id, now_ms);
+                return Ok(self.migration_mut(migration_id)?.clone());
+            }
+            MigrationStrategy::StopThenStart => {
+                m.phase = MigrationPhase::CuttingOver as i32;
+                self.emit_migration(migration_id, now_ms);
+                self.stop_instance(
+                    &job_id,
+                    JobRole::Normal as i32,
+                    StopReason::Migrated,
+                    None,
+                    now_ms,
+                );
+                self.step_migrations(&job_id, now_ms);
+                return Ok(self.migration_mut(migration_id)?.clone());
+            }
+            _ => {}
+        }
         m.phase = MigrationPhase::CuttingOver as i32;
         let ask = JobAsk::CutoverReady {
             migration_id: migration_id.to_owned(),
@@ -1720,9 +2065,8 @@ impl World {
                 m.applied = applied;
                 m.failed = failed;
                 m.skew_ms = skew_ms;
-                m.phase = MigrationPhase::Completed as i32;
                 let job_id = m.job_id.clone();
-                self.complete_handover(&job_id, &id, now_ms);
+                self.complete_migration(&job_id, &id, now_ms);
             }
             other => {
                 let why = format!("unexpected answer {other:?} to {ask:?}");
@@ -1754,8 +2098,12 @@ impl World {
         self.abort_migration(migration_id, by, &validate::excerpt(reason), now_ms);
     }
 
-    /// The target becomes the job's normal instance; the source stops.
-    fn complete_handover(&mut self, job_id: &str, migration_id: &str, now_ms: i64) {
+    /// The target becomes the job's normal instance, the source stops and
+    /// the migration COMPLETES (every strategy).
+    fn complete_migration(&mut self, job_id: &str, migration_id: &str, now_ms: i64) {
+        if let Some(m) = self.migrations.get_mut(migration_id) {
+            m.phase = MigrationPhase::Completed as i32;
+        }
         let normal = JobRole::Normal as i32;
         let target = JobRole::MigrationTarget as i32;
         // Stop the source first (emits JobStopping with reason MIGRATED).
@@ -1797,6 +2145,25 @@ impl World {
         }
         self.emit_job(job_id, now_ms);
         self.emit_migration(migration_id, now_ms);
+    }
+
+    /// What the world saw of a job: its instance starts with their roles,
+    /// and its time without a RUNNING instance since it first ran.
+    pub fn job_history(
+        &self,
+        job_id: &str,
+        now_ms: i64,
+    ) -> Result<JobHistoryResponse, CommandError> {
+        validate::id("job_id", job_id)?;
+        self.history
+            .get(job_id)
+            .map(|h| h.to_proto(now_ms))
+            .ok_or_else(|| {
+                CommandError::NotFound(format!(
+                    "job {:?} (never started since the sim started)",
+                    validate::excerpt(job_id)
+                ))
+            })
     }
 
     // ───────────────────────────── chaos ─────────────────────────────

@@ -4,12 +4,16 @@
 
 use manager_proto::{
     Bundle, BundleJob, CreateNodeRequest, JobRequirements, JobRole, JobState, MigrationParty,
-    MigrationPhase, NodeState, RejectionReason, StopReason, event,
+    MigrationPhase, MigrationStrategy, NodeState, RejectionReason, StopReason, event,
 };
 use proptest::prelude::*;
 
 use super::*;
 use crate::config::{SimConfig, TimingConfig};
+
+const HANDOVER: i32 = MigrationStrategy::Handover as i32;
+const OVERLAP: i32 = MigrationStrategy::Overlap as i32;
+const STOP_THEN_START: i32 = MigrationStrategy::StopThenStart as i32;
 
 const TIMING: TimingConfig = TimingConfig {
     provision_delay_ms: 100,
@@ -397,7 +401,7 @@ fn answer_all(w: &mut World, now: i64) {
 fn a_migration_moves_the_job_and_stops_the_source() {
     let mut w = world();
     running_job(&mut w);
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     answer_all(&mut w, 21);
     assert_eq!(
         w.migration("m").unwrap().phase(),
@@ -439,7 +443,7 @@ fn a_migration_moves_the_job_and_stops_the_source() {
 fn a_target_that_completes_the_handover_before_its_start_timer_is_running() {
     let mut w = world();
     running_job(&mut w);
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     answer_all(&mut w, 20);
     w.migration_prepare_target("m", "f2", b"null", 20).unwrap();
     // Every answer arrives before the target's start delay has passed.
@@ -463,7 +467,7 @@ fn a_target_that_completes_the_handover_before_its_start_timer_is_running() {
 fn a_job_abort_between_asks_aborts_by_its_side_and_is_ignored_once_over() {
     let mut w = world();
     running_job(&mut w);
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     answer_all(&mut w, 21);
     w.migration_job_abort("m", true, "changed my mind", 22);
     let m = w.migration("m").unwrap();
@@ -482,7 +486,8 @@ fn a_job_abort_between_asks_aborts_by_its_side_and_is_ignored_once_over() {
     );
     w.migration_job_abort("no-such", false, "x", 24);
 
-    w.migration_get_state("m2", "b/0/enc", 30).unwrap();
+    w.migration_get_state("m2", "b/0/enc", HANDOVER, 30)
+        .unwrap();
     answer_all(&mut w, 30);
     w.migration_prepare_target("m2", "f2", b"null", 31).unwrap();
     answer_all(&mut w, 31);
@@ -498,7 +503,7 @@ fn a_job_abort_between_asks_aborts_by_its_side_and_is_ignored_once_over() {
 fn a_refused_state_aborts_the_migration_with_no_target() {
     let mut w = world();
     running_job(&mut w);
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     let ask = w.take_asks().remove(0);
     w.migration_reply(&ask, JobReply::StateRefused("busy".into()), 21);
     let m = w.migration("m").unwrap();
@@ -515,7 +520,7 @@ fn a_refused_state_aborts_the_migration_with_no_target() {
 fn killing_the_source_aborts_its_migration_and_stops_the_target() {
     let mut w = world();
     running_job(&mut w);
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     answer_all(&mut w, 21);
     w.migration_prepare_target("m", "f2", b"null", 22).unwrap();
     w.kill_node("f1", 23).unwrap();
@@ -532,13 +537,13 @@ fn migration_calls_out_of_order_are_failed_preconditions() {
         w.migration_cutover("nope", b"", 1),
         Err(CommandError::NotFound(_))
     ));
-    w.migration_get_state("m", "b/0/enc", 20).unwrap();
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
     assert!(matches!(
         w.migration_cutover("m", b"", 21),
         Err(CommandError::FailedPrecondition(_))
     ));
     assert!(matches!(
-        w.migration_get_state("m", "b/0/enc", 21),
+        w.migration_get_state("m", "b/0/enc", HANDOVER, 21),
         Err(CommandError::AlreadyExists(_))
     ));
     answer_all(&mut w, 22);
@@ -549,6 +554,330 @@ fn migration_calls_out_of_order_are_failed_preconditions() {
         ),
         "target = source"
     );
+}
+
+/// The job's live instances as (node, role, state).
+fn live(w: &World, job_id: &str) -> Vec<(String, JobRole, JobState)> {
+    w.job(job_id)
+        .unwrap()
+        .instances
+        .iter()
+        .filter(|i| holds(i.state))
+        .map(|i| (i.node_id.clone(), i.role(), i.state()))
+        .collect()
+}
+
+fn roles_started(w: &World, job_id: &str) -> Vec<(String, JobRole)> {
+    w.job_history(job_id, 0)
+        .unwrap()
+        .starts
+        .iter()
+        .map(|s| (s.node_id.clone(), s.role()))
+        .collect()
+}
+
+#[test]
+fn overlap_starts_the_target_then_promotes_it_and_stops_the_source_asking_the_job_nothing() {
+    let mut w = world();
+    running_job(&mut w);
+    let m = w.migration_get_state("m", "b/0/enc", OVERLAP, 20).unwrap();
+    assert_eq!(
+        (m.phase(), m.strategy()),
+        (MigrationPhase::StateReceived, MigrationStrategy::Overlap)
+    );
+    let (m, outcome) = w.migration_prepare_target("m", "f2", b"", 21).unwrap();
+    assert_eq!(
+        (m.phase(), outcome),
+        (MigrationPhase::PreparingTarget, StartOutcome::Accepted)
+    );
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [
+            ("f1".into(), JobRole::Normal, JobState::Running),
+            ("f2".into(), JobRole::MigrationTarget, JobState::Starting)
+        ]
+    );
+    w.advance(31);
+    assert_eq!(
+        w.migration("m").unwrap().phase(),
+        MigrationPhase::TargetReady
+    );
+    assert!(
+        matches!(
+            w.start_job("b/0/enc", "f2", 0, 32),
+            Err(CommandError::FailedPrecondition(_))
+        ),
+        "the source is still the job's live normal instance"
+    );
+    let m = w.migration_cutover("m", b"", 40).unwrap();
+    assert_eq!(m.phase(), MigrationPhase::Completed);
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [("f2".into(), JobRole::Normal, JobState::Running)]
+    );
+    assert_eq!(w.usage("f1"), (0.0, 0));
+    assert_eq!(w.usage("f2"), (10.0, 1));
+    assert!(w.take_asks().is_empty(), "the job was asked nothing");
+    let h = w.job_history("b/0/enc", 100).unwrap();
+    assert_eq!(
+        roles_started(&w, "b/0/enc"),
+        [
+            ("f1".into(), JobRole::Normal),
+            ("f2".into(), JobRole::MigrationTarget)
+        ]
+    );
+    assert_eq!(h.starts[1].migration_id, "m");
+    assert_eq!(
+        (h.gaps, h.uncovered_ms, h.max_running, h.running),
+        (0, 0, 2, 1),
+        "always one instance running, two during the overlap"
+    );
+}
+
+#[test]
+fn stop_then_start_reserves_the_target_stops_the_source_then_starts_and_promotes_the_target() {
+    let mut w = world();
+    running_job(&mut w);
+    let m = w
+        .migration_get_state("m", "b/0/enc", STOP_THEN_START, 20)
+        .unwrap();
+    assert_eq!(m.phase(), MigrationPhase::StateReceived);
+    let (m, outcome) = w.migration_prepare_target("m", "f2", b"", 21).unwrap();
+    assert_eq!(
+        (m.phase(), m.target_node_id.as_str(), outcome),
+        (MigrationPhase::TargetReady, "f2", StartOutcome::Accepted),
+        "prepared at once"
+    );
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [("f1".into(), JobRole::Normal, JobState::Running)],
+        "prepared, not started"
+    );
+    assert_eq!(
+        w.usage("f2"),
+        (10.0, 1),
+        "the target's capacity is reserved"
+    );
+    let m = w.migration_cutover("m", b"", 30).unwrap();
+    assert_eq!(m.phase(), MigrationPhase::CuttingOver);
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [("f1".into(), JobRole::Normal, JobState::Stopping)]
+    );
+    // The source stops; the target starts at once, as the migration target.
+    w.advance(40);
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [("f2".into(), JobRole::MigrationTarget, JobState::Starting)]
+    );
+    let job = w.job("b/0/enc").unwrap();
+    assert_eq!(
+        job.instances
+            .iter()
+            .find(|i| i.role() == JobRole::Normal)
+            .map(|i| i.stop_reason()),
+        Some(StopReason::Migrated)
+    );
+    assert!(
+        matches!(
+            w.start_job("b/0/enc", "f1", 0, 41),
+            Err(CommandError::FailedPrecondition(_))
+        ),
+        "Manager owns the job until its target is promoted"
+    );
+    assert_eq!(
+        w.usage("f2"),
+        (10.0, 1),
+        "the reservation became the instance's"
+    );
+    w.advance(50);
+    assert_eq!(w.migration("m").unwrap().phase(), MigrationPhase::Completed);
+    assert_eq!(
+        live(&w, "b/0/enc"),
+        [("f2".into(), JobRole::Normal, JobState::Running)]
+    );
+    assert_eq!(w.usage("f1"), (0.0, 0));
+    assert!(w.take_asks().is_empty(), "the job was asked nothing");
+    assert_eq!(
+        roles_started(&w, "b/0/enc"),
+        [
+            ("f1".into(), JobRole::Normal),
+            ("f2".into(), JobRole::MigrationTarget)
+        ]
+    );
+    let h = w.job_history("b/0/enc", 100).unwrap();
+    assert_eq!(
+        (h.gaps, h.uncovered_ms, h.max_running),
+        (1, 20, 1),
+        "one instance at a time, with a gap from the source's stop (30) to the target's run (50)"
+    );
+}
+
+#[test]
+fn an_abort_before_cutover_leaves_only_the_source_running_for_every_strategy() {
+    for (strategy, name) in [(OVERLAP, "overlap"), (STOP_THEN_START, "stopThenStart")] {
+        let mut w = world();
+        running_job(&mut w);
+        w.migration_get_state("m", "b/0/enc", strategy, 20).unwrap();
+        w.migration_prepare_target("m", "f2", b"", 21).unwrap();
+        w.advance(31);
+        assert_eq!(
+            w.migration("m").unwrap().phase(),
+            MigrationPhase::TargetReady,
+            "{name}"
+        );
+        let m = w.migration_abort("m", "changed my mind", 32).unwrap();
+        assert_eq!(
+            (m.phase(), m.aborted_by()),
+            (MigrationPhase::Aborted, MigrationParty::Controller)
+        );
+        w.advance(100);
+        assert_eq!(
+            live(&w, "b/0/enc"),
+            [("f1".into(), JobRole::Normal, JobState::Running)],
+            "{name}"
+        );
+        assert_eq!(
+            w.usage("f2"),
+            (0.0, 0),
+            "{name}: target gone, reservation released"
+        );
+        assert_eq!(w.job_history("b/0/enc", 100).unwrap().gaps, 0, "{name}");
+        assert!(w.take_asks().is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn a_stop_then_start_target_refused_at_cutover_aborts_by_the_target() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", STOP_THEN_START, 20)
+        .unwrap();
+    w.migration_prepare_target("m", "f2", b"", 21).unwrap();
+    w.reject_next(1);
+    w.migration_cutover("m", b"", 22).unwrap();
+    w.advance(40);
+    let m = w.migration("m").unwrap();
+    assert_eq!(
+        (m.phase(), m.aborted_by()),
+        (MigrationPhase::Aborted, MigrationParty::Target)
+    );
+    assert!(m.abort_reason.contains("refused"), "{}", m.abort_reason);
+    assert!(
+        live(&w, "b/0/enc").is_empty(),
+        "past the point of no return"
+    );
+    assert_eq!(w.usage("f2"), (0.0, 0));
+    // The job is the controller's again.
+    assert_eq!(
+        w.start_job("b/0/enc", "f1", 0, 41).unwrap(),
+        StartOutcome::Accepted
+    );
+}
+
+#[test]
+fn a_stop_then_start_target_that_does_not_fit_is_refused_and_the_migration_waits() {
+    let mut w = world();
+    w.register_bundle(&bundle("big", 1, 60.0, 1), 0).unwrap();
+    w.start_job("big/0/enc", "f2", 0, 0).unwrap();
+    w.register_bundle(&bundle("b", 1, 50.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.migration_get_state("m", "b/0/enc", STOP_THEN_START, 20)
+        .unwrap();
+    let (m, outcome) = w.migration_prepare_target("m", "f2", b"", 21).unwrap();
+    assert!(
+        matches!(
+            outcome,
+            StartOutcome::Rejected {
+                reason: RejectionReason::InsufficientCapacity,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(m.phase(), MigrationPhase::StateReceived);
+    assert!(kinds(&w.take_events()).contains(&"JobRejected"));
+}
+
+#[test]
+fn an_unknown_strategy_is_an_invalid_argument() {
+    let mut w = world();
+    running_job(&mut w);
+    assert!(matches!(
+        w.migration_get_state("m", "b/0/enc", 9, 20),
+        Err(CommandError::InvalidArgument(_))
+    ));
+    assert!(w.migration("m").is_none());
+}
+
+#[test]
+fn a_restart_resumes_overlap_and_stop_then_start_migrations_with_their_reservation() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 2, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.start_job("b/1/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.migration_get_state("o", "b/0/enc", OVERLAP, 11).unwrap();
+    w.migration_prepare_target("o", "f2", b"", 11).unwrap();
+    w.migration_get_state("s", "b/1/enc", STOP_THEN_START, 11)
+        .unwrap();
+    w.migration_prepare_target("s", "f2", b"", 11).unwrap();
+    let mut r = World::restore(&fixed_pools(), TIMING, 1000, w.persisted(), 12);
+    assert_eq!(r.usage("f2"), (20.0, 2), "the target and the reservation");
+    r.advance(30);
+    assert_eq!(
+        r.migration("o").unwrap().phase(),
+        MigrationPhase::TargetReady
+    );
+    assert_eq!(
+        r.migration("s").unwrap().phase(),
+        MigrationPhase::TargetReady
+    );
+    r.migration_cutover("s", b"", 31).unwrap();
+    r.migration_cutover("o", b"", 31).unwrap();
+    // The source stops (at 41), then the target starts and runs (at 51).
+    r.advance(41);
+    r.advance(60);
+    for id in ["o", "s"] {
+        assert_eq!(r.migration(id).unwrap().phase(), MigrationPhase::Completed);
+    }
+    assert_eq!(r.usage("f2"), (20.0, 2));
+    assert_eq!(r.usage("f1"), (0.0, 0));
+}
+
+#[test]
+fn a_state_file_written_before_migrations_had_a_strategy_still_loads_as_handover() {
+    let mut w = world();
+    running_job(&mut w);
+    w.migration_get_state("m", "b/0/enc", HANDOVER, 20).unwrap();
+    let mut saved = serde_json::to_value(w.persisted()).unwrap();
+    for m in saved["migrations"].as_array_mut().unwrap() {
+        m.as_object_mut().unwrap().remove("strategy");
+    }
+    let saved: PersistedWorld = serde_json::from_value(saved).unwrap();
+    let r = World::restore(&fixed_pools(), TIMING, 1000, saved, 30);
+    let m = r.migration("m").unwrap();
+    assert_eq!(m.strategy(), MigrationStrategy::Unspecified);
+    assert_eq!(
+        (m.phase(), m.abort_reason.as_str()),
+        (MigrationPhase::Aborted, "manager restarted"),
+        "an unset strategy is a handover waiting on its job"
+    );
+}
+
+#[test]
+fn the_history_of_a_job_never_started_is_not_found() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 0).unwrap();
+    assert!(matches!(
+        w.job_history("b/0/enc", 0),
+        Err(CommandError::NotFound(_))
+    ));
+    assert!(matches!(
+        w.job_history("", 0),
+        Err(CommandError::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -684,6 +1013,8 @@ enum Op {
     Stop(u8),
     Kill(u8),
     Advance(u8),
+    /// Moves a job's migration on: propose (with strategy `s`), prepare, cut over or abort.
+    Migrate(u8, u8, u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -694,6 +1025,7 @@ fn op() -> impl Strategy<Value = Op> {
         any::<u8>().prop_map(Op::Stop),
         any::<u8>().prop_map(Op::Kill),
         any::<u8>().prop_map(Op::Advance),
+        (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(j, n, s)| Op::Migrate(j, n, s)),
     ]
 }
 
@@ -716,6 +1048,22 @@ proptest! {
                 Op::Stop(j) => if let Some(j) = pick(&jobs, j) { w.stop_job(&j, 0, now).unwrap(); },
                 Op::Kill(n) => if let Some(n) = pick(&nodes, n) { w.kill_node(&n, now).unwrap(); },
                 Op::Advance(ms) => { now += i64::from(ms); w.advance(now); }
+                Op::Migrate(j, n, s) => if let (Some(j), Some(n)) = (pick(&jobs, j), pick(&nodes, n)) {
+                    let active = w.snapshot().migrations.into_iter().find(|m| m.job_id == j && !is_final(m.phase));
+                    match (active, s % 4) {
+                        (None, _) => { let _ = w.migration_get_state(&format!("m{now}-{j}"), &j, i32::from(s % 3) + 1, now); }
+                        (Some(m), 0) => { w.migration_abort(&m.migration_id, "why not", now).unwrap(); }
+                        (Some(m), 1 | 2) => { let _ = w.migration_prepare_target(&m.migration_id, &n, b"null", now); }
+                        (Some(m), _) => { let _ = w.migration_cutover(&m.migration_id, b"null", now); }
+                    }
+                },
+            }
+            // Handover asks are answered cooperatively; the other strategies ask nothing.
+            for ask in w.take_asks() {
+                let handover = w.migration(ask.migration_id()).is_some_and(|m| strategy_of(m) == MigrationStrategy::Handover);
+                prop_assert!(handover, "{ask:?}");
+                let r = default_reply(&ask);
+                w.migration_reply(&ask, r, now);
             }
             for ev in w.take_events() {
                 prop_assert_eq!(ev.revision, last_rev + 1);
@@ -733,6 +1081,15 @@ proptest! {
             for j in w.snapshot().jobs {
                 let normal = j.instances.iter().find(|i| i.role == JobRole::Normal as i32);
                 prop_assert_eq!(j.state, normal.map_or(JobState::Pending as i32, |i| i.state));
+                for role in [JobRole::Normal as i32, JobRole::MigrationTarget as i32] {
+                    prop_assert!(j.instances.iter().filter(|i| i.role == role).count() <= 1, "{j:?}");
+                }
+            }
+            for m in w.snapshot().migrations.iter().filter(|m| m.phase == MigrationPhase::Completed as i32) {
+                let j = w.job(&m.job_id);
+                if let Some(j) = j.filter(|j| j.node_id == m.target_node_id) {
+                    prop_assert!(j.instances.iter().all(|i| i.role == JobRole::Normal as i32 || !holds(i.state)), "{j:?}");
+                }
             }
         }
     }
@@ -750,24 +1107,8 @@ fn updating_a_bundle_that_does_not_exist_is_not_found() {
     assert_eq!((stored.generation, ids.len()), (2, 2));
 }
 
-#[test]
-fn a_restart_aborts_only_migrations_waiting_on_a_job() {
-    let mut w = world();
-    w.register_bundle(&bundle("b", 2, 10.0, 1), 0).unwrap();
-    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
-    w.start_job("b/1/enc", "f1", 0, 0).unwrap();
-    w.advance(10);
-    w.migration_get_state("waits-on-job", "b/0/enc", 11)
-        .unwrap();
-    w.migration_get_state("waits-on-controller", "b/1/enc", 11)
-        .unwrap();
-    for ask in w.take_asks() {
-        if ask.migration_id() == "waits-on-controller" {
-            let r = default_reply(&ask);
-            w.migration_reply(&ask, r, 12);
-        }
-    }
-    let pools = SimConfig::from_yaml(
+fn fixed_pools() -> Vec<crate::config::PoolConfig> {
+    SimConfig::from_yaml(
         r"
 pools:
   - {name: f, kind: cluster, region: r, zones: [z1, z2], scaleOut: fixed,
@@ -775,8 +1116,27 @@ pools:
 ",
     )
     .unwrap()
-    .pools;
-    let r = World::restore(&pools, TIMING, 1000, w.persisted(), 100);
+    .pools
+}
+
+#[test]
+fn a_restart_aborts_only_migrations_waiting_on_a_job() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 2, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    w.start_job("b/1/enc", "f1", 0, 0).unwrap();
+    w.advance(10);
+    w.migration_get_state("waits-on-job", "b/0/enc", HANDOVER, 11)
+        .unwrap();
+    w.migration_get_state("waits-on-controller", "b/1/enc", HANDOVER, 11)
+        .unwrap();
+    for ask in w.take_asks() {
+        if ask.migration_id() == "waits-on-controller" {
+            let r = default_reply(&ask);
+            w.migration_reply(&ask, r, 12);
+        }
+    }
+    let r = World::restore(&fixed_pools(), TIMING, 1000, w.persisted(), 100);
     assert_eq!(
         r.migration("waits-on-job").unwrap().phase(),
         MigrationPhase::Aborted

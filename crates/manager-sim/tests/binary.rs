@@ -81,6 +81,12 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     assert!(!ok && out.contains("NotFound"), "{out}");
     let (ok, out) = chaos(&url, &["slow-provision", "99999999999"]);
     assert!(!ok && out.contains("InvalidArgument"), "{out}");
+    // job-history reads; the e2e migration tests read real histories with it
+    let (ok, out) = chaos(&url, &["job-history", "b/0/j"]);
+    assert!(
+        !ok && out.contains("NotFound") && out.contains("never started"),
+        "{out}"
+    );
     // serve runs the job socket by default: migration behaviours are accepted
     for (args, says) in [
         (

@@ -1,6 +1,8 @@
-//! Handover through the real sim over gRPC and real WebSockets: the four
+//! Migrations through the real sim over gRPC and real WebSockets: the four
 //! `NodeControllerMigration*` calls drive simulated jobs that speak the job
-//! socket through the real listener and the real job client SDK.
+//! socket through the real listener and the real job client SDK (handover),
+//! or move jobs without a word to them (overlap, stop-then-start), also
+//! between workers that run no job socket listener.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
@@ -10,9 +12,10 @@ use job_socket::phase::Phase;
 use manager_proto::manager_client::ManagerClient;
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    Bundle, BundleJob, JOB_SOCKET_CAPABILITY, Job, JobRequirements, JobRole, JobState,
-    ListNodesRequest, Migration, MigrationBehaviour, MigrationParty, MigrationPhase,
-    NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    Bundle, BundleJob, JOB_SOCKET_CAPABILITY, Job, JobHistoryRequest, JobHistoryResponse,
+    JobRequirements, JobRole, JobState, ListNodesRequest, Migration, MigrationBehaviour,
+    MigrationParty, MigrationPhase, MigrationStrategy, NodeControllerMigrationAbort,
+    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, SetMigrationBehaviourRequest,
     StartJobRequest,
 };
@@ -42,6 +45,7 @@ pools:
     jobSocket: false
     nodes:
       - {id: old-1, zone: a, capacity: 100, cores: 64}
+      - {id: old-2, zone: a, capacity: 100, cores: 64}
 ";
 
 struct Rig {
@@ -164,7 +168,7 @@ impl Rig {
             (self.job(&job_id).state == JobState::Running as i32).then_some(())
         })
         .await;
-        if node != "old-1" {
+        if !node.starts_with("old-") {
             let agent = self.agent.clone();
             let j = job_id.clone();
             eventually("the job to connect to its socket", || {
@@ -179,19 +183,56 @@ impl Rig {
     }
 
     async fn get_state(&mut self, mid: &str, job_id: &str) -> Migration {
-        let m = self
-            .manager
+        let m = self.propose(mid, job_id, MigrationStrategy::Handover).await;
+        assert_eq!(phase(&m), MigrationPhase::Proposed);
+        m
+    }
+
+    async fn propose(&mut self, mid: &str, job_id: &str, strategy: MigrationStrategy) -> Migration {
+        self.manager
             .migration_get_state(NodeControllerMigrationGetState {
                 migration_id: mid.into(),
                 job_id: job_id.into(),
+                strategy: strategy as i32,
             })
             .await
             .unwrap()
             .into_inner()
             .migration
-            .unwrap();
-        assert_eq!(phase(&m), MigrationPhase::Proposed);
-        m
+            .unwrap()
+    }
+
+    async fn abort(&mut self, mid: &str, reason: &str) -> Migration {
+        self.manager
+            .migration_abort(NodeControllerMigrationAbort {
+                migration_id: mid.into(),
+                reason: reason.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .migration
+            .unwrap()
+    }
+
+    /// Every instance start the sim saw, as (node, role).
+    async fn roles_started(&mut self, job_id: &str) -> Vec<(String, JobRole)> {
+        self.history(job_id)
+            .await
+            .starts
+            .iter()
+            .map(|s| (s.node_id.clone(), s.role()))
+            .collect()
+    }
+
+    async fn history(&mut self, job_id: &str) -> JobHistoryResponse {
+        self.admin
+            .job_history(JobHistoryRequest {
+                job_id: job_id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
     }
 
     async fn prepare(&mut self, mid: &str, node: &str, state: &[u8]) -> Result<(), tonic::Status> {
@@ -230,10 +271,22 @@ impl Rig {
         self.until_phase(mid, MigrationPhase::TargetReady).await
     }
 
-    /// Runs a migration to its end, reacting to each phase the way a
+    /// Runs a handover to its end, reacting to each phase the way a
     /// controller does; returns the final migration.
     async fn drive(&mut self, mid: &str, job_id: &str, target: &str) -> Migration {
-        self.get_state(mid, job_id).await;
+        self.drive_with(MigrationStrategy::Handover, mid, job_id, target)
+            .await
+    }
+
+    /// [`Rig::drive`] with any strategy.
+    async fn drive_with(
+        &mut self,
+        strategy: MigrationStrategy,
+        mid: &str,
+        job_id: &str,
+        target: &str,
+    ) -> Migration {
+        self.propose(mid, job_id, strategy).await;
         let deadline = tokio::time::Instant::now() + WAIT;
         let mut prepared = false;
         let mut cut = false;
@@ -361,7 +414,98 @@ async fn a_full_handover_runs_over_the_real_job_socket_and_can_run_again() {
     let m = rig.drive("m2", &job_id, "dc-a").await;
     assert_eq!(phase(&m), MigrationPhase::Completed, "{m:?}");
     rig.one_running_instance_on(&job_id, "dc-a").await;
+    assert!(
+        rig.agent.commands_sent(&job_id) >= 8,
+        "two handovers of four commands"
+    );
+    assert_eq!(
+        rig.roles_started(&job_id).await,
+        [
+            ("dc-a".into(), JobRole::Normal),
+            ("dc-b".into(), JobRole::MigrationTarget),
+            ("dc-a".into(), JobRole::MigrationTarget)
+        ]
+    );
     rig.sim.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_and_stop_then_start_move_a_job_between_workers_without_a_job_socket() {
+    let mut rig = rig(Vec::new()).await;
+    for (strategy, bundle, gaps, max_running) in [
+        (MigrationStrategy::Overlap, "over", 0, 2),
+        (MigrationStrategy::StopThenStart, "sts", 1, 1),
+    ] {
+        let job_id = rig.running_job(bundle, "old-1").await;
+        let m = rig.drive_with(strategy, bundle, &job_id, "old-2").await;
+        assert_eq!(phase(&m), MigrationPhase::Completed, "{m:?}");
+        assert_eq!(m.strategy(), strategy);
+        rig.one_running_instance_on(&job_id, "old-2").await;
+        assert_eq!(rig.agent.commands_sent(&job_id), 0, "{strategy:?}");
+        assert_eq!(
+            rig.roles_started(&job_id).await,
+            [
+                ("old-1".into(), JobRole::Normal),
+                ("old-2".into(), JobRole::MigrationTarget)
+            ],
+            "{strategy:?}: the target wears the migration target role"
+        );
+        let h = rig.history(&job_id).await;
+        assert_eq!(
+            (h.gaps, h.max_running, h.running),
+            (gaps, max_running, 1),
+            "{strategy:?}: {h:?}"
+        );
+        if strategy == MigrationStrategy::Overlap {
+            assert_eq!(
+                h.uncovered_ms, 0,
+                "an overlap never leaves the job without a running instance"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlap_and_stop_then_start_say_nothing_to_a_job_with_a_socket_even_when_aborted() {
+    let mut rig = rig(Vec::new()).await;
+    for (strategy, bundle) in [
+        (MigrationStrategy::Overlap, "over"),
+        (MigrationStrategy::StopThenStart, "sts"),
+    ] {
+        let job_id = rig.running_job(bundle, "dc-a").await;
+        let m = rig.propose(bundle, &job_id, strategy).await;
+        assert_eq!(phase(&m), MigrationPhase::StateReceived, "nothing asked");
+        rig.prepare(bundle, "dc-b", b"").await.unwrap();
+        rig.until_phase(bundle, MigrationPhase::TargetReady).await;
+        let m = rig.abort(bundle, "not now").await;
+        assert_eq!(phase(&m), MigrationPhase::Aborted);
+        rig.one_running_instance_on(&job_id, "dc-a").await;
+        assert_eq!(rig.agent.commands_sent(&job_id), 0, "{strategy:?}");
+        let src = rig.agent.instance_status(&job_id, "normal").unwrap();
+        assert!(
+            src.connected && src.migration.is_none(),
+            "{strategy:?}: {src:?}"
+        );
+
+        // Moved for real this time; the promoted target speaks the socket as the normal instance.
+        let again = format!("{bundle}-2");
+        let m = rig.drive_with(strategy, &again, &job_id, "dc-b").await;
+        assert_eq!(phase(&m), MigrationPhase::Completed, "{m:?}");
+        rig.one_running_instance_on(&job_id, "dc-b").await;
+        assert_eq!(rig.agent.commands_sent(&job_id), 0, "{strategy:?}");
+        let agent = rig.agent.clone();
+        eventually(
+            "the promoted target to connect as the normal instance",
+            || {
+                let key = agent.instance_key(&job_id, "dc-b")?;
+                agent
+                    .instance_status(&job_id, &key.role)
+                    .filter(|s| s.connected && key.role == "normal")
+                    .map(|_| ())
+            },
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -473,17 +617,7 @@ async fn a_slow_cutover_completes_late_and_a_controller_abort_reaches_the_jobs()
         (s.migration?.phase == Phase::AwaitingSourceStop).then_some(())
     })
     .await;
-    let m = rig
-        .manager
-        .migration_abort(NodeControllerMigrationAbort {
-            migration_id: "m2".into(),
-            reason: "operator gave up".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .migration
-        .unwrap();
+    let m = rig.abort("m2", "operator gave up").await;
     assert_eq!(phase(&m), MigrationPhase::Aborted);
     assert_eq!(m.aborted_by, MigrationParty::Controller as i32);
     let s = rig.agent.instance_status(&job_id, &key.role).unwrap();
@@ -530,7 +664,7 @@ async fn a_node_without_the_job_socket_capability_cannot_take_part_in_a_handover
     for n in &nodes {
         let caps = &n.inventory.as_ref().unwrap().capabilities;
         let has = caps.iter().any(|c| c == JOB_SOCKET_CAPABILITY);
-        assert_eq!(has, n.node_id != "old-1", "{n:?}");
+        assert_eq!(has, !n.node_id.starts_with("old-"), "{n:?}");
     }
     // As the target: the target job has no listener, the target side aborts.
     let job_id = rig.running_job("b", "dc-a").await;

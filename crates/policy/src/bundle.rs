@@ -4,7 +4,9 @@
 //! The rules, from the `@norskvideo/norsk-auto-manager` TypeScript library's "Priority bands":
 //!
 //! - A job that runs or is starting needs nothing; one that is stopping makes its replica wait
-//!   (nothing of the replica is placed until it has stopped, so a replica is placed whole).
+//!   (nothing of the replica is placed until it has stopped, so a replica is placed whole), and
+//!   so does one an unfinished Manager migration holds (a stop-then-start source is down before
+//!   its target starts: Manager brings it back, not a second placement).
 //! - A job never placed, or stopped on purpose, gets a **first placement**.
 //! - A job that **failed**, lost its node (`NodeLost`, `NodeTerminated`) or was **handed to
 //!   recovery** (a migration that failed past its point of no return, a drain whose migration of
@@ -72,6 +74,9 @@ pub struct ObservedJob {
     pub started_at_ms: i64,
     /// Manager accepted a start the mirror does not show yet: never start it twice.
     pub start_in_flight: bool,
+    /// An unfinished Manager migration holds the job: Manager moves it (a stop-then-start
+    /// source stops before its target starts), so the replica waits for the outcome.
+    pub moving: bool,
     /// The previous status says it was dropped (so a drop is reported once, not every pass).
     pub dropped_before: bool,
 }
@@ -123,6 +128,7 @@ pub fn need(job: &ObservedJob, band: &BandRule, undrop: bool) -> Need {
     match job.phase {
         JobPhase::Running | JobPhase::Starting => Need::Nothing,
         JobPhase::Stopping => Need::Wait,
+        _ if job.moving => Need::Wait,
         _ if failed(job) => match band.on_failure {
             OnFailure::Restart => Need::Recover,
             OnFailure::Drop if undrop => Need::Place,
@@ -422,6 +428,7 @@ mod tests {
             stop_cause: cause,
             started_at_ms: 0,
             start_in_flight: false,
+            moving: false,
             dropped_before: false,
         }
     }
@@ -477,6 +484,19 @@ mod tests {
         let mut j = job("j", JobPhase::Failed, StopCause::Unknown);
         j.start_in_flight = true;
         assert_eq!(need(&j, &gold(), false), Need::Nothing);
+    }
+
+    #[test]
+    fn a_job_manager_is_moving_waits_for_the_migration_not_placed_again() {
+        // A stop-then-start source has stopped (reason MIGRATED) and its target is not up yet.
+        let mut j = job("j", JobPhase::Stopped, StopCause::Gone);
+        j.moving = true;
+        assert_eq!(need(&j, &gold(), false), Need::Wait);
+        let p = plan(&[(j.clone(), gold())], 0);
+        assert_eq!(p.intent, ReplicaIntent::Wait);
+        // Once Manager's migration has ended, an unfinished move is a placement again.
+        j.moving = false;
+        assert_eq!(need(&j, &gold(), false), Need::Place);
     }
 
     #[test]
@@ -719,27 +739,31 @@ mod tests {
             any::<bool>(),
             any::<bool>(),
             1u32..8,
+            any::<bool>(),
         )
-            .prop_map(|(n, phase, cause, in_flight, dropped, drop_band, max)| {
-                let band = BandRule {
-                    on_failure: if drop_band {
-                        OnFailure::Drop
-                    } else {
-                        OnFailure::Restart
-                    },
-                    max_restarts_per_hour: max,
-                    restart_clear_after_ms: 600_000,
-                };
-                let job = ObservedJob {
-                    job_name: format!("j{n}"),
-                    phase,
-                    stop_cause: cause,
-                    started_at_ms: 0,
-                    start_in_flight: in_flight,
-                    dropped_before: dropped,
-                };
-                (job, band)
-            })
+            .prop_map(
+                |(n, phase, cause, in_flight, dropped, drop_band, max, moving)| {
+                    let band = BandRule {
+                        on_failure: if drop_band {
+                            OnFailure::Drop
+                        } else {
+                            OnFailure::Restart
+                        },
+                        max_restarts_per_hour: max,
+                        restart_clear_after_ms: 600_000,
+                    };
+                    let job = ObservedJob {
+                        job_name: format!("j{n}"),
+                        phase,
+                        stop_cause: cause,
+                        started_at_ms: 0,
+                        start_in_flight: in_flight,
+                        moving,
+                        dropped_before: dropped,
+                    };
+                    (job, band)
+                },
+            )
     }
 
     proptest! {
@@ -758,11 +782,12 @@ mod tests {
                     for name in placed {
                         let (j, _) = jobs.iter().find(|(j, _)| &j.job_name == name).ok_or_else(|| TestCaseError::fail("unknown job"))?;
                         prop_assert!(!j.start_in_flight);
+                        prop_assert!(!j.moving);
                         prop_assert!(matches!(j.phase, JobPhase::Pending | JobPhase::Stopped | JobPhase::Failed));
                     }
                     prop_assert!(!recovery || restarts < *max_restarts);
                 }
-                ReplicaIntent::Wait => prop_assert!(jobs.iter().any(|(j, _)| j.phase == JobPhase::Stopping && !j.start_in_flight)),
+                ReplicaIntent::Wait => prop_assert!(jobs.iter().any(|(j, _)| !j.start_in_flight && (j.phase == JobPhase::Stopping || j.moving))),
                 ReplicaIntent::Broken { restarts: r, max_restarts } => prop_assert!(r >= max_restarts),
                 ReplicaIntent::Settled { .. } => {}
             }

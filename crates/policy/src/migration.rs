@@ -1,15 +1,26 @@
 //! The migration state machine: which strategy a Migration uses, the phases it goes through,
 //! what the controller must do on each event, when a phase times out, and the one-at-a-time
-//! rule per source job.
+//! rule per source job; and (in [`observe`]) what Manager's view of a migration means to the
+//! machine.
 //!
 //! Pure: events and the clock are passed in; the answer is a [`Transition`] naming the new phase
 //! and the [`Action`]s for the controller to carry out. No I/O, no async.
+//!
+//! # Who does what
+//!
+//! Manager owns the moves (see `docs/manager-api.md`): every strategy is proposed to it with
+//! `MigrationGetState` and the strategy, the target is started by `MigrationPrepareTarget`
+//! (always with role `migrationTarget`; stop-then-start only reserves its capacity there), and
+//! `MigrationCutover` stops the source and promotes the target to the job's normal instance
+//! (stop-then-start: stops the source, then starts the target, then promotes it). The source
+//! keeps its own role throughout. The machine decides *when* each call is due; [`Action::call`]
+//! names the call, [`observe::next`] reads Manager's answers back as events.
 //!
 //! # Strategy in effect and the safety order
 //!
 //! A job declares the strongest promise it keeps (absent: `stopThenStart`); a Migration may ask
 //! for that strategy or a *safer* one, never a stronger one ([`strategy_in_effect`]). Safest
-//! first, from the TypeScript library's definitions:
+//! first, as `@norskvideo/norsk-auto-manager` defines them:
 //!
 //! 1. `stopThenStart` — the target is prepared, the source stopped, then the target started. It
 //!    asks nothing of the job (one instance at a time, at the cost of a gap), so any job can take it.
@@ -21,19 +32,24 @@
 //!
 //! # Phases (happy paths, see [`happy_path`])
 //!
-//! - `overlap`: PlacingTarget → StartingTarget → TargetRunning → StoppingSource → Completed.
-//! - `stopThenStart`: PlacingTarget → PreparingTarget → StoppingSource → StartingTarget → Completed.
+//! - `overlap`: PlacingTarget (proposed to Manager) → StartingTarget (role `migrationTarget`) →
+//!   TargetRunning → StoppingSource (Manager's cutover: target promoted, source stopped) →
+//!   Completed. Nothing is asked of the job.
+//! - `stopThenStart`: PlacingTarget (proposed) → PreparingTarget (capacity reserved, nothing
+//!   started) → StoppingSource (Manager's cutover stops the source) → StartingTarget (Manager
+//!   starts the target as `migrationTarget`) → Completed (promoted). Nothing is asked of the job.
 //! - `handover`: Proposing (`get-state`) → PlacingTarget → StartingTarget (role
 //!   `migrationTarget` + `initial-state`) → TargetReady (`target-ready`) → CutoverReady
 //!   (`cutover-ready` sent to the source) → SourceStoppedOutput (`source-stopped-output`: the
-//!   point of no return) → CutoverApply (`cutover-apply` sent to the target) → Completed
-//!   (`target-applied`). A `state-refused` in Proposing ends in Refused with no target placed.
+//!   point of no return) → CutoverApply (Manager relays `cutover-apply` to the target) →
+//!   Completed (`target-applied`). A `state-refused` in Proposing ends in Refused with no target
+//!   placed.
 //!
 //! Every migration starts in Pending and leaves it on [`MigrationEvent::Start`]. Three phases
 //! are *waypoints* where the machine waits for the controller's go-ahead
 //! ([`MigrationEvent::Proceed`]): overlap's TargetRunning (the overlap window; proceed at once
-//! or after a hold) and handover's TargetReady and SourceStoppedOutput (the controller relays the
-//! job's payload on entering the next phase).
+//! or after a hold) and handover's TargetReady (the controller relays the target's payload on
+//! entering CutoverReady) and SourceStoppedOutput.
 //!
 //! # Abort, failure and the point of no return
 //!
@@ -41,8 +57,9 @@
 //! stopped producing — StoppingSource for `overlap` and `stopThenStart`, SourceStoppedOutput for
 //! `handover` ([`point_of_no_return`]). Before it an abort (the user's `spec.abort`, deleting the
 //! Migration, a job's `abort` frame, a placement failure, a failed target, a timeout) ends in
-//! Aborted: the target is cleaned up, the participants are told, and the source is the one
-//! running instance. From it on, a user's or operator's abort is refused
+//! Aborted: the migration is aborted in Manager (which stops a target it started, releases a
+//! reservation and tells handover participants), and the source is the one running instance.
+//! From it on, a user's or operator's abort is refused
 //! ([`MigrationError::NotAbortable`]) and the migration goes on; a job's abort, a failure or a
 //! timeout ends in Failed: every instance of the migration is stopped and the job is handed to
 //! its band's recovery ([`Action::RecoverByBand`]), so again at most one instance runs.
@@ -58,8 +75,7 @@ use crate::vocab::{
 };
 use chrono::{DateTime, TimeDelta, Utc};
 
-/// The role a migration target instance is started with (the source keeps its own role).
-pub const MIGRATION_TARGET_ROLE: &str = "migrationTarget";
+pub mod observe;
 
 pub use crate::JOB_SOCKET_CAPABILITY;
 
@@ -385,12 +401,10 @@ pub enum MigrationEvent {
     /// The controller's go-ahead in a waypoint phase (overlap TargetRunning, handover
     /// TargetReady and SourceStoppedOutput).
     Proceed,
-    /// handover: the source sent `source-stopped-output` (the point of no return).
-    SourceStoppedOutput {
-        /// Its payload (relayed to the target in `cutover-apply`).
-        payload: Payload,
-    },
-    /// Manager reports the source instance stopped (after [`Action::StopSource`]).
+    /// handover: the source sent `source-stopped-output` (the point of no return); Manager
+    /// relays its payload to the target in `cutover-apply`.
+    SourceStoppedOutput,
+    /// Manager reports the source instance stopped by its cutover (after [`Action::CutOver`]).
     SourceStopped,
     /// handover: the target sent `target-applied`.
     TargetApplied {
@@ -432,7 +446,7 @@ impl MigrationEvent {
             MigrationEvent::TargetRunning => "TargetRunning",
             MigrationEvent::TargetReady { .. } => "TargetReady",
             MigrationEvent::Proceed => "Proceed",
-            MigrationEvent::SourceStoppedOutput { .. } => "SourceStoppedOutput",
+            MigrationEvent::SourceStoppedOutput => "SourceStoppedOutput",
             MigrationEvent::SourceStopped => "SourceStopped",
             MigrationEvent::TargetApplied { .. } => "TargetApplied",
             MigrationEvent::AbortRequested { .. } => "AbortRequested",
@@ -443,64 +457,57 @@ impl MigrationEvent {
     }
 }
 
-/// A side of a handover.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
-    /// The instance being moved.
-    Source,
-    /// The instance taking over.
-    Target,
-}
-
-/// What the controller must do, in order.
+/// What the controller must do, in order. Each Manager call is named by [`Action::call`].
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
-    /// handover: ask the source for its state (`get-state`).
-    SendGetState,
+    /// Propose the migration to Manager with its strategy (handover: Manager asks the source for
+    /// its state, `get-state`; the others ask the job nothing).
+    Propose {
+        /// The strategy Manager moves the job with.
+        strategy: MigrationStrategy,
+    },
     /// Choose a target node: `spec.targetNode`, or the placement engine excluding the source
     /// node (requiring [`target_capability_required`]); answer with `TargetPlaced` or
     /// `PlacementFailed`.
     PlaceTarget,
-    /// stopThenStart: make the target node ready (wait for a provisioned node to start, hold
-    /// its capacity) without starting the job; answer with `TargetPrepared`.
+    /// stopThenStart: Manager checks the target node would take the job and reserves its
+    /// capacity without starting it; answer with `TargetPrepared`.
     PrepareTarget {
         /// The target node.
         node: String,
     },
-    /// Start the job's target instance on `node` with `role` (and, for handover, its initial state).
+    /// handover and overlap: Manager starts the target instance on `node` with role
+    /// `migrationTarget` (handover: and hands it its initial state).
     StartTarget {
         /// The target node.
         node: String,
-        /// Always [`MIGRATION_TARGET_ROLE`].
-        role: &'static str,
         /// handover: the source's state, sent as `initial-state` after `hello-ack`.
         initial_state: Option<Payload>,
     },
-    /// Stop the source instance (idempotent).
-    StopSource,
-    /// Remove whatever exists of the target on `node`: its instance, its held capacity (idempotent).
+    /// Manager's cutover. handover: `cutover-ready` with the target's payload to the source;
+    /// overlap: the running target promoted, the source stopped; stopThenStart: the source
+    /// stopped, then the target started on its reservation and promoted.
+    CutOver {
+        /// handover: the `target-ready` payload; empty otherwise.
+        payload: Payload,
+    },
+    /// Stop the job's source instance on `node` (a failure past the point of no return).
+    StopSource {
+        /// The source node.
+        node: String,
+    },
+    /// Stop whatever migration target instance is left on `node` (idempotent).
     StopTarget {
         /// The target node.
         node: String,
     },
-    /// handover: send `cutover-ready` with the target's payload to the source.
-    SendCutoverReady {
-        /// The `target-ready` payload.
-        payload: Payload,
-    },
-    /// handover: send `cutover-apply` with the source's payload to the target.
-    SendCutoverApply {
-        /// The `source-stopped-output` payload.
-        payload: Payload,
-    },
-    /// handover: send `abort` to one side.
-    SendAbort {
-        /// Which side.
-        to: Side,
+    /// Abort the migration in Manager: it stops a target it started, releases a reservation and
+    /// (handover) relays `abort` to the participants that did not ask for it.
+    Abort {
         /// The reason relayed.
         reason: String,
     },
-    /// The job now lives on `node`: point the bundle's status at it.
+    /// The job now lives on `node` (Manager promoted the target): the bundle follows.
     AdoptTarget {
         /// The new node.
         node: String,
@@ -510,6 +517,89 @@ pub enum Action {
         /// Why the migration failed.
         reason: String,
     },
+}
+
+/// A call to Manager (`docs/manager-api.md`). There is no StartJob among them: every target is
+/// started by Manager, as a `migrationTarget`, through the migration calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ManagerCall {
+    /// `MigrationGetState` with the strategy.
+    Propose {
+        /// The strategy.
+        strategy: MigrationStrategy,
+    },
+    /// `MigrationPrepareTarget`.
+    PrepareTarget {
+        /// The target node.
+        node: String,
+        /// The initial state (handover), empty otherwise.
+        initial_state: Payload,
+    },
+    /// `MigrationCutover`.
+    Cutover {
+        /// The payload for `cutover-ready` (handover), empty otherwise.
+        payload: Payload,
+    },
+    /// `MigrationAbort`.
+    Abort {
+        /// Why.
+        reason: String,
+    },
+    /// `StopJob` of the job's `role` instance, when it is on `node` (and, for a migration
+    /// target, belongs to this migration).
+    StopInstance {
+        /// Which instance.
+        role: InstanceRole,
+        /// Where it must be for the stop to be this migration's.
+        node: String,
+    },
+}
+
+/// The role a job instance wears (Manager's `JobRole`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceRole {
+    /// The job's ordinary instance (the source keeps it throughout a migration).
+    Normal,
+    /// A migration's target, until Manager promotes it at cutover.
+    MigrationTarget,
+}
+
+impl Action {
+    /// The Manager call that carries this action out, if it is one (placement, adopting the
+    /// target and band recovery are the operator's own).
+    pub fn call(&self) -> Option<ManagerCall> {
+        match self {
+            Action::Propose { strategy } => Some(ManagerCall::Propose {
+                strategy: *strategy,
+            }),
+            Action::PrepareTarget { node } => Some(ManagerCall::PrepareTarget {
+                node: node.clone(),
+                initial_state: Payload::new(),
+            }),
+            Action::StartTarget {
+                node,
+                initial_state,
+            } => Some(ManagerCall::PrepareTarget {
+                node: node.clone(),
+                initial_state: initial_state.clone().unwrap_or_default(),
+            }),
+            Action::CutOver { payload } => Some(ManagerCall::Cutover {
+                payload: payload.clone(),
+            }),
+            Action::StopSource { node } => Some(ManagerCall::StopInstance {
+                role: InstanceRole::Normal,
+                node: node.clone(),
+            }),
+            Action::StopTarget { node } => Some(ManagerCall::StopInstance {
+                role: InstanceRole::MigrationTarget,
+                node: node.clone(),
+            }),
+            Action::Abort { reason } => Some(ManagerCall::Abort {
+                reason: reason.clone(),
+            }),
+            Action::PlaceTarget | Action::AdoptTarget { .. } | Action::RecoverByBand { .. } => None,
+        }
+    }
 }
 
 /// The answer to one event.
@@ -620,9 +710,10 @@ impl MigrationMachine {
         }
     }
 
-    /// A machine rebuilt from status after an operator restart. Payloads carried between
-    /// handover phases are not in status: a handover resumed in TargetReady is aborted on
-    /// `Proceed`, one resumed in SourceStoppedOutput fails into band recovery.
+    /// A machine rebuilt from status after an operator restart. The payload a handover carries
+    /// from TargetReady to CutoverReady is not in status: a handover resumed in TargetReady
+    /// without it is aborted on `Proceed` (see [`observe::resume`], which takes it from
+    /// Manager's record instead).
     pub fn resume(
         strategy: MigrationStrategy,
         phase: MigrationPhase,
@@ -769,10 +860,17 @@ impl MigrationMachine {
                     Step::Fail(reason)
                 }
             }
-            (S::Handover, P::Pending, E::Start) => {
-                Step::Go(P::Proposing, vec![Action::SendGetState])
-            }
-            (_, P::Pending, E::Start) => Step::Go(P::PlacingTarget, vec![Action::PlaceTarget]),
+            (S::Handover, P::Pending, E::Start) => Step::Go(
+                P::Proposing,
+                vec![Action::Propose {
+                    strategy: S::Handover,
+                }],
+            ),
+            // Proposed at once: Manager holds the job from now on, and asks it nothing.
+            (strategy, P::Pending, E::Start) => Step::Go(
+                P::PlacingTarget,
+                vec![Action::Propose { strategy }, Action::PlaceTarget],
+            ),
             (_, P::PlacingTarget, E::PlacementFailed { reason }) => Step::Abort(
                 AbortBy::Operator,
                 format!("no target node: {}", bounded(&reason)),
@@ -816,28 +914,22 @@ impl MigrationMachine {
             ),
             (S::Handover, P::TargetReady, E::TargetReady { .. }) => Step::Stay,
             (S::Handover, P::TargetReady, E::Proceed) => match self.carried.take() {
-                Some(payload) => {
-                    Step::Go(P::CutoverReady, vec![Action::SendCutoverReady { payload }])
-                }
+                Some(payload) => Step::Go(P::CutoverReady, vec![Action::CutOver { payload }]),
                 None => Step::Abort(AbortBy::Operator, lost_payload("target-ready")),
             },
-            // The source has stopped output: a payload that cannot be relayed is a failure.
-            (S::Handover, P::CutoverReady, E::SourceStoppedOutput { payload }) => self.carry(
-                payload,
-                Step::Go(P::SourceStoppedOutput, Vec::new()),
-                Step::Fail(oversized("the source's source-stopped-output")),
-            ),
-            (S::Handover, P::SourceStoppedOutput, E::SourceStoppedOutput { .. }) => Step::Stay,
-            (S::Handover, P::SourceStoppedOutput, E::Proceed) => match self.carried.take() {
-                Some(payload) => {
-                    Step::Go(P::CutoverApply, vec![Action::SendCutoverApply { payload }])
-                }
-                None => Step::Fail(lost_payload("source-stopped-output")),
-            },
+            (S::Handover, P::CutoverReady, E::SourceStoppedOutput) => {
+                Step::Go(P::SourceStoppedOutput, Vec::new())
+            }
+            (S::Handover, P::SourceStoppedOutput, E::SourceStoppedOutput) => Step::Stay,
+            // Manager relays `cutover-apply` with the source's payload itself.
+            (S::Handover, P::SourceStoppedOutput, E::Proceed) => {
+                Step::Go(P::CutoverApply, Vec::new())
+            }
+            // Manager stopped the source and promoted the target when the target applied.
             (S::Handover, P::CutoverApply, E::TargetApplied { summary }) => {
                 let node = self.target_node.clone().unwrap_or_default();
                 Step::Complete(
-                    vec![Action::StopSource, Action::AdoptTarget { node }],
+                    vec![Action::AdoptTarget { node }],
                     Some(bounded_summary(summary)),
                 )
             }
@@ -852,22 +944,28 @@ impl MigrationMachine {
                 P::TargetRunning | P::StoppingSource,
                 E::TargetStarted | E::TargetRunning,
             ) => Step::Stay,
-            (S::Overlap, P::TargetRunning, E::Proceed) => {
-                Step::Go(P::StoppingSource, vec![Action::StopSource])
-            }
+            (S::Overlap, P::TargetRunning, E::Proceed) => Step::Go(
+                P::StoppingSource,
+                vec![Action::CutOver {
+                    payload: Payload::new(),
+                }],
+            ),
             (S::Overlap, P::StoppingSource, E::SourceStopped) => {
                 let node = self.target_node.clone().unwrap_or_default();
                 Step::Complete(vec![Action::AdoptTarget { node }], None)
             }
 
             // stopThenStart
-            (S::StopThenStart, P::PreparingTarget, E::TargetPrepared) => {
-                Step::Go(P::StoppingSource, vec![Action::StopSource])
-            }
+            (S::StopThenStart, P::PreparingTarget, E::TargetPrepared) => Step::Go(
+                P::StoppingSource,
+                vec![Action::CutOver {
+                    payload: Payload::new(),
+                }],
+            ),
             (S::StopThenStart, P::StoppingSource, E::TargetPrepared) => Step::Stay,
+            // Manager's cutover starts the target itself once the source has stopped.
             (S::StopThenStart, P::StoppingSource, E::SourceStopped) => {
-                let node = self.target_node.clone().unwrap_or_default();
-                Step::Go(P::StartingTarget, vec![start_target(node, None)])
+                Step::Go(P::StartingTarget, Vec::new())
             }
             (S::StopThenStart, P::StartingTarget, E::SourceStopped | E::TargetStarted) => {
                 Step::Stay
@@ -914,14 +1012,9 @@ impl MigrationMachine {
             && self.phase == MigrationPhase::StartingTarget)
     }
 
-    /// Whether the handover source has been engaged (asked for its state).
-    fn source_engaged(&self) -> bool {
-        self.strategy == MigrationStrategy::Handover && self.phase != MigrationPhase::Pending
-    }
-
-    /// Whether the handover target has been started (it holds the initial state).
-    fn target_engaged(&self) -> bool {
-        self.strategy == MigrationStrategy::Handover && self.target_node.is_some()
+    /// Whether the migration was proposed to Manager (every strategy is, on leaving Pending).
+    fn is_proposed(&self) -> bool {
+        self.phase != MigrationPhase::Pending
     }
 
     fn finish(mut self, from: MigrationPhase, step: Step, now: DateTime<Utc>) -> Transition {
@@ -941,15 +1034,8 @@ impl MigrationMachine {
             }
             Step::Abort(by, reason) => {
                 let mut actions = Vec::new();
-                if self.source_engaged() && by != AbortBy::Source {
-                    actions.push(Action::SendAbort {
-                        to: Side::Source,
-                        reason: reason.clone(),
-                    });
-                }
-                if self.target_engaged() && by != AbortBy::Target {
-                    actions.push(Action::SendAbort {
-                        to: Side::Target,
+                if self.is_proposed() {
+                    actions.push(Action::Abort {
                         reason: reason.clone(),
                     });
                 }
@@ -966,11 +1052,18 @@ impl MigrationMachine {
             }
             Step::Fail(reason) => {
                 let mut actions = Vec::new();
+                if self.is_proposed() {
+                    actions.push(Action::Abort {
+                        reason: reason.clone(),
+                    });
+                }
                 if let Some(node) = self.target_node.clone() {
                     actions.push(Action::StopTarget { node });
                 }
-                if self.source_may_run() {
-                    actions.push(Action::StopSource);
+                if self.source_may_run()
+                    && let Some(node) = self.source_node.clone()
+                {
+                    actions.push(Action::StopSource { node });
                 }
                 actions.push(Action::RecoverByBand {
                     reason: reason.clone(),
@@ -1007,7 +1100,6 @@ impl MigrationMachine {
 fn start_target(node: String, initial_state: Option<Payload>) -> Action {
     Action::StartTarget {
         node,
-        role: MIGRATION_TARGET_ROLE,
         initial_state,
     }
 }
@@ -1134,26 +1226,32 @@ pub fn one_at_a_time(
     }
 }
 
+/// The fixed clock of the migration tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use MigrationPhase as P;
-    use MigrationStrategy as S;
-    use chrono::TimeZone;
-    use proptest::prelude::*;
-    use std::collections::BTreeSet;
+mod test_clock {
+    use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 
-    const STRATEGIES: [MigrationStrategy; 3] = [S::StopThenStart, S::Overlap, S::Handover];
-
-    fn t0() -> DateTime<Utc> {
+    pub fn t0() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2026, 1, 1, 0, 0, 0)
             .single()
             .unwrap_or_default()
     }
 
-    fn at(secs: i64) -> DateTime<Utc> {
+    pub fn at(secs: i64) -> DateTime<Utc> {
         t0() + TimeDelta::seconds(secs)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_clock::{at, t0};
+    use super::*;
+    use MigrationPhase as P;
+    use MigrationStrategy as S;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    const STRATEGIES: [MigrationStrategy; 3] = [S::StopThenStart, S::Overlap, S::Handover];
 
     fn machine(strategy: MigrationStrategy) -> MigrationMachine {
         MigrationMachine::new(strategy, Some("src".into()), t0())
@@ -1199,9 +1297,7 @@ mod tests {
                     payload: b"\"ready\"".to_vec(),
                 },
                 E::Proceed,
-                E::SourceStoppedOutput {
-                    payload: b"{\"last\":9}".to_vec(),
-                },
+                E::SourceStoppedOutput,
                 E::Proceed,
                 E::TargetApplied { summary: summary() },
             ],
@@ -1234,16 +1330,30 @@ mod tests {
             }
         }
 
-        fn act(&mut self, actions: &[Action]) {
-            for a in actions {
+        /// What Manager does for the transition's actions.
+        fn act(&mut self, t: &Transition) {
+            for a in &t.actions {
                 match a {
                     Action::StartTarget { .. } => {
                         self.running.insert("target");
                     }
-                    Action::StopSource => {
+                    Action::CutOver { .. } => match t.machine.strategy() {
+                        S::Overlap => {
+                            self.running.remove("source");
+                        }
+                        S::StopThenStart => {
+                            self.running.remove("source");
+                            self.running.insert("target");
+                        }
+                        // The source stops its output when it says so; Manager stops it once
+                        // the target applied.
+                        S::Handover => {}
+                    },
+                    // Manager promoted the target: the source is gone.
+                    Action::AdoptTarget { .. } | Action::StopSource { .. } => {
                         self.running.remove("source");
                     }
-                    Action::StopTarget { .. } => {
+                    Action::StopTarget { .. } | Action::Abort { .. } => {
                         self.running.remove("target");
                     }
                     Action::RecoverByBand { .. } => {
@@ -1267,7 +1377,7 @@ mod tests {
             let t = m
                 .apply(e.clone(), at(i64::try_from(i).unwrap_or(0) + 1))
                 .unwrap_or_else(|err| panic!("{} refused: {err}", e.name()));
-            world.act(&t.actions);
+            world.act(&t);
             out.push(t);
         }
         out
@@ -1427,28 +1537,39 @@ mod tests {
         }
     }
 
+    fn cut_over() -> Action {
+        Action::CutOver {
+            payload: Payload::new(),
+        }
+    }
+
     #[test]
-    fn overlap_starts_the_target_before_it_stops_the_source() {
+    fn overlap_starts_the_target_before_manager_cuts_over() {
         assert_eq!(
             happy_actions(S::Overlap),
             vec![
+                Action::Propose {
+                    strategy: S::Overlap
+                },
                 Action::PlaceTarget,
                 start_target("dst".into(), None),
-                Action::StopSource,
+                cut_over(),
                 Action::AdoptTarget { node: "dst".into() },
             ]
         );
     }
 
     #[test]
-    fn stop_then_start_prepares_stops_the_source_then_starts_the_target() {
+    fn stop_then_start_prepares_the_target_then_manager_cuts_over() {
         assert_eq!(
             happy_actions(S::StopThenStart),
             vec![
+                Action::Propose {
+                    strategy: S::StopThenStart
+                },
                 Action::PlaceTarget,
                 Action::PrepareTarget { node: "dst".into() },
-                Action::StopSource,
-                start_target("dst".into(), None),
+                cut_over(),
                 Action::AdoptTarget { node: "dst".into() },
             ]
         );
@@ -1475,16 +1596,14 @@ mod tests {
         assert_eq!(
             actions,
             vec![
-                Action::SendGetState,
+                Action::Propose {
+                    strategy: S::Handover
+                },
                 Action::PlaceTarget,
                 start_target("dst".into(), Some(b"{\"pos\":1}".to_vec())),
-                Action::SendCutoverReady {
+                Action::CutOver {
                     payload: b"\"ready\"".to_vec()
                 },
-                Action::SendCutoverApply {
-                    payload: b"{\"last\":9}".to_vec()
-                },
-                Action::StopSource,
                 Action::AdoptTarget { node: "dst".into() },
             ]
         );
@@ -1492,18 +1611,33 @@ mod tests {
     }
 
     #[test]
-    fn targets_are_started_with_the_migration_target_role() {
+    fn every_strategy_is_driven_through_the_migration_calls_alone() {
+        use ManagerCall as C;
         for s in STRATEGIES {
-            let ts = drive(&mut machine(s), &mut World::new(), &happy_events(s));
-            let roles: Vec<&str> = ts
-                .iter()
-                .flat_map(|t| t.actions.iter())
-                .filter_map(|a| match a {
-                    Action::StartTarget { role, .. } => Some(*role),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(roles, vec!["migrationTarget"]);
+            let calls: Vec<ManagerCall> =
+                happy_actions(s).iter().filter_map(Action::call).collect();
+            let prepare = C::PrepareTarget {
+                node: "dst".into(),
+                initial_state: if s == S::Handover {
+                    b"{\"pos\":1}".to_vec()
+                } else {
+                    Vec::new()
+                },
+            };
+            let cutover = C::Cutover {
+                payload: if s == S::Handover {
+                    b"\"ready\"".to_vec()
+                } else {
+                    Vec::new()
+                },
+            };
+            // Manager starts the target (as `migrationTarget`), stops the source and promotes the
+            // target; nothing is started or stopped around it.
+            assert_eq!(
+                calls,
+                vec![C::Propose { strategy: s }, prepare, cutover],
+                "{s:?}"
+            );
         }
     }
 
@@ -1552,7 +1686,7 @@ mod tests {
     }
 
     #[test]
-    fn an_oversized_payload_aborts_before_the_point_of_no_return_and_fails_after() {
+    fn an_oversized_payload_the_operator_must_relay_aborts_the_handover() {
         let huge = vec![b'x'; MAX_PAYLOAD_BYTES + 1];
         let mut m = machine(S::Handover);
         let mut w = World::new();
@@ -1568,17 +1702,15 @@ mod tests {
         assert_eq!(t.phase, P::Aborted);
         assert_eq!(t.abort.as_ref().map(|a| a.by.as_str()), Some("operator"));
 
-        let mut m = machine(S::Handover);
-        let mut w = World::new();
-        let evs = happy_events(S::Handover);
-        drive(&mut m, &mut w, &evs[..5]);
-        assert_eq!(m.phase(), P::CutoverReady);
+        let (mut m, mut w) = after(S::Handover, 3);
+        assert_eq!(m.phase(), P::StartingTarget);
         let t = m
-            .apply(MigrationEvent::SourceStoppedOutput { payload: huge }, at(9))
+            .apply(MigrationEvent::TargetReady { payload: huge }, at(9))
             .unwrap_or_else(|e| panic!("{e}"));
-        w.act(&t.actions);
-        assert_eq!(t.phase, P::Failed);
-        assert_eq!(w.running, BTreeSet::from(["recovered"]));
+        w.act(&t);
+        assert_eq!(t.phase, P::Aborted);
+        assert_eq!(t.abort.as_ref().map(|a| a.by.as_str()), Some("operator"));
+        assert_eq!(w.running, BTreeSet::from(["source"]));
     }
 
     // ---- abort ----
@@ -1618,7 +1750,7 @@ mod tests {
                         at(100),
                     )
                     .unwrap_or_else(|e| panic!("{s:?} {phase:?}: {e}"));
-                w.act(&t.actions);
+                w.act(&t);
                 assert_eq!(t.phase, P::Aborted);
                 assert!(t.ended);
                 assert_eq!(
@@ -1631,65 +1763,42 @@ mod tests {
                     })
                 );
                 assert_eq!(w.running, BTreeSet::from(["source"]), "{s:?} {phase:?}");
-                assert!(
-                    !t.actions
-                        .iter()
-                        .any(|a| matches!(a, Action::StopSource | Action::RecoverByBand { .. }))
-                );
+                assert!(!t.actions.iter().any(|a| matches!(
+                    a,
+                    Action::StopSource { .. } | Action::RecoverByBand { .. }
+                )));
             }
         }
     }
 
     #[test]
-    fn an_abort_tells_every_engaged_handover_participant_except_the_one_that_asked() {
-        let evs = happy_events(S::Handover);
-        let mut m = machine(S::Handover);
-        drive(&mut m, &mut World::new(), &evs[..4]);
-        assert_eq!(m.phase(), P::TargetReady);
-        let by_user = m
-            .next(
-                MigrationEvent::AbortRequested {
-                    by: AbortBy::User,
-                    reason: "r".into(),
-                },
-                at(9),
-            )
-            .map(|t| t.actions)
-            .unwrap_or_default();
-        assert_eq!(
-            by_user,
-            vec![
-                Action::SendAbort {
-                    to: Side::Source,
-                    reason: "r".into()
-                },
-                Action::SendAbort {
-                    to: Side::Target,
-                    reason: "r".into()
-                },
-                Action::StopTarget { node: "dst".into() },
-            ]
-        );
-        let by_source = m
-            .next(
-                MigrationEvent::AbortRequested {
-                    by: AbortBy::Source,
-                    reason: "r".into(),
-                },
-                at(9),
-            )
-            .map(|t| t.actions)
-            .unwrap_or_default();
-        assert_eq!(
-            by_source,
-            vec![
-                Action::SendAbort {
-                    to: Side::Target,
-                    reason: "r".into()
-                },
-                Action::StopTarget { node: "dst".into() },
-            ]
-        );
+    fn an_abort_aborts_the_migration_in_manager_once_proposed_and_cleans_up_the_target() {
+        for s in STRATEGIES {
+            for k in 0..happy_events(s).len() {
+                let (m, _) = after(s, k);
+                if !m.is_abortable() {
+                    continue;
+                }
+                let actions = m
+                    .next(
+                        MigrationEvent::AbortRequested {
+                            by: AbortBy::User,
+                            reason: "r".into(),
+                        },
+                        at(9),
+                    )
+                    .map(|t| t.actions)
+                    .unwrap_or_default();
+                let mut expected = Vec::new();
+                if m.phase() != P::Pending {
+                    expected.push(Action::Abort { reason: "r".into() });
+                }
+                if m.target_node().is_some() {
+                    expected.push(Action::StopTarget { node: "dst".into() });
+                }
+                assert_eq!(actions, expected, "{s:?} {:?}", m.phase());
+            }
+        }
     }
 
     #[test]
@@ -1739,7 +1848,7 @@ mod tests {
                 at(20),
             )
             .unwrap_or_else(|e| panic!("{e}"));
-        w.act(&t.actions);
+        w.act(&t);
         assert_eq!(t.phase, P::Failed);
         assert!(t.abort.is_none());
         assert_eq!(t.failure.as_deref(), Some("target aborted: cannot apply"));
@@ -1755,7 +1864,7 @@ mod tests {
         };
         w.observe(&ev);
         let t = m.apply(ev, at(9)).unwrap_or_else(|e| panic!("{e}"));
-        w.act(&t.actions);
+        w.act(&t);
         assert_eq!(t.abort.as_ref().map(|a| a.by.as_str()), Some("target"));
         assert_eq!(w.running, BTreeSet::from(["source"]));
 
@@ -1766,10 +1875,12 @@ mod tests {
         };
         w.observe(&ev);
         let t = m.apply(ev, at(9)).unwrap_or_else(|e| panic!("{e}"));
-        w.act(&t.actions);
+        w.act(&t);
         assert_eq!(t.phase, P::Failed);
         assert!(
-            !t.actions.contains(&Action::StopSource),
+            !t.actions
+                .iter()
+                .any(|a| matches!(a, Action::StopSource { .. })),
             "the source is already stopped"
         );
         assert_eq!(w.running, BTreeSet::from(["recovered"]));
@@ -1793,8 +1904,7 @@ mod tests {
         );
         assert_eq!(
             t.actions,
-            vec![Action::SendAbort {
-                to: Side::Source,
+            vec![Action::Abort {
                 reason: "no target node: no node fits".into()
             }]
         );
@@ -1810,7 +1920,7 @@ mod tests {
                 };
                 w.observe(&ev);
                 let t = m.apply(ev, at(50)).unwrap_or_else(|e| panic!("{e}"));
-                w.act(&t.actions);
+                w.act(&t);
                 assert_eq!(t.phase, P::Failed);
                 assert_eq!(w.running, BTreeSet::from(["recovered"]), "{s:?} after {k}");
             }
@@ -1844,7 +1954,7 @@ mod tests {
                 let t = m
                     .apply(MigrationEvent::PhaseTimedOut, at(1000))
                     .unwrap_or_else(|e| panic!("{s:?} {phase:?}: {e}"));
-                w.act(&t.actions);
+                w.act(&t);
                 assert!(t.ended);
                 if abortable {
                     assert_eq!(t.phase, P::Aborted);
@@ -1988,7 +2098,7 @@ mod tests {
     }
 
     #[test]
-    fn a_handover_resumed_without_its_carried_payload_aborts_or_fails_safely() {
+    fn a_handover_resumed_without_its_carried_payload_aborts_and_one_past_cutover_goes_on() {
         let proceed_after_resume_in = |phase| {
             MigrationMachine::resume(
                 S::Handover,
@@ -2006,14 +2116,9 @@ mod tests {
             t.actions
                 .contains(&Action::StopTarget { node: "dst".into() })
         );
+        // Manager relays the source's payload itself: nothing was lost.
         let t = proceed_after_resume_in(P::SourceStoppedOutput);
-        assert_eq!(t.phase, P::Failed);
-        assert_eq!(
-            t.failure.as_deref(),
-            Some(
-                "the source-stopped-output payload was lost (the operator restarted mid-handover)"
-            )
-        );
+        assert_eq!((t.phase, t.actions), (P::CutoverApply, Vec::new()));
     }
 
     #[test]
@@ -2143,7 +2248,7 @@ mod tests {
             3 => Just(E::TargetRunning),
             2 => arb_payload().prop_map(|payload| E::TargetReady { payload }),
             4 => Just(E::Proceed),
-            2 => arb_payload().prop_map(|payload| E::SourceStoppedOutput { payload }),
+            2 => Just(E::SourceStoppedOutput),
             3 => Just(E::SourceStopped),
             2 => Just(E::TargetApplied { summary: HandoverSummary::default() }),
             1 => arb_by().prop_map(|by| E::AbortRequested { by, reason: "r".into() }),
@@ -2183,7 +2288,7 @@ mod tests {
                         if source_stopped_by_world || matches!(e, MigrationEvent::TargetFailed { .. }) {
                             w.observe(&e);
                         }
-                        w.act(&t.actions);
+                        w.act(&t);
                         let i = path.iter().position(|p| *p == t.from);
                         let next = i.and_then(|i| path.get(i + 1)).copied();
                         prop_assert!(

@@ -1,5 +1,6 @@
 //! Migrations end to end: real apiserver, manager-sim (simulated jobs on the real job socket) and
-//! the operator binary.
+//! the operator binary. What Manager started, with which role, and whether a job was ever without
+//! a running instance is read from the sim's own accounting (`manager-sim chaos job-history`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,10 +20,20 @@ async fn start() -> Stack {
 /// A stack whose simulated jobs wait up to ten minutes for an answer
 /// ([`automanager_e2e::stack::patient_sim_config`]).
 async fn start_patient() -> Stack {
+    start_with_sim_config(|demo| format!("{demo}\njobSocket: {{answerTimeoutMs: 600000}}\n")).await
+}
+
+/// A stack whose manager-sim runs the demo config as `edit` changes it.
+async fn start_with_sim_config(edit: impl FnOnce(&str) -> String) -> Stack {
+    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
+    let config = edit(&demo);
+    assert_ne!(config, demo);
     let dir = tempfile::tempdir().unwrap();
-    let config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
+    let path = dir.path().join("manager-sim.yaml");
+    std::fs::write(&path, config).unwrap();
+    // The sim reads its config at start; the file may go once the stack is up.
     with_pools(
-        Stack::start_custom(&config, &[], |_| {})
+        Stack::start_custom(&path, &[], |_| {})
             .await
             .expect("stack"),
     )
@@ -157,6 +168,41 @@ async fn held_in_cutover(
     source
 }
 
+/// What the sim saw of the bundle's job: every instance start and its time without a running
+/// instance.
+fn job_history(stack: &Stack, bundle: &str) -> Value {
+    let out = stack.chaos(&["job-history", &job_id(bundle)]).unwrap();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+/// The (node, role) of every instance of the bundle's job Manager started, oldest first.
+fn roles_started(history: &Value) -> Vec<(String, String)> {
+    history["starts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["nodeId"].as_str().unwrap().to_owned(),
+                s["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The job ran on `source`, then Manager started exactly one more instance, on `target`, as the
+/// migration's target (the source kept its role).
+fn assert_moved_by_a_migration_target(history: &Value, source: &str, target: &str) {
+    assert_eq!(
+        roles_started(history),
+        [
+            (source.to_owned(), "normal".to_owned()),
+            (target.to_owned(), "migrationTarget".to_owned())
+        ],
+        "{history:#}"
+    );
+}
+
 fn phases(m: &Value) -> Vec<String> {
     m["status"]["phases"]
         .as_array()
@@ -199,6 +245,7 @@ async fn a_handover_moves_the_job_and_reports_its_summary() {
     );
     assert_eq!(condition(&m, "Ready")["status"], "True", "{m:#}");
     wait_single_instance_on(&stack, "news", &target).await;
+    assert_moved_by_a_migration_target(&job_history(&stack, "news"), &source, &target);
 }
 
 #[tokio::test]
@@ -228,6 +275,14 @@ async fn stop_then_start_moves_the_job_to_the_named_node() {
         ]
     );
     wait_single_instance_on(&stack, "sport", target).await;
+    let history = job_history(&stack, "sport");
+    assert_moved_by_a_migration_target(&history, &source, target);
+    // One instance at a time: a single gap between the source's stop and the target's start.
+    assert_eq!(
+        (&history["gaps"], &history["maxRunning"]),
+        (&Value::from(1), &Value::from(1)),
+        "{history:#}"
+    );
 }
 
 #[tokio::test]
@@ -346,6 +401,43 @@ async fn overlap_starts_the_target_before_it_stops_the_source() {
         ]
     );
     wait_single_instance_on(&stack, "music", &target).await;
+    let history = job_history(&stack, "music");
+    assert_moved_by_a_migration_target(&history, &source, &target);
+    assert_never_without_a_running_instance(&history);
+}
+
+/// Overlap's promise: the job always had a running instance, and two while the target ran
+/// before the source stopped.
+fn assert_never_without_a_running_instance(history: &Value) {
+    assert_eq!(
+        (
+            &history["gaps"],
+            &history["uncoveredMs"],
+            &history["maxRunning"]
+        ),
+        (&Value::from(0), &Value::from(0), &Value::from(2)),
+        "{history:#}"
+    );
+}
+
+#[tokio::test]
+async fn overlap_and_stop_then_start_move_jobs_between_workers_without_a_job_socket() {
+    let stack = start_without_job_sockets().await;
+    for (bundle, strategy) in [("ov-plain", "overlap"), ("sts-plain", "stopThenStart")] {
+        let source = running_job(&stack, bundle, Some(strategy)).await;
+        let name = format!("move-{bundle}");
+        apply(&stack, &migration(&name, bundle, "")).await;
+        let m = wait_phase(&stack, &name, "Completed").await;
+        assert_eq!(m["status"]["strategy"], strategy, "{m:#}");
+        let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+        assert_ne!(target, source);
+        wait_single_instance_on(&stack, bundle, &target).await;
+        let history = job_history(&stack, bundle);
+        assert_moved_by_a_migration_target(&history, &source, &target);
+        if strategy == "overlap" {
+            assert_never_without_a_running_instance(&history);
+        }
+    }
 }
 
 #[tokio::test]
@@ -462,28 +554,21 @@ async fn a_job_abort_at_any_abortable_point_leaves_only_the_source_running() {
     }
 }
 
+/// A stack whose on-prem pool's workers run no job-socket listener (no `norsk.io/job-socket`).
+async fn start_without_job_sockets() -> Stack {
+    start_with_sim_config(|demo| {
+        demo.replacen(
+            "  - name: onprem\n",
+            "  - name: onprem\n    jobSocket: false\n",
+            1,
+        )
+    })
+    .await
+}
+
 #[tokio::test]
 async fn a_handover_target_without_the_job_socket_is_rejected() {
-    // The on-prem pool's workers run no job-socket listener.
-    let demo = std::fs::read_to_string(repo_root().join("deploy/demo/manager-sim.yaml")).unwrap();
-    let config = demo.replacen(
-        "  - name: onprem\n",
-        "  - name: onprem\n    jobSocket: false\n",
-        1,
-    );
-    assert_ne!(config, demo);
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("manager-sim.yaml");
-    std::fs::write(&path, config).unwrap();
-    let stack = Stack::start_custom(&path, &[], |_| {})
-        .await
-        .expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    let stack = start_without_job_sockets().await;
     let source = running_job(&stack, "plain", Some("handover")).await;
     let target = ["onprem-a1", "onprem-a2", "onprem-b1"]
         .into_iter()

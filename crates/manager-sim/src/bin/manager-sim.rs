@@ -11,7 +11,12 @@
 //! manager-sim chaos slow-provision MS
 //! manager-sim chaos partition-zone ZONE [--heal]
 //! manager-sim chaos migration-behaviour JOB_ID cooperative|refuse-state|slow-cutover MS|fail-participant ID|abort-at POINT
+//! manager-sim chaos job-history JOB_ID
 //! ```
+//!
+//! `chaos job-history` injects nothing: it prints what the sim saw of a job
+//! (instance starts with their roles, time without a running instance) as
+//! one JSON object.
 //!
 //! `serve` runs the jobs over the real job socket (one listener on
 //! 127.0.0.1:0 for every simulated node) unless `--no-job-socket`, which
@@ -27,8 +32,9 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    CutStreamsRequest, FailJobRequest, KillNodeRequest, MigrationBehaviour, PartitionZoneRequest,
-    RejectNextRequest, SetMigrationBehaviourRequest, SlowProvisionRequest,
+    CutStreamsRequest, FailJobRequest, JobHistoryRequest, JobHistoryResponse, JobRole,
+    KillNodeRequest, MigrationBehaviour, PartitionZoneRequest, RejectNextRequest,
+    SetMigrationBehaviourRequest, SlowProvisionRequest,
 };
 use manager_sim::{AbortAt, JobBehaviour, Sim, SimSetup};
 
@@ -73,7 +79,7 @@ enum Command {
         /// The file.
         config: PathBuf,
     },
-    /// Inject a fault into a running sim.
+    /// Inject a fault into a running sim (or read a job's history).
     Chaos {
         /// The sim's endpoint, e.g. http://127.0.0.1:6789.
         #[arg(
@@ -134,6 +140,12 @@ enum Fault {
         #[command(subcommand)]
         behaviour: Behaviour,
     },
+    /// Print what the sim saw of a job as JSON: every instance start with its
+    /// role, and how long the job had no running instance. Injects nothing.
+    JobHistory {
+        /// Job id (`bundle/replica/job`).
+        job_id: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -178,6 +190,32 @@ impl Behaviour {
         b.validate().map_err(|e| e.to_string())?;
         Ok(b.to_proto())
     }
+}
+
+/// A job's history for people and scripts: roles by name, camelCase keys.
+fn history_json(h: &JobHistoryResponse) -> serde_json::Value {
+    let starts: Vec<serde_json::Value> = h
+        .starts
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "nodeId": s.node_id,
+                "role": match s.role() {
+                    JobRole::MigrationTarget => "migrationTarget",
+                    _ => "normal",
+                },
+                "migrationId": s.migration_id,
+                "atMs": s.at_ms,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "starts": starts,
+        "uncoveredMs": h.uncovered_ms,
+        "gaps": h.gaps,
+        "maxRunning": h.max_running,
+        "running": h.running,
+    })
 }
 
 fn main() -> ExitCode {
@@ -331,6 +369,15 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
             client
                 .set_migration_behaviour(SetMigrationBehaviourRequest { job_id, behaviour })
                 .await
+        }
+        Fault::JobHistory { job_id } => {
+            let h = client
+                .job_history(JobHistoryRequest { job_id })
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+                .into_inner();
+            println!("{}", history_json(&h));
+            return Ok(());
         }
     }
     .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;

@@ -1024,6 +1024,7 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
                 stop_cause: StopCause::Unknown,
                 started_at_ms: 0,
                 start_in_flight: false,
+                moving: false,
                 dropped_before: false,
             },
             band,
@@ -1044,6 +1045,10 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
                 .map_or(StopCause::Unknown, |i| mapping::stop_cause(i.stop_reason())),
             started_at_ms: current.map_or(0, |i| i.started_at_ms),
             start_in_flight: false,
+            moving: m
+                .migrations
+                .values()
+                .any(|mig| mig.job_id == job.job_id && !mig.is_final()),
             dropped_before: false,
         },
         band,

@@ -1,0 +1,177 @@
+//! Admission of a Pending Migration: the checks that end it in `Rejected` before anything in
+//! Manager is touched.
+
+use automanager_api::{
+    self as api, Bundle, Migration, MigrationPhase, MigrationStatus, MigrationStrategy,
+};
+use automanager_policy::migration::{self as plan, MigrationRecord, SourceJob};
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::EventType;
+use manager_proto as proto;
+
+use super::{manager_migration_id, push_phase, write_status};
+use crate::controllers::{Context, Error, condition};
+
+/// The admission checks of a Pending Migration: the strategy in effect and the source node, or
+/// why it is rejected (condition reason, message).
+pub(super) async fn admit(
+    mig: &Migration,
+    ctx: &Context,
+    ns: &str,
+    name: &str,
+    job_id: &str,
+) -> Result<Result<(MigrationStrategy, String), (&'static str, String)>, Error> {
+    let job = &mig.spec.job;
+    let bundles: Api<Bundle> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
+        return Ok(Err((
+            "UnknownJob",
+            format!("Bundle {ns}/{} does not exist", job.bundle),
+        )));
+    };
+    if job.replica < 0 || job.replica >= bundle.spec.replicas {
+        return Ok(Err((
+            "UnknownJob",
+            format!(
+                "Bundle {ns}/{} has {} replica(s); replica {} does not exist",
+                job.bundle, bundle.spec.replicas, job.replica
+            ),
+        )));
+    }
+    let Some(declared) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
+        return Ok(Err((
+            "UnknownJob",
+            format!("Bundle {ns}/{} has no job {}", job.bundle, job.job_name),
+        )));
+    };
+    let strategy =
+        match plan::strategy_in_effect(declared.migration.map(|m| m.strategy), mig.spec.strategy) {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(("StrategyRefused", e.to_string()))),
+        };
+
+    let all: Api<Migration> = Api::namespaced(ctx.client.clone(), ns);
+    let records: Vec<MigrationRecord> = all
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(record)
+        .collect();
+    let me = record(mig);
+    if let Err(e) = plan::one_at_a_time(&records, &me) {
+        return Ok(Err(("ConcurrentMigration", e.to_string())));
+    }
+    // Manager may hold a migration of the job that no Migration object records (another client).
+    let (source, in_manager) = ctx.manager.mirror().read(|m| {
+        let source = m.jobs.get(job_id).and_then(|j| {
+            j.instances
+                .iter()
+                .find(|i| i.is_normal() && i.state() == proto::JobState::Running)
+                .map(|i| i.node_id.clone())
+        });
+        // This Migration's own record (its admission was written to Manager but not to status)
+        // is not another migration.
+        let own = manager_migration_id(mig);
+        let other = m
+            .migrations
+            .values()
+            .find(|x| x.job_id == job_id && !x.is_final() && x.migration_id != own)
+            .map(|x| x.migration_id.clone());
+        (source, other)
+    });
+    if let Some(other) = in_manager {
+        return Ok(Err((
+            "ConcurrentMigration",
+            format!(
+                "{} is already being migrated in Manager (migration {other}); one migration at a time per job: this one is refused, not queued",
+                me.job
+            ),
+        )));
+    }
+    let Some(source) = source else {
+        return Ok(Err((
+            "SourceNotRunning",
+            format!(
+                "job {job_id} has no running instance to migrate; create the Migration again once it runs"
+            ),
+        )));
+    };
+    if let Some(target) = &mig.spec.target_node {
+        let node = ctx.manager.mirror().read(|m| m.nodes.get(target).cloned());
+        let Some(node) = node else {
+            return Ok(Err((
+                "TargetRefused",
+                format!("target node {target} does not exist in Manager"),
+            )));
+        };
+        let caps = node
+            .inventory
+            .as_ref()
+            .map(|i| i.capabilities.clone())
+            .unwrap_or_default();
+        if let Err(e) = plan::check_target(strategy, target, &caps, Some(&source)) {
+            return Ok(Err(("TargetRefused", e.to_string())));
+        }
+    }
+    tracing::debug!(migration = %name, job = %job_id, strategy = strategy.as_str(), source = %source, "migration admitted");
+    Ok(Ok((strategy, source)))
+}
+
+pub(super) fn record(m: &Migration) -> MigrationRecord {
+    MigrationRecord {
+        name: m.name_any(),
+        job: SourceJob {
+            namespace: m.namespace().unwrap_or_default(),
+            bundle: m.spec.job.bundle.clone(),
+            replica: m.spec.job.replica,
+            job_name: m.spec.job.job_name.clone(),
+        },
+        phase: m.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+        created_at: m
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
+            .unwrap_or_else(Utc::now),
+    }
+}
+
+pub(super) async fn reject(
+    ctx: &Context,
+    mig: &Migration,
+    prev: &MigrationStatus,
+    mut status: MigrationStatus,
+    reason: &str,
+    message: String,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let generation = mig.metadata.generation;
+    status.phase = MigrationPhase::Rejected;
+    push_phase(&mut status, MigrationPhase::Rejected, now);
+    for (type_, value) in [("Rejected", true), ("Progressing", false)] {
+        api::set_condition(
+            &mut status.conditions,
+            condition(type_, value, reason, message.clone(), generation, now),
+        );
+    }
+    api::set_standing(
+        &mut status.conditions,
+        api::Standing::Stalled,
+        reason,
+        message.clone(),
+        generation,
+        now,
+    );
+    ctx.event(
+        mig,
+        EventType::Warning,
+        "MigrationRejected",
+        "Admit",
+        message,
+    )
+    .await;
+    write_status(ctx, mig, prev, status).await
+}

@@ -1,0 +1,166 @@
+//! Where a migration's target goes: `spec.targetNode`, or the placement engine for the one job
+//! with the source node as another replica's position and inter-replica `differentNode: hard`
+//! (so the source is never chosen), requiring `norsk.io/job-socket` for a handover only; an
+//! elastic pool is asked for a node when none has room.
+
+use automanager_api::Bundle;
+use automanager_placement as pl;
+use automanager_policy::migration::{self as plan, MigrationEvent};
+use chrono::Utc;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+
+use super::Run;
+use crate::controllers::{Error, now_ms};
+use crate::mapping;
+
+/// Where the target goes, as far as placement can say now.
+enum TargetChoice {
+    Node(String),
+    /// The chosen node is starting (or was just asked for).
+    Wait,
+    Fail(String),
+}
+
+impl Run<'_> {
+    /// The target node: `spec.targetNode` (checked at admission) or the placement engine's
+    /// choice, as the machine's event; `None` while a node for it is on its way (the phase's
+    /// timeout bounds the wait).
+    pub(super) async fn place_target(&self) -> Result<Option<MigrationEvent>, Error> {
+        if let Some(node) = &self.mig.spec.target_node {
+            return Ok(Some(MigrationEvent::TargetPlaced { node: node.clone() }));
+        }
+        Ok(match self.choose_target().await? {
+            TargetChoice::Node(node) => Some(MigrationEvent::TargetPlaced { node }),
+            TargetChoice::Wait => None,
+            TargetChoice::Fail(reason) => Some(MigrationEvent::PlacementFailed { reason }),
+        })
+    }
+
+    /// The placement engine's choice of a node other than the source: an existing node, a node
+    /// to wait for (starting, or provisioned now in an elastic pool), or why there is none.
+    async fn choose_target(&self) -> Result<TargetChoice, Error> {
+        let job = &self.mig.spec.job;
+        let bundles: Api<Bundle> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
+            return Ok(TargetChoice::Fail(format!(
+                "Bundle {} no longer exists",
+                job.bundle
+            )));
+        };
+        let Some(spec_job) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
+            return Ok(TargetChoice::Fail(format!(
+                "the bundle no longer has job {}",
+                job.job_name
+            )));
+        };
+        let bundle_id = mapping::bundle_id(&self.ns, &job.bundle);
+        let engine_bundle = mapping::bundle(&bundle_id, &bundle.spec);
+        let replica = u32::try_from(job.replica).unwrap_or(0);
+        let mut spec = mapping::job(spec_job);
+        if let Some(cap) = plan::target_capability_required(self.machine.strategy())
+            && !spec
+                .requirements
+                .required_capabilities
+                .iter()
+                .any(|c| c == cap)
+        {
+            spec.requirements.required_capabilities.push(cap.to_owned());
+        }
+        let source = self.machine.source_node().unwrap_or_default().to_owned();
+        let (other_replicas, placed_siblings) = self.ctx.manager.mirror().read(|m| {
+            let zone_of = |node: &str| m.nodes.get(node).map(|n| n.zone().to_owned());
+            let mut others = vec![pl::Position {
+                node: source.clone(),
+                zone: zone_of(&source),
+            }];
+            let mut siblings = Vec::new();
+            for j in m.jobs.values().filter(|j| j.bundle_id == bundle_id) {
+                if j.job_id == self.job_id || j.node_id.is_empty() || !j.state().holds_capacity() {
+                    continue;
+                }
+                if j.replica == replica {
+                    siblings.push(pl::SiblingPosition {
+                        job_name: j.job_name.clone(),
+                        node: j.node_id.clone(),
+                        zone: zone_of(&j.node_id),
+                    });
+                } else {
+                    others.push(pl::Position {
+                        node: j.node_id.clone(),
+                        zone: zone_of(&j.node_id),
+                    });
+                }
+            }
+            (others, siblings)
+        });
+        let mut inter = engine_bundle.inter_replica_placement;
+        inter.different_node = Some(pl::Strength::Hard);
+        let request = pl::PlacementRequest {
+            bundle_id: bundle_id.clone(),
+            replica_index: replica,
+            jobs: vec![spec],
+            pools: engine_bundle.pools_for_replica(replica).to_vec(),
+            kind: pl::PlacementKind::First,
+            intra_replica: engine_bundle.intra_replica_placement,
+            inter_replica: inter,
+            other_replicas,
+            placed_siblings,
+        };
+        let decision = self.ctx.state().model.place(&request, now_ms(Utc::now()));
+        let summary = decision.summary();
+        Ok(match decision.outcome {
+            pl::Outcome::Placed { assignments, .. } => {
+                match assignments.into_iter().find(|a| a.node != source) {
+                    Some(a) if !a.node_pending => TargetChoice::Node(a.node),
+                    Some(_) => TargetChoice::Wait,
+                    None => {
+                        TargetChoice::Fail("placement chose no node other than the source".into())
+                    }
+                }
+            }
+            pl::Outcome::Provision {
+                pool,
+                instance_type,
+                zone,
+            } => {
+                self.provision_target(&pool, &instance_type, zone.as_deref())
+                    .await?;
+                TargetChoice::Wait
+            }
+            pl::Outcome::Unplaceable { .. } => TargetChoice::Fail(format!(
+                "no node can take the job: {}",
+                serde_json::to_string(&summary).unwrap_or_default()
+            )),
+        })
+    }
+
+    /// Asks Manager for a node for the target (once per migration: a node tagged for it that is
+    /// on its way is not asked for again).
+    async fn provision_target(
+        &self,
+        pool: &str,
+        instance_type: &str,
+        zone: Option<&str>,
+    ) -> Result<(), Error> {
+        let tag = format!("migration.{}", self.migration_id);
+        let Some(node) =
+            crate::controllers::request_node(self.ctx, pool, instance_type, zone, tag).await?
+        else {
+            return Ok(());
+        };
+        self.ctx
+            .event(
+                self.mig,
+                EventType::Normal,
+                "ProvisioningTarget",
+                "Provision",
+                format!(
+                    "no existing node can take {}: asked for a {instance_type} node in pool {pool} ({})",
+                    self.job_id, node.node_id
+                ),
+            )
+            .await;
+        Ok(())
+    }
+}
