@@ -20,6 +20,16 @@ pub const MAX_POOLS: usize = 16;
 /// `<namespace>.<name>/<replica>/<jobName>`: 253 − 63 (namespace) − 1 − 1 − 2 (replica
 /// index, at most 15) − 1 − 63 (jobName) leaves 122 for the name.
 pub const MAX_NAME: usize = 122;
+/// Largest job runtime configuration, serialized as JSON: what Manager accepts.
+pub const MAX_JOB_CONFIG_BYTES: usize = 64 * 1024;
+
+/// The schema of an opaque JSON object: the apiserver keeps every field as written.
+fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
 
 /// What one job needs from the node it runs on (the TypeScript library's `requirements`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
@@ -79,6 +89,34 @@ pub struct BundleJob {
     /// How the job may be moved between nodes; absent means `stopThenStart`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<JobMigration>,
+    /// The job's runtime configuration: any JSON object, opaque to AutoManager, at most 64 KiB
+    /// as JSON. Manager starts the job with it; a change is pushed to the running job without a
+    /// restart (the TypeScript library's `onJobConfigUpdated`). `status` shows the digest the
+    /// job runs with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "opaque_object")]
+    pub config: Option<serde_json::Value>,
+}
+
+impl BundleJob {
+    /// The configuration as Manager takes it: compact JSON, empty when there is none.
+    pub fn config_bytes(&self) -> Vec<u8> {
+        self.config
+            .as_ref()
+            .and_then(|c| serde_json::to_vec(c).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// A short digest of a job configuration as Manager holds it (FNV-1a, 16 hex digits; for
+/// telling configurations apart in status, not for security). `None` for no configuration.
+pub fn config_digest(config: &[u8]) -> Option<String> {
+    (!config.is_empty()).then(|| {
+        format!(
+            "{:016x}",
+            automanager_policy::bounded::fnv1a(&String::from_utf8_lossy(config))
+        )
+    })
 }
 
 /// Pools for one replica, overriding the bundle's `pools` (the TypeScript library's `replicaOverrides[i]`).
@@ -211,6 +249,13 @@ pub struct JobStatus {
     /// A summary of the last placement decision for this job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_placement: Option<PlacementTraceSummary>,
+    /// The digest of the runtime configuration Manager holds for the job (see `spec.jobs[].config`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub config_digest: Option<String>,
+    /// Whether that configuration is the one the spec asks for (false while a change is on its way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_applied: Option<bool>,
 }
 
 /// One replica of the bundle.

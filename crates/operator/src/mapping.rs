@@ -77,6 +77,20 @@ pub fn ids_too_long(bundle_id: &str, spec: &api::BundleSpec) -> Option<String> {
     })
 }
 
+/// A job configuration Manager would refuse for its size: say which, once.
+pub fn config_too_large(spec: &api::BundleSpec) -> Option<String> {
+    spec.jobs.iter().find_map(|j| {
+        let len = j.config_bytes().len();
+        (len > api::MAX_JOB_CONFIG_BYTES).then(|| {
+            format!(
+                "jobs[{}].config is {len} bytes as JSON, more than the {} Manager accepts",
+                j.job_name,
+                api::MAX_JOB_CONFIG_BYTES
+            )
+        })
+    })
+}
+
 /// The Bundle object a Manager bundle id belongs to, as `(namespace, name)`.
 pub fn bundle_object(bundle_id: &str) -> Option<(String, String)> {
     let id = BundleId::parse(bundle_id)?;
@@ -223,7 +237,7 @@ pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
                     required_capabilities: j.requirements.required_capabilities.clone(),
                     priority_band: j.requirements.priority_band.as_str().to_owned(),
                 }),
-                config: Vec::new(),
+                config: j.config_bytes(),
             })
             .collect(),
         ..Default::default()

@@ -347,3 +347,110 @@ async fn refused_starts_mark_the_node_unhealthy_and_placement_goes_elsewhere() {
     }
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_job_config_reaches_manager_and_a_change_is_pushed_without_a_restart() {
+    let Some(h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    let with_config = |config: serde_json::Value| -> BundleSpec {
+        serde_json::from_value(serde_json::json!({
+            "replicas": 1,
+            "pools": ["onprem"],
+            "jobs": [{"jobName": "enc", "config": config,
+                      "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "silver"}}],
+        }))
+        .unwrap()
+    };
+    let digest_of = |b: &Bundle| {
+        b.status
+            .as_ref()
+            .and_then(|s| s.replicas.first())
+            .and_then(|r| r.jobs.first())
+            .map(|j| (j.config_digest.clone(), j.config_applied))
+    };
+    h.create("tuned", with_config(serde_json::json!({"bitrate": 5000})))
+        .await;
+    let b = h
+        .wait_bundle("tuned", "Ready with its config applied", |b| {
+            phase(b) == BundlePhase::Ready
+                && digest_of(b).is_some_and(|(d, a)| d.is_some() && a == Some(true))
+        })
+        .await;
+    let first_digest = digest_of(&b).unwrap().0.unwrap();
+    let job = "default.tuned/0/enc";
+    let (config, started) = h.sim.with_world(|w, _| {
+        let j = w.job(job).unwrap();
+        (j.config.clone(), j.instances.first().unwrap().started_at_ms)
+    });
+    assert_eq!(
+        config,
+        br#"{"bitrate":5000}"#.to_vec(),
+        "registered with the bundle"
+    );
+    assert_eq!(
+        automanager_api::config_digest(&config).as_deref(),
+        Some(first_digest.as_str())
+    );
+
+    // A change reaches the running job without a restart.
+    let mut changed = h.bundles().get("tuned").await.unwrap();
+    changed.spec.jobs[0].config = Some(serde_json::json!({"bitrate": 8000}));
+    h.bundles()
+        .replace("tuned", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let b = h
+        .wait_bundle("tuned", "the new config applied", |b| {
+            digest_of(b).is_some_and(|(d, a)| {
+                d.as_deref().is_some_and(|d| d != first_digest) && a == Some(true)
+            })
+        })
+        .await;
+    let (config, instances, state) = h.sim.with_world(|w, _| {
+        let j = w.job(job).unwrap();
+        (
+            j.config.clone(),
+            j.instances
+                .iter()
+                .map(|i| i.started_at_ms)
+                .collect::<Vec<_>>(),
+            j.state,
+        )
+    });
+    assert_eq!(config, br#"{"bitrate":8000}"#.to_vec());
+    assert_eq!(instances, vec![started], "the same instance, not restarted");
+    assert_eq!(state, manager_proto::JobState::Running as i32);
+    assert!(job_running(&b));
+
+    // A configuration larger than Manager takes stalls the bundle with the reason; nothing is
+    // registered for it.
+    let big = "x".repeat(automanager_api::MAX_JOB_CONFIG_BYTES);
+    h.create("huge", with_config(serde_json::json!({"blob": big})))
+        .await;
+    let b = h
+        .wait_bundle("huge", "stalled on its config", |b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Stalled"
+                        && c.status == automanager_api::ConditionStatus::True
+                        && c.reason == "InvalidConfig"
+                })
+            })
+        })
+        .await;
+    let message = b
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Stalled")
+        .unwrap()
+        .message;
+    assert!(message.contains("jobs[enc].config"), "{message}");
+    assert!(
+        h.sim
+            .with_world(|w, _| w.job("default.huge/0/enc").is_none())
+    );
+    h.shutdown().await;
+}

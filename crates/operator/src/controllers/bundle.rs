@@ -26,7 +26,7 @@ use kube::runtime::reflector::ObjectRef;
 use manager_client::MirrorState;
 use manager_proto as proto;
 
-use super::{Context, Error, now_ms, ns_name};
+use super::{Context, Error, is_final_answer, now_ms, ns_name};
 use crate::mapping;
 
 /// Requeue while something is in progress (a node starting, a job starting).
@@ -68,6 +68,8 @@ struct Seen {
     /// Manager's id for the job; `None` until the mirror shows the job.
     job_id: Option<String>,
     node_id: String,
+    /// The runtime configuration Manager holds for the job.
+    config: Vec<u8>,
 }
 
 /// Everything one pass knows about the bundle before it acts.
@@ -104,7 +106,8 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         return Ok(done);
     }
     pass.register(ctx).await?;
-    let seen = pass.observe(ctx);
+    let mut seen = pass.observe(ctx);
+    pass.push_configs(ctx, &mut seen).await?;
     let plans = pass.plan(ctx, &seen);
     let outcomes = pass.act(ctx, &seen, &plans).await?;
     pass.record(ctx, &plans, &outcomes).await
@@ -150,6 +153,11 @@ impl<'a> Pass<'a> {
         // Ids Manager would refuse: say so once instead of failing every pass.
         if let Some(message) = mapping::ids_too_long(&self.bundle_id, &self.bundle.spec) {
             self.stall(ctx, "InvalidName", message, Some("InvalidBundle"))
+                .await?;
+            return Ok(Some(Action::await_change()));
+        }
+        if let Some(message) = mapping::config_too_large(&self.bundle.spec) {
+            self.stall(ctx, "InvalidConfig", message, Some("InvalidBundle"))
                 .await?;
             return Ok(Some(Action::await_change()));
         }
@@ -312,6 +320,64 @@ impl<'a> Pass<'a> {
                 })
                 .collect()
         })
+    }
+
+    /// Pushes a changed `spec.jobs[].config` to every job Manager holds another one for, without
+    /// restarting it (Manager tells a running job; the TypeScript library's `onJobConfigUpdated`).
+    /// Jobs Manager does not show yet get theirs with the registration.
+    async fn push_configs(
+        &self,
+        ctx: &Context,
+        seen: &mut BTreeMap<u32, Vec<Seen>>,
+    ) -> Result<(), Error> {
+        let mut updated = Vec::new();
+        for s in seen.values_mut().flatten() {
+            let Some(job_id) = s.job_id.clone() else {
+                continue;
+            };
+            let Some(spec) = self
+                .bundle
+                .spec
+                .jobs
+                .iter()
+                .find(|j| j.job_name == s.job.job_name)
+            else {
+                continue;
+            };
+            let wanted = spec.config_bytes();
+            if s.config == wanted {
+                continue;
+            }
+            match ctx.manager.update_job_config(&job_id, wanted.clone()).await {
+                Ok(_) => {
+                    s.config = wanted;
+                    updated.push(job_id);
+                }
+                // Manager's refusal is its final word on this config: say so, keep the old one.
+                Err(e) if is_final_answer(&e) => {
+                    ctx.event(
+                        self.bundle,
+                        EventType::Warning,
+                        "JobConfigRejected",
+                        "UpdateJobConfig",
+                        format!("Manager refused the configuration of job {job_id}: {e}"),
+                    )
+                    .await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !updated.is_empty() {
+            ctx.event(
+                self.bundle,
+                EventType::Normal,
+                "JobConfigUpdated",
+                "UpdateJobConfig",
+                api::bounded::join_bounded(&updated, ", ", api::bounded::MAX_CONDITION_MESSAGE),
+            )
+            .await;
+        }
+        Ok(())
     }
 
     /// The planner's answer per replica.
@@ -960,7 +1026,17 @@ impl<'a> Pass<'a> {
                         .map(|n| (n.pool.clone(), n.zone().to_owned()))
                         .unwrap_or_default()
                 });
+                let wanted_config = self
+                    .bundle
+                    .spec
+                    .jobs
+                    .iter()
+                    .find(|j| &j.job_name == name)
+                    .map(api::BundleJob::config_bytes)
+                    .unwrap_or_default();
                 rs.jobs.push(JobStatus {
+                    config_digest: api::config_digest(&s.config),
+                    config_applied: s.job_id.as_ref().map(|_| s.config == wanted_config),
                     job_name: name.clone(),
                     job_id: s.job_id.clone(),
                     node_id: (!s.node_id.is_empty() && holds).then(|| s.node_id.clone()),
@@ -1030,6 +1106,7 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
             band,
             job_id: None,
             node_id: String::new(),
+            config: Vec::new(),
         };
     };
     let current = job
@@ -1054,6 +1131,7 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
         band,
         job_id: Some(job.job_id.clone()),
         node_id: job.node_id.clone(),
+        config: job.config.clone(),
     }
 }
 
