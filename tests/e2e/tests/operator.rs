@@ -243,6 +243,43 @@ async fn a_replica_spills_to_the_next_pool_when_the_first_cannot_take_it() {
 }
 
 #[tokio::test]
+async fn refused_starts_make_a_node_unhealthy_and_placement_avoids_it() {
+    let stack = Stack::start().await.expect("stack");
+    apply_examples(&stack).await;
+    // The operator's default: five refusals within ten minutes make a node unhealthy. Binpack
+    // keeps choosing the fullest on-prem node, so all five refusals land on the same one.
+    stack.chaos(&["reject-next", "5"]).unwrap();
+    apply(
+        &stack,
+        &bundle_yaml("picky", 1, "[onprem]", &job_yaml("enc", 10, "silver", "")),
+    )
+    .await;
+    let b = stack
+        .wait_bundle_phase("default", "picky", "Ready", READY)
+        .await
+        .unwrap();
+    let placed = job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned();
+    let unhealthy: Vec<String> = stack
+        .wait_for("a ManagerNode with healthy: false", READY, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let names: Vec<String> = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["status"]["healthy"] == Value::Bool(false))
+                .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
+                .collect();
+            Ok((!names.is_empty()).then_some(names))
+        })
+        .await
+        .unwrap();
+    assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
+    assert_ne!(unhealthy[0], placed, "placement avoided the unhealthy node");
+    let events = events_for(&stack, &unhealthy[0]).await;
+    assert!(events.contains("NodeUnhealthy"), "{events}");
+}
+
+#[tokio::test]
 async fn a_full_fixed_pool_stalls_the_bundle_with_a_clear_reason() {
     let stack = Stack::start().await.expect("stack");
     apply_examples(&stack).await;
