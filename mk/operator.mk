@@ -1,11 +1,14 @@
 # The operator: the demo and its figures.
-.PHONY: demo demo-smoke operator bench-e2e config-docs
+.PHONY: demo demo-smoke operator bench-e2e config-docs chart-schema
 
 operator: ## build the operator binary
 	cargo build -p automanager-operator --bin automanager-operator
 
 config-docs: ## rewrite the reference tables of docs/operator-config.md from the settings' schema
 	cargo run -q -p automanager-operator --bin automanager-operator -- config docs --write docs/operator-config.md
+
+chart-schema: ## rewrite the config part of the Helm chart's values.schema.json from the settings' schema
+	cargo run -q -p automanager-operator --bin automanager-operator -- config schema --chart-values deploy/helm/automanager/values.schema.json
 
 demo: control-plane ## the whole product locally: control plane + manager-sim + operator + examples/ (Ctrl-C stops it)
 	scripts/demo.sh

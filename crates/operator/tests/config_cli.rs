@@ -109,3 +109,61 @@ fn docs_prints_or_rewrites_the_reference() {
     let out = run(&["config", "docs", "--write", "/nonexistent/page.md"]);
     assert_ne!(out.status.code(), Some(0));
 }
+
+#[test]
+fn the_charts_config_schema_is_the_settings_schema() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../deploy/helm/automanager/values.schema.json"
+    );
+    let file = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let committed: serde_json::Value =
+        serde_json::from_str(&file).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert!(
+        committed["properties"]["config"] == automanager_operator::config::chart_values_schema(),
+        "the chart's config schema drifted from the operator's settings; run `make chart-schema`"
+    );
+    // The splice is stable: rewriting an up-to-date file changes nothing.
+    let again = automanager_operator::config::splice_chart_values_schema(
+        &file,
+        &automanager_operator::config::chart_values_schema(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again, file);
+}
+
+#[test]
+fn the_chart_schema_flag_rewrites_only_the_config_part() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let file = dir.path().join("values.schema.json");
+    std::fs::write(
+        &file,
+        "{\n  \"type\": \"object\",\n  \"properties\": {\n    \"zeta\": {\n      \"type\": \"string\"\n    },\n    \"config\": {\n      \"type\": \"object\"\n    },\n    \"alpha\": {\n      \"type\": \"integer\"\n    }\n  }\n}\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let path = file.to_string_lossy().into_owned();
+    let out = run(&["config", "schema", "--chart-values", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let written = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{e}"));
+    // The hand-written order around it is kept.
+    let (zeta, config, alpha) = (
+        written.find("\"zeta\"").unwrap_or(usize::MAX),
+        written.find("\"config\"").unwrap_or(usize::MAX),
+        written.find("\"alpha\"").unwrap_or(usize::MAX),
+    );
+    assert!(zeta < config && config < alpha, "{written}");
+    let v: serde_json::Value = serde_json::from_str(&written).unwrap_or_else(|e| panic!("{e}"));
+    assert!(v["properties"]["config"]["properties"]["bands"].is_object());
+    assert!(v["properties"]["config"]["properties"]["manager"].is_null());
+
+    // A file without a config property is refused, and left alone.
+    std::fs::write(&file, "{}\n").unwrap_or_else(|e| panic!("{e}"));
+    let out = run(&["config", "schema", "--chart-values", &path]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no line"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap_or_default(), "{}\n");
+}

@@ -61,7 +61,12 @@ enum Command {
 #[derive(Subcommand, Debug)]
 enum ConfigCommand {
     /// Print the settings' JSON Schema.
-    Schema,
+    Schema {
+        /// Instead, write the schema of the Helm chart's `config` value into this
+        /// `values.schema.json` (its `config` property is replaced, the rest kept as written).
+        #[arg(long, value_name = "PATH")]
+        chart_values: Option<PathBuf>,
+    },
     /// Print the reference tables of docs/operator-config.md, or rewrite them in a file.
     Docs {
         /// Replace the generated part of this Markdown file (between its markers).
@@ -85,7 +90,31 @@ enum ConfigCommand {
 /// `automanager-operator config ...`: what it prints goes to stdout, problems to stderr.
 fn config_command(command: ConfigCommand) -> ExitCode {
     match command {
-        ConfigCommand::Schema => {
+        ConfigCommand::Schema {
+            chart_values: Some(path),
+        } => {
+            let fragment = automanager_operator::config::chart_values_schema();
+            let written = std::fs::read_to_string(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|file| {
+                    automanager_operator::config::splice_chart_values_schema(&file, &fragment)
+                })
+                .and_then(|file| std::fs::write(&path, file).map_err(|e| e.to_string()));
+            match written {
+                Ok(()) => {
+                    eprintln!(
+                        "automanager-operator: wrote the config schema into {}",
+                        path.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("automanager-operator: {}: {e}", path.display());
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        ConfigCommand::Schema { chart_values: None } => {
             match serde_json::to_string_pretty(&automanager_operator::config::schema()) {
                 Ok(text) => {
                     println!("{text}");

@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use duration::parse_duration_str;
-pub use schema::schema;
+pub use schema::{chart_values_schema, schema, splice_chart_values_schema};
 
 /// Largest settings file accepted.
 pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;

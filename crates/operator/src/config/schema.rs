@@ -34,6 +34,75 @@ pub fn schema() -> Value {
     schema.to_value()
 }
 
+/// Keys of the settings a Helm release sets from other values (the Manager connection, the
+/// listeners, the lease's identity), so `values.config` does not offer them.
+const CHART_SETS: &[&str] = &["manager", "http"];
+/// Lease keys the chart sets itself (the release's name and namespace; the renew period is the
+/// operator's default).
+const CHART_SETS_LEASE: &[&str] = &["leaseName", "leaseNamespace", "renewEvery"];
+
+/// The schema of the Helm chart's `config` value: the settings' schema without what the chart
+/// sets from other values. `values.schema.json` carries it, spliced by
+/// `automanager-operator config schema --chart-values FILE` and checked for drift by a test.
+pub fn chart_values_schema() -> Value {
+    let full = schema();
+    let mut properties = full
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for key in CHART_SETS {
+        properties.remove(*key);
+    }
+    if let Some(Value::Object(lease)) = properties
+        .get_mut("leaderElection")
+        .and_then(|l| l.get_mut("properties"))
+    {
+        for key in CHART_SETS_LEASE {
+            lease.remove(*key);
+        }
+    }
+    let mut out = Map::new();
+    out.insert("type".into(), Value::from("object"));
+    out.insert("additionalProperties".into(), Value::Bool(false));
+    out.insert(
+        "description".into(),
+        Value::from(
+            "The operator's settings (docs/operator-config.md); the Manager connection, the listeners and the lease's name come from the values above.",
+        ),
+    );
+    out.insert("properties".into(), Value::Object(properties));
+    Value::Object(out)
+}
+
+/// Replaces the top-level `"config": {…}` property of a chart's `values.schema.json` (indented
+/// two levels, as the file is written) with `fragment`, leaving the rest of the file as written.
+/// A textual splice rather than a JSON rewrite: the file's hand-written key order is kept.
+pub fn splice_chart_values_schema(file: &str, fragment: &Value) -> Result<String, String> {
+    const KEY: &str = "    \"config\": {";
+    let start = file
+        .find(&format!("\n{KEY}\n"))
+        .map(|i| i + 1)
+        .ok_or_else(|| format!("no line `{KEY}` in the schema file"))?;
+    let rest = &file[start..];
+    let end = rest
+        .match_indices("\n    }")
+        .map(|(i, _)| i + "\n    }".len())
+        .next()
+        .ok_or("the config property is not closed")?;
+    let pretty = serde_json::to_string_pretty(fragment).map_err(|e| e.to_string())?;
+    let indented = pretty.replace('\n', "\n    ");
+    let spliced = format!(
+        "{}    \"config\": {}{}",
+        &file[..start],
+        indented,
+        &rest[end..]
+    );
+    serde_json::from_str::<Value>(&spliced)
+        .map_err(|e| format!("the spliced schema file is not JSON: {e}"))?;
+    Ok(spliced)
+}
+
 fn not_null(schema: &mut Schema) {
     let Some(obj) = schema.as_object_mut() else {
         return;
