@@ -62,6 +62,8 @@ pub fn chart_values_schema() -> Value {
             lease.remove(*key);
         }
     }
+    let mut properties = Value::Object(properties);
+    standard_formats(&mut properties);
     let mut out = Map::new();
     out.insert("type".into(), Value::from("object"));
     out.insert("additionalProperties".into(), Value::Bool(false));
@@ -71,8 +73,27 @@ pub fn chart_values_schema() -> Value {
             "The operator's settings (docs/operator-config.md); the Manager connection, the listeners and the lease's name come from the values above.",
         ),
     );
-    out.insert("properties".into(), Value::Object(properties));
+    out.insert("properties".into(), properties);
     Value::Object(out)
+}
+
+/// Helm checks `pattern` but not our `format`s: a DNS label gets its pattern as well. (Our
+/// `x-duration` ranges stay for the operator's own check, `config check`, which the chart's
+/// install suite runs on the rendered ConfigMap.)
+fn standard_formats(v: &mut Value) {
+    match v {
+        Value::Object(obj) => {
+            if obj.get("format") == Some(&Value::from("dns-label")) {
+                obj.insert(
+                    "pattern".into(),
+                    Value::from("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"),
+                );
+            }
+            obj.values_mut().for_each(standard_formats);
+        }
+        Value::Array(items) => items.iter_mut().for_each(standard_formats),
+        _ => {}
+    }
 }
 
 /// Replaces the top-level `"config": {…}` property of a chart's `values.schema.json` (indented
