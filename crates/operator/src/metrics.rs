@@ -49,6 +49,11 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -118,6 +123,7 @@ struct Inner {
     spare_seen: Mutex<HashSet<SpareLabels>>,
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
+    orphans_removed: Family<KindLabels, Counter>,
     // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
@@ -167,6 +173,7 @@ impl Metrics {
         let spare_underflow = Family::<SpareLabels, Gauge>::default();
         let leader = Gauge::default();
         let bundle_broken = Family::<BundleLabels, Gauge>::default();
+        let orphans_removed = Family::<KindLabels, Counter>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
         let uptime_seconds = Gauge::<f64, AtomicU64>::default();
         start_time_seconds.set(
@@ -175,6 +182,11 @@ impl Metrics {
                 .map_or(0.0, |d| d.as_secs_f64()),
         );
 
+        registry.register(
+            "automanager_orphans_removed",
+            "Manager bundles and nodes the orphan sweep removed because their custom resource was gone, by kind (bundle, node)",
+            orphans_removed.clone(),
+        );
         registry.register(
             "automanager_placements_attempted",
             "Placement decisions attempted for a replica",
@@ -306,6 +318,7 @@ impl Metrics {
                 spare_seen: Mutex::new(HashSet::new()),
                 leader,
                 bundle_broken,
+                orphans_removed,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
@@ -337,6 +350,14 @@ impl Metrics {
     /// A bundle was marked Broken.
     pub fn bundle_broken(&self) {
         self.inner.bundles_broken.inc();
+    }
+
+    /// The orphan sweep removed one `kind` (`bundle` or `node`) from Manager.
+    pub fn orphan_removed(&self, kind: &str) {
+        self.inner
+            .orphans_removed
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
     }
 
     /// A job was dropped by its band.
@@ -586,7 +607,8 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 22] = [
+    const NAMES: [&str; 23] = [
+        "automanager_orphans_removed_total",
         "automanager_placements_attempted_total",
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
@@ -619,6 +641,7 @@ mod tests {
         m.observe_migration("ns", "m", "Pending", Some(1.0));
         m.set_spare_underflow("t", "aws", true);
         m.set_bundle_broken("ns", "b", true);
+        m.orphan_removed("node");
         let text = m.encode();
         for name in NAMES {
             assert!(text.contains(name), "{name} missing from:\n{text}");

@@ -289,6 +289,7 @@ pub async fn run_controllers(
     };
 
     let (bundle_store, bundle_events) = spec_watch(scoped::<Bundle>(&ctx));
+    let bundles_known = bundle_store.clone();
     let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
         .with_config(
             ControllerConfig::default()
@@ -362,6 +363,7 @@ pub async fn run_controllers(
         .for_each(|_| futures::future::ready(()));
 
     let (spare_store, spare_events) = spec_watch(Api::<HotSpareTarget>::all(ctx.client.clone()));
+    let spare_targets_known = spare_store.clone();
     let spare_controller = Controller::for_stream(spare_events, spare_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
         .reconcile_on(UnboundedReceiverStream::new(rx.spare_targets))
@@ -375,6 +377,7 @@ pub async fn run_controllers(
         .for_each(|_| futures::future::ready(()));
 
     let (migration_store, migration_events) = spec_watch(scoped::<Migration>(&ctx));
+    let migrations_known = migration_store.clone();
     let migration_controller = Controller::for_stream(migration_events, migration_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
         .reconcile_on(UnboundedReceiverStream::new(rx.migrations))
@@ -394,6 +397,18 @@ pub async fn run_controllers(
     ));
     let connection = tokio::spawn(watch_connection(ctx.clone()));
     let snapshots = tokio::spawn(publish_snapshots(ctx.clone()));
+    let sweep = ctx.settings.orphan_sweep.map(|(interval, grace)| {
+        tokio::spawn(controllers::sweep::run_orphan_sweep(
+            ctx.clone(),
+            controllers::sweep::Owners {
+                bundles: bundles_known,
+                spare_targets: spare_targets_known,
+                migrations: migrations_known,
+            },
+            interval,
+            grace,
+        ))
+    });
     tokio::join!(
         bundle_controller,
         pool_controller,
@@ -405,6 +420,9 @@ pub async fn run_controllers(
     node_sync.abort();
     connection.abort();
     snapshots.abort();
+    if let Some(sweep) = sweep {
+        sweep.abort();
+    }
 }
 
 /// Publishes Manager's connection state as a metric, and re-reads the mirror after a reconnect.

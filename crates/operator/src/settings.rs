@@ -19,6 +19,8 @@ pub struct Settings {
     pub watch_namespaces: Vec<String>,
     pub drain_parallelism: u16,
     pub migration_phase_timeout: Duration,
+    /// The orphan sweep's period and grace; `None` when it is off.
+    pub orphan_sweep: Option<(Duration, Duration)>,
 }
 
 impl Default for Settings {
@@ -40,6 +42,10 @@ impl Settings {
             watch_namespaces: c.watch_namespaces.clone(),
             drain_parallelism: c.migration.drain_parallelism.max(1),
             migration_phase_timeout: c.migration.phase_timeout,
+            orphan_sweep: c
+                .orphan_sweep
+                .enabled
+                .then_some((c.orphan_sweep.interval, c.orphan_sweep.grace)),
         }
     }
 

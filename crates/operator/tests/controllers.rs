@@ -454,3 +454,122 @@ async fn a_job_config_reaches_manager_and_a_change_is_pushed_without_a_restart()
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_orphan_sweep_removes_manager_work_whose_resource_is_gone_and_nothing_else() {
+    let Some(h) = Harness::start(|c| {
+        c.orphan_sweep.interval = Duration::from_millis(200);
+        c.orphan_sweep.grace = Duration::from_secs(2);
+    })
+    .await
+    else {
+        return;
+    };
+    // A live Bundle (registered by its controller) and, beside it, Manager work nobody owns: a
+    // bundle registered as if its object had been deleted behind the operator's back, a spare of
+    // a HotSpareTarget that is gone, and a node the operator did not create.
+    h.create(
+        "alive",
+        spec(1, &["onprem"], PriorityBand::Silver, serde_json::json!({})),
+    )
+    .await;
+    h.wait_bundle("alive", "Ready", |b| phase(b) == BundlePhase::Ready)
+        .await;
+    let ghost = manager_proto::Bundle {
+        bundle_id: "default.ghost".into(),
+        replicas: 1,
+        jobs: vec![manager_proto::BundleJob {
+            job_name: "enc".into(),
+            requirements: Some(manager_proto::JobRequirements {
+                required_capacity: 10.0,
+                required_cores: 1,
+                required_capabilities: vec![],
+                priority_band: "silver".into(),
+            }),
+            config: vec![],
+        }],
+        ..Default::default()
+    };
+    h.ctx.manager.register_bundle(ghost).await.unwrap();
+    let node = |tags: &[(&str, &str)]| manager_proto::CreateNodeRequest {
+        pool: "aws-east".into(),
+        provider: manager_proto::ProviderKind::Aws as i32,
+        region: "eu-west-1".into(),
+        instance_type: "m5.xlarge".into(),
+        zone: "eu-west-1a".into(),
+        tags: tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    };
+    let orphan_spare = h
+        .ctx
+        .manager
+        .create_node(node(&[
+            ("spare", "true"),
+            ("automanager.hot-spare-target", "deleted-target"),
+        ]))
+        .await
+        .unwrap()
+        .node_id;
+    let hand_made = h.ctx.manager.create_node(node(&[])).await.unwrap().node_id;
+
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let (ghost_gone, spare_gone) = h.sim.with_world(|w, _| {
+            (
+                w.job("default.ghost/0/enc").is_none(),
+                w.node(&orphan_spare)
+                    .is_some_and(|n| n.state == manager_proto::NodeState::Terminated as i32),
+            )
+        });
+        if ghost_gone && spare_gone {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the sweep left ghost={ghost_gone} spare={spare_gone}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // What has an owner, or was never the operator's, is untouched.
+    h.sim.with_world(|w, _| {
+        assert!(w.job("default.alive/0/enc").is_some());
+        assert_eq!(
+            w.node(&hand_made).map(|n| n.state),
+            Some(manager_proto::NodeState::Started as i32)
+        );
+    });
+    let b = h.bundles().get("alive").await.unwrap();
+    assert_eq!(phase(&b), BundlePhase::Ready);
+    // Each removal is an Event on the owner that is gone, and a count.
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());
+    let deadline = tokio::time::Instant::now() + BOUND;
+    loop {
+        let list = events.list(&Default::default()).await.unwrap();
+        let on = |name: &str| {
+            list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("OrphanRemoved")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            })
+        };
+        if on("ghost") && on(&orphan_spare) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no OrphanRemoved Events"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics = h.ctx.metrics.encode();
+    assert!(
+        metrics.contains("automanager_orphans_removed_total{kind=\"bundle\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("automanager_orphans_removed_total{kind=\"node\"} 1"),
+        "{metrics}"
+    );
+    h.shutdown().await;
+}

@@ -17,6 +17,7 @@
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`drain`] | the next step of a `migrate` drain |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
+//! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
 //!
 //! Behaviour follows the `@norskvideo/norsk-auto-manager` TypeScript library; where the operator
 //! goes further the module says so.
@@ -28,6 +29,7 @@ pub mod ids;
 pub mod ledger;
 pub mod migration;
 pub mod node_health;
+pub mod orphans;
 pub mod provision_budget;
 pub mod spares;
 pub mod tags;

@@ -472,6 +472,33 @@ impl Default for MigrationConfig {
     }
 }
 
+/// The orphan sweep: Manager bundles and nodes whose custom resource is gone (after a restore,
+/// a finalizer removed by hand) are removed once they have been orphaned for `grace`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct OrphanSweepConfig {
+    /// Sweep at all. Off, orphans are left to a person (`kubectl automanager` shows them).
+    pub enabled: bool,
+    /// How often the sweep looks.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1h"}))]
+    pub interval: Duration,
+    /// How long something must stay orphaned, in every sweep, before it is removed.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "7d"}))]
+    pub grace: Duration,
+}
+
+impl Default for OrphanSweepConfig {
+    fn default() -> Self {
+        OrphanSweepConfig {
+            enabled: true,
+            interval: Duration::from_secs(60),
+            grace: Duration::from_secs(300),
+        }
+    }
+}
+
 /// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
 /// optional except `manager.url` (which a flag may give instead); a key left out, or set to
 /// null, takes its default.
@@ -505,6 +532,7 @@ pub struct OperatorConfig {
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1ms", "max": "60s"}))]
     pub status_write_interval: Duration,
     pub migration: MigrationConfig,
+    pub orphan_sweep: OrphanSweepConfig,
 }
 
 impl Default for OperatorConfig {
@@ -522,6 +550,7 @@ impl Default for OperatorConfig {
             concurrency: ConcurrencyConfig::default(),
             status_write_interval: Duration::from_millis(250),
             migration: MigrationConfig::default(),
+            orphan_sweep: OrphanSweepConfig::default(),
         }
     }
 }

@@ -191,7 +191,7 @@ fn timeouts(ctx: &Context) -> PhaseTimeouts {
 }
 
 /// Manager's migration id: unique per Migration object, and only `[A-Za-z0-9._-]`.
-fn manager_migration_id(mig: &Migration) -> String {
+pub(crate) fn manager_migration_id(mig: &Migration) -> String {
     let uid = mig.metadata.uid.clone().unwrap_or_else(|| mig.name_any());
     let clean: String = uid
         .chars()

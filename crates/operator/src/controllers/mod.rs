@@ -10,6 +10,7 @@ pub mod hotspare;
 pub mod migration;
 pub mod node;
 pub mod pool;
+pub mod sweep;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -236,6 +237,20 @@ impl Context {
     ) where
         K: Resource<DynamicType = ()>,
     {
+        self.event_on(&obj.object_ref(&()), type_, reason, action, note)
+            .await;
+    }
+
+    /// An Event about `reference`, which may name an object that no longer exists (the orphan
+    /// sweep reports on owners that are gone).
+    pub async fn event_on(
+        &self,
+        reference: &k8s_openapi::api::core::v1::ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -243,8 +258,8 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(&())).await {
-            tracing::warn!(object = %obj.meta().name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
+        if let Err(e) = self.recorder.publish(&ev, reference).await {
+            tracing::warn!(object = %reference.name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
         }
     }
 }

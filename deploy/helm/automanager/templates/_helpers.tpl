@@ -106,6 +106,6 @@ app.kubernetes.io/component: manager-sim
 {{- $_ := set $http "debugBindAddress" (printf "%s:%d" $host (int .Values.debug.port)) -}}
 {{- end -}}
 {{- $le := dict "enabled" $c.leaderElection.enabled "leaseName" (include "automanager.fullname" .) "leaseNamespace" .Release.Namespace "leaseDuration" $c.leaderElection.leaseDuration -}}
-{{- $out := dict "manager" $manager "pendingWindow" $c.pendingWindow "removeStoppedNodesAfter" $c.removeStoppedNodesAfter "bands" $c.bands "nodeHealth" $c.nodeHealth "watchNamespaces" $c.watchNamespaces "leaderElection" $le "http" $http "concurrency" $c.concurrency "statusWriteInterval" $c.statusWriteInterval "migration" $c.migration -}}
+{{- $out := dict "manager" $manager "pendingWindow" $c.pendingWindow "removeStoppedNodesAfter" $c.removeStoppedNodesAfter "bands" $c.bands "nodeHealth" $c.nodeHealth "watchNamespaces" $c.watchNamespaces "leaderElection" $le "http" $http "concurrency" $c.concurrency "statusWriteInterval" $c.statusWriteInterval "migration" $c.migration "orphanSweep" $c.orphanSweep -}}
 {{- toYaml $out -}}
 {{- end -}}
