@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // serde on every message lets manager-sim persist its world as JSON.
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
+        // Added after state files were first written: those files still load.
+        .field_attribute("Node.request_id", "#[serde(default)]")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -233,8 +233,9 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             instance_type: req.instance_type.clone(),
             zone: String::new(),
             tags: req.tags.iter().cloned().collect(),
+            request_id: String::new(),
         };
-        let node = ctx.manager.create_node(create).await?;
+        let node = super::create_node(ctx, &format!("hotspare/{name}"), create).await?;
         {
             let mut state = ctx.state();
             state.model_mut().add_provisioned(&node);
