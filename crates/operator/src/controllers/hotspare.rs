@@ -51,6 +51,8 @@ pub async fn reconcile(target: Arc<HotSpareTarget>, ctx: Arc<Context>) -> Result
 /// Deletion: terminate this target's spares that hold no job, then let the object go.
 async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
     let name = target.name_any();
+    // A pool waiting to be deleted no longer counts this target as a user.
+    ctx.wake_pool_controller(&target.spec.pool);
     ctx.state()
         .wake
         .set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);

@@ -189,6 +189,11 @@ impl Context {
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
 
+    /// Wakes the PlacementPool controller for `pool` only (a user of the pool went away).
+    pub fn wake_pool_controller(&self, pool: &str) {
+        let _ = self.wake.pools.send(ObjectRef::new(pool));
+    }
+
     /// Records whether a bundle is Broken and updates the gauges.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
         let count = {
