@@ -848,15 +848,20 @@ async fn refusal(stream: &mut tokio::net::TcpStream, within: Duration) -> Option
     }
 }
 
-async fn open_connections(w: &Worker, want: usize) {
+/// Waits until the listener's (open, refused) connection counts satisfy `ok`.
+async fn connections_until(w: &Worker, what: &str, ok: impl Fn((usize, u64)) -> bool) {
     let handle = w.listener.handle();
     tokio::time::timeout(WAIT, async {
-        while handle.connections().0 != want {
+        while !ok(handle.connections()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("{want} open, not {:?}", handle.connections()));
+    .unwrap_or_else(|_| panic!("{what}: {:?}", handle.connections()));
+}
+
+async fn open_connections(w: &Worker, want: usize) {
+    connections_until(w, &format!("{want} open"), |(open, _)| open == want).await;
 }
 
 #[tokio::test]
@@ -917,14 +922,8 @@ async fn a_flood_of_connections_is_refused_and_the_listener_keeps_serving_jobs()
     for _ in 0..600 {
         flood.push(tcp_from([127, 0, 0, 9], addr).await);
     }
+    connections_until(&w, "the flood refused", |(_, refused)| refused >= 600 - 32).await;
     let handle = w.listener.handle();
-    tokio::time::timeout(WAIT, async {
-        while handle.connections().1 < 600 - 32 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{:?}", handle.connections()));
     assert_eq!(handle.connections(), (32, 600 - 32));
     // A job from another address is not locked out by the flood.
     w.register(InstanceSpec::new("job", "main", "t"));
