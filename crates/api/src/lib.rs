@@ -66,6 +66,9 @@ pub const MIGRATION_FINALIZER: &str = "automanager.norsk.io/migration-cleanup";
 /// Finalizer the operator puts on HotSpareTargets so a deleted target's idle spares are
 /// terminated rather than left running.
 pub const SPARE_TARGET_FINALIZER: &str = "automanager.norsk.io/spare-cleanup";
+/// Finalizer the operator puts on PlacementPools so a pool is not deleted while a Bundle or a
+/// HotSpareTarget names it (its jobs would lose the pool they recover into).
+pub const POOL_FINALIZER: &str = "automanager.norsk.io/pool-in-use";
 /// Annotation a user sets to a new value to retry a Broken bundle:
 /// `kubectl annotate --overwrite bundle NAME automanager.norsk.io/retry=$(date +%s)`.
 pub const RETRY_ANNOTATION: &str = "automanager.norsk.io/retry";

@@ -35,11 +35,22 @@
 //!
 //! # Behaviour
 //!
-//! * Paths `/instances/<jobId>/<role>` name registered instances; any other path is accepted as
-//!   a WebSocket and closed at once with 4401 (a close code needs an open socket).
+//! * Paths `/instances/<jobId>/<role>` name registered instances. A path that is not of that
+//!   form is accepted as a WebSocket and closed at once with 4401 (a close code needs an open
+//!   socket).
 //! * The first frame must be `hello` with the instance's token (compared in constant time for
 //!   equal lengths), within `hello_timeout` of the TCP accept (which also bounds the HTTP
-//!   upgrade); otherwise 4401. An unparseable first frame is a protocol error (4400).
+//!   upgrade); otherwise 4401. An unparseable first frame is a protocol error (4400). A
+//!   well-formed path naming no instance is treated exactly like a wrong token: the hello is
+//!   awaited and refused with the same 4401 and the same reason ([`REFUSED`]), so a peer cannot
+//!   tell which job ids are live on this worker.
+//! * Connections are capped: at most `max_connections` at once, at most
+//!   `max_connections_per_peer` from one IP address. One over a cap is answered
+//!   `HTTP/1.1 503` and closed before the WebSocket upgrade, costing no task.
+//! * An authenticated connection from which nothing arrives (no frame, not even the pong to the
+//!   listener's ping, sent every third of `idle_timeout`) for `idle_timeout` is closed with 1001:
+//!   a job whose host vanished does not hold its slot forever. WebSocket libraries answer pings
+//!   on their own, so an idle but live job is never closed.
 //! * A frame over `max_frame_bytes` closes with 4413; tungstenite rejects it from the frame
 //!   header, before reading its payload, so nothing unbounded is buffered.
 //! * An unparseable frame, a second `hello`, a binary frame, or a frame the instance's side and
@@ -62,7 +73,7 @@ use crate::path::parse_job_socket_path;
 use crate::phase::{self, Migration, Phase, PhaseError, Side};
 use futures::{SinkExt, StreamExt};
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use subtle::ConstantTimeEq;
@@ -91,7 +102,18 @@ pub struct ListenerConfig {
     /// How long one frame may take to be written to a job before the connection is dropped
     /// (a job that stopped reading must not pin its task). Default 5 s.
     pub write_timeout: Duration,
+    /// Connections open at once, authenticated or not; more are refused. Default 4096.
+    pub max_connections: usize,
+    /// Connections open at once from one IP address; more are refused. Default 1024 (the jobs
+    /// of one worker usually all come from its container bridge's address).
+    pub max_connections_per_peer: usize,
+    /// How long an authenticated connection may send nothing, not even a pong, before it is
+    /// closed; it is pinged every third of this. Default 60 s.
+    pub idle_timeout: Duration,
 }
+
+/// The reason of the 4401 that closes both a wrong token and a path naming no instance.
+pub const REFUSED: &str = "unknown instance or wrong token";
 
 impl Default for ListenerConfig {
     fn default() -> Self {
@@ -102,6 +124,9 @@ impl Default for ListenerConfig {
             outbound_queue: 32,
             event_queue: 1024,
             write_timeout: JOB_SOCKET_HELLO_TIMEOUT,
+            max_connections: 4096,
+            max_connections_per_peer: 1024,
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -337,6 +362,15 @@ struct Shared {
     /// moved back, say) never reuses a number: the end of the removed instance's connection is
     /// then never taken for the end of the new one's.
     last_conn: std::sync::atomic::AtomicU64,
+    slots: Mutex<Slots>,
+}
+
+/// Open connections, in total and per peer address, and how many were refused.
+#[derive(Default)]
+struct Slots {
+    open: usize,
+    by_peer: HashMap<IpAddr, usize>,
+    refused: u64,
 }
 
 impl Shared {
@@ -346,6 +380,54 @@ impl Shared {
         self.instances
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn slots(&self) -> MutexGuard<'_, Slots> {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A slot for a connection from `peer`, or which cap it would break.
+    fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, &'static str> {
+        let mut slots = self.slots();
+        let from_peer = slots.by_peer.get(&peer).copied().unwrap_or(0);
+        let full = if slots.open >= self.config.max_connections {
+            Some("max_connections")
+        } else if from_peer >= self.config.max_connections_per_peer {
+            Some("max_connections_per_peer")
+        } else {
+            None
+        };
+        if let Some(cap) = full {
+            slots.refused += 1;
+            return Err(cap);
+        }
+        slots.open += 1;
+        slots.by_peer.insert(peer, from_peer + 1);
+        Ok(Slot {
+            shared: self.clone(),
+            peer,
+        })
+    }
+}
+
+/// One admitted connection; gives its slot back when dropped.
+struct Slot {
+    shared: Arc<Shared>,
+    peer: IpAddr,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut slots = self.shared.slots();
+        slots.open = slots.open.saturating_sub(1);
+        if let Some(n) = slots.by_peer.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                slots.by_peer.remove(&self.peer);
+            }
+        }
     }
 }
 
@@ -386,6 +468,7 @@ impl JobSocketListener {
             events,
             shutdown,
             last_conn: std::sync::atomic::AtomicU64::new(0),
+            slots: Mutex::new(Slots::default()),
         });
         let accept = tokio::spawn(accept_loop(tcp, shared.clone()));
         tracing::info!(%addr, "job socket listener up");
@@ -502,6 +585,13 @@ impl ListenerHandle {
         Ok(())
     }
 
+    /// Connections open now (authenticated or not), and how many were refused over a cap since
+    /// the listener started.
+    pub fn connections(&self) -> (usize, u64) {
+        let slots = self.shared.slots();
+        (slots.open, slots.refused)
+    }
+
     /// The instance's connection and migration state.
     pub fn status(&self, key: &InstanceKey) -> Option<InstanceStatus> {
         let map = self.shared.lock();
@@ -515,16 +605,32 @@ impl ListenerHandle {
 async fn accept_loop(tcp: TcpListener, shared: Arc<Shared>) {
     loop {
         match tcp.accept().await {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                tokio::spawn(connection(stream, peer, shared.clone()));
-            }
+            Ok((stream, peer)) => match shared.admit(peer.ip()) {
+                Ok(slot) => {
+                    let _ = stream.set_nodelay(true);
+                    tokio::spawn(connection(stream, peer, shared.clone(), slot));
+                }
+                Err(cap) => refuse(&stream, peer, cap, &shared),
+            },
             Err(e) => {
                 // Transient (e.g. EMFILE): log and keep accepting after a short pause.
                 tracing::warn!(error = %e, "job socket accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+/// Answers a connection over a cap with a 503, if the socket takes it at once, and drops it.
+/// Never waits: a flood must not slow the accept loop.
+fn refuse(stream: &TcpStream, peer: SocketAddr, cap: &str, shared: &Shared) {
+    const BUSY: &[u8] =
+        b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n";
+    let _ = stream.try_write(BUSY);
+    let refused = shared.slots().refused;
+    // The first refusal and every thousandth after it: a flood must not flood the log too.
+    if refused % 1000 == 1 {
+        tracing::warn!(%peer, cap, refused, "job socket connection refused: over its cap");
     }
 }
 
@@ -555,7 +661,7 @@ async fn close(ws: &mut Ws, code: u16, reason: &str) {
 /// `Some` when the connection authenticated.
 type Hello = Option<(Ws, InstanceKey)>;
 
-async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>) {
+async fn connection(stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, _slot: Slot) {
     // One deadline from TCP accept covers both the HTTP upgrade and the hello.
     let deadline = tokio::time::Instant::now() + shared.config.hello_timeout;
     if let Some((ws, key)) = handshake_and_hello(stream, peer, deadline, &shared).await {
@@ -585,19 +691,20 @@ async fn handshake_and_hello(
         tracing::info!(%peer, "job socket: no WebSocket upgrade in time");
         return None;
     };
+    // Whether the path names a live instance is not looked at until the hello: both refusals
+    // must look the same from outside.
     let key = path
         .as_deref()
         .and_then(parse_job_socket_path)
         .map(|p| InstanceKey {
             job_id: p.job_id,
             role: p.role,
-        })
-        .filter(|k| shared.lock().contains_key(k));
+        });
     let Some(key) = key else {
         close(
             &mut ws,
             CloseCode::Unauthorized.code(),
-            "no instance at this path",
+            "not a job socket path: /instances/<jobId>/<role>",
         )
         .await;
         return None;
@@ -652,16 +759,19 @@ async fn await_hello(
         Err(reason) => Err((CloseCode::ProtocolError.code(), reason)),
         Ok(JobToWorker::Hello { token }) => {
             let map = shared.lock();
-            let expected = map.get(key).map(|i| i.token.as_bytes());
-            let given = token.as_str().map(str::as_bytes);
-            let ok = match (expected, given) {
-                (Some(e), Some(g)) => bool::from(e.ct_eq(g)),
-                _ => false,
+            let given = token.as_str().map(str::as_bytes).unwrap_or_default();
+            let ok = match map.get(key) {
+                Some(i) => bool::from(i.token.as_bytes().ct_eq(given)),
+                // The same comparison work for a path naming no instance, then no.
+                None => {
+                    std::hint::black_box(given.ct_eq(given));
+                    false
+                }
             };
             if ok {
                 Ok(())
             } else {
-                Err((CloseCode::Unauthorized.code(), "wrong token".to_owned()))
+                Err((CloseCode::Unauthorized.code(), REFUSED.to_owned()))
             }
         }
         Ok(other) => Err((
@@ -714,12 +824,7 @@ async fn serve(mut ws: Ws, key: InstanceKey, shared: Arc<Shared>) {
     };
     let Some((conn_id, target_of, ack, initial)) = greeting else {
         // Unregistered between the hello and now.
-        close(
-            &mut ws,
-            CloseCode::Unauthorized.code(),
-            "no instance at this path",
-        )
-        .await;
+        close(&mut ws, CloseCode::Unauthorized.code(), REFUSED).await;
         return;
     };
     tracing::info!(job_id = %key.job_id, role = %key.role, connection = conn_id, "job connected");
@@ -741,10 +846,27 @@ async fn serve(mut ws: Ws, key: InstanceKey, shared: Arc<Shared>) {
         })
         .await;
     let mut shutdown = shared.shutdown.clone();
+    let idle = shared.config.idle_timeout.max(Duration::from_millis(30));
+    let mut last_heard = tokio::time::Instant::now();
+    let mut ping = tokio::time::interval_at(last_heard + idle / 3, idle / 3);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     while ended.is_none() {
         tokio::select! {
             inbound = ws.next() => {
+                last_heard = tokio::time::Instant::now();
                 ended = on_inbound(inbound, &mut ws, &key, conn_id, &shared).await;
+            }
+            _ = ping.tick() => {
+                if last_heard.elapsed() >= idle {
+                    let reason = format!("idle: nothing from the job for {} ms, not even a pong", idle.as_millis());
+                    close(&mut ws, 1001, &reason).await;
+                    ended = Some((Some(1001), reason));
+                } else if !matches!(
+                    tokio::time::timeout(shared.config.write_timeout, ws.send(Message::Ping(Default::default()))).await,
+                    Ok(Ok(()))
+                ) {
+                    ended = Some((None, "ping failed; dropped".to_owned()));
+                }
             }
             out = frames.recv() => match out {
                 Some(text) => {

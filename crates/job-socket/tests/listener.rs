@@ -8,7 +8,7 @@ use job_socket::frame::{FailedParticipant, JobToWorker, TargetApplied, WorkerToJ
 use job_socket::json::Json;
 use job_socket::listener::{
     Command, EventKind, InstanceKey, InstanceSpec, JobSocketListener, ListenerConfig,
-    ListenerError, ListenerEvent,
+    ListenerError, ListenerEvent, REFUSED,
 };
 use job_socket::path::job_socket_url;
 use job_socket::phase::Phase;
@@ -150,26 +150,35 @@ async fn next_frame(ws: &mut RawWs) -> WorkerToJob {
 // ── close codes ─────────────────────────────────────────────────────────────────────────
 
 #[tokio::test]
-async fn a_path_naming_no_instance_is_closed_4401() {
+async fn a_path_that_is_not_a_job_socket_path_is_closed_4401_at_once() {
     let w = Worker::new().await;
-    w.register(InstanceSpec::new("job", "main", "t"));
-    for url in [
-        w.url("job", "other"),
-        w.url("nope", "main"),
-        format!("ws://{}/elsewhere", w.listener.local_addr()),
-    ] {
-        let mut ws = raw(&url).await;
-        assert_eq!(closed_with(&mut ws).await.0, 4401, "{url}");
-    }
+    let mut ws = raw(&format!("ws://{}/elsewhere", w.listener.local_addr())).await;
+    let (code, reason) = closed_with(&mut ws).await;
+    assert_eq!(code, 4401);
+    assert!(reason.contains("not a job socket path"), "{reason}");
 }
 
+/// A path naming no instance and a wrong token look the same from outside, so a peer cannot
+/// find out which job ids are live: the same wait for a hello, the same code and reason.
 #[tokio::test]
-async fn a_wrong_token_is_closed_4401() {
-    let w = Worker::new().await;
+async fn an_unknown_instance_and_a_wrong_token_are_refused_alike() {
+    let config = ListenerConfig {
+        hello_timeout: Duration::from_millis(300),
+        ..ListenerConfig::loopback()
+    };
+    let w = Worker::start(config).await;
     w.register(InstanceSpec::new("job", "main", "right"));
-    let mut ws = raw(&w.url("job", "main")).await;
-    send_text(&mut ws, r#"{"type":"hello","token":"wrong"}"#).await;
-    assert_eq!(closed_with(&mut ws).await, (4401, "wrong token".to_owned()));
+    let refused = (4401, REFUSED.to_owned());
+    for (job, role) in [("job", "main"), ("job", "other"), ("nope", "main")] {
+        let mut ws = raw(&w.url(job, role)).await;
+        send_text(&mut ws, r#"{"type":"hello","token":"wrong"}"#).await;
+        assert_eq!(closed_with(&mut ws).await, refused, "{job}/{role}");
+        // Without a hello: the same timeout for both.
+        let mut ws = raw(&w.url(job, role)).await;
+        let (code, reason) = closed_with(&mut ws).await;
+        assert_eq!(code, 4401);
+        assert!(reason.contains("no hello"), "{job}/{role}: {reason}");
+    }
     let err = connect_migration_to(&w.url("job", "main"), "righ")
         .await
         .err();
@@ -851,4 +860,153 @@ async fn a_text_frame_that_is_not_utf8_is_closed_4400() {
         closed_with(&mut ws).await,
         (4400, "frame is not valid UTF-8".to_owned())
     );
+}
+
+// ── connection caps and the idle timeout ────────────────────────────────────────────────
+
+/// A TCP connection to the listener from `from` (any 127.0.0.0/8 address is this host).
+async fn tcp_from(from: [u8; 4], to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((from, 0)))
+        .expect("bind");
+    socket.connect(to).await.expect("connect")
+}
+
+/// What the listener answers before closing, if it closes within `within` (an admitted
+/// connection waits for its upgrade instead).
+async fn refusal(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    match tokio::time::timeout(within, stream.read_to_end(&mut answer)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&answer).into_owned()),
+        Err(_) => None,
+    }
+}
+
+/// Waits until the listener's (open, refused) connection counts satisfy `ok`.
+async fn connections_until(w: &Worker, what: &str, ok: impl Fn((usize, u64)) -> bool) {
+    let handle = w.listener.handle();
+    tokio::time::timeout(WAIT, async {
+        while !ok(handle.connections()) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: {:?}", handle.connections()));
+}
+
+async fn open_connections(w: &Worker, want: usize) {
+    connections_until(w, &format!("{want} open"), |(open, _)| open == want).await;
+}
+
+#[tokio::test]
+async fn connections_over_the_total_or_per_peer_cap_are_refused_with_503_and_slots_come_back() {
+    let config = ListenerConfig {
+        max_connections: 5,
+        max_connections_per_peer: 3,
+        hello_timeout: Duration::from_secs(30),
+        ..ListenerConfig::loopback()
+    };
+    let w = Worker::start(config).await;
+    let addr = w.listener.local_addr();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(tcp_from([127, 0, 0, 1], addr).await);
+    }
+    open_connections(&w, 3).await;
+    // A fourth from the same peer.
+    let mut extra = tcp_from([127, 0, 0, 1], addr).await;
+    let answer = refusal(&mut extra, WAIT).await.expect("refused");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    // Other peers fill the total.
+    for _ in 0..2 {
+        held.push(tcp_from([127, 0, 0, 2], addr).await);
+    }
+    open_connections(&w, 5).await;
+    let mut extra = tcp_from([127, 0, 0, 3], addr).await;
+    assert!(refusal(&mut extra, WAIT).await.is_some(), "over the total");
+    assert_eq!(w.listener.handle().connections(), (5, 2));
+    // The held ones were admitted: they are waiting for their upgrade, not closed.
+    assert!(
+        refusal(&mut held[0], Duration::from_millis(100))
+            .await
+            .is_none()
+    );
+    // A closed connection gives its slot back; a job can then connect and hand over as usual.
+    held.truncate(2);
+    open_connections(&w, 2).await;
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    assert!(matches!(
+        hello(&mut ws, "t").await,
+        WorkerToJob::HelloAck { .. }
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_connections_is_refused_and_the_listener_keeps_serving_jobs() {
+    let config = ListenerConfig {
+        max_connections: 64,
+        max_connections_per_peer: 32,
+        hello_timeout: Duration::from_secs(30),
+        ..ListenerConfig::loopback()
+    };
+    let w = Worker::start(config).await;
+    let addr = w.listener.local_addr();
+    let mut flood = Vec::new();
+    for _ in 0..600 {
+        flood.push(tcp_from([127, 0, 0, 9], addr).await);
+    }
+    connections_until(&w, "the flood refused", |(_, refused)| refused >= 600 - 32).await;
+    let handle = w.listener.handle();
+    assert_eq!(handle.connections(), (32, 600 - 32));
+    // A job from another address is not locked out by the flood.
+    w.register(InstanceSpec::new("job", "main", "t"));
+    let mut ws = raw(&w.url("job", "main")).await;
+    assert!(matches!(
+        hello(&mut ws, "t").await,
+        WorkerToJob::HelloAck { .. }
+    ));
+    drop(flood);
+    open_connections(&w, 1).await;
+}
+
+#[tokio::test]
+async fn an_authenticated_job_that_sends_nothing_not_even_a_pong_is_closed_after_the_idle_timeout()
+{
+    let config = ListenerConfig {
+        idle_timeout: Duration::from_millis(300),
+        ..ListenerConfig::loopback()
+    };
+    let mut w = Worker::start(config).await;
+    w.register(InstanceSpec::new("job", "live", "t"));
+    w.register(InstanceSpec::new("job", "gone", "t"));
+    // A live job that never sends a frame but reads its socket answers the pings by itself.
+    let mut live = connect_migration_to(&w.url("job", "live"), "t")
+        .await
+        .expect("connect");
+    let mut gone = raw(&w.url("job", "gone")).await;
+    hello(&mut gone, "t").await;
+    let reading = tokio::spawn(async move {
+        let _ = tokio::time::timeout(Duration::from_millis(1500), live.next_event()).await;
+        live
+    });
+    // The silent one is closed with 1001 and the reason; the live one stays.
+    loop {
+        if let EventKind::Disconnected { code, reason, .. } = w.event().await {
+            assert_eq!(code, Some(1001), "{reason}");
+            assert!(reason.contains("not even a pong"), "{reason}");
+            break;
+        }
+    }
+    let status = |role: &str| w.listener.handle().status(&InstanceKey::new("job", role));
+    assert!(!status("gone").expect("gone").connected);
+    let _live = reading.await.expect("reader");
+    assert!(
+        status("live").expect("live").connected,
+        "a job that pongs is not idle"
+    );
+    // Its socket is closed (the close frame may be lost behind the pings it never answered).
+    closed_with(&mut gone).await;
 }

@@ -138,6 +138,16 @@ pub struct ClientConfig {
     pub change_buffer: usize,
     /// Largest message accepted from Manager (default 64 MiB).
     pub max_message_bytes: usize,
+    /// How long a Watch may take from the call to its `Synced` (the snapshot or the resumed
+    /// catch-up) before it counts as failed and is retried with backoff (default 30 s).
+    pub sync_timeout: Duration,
+    /// How often Manager is asked to send a heartbeat on a quiet stream (default 5 s; zero
+    /// asks for none). 100 ms to 1 h.
+    pub heartbeat_interval: Duration,
+    /// The longest silence accepted on an open Watch stream before it counts as stalled and is
+    /// retried with backoff (default 15 s). Longer than `heartbeat_interval`. A Manager that
+    /// sends no heartbeats has its quiet streams reopened (resumed) this often.
+    pub idle_timeout: Duration,
 }
 
 impl ClientConfig {
@@ -153,7 +163,30 @@ impl ClientConfig {
             backoff_max: Duration::from_secs(30),
             change_buffer: 65_536,
             max_message_bytes: 64 * 1024 * 1024,
+            sync_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(15),
         }
+    }
+
+    /// Why the Watch deadlines cannot work together, if they cannot.
+    fn deadline_problem(&self) -> Option<String> {
+        let hb = self.heartbeat_interval;
+        if self.sync_timeout.is_zero() {
+            return Some("sync_timeout must be > 0".to_owned());
+        }
+        if !hb.is_zero() && !(HEARTBEAT_MIN..=HEARTBEAT_MAX).contains(&hb) {
+            return Some(format!(
+                "heartbeat_interval is {hb:?}: zero (none) or {HEARTBEAT_MIN:?} to {HEARTBEAT_MAX:?}"
+            ));
+        }
+        if self.idle_timeout <= hb {
+            return Some(format!(
+                "idle_timeout ({:?}) must be longer than heartbeat_interval ({hb:?}), or every quiet stream is cut",
+                self.idle_timeout
+            ));
+        }
+        None
     }
 
     /// With a bearer token.
@@ -170,6 +203,10 @@ impl ClientConfig {
         self
     }
 }
+
+/// The heartbeat intervals Manager accepts (`WatchRequest.heartbeat_interval_ms`).
+const HEARTBEAT_MIN: Duration = Duration::from_millis(100);
+const HEARTBEAT_MAX: Duration = Duration::from_secs(3600);
 
 /// The connection state, as `@norskvideo/norsk-auto-manager` names it (`onConnectionStateChange`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +277,15 @@ struct Shared {
     stop: watch::Sender<bool>,
     last_error: Mutex<Option<String>>,
     request_timeout: Duration,
+    deadlines: StreamDeadlines,
+}
+
+/// The Watch stream's deadlines, from [`ClientConfig`].
+#[derive(Clone, Copy)]
+struct StreamDeadlines {
+    sync: Duration,
+    heartbeat: Duration,
+    idle: Duration,
 }
 
 struct Inner {
@@ -320,6 +366,9 @@ impl ManagerClient {
                 "backoff_initial must be > 0 and <= backoff_max".to_owned(),
             ));
         }
+        if let Some(problem) = config.deadline_problem() {
+            return Err(ClientError::Config(problem));
+        }
         let header = match &config.token {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -345,6 +394,11 @@ impl ManagerClient {
             stop: watch::Sender::new(false),
             last_error: Mutex::new(None),
             request_timeout: config.request_timeout,
+            deadlines: StreamDeadlines {
+                sync: config.sync_timeout,
+                heartbeat: config.heartbeat_interval,
+                idle: config.idle_timeout,
+            },
         });
         let task = tokio::spawn(watch_loop(
             shared.clone(),
@@ -769,26 +823,74 @@ fn publish(shared: &Shared, changes: Vec<MirrorChange>) {
     }
 }
 
+impl StreamDeadlines {
+    /// When the next message must have arrived: within the idle timeout, and before `Synced`
+    /// also within the sync deadline.
+    fn next(&self, synced: bool, sync_by: tokio::time::Instant) -> tokio::time::Instant {
+        let idle = tokio::time::Instant::now() + self.idle;
+        if synced { idle } else { idle.min(sync_by) }
+    }
+
+    /// Why a stream that went silent is counted as failed.
+    fn silence(&self, synced: bool, sync_by: tokio::time::Instant) -> String {
+        if synced {
+            format!(
+                "Manager sent nothing for {:?}, not even a heartbeat (asked for every {:?}): the stream is stalled",
+                self.idle, self.heartbeat
+            )
+        } else if tokio::time::Instant::now() >= sync_by {
+            format!(
+                "no Synced from Manager within {:?} of opening the Watch (sync deadline)",
+                self.sync
+            )
+        } else {
+            format!(
+                "Manager sent nothing for {:?} while syncing: the stream is stalled",
+                self.idle
+            )
+        }
+    }
+}
+
 async fn one_stream(shared: &Shared) -> StreamEnd {
     let (resume_revision, epoch) = shared.mirror.read(|s| (s.revision, s.epoch.clone()));
     let mut rpc = shared.rpc.clone();
     let mut reached_ready = false;
+    let deadlines = shared.deadlines;
+    let sync_by = tokio::time::Instant::now() + deadlines.sync;
     let req = WatchRequest {
         resume_revision,
         epoch,
+        heartbeat_interval_ms: u64::try_from(deadlines.heartbeat.as_millis()).unwrap_or(u64::MAX),
     };
-    let mut stream = match rpc.watch(req).await {
-        Ok(r) => r.into_inner(),
-        Err(s) => {
+    // A Manager that accepts the call and never answers is caught here and below: TCP and
+    // HTTP/2 keepalives only prove the peer's kernel and transport are alive.
+    let opened = tokio::time::timeout_at(deadlines.next(false, sync_by), rpc.watch(req)).await;
+    let mut stream = match opened {
+        Ok(Ok(r)) => r.into_inner(),
+        Ok(Err(s)) => {
             return StreamEnd {
                 reached_ready,
                 error: format!("{:?}: {}", s.code(), s.message()),
             };
         }
+        Err(_) => {
+            return StreamEnd {
+                reached_ready,
+                error: deadlines.silence(false, sync_by),
+            };
+        }
     };
     let mut pending: Option<SnapshotData> = None;
     loop {
-        let msg = match stream.message().await {
+        let next = deadlines.next(reached_ready, sync_by);
+        let Ok(received) = tokio::time::timeout_at(next, stream.message()).await else {
+            return StreamEnd {
+                reached_ready,
+                error: deadlines.silence(reached_ready, sync_by),
+            };
+        };
+        let msg = match received {
             Ok(Some(m)) => m,
             Ok(None) => {
                 return StreamEnd {
@@ -842,6 +944,18 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
                 }
                 reached_ready = true;
                 shared.state.send_replace(ConnectionState::Ready);
+            }
+            Some(watch_response::Kind::Heartbeat(h)) => {
+                let have = shared.mirror.revision();
+                if reached_ready && h.revision != have {
+                    return StreamEnd {
+                        reached_ready,
+                        error: format!(
+                            "manager's heartbeat says {} was sent but the mirror is at {have}",
+                            h.revision
+                        ),
+                    };
+                }
             }
             Some(watch_response::Kind::Events(batch)) => {
                 let mut changes = Vec::with_capacity(batch.events.len());

@@ -15,6 +15,11 @@
 //!   see what changed while disconnected.
 //! - Events at or below the mirror's revision are ignored and a gap forces a
 //!   resume, so no event is applied twice or skipped.
+//! - A stalled Manager is a failure, not a wait: a Watch that has not sent
+//!   `Synced` within [`ClientConfig::sync_timeout`], or an open stream silent
+//!   for [`ClientConfig::idle_timeout`] (Manager is asked for a heartbeat every
+//!   [`ClientConfig::heartbeat_interval`]), is dropped and retried with
+//!   backoff, and the state says `transientFailure` meanwhile.
 //! - Connection state (`idle | connecting | ready | transientFailure |
 //!   shutdown`) is a `tokio::sync::watch` ([`ManagerClient::state`]); `ready`
 //!   means synced. Reconnects use exponential backoff with full jitter

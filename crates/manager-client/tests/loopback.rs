@@ -909,3 +909,41 @@ async fn a_job_that_refuses_its_state_ends_the_migration_with_no_target() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_create_node_repeated_with_its_request_id_answers_with_the_same_node() {
+    let sim = Sim::start(config()).await.unwrap();
+    let client = connect(sim.endpoint()).await;
+    let ask = |zone: &str| CreateNodeRequest {
+        pool: "aws-east".into(),
+        zone: zone.into(),
+        request_id: "retry-me".into(),
+        ..Default::default()
+    };
+    let first = client.create_node(ask("")).await.unwrap();
+    let again = client.create_node(ask("")).await.unwrap();
+    assert_eq!(again.node_id, first.node_id);
+    assert_eq!(again.request_id, "retry-me");
+    wait_synced_with(&client, &sim).await;
+    let made = sim
+        .snapshot()
+        .nodes
+        .into_iter()
+        .filter(|n| n.pool == "aws-east")
+        .count();
+    assert_eq!(made, 1);
+    // The mirror shows which request made the node.
+    assert_eq!(
+        client
+            .mirror()
+            .read(|m| m.nodes.get(&first.node_id).map(|n| n.request_id.clone())),
+        Some("retry-me".to_owned())
+    );
+    // The same key for another zone (the pool's zones are a and b) is refused, making nothing.
+    let elsewhere = if first.zone == "a" { "b" } else { "a" };
+    match client.create_node(ask(elsewhere)).await {
+        Err(ClientError::AlreadyExists(m)) => assert!(m.contains("retry-me"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(sim.snapshot().nodes.len(), 4, "3 declared and the one made");
+}

@@ -13,15 +13,15 @@ use manager_proto::manager_server::{Manager, ManagerServer};
 use manager_proto::sim_admin_server::{SimAdmin, SimAdminServer};
 use manager_proto::{
     AdminResponse, CreateNodeRequest, CreateNodeResponse, CutStreamsRequest, DeleteBundleRequest,
-    DeleteBundleResponse, Event, EventBatch, FailJobRequest, JobHistoryRequest, JobHistoryResponse,
-    KillNodeRequest, ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse,
-    MigrationResponse, NodeControllerMigrationAbort, NodeControllerMigrationCutover,
-    NodeControllerMigrationGetState, NodeControllerMigrationPrepareTarget, PartitionZoneRequest,
-    RegisterBundleRequest, RegisterBundleResponse, RejectNextRequest, RejectionReason,
-    SetMigrationBehaviourRequest, SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest,
-    StartJobResponse, StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest,
-    TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest,
-    WatchResponse, watch_response,
+    DeleteBundleResponse, Event, EventBatch, FailJobRequest, Heartbeat, JobHistoryRequest,
+    JobHistoryResponse, KillNodeRequest, ListNodesRequest, ListNodesResponse, ListPoolsRequest,
+    ListPoolsResponse, MigrationResponse, NodeControllerMigrationAbort,
+    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
+    RegisterBundleResponse, RejectNextRequest, RejectionReason, SetMigrationBehaviourRequest,
+    SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest, StartJobResponse,
+    StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest, TerminateNodeResponse,
+    UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest, WatchResponse, watch_response,
 };
 use subtle::ConstantTimeEq;
 use tokio::sync::{Notify, mpsc, watch};
@@ -43,6 +43,8 @@ const CATCH_UP_BATCH: usize = 1024;
 const PERSIST_EVERY: Duration = Duration::from_millis(250);
 /// The file in the state dir.
 const STATE_FILE: &str = "manager-sim-state.json";
+/// The heartbeat intervals a watcher may ask for (`WatchRequest.heartbeat_interval_ms`).
+const HEARTBEAT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
 /// Why the sim could not start.
 #[derive(Debug, thiserror::Error)]
@@ -164,6 +166,8 @@ struct Inner {
     limits: LimitsConfig,
     state_file: Option<PathBuf>,
     shutdown: watch::Sender<bool>,
+    /// While true every Watch stream is held open and sent nothing ([`SimHandle::stall_watches`]).
+    stalled: watch::Sender<bool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -448,12 +452,42 @@ fn snapshot_messages(
 
 type Out = mpsc::Sender<Result<WatchResponse, Status>>;
 
+/// The revision a client holds everything up to once it has read `m`, if `m` moves it.
+fn revision_after(m: &WatchResponse) -> Option<u64> {
+    match &m.kind {
+        Some(watch_response::Kind::Synced(s)) => Some(s.revision),
+        Some(watch_response::Kind::Events(b)) => b.events.last().map(|e| e.revision),
+        _ => None,
+    }
+}
+
+/// Waits until the watches are not stalled; false when the stream should end instead (the client
+/// went away or the sim is shutting down, which is then said on the stream).
+async fn until_unstalled(
+    stalled: &mut watch::Receiver<bool>,
+    out: &Out,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    tokio::select! {
+        // The guard `wait_for` answers with is not Send: keep it inside this future.
+        ok = async { stalled.wait_for(|s| !*s).await.is_ok() } => ok,
+        () = out.closed() => false,
+        _ = shutdown.changed() => {
+            let _ = out.send(Err(Status::unavailable("manager-sim is shutting down"))).await;
+            false
+        }
+    }
+}
+
 async fn run_watch(
     inner: Arc<Inner>,
     req: WatchRequest,
     out: Out,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let heartbeat =
+        (req.heartbeat_interval_ms > 0).then(|| Duration::from_millis(req.heartbeat_interval_ms));
+    let mut stalled = inner.stalled.subscribe();
     enum Step {
         More(Vec<WatchResponse>, u64),
         Done(
@@ -464,13 +498,16 @@ async fn run_watch(
     }
     let mut cursor = (req.resume_revision > 0).then_some(req.resume_revision);
     let mut reason = SnapshotReason::Initial;
-    {
+    let epoch = {
         let g = lock(&inner.shared);
         if cursor.is_some() && !req.epoch.is_empty() && req.epoch != g.world.epoch() {
             cursor = None;
             reason = SnapshotReason::EpochChanged;
         }
-    }
+        g.world.epoch().to_owned()
+    };
+    // The revision the client holds everything up to, for heartbeats.
+    let mut sent = 0;
     let (live, cut) = loop {
         let step = {
             let mut g = lock(&inner.shared);
@@ -545,6 +582,10 @@ async fn run_watch(
             Step::Done(msgs, rx, cut) => (msgs, Some((rx, cut))),
         };
         for m in msgs {
+            if !until_unstalled(&mut stalled, &out, &mut shutdown).await {
+                return;
+            }
+            sent = revision_after(&m).unwrap_or(sent);
             tokio::select! {
                 r = out.send(Ok(m)) => if r.is_err() { return },
                 _ = shutdown.changed() => {
@@ -558,17 +599,44 @@ async fn run_watch(
         }
     };
     let mut live = live;
+    // Heartbeats are due after this much silence; without them the timer never fires.
+    let quiet = heartbeat.unwrap_or(Duration::from_secs(86_400 * 365));
+    let beat = tokio::time::sleep(quiet);
+    tokio::pin!(beat);
     loop {
+        let running = !*stalled.borrow_and_update();
         tokio::select! {
-            m = live.recv() => match m {
-                Some(m) => if out.send(Ok(m)).await.is_err() { return },
+            m = live.recv(), if running => match m {
+                Some(m) => {
+                    // Stalled since this loop looked: hold the message like the rest.
+                    if !until_unstalled(&mut stalled, &out, &mut shutdown).await {
+                        return;
+                    }
+                    sent = revision_after(&m).unwrap_or(sent);
+                    if out.send(Ok(m)).await.is_err() { return }
+                    beat.as_mut().reset(tokio::time::Instant::now() + quiet);
+                }
                 None => {
                     let st = lock(&cut).take().unwrap_or_else(|| Status::unavailable("watch closed by the server"));
                     let _ = out.send(Err(st)).await;
                     return;
                 }
             },
-            _ = out.closed() => return,
+            () = &mut beat, if running && heartbeat.is_some() => {
+                let m = WatchResponse {
+                    kind: Some(watch_response::Kind::Heartbeat(Heartbeat {
+                        epoch: epoch.clone(),
+                        revision: sent,
+                    })),
+                };
+                if out.send(Ok(m)).await.is_err() { return }
+                beat.as_mut().reset(tokio::time::Instant::now() + quiet);
+            }
+            // Stalled or resumed: look again. The sender lives in `inner`, so this never errs.
+            _ = stalled.changed() => {
+                beat.as_mut().reset(tokio::time::Instant::now() + quiet);
+            }
+            () = out.closed() => return,
             _ = shutdown.changed() => {
                 let _ = out.send(Err(Status::unavailable("manager-sim is shutting down"))).await;
                 return;
@@ -794,6 +862,14 @@ impl Manager for ManagerSvc {
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let req = req.into_inner();
+        if req.heartbeat_interval_ms != 0 && !HEARTBEAT_MS.contains(&req.heartbeat_interval_ms) {
+            return Err(Status::invalid_argument(format!(
+                "heartbeat_interval_ms is {}: 0 (no heartbeats) or {} to {}",
+                req.heartbeat_interval_ms,
+                HEARTBEAT_MS.start(),
+                HEARTBEAT_MS.end()
+            )));
+        }
         let (tx, rx) = mpsc::channel(32);
         let shutdown = self.0.shutdown.subscribe();
         if *shutdown.borrow() {
@@ -1034,6 +1110,7 @@ impl Sim {
             limits: config.limits,
             state_file,
             shutdown,
+            stalled: watch::Sender::new(false),
         });
         inner.persist()?;
         // Events produced while building the world (declared nodes) go to
@@ -1185,6 +1262,14 @@ impl SimHandle {
     /// Number of open watch streams.
     pub fn watchers(&self) -> usize {
         lock(&self.inner.shared).subs.len()
+    }
+
+    /// Stalls (`true`) or resumes (`false`) every Watch stream, the way a hung Manager behaves:
+    /// streams, open or new, are accepted and kept open but sent nothing, not even heartbeats.
+    /// Unary calls are answered as usual. A stalled stream whose buffer of event batches fills
+    /// is cut like any slow watcher. In-process only (tests).
+    pub fn stall_watches(&self, stalled: bool) {
+        self.inner.stalled.send_replace(stalled);
     }
 
     /// Stops serving, ends every stream with UNAVAILABLE, writes the state

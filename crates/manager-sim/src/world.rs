@@ -318,6 +318,9 @@ pub struct World {
     reject_next: u32,
     partitioned: BTreeSet<String>,
     history: BTreeMap<String, JobRecord>,
+    /// CreateNode idempotency keys: `request_id` → the node it created (every node that has
+    /// one, so it lasts as long as the node and is rebuilt from the nodes on restore).
+    node_by_request: BTreeMap<String, String>,
 }
 
 fn role_of(role: i32) -> i32 {
@@ -356,6 +359,19 @@ fn advertised(mut capabilities: Vec<String>, job_socket: bool) -> Vec<String> {
     capabilities.sort();
     capabilities.dedup();
     capabilities
+}
+
+/// Whether `node` is what `req` asks for: the same pool and tags, and the same provider, region,
+/// instance type and zone where the request names one (a retry that leaves the zone to Manager
+/// matches whichever zone the first call got).
+fn satisfies(node: &Node, req: &CreateNodeRequest) -> bool {
+    let named = |asked: &str, got: &str| asked.is_empty() || asked == got;
+    node.pool == req.pool
+        && (req.provider == ProviderKind::Unspecified as i32 || req.provider == node.provider)
+        && named(&req.region, &node.region)
+        && named(&req.instance_type, &node.instance_type)
+        && named(&req.zone, &node.zone)
+        && node.tags == req.tags
 }
 
 /// The deterministic id of a bundle's runtime job.
@@ -418,6 +434,7 @@ impl World {
             reject_next: 0,
             partitioned: BTreeSet::new(),
             history: BTreeMap::new(),
+            node_by_request: BTreeMap::new(),
         }
     }
 
@@ -451,6 +468,7 @@ impl World {
                 }),
                 created_at_ms: now_ms,
                 state_changed_at_ms: now_ms,
+                request_id: String::new(),
             };
             self.nodes.insert(node.node_id.clone(), node.clone());
             self.emit_started(node, now_ms);
@@ -474,6 +492,12 @@ impl World {
             .nodes
             .into_iter()
             .map(|n| (n.node_id.clone(), n))
+            .collect();
+        world.node_by_request = world
+            .nodes
+            .values()
+            .filter(|n| !n.request_id.is_empty())
+            .map(|n| (n.request_id.clone(), n.node_id.clone()))
             .collect();
         world.jobs = saved
             .jobs
@@ -1122,6 +1146,28 @@ impl World {
         validate::reason("region", &req.region)?;
         validate::reason("instance_type", &req.instance_type)?;
         validate::reason("zone", &req.zone)?;
+        if !req.request_id.is_empty() {
+            validate::id("request_id", &req.request_id)?;
+        }
+        // No node has an empty request_id in the index.
+        if let Some(node) = self
+            .node_by_request
+            .get(&req.request_id)
+            .and_then(|id| self.nodes.get(id))
+        {
+            return if satisfies(node, req) {
+                Ok(node.clone())
+            } else {
+                Err(CommandError::AlreadyExists(format!(
+                    "request_id {:?} created node {} (pool {:?}, zone {:?}, instance type {:?}); this request asks for something else",
+                    validate::excerpt(&req.request_id),
+                    node.node_id,
+                    node.pool,
+                    node.zone,
+                    node.instance_type
+                )))
+            };
+        }
         let Some(pool) = self.pools.get_mut(&req.pool) else {
             return Err(CommandError::InvalidArgument(format!(
                 "unknown pool {:?}",
@@ -1204,6 +1250,7 @@ impl World {
             inventory: None,
             created_at_ms: now_ms,
             state_changed_at_ms: now_ms,
+            request_id: req.request_id.clone(),
         };
         let mut node = node;
         loop {
@@ -1213,6 +1260,10 @@ impl World {
                 node.node_id = id;
                 break;
             }
+        }
+        if !node.request_id.is_empty() {
+            self.node_by_request
+                .insert(node.request_id.clone(), node.node_id.clone());
         }
         self.nodes.insert(node.node_id.clone(), node.clone());
         self.emit(

@@ -1150,3 +1150,128 @@ fn a_restart_aborts_only_migrations_waiting_on_a_job() {
         MigrationPhase::StateReceived
     );
 }
+
+fn keyed(pool: &str, key: &str) -> CreateNodeRequest {
+    CreateNodeRequest {
+        pool: pool.into(),
+        request_id: key.into(),
+        tags: [("for".to_owned(), "r1".to_owned())].into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_repeated_create_node_request_id_makes_nothing_and_answers_with_the_first_node() {
+    let mut w = world();
+    w.take_events();
+    let first = w.create_node(&keyed("e", "k1"), 0).unwrap();
+    assert_eq!(first.request_id, "k1");
+    assert_eq!(kinds(&w.take_events()), ["NodeStarting"]);
+    let revision = w.revision();
+    // The answer was lost; the caller asks again, before and after the node started.
+    assert_eq!(w.create_node(&keyed("e", "k1"), 5).unwrap(), first);
+    w.advance(200);
+    w.take_events();
+    let again = w.create_node(&keyed("e", "k1"), 300).unwrap();
+    assert_eq!(again.node_id, first.node_id);
+    assert_eq!(again.state(), NodeState::Started);
+    assert!(w.take_events().is_empty());
+    assert!(
+        w.revision() > revision,
+        "the start moved it, not the repeats"
+    );
+    let revision = w.revision();
+    // Naming the zone and instance type the first call got is still the same request.
+    let mut named = keyed("e", "k1");
+    named.zone.clone_from(&first.zone);
+    named.instance_type.clone_from(&first.instance_type);
+    assert_eq!(w.create_node(&named, 300).unwrap().node_id, first.node_id);
+    assert_eq!(w.revision(), revision);
+    // Another key, or none, is another node.
+    assert_ne!(
+        w.create_node(&keyed("e", "k2"), 300).unwrap().node_id,
+        first.node_id
+    );
+    let unkeyed = w.create_node(&keyed("e", ""), 300).unwrap();
+    assert_eq!(unkeyed.request_id, "");
+    assert_ne!(
+        w.create_node(&keyed("e", ""), 300).unwrap().node_id,
+        unkeyed.node_id
+    );
+    assert_eq!(
+        w.snapshot().nodes.iter().filter(|n| n.pool == "e").count(),
+        4
+    );
+}
+
+#[test]
+fn a_request_id_reused_for_another_request_is_already_exists_and_makes_nothing() {
+    let mut w = world();
+    let first = w.create_node(&keyed("e", "k1"), 0).unwrap();
+    w.take_events();
+    let other_zone = if first.zone == "z1" { "z2" } else { "z1" };
+    let mut cases = vec![
+        keyed("e", "k1"),
+        keyed("e", "k1"),
+        keyed("e", "k1"),
+        keyed("f", "k1"),
+    ];
+    cases[0].zone = other_zone.into();
+    cases[1].instance_type = "gpu".into();
+    cases[2].tags.insert("for".into(), "r2".into());
+    for req in cases {
+        match w.create_node(&req, 1) {
+            Err(CommandError::AlreadyExists(m)) => {
+                assert!(m.contains("k1") && m.contains(&first.node_id), "{m}");
+            }
+            other => panic!("{req:?}: {other:?}"),
+        }
+    }
+    assert!(w.take_events().is_empty());
+    // A malformed key is refused like any malformed field.
+    for bad in ["x".repeat(254), "a\nb".to_owned()] {
+        assert!(matches!(
+            w.create_node(&keyed("e", &bad), 1),
+            Err(CommandError::InvalidArgument(m)) if m.contains("request_id")
+        ));
+    }
+}
+
+#[test]
+fn request_ids_survive_a_restart_with_the_nodes_and_old_state_files_load() {
+    let mut w = world();
+    let first = w.create_node(&keyed("e", "k1"), 0).unwrap();
+    let pools = SimConfig::from_yaml(
+        r"
+pools:
+  - {name: e, kind: aws, region: r, zones: [z1, z2], scaleOut: elastic,
+     instanceTypes: [{instanceType: small, capacity: 50, cores: 4}]}
+",
+    )
+    .unwrap()
+    .pools;
+    let json = serde_json::to_string(&w.persisted()).unwrap();
+    let mut r = World::restore(
+        &pools,
+        TIMING,
+        1000,
+        serde_json::from_str(&json).unwrap(),
+        10,
+    );
+    assert_eq!(
+        r.create_node(&keyed("e", "k1"), 20).unwrap().node_id,
+        first.node_id
+    );
+    // A state file written before nodes carried a request_id.
+    let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+    for n in old["nodes"].as_array_mut().unwrap() {
+        n.as_object_mut().unwrap().remove("request_id");
+    }
+    let old: PersistedWorld = serde_json::from_value(old).unwrap();
+    let mut r = World::restore(&pools, TIMING, 1000, old, 10);
+    assert_eq!(r.node(&first.node_id).unwrap().request_id, "");
+    assert_ne!(
+        r.create_node(&keyed("e", "k1"), 20).unwrap().node_id,
+        first.node_id
+    );
+}

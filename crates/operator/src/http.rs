@@ -3,7 +3,7 @@
 //! | Route | Answer |
 //! |---|---|
 //! | `GET /healthz` | `200 ok` while the process serves HTTP |
-//! | `GET /readyz` | `200` when ready, `503` otherwise; JSON `{ready, leader, role, cachesSynced, managerConnection}` |
+//! | `GET /readyz` | `200` when ready, `503` otherwise; JSON `{ready, reasons, leader, role, cachesSynced, managerConnection, managerUnreachableSeconds?, managerLastError?}` |
 //! | `GET /metrics` | OpenMetrics text from [`Metrics::encode`] |
 //!
 //! The debugging API is served by [`debug_router`] on a listener of its own
@@ -15,12 +15,18 @@
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
 //! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out, with the dry run's `decisions` |
 //!
-//! Readiness: ready = (leader OR standby) AND caches synced. "Standby" means leader election
-//! has reported at least once and this replica does not hold the lease: a standby is ready so
-//! that rolling updates of a two-replica Deployment proceed. Before the first report
-//! ([`Readiness::set_leader`]) the role is `starting` and the replica is not ready. Manager's
-//! connection state is shown but does not gate readiness: a lost Manager must not make
-//! Kubernetes restart or unroute the operator, which would not bring Manager back.
+//! Readiness: ready = (leader OR standby) AND caches synced AND Manager reachable, i.e. this
+//! replica could do its work if it leads. "Standby" means leader election has reported at least
+//! once and this replica does not hold the lease: a standby is ready so that rolling updates of
+//! a two-replica Deployment proceed. Before the first report ([`Readiness::set_leader`]) the
+//! role is `starting` and the replica is not ready. "Manager reachable" means the mirror has
+//! synced with Manager at least once and the connection has not been out of `ready` for longer
+//! than the grace period (`manager.readinessGrace`), so a stream cut that resumes in a second
+//! does not flap the probe, while a Manager that is down, stalled (the client's Watch
+//! deadlines), or refuses this replica's token makes it 503 with the reason in `reasons`. A
+//! rolling update therefore stops at a new replica that cannot reach Manager instead of
+//! replacing one that can. Liveness (`/healthz`) never looks at Manager: restarting the
+//! operator would not bring Manager back.
 //!
 //! Every error answer is JSON `{"error": "..."}`. Request bodies are limited to
 //! [`MAX_BODY_BYTES`]; a larger one gets `413`.
@@ -29,6 +35,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -40,6 +47,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 use crate::metrics::Metrics;
+use manager_client::{ConnectionState, ManagerClient};
 
 /// Largest request body accepted (`POST /v1/what-if`).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
@@ -79,11 +87,26 @@ const ROLE_STARTING: u8 = 0;
 const ROLE_STANDBY: u8 = 1;
 const ROLE_LEADER: u8 = 2;
 
+/// The default of `manager.readinessGrace`.
+pub const DEFAULT_MANAGER_GRACE: Duration = Duration::from_secs(30);
+
+/// What readiness knows of the Manager connection.
+#[derive(Debug)]
+struct ManagerView {
+    state: ConnectionState,
+    /// Whether the mirror has ever synced.
+    synced_once: bool,
+    /// When the connection last left `ready`; `None` while ready and before the first sync.
+    unreachable_since: Option<tokio::time::Instant>,
+    last_error: Option<String>,
+}
+
 #[derive(Debug)]
 struct ReadinessInner {
     role: AtomicU8,
     caches_synced: AtomicBool,
-    manager_connection: Mutex<String>,
+    manager: Mutex<ManagerView>,
+    manager_grace: Duration,
 }
 
 /// What `/readyz` reports; shared between the runtime (which updates it) and the server.
@@ -103,8 +126,10 @@ impl Default for Readiness {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadinessReport {
-    /// (leader OR standby) AND caches synced.
+    /// (leader OR standby) AND caches synced AND Manager reachable.
     pub ready: bool,
+    /// Why not ready, one sentence each; empty when ready.
+    pub reasons: Vec<String>,
     /// Whether this replica holds the lease.
     pub leader: bool,
     /// `starting`, `standby` or `leader`.
@@ -112,17 +137,39 @@ pub struct ReadinessReport {
     /// Whether the runtime's watch caches have synced.
     pub caches_synced: bool,
     /// Manager's connection state (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`).
-    pub manager_connection: String,
+    pub manager_connection: &'static str,
+    /// Whole seconds since the connection left `ready`; absent while ready and before the first
+    /// sync.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manager_unreachable_seconds: Option<u64>,
+    /// Why the connection last failed (clipped to 256 characters), while it is not `ready`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub manager_last_error: Option<String>,
 }
 
+/// Longest `managerLastError` shown.
+const MAX_ERROR_CHARS: usize = 256;
+
 impl Readiness {
-    /// Starting: not leader, not standby, caches not synced, Manager `idle`.
+    /// Starting: not leader, not standby, caches not synced, Manager `idle` (never synced), a
+    /// grace of [`DEFAULT_MANAGER_GRACE`].
     pub fn new() -> Self {
+        Self::with_manager_grace(DEFAULT_MANAGER_GRACE)
+    }
+
+    /// Like [`Readiness::new`], with `manager.readinessGrace`.
+    pub fn with_manager_grace(grace: Duration) -> Self {
         Readiness {
             inner: Arc::new(ReadinessInner {
                 role: AtomicU8::new(ROLE_STARTING),
                 caches_synced: AtomicBool::new(false),
-                manager_connection: Mutex::new("idle".to_owned()),
+                manager: Mutex::new(ManagerView {
+                    state: ConnectionState::Idle,
+                    synced_once: false,
+                    unreachable_since: None,
+                    last_error: None,
+                }),
+                manager_grace: grace,
             }),
         }
     }
@@ -138,14 +185,42 @@ impl Readiness {
         self.inner.caches_synced.store(synced, Ordering::Release);
     }
 
-    /// Manager's connection state, shown as-is (truncated to 64 characters).
-    pub fn set_manager_connection(&self, state: &str) {
-        let state: String = state.chars().take(64).collect();
-        *self
-            .inner
-            .manager_connection
+    /// Manager's connection state and, when it failed, why. The grace period runs from the
+    /// moment the state leaves `ready`.
+    pub fn set_manager_connection(&self, state: ConnectionState, last_error: Option<String>) {
+        let mut m = self.manager();
+        if state == ConnectionState::Ready {
+            m.synced_once = true;
+            m.unreachable_since = None;
+        } else if m.synced_once && m.unreachable_since.is_none() {
+            m.unreachable_since = Some(tokio::time::Instant::now());
+        }
+        m.state = state;
+        m.last_error = last_error.map(|e| e.chars().take(MAX_ERROR_CHARS).collect());
+    }
+
+    /// Keeps the Manager connection current from `client` until the client shuts down.
+    pub fn follow_manager(&self, client: &ManagerClient) -> tokio::task::JoinHandle<()> {
+        let readiness = self.clone();
+        let client = client.clone();
+        let mut states = client.state();
+        tokio::spawn(async move {
+            loop {
+                let state = *states.borrow_and_update();
+                // The client records the error before it announces the failure.
+                readiness.set_manager_connection(state, client.last_error());
+                if state == ConnectionState::Shutdown || states.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+    }
+
+    fn manager(&self) -> std::sync::MutexGuard<'_, ManagerView> {
+        self.inner
+            .manager
             .lock()
-            .unwrap_or_else(|e| e.into_inner()) = state;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether `/readyz` answers 200.
@@ -157,14 +232,37 @@ impl Readiness {
     pub fn report(&self) -> ReadinessReport {
         let role = self.inner.role.load(Ordering::Acquire);
         let caches_synced = self.inner.caches_synced.load(Ordering::Acquire);
-        let manager_connection = self
-            .inner
-            .manager_connection
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut reasons = Vec::new();
+        if role == ROLE_STARTING {
+            reasons.push("leader election has not answered yet".to_owned());
+        }
+        if !caches_synced {
+            reasons.push("the Kubernetes watch caches have not synced yet".to_owned());
+        }
+        let m = self.manager();
+        let state = m.state.as_str();
+        let error = m
+            .last_error
+            .as_deref()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default();
+        let down_for = m.unreachable_since.map(|since| since.elapsed());
+        let grace = self.inner.manager_grace;
+        if !m.synced_once {
+            reasons.push(format!(
+                "Manager has not been reached yet (connection {state}{error})"
+            ));
+        } else if let Some(down) = down_for.filter(|d| *d > grace) {
+            reasons.push(format!(
+                "Manager unreachable for {}s, longer than manager.readinessGrace {}s (connection {state}{error})",
+                down.as_secs(),
+                grace.as_secs_f64()
+            ));
+        }
+        let connected = m.state == ConnectionState::Ready;
         ReadinessReport {
-            ready: role != ROLE_STARTING && caches_synced,
+            ready: reasons.is_empty(),
+            reasons,
             leader: role == ROLE_LEADER,
             role: match role {
                 ROLE_LEADER => "leader",
@@ -172,7 +270,9 @@ impl Readiness {
                 _ => "starting",
             },
             caches_synced,
-            manager_connection,
+            manager_connection: state,
+            manager_unreachable_seconds: down_for.map(|d| d.as_secs()),
+            manager_last_error: m.last_error.clone().filter(|_| !connected),
         }
     }
 }

@@ -25,6 +25,7 @@ use automanager_placement as pl;
 use automanager_policy::ledger::RestartLedger;
 use automanager_policy::node_health::NodeHealth;
 use automanager_policy::provision_budget::ProvisionBudget;
+use automanager_policy::provision_keys::ProvisionKeys;
 use kube::runtime::reflector::ObjectRef;
 use manager_proto as proto;
 
@@ -144,6 +145,8 @@ pub struct OperatorState {
     pub health: NodeHealth,
     /// Node requests per pool in the last minute.
     pub provision_budget: ProvisionBudget,
+    /// CreateNode idempotency keys sent without an answer, repeated by the next ask.
+    pub provision_keys: ProvisionKeys,
     /// The full trace of each bundle's last decision per replica, by (namespace, name).
     pub traces: HashMap<(String, String), BTreeMap<u32, LastDecision>>,
     /// Bundle ids currently Broken.
@@ -171,6 +174,7 @@ impl OperatorState {
             ledger: RestartLedger::default(),
             health: NodeHealth::new(rejection_threshold, rejection_window),
             provision_budget: ProvisionBudget::default(),
+            provision_keys: ProvisionKeys::default(),
             traces: HashMap::new(),
             broken: HashSet::new(),
             drains: HashMap::new(),

@@ -492,6 +492,7 @@ async fn the_orphan_sweep_removes_manager_work_whose_resource_is_gone_and_nothin
     };
     h.ctx.manager.register_bundle(ghost).await.unwrap();
     let node = |tags: &[(&str, &str)]| manager_proto::CreateNodeRequest {
+        request_id: String::new(),
         pool: "aws-east".into(),
         provider: manager_proto::ProviderKind::Aws as i32,
         region: "eu-west-1".into(),
@@ -571,5 +572,145 @@ async fn the_orphan_sweep_removes_manager_work_whose_resource_is_gone_and_nothin
         metrics.contains("automanager_orphans_removed_total{kind=\"node\"} 1"),
         "{metrics}"
     );
+    h.shutdown().await;
+}
+
+/// Waits until pool `name` (absent: `None`) satisfies `ok`, and returns it.
+async fn wait_pool(
+    pools: &Api<PlacementPool>,
+    name: &str,
+    what: &str,
+    ok: impl Fn(Option<&PlacementPool>) -> bool,
+) -> Option<PlacementPool> {
+    let until = tokio::time::Instant::now() + BOUND;
+    loop {
+        let p = pools.get_opt(name).await.unwrap();
+        if ok(p.as_ref()) {
+            return p;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "timed out: {what}: {p:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The pool's `Stalled` condition, if it is True.
+fn stalled(p: &PlacementPool) -> Option<(String, String)> {
+    p.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled" && c.status == automanager_api::ConditionStatus::True)
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test]
+async fn a_pool_in_use_is_not_deleted_until_its_bundles_and_spare_targets_are_gone() {
+    let Some(h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    let pools: Api<PlacementPool> = Api::all(h.env.client());
+    // Every pool carries the finalizer once the controller has seen it.
+    wait_pool(&pools, "aws-east", "finalizer", |p| {
+        p.is_some_and(|p| {
+            p.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == automanager_api::POOL_FINALIZER)
+        })
+    })
+    .await;
+    // A gold bundle listing the pool second, one naming it in a replica override, and a spare target.
+    h.create(
+        "news",
+        spec(
+            1,
+            &["onprem", "aws-east"],
+            PriorityBand::Gold,
+            serde_json::json!({}),
+        ),
+    )
+    .await;
+    h.create(
+        "sport",
+        spec(
+            2,
+            &["onprem"],
+            PriorityBand::Silver,
+            serde_json::json!({"replicaOverrides": [{"replica": 1, "pools": ["aws-east"]}]}),
+        ),
+    )
+    .await;
+    let target: automanager_api::HotSpareTarget = serde_json::from_value(serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "HotSpareTarget",
+        "metadata": {"name": "east-spares"},
+        "spec": {"pool": "aws-east", "targetCount": 0, "spec": {"instanceType": "m5.xlarge", "region": "eu-west-1"}},
+    }))
+    .unwrap();
+    let targets: Api<automanager_api::HotSpareTarget> = Api::all(h.env.client());
+    targets
+        .create(&PostParams::default(), &target)
+        .await
+        .expect("spare target");
+
+    pools
+        .delete("aws-east", &Default::default())
+        .await
+        .expect("delete");
+    let p = wait_pool(&pools, "aws-east", "InUse naming all three users", |p| {
+        p.and_then(stalled).is_some_and(|(reason, m)| {
+            reason == "InUse"
+                && m.contains("Bundle default/news")
+                && m.contains("Bundle default/sport")
+                && m.contains("HotSpareTarget east-spares")
+        })
+    })
+    .await
+    .expect("still there");
+    assert!(p.metadata.deletion_timestamp.is_some());
+    // Still in the placement model: the bundles that name it keep recovering into it.
+    assert!(
+        h.ctx
+            .state()
+            .model
+            .pools()
+            .iter()
+            .any(|p| p.name == "aws-east")
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());
+    let blocked = events.list(&Default::default()).await.unwrap();
+    assert!(
+        blocked
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("DeletionBlocked")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("Bundle default/news"))),
+        "a DeletionBlocked Event naming the users"
+    );
+
+    // The users go one by one; the message follows, and the pool goes with the last.
+    h.bundles()
+        .delete("news", &Default::default())
+        .await
+        .unwrap();
+    h.bundles()
+        .delete("sport", &Default::default())
+        .await
+        .unwrap();
+    wait_pool(&pools, "aws-east", "only the spare target left", |p| {
+        p.and_then(stalled)
+            .is_some_and(|(_, m)| !m.contains("Bundle") && m.contains("HotSpareTarget east-spares"))
+    })
+    .await;
+    targets
+        .delete("east-spares", &Default::default())
+        .await
+        .unwrap();
+    wait_pool(&pools, "aws-east", "the pool gone", |p| p.is_none()).await;
     h.shutdown().await;
 }

@@ -9,6 +9,7 @@ use automanager_operator::http::{
 use automanager_operator::metrics::Metrics;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use manager_client::ConnectionState;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -113,12 +114,76 @@ async fn readyz_is_200_for_a_synced_leader_and_shows_the_manager_connection() {
     let r = Readiness::new();
     r.set_leader(true);
     r.set_caches_synced(true);
-    r.set_manager_connection("transientFailure");
+    r.set_manager_connection(ConnectionState::Ready, None);
     let (status, _, body) = call(app(r, Metrics::new()), get("/readyz")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         json_of(&body),
-        json!({"ready": true, "leader": true, "role": "leader", "cachesSynced": true, "managerConnection": "transientFailure"})
+        json!({"ready": true, "reasons": [], "leader": true, "role": "leader", "cachesSynced": true, "managerConnection": "ready"})
+    );
+}
+
+#[tokio::test]
+async fn readyz_is_503_until_manager_has_been_reached_once_and_says_so() {
+    let r = Readiness::new();
+    r.set_leader(true);
+    r.set_caches_synced(true);
+    r.set_manager_connection(
+        ConnectionState::TransientFailure,
+        Some("Unavailable: connection refused".to_owned()),
+    );
+    let (status, _, body) = call(app(r.clone(), Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = json_of(&body);
+    assert_eq!(v["managerConnection"], "transientFailure");
+    assert_eq!(v["managerLastError"], "Unavailable: connection refused");
+    assert_eq!(
+        v["reasons"],
+        json!([
+            "Manager has not been reached yet (connection transientFailure: Unavailable: connection refused)"
+        ])
+    );
+    r.set_manager_connection(ConnectionState::Ready, None);
+    assert!(r.is_ready());
+}
+
+#[tokio::test]
+async fn readyz_rides_out_a_manager_outage_within_the_grace_and_is_503_after_it() {
+    let r = Readiness::with_manager_grace(Duration::from_millis(300));
+    r.set_leader(false);
+    r.set_caches_synced(true);
+    r.set_manager_connection(ConnectionState::Ready, None);
+    assert!(r.is_ready());
+    let error = || Some("Manager sent nothing for 15s: the stream is stalled".to_owned());
+    r.set_manager_connection(ConnectionState::TransientFailure, error());
+    r.set_manager_connection(ConnectionState::Connecting, error());
+    // Within the grace: still ready, and the JSON already says what is going on.
+    let (status, _, body) = call(app(r.clone(), Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let v = json_of(&body);
+    assert_eq!(v["managerUnreachableSeconds"], 0);
+    assert_eq!(v["managerConnection"], "connecting");
+    assert_eq!(v["managerLastError"], error().unwrap_or_default());
+    // Past it (the grace counts from leaving `ready`, not from the last change).
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (status, _, body) = call(app(r.clone(), Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = json_of(&body);
+    let reasons = v["reasons"].to_string();
+    assert!(
+        reasons.contains("Manager unreachable for 0s, longer than manager.readinessGrace 0.3s")
+            && reasons.contains("the stream is stalled"),
+        "{reasons}"
+    );
+    assert_eq!(v["role"], "standby");
+    // Back: ready at once, and the old error is gone.
+    r.set_manager_connection(ConnectionState::Ready, error());
+    let (status, _, body) = call(app(r, Metrics::new()), get("/readyz")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(json_of(&body).get("managerLastError").is_none(), "{body}");
+    assert!(
+        json_of(&body).get("managerUnreachableSeconds").is_none(),
+        "{body}"
     );
 }
 
@@ -127,6 +192,7 @@ async fn readyz_is_200_for_a_synced_standby() {
     let r = Readiness::new();
     r.set_leader(false);
     r.set_caches_synced(true);
+    r.set_manager_connection(ConnectionState::Ready, None);
     let (status, _, body) = call(app(r.clone(), Metrics::new()), get("/readyz")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(json_of(&body)["role"], "standby");

@@ -15,6 +15,7 @@
 //! | [`node_health`] | nodes whose workers refuse too many starts |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
+//! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
 //! | [`drain`] | the next step of a `migrate` drain |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
@@ -31,6 +32,7 @@ pub mod migration;
 pub mod node_health;
 pub mod orphans;
 pub mod provision_budget;
+pub mod provision_keys;
 pub mod spares;
 pub mod tags;
 pub mod vocab;

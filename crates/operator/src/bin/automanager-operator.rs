@@ -274,7 +274,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         .await
         .map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
     let metrics = Metrics::new();
-    let readiness = Readiness::new();
+    let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
     let settings = Settings::from_config(&config);
     let ctx = Context::new(
         client.clone(),
@@ -285,18 +285,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     );
 
     // Manager's connection state is part of readiness.
-    {
-        let readiness = readiness.clone();
-        let mut state = manager.state();
-        tokio::spawn(async move {
-            loop {
-                readiness.set_manager_connection(state.borrow_and_update().as_str());
-                if state.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
-    }
+    readiness.follow_manager(&manager);
 
     let server = tokio::spawn(http::serve(
         config.http.bind_address,

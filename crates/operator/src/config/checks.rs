@@ -206,6 +206,15 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ),
         ));
     }
+    if c.manager.idle_timeout <= c.manager.heartbeat_interval {
+        errors.push(err(
+            "manager.idleTimeout",
+            format!(
+                "must be longer than manager.heartbeatInterval ({}), or every quiet Watch stream is cut",
+                super::duration::show(c.manager.heartbeat_interval)
+            ),
+        ));
+    }
     let le = &c.leader_election;
     if let Some(renew) = le.renew_every
         && renew.as_secs() + 2 > le.lease_duration.as_secs()

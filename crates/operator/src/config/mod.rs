@@ -160,6 +160,29 @@ pub struct ManagerConfig {
     #[serde(with = "duration")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "100ms", "max": "10m"}))]
     pub request_timeout: Duration,
+    /// How long a Watch may take from the call to its `Synced` (the snapshot, or the catch-up
+    /// after a resume). Past it the stream counts as failed (`transientFailure`) and is retried
+    /// with backoff: a Manager that accepts the stream and never answers is not "connecting"
+    /// forever.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1h"}))]
+    pub sync_timeout: Duration,
+    /// How often Manager is asked to send a heartbeat on a quiet Watch stream.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "100ms", "max": "1h"}))]
+    pub heartbeat_interval: Duration,
+    /// The longest silence accepted on an open Watch stream (no event, no heartbeat) before it
+    /// counts as stalled and is reopened, resuming from the last revision. Longer than
+    /// `heartbeatInterval`; against a Manager that sends no heartbeats, set it long.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    pub idle_timeout: Duration,
+    /// How long Manager may be unreachable (the connection out of `ready`) before `/readyz`
+    /// answers 503, on the leader and the standby alike; short reconnects stay within it. A
+    /// replica that has never synced with Manager is not ready at all.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "0s", "max": "1h"}))]
+    pub readiness_grace: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -171,6 +194,10 @@ impl Default for ManagerConfig {
             tls: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            sync_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(15),
+            readiness_grace: Duration::from_secs(30),
         }
     }
 }
@@ -916,6 +943,9 @@ impl ManagerConfig {
         let mut config = manager_client::ClientConfig::new(self.url.trim_end_matches('/'));
         config.connect_timeout = self.connect_timeout;
         config.request_timeout = self.request_timeout;
+        config.sync_timeout = self.sync_timeout;
+        config.heartbeat_interval = self.heartbeat_interval;
+        config.idle_timeout = self.idle_timeout;
         if let Some(path) = &self.token_file {
             let token = String::from_utf8_lossy(&read("token file", path)?)
                 .trim()

@@ -36,6 +36,10 @@ fn a_minimal_file_takes_every_default() {
     assert_eq!(c.manager.tls, None);
     assert_eq!(c.manager.connect_timeout, d(5));
     assert_eq!(c.manager.request_timeout, d(10));
+    assert_eq!(c.manager.sync_timeout, d(30));
+    assert_eq!(c.manager.heartbeat_interval, d(5));
+    assert_eq!(c.manager.idle_timeout, d(15));
+    assert_eq!(c.manager.readiness_grace, d(30));
     assert_eq!(c.pending_window, d(60));
     assert_eq!(c.remove_stopped_nodes_after, d(3600));
     assert_eq!(
@@ -108,6 +112,10 @@ manager:
   tls: {{ caFile: {ca}, certFile: {cert}, keyFile: {key}, domain: manager.internal }}
   connectTimeout: 2s
   requestTimeout: 1m
+  syncTimeout: 2m
+  heartbeatInterval: 500ms
+  idleTimeout: 4s
+  readinessGrace: 0
 pendingWindow: 90
 removeStoppedNodesAfter: 2h
 bands:
@@ -129,6 +137,23 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
     assert_eq!(tls.domain.as_deref(), Some("manager.internal"));
     assert_eq!(tls.cert_file, Some(PathBuf::from(&cert)));
     assert_eq!(c.manager.request_timeout, Duration::from_secs(60));
+    assert_eq!(c.manager.sync_timeout, Duration::from_secs(120));
+    assert_eq!(c.manager.heartbeat_interval, Duration::from_millis(500));
+    assert_eq!(c.manager.idle_timeout, Duration::from_secs(4));
+    assert_eq!(c.manager.readiness_grace, Duration::ZERO);
+    let client = c.manager.client_config().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (
+            client.sync_timeout,
+            client.heartbeat_interval,
+            client.idle_timeout
+        ),
+        (
+            Duration::from_secs(120),
+            Duration::from_millis(500),
+            Duration::from_secs(4)
+        )
+    );
     assert_eq!(c.pending_window, Duration::from_secs(90));
     assert_eq!(c.remove_stopped_nodes_after, Duration::from_secs(7200));
     assert_eq!(c.bands.gold.on_failure, OnFailure::Drop);
@@ -325,6 +350,29 @@ fn durations_must_be_positive_and_bounded() {
     ] {
         assert!(e.has(p), "{p}: {e}");
     }
+}
+
+#[test]
+fn watch_deadlines_are_bounded_and_the_idle_timeout_outlasts_the_heartbeat() {
+    let e = errors(&format!(
+        "{URL}  syncTimeout: 0\n  heartbeatInterval: 10ms\n  idleTimeout: 2d\n  readinessGrace: 2h\n"
+    ));
+    for p in [
+        "manager.syncTimeout",
+        "manager.heartbeatInterval",
+        "manager.idleTimeout",
+        "manager.readinessGrace",
+    ] {
+        assert!(e.has(p), "{p}: {e}");
+    }
+    let e = errors(&format!("{URL}  heartbeatInterval: 20s\n"));
+    assert_eq!(
+        error_at(&e, "manager.idleTimeout").message,
+        "must be longer than manager.heartbeatInterval (20s), or every quiet Watch stream is cut"
+    );
+    ok(&format!(
+        "{URL}  heartbeatInterval: 20s\n  idleTimeout: 1m\n"
+    ));
 }
 
 #[test]

@@ -1175,6 +1175,15 @@ async fn write_status(
 /// Deletion: stop the bundle's jobs and unregister it before the finalizer goes.
 async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     let (ns, name) = ns_name(bundle)?;
+    // A pool waiting to be deleted no longer counts this bundle as a user.
+    let spec = &bundle.spec;
+    for pool in spec
+        .pools
+        .iter()
+        .chain(spec.replica_overrides.iter().flat_map(|o| &o.pools))
+    {
+        ctx.wake_pool_controller(pool);
+    }
     let bundle_id = mapping::bundle_id(&ns, &name);
     if !ctx.manager_ready() {
         let err = ctx.manager_unavailable();

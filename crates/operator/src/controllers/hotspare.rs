@@ -51,6 +51,8 @@ pub async fn reconcile(target: Arc<HotSpareTarget>, ctx: Arc<Context>) -> Result
 /// Deletion: terminate this target's spares that hold no job, then let the object go.
 async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
     let name = target.name_any();
+    // A pool waiting to be deleted no longer counts this target as a user.
+    ctx.wake_pool_controller(&target.spec.pool);
     ctx.state()
         .wake
         .set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);
@@ -233,8 +235,9 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             instance_type: req.instance_type.clone(),
             zone: String::new(),
             tags: req.tags.iter().cloned().collect(),
+            request_id: String::new(),
         };
-        let node = ctx.manager.create_node(create).await?;
+        let node = super::create_node(ctx, &format!("hotspare/{name}"), create).await?;
         {
             let mut state = ctx.state();
             state.model_mut().add_provisioned(&node);

@@ -13,7 +13,7 @@ pub mod pool;
 pub mod sweep;
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use automanager_api as api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -187,6 +187,11 @@ impl Context {
         for t in state.wake.spare_targets_of(pool) {
             let _ = self.wake.spare_targets.send(t.clone());
         }
+        let _ = self.wake.pools.send(ObjectRef::new(pool));
+    }
+
+    /// Wakes the PlacementPool controller for `pool` only (a user of the pool went away).
+    pub fn wake_pool_controller(&self, pool: &str) {
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
 
@@ -422,13 +427,53 @@ pub async fn request_node(
         region: spec.region.clone(),
         instance_type: instance_type.to_owned(),
         zone: zone.unwrap_or_default().to_owned(),
-        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag)]
+        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag.clone())]
             .into_iter()
             .collect(),
+        request_id: String::new(),
     };
-    let node = ctx.manager.create_node(req).await?;
+    let node = create_node(ctx, &tag, req).await?;
     ctx.state().model.add_provisioned(&node);
     Ok(Some(node))
+}
+
+/// CreateNode for `intent` (a replica's tag, a spare target) with an idempotency key: an ask
+/// whose answer was lost is repeated with its key, so Manager answers with the node it made
+/// rather than making a second (see `automanager_policy::provision_keys`).
+pub async fn create_node(
+    ctx: &Context,
+    intent: &str,
+    mut req: proto::CreateNodeRequest,
+) -> Result<proto::Node, Error> {
+    let now = Instant::now();
+    let key = ctx.with_mirror(|m, state| {
+        state.provision_keys.take(
+            intent,
+            |key| m.nodes.values().any(|n| n.request_id == key),
+            now,
+            || format!("automanager-{:032x}", rand::random::<u128>()),
+        )
+    });
+    req.request_id.clone_from(&key);
+    match ctx.manager.create_node(req).await {
+        Ok(node) => Ok(node),
+        Err(e) => {
+            if outcome_unknown(&e) {
+                tracing::info!(intent, request_id = %key, error = %e, "CreateNode got no answer; the next ask repeats its key");
+                ctx.state().provision_keys.unanswered(intent, key, now);
+            }
+            Err(e.into())
+        }
+    }
+}
+
+/// Whether Manager may have carried out a call that failed: it was not refused, only not
+/// answered. (Keeping a key that did make nothing costs nothing: its repeat makes the node.)
+fn outcome_unknown(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Timeout(_) | ClientError::Unavailable(_) | ClientError::Rpc { .. }
+    )
 }
 
 /// Whether a node asked for the replica (or migration target) tagged `tag` is still on its way to it: starting, or

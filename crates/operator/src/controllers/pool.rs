@@ -1,14 +1,21 @@
 //! The PlacementPool controller: loads each pool into the placement model, checks it against
 //! Manager, and keeps its status (node count, live spares, spare target, used capacity).
+//!
+//! Every pool carries the [`api::POOL_FINALIZER`]: deleting a pool that a Bundle (in its `pools`
+//! or a replica override) or a HotSpareTarget names waits, with the pool kept in the placement
+//! model so those jobs keep recovering, and `Stalled=True` reason `InUse` naming the users,
+//! until none is left (users being deleted themselves do not count); then the pool goes.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
+use automanager_api::{self as api, Bundle, HotSpareTarget, PlacementPool, PlacementPoolStatus};
+use automanager_policy::bounded;
 use chrono::Utc;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 
 use super::{Context, Error};
 use crate::mapping;
@@ -17,10 +24,123 @@ use crate::mapping;
 const REFRESH: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Action, Error> {
-    super::timed("placementpool", &ctx, apply(&pool, &ctx)).await
+    super::timed("placementpool", &ctx, async {
+        if pool.metadata.deletion_timestamp.is_some() {
+            return deleting(&pool, &ctx).await;
+        }
+        if !pool.finalizers().iter().any(|f| f == api::POOL_FINALIZER) {
+            let mut finalizers = pool.finalizers().to_vec();
+            finalizers.push(api::POOL_FINALIZER.to_owned());
+            set_finalizers(&pool, &ctx, finalizers).await?;
+        }
+        apply(&pool, &ctx, &[]).await
+    })
+    .await
 }
 
-async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error> {
+/// Writes the pool's finalizers, failing (409) if the object changed since it was read.
+async fn set_finalizers(
+    pool: &PlacementPool,
+    ctx: &Context,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let patch = serde_json::json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": pool.resource_version(),
+        }
+    });
+    Api::<PlacementPool>::all(ctx.client.clone())
+        .patch(
+            &pool.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A pool being deleted: it goes once nothing uses it; until then it stays loaded and says who
+/// holds it.
+async fn deleting(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error> {
+    if !pool.finalizers().iter().any(|f| f == api::POOL_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    let name = pool.name_any();
+    let users = users_of(&name, ctx).await?;
+    if users.is_empty() {
+        let rest: Vec<String> = pool
+            .finalizers()
+            .iter()
+            .filter(|f| *f != api::POOL_FINALIZER)
+            .cloned()
+            .collect();
+        set_finalizers(pool, ctx, rest).await?;
+        tracing::info!(pool = %name, "PlacementPool deleted: nothing uses it");
+        return Ok(Action::await_change());
+    }
+    apply(pool, ctx, &users).await
+}
+
+/// The objects that name `pool`, as `Bundle <namespace>/<name>` and `HotSpareTarget <name>`,
+/// sorted; objects being deleted themselves are not counted. Read from the API server, not a
+/// cache: a user created a moment ago must count.
+async fn users_of(pool: &str, ctx: &Context) -> Result<Vec<String>, Error> {
+    let live = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_none();
+    let mut users = Vec::new();
+    let bundle_apis: Vec<Api<Bundle>> = if ctx.settings.watch_namespaces.is_empty() {
+        vec![Api::all(ctx.client.clone())]
+    } else {
+        ctx.settings
+            .watch_namespaces
+            .iter()
+            .map(|ns| Api::namespaced(ctx.client.clone(), ns))
+            .collect()
+    };
+    for bundles in bundle_apis {
+        for b in bundles.list(&ListParams::default()).await? {
+            let spec = &b.spec;
+            let names = spec
+                .pools
+                .iter()
+                .chain(spec.replica_overrides.iter().flat_map(|o| &o.pools));
+            if live(&b.metadata) && names.into_iter().any(|p| p == pool) {
+                users.push(format!(
+                    "Bundle {}/{}",
+                    b.namespace().unwrap_or_default(),
+                    b.name_any()
+                ));
+            }
+        }
+    }
+    let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
+    for t in targets.list(&ListParams::default()).await? {
+        if live(&t.metadata) && t.spec.pool == pool {
+            users.push(format!("HotSpareTarget {}", t.name_any()));
+        }
+    }
+    users.sort();
+    Ok(users)
+}
+
+/// The `InUse` message: who holds the pool, bounded like every condition message.
+pub fn in_use_message(users: &[String]) -> String {
+    let head = "deletion waits until nothing names this pool; used by ";
+    let list = bounded::join_bounded(
+        users,
+        ", ",
+        bounded::MAX_CONDITION_MESSAGE.saturating_sub(head.len()),
+    );
+    format!("{head}{list}")
+}
+
+/// Loads the pool and writes its status; `users` non-empty means it is being deleted and they
+/// hold it.
+async fn apply(
+    pool: &PlacementPool,
+    ctx: &Arc<Context>,
+    users: &[String],
+) -> Result<Action, Error> {
     let name = pool.name_any();
     let generation = pool.metadata.generation;
     let now = Utc::now();
@@ -54,6 +174,9 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
             },
             Err(e) => tracing::debug!(pool = %name, error = %e, "could not list Manager's pools"),
         }
+    }
+    if !users.is_empty() {
+        ready = (false, "InUse", in_use_message(users));
     }
     if let Ok(true) = loaded {
         // Bundles waiting for this pool may now place. Only on a change: the pool itself is
@@ -123,6 +246,23 @@ async fn apply(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Error
         )
         .await?;
     }
+    let was = |c: &api::condition::Condition| c.type_ == "Stalled" && c.reason == "InUse";
+    let message = |conditions: &[api::condition::Condition]| {
+        conditions
+            .iter()
+            .find(|c| was(c))
+            .map(|c| c.message.clone())
+    };
+    if !users.is_empty() && message(&prev.conditions) != message(&status.conditions) {
+        ctx.event(
+            pool,
+            EventType::Warning,
+            "DeletionBlocked",
+            "Delete",
+            bounded::clip(&in_use_message(users), 1024).into_owned(),
+        )
+        .await;
+    }
     Ok(Action::requeue(REFRESH))
 }
 
@@ -144,5 +284,28 @@ pub fn prune(ctx: &Context, existing: &[String]) {
     };
     for p in gone {
         ctx.metrics.remove_pool(&p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_in_use_message_names_every_user_that_fits_and_counts_the_rest() {
+        let few = vec![
+            "Bundle default/news".to_owned(),
+            "HotSpareTarget t".to_owned(),
+        ];
+        assert_eq!(
+            in_use_message(&few),
+            "deletion waits until nothing names this pool; used by Bundle default/news, HotSpareTarget t"
+        );
+        let many: Vec<String> = (0..5000)
+            .map(|i| format!("Bundle ns-{i}/{}", "x".repeat(200)))
+            .collect();
+        let m = in_use_message(&many);
+        assert!(m.len() <= bounded::MAX_CONDITION_MESSAGE, "{}", m.len());
+        assert!(m.contains("Bundle ns-0/") && m.ends_with("more"), "{m}");
     }
 }

@@ -85,7 +85,7 @@ app.kubernetes.io/component: manager-sim
 {{/* The operator's settings file (docs/operator-config.md), from the values. */}}
 {{- define "automanager.operatorConfig" -}}
 {{- $c := .Values.config -}}
-{{- $manager := dict "url" (include "automanager.managerUrl" .) "connectTimeout" .Values.manager.connectTimeout "requestTimeout" .Values.manager.requestTimeout -}}
+{{- $manager := dict "url" (include "automanager.managerUrl" .) "connectTimeout" .Values.manager.connectTimeout "requestTimeout" .Values.manager.requestTimeout "syncTimeout" .Values.manager.syncTimeout "heartbeatInterval" .Values.manager.heartbeatInterval "idleTimeout" .Values.manager.idleTimeout "readinessGrace" .Values.manager.readinessGrace -}}
 {{- if include "automanager.tokenSecret" . -}}
 {{- $_ := set $manager "tokenFile" (printf "%s/token" (include "automanager.tokenDir" .)) -}}
 {{- end -}}
