@@ -46,6 +46,9 @@ pub enum ClientError {
     /// Wrong or missing token.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
+    /// This process may not change anything now (it is not, or no longer surely, the leader).
+    #[error("writes are fenced: {0}")]
+    Fenced(String),
     /// Manager cannot be reached (retry later).
     #[error("manager unavailable: {0}")]
     Unavailable(String),
@@ -276,6 +279,8 @@ struct Shared {
     changes: broadcast::Sender<MirrorChange>,
     stop: watch::Sender<bool>,
     last_error: Mutex<Option<String>>,
+    /// Whether commands that change Manager's state may be sent now ([`ManagerClient::fence_writes`]).
+    write_fence: Mutex<Option<WriteFence>>,
     request_timeout: Duration,
     deadlines: StreamDeadlines,
 }
@@ -287,6 +292,9 @@ struct StreamDeadlines {
     heartbeat: Duration,
     idle: Duration,
 }
+
+/// Answers whether state-changing commands may be sent now.
+pub type WriteFence = Arc<dyn Fn() -> bool + Send + Sync>;
 
 struct Inner {
     shared: Arc<Shared>,
@@ -393,6 +401,7 @@ impl ManagerClient {
             changes,
             stop: watch::Sender::new(false),
             last_error: Mutex::new(None),
+            write_fence: Mutex::new(None),
             request_timeout: config.request_timeout,
             deadlines: StreamDeadlines {
                 sync: config.sync_timeout,
@@ -502,6 +511,41 @@ impl ManagerClient {
         Ok(self.inner.shared.rpc.clone())
     }
 
+    /// From now on, every command that changes Manager's state (nodes, bundles, jobs,
+    /// migrations) is sent only while `fence` answers `true`, and fails with
+    /// [`ClientError::Fenced`] otherwise. Reads and the Watch stream are not fenced. An operator
+    /// replica fences on its leadership, so a deposed leader cannot act on Manager.
+    pub fn fence_writes(&self, fence: WriteFence) {
+        let mut guard = self
+            .inner
+            .shared
+            .write_fence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *guard = Some(fence);
+    }
+
+    /// [`call`](Self::call) for a command that changes Manager's state: refused when fenced.
+    async fn mutate<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
+    where
+        F: FnOnce(Rpc, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let fence = self
+            .inner
+            .shared
+            .write_fence
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if fence.is_some_and(|allowed| !allowed()) {
+            return Err(ClientError::Fenced(
+                "this process does not hold leadership".into(),
+            ));
+        }
+        self.call(f).await
+    }
+
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
     where
         F: FnOnce(Rpc, Duration) -> Fut,
@@ -520,7 +564,7 @@ impl ManagerClient {
     /// CreateNode: returns the node in state STARTING.
     pub async fn create_node(&self, req: CreateNodeRequest) -> Result<Node, ClientError> {
         let r = self
-            .call(|mut c, d| async move { c.create_node(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.create_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -534,7 +578,7 @@ impl ManagerClient {
             node_id: node_id.to_owned(),
         };
         let r = self
-            .call(|mut c, d| async move { c.terminate_node(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.terminate_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -569,7 +613,7 @@ impl ManagerClient {
         let req = RegisterBundleRequest {
             bundle: Some(bundle),
         };
-        self.call(|mut c, d| async move { c.register_bundle(req_with(req, d)).await })
+        self.mutate(|mut c, d| async move { c.register_bundle(req_with(req, d)).await })
             .await
     }
 
@@ -582,7 +626,7 @@ impl ManagerClient {
         let req = RegisterBundleRequest {
             bundle: Some(bundle),
         };
-        self.call(|mut c, d| async move { c.update_bundle(req_with(req, d)).await })
+        self.mutate(|mut c, d| async move { c.update_bundle(req_with(req, d)).await })
             .await
     }
 
@@ -592,7 +636,7 @@ impl ManagerClient {
             bundle_id: bundle_id.to_owned(),
         };
         Ok(self
-            .call(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await })
             .await?
             .removed_job_ids)
     }
@@ -610,7 +654,7 @@ impl ManagerClient {
             role: role as i32,
         };
         let r = self
-            .call(|mut c, d| async move { c.start_job(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.start_job(req_with(req, d)).await })
             .await?;
         if !r.accepted {
             return Err(ClientError::Rejected {
@@ -653,7 +697,7 @@ impl ManagerClient {
             reason: reason as i32,
         };
         let r = self
-            .call(|mut c, d| async move { c.stop_job(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.stop_job(req_with(req, d)).await })
             .await?;
         r.job.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -672,7 +716,7 @@ impl ManagerClient {
             config,
         };
         let r = self
-            .call(|mut c, d| async move { c.update_job_config(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.update_job_config(req_with(req, d)).await })
             .await?;
         r.job.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -695,7 +739,7 @@ impl ManagerClient {
             strategy: strategy as i32,
         };
         migration_of(
-            self.call(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await })
+            self.mutate(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await })
                 .await?,
         )
     }
@@ -714,7 +758,7 @@ impl ManagerClient {
             initial_state,
         };
         let r = self
-            .call(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await })
+            .mutate(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await })
             .await?;
         if r.target_rejected {
             let job_id = r
@@ -744,7 +788,7 @@ impl ManagerClient {
             payload,
         };
         migration_of(
-            self.call(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await })
+            self.mutate(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await })
                 .await?,
         )
     }
@@ -760,7 +804,7 @@ impl ManagerClient {
             reason: reason.to_owned(),
         };
         migration_of(
-            self.call(|mut c, d| async move { c.migration_abort(req_with(req, d)).await })
+            self.mutate(|mut c, d| async move { c.migration_abort(req_with(req, d)).await })
                 .await?,
         )
     }

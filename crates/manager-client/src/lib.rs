@@ -92,7 +92,7 @@ pub mod mirror;
 
 pub use client::{
     AuthInterceptor, ClientConfig, ClientError, ConnectionState, ManagerClient, TlsOptions,
-    backoff_delay,
+    WriteFence, backoff_delay,
 };
 pub use manager_proto as proto;
 pub use mirror::{Mirror, MirrorChange, MirrorState, SnapshotData};

@@ -947,3 +947,30 @@ async fn a_create_node_repeated_with_its_request_id_answers_with_the_same_node()
     }
     assert_eq!(sim.snapshot().nodes.len(), 4, "3 declared and the one made");
 }
+
+#[tokio::test]
+async fn a_fenced_client_changes_nothing_in_manager_but_still_reads() {
+    let sim = Sim::start(config()).await.unwrap();
+    let client = connect(sim.endpoint()).await;
+    let allowed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let fence = allowed.clone();
+    client.fence_writes(std::sync::Arc::new(move || {
+        fence.load(std::sync::atomic::Ordering::SeqCst)
+    }));
+    let before = sim.snapshot();
+    let req = CreateNodeRequest {
+        pool: "aws-east".into(),
+        ..Default::default()
+    };
+    let err = client.create_node(req.clone()).await.unwrap_err();
+    assert!(matches!(err, ClientError::Fenced(_)), "{err:?}");
+    let err = client.delete_bundle("ns.b").await.unwrap_err();
+    assert!(matches!(err, ClientError::Fenced(_)), "{err:?}");
+    // Nothing reached Manager; reads still work.
+    assert_eq!(sim.snapshot().nodes, before.nodes);
+    assert_eq!(client.list_nodes(None).await.unwrap().len(), 3);
+    // Leading again, commands go through.
+    allowed.store(true, std::sync::atomic::Ordering::SeqCst);
+    client.create_node(req).await.unwrap();
+    assert_eq!(sim.snapshot().nodes.len(), before.nodes.len() + 1);
+}

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::LeaderElectionConfig;
+use crate::fence::Fence;
 
 /// The field manager this operator's Lease writes are recorded under, suffixed by identity.
 const FIELD_MANAGER_PREFIX: &str = "automanager-operator-lease";
@@ -88,6 +89,9 @@ async fn confirm(
 pub struct LeaderElection {
     /// `true` while this replica holds the lease. Ends `false` when the election stops.
     pub is_leader: watch::Receiver<bool>,
+    /// Open only while the lease is surely held ([`crate::fence`]): fence the clients that
+    /// act with it.
+    pub fence: Fence,
     /// Finishes once the lease has been released after `shutdown` (await it before exiting).
     pub task: JoinHandle<()>,
 }
@@ -109,18 +113,23 @@ pub async fn run_leader_election(
         });
         return LeaderElection {
             is_leader: rx,
+            fence: Fence::always_open(),
             task,
         };
     }
     let (tx, rx) = watch::channel(false);
     let settings = settings.clone();
+    let fence = Fence::closed();
+    let held = fence.clone();
     let task = tokio::spawn(async move {
         let shutdown = std::pin::pin!(shutdown);
-        elect(client, &settings, &identity, &tx, shutdown).await;
+        elect(client, &settings, &identity, &tx, &held, shutdown).await;
+        held.close();
         let _ = tx.send(false);
     });
     LeaderElection {
         is_leader: rx,
+        fence,
         task,
     }
 }
@@ -131,6 +140,7 @@ async fn elect<F: Future<Output = ()>>(
     settings: &LeaderElectionConfig,
     identity: &str,
     tx: &watch::Sender<bool>,
+    fence: &Fence,
     mut shutdown: Pin<&mut F>,
 ) {
     let mut delay = Duration::from_millis(500);
@@ -156,6 +166,12 @@ async fn elect<F: Future<Output = ()>>(
                 let stopping = loop {
                     let held = *inner_rx.borrow_and_update();
                     let leader = held && valid_until.is_some_and(|t| now_unix() < t);
+                    match valid_until.filter(|_| leader) {
+                        Some(t) => fence.hold_for(Duration::from_secs(
+                            u64::try_from(t.saturating_sub(now_unix())).unwrap_or(0),
+                        )),
+                        None => fence.close(),
+                    }
                     if *tx.borrow() != leader {
                         tracing::info!(identity, leader, "leadership changed");
                     }
@@ -181,6 +197,7 @@ async fn elect<F: Future<Output = ()>>(
                 // kube-lease-manager's task release it and return. Its release trusts its
                 // cached view of the Lease and would clear a lease someone else has taken
                 // since, so release only what a fresh read shows is still ours.
+                fence.close();
                 let _ = tx.send(false);
                 let abort = handle.abort_handle();
                 let ours = confirm(&leases, settings, identity)

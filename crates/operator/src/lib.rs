@@ -6,6 +6,7 @@
 
 pub mod config;
 pub mod controllers;
+pub mod fence;
 pub mod http;
 pub mod leader;
 pub mod mapping;

@@ -189,3 +189,88 @@ async fn a_leader_whose_lease_is_taken_over_stops_leading() {
     // Its release did not clear someone else's lease.
     assert_eq!(holder(&client).await.as_deref(), Some("intruder"));
 }
+
+/// The fence: a client layered with the election's fence writes while this replica leads and
+/// is refused, before the request leaves the process, once the lease is someone else's; reads
+/// go on.
+#[tokio::test]
+async fn a_deposed_leader_cannot_write_through_its_fenced_client() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let Some(env) = control_plane().await else {
+        return;
+    };
+    let client = env.client();
+    let (mut a, stop_a) = start(client.clone(), true, "replica-a").await;
+    let fenced = kube::client::ClientBuilder::try_from(env.kube_config())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .with_layer(&a.fence.layer())
+        .build();
+    let maps: Api<ConfigMap> = Api::namespaced(fenced, "default");
+    let cm = |name: &str| ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let fenced_error = |e: kube::Error| {
+        let text = format!("{e:?}");
+        assert!(
+            text.contains("Fenced"),
+            "expected the fence to refuse, got {text}"
+        );
+    };
+    // Not leading yet (or not confirmed): refused. Once leading: written.
+    if !*a.is_leader.borrow() {
+        let early = maps.create(&Default::default(), &cm("early")).await;
+        if let Err(e) = early {
+            fenced_error(e);
+        }
+    }
+    wait_for(&mut a.is_leader, true).await;
+    maps.create(&Default::default(), &cm("while-leading"))
+        .await
+        .unwrap_or_else(|e| panic!("the leader's write was refused: {e}"));
+
+    // Another replica takes the lease over.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let patch = serde_json::json!({
+        "spec": { "holderIdentity": "intruder", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 600 }
+    });
+    leases
+        .patch(
+            "automanager-operator-test",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    wait_for(&mut a.is_leader, false).await;
+    assert!(!a.fence.allows_writes());
+    fenced_error(
+        maps.create(&Default::default(), &cm("after-takeover"))
+            .await
+            .expect_err("a deposed leader wrote"),
+    );
+    // Nothing reached the apiserver; reads still work.
+    assert!(
+        maps.get_opt("after-takeover")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_none()
+    );
+    assert!(
+        maps.get_opt("while-leading")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_some()
+    );
+    let _ = stop_a.send(());
+    tokio::time::timeout(BOUND, a.task)
+        .await
+        .unwrap_or_else(|_| panic!("did not stop"))
+        .unwrap_or_else(|e| panic!("{e}"));
+}

@@ -263,9 +263,24 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         let _ = stop_tx.send(true);
     });
 
-    let client = kube::Client::try_default()
+    let kube_config = kube::Config::infer()
         .await
         .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    // The election's client: it must renew the Lease whatever the fence says.
+    let election_client = kube::Client::try_from(kube_config.clone())
+        .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    let election = run_leader_election(
+        election_client,
+        &config.leader_election,
+        identity.clone(),
+        stopped(),
+    )
+    .await;
+    // Everything else writes only while the lease is surely held (crate::fence).
+    let client = kube::client::ClientBuilder::try_from(kube_config)
+        .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?
+        .with_layer(&election.fence.layer())
+        .build();
     let manager_config = config
         .manager
         .client_config()
@@ -273,6 +288,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     let manager = manager_client::ManagerClient::connect(manager_config)
         .await
         .map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
+    manager.fence_writes(election.fence.for_manager());
     let metrics = Metrics::new();
     let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
     let settings = Settings::from_config(&config);
@@ -306,13 +322,6 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         })
     });
 
-    let election = run_leader_election(
-        client.clone(),
-        &config.leader_election,
-        identity.clone(),
-        stopped(),
-    )
-    .await;
     let mut is_leader = election.is_leader.clone();
     tracing::info!(identity = %identity, "waiting for leadership");
     readiness.set_caches_synced(true);
