@@ -47,6 +47,26 @@ fn check_dir(relative: &str) {
     );
 }
 
+/// Every CRD version's OpenAPI schema as JSON, with its kind.
+fn schemas() -> Vec<(String, serde_json::Value)> {
+    automanager_api::crd::all()
+        .into_iter()
+        .flat_map(|crd| {
+            let kind = crd.spec.names.kind.clone();
+            crd.spec
+                .versions
+                .into_iter()
+                .filter_map(|v| v.schema.and_then(|s| s.open_api_v3_schema))
+                .map(move |s| {
+                    (
+                        kind.clone(),
+                        serde_json::to_value(s).expect("schema serialises"),
+                    )
+                })
+        })
+        .collect()
+}
+
 #[test]
 fn every_schema_property_has_a_description() {
     fn walk(path: &str, v: &serde_json::Value, missing: &mut Vec<String>) {
@@ -72,18 +92,8 @@ fn every_schema_property_has_a_description() {
         }
     }
     let mut missing = Vec::new();
-    for crd in automanager_api::crd::all() {
-        let kind = crd.spec.names.kind.clone();
-        for version in &crd.spec.versions {
-            let schema = version
-                .schema
-                .as_ref()
-                .and_then(|s| s.open_api_v3_schema.as_ref())
-                .map(|s| serde_json::to_value(s).expect("schema serialises"));
-            if let Some(schema) = schema {
-                walk("", &schema, &mut missing);
-            }
-        }
+    for (kind, schema) in schemas() {
+        walk("", &schema, &mut missing);
         missing.iter_mut().for_each(|m| {
             if !m.contains(':') {
                 *m = format!("{kind}:{m}");
@@ -112,17 +122,8 @@ fn only_the_opaque_job_config_preserves_unknown_fields() {
         }
     }
     let mut found = Vec::new();
-    for crd in automanager_api::crd::all() {
-        for version in &crd.spec.versions {
-            let schema = version
-                .schema
-                .as_ref()
-                .and_then(|s| s.open_api_v3_schema.as_ref())
-                .map(|s| serde_json::to_value(s).expect("schema serialises"));
-            if let Some(schema) = schema {
-                walk(&crd.spec.names.kind, &schema, &mut found);
-            }
-        }
+    for (kind, schema) in schemas() {
+        walk(&kind, &schema, &mut found);
     }
     // Unknown fields are rejected everywhere else; a job's runtime configuration is the user's
     // own JSON, passed to Manager as written.

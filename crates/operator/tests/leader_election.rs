@@ -52,6 +52,25 @@ async fn holder(client: &kube::Client) -> Option<String> {
         .and_then(|s| s.holder_identity)
 }
 
+/// Someone else writes itself into the Lease (as a partitioned-then-replaced leader sees it).
+async fn take_over(client: &kube::Client) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let patch = serde_json::json!({
+        "spec": { "holderIdentity": "intruder", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 600 }
+    });
+    leases
+        .patch(
+            "automanager-operator-test",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// A fresh control plane, or `None` when the binaries are missing and the run asked to skip.
 async fn control_plane() -> Option<testenv::TestEnv> {
     match testenv::control_plane_available() {
@@ -163,22 +182,7 @@ async fn a_leader_whose_lease_is_taken_over_stops_leading() {
     let (mut a, stop_a) = start(client.clone(), true, "replica-a").await;
     wait_for(&mut a.is_leader, true).await;
 
-    // Someone else writes itself into the Lease (as a partitioned-then-replaced leader sees it).
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    );
-    let patch = serde_json::json!({
-        "spec": { "holderIdentity": "intruder", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 600 }
-    });
-    leases
-        .patch(
-            "automanager-operator-test",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    take_over(&client).await;
 
     wait_for(&mut a.is_leader, false).await;
     let _ = stop_a.send(());
@@ -233,21 +237,7 @@ async fn a_deposed_leader_cannot_write_through_its_fenced_client() {
         .unwrap_or_else(|e| panic!("the leader's write was refused: {e}"));
 
     // Another replica takes the lease over.
-    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-        k8s_openapi::jiff::Timestamp::now(),
-    );
-    let patch = serde_json::json!({
-        "spec": { "holderIdentity": "intruder", "renewTime": now, "acquireTime": now, "leaseDurationSeconds": 600 }
-    });
-    leases
-        .patch(
-            "automanager-operator-test",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    take_over(&client).await;
     wait_for(&mut a.is_leader, false).await;
     assert!(!a.fence.allows_writes());
     fenced_error(

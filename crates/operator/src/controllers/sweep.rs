@@ -182,64 +182,55 @@ fn candidates(m: &MirrorState, known: &Known, watched: &[String]) -> Vec<Orphan>
 }
 
 /// Removes one orphan after reading its owner from the apiserver; `false` when the owner
-/// turned out to exist (or the orphan was already gone).
+/// turned out to exist (or Manager had already let the orphan go).
 async fn remove(ctx: &Context, orphan: &Orphan) -> Result<bool, Error> {
-    match orphan {
+    let owner = match orphan {
+        Orphan::Bundle(id) => NodeOwner::BundleReplica(id.clone()),
+        Orphan::Node(node_id) => match ctx.manager.mirror().read(|m| {
+            m.nodes
+                .get(node_id)
+                .and_then(|n| node_owner(|k| n.tags.get(k).map(String::as_str)))
+        }) {
+            Some(owner) => owner,
+            None => return Ok(false),
+        },
+    };
+    if owner_exists(ctx, &owner).await? {
+        return Ok(false);
+    }
+    let (removed, reference, note) = match orphan {
         Orphan::Bundle(id) => {
             let (ns, name) = id.object();
-            let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), ns);
-            if api.get_opt(name).await?.is_some() {
-                return Ok(false);
-            }
-            match ctx.manager.delete_bundle(id.as_str()).await {
-                Ok(_) => {}
-                Err(e) if is_final_answer(&e) => return Ok(false),
-                Err(e) => return Err(e.into()),
-            }
-            let reference = object_reference::<Bundle>(Some(ns), name);
-            ctx.event_on(
-                &reference,
-                EventType::Warning,
-                "OrphanRemoved",
-                "Sweep",
+            (
+                ctx.manager.delete_bundle(id.as_str()).await.map(drop),
+                object_reference::<Bundle>(Some(ns), name),
                 format!(
                     "Manager bundle {id} had no Bundle object for the whole grace period; removed it and stopped its jobs"
                 ),
             )
-            .await;
-            tracing::warn!(bundle = %id, "orphan sweep removed a Manager bundle without a Bundle");
         }
-        Orphan::Node(node_id) => {
-            let Some(owner) = ctx.manager.mirror().read(|m| {
-                m.nodes
-                    .get(node_id)
-                    .and_then(|n| node_owner(|k| n.tags.get(k).map(String::as_str)))
-            }) else {
-                return Ok(false);
-            };
-            if owner_exists(ctx, &owner).await? {
-                return Ok(false);
-            }
-            match ctx.manager.terminate_node(node_id).await {
-                Ok(_) => {}
-                Err(e) if is_final_answer(&e) => return Ok(false),
-                Err(e) => return Err(e.into()),
-            }
-            let reference =
-                object_reference::<ManagerNode>(None, &mapping::node_object_name(node_id));
-            ctx.event_on(
-                &reference,
-                EventType::Warning,
-                "OrphanRemoved",
-                "Sweep",
-                format!(
-                    "node {node_id} was created for {owner:?}, which is gone, and ran nothing for the whole grace period; terminated it"
-                ),
-            )
-            .await;
-            tracing::warn!(node = %node_id, ?owner, "orphan sweep terminated a node whose owner is gone");
-        }
+        Orphan::Node(node_id) => (
+            ctx.manager.terminate_node(node_id).await.map(drop),
+            object_reference::<ManagerNode>(None, &mapping::node_object_name(node_id)),
+            format!(
+                "node {node_id} was created for {owner:?}, which is gone, and ran nothing for the whole grace period; terminated it"
+            ),
+        ),
+    };
+    match removed {
+        Ok(()) => {}
+        Err(e) if is_final_answer(&e) => return Ok(false),
+        Err(e) => return Err(e.into()),
     }
+    tracing::warn!(kind = orphan.kind(), note = %note, "orphan sweep removed Manager work whose owner is gone");
+    ctx.event_on(
+        &reference,
+        EventType::Warning,
+        "OrphanRemoved",
+        "Sweep",
+        note,
+    )
+    .await;
     ctx.metrics.orphan_removed(orphan.kind());
     Ok(true)
 }
