@@ -2,7 +2,7 @@
 //! manager-sim and the operator binary (release builds): 10,000 Bundles of 2 replicas × 2 jobs
 //! over 2,000 simulated nodes in three fixed pools.
 //!
-//! Prints one line: `scale bundles=<n> ready_s=<x> rss_mib=<x> reconciles_per_node_event=<x>
+//! Prints one line: `scale bundles=<n> nodes=<n> ready_s=<x> rss_mib=<x> reconciles_per_node_event=<x>
 //! restart_settle_s=<x> noop_restart_writes=<n> whatif_p99_ms=<x> wave_slowdown=<x>`, then
 //! extra `key=value` fields (below). Goals: all Ready, RSS ≤ 300 MiB, reconciles for one node
 //! event ≤ the bundles with a job on the node + 10, steady again ≤ 30 s after a restart with
@@ -227,7 +227,8 @@ async fn restart(
             .iter()
             .filter(|(k, _)| k.ends_with("events POST") || k.ends_with("events PATCH"))
             .map(|(_, v)| v)
-            .sum(),
+            // Starting from +0: an empty f64 sum is -0, printed "-0".
+            .fold(0.0, |a, b| a + b),
         manager_calls: calls_after.get("mutating").copied().unwrap_or(0)
             - calls_before.get("mutating").copied().unwrap_or(0),
     })
@@ -480,7 +481,7 @@ async fn run() -> Result<(), SetupError> {
     writes_stop(&client, Duration::from_secs(5)).await?;
     eprintln!("bench-scale: restarting the operator");
     let r = restart(&mut stack, bundles, &rss).await?;
-    let noop_writes: f64 = r.writes.values().sum();
+    let noop_writes: f64 = r.writes.values().fold(0.0, |a, b| a + b);
     eprintln!(
         "bench-scale: restart: steady after {:.1} s; writes to {GROUP}: {}; Events {}; Manager calls that change something {}",
         r.settle_s,
@@ -548,7 +549,7 @@ async fn run() -> Result<(), SetupError> {
     let latencies = sorted(latencies);
     let load_end = load_average();
     println!(
-        "scale bundles={bundles} ready_s={ready_s:.1} rss_mib={:.0} reconciles_per_node_event={reconciles:.0} restart_settle_s={:.1} noop_restart_writes={noop_writes:.0} whatif_p99_ms={:.1} wave_slowdown={:.2} nodes={nodes} create_s={create_s:.1} operator_cpu_ms_per_bundle={cpu_ms_per_bundle:.2} node_event_bundles={} node_event_jobs={} idle_reconciles={:.0} noop_restart_manager_calls={} noop_restart_events={:.0} whatif_p50_ms={:.1} whatif_max_ms={:.1} whatifs={} wave_bundles={wave_size} wave_s_without={without:.1} wave_s_with={with:.1} load_avg_start={load_start:.1} load_avg_end={load_end:.1}",
+        "scale bundles={bundles} nodes={nodes} ready_s={ready_s:.1} rss_mib={:.0} reconciles_per_node_event={reconciles:.0} restart_settle_s={:.1} noop_restart_writes={noop_writes:.0} whatif_p99_ms={:.1} wave_slowdown={:.2} create_s={create_s:.1} operator_cpu_ms_per_bundle={cpu_ms_per_bundle:.2} node_event_bundles={} node_event_jobs={} idle_reconciles={:.0} noop_restart_manager_calls={} noop_restart_events={:.0} whatif_p50_ms={:.1} whatif_max_ms={:.1} whatifs={} wave_bundles={wave_size} wave_s_without={without:.1} wave_s_with={with:.1} load_avg_start={load_start:.1} load_avg_end={load_end:.1}",
         rss.peak_mib(),
         r.settle_s,
         percentile(&latencies, 0.99),

@@ -334,7 +334,8 @@ pub async fn operator_reconciles(stack: &Stack) -> Result<BTreeMap<String, f64>,
 
 /// The sum over controllers of an [`operator_reconciles`] reading.
 pub fn total(counts: &BTreeMap<String, f64>) -> f64 {
-    counts.values().sum()
+    // From +0: an empty f64 sum is -0, printed "-0".
+    counts.values().fold(0.0, |a, b| a + b)
 }
 
 /// Nearest-rank percentile `q` (0..=1) of sorted values (NaN when empty).
