@@ -12,11 +12,11 @@ use futures::future::BoxFuture;
 use manager_proto::manager_server::{Manager, ManagerServer};
 use manager_proto::sim_admin_server::{SimAdmin, SimAdminServer};
 use manager_proto::{
-    AdminResponse, CreateNodeRequest, CreateNodeResponse, CutStreamsRequest, DeleteBundleRequest,
-    DeleteBundleResponse, Event, EventBatch, FailJobRequest, Heartbeat, JobHistoryRequest,
-    JobHistoryResponse, KillNodeRequest, ListNodesRequest, ListNodesResponse, ListPoolsRequest,
-    ListPoolsResponse, MigrationResponse, NodeControllerMigrationAbort,
-    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    AdminResponse, CallCountsRequest, CallCountsResponse, CreateNodeRequest, CreateNodeResponse,
+    CutStreamsRequest, DeleteBundleRequest, DeleteBundleResponse, Event, EventBatch,
+    FailJobRequest, Heartbeat, JobHistoryRequest, JobHistoryResponse, KillNodeRequest,
+    ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
+    NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
     RegisterBundleResponse, RejectNextRequest, RejectionReason, SetMigrationBehaviourRequest,
     SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest, StartJobResponse,
@@ -157,8 +157,36 @@ struct Shared {
     dirty: bool,
 }
 
+/// The Manager RPCs that only read: every other one asks Manager to change something.
+const READ_ONLY_RPCS: [&str; 3] = ["ListNodes", "ListPools", "Watch"];
+
+/// How many calls of each Manager RPC the sim has served (answered or refused), for
+/// `SimAdmin.CallCounts`: a test can tell whether a client asked Manager to change anything.
+#[derive(Default)]
+struct CallCounts(Mutex<std::collections::BTreeMap<&'static str, u64>>);
+
+impl CallCounts {
+    fn count(&self, rpc: &'static str) {
+        *lock(&self.0).entry(rpc).or_default() += 1;
+    }
+
+    fn report(&self) -> CallCountsResponse {
+        let calls = lock(&self.0).clone();
+        let mutating = calls
+            .iter()
+            .filter(|(rpc, _)| !READ_ONLY_RPCS.contains(rpc))
+            .map(|(_, n)| n)
+            .sum();
+        CallCountsResponse {
+            calls: calls.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            mutating,
+        }
+    }
+}
+
 struct Inner {
     shared: Mutex<Shared>,
+    calls: CallCounts,
     timer_wake: Notify,
     /// When the timer task will wake next (ms since epoch).
     timer_armed: std::sync::atomic::AtomicI64,
@@ -656,6 +684,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<CreateNodeRequest>,
     ) -> Result<Response<CreateNodeResponse>, Status> {
+        self.0.calls.count("CreateNode");
         let req = req.into_inner();
         let node = self
             .0
@@ -668,6 +697,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<TerminateNodeRequest>,
     ) -> Result<Response<TerminateNodeResponse>, Status> {
+        self.0.calls.count("TerminateNode");
         let req = req.into_inner();
         let node = self
             .0
@@ -680,6 +710,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<ListNodesRequest>,
     ) -> Result<Response<ListNodesResponse>, Status> {
+        self.0.calls.count("ListNodes");
         let req = req.into_inner();
         let pool = (!req.pool.is_empty()).then_some(req.pool.as_str());
         let nodes = self.0.apply(|w, _| w.nodes(pool));
@@ -690,6 +721,7 @@ impl Manager for ManagerSvc {
         &self,
         _req: Request<ListPoolsRequest>,
     ) -> Result<Response<ListPoolsResponse>, Status> {
+        self.0.calls.count("ListPools");
         let pools = self.0.apply(|w, _| w.pools());
         Ok(Response::new(ListPoolsResponse { pools }))
     }
@@ -698,6 +730,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<RegisterBundleRequest>,
     ) -> Result<Response<RegisterBundleResponse>, Status> {
+        self.0.calls.count("RegisterBundle");
         let bundle = req.into_inner().bundle.ok_or_else(|| missing("bundle"))?;
         let (bundle, job_ids) = self
             .0
@@ -713,6 +746,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<RegisterBundleRequest>,
     ) -> Result<Response<RegisterBundleResponse>, Status> {
+        self.0.calls.count("UpdateBundle");
         let bundle = req.into_inner().bundle.ok_or_else(|| missing("bundle"))?;
         let (bundle, job_ids) = self
             .0
@@ -728,6 +762,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<DeleteBundleRequest>,
     ) -> Result<Response<DeleteBundleResponse>, Status> {
+        self.0.calls.count("DeleteBundle");
         let req = req.into_inner();
         let removed_job_ids = self
             .0
@@ -740,6 +775,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<StartJobRequest>,
     ) -> Result<Response<StartJobResponse>, Status> {
+        self.0.calls.count("StartJob");
         let req = req.into_inner();
         let (outcome, job) = self
             .0
@@ -769,6 +805,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<StopJobRequest>,
     ) -> Result<Response<StopJobResponse>, Status> {
+        self.0.calls.count("StopJob");
         let req = req.into_inner();
         let job = self
             .0
@@ -781,6 +818,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<UpdateJobConfigRequest>,
     ) -> Result<Response<UpdateJobConfigResponse>, Status> {
+        self.0.calls.count("UpdateJobConfig");
         let req = req.into_inner();
         let job = self
             .0
@@ -793,6 +831,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<NodeControllerMigrationGetState>,
     ) -> Result<Response<MigrationResponse>, Status> {
+        self.0.calls.count("MigrationGetState");
         let req = req.into_inner();
         let m = self
             .0
@@ -807,6 +846,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<NodeControllerMigrationPrepareTarget>,
     ) -> Result<Response<MigrationResponse>, Status> {
+        self.0.calls.count("MigrationPrepareTarget");
         let req = req.into_inner();
         let (m, outcome) = self
             .0
@@ -835,6 +875,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<NodeControllerMigrationCutover>,
     ) -> Result<Response<MigrationResponse>, Status> {
+        self.0.calls.count("MigrationCutover");
         let req = req.into_inner();
         let m = self
             .0
@@ -847,6 +888,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<NodeControllerMigrationAbort>,
     ) -> Result<Response<MigrationResponse>, Status> {
+        self.0.calls.count("MigrationAbort");
         let req = req.into_inner();
         let m = self
             .0
@@ -861,6 +903,7 @@ impl Manager for ManagerSvc {
         &self,
         req: Request<WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        self.0.calls.count("Watch");
         let req = req.into_inner();
         if req.heartbeat_interval_ms != 0 && !HEARTBEAT_MS.contains(&req.heartbeat_interval_ms) {
             return Err(Status::invalid_argument(format!(
@@ -959,6 +1002,13 @@ impl SimAdmin for AdminSvc {
             ids.len(),
             ids.join(", ")
         ))
+    }
+
+    async fn call_counts(
+        &self,
+        _req: Request<CallCountsRequest>,
+    ) -> Result<Response<CallCountsResponse>, Status> {
+        Ok(Response::new(self.0.calls.report()))
     }
 
     async fn set_migration_behaviour(
@@ -1104,6 +1154,7 @@ impl Sim {
                 subs: Vec::new(),
                 dirty: true,
             }),
+            calls: CallCounts::default(),
             timer_wake: Notify::new(),
             timer_armed: std::sync::atomic::AtomicI64::new(0),
             agent,
@@ -1257,6 +1308,12 @@ impl SimHandle {
     /// A consistent copy of the world.
     pub fn snapshot(&self) -> WorldSnapshot {
         lock(&self.inner.shared).world.snapshot()
+    }
+
+    /// Calls served per Manager RPC so far, and how many of them change
+    /// Manager's state (`SimAdmin.CallCounts`).
+    pub fn call_counts(&self) -> CallCountsResponse {
+        self.inner.calls.report()
     }
 
     /// Number of open watch streams.

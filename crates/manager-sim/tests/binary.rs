@@ -76,6 +76,14 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
         let (ok, out) = chaos(&url, args);
         assert!(ok, "{args:?}: {out}");
     }
+    // Faults are not Manager calls: nothing asked Manager to change anything.
+    let calls = Command::new(bin())
+        .args(["calls", "--addr", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&calls.stdout);
+    assert!(calls.status.success(), "{text}");
+    assert_eq!(text.lines().last(), Some("mutating 0"), "{text}");
     // errors come back as gRPC codes with a message, and exit non-zero
     let (ok, out) = chaos(&url, &["kill-node", "no-such-node"]);
     assert!(!ok && out.contains("NotFound"), "{out}");

@@ -35,9 +35,36 @@ fn repo() -> PathBuf {
 struct Harness {
     env: testenv::TestEnv,
     sim: SimHandle,
+    settings: Settings,
     ctx: Arc<Context>,
     stop: Option<oneshot::Sender<()>>,
     controllers: tokio::task::JoinHandle<()>,
+}
+
+/// A fresh operator process's in-memory start: a new Manager client (its own mirror) and a new
+/// context (empty state, metrics from zero), with the controllers running until `stop` fires.
+async fn start_operator(
+    client: kube::Client,
+    endpoint: String,
+    settings: Settings,
+    identity: &str,
+) -> (
+    Arc<Context>,
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let manager = ManagerClient::connect(ClientConfig::new(endpoint))
+        .await
+        .expect("Manager client");
+    manager.wait_ready(BOUND).await.expect("mirror synced");
+    let ctx = Context::new(client, manager, settings, Metrics::new(), identity);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let shutdown = async move {
+        let _ = stopped.await;
+    }
+    .shared();
+    let controllers = tokio::spawn(run_controllers(ctx.clone(), shutdown));
+    (ctx, stop, controllers)
 }
 
 impl Harness {
@@ -75,43 +102,48 @@ impl Harness {
         let sim = Sim::start(SimConfig::from_yaml(&sim_yaml).unwrap())
             .await
             .expect("manager-sim");
-        let manager = ManagerClient::connect(ClientConfig::new(sim.endpoint()))
-            .await
-            .expect("Manager client");
-        manager.wait_ready(BOUND).await.expect("mirror synced");
-
         let mut cfg = OperatorConfig::default();
         cfg.manager.url = sim.endpoint();
         cfg.status_write_interval = Duration::from_millis(100);
         config(&mut cfg);
-        let ctx = Context::new(
-            client.clone(),
-            manager,
-            Settings::from_config(&cfg),
-            Metrics::new(),
-            "controller-tests",
-        );
+        let settings = Settings::from_config(&cfg);
         let pools: Vec<PlacementPool> = serde_saphyr::from_multiple(
             &std::fs::read_to_string(repo().join("examples/pools.yaml")).unwrap(),
         )
         .unwrap();
-        let api: Api<PlacementPool> = Api::all(client);
+        let api: Api<PlacementPool> = Api::all(client.clone());
         for p in pools {
             api.create(&PostParams::default(), &p).await.expect("pool");
         }
-        let (stop, stopped) = oneshot::channel::<()>();
-        let shutdown = async move {
-            let _ = stopped.await;
-        }
-        .shared();
-        let controllers = tokio::spawn(run_controllers(ctx.clone(), shutdown));
+        let (ctx, stop, controllers) =
+            start_operator(client, sim.endpoint(), settings.clone(), "controller-tests").await;
         Some(Harness {
             env,
             sim,
+            settings,
             ctx,
             stop: Some(stop),
             controllers,
         })
+    }
+
+    /// Stops the controllers and starts them again with nothing kept in memory, as an operator
+    /// restart (or a new leader) does.
+    async fn restart_operator(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(20), &mut self.controllers).await;
+        let (ctx, stop, controllers) = start_operator(
+            self.env.client(),
+            self.sim.endpoint(),
+            self.settings.clone(),
+            "controller-tests-restarted",
+        )
+        .await;
+        self.ctx = ctx;
+        self.stop = Some(stop);
+        self.controllers = controllers;
     }
 
     fn bundles(&self) -> Api<Bundle> {
@@ -712,5 +744,123 @@ async fn a_pool_in_use_is_not_deleted_until_its_bundles_and_spare_targets_are_go
         .await
         .unwrap();
     wait_pool(&pools, "aws-east", "the pool gone", |p| p.is_none()).await;
+    h.shutdown().await;
+}
+
+/// Every Bundle, ManagerNode and PlacementPool and every Event, by kind and name, with its
+/// resourceVersion: any write changes it.
+async fn versions(h: &Harness) -> std::collections::BTreeMap<String, String> {
+    async fn of<K>(api: Api<K>, kind: &str, out: &mut std::collections::BTreeMap<String, String>)
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        for o in api.list_metadata(&Default::default()).await.unwrap().items {
+            out.insert(
+                format!("{kind}/{}", o.metadata.name.unwrap_or_default()),
+                o.metadata.resource_version.unwrap_or_default(),
+            );
+        }
+    }
+    let c = h.env.client();
+    let mut out = std::collections::BTreeMap::new();
+    of(Api::<Bundle>::all(c.clone()), "Bundle", &mut out).await;
+    of(Api::<ManagerNode>::all(c.clone()), "ManagerNode", &mut out).await;
+    of(
+        Api::<PlacementPool>::all(c.clone()),
+        "PlacementPool",
+        &mut out,
+    )
+    .await;
+    of(
+        Api::<k8s_openapi::api::events::v1::Event>::all(c),
+        "Event",
+        &mut out,
+    )
+    .await;
+    out
+}
+
+/// Waits until nothing has been written for `quiet`; returns the versions then.
+async fn settled(h: &Harness, quiet: Duration) -> std::collections::BTreeMap<String, String> {
+    let deadline = tokio::time::Instant::now() + BOUND;
+    let mut last = versions(h).await;
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now = versions(h).await;
+        if now == last {
+            return now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "writes never stopped"
+        );
+        last = now;
+    }
+}
+
+fn bundle_reconciles(ctx: &Context) -> f64 {
+    ctx.metrics
+        .encode()
+        .lines()
+        .filter(|l| {
+            l.starts_with("automanager_reconcile_duration_seconds_count{")
+                && l.contains("controller=\"bundle\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn a_restarted_operator_with_nothing_changed_writes_nothing_and_asks_manager_for_nothing() {
+    let Some(mut h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    h.create(
+        "steady",
+        spec(2, &["onprem"], PriorityBand::Gold, serde_json::json!({})),
+    )
+    .await;
+    h.create(
+        "calm",
+        spec(1, &["onprem"], PriorityBand::Silver, serde_json::json!({})),
+    )
+    .await;
+    for name in ["steady", "calm"] {
+        h.wait_bundle(name, "Ready", |b| phase(b) == BundlePhase::Ready)
+            .await;
+    }
+    // Node usage is written at most every 2 s per node: let the last of it land.
+    let before = settled(&h, Duration::from_secs(3)).await;
+    assert!(
+        before.keys().any(|k| k.starts_with("ManagerNode/")),
+        "the nodes were mirrored"
+    );
+    let calls = h.sim.call_counts().mutating;
+
+    h.restart_operator().await;
+    // Every bundle looked at again, and time for many node-sync passes (100 ms apart).
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while bundle_reconciles(&h.ctx) < 2.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no reconcile");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let after = versions(&h).await;
+    let changed: Vec<&String> = after
+        .iter()
+        .filter(|(k, v)| before.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "written or created after the restart: {changed:?}"
+    );
+    assert_eq!(
+        h.sim.call_counts().mutating,
+        calls,
+        "Manager was asked to change something: {:?}",
+        h.sim.call_counts().calls
+    );
     h.shutdown().await;
 }

@@ -14,44 +14,16 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use automanager_api::Bundle;
+use automanager_e2e::bench::{FleetPool, create_bundles, env_usize, fleet_sim_config};
 use automanager_e2e::plugin::{self, expose_operator, listen_on_all_addresses};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{SetupError, bench_main};
-use futures::StreamExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 
-fn env_usize(name: &str, default: usize) -> Result<usize, SetupError> {
-    match std::env::var(name) {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| SetupError(format!("{name}={v:?} is not a whole number"))),
-        Err(_) => Ok(default),
-    }
+/// The one fixed pool every bundle of this bench goes to.
+fn fleet(nodes: usize) -> FleetPool {
+    FleetPool::new("bench", nodes, 100, 64)
 }
-
-fn sim_config(nodes: usize) -> String {
-    let mut out = String::from(
-        "listen: 127.0.0.1:0\ntiming: {provisionDelayMs: 0, jobStartDelayMs: 5, jobStopDelayMs: 5}\npools:\n  - name: bench\n    kind: cluster\n    region: bench-dc\n    zones: [z-a, z-b]\n    scaleOut: fixed\n    nodes:\n",
-    );
-    for i in 0..nodes {
-        let zone = if i % 2 == 0 { "z-a" } else { "z-b" };
-        out.push_str(&format!(
-            "      - {{id: bench-{i:05}, zone: {zone}, capacity: 100, cores: 64}}\n"
-        ));
-    }
-    out
-}
-
-const POOL: &str = "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {name: bench}
-spec:
-  kind: cluster
-  region: bench-dc
-  zones: [z-a, z-b]
-  scaleOut: fixed
-  candidateInstanceTypes: [{instanceType: bench, totalCapacity: 100, totalCores: 64}]
-";
 
 fn bundle(name: &str) -> Result<Bundle, SetupError> {
     serde_json::from_value(serde_json::json!({
@@ -99,7 +71,8 @@ async fn run() -> Result<(), SetupError> {
     }
     let dir = tempfile::tempdir().map_err(|e| SetupError(e.to_string()))?;
     let config = dir.path().join("manager-sim.yaml");
-    std::fs::write(&config, sim_config(nodes)).map_err(|e| SetupError(e.to_string()))?;
+    std::fs::write(&config, fleet_sim_config(&[fleet(nodes)]))
+        .map_err(|e| SetupError(e.to_string()))?;
     eprintln!("bench-cli: starting the stack with {nodes} nodes");
     let stack = Stack::start_custom(&config, &["--no-job-socket"], |c| {
         listen_on_all_addresses(c);
@@ -107,7 +80,10 @@ async fn run() -> Result<(), SetupError> {
         c.insert("statusWriteInterval".into(), "1s".into());
     })
     .await?;
-    let out = stack.env.apply_yaml(POOL).await?;
+    let out = stack
+        .env
+        .apply_yaml(&fleet(nodes).placement_pool("binpack"))
+        .await?;
     if !out.success() {
         return Err(SetupError(out.stderr));
     }
@@ -117,21 +93,10 @@ async fn run() -> Result<(), SetupError> {
     let client = stack.env.client();
     let api: Api<Bundle> = Api::namespaced(client.clone(), "default");
     let started = Instant::now();
-    let results: Vec<Result<(), SetupError>> = futures::stream::iter(0..bundles)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let b = bundle(&format!("bench-{i:05}"))?;
-                api.create(&PostParams::default(), &b)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| SetupError(e.to_string()))
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let all = (0..bundles)
+        .map(|i| bundle(&format!("bench-{i:05}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    create_bundles(&api, all, 32).await?;
     eprintln!(
         "bench-cli: created in {:.0}s; waiting for every placement",
         started.elapsed().as_secs_f64()

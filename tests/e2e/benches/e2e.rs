@@ -1,48 +1,39 @@
 //! `make bench-e2e`: end-to-end Bundle throughput against the real apiserver, manager-sim and the
-//! operator binary (release builds), with the apiserver's raw status-patch rate for this CRD
-//! measured in the same run as the baseline.
+//! operator binary (release builds), with the same work done by a tight client measured in the
+//! same run as the baseline.
 //!
-//! Prints one line: `e2e bundles=<n> seconds=<s> bundles_per_s=<x> raw_status_writes_per_s=<x>
-//! ratio=<x> rss_mib=<x>`. `BENCH_BUNDLES` (default 1000) sets the wave size.
+//! **Baseline.** What a Ready bundle costs the apiserver is four writes: the user's create, the
+//! operator's finalizer patch, its status apply (server-side apply of a Ready bundle's status)
+//! and one `Placed` Event. The baseline client does exactly those four writes per bundle, one
+//! bundle after the other in each of `CONCURRENCY` workers (the operator's
+//! `concurrency.bundles`), for as many bundles as the wave, in a namespace the operator does not
+//! watch; with the status of a bundle the operator placed in this run. It runs before and after
+//! the wave; the baseline rate is their mean.
+//!
+//! Prints one line: `e2e bundles=<n> seconds=<s> bundles_per_s=<x> baseline_bundles_per_s=<x>
+//! ratio=<x> operator_cpu_ms_per_bundle=<x> rss_mib=<x>`. `BENCH_BUNDLES` (default 1000) sets the
+//! wave size. Goals: ratio ≥ 0.9, operator CPU ≤ 1 ms per bundle.
 
 use std::time::{Duration, Instant};
 
-use automanager_api::{Bundle, BundleStatus};
+use automanager_api::Bundle;
 use automanager_e2e::SetupError;
+use automanager_e2e::bench::{
+    FleetPool, ReadyWatch, apiserver_writes, cpu_seconds, create_bundles, env_usize,
+    fleet_sim_config, load_average, rss_mib, show_counts, writes_between,
+};
 use automanager_e2e::stack::Stack;
-use futures::{StreamExt, TryStreamExt};
+use kube::Resource;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
-/// The operator's Bundle concurrency in this run (`concurrency.bundles`); the raw baseline uses
-/// the same number of concurrent writers.
+/// The operator's Bundle concurrency in this run (`concurrency.bundles`); the baseline uses
+/// the same number of concurrent workers.
 const CONCURRENCY: usize = 32;
-const RAW_SECONDS: u64 = 5;
-const NODES: usize = 100;
 
-fn sim_config() -> String {
-    let mut nodes = String::new();
-    for i in 0..NODES {
-        let zone = if i % 2 == 0 { "z-a" } else { "z-b" };
-        nodes.push_str(&format!(
-            "      - {{id: bench-{i:03}, zone: {zone}, capacity: 1000, cores: 1000}}\n"
-        ));
-    }
-    format!(
-        "listen: 127.0.0.1:0\ntiming: {{provisionDelayMs: 0, jobStartDelayMs: 5, jobStopDelayMs: 5}}\npools:\n  - name: bench\n    kind: cluster\n    region: bench-dc\n    zones: [z-a, z-b]\n    scaleOut: fixed\n    nodes:\n{nodes}"
-    )
+fn fleet() -> FleetPool {
+    FleetPool::new("bench", 100, 1000, 1000)
 }
-
-const POOL: &str = "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {name: bench}
-spec:
-  kind: cluster
-  region: bench-dc
-  zones: [z-a, z-b]
-  scaleOut: fixed
-  candidateInstanceTypes: [{instanceType: bench, totalCapacity: 1000, totalCores: 1000}]
-";
 
 fn bundle(ns: &str, name: &str) -> Result<Bundle, SetupError> {
     serde_json::from_value(serde_json::json!({
@@ -56,131 +47,104 @@ fn bundle(ns: &str, name: &str) -> Result<Bundle, SetupError> {
     .map_err(|e| SetupError(e.to_string()))
 }
 
-fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
+fn err(e: impl std::fmt::Display) -> SetupError {
+    SetupError(e.to_string())
 }
 
-/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat` (0 when unreadable).
-fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
-        return 0.0;
-    };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // USER_HZ is 100 on Linux.
-    (ticks(11) + ticks(12)) / 100.0
+/// The four writes of one Ready bundle, as the user and the operator make them.
+async fn ready_bundle_writes(
+    api: &Api<Bundle>,
+    recorder: &Recorder,
+    name: &str,
+    ready: &serde_json::Value,
+    note: &str,
+) -> Result<(), SetupError> {
+    let created = api
+        .create(&PostParams::default(), &bundle("raw", name)?)
+        .await
+        .map_err(err)?;
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(
+            serde_json::json!({"metadata": {"finalizers": [automanager_api::BUNDLE_FINALIZER]}}),
+        ),
+    )
+    .await
+    .map_err(err)?;
+    let status = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle", "status": ready,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(automanager_api::FIELD_MANAGER).force(),
+        &Patch::Apply(&status),
+    )
+    .await
+    .map_err(err)?;
+    recorder
+        .publish(
+            &Event {
+                type_: EventType::Normal,
+                reason: "Placed".into(),
+                note: Some(note.to_owned()),
+                action: "Place".into(),
+                secondary: None,
+            },
+            &created.object_ref(&()),
+        )
+        .await
+        .map_err(err)
 }
 
-/// The apiserver's write count so far per `resource[/subresource] VERB`, from its own
-/// `apiserver_request_total` metric (writes only).
-async fn apiserver_writes(client: &kube::Client) -> std::collections::BTreeMap<String, f64> {
-    let mut out = std::collections::BTreeMap::new();
-    let Ok(req) = http::Request::get("/metrics").body(Vec::new()) else {
-        return out;
-    };
-    let Ok(text) = client.request_text(req).await else {
-        return out;
-    };
-    let label = |line: &str, key: &str| -> String {
-        line.split(&format!("{key}=\""))
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or_default()
-            .to_owned()
-    };
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let verb = label(line, "verb");
-        if !matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "APPLY" | "DELETE") {
-            continue;
-        }
-        let sub = label(line, "subresource");
-        let key = format!(
-            "{}{}{} {verb}",
-            label(line, "resource"),
-            if sub.is_empty() { "" } else { "/" },
-            sub
-        );
-        let n: f64 = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0);
-        *out.entry(key).or_default() += n;
-    }
-    out
-}
-
-/// Status patches per second from `CONCURRENCY` writers in a tight loop, each patch the given
-/// status with `placedReplicas` changed (so every patch is a real write), to bundles in a
-/// namespace the operator does not watch.
-async fn raw_status_rate(
-    client: kube::Client,
+/// Bundles per second of [`ready_bundle_writes`] from `CONCURRENCY` workers, `n` bundles in all.
+async fn baseline_rate(
+    client: &kube::Client,
     prefix: &str,
-    status: &serde_json::Value,
+    n: usize,
+    ready: &serde_json::Value,
+    note: &str,
 ) -> Result<f64, SetupError> {
-    let api: Api<Bundle> = Api::namespaced(client, "raw");
-    let names: Vec<String> = (0..CONCURRENCY * 4)
-        .map(|i| format!("{prefix}-{i}"))
-        .collect();
-    for n in &names {
-        api.create(&PostParams::default(), &bundle("raw", n)?)
-            .await
-            .map_err(|e| SetupError(e.to_string()))?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(RAW_SECONDS);
+    let api: Api<Bundle> = Api::namespaced(client.clone(), "raw");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "automanager-operator".into(),
+            instance: Some("bench-baseline".into()),
+        },
+    );
     let started = Instant::now();
     let workers = (0..CONCURRENCY).map(|w| {
-        let api = api.clone();
-        let names = names.clone();
-        let mut status = status.clone();
+        let (api, recorder) = (api.clone(), recorder.clone());
         async move {
-            let mut count = 0u64;
-            let mut i = w;
-            while Instant::now() < deadline {
-                let name = &names[i % names.len()];
-                status["placedReplicas"] = serde_json::json!(count % 3);
-                let patch = serde_json::json!({"apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle", "status": status});
-                api.patch_status(name, &PatchParams::apply("bench-raw").force(), &Patch::Apply(&patch)).await.map_err(|e| SetupError(e.to_string()))?;
-                count += 1;
-                i += CONCURRENCY;
+            for i in (w..n).step_by(CONCURRENCY) {
+                ready_bundle_writes(&api, &recorder, &format!("{prefix}-{i:05}"), ready, note)
+                    .await?;
             }
-            Ok::<u64, SetupError>(count)
+            Ok::<(), SetupError>(())
         }
     });
-    let counts: Vec<u64> = futures::future::try_join_all(workers).await?;
-    Ok(counts.iter().sum::<u64>() as f64 / started.elapsed().as_secs_f64())
+    futures::future::try_join_all(workers).await?;
+    Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
 async fn run() -> Result<(), SetupError> {
-    let n: usize = std::env::var("BENCH_BUNDLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let dir = tempfile::tempdir().map_err(|e| SetupError(e.to_string()))?;
+    let n = env_usize("BENCH_BUNDLES", 1000)?;
+    let dir = tempfile::tempdir().map_err(err)?;
     let sim_path = dir.path().join("sim.yaml");
-    std::fs::write(&sim_path, sim_config()).map_err(|e| SetupError(e.to_string()))?;
+    std::fs::write(&sim_path, fleet_sim_config(&[fleet()])).map_err(err)?;
     eprintln!(
-        "bench-e2e: starting control plane, manager-sim ({NODES} nodes) and the operator (release)"
+        "bench-e2e: starting control plane, manager-sim ({} nodes) and the operator (release)",
+        fleet().nodes
     );
     // The operator's throughput is measured, not the simulated jobs' sockets: one WebSocket per
     // running job would add 4,000 connections to the sim.
     let stack = Stack::start_custom(&sim_path, &["--no-job-socket"], |c| {
         c.insert("watchNamespaces".into(), serde_json::json!(["default"]));
+        c.insert(
+            "concurrency".into(),
+            serde_json::json!({"bundles": CONCURRENCY}),
+        );
     })
     .await?;
     let client = stack.env.client();
@@ -191,7 +155,10 @@ async fn run() -> Result<(), SetupError> {
     if !out.success() {
         return Err(SetupError(out.stderr));
     }
-    let out = stack.env.apply_yaml(POOL).await?;
+    let out = stack
+        .env
+        .apply_yaml(&fleet().placement_pool("binpack"))
+        .await?;
     if !out.success() {
         return Err(SetupError(out.stderr));
     }
@@ -200,33 +167,30 @@ async fn run() -> Result<(), SetupError> {
             let p = stack.get_json(&["placementpool", "bench"]).await?;
             Ok(p["status"]["nodeCount"]
                 .as_i64()
-                .is_some_and(|c| c as usize == NODES)
+                .is_some_and(|c| c as usize == fleet().nodes)
                 .then_some(()))
         })
         .await?;
 
-    // One bundle placed by the operator, for the status a Ready bundle of this shape carries:
-    // the raw baseline writes that status, i.e. the same write the operator makes per bundle.
+    // One bundle placed by the operator, for the status and the Event a Ready bundle of this
+    // shape carries: the baseline writes those.
     let api: Api<Bundle> = Api::namespaced(client.clone(), "default");
     api.create(&PostParams::default(), &bundle("default", "warm-up")?)
         .await
-        .map_err(|e| SetupError(e.to_string()))?;
+        .map_err(err)?;
     let warm = stack
         .wait_bundle_phase("default", "warm-up", "Ready", Duration::from_secs(60))
         .await?;
     let ready_status = warm["status"].clone();
+    let note = "replica 0 on bench-00001 in pool bench; replica 1 on bench-00002 in pool bench";
 
     eprintln!(
-        "bench-e2e: raw status-patch rate ({CONCURRENCY} concurrent, {RAW_SECONDS} s each, namespace the operator does not watch)"
-    );
-    let empty =
-        serde_json::to_value(BundleStatus::default()).map_err(|e| SetupError(e.to_string()))?;
-    let tiny = raw_status_rate(client.clone(), "tiny", &empty).await?;
-    let raw = raw_status_rate(client.clone(), "ready", &ready_status).await?;
-    eprintln!(
-        "bench-e2e: raw = {raw:.0} status writes/s with a Ready bundle's status ({} bytes of JSON); {tiny:.0}/s with an empty status",
+        "bench-e2e: baseline: {n} bundles' writes (create, finalizer, status apply of {} bytes, Event), {CONCURRENCY} workers",
         ready_status.to_string().len()
     );
+    let load_before = load_average();
+    let base1 = baseline_rate(&client, "before", n, &ready_status, note).await?;
+    eprintln!("bench-e2e: baseline before the wave: {base1:.1} bundles/s");
 
     eprintln!(
         "bench-e2e: creating {n} bundles (2 replicas x 2 jobs) and waiting until all are Ready"
@@ -239,98 +203,70 @@ async fn run() -> Result<(), SetupError> {
         ("sim", stack.sim.pid().unwrap_or(0)),
         ("bench", std::process::id()),
     ];
+    let mut ready = ReadyWatch::new(api.clone());
+    // The warm-up bundle is in the watch's first list: wait for it, so the wave starts with
+    // the watch established.
+    ready
+        .wait_all(&["warm-up".to_owned()], Duration::from_secs(60), |_| {})
+        .await?;
     let cpu_before: Vec<f64> = procs.iter().map(|(_, p)| cpu_seconds(*p)).collect();
     let writes_before = apiserver_writes(&client).await;
+    let names: Vec<String> = (0..n).map(|i| format!("b-{i:05}")).collect();
+    let wave: Vec<Bundle> = names
+        .iter()
+        .map(|name| bundle("default", name))
+        .collect::<Result<_, _>>()?;
     let started = Instant::now();
-    let create_api = api.clone();
-    let creates = futures::stream::iter((0..n).map(move |i| {
-        let api = create_api.clone();
-        async move {
-            api.create(
-                &PostParams::default(),
-                &bundle("default", &format!("b-{i:05}"))?,
-            )
-            .await
-            .map_err(|e| SetupError(e.to_string()))
-        }
-    }))
-    .buffer_unordered(CONCURRENCY)
-    .try_collect::<Vec<_>>();
-    let creates = async move {
-        let r = creates.await;
-        (r, started.elapsed())
-    };
+    let creating = tokio::spawn({
+        let api = api.clone();
+        async move { create_bundles(&api, wave, CONCURRENCY).await }
+    });
     let mut peak_rss = 0f64;
-    let creating = tokio::spawn(creates);
-    // Readiness is followed with a watch (a LIST of 1,000 bundles every poll would itself load
-    // the apiserver the operator is measured against).
-    let mut ready: std::collections::HashSet<String> = std::collections::HashSet::new();
-    let events = watcher::watcher(api.clone(), watcher::Config::default()).applied_objects();
-    futures::pin_mut!(events);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
-    let mut rss_tick = tokio::time::interval(Duration::from_millis(500));
-    while ready.len() < n {
-        tokio::select! {
-            ev = events.try_next() => {
-                let b = match ev {
-                    Ok(Some(b)) => b,
-                    Ok(None) => return Err(SetupError("the bundle watch ended".into())),
-                    Err(e) => return Err(SetupError(format!("bundle watch: {e}"))),
-                };
-                let is_ready = b
-                    .status
-                    .as_ref()
-                    .is_some_and(|s| s.phase == automanager_api::BundlePhase::Ready);
-                let name = b.metadata.name.clone().unwrap_or_default();
-                // The warm-up bundle is not part of the wave.
-                if is_ready && name.starts_with("b-") {
-                    ready.insert(name);
-                }
-            }
-            _ = rss_tick.tick() => peak_rss = peak_rss.max(rss_mib(pid)),
-            () = tokio::time::sleep_until(deadline) => {
-                return Err(SetupError(format!(
-                    "only {} of {n} bundles Ready after 900 s",
-                    ready.len()
-                )));
-            }
-        }
-    }
+    ready
+        .wait_all(&names, Duration::from_secs(900), |_| {
+            peak_rss = peak_rss.max(rss_mib(pid));
+        })
+        .await?;
     let seconds = started.elapsed().as_secs_f64();
-    let (created, create_time) = creating.await.map_err(|e| SetupError(e.to_string()))?;
-    created?;
+    let create_time = creating.await.map_err(err)??;
+    let cpu: Vec<f64> = procs
+        .iter()
+        .zip(&cpu_before)
+        .map(|((_, p), before)| cpu_seconds(*p) - before)
+        .collect();
+    let writes = writes_between(&writes_before, &apiserver_writes(&client).await);
+    peak_rss = peak_rss.max(rss_mib(pid));
     eprintln!(
         "bench-e2e: the {n} creates alone took {:.1} s ({:.0}/s); all Ready after {seconds:.1} s",
         create_time.as_secs_f64(),
         n as f64 / create_time.as_secs_f64()
     );
-    let cpu: Vec<String> = procs
-        .iter()
-        .zip(&cpu_before)
-        .map(|((name, p), before)| format!("{name}={:.1}", cpu_seconds(*p) - before))
-        .collect();
     eprintln!(
         "bench-e2e: CPU seconds during the wave ({seconds:.1} s wall, {} cores): {}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
-        cpu.join(" ")
+        procs
+            .iter()
+            .zip(&cpu)
+            .map(|((name, _), c)| format!("{name}={c:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     );
-    let writes: Vec<String> = apiserver_writes(&client)
-        .await
-        .into_iter()
-        .filter_map(|(k, v)| {
-            let d = v - writes_before.get(&k).copied().unwrap_or(0.0);
-            (d >= 1.0).then(|| format!("{k}={d:.0}"))
-        })
-        .collect();
     eprintln!(
         "bench-e2e: apiserver writes during the wave: {}",
-        writes.join(" ")
+        show_counts(&writes)
     );
-    peak_rss = peak_rss.max(rss_mib(pid));
+
+    let base2 = baseline_rate(&client, "after", n, &ready_status, note).await?;
+    let load_after = load_average();
+    let baseline = (base1 + base2) / 2.0;
+    eprintln!(
+        "bench-e2e: baseline after the wave: {base2:.1} bundles/s (mean {baseline:.1}); load average {load_before:.1} before, {load_after:.1} after"
+    );
     let rate = n as f64 / seconds;
+    let operator_cpu_ms = cpu[2] * 1000.0 / n as f64;
     println!(
-        "e2e bundles={n} seconds={seconds:.1} bundles_per_s={rate:.1} raw_status_writes_per_s={raw:.1} ratio={:.2} rss_mib={peak_rss:.0}",
-        rate / raw
+        "e2e bundles={n} seconds={seconds:.1} bundles_per_s={rate:.1} baseline_bundles_per_s={baseline:.1} ratio={:.2} operator_cpu_ms_per_bundle={operator_cpu_ms:.2} rss_mib={peak_rss:.0}",
+        rate / baseline
     );
     Ok(())
 }

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use automanager_api::{Migration, MigrationPhase};
 use automanager_e2e::SetupError;
+use automanager_e2e::bench::{env_usize, percentile as pct, sorted};
 use automanager_e2e::stack::Stack;
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
@@ -209,20 +210,6 @@ fn live_spares(m: &MirrorState) -> usize {
                 && !busy.contains(n.node_id.as_str())
         })
         .count()
-}
-
-/// Nearest-rank percentile of sorted values.
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (q * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn sorted(mut v: Vec<f64>) -> Vec<f64> {
-    v.sort_by(f64::total_cmp);
-    v
 }
 
 async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
@@ -417,14 +404,8 @@ async fn handover(
 }
 
 async fn run() -> Result<(), SetupError> {
-    let env_count = |k: &str, d: usize| {
-        std::env::var(k)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    let kills = env_count("BENCH_KILLS", 100);
-    let handovers = env_count("BENCH_HANDOVERS", 40);
+    let kills = env_usize("BENCH_KILLS", 100)?;
+    let handovers = env_usize("BENCH_HANDOVERS", 40)?;
     let dir = tempfile::tempdir().map_err(err)?;
     let sim_path = dir.path().join("sim.yaml");
     std::fs::write(&sim_path, sim_config()).map_err(err)?;

@@ -4,6 +4,7 @@
 //! Every suite starts its own [`testenv::TestEnv`]; dropping it stops etcd and the apiserver and
 //! removes their directory, also when the test fails.
 
+pub mod bench;
 pub mod install;
 pub mod plugin;
 pub mod stack;

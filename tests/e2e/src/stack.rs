@@ -376,6 +376,30 @@ impl Stack {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// `manager-sim calls` against the stack's sim: calls served per Manager RPC, and
+    /// `mutating`, those that asked Manager to change something.
+    pub fn sim_calls(&self) -> Result<std::collections::BTreeMap<String, u64>, SetupError> {
+        let bins = binaries()?;
+        let out = Command::new(&bins.sim)
+            .args(["calls", "--addr", &self.sim_endpoint])
+            .output()
+            .map_err(|e| SetupError(e.to_string()))?;
+        if !out.status.success() {
+            return Err(SetupError(format!(
+                "manager-sim calls failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| {
+                l.split_once(' ')
+                    .and_then(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
+                    .ok_or_else(|| SetupError(format!("manager-sim calls printed {l:?}")))
+            })
+            .collect()
+    }
+
     /// `kubectl get <what> -o json`, parsed.
     pub async fn get_json(&self, args: &[&str]) -> Result<serde_json::Value, SetupError> {
         let mut all = vec!["get"];
@@ -446,7 +470,9 @@ impl Stack {
     }
 }
 
-async fn http_request(
+/// A plain HTTP/1.1 request on a fresh loopback connection (`Connection: close`) to `base`
+/// (`http://HOST:PORT`); the status code and the body.
+pub async fn http_request(
     base: &str,
     method: &str,
     path: &str,

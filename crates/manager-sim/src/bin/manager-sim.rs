@@ -12,6 +12,7 @@
 //! manager-sim chaos partition-zone ZONE [--heal]
 //! manager-sim chaos migration-behaviour JOB_ID cooperative|refuse-state|slow-cutover MS|fail-participant ID|abort-at POINT
 //! manager-sim chaos job-history JOB_ID
+//! manager-sim calls                     --addr http://127.0.0.1:PORT [--token T]
 //! ```
 //!
 //! `chaos job-history` injects nothing: it prints what the sim saw of a job
@@ -32,8 +33,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    CutStreamsRequest, FailJobRequest, JobHistoryRequest, JobHistoryResponse, JobRole,
-    KillNodeRequest, MigrationBehaviour, PartitionZoneRequest, RejectNextRequest,
+    CallCountsRequest, CutStreamsRequest, FailJobRequest, JobHistoryRequest, JobHistoryResponse,
+    JobRole, KillNodeRequest, MigrationBehaviour, PartitionZoneRequest, RejectNextRequest,
     SetMigrationBehaviourRequest, SlowProvisionRequest,
 };
 use manager_sim::{AbortAt, JobBehaviour, Sim, SimSetup};
@@ -94,6 +95,20 @@ enum Command {
         token: Option<String>,
         #[command(subcommand)]
         fault: Fault,
+    },
+    /// Print how many calls of each Manager RPC a running sim has served, then
+    /// `mutating N`: the calls that asked Manager to change something.
+    Calls {
+        /// The sim's endpoint, e.g. http://127.0.0.1:6789.
+        #[arg(
+            long,
+            env = "MANAGER_SIM_ADDR",
+            default_value = "http://127.0.0.1:6789"
+        )]
+        addr: String,
+        /// Bearer token, if the sim requires one.
+        #[arg(long, env = "MANAGER_SIM_TOKEN", hide_env_values = true)]
+        token: Option<String>,
     },
 }
 
@@ -316,10 +331,43 @@ async fn run(cli: Cli) -> Result<(), String> {
             Ok(())
         }
         Command::Chaos { addr, token, fault } => chaos(addr, token, fault).await,
+        Command::Calls { addr, token } => {
+            let counts = admin_client(addr, token)
+                .await?
+                .call_counts(CallCountsRequest {})
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+                .into_inner();
+            let mut calls: Vec<_> = counts.calls.into_iter().collect();
+            calls.sort();
+            for (rpc, n) in calls {
+                println!("{rpc} {n}");
+            }
+            println!("mutating {}", counts.mutating);
+            Ok(())
+        }
     }
 }
 
-async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), String> {
+/// Adds the bearer token, when there is one, to every SimAdmin call.
+#[derive(Clone)]
+struct Bearer(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.0 {
+            r.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(r)
+    }
+}
+
+type AdminClient = SimAdminClient<
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Bearer>,
+>;
+
+/// A SimAdmin client of the sim at `addr`, sending `token` as a bearer token.
+async fn admin_client(addr: String, token: Option<String>) -> Result<AdminClient, String> {
     let endpoint = tonic::transport::Endpoint::from_shared(addr.clone())
         .map_err(|e| format!("bad --addr {addr:?}: {e}"))?
         .connect_timeout(std::time::Duration::from_secs(5))
@@ -336,12 +384,11 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
         ),
         None => None,
     };
-    let mut client = SimAdminClient::with_interceptor(channel, move |mut r: tonic::Request<()>| {
-        if let Some(h) = &header {
-            r.metadata_mut().insert("authorization", h.clone());
-        }
-        Ok(r)
-    });
+    Ok(SimAdminClient::with_interceptor(channel, Bearer(header)))
+}
+
+async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), String> {
+    let mut client = admin_client(addr, token).await?;
     let resp = match fault {
         Fault::KillNode { id } => client.kill_node(KillNodeRequest { node_id: id }).await,
         Fault::FailJob { id, message } => {

@@ -214,7 +214,7 @@ fn desired_status(
 /// Mirrors Manager's nodes into ManagerNode objects until `shutdown` resolves.
 pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Receiver<()>) {
     let api: Api<ManagerNode> = Api::all(ctx.client.clone());
-    let mut written: HashMap<String, ManagerNodeStatus> = HashMap::new();
+    let mut written = current_statuses(&api).await;
     let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
     let mut last_sweep = std::time::Instant::now() - ORPHAN_SWEEP;
     let interval = ctx
@@ -364,6 +364,24 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                 // object is where a person cordons or drains the node.
                 written.retain(|name, _| existing.contains(name));
             }
+        }
+    }
+}
+
+/// The status every ManagerNode carries now, by object name. The sync starts from it, so an
+/// operator that restarts (or a new leader) writes only what differs from what is there, and
+/// repeats no lifecycle Event: with nothing changed, nothing is written. Without the list (the
+/// apiserver did not answer) every node is written once, as on a first start.
+async fn current_statuses(api: &Api<ManagerNode>) -> HashMap<String, ManagerNodeStatus> {
+    match api.list(&ListParams::default()).await {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .filter_map(|o| Some((o.name_any(), o.status?)))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list ManagerNodes; writing every node's status once");
+            HashMap::new()
         }
     }
 }
