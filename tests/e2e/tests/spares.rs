@@ -227,13 +227,21 @@ async fn a_fixed_pool_only_reports_underflow() {
         msg.contains("onprem") && msg.contains('0') && msg.contains('1'),
         "pool, current and target in: {msg}"
     );
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    let onprem = nodes["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|n| n["status"]["pool"] == "onprem")
-        .count();
+    // The ManagerNode mirror writes statuses at its own pace: wait until it shows the fixed
+    // pool's three nodes, then check there is no fourth.
+    let onprem = stack
+        .wait_for("the on-prem ManagerNodes", WAIT, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let n = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|n| n["status"]["pool"] == "onprem")
+                .count();
+            Ok((n >= 3).then_some(n))
+        })
+        .await
+        .unwrap();
     assert_eq!(onprem, 3, "no node was created in the fixed pool");
 }
 
