@@ -1,0 +1,183 @@
+//! The reliability suite: faults against the real stack (apiserver + etcd, manager-sim, the
+//! operator binary), with the invariant checker of `automanager_e2e::reliability` reading Manager
+//! and the Bundles throughout and once settled. Each scenario has a fixed seed, a time bound,
+//! runs on loopback only, prints one `reliability scenario=...` line and asserts no violation.
+//!
+//! Run with `make test-reliability` (not part of `make test`); `RELIABILITY_BUNDLES` sets the
+//! size of the waves (default 200).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use automanager_e2e::reliability::{Monitor, Violations, settle};
+use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, apply_example_pools};
+
+/// How long any scenario may take to settle after its last fault.
+const SETTLE: Duration = Duration::from_secs(300);
+/// Upper bound of any other wait (the machine may be shared and loaded).
+const WAIT: Duration = Duration::from_secs(180);
+
+/// The size of a wave: `RELIABILITY_BUNDLES`, default 200.
+fn wave_size() -> usize {
+    std::env::var("RELIABILITY_BUNDLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(200)
+}
+
+/// splitmix64: a fixed seed gives the same wave on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// In `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// One generated Bundle: 1-2 replicas of 1-2 jobs, 5-20 capacity each, a band, elastic pools.
+fn wave_bundle(name: &str, rng: &mut Rng, bands: &[&str]) -> String {
+    let replicas = rng.range(1, 2);
+    let pools = rng.pick(&["[aws-east]", "[aws-east, oci-fra]", "[oci-fra, aws-east]"]);
+    let mut jobs = String::new();
+    for job in ["enc", "pkg"].iter().take(rng.range(1, 2) as usize) {
+        let band = rng.pick(bands);
+        jobs.push_str(&format!(
+            "    - jobName: {job}\n      requirements: {{requiredCapacity: {}, requiredCores: 1, priorityBand: {band}}}\n",
+            rng.range(5, 20)
+        ));
+    }
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}---\n"
+    )
+}
+
+/// `count` bundles `<prefix>-<i>` from `start`, as one multi-document YAML.
+fn wave(prefix: &str, start: usize, count: usize, rng: &mut Rng, bands: &[&str]) -> String {
+    (start..start + count)
+        .map(|i| wave_bundle(&format!("{prefix}-{i:04}"), rng, bands))
+        .collect()
+}
+
+async fn kubectl(stack: &Stack, args: &[&str]) {
+    let out = stack.env.run_kubectl(args).await.unwrap();
+    assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
+}
+
+async fn restart_operator(stack: &mut Stack) {
+    stack.start_operator().unwrap();
+    stack.wait_operator_ready(WAIT).await.unwrap();
+}
+
+/// Prints the scenario's line and fails on any violation.
+fn report(scenario: &str, v: &Violations, settle: Duration) {
+    report_with(scenario, v, settle, None);
+}
+
+/// [`report`], with a failure the invariants do not cover (`ok=false` when there is one).
+fn report_with(scenario: &str, v: &Violations, settle: Duration, failure: Option<String>) {
+    let line = v.line(scenario, settle);
+    let line = match &failure {
+        Some(_) => line.replacen(" ok=true ", " ok=false ", 1),
+        None => line,
+    };
+    println!("{line}");
+    assert!(v.is_clean(), "{scenario}:\n{}", v.details());
+    if let Some(f) = failure {
+        panic!("{scenario}: {f}");
+    }
+}
+
+/// Settles, adds what the monitor saw while the faults ran, reports.
+async fn finish(stack: &Stack, monitor: Monitor, scenario: &str) -> Violations {
+    let (mut v, took) = settle(stack, SETTLE).await.unwrap();
+    let (seen, samples) = monitor.stop().await;
+    eprintln!("{scenario}: the monitor took {samples} samples of Manager's state");
+    v.merge(&seen);
+    report(scenario, &v, took);
+    v
+}
+
+/// A wave of N bundles, with the operator `kill -9`ed three times during it and a tenth of the
+/// bundles deleted between two kills.
+#[tokio::test]
+async fn operator_kill() {
+    let mut rng = Rng(0x0A11_0001);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    let mut deleted = Vec::new();
+    for c in 0..4 {
+        let start = c * chunk;
+        let count = chunk.min(n.saturating_sub(start));
+        if count > 0 {
+            apply(
+                &stack,
+                &wave(
+                    "kill",
+                    start,
+                    count,
+                    &mut rng,
+                    &["gold", "silver", "bronze"],
+                ),
+            )
+            .await;
+        }
+        if c == 3 {
+            break;
+        }
+        // Mid-reconcile: the kill lands while the chunk is being placed.
+        tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+        stack.operator.kill9();
+        if c == 1 {
+            // Deleted while no operator runs: the finalizer waits for the next one.
+            deleted = (0..2 * chunk)
+                .step_by(10)
+                .map(|i| format!("kill-{i:04}"))
+                .collect();
+            let mut args = vec!["delete", "bundle", "-n", "default", "--wait=false"];
+            args.extend(deleted.iter().map(String::as_str));
+            kubectl(&stack, &args).await;
+        }
+        restart_operator(&mut stack).await;
+    }
+    let v = finish(&stack, monitor, "operator-kill").await;
+    assert!(v.orphans.is_empty());
+    // The deleted ones are gone from the apiserver too (their finalizer ran), the rest stay.
+    let left = stack
+        .wait_for("the deleted bundles to be gone", WAIT, || async {
+            let left = stack.get_json(&["bundles", "-n", "default"]).await?;
+            let names: BTreeSet<String> = left["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b["metadata"]["name"].as_str().map(str::to_owned))
+                .collect();
+            Ok((!deleted.iter().any(|d| names.contains(d))).then_some(names))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        left.len() + deleted.len(),
+        n,
+        "every other bundle is still there"
+    );
+}
