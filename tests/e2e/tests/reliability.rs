@@ -9,11 +9,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use automanager_e2e::reliability::{Monitor, Violations, settle};
+use automanager_e2e::reliability::{
+    self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
+};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, apply_example_pools};
+use manager_client::proto::KillNodeRequest;
 
 /// How long any scenario may take to settle after its last fault.
 const SETTLE: Duration = Duration::from_secs(300);
@@ -104,9 +107,11 @@ fn report_with(scenario: &str, v: &Violations, settle: Duration, failure: Option
     }
 }
 
-/// Settles, adds what the monitor saw while the faults ran, reports.
-async fn finish(stack: &Stack, monitor: Monitor, scenario: &str) -> Violations {
-    let (mut v, took) = settle(stack, SETTLE).await.unwrap();
+/// Settles, adds what the monitor saw while the faults ran, reports; `settle_s` counts from
+/// `since` (the last fault).
+async fn finish(stack: &Stack, monitor: Monitor, scenario: &str, since: Instant) -> Violations {
+    let (mut v, _) = settle(stack, SETTLE).await.unwrap();
+    let took = since.elapsed();
     let (seen, samples) = monitor.stop().await;
     eprintln!("{scenario}: the monitor took {samples} samples of Manager's state");
     v.merge(&seen);
@@ -125,6 +130,7 @@ async fn operator_kill() {
     let n = wave_size();
     let chunk = n.div_ceil(4);
     let mut deleted = Vec::new();
+    let mut last_restart = Instant::now();
     for c in 0..4 {
         let start = c * chunk;
         let count = chunk.min(n.saturating_sub(start));
@@ -158,8 +164,9 @@ async fn operator_kill() {
             kubectl(&stack, &args).await;
         }
         restart_operator(&mut stack).await;
+        last_restart = Instant::now();
     }
-    let v = finish(&stack, monitor, "operator-kill").await;
+    let v = finish(&stack, monitor, "operator-kill", last_restart).await;
     assert!(v.orphans.is_empty());
     // The deleted ones are gone from the apiserver too (their finalizer ran), the rest stay.
     let left = stack
@@ -180,4 +187,93 @@ async fn operator_kill() {
         n,
         "every other bundle is still there"
     );
+}
+
+/// Every node of one zone killed at once; gold comes back elsewhere.
+#[tokio::test]
+async fn zone_outage() {
+    let mut rng = Rng(0x0A11_0002);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let n = wave_size().min(80);
+    apply(&stack, &wave("zone", 0, n, &mut rng, &["gold", "silver"])).await;
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "before the outage ({took:?}):\n{}",
+        v.details()
+    );
+
+    // The zone with the most jobs.
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let (nodes, jobs, _) = manager_facts(&state);
+    let busy = |zone: &str| {
+        jobs.iter()
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| nodes.iter().any(|n| n.id == i.node_id && n.zone == zone))
+            })
+            .count()
+    };
+    let zones: BTreeSet<&str> = nodes.iter().map(|n| n.zone.as_str()).collect();
+    let zone = zones
+        .iter()
+        .copied()
+        .max_by_key(|z| busy(z))
+        .unwrap()
+        .to_owned();
+    let victims: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.zone == zone && !n.terminated)
+        .map(|n| n.id.clone())
+        .collect();
+    let hit = busy(&zone);
+    eprintln!(
+        "zone-outage: killing {} nodes of {zone} ({hit} jobs)",
+        victims.len()
+    );
+
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let kills = victims.iter().map(|id| {
+        let mut admin = admin.clone();
+        let node_id = id.clone();
+        async move { admin.kill_node(KillNodeRequest { node_id }).await }
+    });
+    let killed_at = Instant::now();
+    for r in futures::future::join_all(kills).await {
+        r.unwrap();
+    }
+
+    // Gold back: every gold job of the wave runs again on a started node.
+    let gold: Vec<String> = state
+        .jobs
+        .values()
+        .filter(|j| is_gold(j))
+        .map(|j| format!("{}:", j.job_id))
+        .collect();
+    let gold_back = stack
+        .wait_for("gold jobs back", SETTLE, || async {
+            let lost = check(&reliability::observe(&stack).await?).lost;
+            let gold_lost = lost
+                .iter()
+                .filter(|l| gold.iter().any(|g| l.starts_with(g.as_str())))
+                .count();
+            Ok((gold_lost == 0).then_some(killed_at.elapsed()))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "zone-outage: gold back after {:.1}s",
+        gold_back.as_secs_f64()
+    );
+    let v = finish(&stack, monitor, "zone-outage", killed_at).await;
+    assert!(v.lost.is_empty());
+}
+
+fn is_gold(j: &manager_client::proto::Job) -> bool {
+    j.requirements
+        .as_ref()
+        .is_some_and(|r| r.priority_band == "gold")
 }
