@@ -16,7 +16,7 @@ use automanager_e2e::reliability::{
 };
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, apply_example_pools};
-use manager_client::proto::KillNodeRequest;
+use manager_client::proto::{CutStreamsRequest, KillNodeRequest};
 
 /// How long any scenario may take to settle after its last fault.
 const SETTLE: Duration = Duration::from_secs(300);
@@ -276,4 +276,47 @@ fn is_gold(j: &manager_client::proto::Job) -> bool {
     j.requirements
         .as_ref()
         .is_some_and(|r| r.priority_band == "gold")
+}
+
+/// Manager's Watch streams cut every half second while a wave is placed, and for ten seconds
+/// after it.
+#[tokio::test]
+async fn stream_cuts() {
+    let mut rng = Rng(0x0A11_0003);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let cutter = tokio::spawn(async move {
+        let mut cuts = 0u32;
+        while !*stop_rx.borrow() {
+            if admin.cut_streams(CutStreamsRequest {}).await.is_ok() {
+                cuts += 1;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), stop_rx.changed()).await;
+        }
+        cuts
+    });
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    for c in 0..4 {
+        let start = c * chunk;
+        let count = chunk.min(n.saturating_sub(start));
+        if count > 0 {
+            apply(
+                &stack,
+                &wave("cut", start, count, &mut rng, &["gold", "silver", "bronze"]),
+            )
+            .await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop_tx.send_replace(true);
+    let cuts = cutter.await.unwrap();
+    let last_cut = Instant::now();
+    eprintln!("stream-cuts: {cuts} cuts");
+    assert!(cuts >= 10, "the streams were cut {cuts} times");
+    finish(&stack, monitor, "stream-cuts", last_cut).await;
 }
