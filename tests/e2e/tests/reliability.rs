@@ -15,8 +15,10 @@ use automanager_e2e::reliability::{
     self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
 };
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, apply_example_pools};
-use manager_client::proto::{CutStreamsRequest, KillNodeRequest};
+use automanager_e2e::{apply, apply_example_pools, condition};
+use manager_client::proto::{
+    CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
+};
 
 /// How long any scenario may take to settle after its last fault.
 const SETTLE: Duration = Duration::from_secs(300);
@@ -319,4 +321,115 @@ async fn stream_cuts() {
     eprintln!("stream-cuts: {cuts} cuts");
     assert!(cuts >= 10, "the streams were cut {cuts} times");
     finish(&stack, monitor, "stream-cuts", last_cut).await;
+}
+
+/// The instance starts of a job the sim saw.
+async fn starts(stack: &Stack, job_id: &str) -> usize {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let h = admin
+        .job_history(JobHistoryRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    h.starts.len()
+}
+
+/// A crash-looping gold job across operator `kill -9`s: Broken after exactly
+/// `maxRestartsPerHour` restarts, not one more; the retry annotation starts it again.
+#[tokio::test]
+async fn restart_storm() {
+    const MAX: u64 = 3;
+    let mut rng = Rng(0x0A11_0004);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &wave("calm", 0, 20, &mut rng, &["gold", "silver"])).await;
+    apply(
+        &stack,
+        &format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: crashy, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: gold}}\n  bands:\n    gold: {{maxRestartsPerHour: {MAX}}}\n"
+        ),
+    )
+    .await;
+    stack
+        .wait_bundle_phase("default", "crashy", "Ready", WAIT)
+        .await
+        .unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let job_id = "default.crashy/0/enc";
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for i in 1..=MAX + 1 {
+        admin
+            .fail_job(FailJobRequest {
+                job_id: job_id.into(),
+                message: format!("crash {i}"),
+            })
+            .await
+            .unwrap();
+        if i > MAX {
+            break;
+        }
+        stack
+            .wait_for(&format!("restart {i}"), WAIT, || async {
+                let b = stack
+                    .get_json(&["bundle", "crashy", "-n", "default"])
+                    .await?;
+                let job = &b["status"]["replicas"][0]["jobs"][0];
+                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
+                    && job["state"] == "running")
+                    .then_some(()))
+            })
+            .await
+            .unwrap();
+        // Each restart is followed by an operator crash: the count must survive it.
+        stack.operator.kill9();
+        restart_operator(&mut stack).await;
+    }
+    let b = stack
+        .wait_bundle_phase("default", "crashy", "Broken", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], MAX, "{b:#}");
+    // Give a wrong extra restart time to happen, then count the starts the sim saw.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        starts(&stack, job_id).await as u64,
+        1 + MAX,
+        "one start and exactly {MAX} restarts"
+    );
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "a Broken bundle is not lost:\n{}",
+        v.details()
+    );
+
+    kubectl(
+        &stack,
+        &[
+            "annotate",
+            "--overwrite",
+            "bundle",
+            "crashy",
+            "-n",
+            "default",
+            "automanager.norsk.io/retry=storm-1",
+        ],
+    )
+    .await;
+    let retried = Instant::now();
+    let b = stack
+        .wait_bundle_phase("default", "crashy", "Ready", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["lastRetry"], "storm-1");
+    assert_eq!(condition(&b, "Broken")["status"], "False", "{b:#}");
+    assert_eq!(starts(&stack, job_id).await as u64, 2 + MAX);
+    // Settled after the retry: everything runs again.
+    v = settle(&stack, SETTLE).await.unwrap().0;
+    let took = retried.elapsed();
+    let (seen, _) = monitor.stop().await;
+    v.merge(&seen);
+    report("restart-storm", &v, took);
 }
