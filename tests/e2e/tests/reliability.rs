@@ -433,3 +433,216 @@ async fn restart_storm() {
     v.merge(&seen);
     report("restart-storm", &v, took);
 }
+
+/// One write the apiserver's audit log recorded.
+struct Write {
+    at: String,
+    user: String,
+    what: String,
+    ok: bool,
+}
+
+/// The writes (create, update, patch, delete) in an audit log, oldest first.
+fn audited_writes(log: &str) -> Vec<Write> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .map(|e| {
+            let r = &e["objectRef"];
+            Write {
+                // RFC 3339 with microseconds, always the same width: compares as text.
+                at: e["requestReceivedTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                user: e["user"]["username"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                what: format!(
+                    "{} {}/{}/{}{}",
+                    e["verb"].as_str().unwrap_or_default(),
+                    r["resource"].as_str().unwrap_or_default(),
+                    r["namespace"].as_str().unwrap_or_default(),
+                    r["name"].as_str().unwrap_or_default(),
+                    r["subresource"]
+                        .as_str()
+                        .map(|s| format!("/{s}"))
+                        .unwrap_or_default(),
+                ),
+                ok: e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 400),
+            }
+        })
+        .collect()
+}
+
+async fn lease_holder(stack: &Stack) -> Option<String> {
+    let lease = stack
+        .get_json(&["lease", "automanager-operator", "-n", "default"])
+        .await
+        .ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// Two operator replicas, each with its own ServiceAccount so the apiserver's audit log tells
+/// their writes apart. The leader is paused (SIGSTOP) past its lease while work arrives, the
+/// standby takes over, the old leader is resumed (SIGCONT): it must write nothing after the
+/// takeover, and the invariants hold.
+#[tokio::test]
+#[ignore = "fails until the operator fences its writes: resumed past its lease, the old leader still patched PlacementPool status and created a ManagerNode after the takeover (docs/reliability.md)"]
+async fn leader_pause() {
+    const LEASE_S: u64 = 6;
+    let mut rng = Rng(0x0A11_0005);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n  - level: Metadata\n    verbs: [create, update, patch, delete, deletecollection]\n  - level: None\n",
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.log");
+    let env = automanager_e2e::TestEnv::builder()
+        .apiserver_arg(format!("--audit-policy-file={}", policy.display()))
+        .apiserver_arg(format!("--audit-log-path={}", audit.display()))
+        .start()
+        .await
+        .unwrap();
+    let env = automanager_e2e::install_crds(env).await.unwrap();
+    let mut kubeconfigs = Vec::new();
+    for sa in ["op-a", "op-b"] {
+        for args in [
+            vec!["create", "serviceaccount", sa, "-n", "default"],
+            vec![
+                "create",
+                "clusterrolebinding",
+                sa,
+                "--clusterrole=cluster-admin",
+                &format!("--serviceaccount=default:{sa}"),
+            ],
+        ] {
+            let out = env.run_kubectl(&args).await.unwrap();
+            assert!(out.success(), "{}", out.stderr);
+        }
+        kubeconfigs.push(
+            automanager_e2e::install::service_account_kubeconfig(&env, "default", sa, dir.path())
+                .await
+                .unwrap(),
+        );
+    }
+    let stack = Stack::start_on(
+        env,
+        &automanager_e2e::repo_root().join("deploy/demo/manager-sim.yaml"),
+        &[],
+        Some(kubeconfigs[0].clone()),
+        |c| {
+            c.insert(
+                "leaderElection".into(),
+                serde_json::json!({"enabled": true, "leaseNamespace": "default",
+                    "leaseDuration": format!("{LEASE_S}s"), "renewEvery": "2s"}),
+            );
+        },
+    )
+    .await
+    .expect("stack");
+    let (replica_b, b_http) = stack.start_replica("b", &kubeconfigs[1]).unwrap();
+    stack
+        .wait_for("replica b ready", WAIT, || async {
+            let (code, _) = automanager_e2e::stack::http_get_at(&b_http, "/readyz").await?;
+            Ok((code == 200).then_some(()))
+        })
+        .await
+        .unwrap();
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &wave("lead", 0, 30, &mut rng, &["gold", "silver"])).await;
+    let holder = stack
+        .wait_for("a leader", WAIT, || async {
+            Ok(lease_holder(&stack).await)
+        })
+        .await
+        .unwrap();
+    let a_pid = stack.operator.pid().unwrap();
+    let a_leads = holder.ends_with(&format!("-{a_pid}"));
+    let (leader, standby, old_user, new_user) = if a_leads {
+        (&stack.operator, &replica_b, "op-a", "op-b")
+    } else {
+        (&replica_b, &stack.operator, "op-b", "op-a")
+    };
+    let standby_pid = standby.pid().unwrap();
+    eprintln!("leader-pause: {holder} leads ({old_user}); pausing it");
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+
+    leader.pause_signal("STOP").unwrap();
+    let paused = Instant::now();
+    // Work the paused leader's caches will see when it resumes.
+    apply(&stack, &wave("lead", 30, 20, &mut rng, &["gold", "silver"])).await;
+    kubectl(
+        &stack,
+        &[
+            "delete",
+            "bundle",
+            "-n",
+            "default",
+            "--wait=false",
+            "lead-0000",
+            "lead-0001",
+        ],
+    )
+    .await;
+    let takeover = stack
+        .wait_for("the standby to take the lease", WAIT, || async {
+            let h = lease_holder(&stack).await;
+            Ok(h.filter(|h| h.ends_with(&format!("-{standby_pid}")))
+                .map(|_| paused.elapsed()))
+        })
+        .await;
+    // Keep the old leader paused a little past the takeover, so its caches are stale.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    leader.pause_signal("CONT").unwrap();
+    let takeover = takeover.unwrap();
+    eprintln!(
+        "leader-pause: the standby took over {:.1}s after the pause (lease {LEASE_S}s)",
+        takeover.as_secs_f64()
+    );
+    // Time for the resumed leader to notice (and for anything it would still write).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let (v, settled) = finish_quiet(&stack, monitor).await;
+    let writes = audited_writes(&std::fs::read_to_string(&audit).unwrap_or_default());
+    let old = format!("system:serviceaccount:default:{old_user}");
+    let new = format!("system:serviceaccount:default:{new_user}");
+    let took_at = writes
+        .iter()
+        .find(|w| w.user == new && w.ok && w.what.contains(" leases/"))
+        .map(|w| w.at.clone())
+        .expect("the standby's lease write is in the audit log");
+    let after: Vec<&Write> = writes
+        .iter()
+        .filter(|w| w.user == old && w.at > took_at)
+        .collect();
+    let succeeded = after.iter().filter(|w| w.ok).count();
+    eprintln!(
+        "leader-pause: the old leader sent {} writes after the takeover at {took_at}, {succeeded} succeeded",
+        after.len()
+    );
+    for w in after.iter().take(15) {
+        eprintln!("  {} {} ok={}", w.at, w.what, w.ok);
+    }
+    println!(
+        "reliability leader-pause takeover_s={:.1} old_leader_writes_after_takeover={succeeded}",
+        takeover.as_secs_f64()
+    );
+    let slow = (takeover > Duration::from_secs(LEASE_S + 5))
+        .then(|| format!("the takeover took {takeover:?}, over the lease + 5 s"));
+    let fenced = (succeeded > 0)
+        .then(|| format!("the old leader wrote {succeeded} times after the takeover"));
+    report_with("leader-pause", &v, settled, fenced.or(slow));
+}
+
+/// [`finish`] without the report: settle and merge the monitor's samples.
+async fn finish_quiet(stack: &Stack, monitor: Monitor) -> (Violations, Duration) {
+    let (mut v, took) = settle(stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    (v, took)
+}
