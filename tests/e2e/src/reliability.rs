@@ -6,8 +6,9 @@
 //! - **duplicates**: more than one live normal instance of one (bundle, replica, job), now or,
 //!   from the sim's history, at any moment since the sim started;
 //! - **lost**: a job of a Bundle that is not running on a started node once settled, unless the
-//!   Bundle is Broken (the restart ceiling, waiting for the retry annotation) or the job is
-//!   `dropped` (a bronze job, recorded in its status);
+//!   Bundle is Broken (the restart ceiling, waiting for the retry annotation), its spec is
+//!   invalid (Stalled, reason `InvalidSpec`: it never could run) or the job is `dropped` (a
+//!   bronze job, recorded in its status);
 //! - **overcapacity**: a node whose capacity-holding instances exceed its capacity or cores;
 //! - **orphans**: a bundle registered in Manager under one of the operator's ids whose Bundle
 //!   object is gone.
@@ -98,6 +99,8 @@ pub struct BundleFact {
     pub deleting: bool,
     /// `status.phase` is Broken.
     pub broken: bool,
+    /// Stalled with reason `InvalidSpec`: the spec can never run, and the condition says why.
+    pub invalid: bool,
     pub replicas: u32,
     pub job_names: Vec<String>,
     /// (replica, job name) whose status says `dropped`.
@@ -243,7 +246,11 @@ pub fn check(world: &World) -> Violations {
         .iter()
         .map(|j| ((j.bundle_id.as_str(), j.replica, j.job_name.as_str()), j))
         .collect();
-    for b in world.bundles.iter().filter(|b| !b.deleting && !b.broken) {
+    for b in world
+        .bundles
+        .iter()
+        .filter(|b| !b.deleting && !b.broken && !b.invalid)
+    {
         for replica in 0..b.replicas {
             for name in &b.job_names {
                 if b.dropped.contains(&(replica, name.clone())) {
@@ -362,6 +369,8 @@ pub fn bundle_facts(list: &serde_json::Value) -> Vec<BundleFact> {
                 id: format!("{ns}.{name}"),
                 deleting: !b["metadata"]["deletionTimestamp"].is_null(),
                 broken: b["status"]["phase"] == "Broken",
+                invalid: crate::condition(b, "Stalled")["status"] == "True"
+                    && crate::condition(b, "Stalled")["reason"] == "InvalidSpec",
                 replicas: b["spec"]["replicas"]
                     .as_u64()
                     .and_then(|n| u32::try_from(n).ok())
@@ -676,6 +685,10 @@ mod tests {
         dropped.bundles[0].dropped.insert((1, "enc".into()));
         assert!(check(&dropped).lost.is_empty());
 
+        let mut invalid = w.clone();
+        invalid.bundles[0].invalid = true;
+        assert!(check(&invalid).lost.is_empty());
+
         let mut deleting = w;
         deleting.bundles[0].deleting = true;
         assert!(check(&deleting).lost.is_empty());
@@ -709,7 +722,9 @@ mod tests {
         let list = serde_json::json!({"items": [{
             "metadata": {"namespace": "ns", "name": "b", "deletionTimestamp": "2026-01-01T00:00:00Z"},
             "spec": {"replicas": 2, "jobs": [{"jobName": "enc"}, {"jobName": "pkg"}]},
-            "status": {"phase": "Broken", "replicas": [{"replica": 1, "jobs": [
+            "status": {"phase": "Broken",
+                "conditions": [{"type": "Stalled", "status": "True", "reason": "InvalidSpec"}],
+                "replicas": [{"replica": 1, "jobs": [
                 {"jobName": "enc", "state": "dropped"}, {"jobName": "pkg", "state": "running"}]}]}
         }]});
         let facts = bundle_facts(&list);
@@ -719,6 +734,7 @@ mod tests {
                 id: "ns.b".into(),
                 deleting: true,
                 broken: true,
+                invalid: true,
                 replicas: 2,
                 job_names: vec!["enc".into(), "pkg".into()],
                 dropped: [(1, "enc".to_owned())].into_iter().collect(),

@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+
 use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{
@@ -19,6 +20,7 @@ use automanager_e2e::{apply, apply_example_pools, condition};
 use manager_client::proto::{
     CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
 };
+use serde_json::Value;
 
 /// How long any scenario may take to settle after its last fault.
 const SETTLE: Duration = Duration::from_secs(300);
@@ -645,4 +647,353 @@ async fn finish_quiet(stack: &Stack, monitor: Monitor) -> (Violations, Duration)
     let (mut v, took) = settle(stack, SETTLE).await.unwrap();
     v.merge(&monitor.stop().await.0);
     (v, took)
+}
+
+/// The hostile values every field of the corpus is given, each with a label.
+fn hostile_values() -> Vec<(&'static str, Value)> {
+    let deep = nested(100);
+    vec![
+        ("null", Value::Null),
+        ("true", Value::Bool(true)),
+        ("minus-one", serde_json::json!(-1)),
+        ("zero", serde_json::json!(0)),
+        ("half", serde_json::json!(0.5)),
+        ("i32-max", serde_json::json!(i32::MAX)),
+        (
+            "i32-max-plus-one",
+            serde_json::json!(i64::from(i32::MAX) + 1),
+        ),
+        ("i64-min", serde_json::json!(i64::MIN)),
+        ("i64-max", serde_json::json!(i64::MAX)),
+        ("u64-max", serde_json::json!(u64::MAX)),
+        ("1e308", serde_json::json!(1e308)),
+        ("empty-string", serde_json::json!("")),
+        ("word", serde_json::json!("x")),
+        (
+            "control-chars",
+            serde_json::json!("a\u{0}b\u{7}c\u{1b}[31m\r\n"),
+        ),
+        (
+            "bidi-and-emoji",
+            serde_json::json!("\u{202e}gold\u{1F4A9}\u{200b}"),
+        ),
+        ("one-mib", Value::String("m".repeat(1024 * 1024))),
+        ("empty-list", serde_json::json!([])),
+        ("list-of-numbers", serde_json::json!([1, 2, 3])),
+        (
+            "huge-list",
+            Value::Array(vec![serde_json::json!("aws-east"); 10_000]),
+        ),
+        ("empty-object", serde_json::json!({})),
+        ("deep-object", deep),
+        (
+            "duplicate-pools",
+            serde_json::json!(["aws-east", "aws-east"]),
+        ),
+    ]
+}
+
+/// An object nested `depth` levels deep.
+fn nested(depth: usize) -> Value {
+    let mut deep = serde_json::json!("bottom");
+    for _ in 0..depth {
+        deep = serde_json::json!({ "d": deep });
+    }
+    deep
+}
+
+/// The fields the corpus breaks, as JSON pointers into a valid Bundle.
+const HOSTILE_FIELDS: [&str; 15] = [
+    "/spec/replicas",
+    "/spec/pools",
+    "/spec/jobs",
+    "/spec/jobs/0/jobName",
+    "/spec/jobs/0/requirements/requiredCapacity",
+    "/spec/jobs/0/requirements/requiredCores",
+    "/spec/jobs/0/requirements/priorityBand",
+    "/spec/jobs/0/requirements/requiredCapabilities",
+    "/spec/jobs/0/coLocateWith",
+    "/spec/jobs/0/separateFrom",
+    "/spec/jobs/0/config",
+    "/spec/replicaOverrides",
+    "/spec/bands",
+    "/spec/interReplicaPlacement",
+    "/metadata/annotations",
+];
+
+fn valid_bundle(name: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 1, "pools": ["aws-east"], "jobs": [
+            {"jobName": "enc", "requirements": {"requiredCapacity": 5, "requiredCores": 1, "priorityBand": "silver"}},
+            {"jobName": "pkg", "requirements": {"requiredCapacity": 5, "requiredCores": 1, "priorityBand": "silver"}}
+        ]}
+    })
+}
+
+/// Sets `pointer` in `doc` (creating the last key of an object), leaving `doc` alone when the
+/// parent does not exist.
+fn set(doc: &mut Value, pointer: &str, value: Value) {
+    let (parent, key) = pointer.rsplit_once('/').unwrap_or(("", pointer));
+    match doc.pointer_mut(parent) {
+        Some(Value::Object(m)) => {
+            m.insert(key.to_owned(), value);
+        }
+        Some(Value::Array(a)) => {
+            if let Some(slot) = key.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                *slot = value;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The corpus: every hostile value in every field, names at and past the length limits, and
+/// contradictions; `(label, object)`.
+fn hostile_corpus() -> Vec<(String, Value)> {
+    let mut corpus = Vec::new();
+    let values = hostile_values();
+    for (f, field) in HOSTILE_FIELDS.iter().enumerate() {
+        for (v, (label, value)) in values.iter().enumerate() {
+            let mut b = valid_bundle(&format!("hostile-{f:02}-{v:02}"));
+            set(&mut b, field, value.clone());
+            corpus.push((format!("{field}={label}"), b));
+        }
+    }
+    for len in [63, 64, 200, 240, 250, 253, 254, 300] {
+        let name = format!("n{}", "a".repeat(len - 1));
+        corpus.push((format!("name of {len} bytes"), valid_bundle(&name)));
+    }
+    let contradictions: [(&str, &str, Value); 8] = [
+        (
+            "colocate-and-separate",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["pkg"]),
+        ),
+        (
+            "colocate-self",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["enc"]),
+        ),
+        (
+            "colocate-unknown",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["nope"]),
+        ),
+        (
+            "duplicate-job-names",
+            "/spec/jobs/1/jobName",
+            serde_json::json!("enc"),
+        ),
+        (
+            "override-of-a-missing-replica",
+            "/spec/replicaOverrides",
+            serde_json::json!([{"replica": 5, "pools": ["aws-east"]}]),
+        ),
+        (
+            "pool-that-does-not-exist",
+            "/spec/pools",
+            serde_json::json!(["atlantis"]),
+        ),
+        (
+            "capability-nobody-has",
+            "/spec/jobs/0/requirements/requiredCapabilities",
+            serde_json::json!(["quantum"]),
+        ),
+        ("unknown-field", "/spec/surprise", serde_json::json!(true)),
+    ];
+    for (i, (label, field, value)) in contradictions.into_iter().enumerate() {
+        let mut b = valid_bundle(&format!("contra-{i:02}"));
+        set(&mut b, field, value);
+        if label == "colocate-and-separate" {
+            set(
+                &mut b,
+                "/spec/jobs/0/separateFrom",
+                serde_json::json!(["pkg"]),
+            );
+        }
+        corpus.push((label.to_owned(), b));
+    }
+    corpus
+}
+
+/// How the stack answered one hostile object.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+enum Answer {
+    /// Accepted, then Stalled=True with a reason and a message.
+    Stalled,
+    /// Accepted and valid after all: placed.
+    Placed,
+}
+
+/// A generated corpus of hostile Bundles, each created with kubectl: each must be refused with
+/// a clear error or answered in its status (Stalled with a message, or placed when it is valid
+/// after all); the operator keeps running and a valid Bundle created first is untouched.
+#[tokio::test]
+async fn hostile_input() {
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let anchor = valid_bundle("anchor");
+    apply(&stack, &anchor.to_string()).await;
+    stack
+        .wait_bundle_phase("default", "anchor", "Ready", WAIT)
+        .await
+        .unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let corpus = hostile_corpus();
+    assert!(corpus.len() >= 300, "{} objects", corpus.len());
+    let dir = tempfile::tempdir().unwrap();
+    let mut accepted = Vec::new();
+    let mut unclear = Vec::new();
+    let mut refused = 0;
+    for (i, (label, object)) in corpus.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        let out = stack
+            .env
+            .run_kubectl(["create", "-f", path.to_str().unwrap()])
+            .await
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if out.success() {
+            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+            accepted.push((label.clone(), name));
+            continue;
+        }
+        refused += 1;
+        // A clear error names what is wrong; never an internal error or an empty message.
+        let err = out.stderr.trim();
+        if err.is_empty() || err.contains("Internal error") || err.contains("panic") {
+            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
+        }
+    }
+    assert!(
+        unclear.is_empty(),
+        "unclear refusals:\n{}",
+        unclear.join("\n")
+    );
+    assert!(
+        stack.operator.running(),
+        "the operator exited:\n{}",
+        stack.operator.log_text()
+    );
+    eprintln!(
+        "hostile-input: {} objects, {refused} refused, {} accepted",
+        corpus.len(),
+        accepted.len()
+    );
+
+    // Every accepted one gets an answer in its status. Read with a JSONPath, field by field:
+    // an accepted config may nest deeper than a JSON parser's recursion limit.
+    let answers = stack
+        .wait_for("every accepted hostile object answered", WAIT, || async {
+            let mut answers = Vec::new();
+            let mut waiting = Vec::new();
+            for (label, name) in &accepted {
+                let out = stack
+                    .env
+                    .run_kubectl([
+                        "get",
+                        "bundle",
+                        name,
+                        "-n",
+                        "default",
+                        "-o",
+                        r#"jsonpath={.status.phase}|{.status.conditions[?(@.type=="Stalled")].status}|{.status.conditions[?(@.type=="Stalled")].reason}|{.status.conditions[?(@.type=="Stalled")].message}"#,
+                    ])
+                    .await?;
+                let fields: Vec<&str> = out.stdout.splitn(4, '|').collect();
+                match fields.as_slice() {
+                    [_, "True", reason, message] if !reason.is_empty() && !message.is_empty() => {
+                        answers.push((label.clone(), Answer::Stalled, (*reason).to_owned()));
+                    }
+                    ["Ready", ..] => answers.push((label.clone(), Answer::Placed, String::new())),
+                    _ => waiting.push(format!("{label}: {}", out.stdout.trim())),
+                }
+            }
+            if waiting.is_empty() {
+                Ok(Some(answers))
+            } else {
+                Err(automanager_e2e::SetupError(format!(
+                    "{} unanswered, e.g. {:?}",
+                    waiting.len(),
+                    &waiting[..waiting.len().min(10)]
+                )))
+            }
+        })
+        .await
+        .unwrap();
+    let count = |a: Answer| answers.iter().filter(|(_, x, _)| *x == a).count();
+    eprintln!(
+        "hostile-input: answers refused={refused} stalled={} placed={}",
+        count(Answer::Stalled),
+        count(Answer::Placed)
+    );
+    for (label, a, reason) in &answers {
+        eprintln!("  accepted {label}: {a:?} {reason}");
+    }
+
+    // The operator kept running and the valid Bundle was not touched: same node, one start.
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let b = stack
+        .get_json(&["bundle", "anchor", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["phase"], "Ready", "{b:#}");
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for job in ["enc", "pkg"] {
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.anchor/0/{job}"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(h.starts.len(), 1, "the anchor's {job} was restarted");
+        assert_eq!(h.gaps, 0, "the anchor's {job} stopped running");
+    }
+    // Deleting them leaves nothing behind in Manager (the checker counts orphans).
+    let mut args = vec![
+        "delete",
+        "bundle",
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=120s",
+    ];
+    args.extend(accepted.iter().map(|(_, n)| n.as_str()));
+    kubectl(&stack, &args).await;
+    let since = Instant::now();
+    finish(&stack, monitor, "hostile-input", since).await;
+}
+
+/// A Bundle whose job config nests 200 levels deep: the apiserver accepts it, and it must get
+/// an answer in its status like any other.
+#[tokio::test]
+#[ignore = "fails: the Bundle is accepted and never gets a status, no condition and no Event (docs/reliability.md)"]
+async fn hostile_deep_config() {
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let mut b = valid_bundle("deep");
+    set(&mut b, "/spec/jobs/0/config", nested(200));
+    apply(&stack, &b.to_string()).await;
+    stack
+        .wait_for("the deep Bundle answered", WAIT, || async {
+            let out = stack
+                .env
+                .run_kubectl([
+                    "get",
+                    "bundle",
+                    "deep",
+                    "-n",
+                    "default",
+                    "-o",
+                    r#"jsonpath={.status.conditions[?(@.type=="Stalled")].status}"#,
+                ])
+                .await?;
+            Ok((out.stdout.trim() == "True").then_some(()))
+        })
+        .await
+        .unwrap();
 }
