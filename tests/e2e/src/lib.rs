@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod install;
 pub mod plugin;
+pub mod reliability;
 pub mod stack;
 
 use std::path::{Path, PathBuf};
@@ -58,7 +59,12 @@ impl From<testenv::Error> for SetupError {
 /// Starts a control plane and installs AutoManager's CRDs with the built kubectl, waiting until
 /// every one is Established.
 pub async fn env_with_crds() -> Result<TestEnv, SetupError> {
-    let env = TestEnv::start().await?;
+    install_crds(TestEnv::start().await?).await
+}
+
+/// Installs AutoManager's CRDs on `env` with the built kubectl, waiting until every one is
+/// Established.
+pub async fn install_crds(env: TestEnv) -> Result<TestEnv, SetupError> {
     let out = env.apply_file(crds_dir()).await?;
     if !out.success() {
         return Err(SetupError(format!(

@@ -114,6 +114,26 @@ impl Proc {
         let _ = child.wait();
     }
 
+    /// Pauses (`SIGSTOP`) or resumes (`SIGCONT`) the process, with kill(1): `signal` is `STOP`
+    /// or `CONT`.
+    pub fn pause_signal(&self, signal: &str) -> Result<(), SetupError> {
+        let pid = self
+            .pid()
+            .ok_or_else(|| SetupError(format!("{} is not running", self.name)))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .map_err(|e| SetupError(format!("kill -{signal}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(SetupError(format!(
+                "kill -{signal} {pid} failed ({status})"
+            )))
+        }
+    }
+
     /// The process's log so far (stdout and stderr).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -299,24 +319,47 @@ impl Stack {
 
     /// (Re)starts the operator process with the stack's config; the log is appended to.
     pub fn start_operator(&mut self) -> Result<(), SetupError> {
-        let bins = binaries()?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.operator.log)
-            .map_err(|e| SetupError(e.to_string()))?;
-        let log2 = log.try_clone().map_err(|e| SetupError(e.to_string()))?;
-        let child = Command::new(&bins.operator)
-            .arg("--config")
-            .arg(&self.config_path)
-            .env("KUBECONFIG", &self.operator_kubeconfig)
-            .env("RUST_LOG", "info,automanager_operator=debug")
-            .stdout(log)
-            .stderr(log2)
-            .spawn()
-            .map_err(|e| SetupError(format!("starting the operator: {e}")))?;
+        let child = spawn_operator(
+            &self.config_path,
+            &self.operator_kubeconfig,
+            &self.operator.log,
+        )?;
         self.operator.child = Some(child);
         Ok(())
+    }
+
+    /// Starts a second operator replica beside the stack's own: the same config with its own
+    /// HTTP ports, authenticating with `kubeconfig`. Returns the process and its HTTP base URL.
+    pub fn start_replica(
+        &self,
+        name: &'static str,
+        kubeconfig: &Path,
+    ) -> Result<(Proc, String), SetupError> {
+        let text = std::fs::read_to_string(&self.config_path)
+            .map_err(|e| SetupError(format!("reading the operator config: {e}")))?;
+        let mut config: serde_json::Map<String, serde_json::Value> =
+            serde_saphyr::from_str(&text).map_err(|e| SetupError(e.to_string()))?;
+        let http = format!("127.0.0.1:{}", free_port()?);
+        config.insert(
+            "http".into(),
+            serde_json::json!({"bindAddress": http, "debugBindAddress": format!("127.0.0.1:{}", free_port()?)}),
+        );
+        let path = self.dir.path().join(format!("operator-{name}.yaml"));
+        std::fs::write(
+            &path,
+            serde_saphyr::to_string(&config).map_err(|e| SetupError(e.to_string()))?,
+        )
+        .map_err(|e| SetupError(e.to_string()))?;
+        let log = self.dir.path().join(format!("operator-{name}.log"));
+        let child = spawn_operator(&path, kubeconfig, &log)?;
+        Ok((
+            Proc {
+                name,
+                child: Some(child),
+                log,
+            },
+            format!("http://{http}"),
+        ))
     }
 
     /// Waits until the operator's `/readyz` answers 200.
@@ -468,6 +511,31 @@ impl Stack {
         )
         .await
     }
+}
+
+/// Starts the operator binary with `config` and `kubeconfig`, appending its output to `log`.
+fn spawn_operator(config: &Path, kubeconfig: &Path, log: &Path) -> Result<Child, SetupError> {
+    let bins = binaries()?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| SetupError(e.to_string()))?;
+    let err = out.try_clone().map_err(|e| SetupError(e.to_string()))?;
+    Command::new(&bins.operator)
+        .arg("--config")
+        .arg(config)
+        .env("KUBECONFIG", kubeconfig)
+        .env("RUST_LOG", "info,automanager_operator=debug")
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| SetupError(format!("starting the operator: {e}")))
+}
+
+/// A plain HTTP/1.1 GET against `base` (`http://host:port`).
+pub async fn http_get_at(base: &str, path: &str) -> Result<(u16, String), SetupError> {
+    http_request(base, "GET", path, None).await
 }
 
 /// A plain HTTP/1.1 request on a fresh loopback connection (`Connection: close`) to `base`

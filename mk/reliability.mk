@@ -1,0 +1,18 @@
+# The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
+# Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
+.PHONY: test-reliability
+
+RELIABILITY_LOG ?= .tmp/reliability.log
+# Extra libtest arguments, e.g. `--include-ignored` for the scenarios that fail today, or a name.
+RELIABILITY_TEST_ARGS ?=
+
+test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input; leader pause ignored) with the invariant checker; one summary line per scenario
+	@mkdir -p $(dir $(RELIABILITY_LOG))
+	@echo "==> cargo test -p automanager-e2e --features reliability --test reliability (RELIABILITY_BUNDLES=$${RELIABILITY_BUNDLES:-200}; log: $(RELIABILITY_LOG))"
+	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
+	  --test reliability -- --test-threads=1 --nocapture $(RELIABILITY_TEST_ARGS) 2>&1 | tee $(RELIABILITY_LOG) || status=$$?; \
+	echo "==> summary"; \
+	lines=$$(grep -oE 'reliability scenario=.*' $(RELIABILITY_LOG) || true); \
+	echo "$${lines:-no scenario reported}"; \
+	echo "reliability scenarios=$$(grep -c . <<<"$$lines" || true) failed=$$(grep -c ' ok=false' <<<"$$lines" || true)"; \
+	exit $$status

@@ -1,0 +1,999 @@
+//! The reliability suite: faults against the real stack (apiserver + etcd, manager-sim, the
+//! operator binary), with the invariant checker of `automanager_e2e::reliability` reading Manager
+//! and the Bundles throughout and once settled. Each scenario has a fixed seed, a time bound,
+//! runs on loopback only, prints one `reliability scenario=...` line and asserts no violation.
+//!
+//! Run with `make test-reliability` (not part of `make test`); `RELIABILITY_BUNDLES` sets the
+//! size of the waves (default 200).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+
+use std::time::{Duration, Instant};
+
+use automanager_e2e::reliability::{
+    self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
+};
+use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, apply_example_pools, condition};
+use manager_client::proto::{
+    CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
+};
+use serde_json::Value;
+
+/// How long any scenario may take to settle after its last fault.
+const SETTLE: Duration = Duration::from_secs(300);
+/// Upper bound of any other wait (the machine may be shared and loaded).
+const WAIT: Duration = Duration::from_secs(180);
+
+/// The size of a wave: `RELIABILITY_BUNDLES`, default 200.
+fn wave_size() -> usize {
+    std::env::var("RELIABILITY_BUNDLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(200)
+}
+
+/// splitmix64: a fixed seed gives the same wave on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// In `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+        from[(self.next() % from.len() as u64) as usize]
+    }
+}
+
+/// One generated Bundle: 1-2 replicas of 1-2 jobs, 5-20 capacity each, a band, elastic pools.
+fn wave_bundle(name: &str, rng: &mut Rng, bands: &[&str]) -> String {
+    let replicas = rng.range(1, 2);
+    let pools = rng.pick(&["[aws-east]", "[aws-east, oci-fra]", "[oci-fra, aws-east]"]);
+    let mut jobs = String::new();
+    for job in ["enc", "pkg"].iter().take(rng.range(1, 2) as usize) {
+        let band = rng.pick(bands);
+        jobs.push_str(&format!(
+            "    - jobName: {job}\n      requirements: {{requiredCapacity: {}, requiredCores: 1, priorityBand: {band}}}\n",
+            rng.range(5, 20)
+        ));
+    }
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}---\n"
+    )
+}
+
+/// `count` bundles `<prefix>-<i>` from `start`, as one multi-document YAML.
+fn wave(prefix: &str, start: usize, count: usize, rng: &mut Rng, bands: &[&str]) -> String {
+    (start..start + count)
+        .map(|i| wave_bundle(&format!("{prefix}-{i:04}"), rng, bands))
+        .collect()
+}
+
+async fn kubectl(stack: &Stack, args: &[&str]) {
+    let out = stack.env.run_kubectl(args).await.unwrap();
+    assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
+}
+
+async fn restart_operator(stack: &mut Stack) {
+    stack.start_operator().unwrap();
+    stack.wait_operator_ready(WAIT).await.unwrap();
+}
+
+/// Prints the scenario's line and fails on any violation.
+fn report(scenario: &str, v: &Violations, settle: Duration) {
+    report_with(scenario, v, settle, None);
+}
+
+/// [`report`], with a failure the invariants do not cover (`ok=false` when there is one).
+fn report_with(scenario: &str, v: &Violations, settle: Duration, failure: Option<String>) {
+    let line = v.line(scenario, settle);
+    let line = match &failure {
+        Some(_) => line.replacen(" ok=true ", " ok=false ", 1),
+        None => line,
+    };
+    println!("{line}");
+    assert!(v.is_clean(), "{scenario}:\n{}", v.details());
+    if let Some(f) = failure {
+        panic!("{scenario}: {f}");
+    }
+}
+
+/// Settles, adds what the monitor saw while the faults ran, reports; `settle_s` counts from
+/// `since` (the last fault).
+async fn finish(stack: &Stack, monitor: Monitor, scenario: &str, since: Instant) -> Violations {
+    let (mut v, _) = settle(stack, SETTLE).await.unwrap();
+    let took = since.elapsed();
+    let (seen, samples) = monitor.stop().await;
+    eprintln!("{scenario}: the monitor took {samples} samples of Manager's state");
+    v.merge(&seen);
+    report(scenario, &v, took);
+    v
+}
+
+/// A wave of N bundles, with the operator `kill -9`ed three times during it and a tenth of the
+/// bundles deleted between two kills.
+#[tokio::test]
+async fn operator_kill() {
+    let mut rng = Rng(0x0A11_0001);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    let mut deleted = Vec::new();
+    let mut last_restart = Instant::now();
+    for c in 0..4 {
+        let start = c * chunk;
+        let count = chunk.min(n.saturating_sub(start));
+        if count > 0 {
+            apply(
+                &stack,
+                &wave(
+                    "kill",
+                    start,
+                    count,
+                    &mut rng,
+                    &["gold", "silver", "bronze"],
+                ),
+            )
+            .await;
+        }
+        if c == 3 {
+            break;
+        }
+        // Mid-reconcile: the kill lands while the chunk is being placed.
+        tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+        stack.operator.kill9();
+        if c == 1 {
+            // Deleted while no operator runs: the finalizer waits for the next one.
+            deleted = (0..2 * chunk)
+                .step_by(10)
+                .map(|i| format!("kill-{i:04}"))
+                .collect();
+            let mut args = vec!["delete", "bundle", "-n", "default", "--wait=false"];
+            args.extend(deleted.iter().map(String::as_str));
+            kubectl(&stack, &args).await;
+        }
+        restart_operator(&mut stack).await;
+        last_restart = Instant::now();
+    }
+    let v = finish(&stack, monitor, "operator-kill", last_restart).await;
+    assert!(v.orphans.is_empty());
+    // The deleted ones are gone from the apiserver too (their finalizer ran), the rest stay.
+    let left = stack
+        .wait_for("the deleted bundles to be gone", WAIT, || async {
+            let left = stack.get_json(&["bundles", "-n", "default"]).await?;
+            let names: BTreeSet<String> = left["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|b| b["metadata"]["name"].as_str().map(str::to_owned))
+                .collect();
+            Ok((!deleted.iter().any(|d| names.contains(d))).then_some(names))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        left.len() + deleted.len(),
+        n,
+        "every other bundle is still there"
+    );
+}
+
+/// Every node of one zone killed at once; gold comes back elsewhere.
+#[tokio::test]
+async fn zone_outage() {
+    let mut rng = Rng(0x0A11_0002);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let n = wave_size().min(80);
+    apply(&stack, &wave("zone", 0, n, &mut rng, &["gold", "silver"])).await;
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "before the outage ({took:?}):\n{}",
+        v.details()
+    );
+
+    // The zone with the most jobs.
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let (nodes, jobs, _) = manager_facts(&state);
+    let busy = |zone: &str| {
+        jobs.iter()
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| nodes.iter().any(|n| n.id == i.node_id && n.zone == zone))
+            })
+            .count()
+    };
+    let zones: BTreeSet<&str> = nodes.iter().map(|n| n.zone.as_str()).collect();
+    let zone = zones
+        .iter()
+        .copied()
+        .max_by_key(|z| busy(z))
+        .unwrap()
+        .to_owned();
+    let victims: Vec<String> = nodes
+        .iter()
+        .filter(|n| n.zone == zone && !n.terminated)
+        .map(|n| n.id.clone())
+        .collect();
+    let hit = busy(&zone);
+    eprintln!(
+        "zone-outage: killing {} nodes of {zone} ({hit} jobs)",
+        victims.len()
+    );
+
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let kills = victims.iter().map(|id| {
+        let mut admin = admin.clone();
+        let node_id = id.clone();
+        async move { admin.kill_node(KillNodeRequest { node_id }).await }
+    });
+    let killed_at = Instant::now();
+    for r in futures::future::join_all(kills).await {
+        r.unwrap();
+    }
+
+    // Gold back: every gold job of the wave runs again on a started node.
+    let gold: Vec<String> = state
+        .jobs
+        .values()
+        .filter(|j| is_gold(j))
+        .map(|j| format!("{}:", j.job_id))
+        .collect();
+    let gold_back = stack
+        .wait_for("gold jobs back", SETTLE, || async {
+            let lost = check(&reliability::observe(&stack).await?).lost;
+            let gold_lost = lost
+                .iter()
+                .filter(|l| gold.iter().any(|g| l.starts_with(g.as_str())))
+                .count();
+            Ok((gold_lost == 0).then_some(killed_at.elapsed()))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "zone-outage: gold back after {:.1}s",
+        gold_back.as_secs_f64()
+    );
+    let v = finish(&stack, monitor, "zone-outage", killed_at).await;
+    assert!(v.lost.is_empty());
+}
+
+fn is_gold(j: &manager_client::proto::Job) -> bool {
+    j.requirements
+        .as_ref()
+        .is_some_and(|r| r.priority_band == "gold")
+}
+
+/// Manager's Watch streams cut every half second while a wave is placed, and for ten seconds
+/// after it.
+#[tokio::test]
+async fn stream_cuts() {
+    let mut rng = Rng(0x0A11_0003);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let cutter = tokio::spawn(async move {
+        let mut cuts = 0u32;
+        while !*stop_rx.borrow() {
+            if admin.cut_streams(CutStreamsRequest {}).await.is_ok() {
+                cuts += 1;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(500), stop_rx.changed()).await;
+        }
+        cuts
+    });
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    for c in 0..4 {
+        let start = c * chunk;
+        let count = chunk.min(n.saturating_sub(start));
+        if count > 0 {
+            apply(
+                &stack,
+                &wave("cut", start, count, &mut rng, &["gold", "silver", "bronze"]),
+            )
+            .await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop_tx.send_replace(true);
+    let cuts = cutter.await.unwrap();
+    let last_cut = Instant::now();
+    eprintln!("stream-cuts: {cuts} cuts");
+    assert!(cuts >= 10, "the streams were cut {cuts} times");
+    finish(&stack, monitor, "stream-cuts", last_cut).await;
+}
+
+/// The instance starts of a job the sim saw.
+async fn starts(stack: &Stack, job_id: &str) -> usize {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let h = admin
+        .job_history(JobHistoryRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    h.starts.len()
+}
+
+/// A crash-looping gold job across operator `kill -9`s: Broken after exactly
+/// `maxRestartsPerHour` restarts, not one more; the retry annotation starts it again.
+#[tokio::test]
+async fn restart_storm() {
+    const MAX: u64 = 3;
+    let mut rng = Rng(0x0A11_0004);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &wave("calm", 0, 20, &mut rng, &["gold", "silver"])).await;
+    apply(
+        &stack,
+        &format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: crashy, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: gold}}\n  bands:\n    gold: {{maxRestartsPerHour: {MAX}}}\n"
+        ),
+    )
+    .await;
+    stack
+        .wait_bundle_phase("default", "crashy", "Ready", WAIT)
+        .await
+        .unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let job_id = "default.crashy/0/enc";
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for i in 1..=MAX + 1 {
+        admin
+            .fail_job(FailJobRequest {
+                job_id: job_id.into(),
+                message: format!("crash {i}"),
+            })
+            .await
+            .unwrap();
+        if i > MAX {
+            break;
+        }
+        stack
+            .wait_for(&format!("restart {i}"), WAIT, || async {
+                let b = stack
+                    .get_json(&["bundle", "crashy", "-n", "default"])
+                    .await?;
+                let job = &b["status"]["replicas"][0]["jobs"][0];
+                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
+                    && job["state"] == "running")
+                    .then_some(()))
+            })
+            .await
+            .unwrap();
+        // Each restart is followed by an operator crash: the count must survive it.
+        stack.operator.kill9();
+        restart_operator(&mut stack).await;
+    }
+    let b = stack
+        .wait_bundle_phase("default", "crashy", "Broken", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], MAX, "{b:#}");
+    // Give a wrong extra restart time to happen, then count the starts the sim saw.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        starts(&stack, job_id).await as u64,
+        1 + MAX,
+        "one start and exactly {MAX} restarts"
+    );
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "a Broken bundle is not lost:\n{}",
+        v.details()
+    );
+
+    kubectl(
+        &stack,
+        &[
+            "annotate",
+            "--overwrite",
+            "bundle",
+            "crashy",
+            "-n",
+            "default",
+            "automanager.norsk.io/retry=storm-1",
+        ],
+    )
+    .await;
+    let retried = Instant::now();
+    let b = stack
+        .wait_bundle_phase("default", "crashy", "Ready", WAIT)
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["lastRetry"], "storm-1");
+    assert_eq!(condition(&b, "Broken")["status"], "False", "{b:#}");
+    assert_eq!(starts(&stack, job_id).await as u64, 2 + MAX);
+    // Settled after the retry: everything runs again.
+    v = settle(&stack, SETTLE).await.unwrap().0;
+    let took = retried.elapsed();
+    let (seen, _) = monitor.stop().await;
+    v.merge(&seen);
+    report("restart-storm", &v, took);
+}
+
+/// One write the apiserver's audit log recorded.
+struct Write {
+    at: String,
+    user: String,
+    what: String,
+    ok: bool,
+}
+
+/// The writes (create, update, patch, delete) in an audit log, oldest first.
+fn audited_writes(log: &str) -> Vec<Write> {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["stage"] == "ResponseComplete")
+        .map(|e| {
+            let r = &e["objectRef"];
+            Write {
+                // RFC 3339 with microseconds, always the same width: compares as text.
+                at: e["requestReceivedTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                user: e["user"]["username"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                what: format!(
+                    "{} {}/{}/{}{}",
+                    e["verb"].as_str().unwrap_or_default(),
+                    r["resource"].as_str().unwrap_or_default(),
+                    r["namespace"].as_str().unwrap_or_default(),
+                    r["name"].as_str().unwrap_or_default(),
+                    r["subresource"]
+                        .as_str()
+                        .map(|s| format!("/{s}"))
+                        .unwrap_or_default(),
+                ),
+                ok: e["responseStatus"]["code"]
+                    .as_i64()
+                    .is_some_and(|c| c < 400),
+            }
+        })
+        .collect()
+}
+
+async fn lease_holder(stack: &Stack) -> Option<String> {
+    let lease = stack
+        .get_json(&["lease", "automanager-operator", "-n", "default"])
+        .await
+        .ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_owned)
+}
+
+/// Two operator replicas, each with its own ServiceAccount so the apiserver's audit log tells
+/// their writes apart. The leader is paused (SIGSTOP) past its lease while work arrives, the
+/// standby takes over, the old leader is resumed (SIGCONT): it must write nothing after the
+/// takeover, and the invariants hold.
+#[tokio::test]
+#[ignore = "fails until the operator fences its writes: resumed past its lease, the old leader still patched PlacementPool status and created a ManagerNode after the takeover (docs/reliability.md)"]
+async fn leader_pause() {
+    const LEASE_S: u64 = 6;
+    let mut rng = Rng(0x0A11_0005);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("audit-policy.yaml");
+    std::fs::write(
+        &policy,
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n  - level: Metadata\n    verbs: [create, update, patch, delete, deletecollection]\n  - level: None\n",
+    )
+    .unwrap();
+    let audit = dir.path().join("audit.log");
+    let env = automanager_e2e::TestEnv::builder()
+        .apiserver_arg(format!("--audit-policy-file={}", policy.display()))
+        .apiserver_arg(format!("--audit-log-path={}", audit.display()))
+        .start()
+        .await
+        .unwrap();
+    let env = automanager_e2e::install_crds(env).await.unwrap();
+    let mut kubeconfigs = Vec::new();
+    for sa in ["op-a", "op-b"] {
+        for args in [
+            vec!["create", "serviceaccount", sa, "-n", "default"],
+            vec![
+                "create",
+                "clusterrolebinding",
+                sa,
+                "--clusterrole=cluster-admin",
+                &format!("--serviceaccount=default:{sa}"),
+            ],
+        ] {
+            let out = env.run_kubectl(&args).await.unwrap();
+            assert!(out.success(), "{}", out.stderr);
+        }
+        kubeconfigs.push(
+            automanager_e2e::install::service_account_kubeconfig(&env, "default", sa, dir.path())
+                .await
+                .unwrap(),
+        );
+    }
+    let stack = Stack::start_on(
+        env,
+        &automanager_e2e::repo_root().join("deploy/demo/manager-sim.yaml"),
+        &[],
+        Some(kubeconfigs[0].clone()),
+        |c| {
+            c.insert(
+                "leaderElection".into(),
+                serde_json::json!({"enabled": true, "leaseNamespace": "default",
+                    "leaseDuration": format!("{LEASE_S}s"), "renewEvery": "2s"}),
+            );
+        },
+    )
+    .await
+    .expect("stack");
+    let (replica_b, b_http) = stack.start_replica("b", &kubeconfigs[1]).unwrap();
+    stack
+        .wait_for("replica b ready", WAIT, || async {
+            let (code, _) = automanager_e2e::stack::http_get_at(&b_http, "/readyz").await?;
+            Ok((code == 200).then_some(()))
+        })
+        .await
+        .unwrap();
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &wave("lead", 0, 30, &mut rng, &["gold", "silver"])).await;
+    let holder = stack
+        .wait_for("a leader", WAIT, || async {
+            Ok(lease_holder(&stack).await)
+        })
+        .await
+        .unwrap();
+    let a_pid = stack.operator.pid().unwrap();
+    let a_leads = holder.ends_with(&format!("-{a_pid}"));
+    let (leader, standby, old_user, new_user) = if a_leads {
+        (&stack.operator, &replica_b, "op-a", "op-b")
+    } else {
+        (&replica_b, &stack.operator, "op-b", "op-a")
+    };
+    let standby_pid = standby.pid().unwrap();
+    eprintln!("leader-pause: {holder} leads ({old_user}); pausing it");
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+
+    leader.pause_signal("STOP").unwrap();
+    let paused = Instant::now();
+    // Work the paused leader's caches will see when it resumes.
+    apply(&stack, &wave("lead", 30, 20, &mut rng, &["gold", "silver"])).await;
+    kubectl(
+        &stack,
+        &[
+            "delete",
+            "bundle",
+            "-n",
+            "default",
+            "--wait=false",
+            "lead-0000",
+            "lead-0001",
+        ],
+    )
+    .await;
+    let takeover = stack
+        .wait_for("the standby to take the lease", WAIT, || async {
+            let h = lease_holder(&stack).await;
+            Ok(h.filter(|h| h.ends_with(&format!("-{standby_pid}")))
+                .map(|_| paused.elapsed()))
+        })
+        .await;
+    // Keep the old leader paused a little past the takeover, so its caches are stale.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    leader.pause_signal("CONT").unwrap();
+    let takeover = takeover.unwrap();
+    eprintln!(
+        "leader-pause: the standby took over {:.1}s after the pause (lease {LEASE_S}s)",
+        takeover.as_secs_f64()
+    );
+    // Time for the resumed leader to notice (and for anything it would still write).
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let (v, settled) = finish_quiet(&stack, monitor).await;
+    let writes = audited_writes(&std::fs::read_to_string(&audit).unwrap_or_default());
+    let old = format!("system:serviceaccount:default:{old_user}");
+    let new = format!("system:serviceaccount:default:{new_user}");
+    let took_at = writes
+        .iter()
+        .find(|w| w.user == new && w.ok && w.what.contains(" leases/"))
+        .map(|w| w.at.clone())
+        .expect("the standby's lease write is in the audit log");
+    let after: Vec<&Write> = writes
+        .iter()
+        .filter(|w| w.user == old && w.at > took_at)
+        .collect();
+    let succeeded = after.iter().filter(|w| w.ok).count();
+    eprintln!(
+        "leader-pause: the old leader sent {} writes after the takeover at {took_at}, {succeeded} succeeded",
+        after.len()
+    );
+    for w in after.iter().take(15) {
+        eprintln!("  {} {} ok={}", w.at, w.what, w.ok);
+    }
+    println!(
+        "reliability leader-pause takeover_s={:.1} old_leader_writes_after_takeover={succeeded}",
+        takeover.as_secs_f64()
+    );
+    let slow = (takeover > Duration::from_secs(LEASE_S + 5))
+        .then(|| format!("the takeover took {takeover:?}, over the lease + 5 s"));
+    let fenced = (succeeded > 0)
+        .then(|| format!("the old leader wrote {succeeded} times after the takeover"));
+    report_with("leader-pause", &v, settled, fenced.or(slow));
+}
+
+/// [`finish`] without the report: settle and merge the monitor's samples.
+async fn finish_quiet(stack: &Stack, monitor: Monitor) -> (Violations, Duration) {
+    let (mut v, took) = settle(stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    (v, took)
+}
+
+/// The hostile values every field of the corpus is given, each with a label.
+fn hostile_values() -> Vec<(&'static str, Value)> {
+    let deep = nested(100);
+    vec![
+        ("null", Value::Null),
+        ("true", Value::Bool(true)),
+        ("minus-one", serde_json::json!(-1)),
+        ("zero", serde_json::json!(0)),
+        ("half", serde_json::json!(0.5)),
+        ("i32-max", serde_json::json!(i32::MAX)),
+        (
+            "i32-max-plus-one",
+            serde_json::json!(i64::from(i32::MAX) + 1),
+        ),
+        ("i64-min", serde_json::json!(i64::MIN)),
+        ("i64-max", serde_json::json!(i64::MAX)),
+        ("u64-max", serde_json::json!(u64::MAX)),
+        ("1e308", serde_json::json!(1e308)),
+        ("empty-string", serde_json::json!("")),
+        ("word", serde_json::json!("x")),
+        (
+            "control-chars",
+            serde_json::json!("a\u{0}b\u{7}c\u{1b}[31m\r\n"),
+        ),
+        (
+            "bidi-and-emoji",
+            serde_json::json!("\u{202e}gold\u{1F4A9}\u{200b}"),
+        ),
+        ("one-mib", Value::String("m".repeat(1024 * 1024))),
+        ("empty-list", serde_json::json!([])),
+        ("list-of-numbers", serde_json::json!([1, 2, 3])),
+        (
+            "huge-list",
+            Value::Array(vec![serde_json::json!("aws-east"); 10_000]),
+        ),
+        ("empty-object", serde_json::json!({})),
+        ("deep-object", deep),
+        (
+            "duplicate-pools",
+            serde_json::json!(["aws-east", "aws-east"]),
+        ),
+    ]
+}
+
+/// An object nested `depth` levels deep.
+fn nested(depth: usize) -> Value {
+    let mut deep = serde_json::json!("bottom");
+    for _ in 0..depth {
+        deep = serde_json::json!({ "d": deep });
+    }
+    deep
+}
+
+/// The fields the corpus breaks, as JSON pointers into a valid Bundle.
+const HOSTILE_FIELDS: [&str; 15] = [
+    "/spec/replicas",
+    "/spec/pools",
+    "/spec/jobs",
+    "/spec/jobs/0/jobName",
+    "/spec/jobs/0/requirements/requiredCapacity",
+    "/spec/jobs/0/requirements/requiredCores",
+    "/spec/jobs/0/requirements/priorityBand",
+    "/spec/jobs/0/requirements/requiredCapabilities",
+    "/spec/jobs/0/coLocateWith",
+    "/spec/jobs/0/separateFrom",
+    "/spec/jobs/0/config",
+    "/spec/replicaOverrides",
+    "/spec/bands",
+    "/spec/interReplicaPlacement",
+    "/metadata/annotations",
+];
+
+fn valid_bundle(name: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"replicas": 1, "pools": ["aws-east"], "jobs": [
+            {"jobName": "enc", "requirements": {"requiredCapacity": 5, "requiredCores": 1, "priorityBand": "silver"}},
+            {"jobName": "pkg", "requirements": {"requiredCapacity": 5, "requiredCores": 1, "priorityBand": "silver"}}
+        ]}
+    })
+}
+
+/// Sets `pointer` in `doc` (creating the last key of an object), leaving `doc` alone when the
+/// parent does not exist.
+fn set(doc: &mut Value, pointer: &str, value: Value) {
+    let (parent, key) = pointer.rsplit_once('/').unwrap_or(("", pointer));
+    match doc.pointer_mut(parent) {
+        Some(Value::Object(m)) => {
+            m.insert(key.to_owned(), value);
+        }
+        Some(Value::Array(a)) => {
+            if let Some(slot) = key.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                *slot = value;
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The corpus: every hostile value in every field, names at and past the length limits, and
+/// contradictions; `(label, object)`.
+fn hostile_corpus() -> Vec<(String, Value)> {
+    let mut corpus = Vec::new();
+    let values = hostile_values();
+    for (f, field) in HOSTILE_FIELDS.iter().enumerate() {
+        for (v, (label, value)) in values.iter().enumerate() {
+            let mut b = valid_bundle(&format!("hostile-{f:02}-{v:02}"));
+            set(&mut b, field, value.clone());
+            corpus.push((format!("{field}={label}"), b));
+        }
+    }
+    for len in [63, 64, 200, 240, 250, 253, 254, 300] {
+        let name = format!("n{}", "a".repeat(len - 1));
+        corpus.push((format!("name of {len} bytes"), valid_bundle(&name)));
+    }
+    let contradictions: [(&str, &str, Value); 8] = [
+        (
+            "colocate-and-separate",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["pkg"]),
+        ),
+        (
+            "colocate-self",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["enc"]),
+        ),
+        (
+            "colocate-unknown",
+            "/spec/jobs/0/coLocateWith",
+            serde_json::json!(["nope"]),
+        ),
+        (
+            "duplicate-job-names",
+            "/spec/jobs/1/jobName",
+            serde_json::json!("enc"),
+        ),
+        (
+            "override-of-a-missing-replica",
+            "/spec/replicaOverrides",
+            serde_json::json!([{"replica": 5, "pools": ["aws-east"]}]),
+        ),
+        (
+            "pool-that-does-not-exist",
+            "/spec/pools",
+            serde_json::json!(["atlantis"]),
+        ),
+        (
+            "capability-nobody-has",
+            "/spec/jobs/0/requirements/requiredCapabilities",
+            serde_json::json!(["quantum"]),
+        ),
+        ("unknown-field", "/spec/surprise", serde_json::json!(true)),
+    ];
+    for (i, (label, field, value)) in contradictions.into_iter().enumerate() {
+        let mut b = valid_bundle(&format!("contra-{i:02}"));
+        set(&mut b, field, value);
+        if label == "colocate-and-separate" {
+            set(
+                &mut b,
+                "/spec/jobs/0/separateFrom",
+                serde_json::json!(["pkg"]),
+            );
+        }
+        corpus.push((label.to_owned(), b));
+    }
+    corpus
+}
+
+/// How the stack answered one hostile object.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord, Clone, Copy)]
+enum Answer {
+    /// Accepted, then Stalled=True with a reason and a message.
+    Stalled,
+    /// Accepted and valid after all: placed.
+    Placed,
+}
+
+/// A generated corpus of hostile Bundles, each created with kubectl: each must be refused with
+/// a clear error or answered in its status (Stalled with a message, or placed when it is valid
+/// after all); the operator keeps running and a valid Bundle created first is untouched.
+#[tokio::test]
+async fn hostile_input() {
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let anchor = valid_bundle("anchor");
+    apply(&stack, &anchor.to_string()).await;
+    stack
+        .wait_bundle_phase("default", "anchor", "Ready", WAIT)
+        .await
+        .unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let corpus = hostile_corpus();
+    assert!(corpus.len() >= 300, "{} objects", corpus.len());
+    let dir = tempfile::tempdir().unwrap();
+    let mut accepted = Vec::new();
+    let mut unclear = Vec::new();
+    let mut refused = 0;
+    for (i, (label, object)) in corpus.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        let out = stack
+            .env
+            .run_kubectl(["create", "-f", path.to_str().unwrap()])
+            .await
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if out.success() {
+            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+            accepted.push((label.clone(), name));
+            continue;
+        }
+        refused += 1;
+        // A clear error names what is wrong; never an internal error or an empty message.
+        let err = out.stderr.trim();
+        if err.is_empty() || err.contains("Internal error") || err.contains("panic") {
+            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
+        }
+    }
+    assert!(
+        unclear.is_empty(),
+        "unclear refusals:\n{}",
+        unclear.join("\n")
+    );
+    assert!(
+        stack.operator.running(),
+        "the operator exited:\n{}",
+        stack.operator.log_text()
+    );
+    eprintln!(
+        "hostile-input: {} objects, {refused} refused, {} accepted",
+        corpus.len(),
+        accepted.len()
+    );
+
+    // Every accepted one gets an answer in its status. Read with a JSONPath, field by field:
+    // an accepted config may nest deeper than a JSON parser's recursion limit.
+    let answers = stack
+        .wait_for("every accepted hostile object answered", WAIT, || async {
+            let mut answers = Vec::new();
+            let mut waiting = Vec::new();
+            for (label, name) in &accepted {
+                let out = stack
+                    .env
+                    .run_kubectl([
+                        "get",
+                        "bundle",
+                        name,
+                        "-n",
+                        "default",
+                        "-o",
+                        r#"jsonpath={.status.phase}|{.status.conditions[?(@.type=="Stalled")].status}|{.status.conditions[?(@.type=="Stalled")].reason}|{.status.conditions[?(@.type=="Stalled")].message}"#,
+                    ])
+                    .await?;
+                let fields: Vec<&str> = out.stdout.splitn(4, '|').collect();
+                match fields.as_slice() {
+                    [_, "True", reason, message] if !reason.is_empty() && !message.is_empty() => {
+                        answers.push((label.clone(), Answer::Stalled, (*reason).to_owned()));
+                    }
+                    ["Ready", ..] => answers.push((label.clone(), Answer::Placed, String::new())),
+                    _ => waiting.push(format!("{label}: {}", out.stdout.trim())),
+                }
+            }
+            if waiting.is_empty() {
+                Ok(Some(answers))
+            } else {
+                Err(automanager_e2e::SetupError(format!(
+                    "{} unanswered, e.g. {:?}",
+                    waiting.len(),
+                    &waiting[..waiting.len().min(10)]
+                )))
+            }
+        })
+        .await
+        .unwrap();
+    let count = |a: Answer| answers.iter().filter(|(_, x, _)| *x == a).count();
+    eprintln!(
+        "hostile-input: answers refused={refused} stalled={} placed={}",
+        count(Answer::Stalled),
+        count(Answer::Placed)
+    );
+    for (label, a, reason) in &answers {
+        eprintln!("  accepted {label}: {a:?} {reason}");
+    }
+
+    // The operator kept running and the valid Bundle was not touched: same node, one start.
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let b = stack
+        .get_json(&["bundle", "anchor", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(b["status"]["phase"], "Ready", "{b:#}");
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for job in ["enc", "pkg"] {
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.anchor/0/{job}"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(h.starts.len(), 1, "the anchor's {job} was restarted");
+        assert_eq!(h.gaps, 0, "the anchor's {job} stopped running");
+    }
+    // Deleting them leaves nothing behind in Manager (the checker counts orphans).
+    let mut args = vec![
+        "delete",
+        "bundle",
+        "-n",
+        "default",
+        "--wait=true",
+        "--timeout=120s",
+    ];
+    args.extend(accepted.iter().map(|(_, n)| n.as_str()));
+    kubectl(&stack, &args).await;
+    let since = Instant::now();
+    finish(&stack, monitor, "hostile-input", since).await;
+}
+
+/// A Bundle whose job config nests 200 levels deep: the apiserver accepts it, and it must get
+/// an answer in its status like any other.
+#[tokio::test]
+#[ignore = "fails: the Bundle is accepted and never gets a status, no condition and no Event (docs/reliability.md)"]
+async fn hostile_deep_config() {
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let mut b = valid_bundle("deep");
+    set(&mut b, "/spec/jobs/0/config", nested(200));
+    apply(&stack, &b.to_string()).await;
+    stack
+        .wait_for("the deep Bundle answered", WAIT, || async {
+            let out = stack
+                .env
+                .run_kubectl([
+                    "get",
+                    "bundle",
+                    "deep",
+                    "-n",
+                    "default",
+                    "-o",
+                    r#"jsonpath={.status.conditions[?(@.type=="Stalled")].status}"#,
+                ])
+                .await?;
+            Ok((out.stdout.trim() == "True").then_some(()))
+        })
+        .await
+        .unwrap();
+}
