@@ -71,6 +71,16 @@ fn bundle_yaml(name: &str, replicas: u32, pools: &str, jobs: &str) -> String {
     )
 }
 
+/// `kubectl patch managernode NODE --type merge -p PATCH`, as a user cordons or drains.
+async fn patch_node(stack: &Stack, node: &str, patch: &str) {
+    let out = stack
+        .env
+        .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+}
+
 fn job_yaml(name: &str, capacity: u32, band: &str, extra: &str) -> String {
     format!(
         "    - jobName: {name}\n      requirements: {{requiredCapacity: {capacity}, requiredCores: 1, priorityBand: {band}{extra}}}\n"
@@ -360,10 +370,30 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
             .unwrap();
         nodes.insert(n, job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned());
     }
-    // Kill every node any of them uses.
+    // Kill every node any of them uses. The kills land one at a time, so cordon them all first:
+    // otherwise a job recovered from the first kill may land on a node the next kill takes, and
+    // restart twice.
     let mut killed: Vec<String> = nodes.values().cloned().collect();
     killed.sort();
     killed.dedup();
+    for node in &killed {
+        stack
+            .wait_for(&format!("{node} mirrored"), READY, || async {
+                stack.get_json(&["managernode", node]).await.map(Some)
+            })
+            .await
+            .unwrap();
+        patch_node(&stack, node, r#"{"spec":{"cordoned":true}}"#).await;
+    }
+    for node in &killed {
+        stack
+            .wait_for(&format!("{node} cordoned"), READY, || async {
+                let n = stack.get_json(&["managernode", node]).await?;
+                Ok((condition(&n, "Cordoned")["status"] == "True").then_some(()))
+            })
+            .await
+            .unwrap();
+    }
     for node in &killed {
         stack.chaos(&["kill-node", node]).unwrap();
     }
@@ -550,20 +580,7 @@ async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_
         .await
         .unwrap();
     for n in ["onprem-a1", "onprem-a2"] {
-        let out = stack
-            .env
-            .run_kubectl([
-                "patch",
-                "managernode",
-                n,
-                "--type",
-                "merge",
-                "-p",
-                r#"{"spec":{"cordoned":true}}"#,
-            ])
-            .await
-            .unwrap();
-        assert!(out.success(), "{}", out.stderr);
+        patch_node(&stack, n, r#"{"spec":{"cordoned":true}}"#).await;
     }
     // A replica-2 bundle needs two nodes (different node, hard): only one is schedulable.
     apply(
@@ -591,20 +608,7 @@ async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_
     assert_eq!(condition(&cordoned, "Cordoned")["status"], "True");
 
     // Uncordon one: the second replica places there.
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "managernode",
-            "onprem-a1",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"cordoned":false}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    patch_node(&stack, "onprem-a1", r#"{"spec":{"cordoned":false}}"#).await;
     let b = stack
         .wait_bundle_phase("default", "two", "Ready", READY)
         .await
@@ -613,34 +617,13 @@ async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_
     assert!(on_a1, "{b:#}");
 
     // Drain onprem-a1 with terminate: its gold job recovers elsewhere (onprem-a2 is still cordoned, b1 has the other replica).
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "managernode",
-            "onprem-a2",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"cordoned":false}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "managernode",
-            "onprem-a1",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"drain":{"mode":"terminate"}}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    patch_node(&stack, "onprem-a2", r#"{"spec":{"cordoned":false}}"#).await;
+    patch_node(
+        &stack,
+        "onprem-a1",
+        r#"{"spec":{"drain":{"mode":"terminate"}}}"#,
+    )
+    .await;
     let b = stack
         .wait_for("gold job recovered off the drained node", READY, || async {
             let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
