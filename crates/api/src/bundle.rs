@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{BandOverrides, MigrationStrategy, PlacementRules, PriorityBand};
 use crate::condition::Condition;
+pub use crate::job_config::{JobConfig, MAX_JOB_CONFIG_DEPTH};
 use crate::trace::PlacementTraceSummary;
 
 pub use automanager_policy::vocab::{BundlePhase, JobState};
@@ -23,11 +24,13 @@ pub const MAX_NAME: usize = 122;
 /// Largest job runtime configuration, serialized as JSON: what Manager accepts.
 pub const MAX_JOB_CONFIG_BYTES: usize = 64 * 1024;
 
-/// The schema of an opaque JSON object: the apiserver keeps every field as written.
-fn opaque_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+/// The schema of a job configuration: an opaque JSON object whose every field the apiserver keeps
+/// as written, tracked by server-side apply as one value (see [`JobConfig`]).
+fn job_config_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     schemars::json_schema!({
         "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true
+        "x-kubernetes-preserve-unknown-fields": true,
+        "x-kubernetes-map-type": "atomic"
     })
 }
 
@@ -90,12 +93,12 @@ pub struct BundleJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<JobMigration>,
     /// The job's runtime configuration: any JSON object, opaque to AutoManager, at most 64 KiB
-    /// as JSON. Manager starts the job with it; a change is pushed to the running job without a
+    /// as JSON and 64 levels deep. Manager starts the job with it; a change is pushed to the running job without a
     /// restart (the TypeScript library's `onJobConfigUpdated`). `status` shows the digest the
     /// job runs with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "opaque_object")]
-    pub config: Option<serde_json::Value>,
+    #[schemars(schema_with = "job_config_schema")]
+    pub config: Option<JobConfig>,
 }
 
 impl BundleJob {
@@ -103,7 +106,7 @@ impl BundleJob {
     pub fn config_bytes(&self) -> Vec<u8> {
         self.config
             .as_ref()
-            .and_then(|c| serde_json::to_vec(c).ok())
+            .map(|c| c.as_json().as_bytes().to_vec())
             .unwrap_or_default()
     }
 }

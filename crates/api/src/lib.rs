@@ -33,6 +33,7 @@ pub mod common;
 pub mod condition;
 pub mod crd;
 pub mod hotspare;
+pub mod job_config;
 pub mod kstatus;
 pub mod migration;
 pub mod node;

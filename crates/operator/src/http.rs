@@ -417,9 +417,15 @@ async fn what_if(
     };
     let parsed = if is_yaml(&headers) {
         // One line, ending in the position (`... at line L, column C`), like the JSON answer.
+        // Read into a JSON value first: a Bundle's job config is kept as JSON text, which only
+        // serde_json's decoders capture (see `automanager_api::job_config`).
         let options = serde_saphyr::options! { with_snippet: false };
-        serde_saphyr::from_slice_with_options::<automanager_api::Bundle>(&body, options)
+        serde_saphyr::from_slice_with_options::<serde_json::Value>(&body, options)
             .map_err(|e| format!("body is not a Bundle as YAML: {e}"))
+            .and_then(|v| {
+                serde_json::from_value::<automanager_api::Bundle>(v)
+                    .map_err(|e| format!("body is not a Bundle as YAML: {e}"))
+            })
     } else {
         serde_json::from_slice::<automanager_api::Bundle>(&body).map_err(|e| {
             format!(

@@ -77,15 +77,25 @@ pub fn ids_too_long(bundle_id: &str, spec: &api::BundleSpec) -> Option<String> {
     })
 }
 
-/// A job configuration Manager would refuse for its size: say which, once.
-pub fn config_too_large(spec: &api::BundleSpec) -> Option<String> {
+/// A job configuration that cannot be sent: larger than Manager accepts, or nested deeper than
+/// AutoManager passes on (see `automanager_api::job_config`). Says which, once.
+pub fn config_refused(spec: &api::BundleSpec) -> Option<String> {
     spec.jobs.iter().find_map(|j| {
-        let len = j.config_bytes().len();
-        (len > api::MAX_JOB_CONFIG_BYTES).then(|| {
-            format!(
+        let config = j.config.as_ref()?;
+        let len = config.as_json().len();
+        if len > api::MAX_JOB_CONFIG_BYTES {
+            return Some(format!(
                 "jobs[{}].config is {len} bytes as JSON, more than the {} Manager accepts",
                 j.job_name,
                 api::MAX_JOB_CONFIG_BYTES
+            ));
+        }
+        let depth = config.depth();
+        (depth > api::MAX_JOB_CONFIG_DEPTH).then(|| {
+            format!(
+                "jobs[{}].config nests {depth} levels deep, more than the {} AutoManager accepts",
+                j.job_name,
+                api::MAX_JOB_CONFIG_DEPTH
             )
         })
     })

@@ -427,7 +427,9 @@ async fn a_job_config_reaches_manager_and_a_change_is_pushed_without_a_restart()
 
     // A change reaches the running job without a restart.
     let mut changed = h.bundles().get("tuned").await.unwrap();
-    changed.spec.jobs[0].config = Some(serde_json::json!({"bitrate": 8000}));
+    changed.spec.jobs[0].config = Some(automanager_api::JobConfig::from_value(
+        &serde_json::json!({"bitrate": 8000}),
+    ));
     h.bundles()
         .replace("tuned", &PostParams::default(), &changed)
         .await
@@ -484,6 +486,36 @@ async fn a_job_config_reaches_manager_and_a_change_is_pushed_without_a_restart()
         h.sim
             .with_world(|w, _| w.job("default.huge/0/enc").is_none())
     );
+
+    // A config nested past what serde_json decodes as a value (128 levels) is answered in its
+    // own status, and the Bundle watch keeps decoding: a Bundle created after it still runs.
+    let mut deep = serde_json::json!(1);
+    for _ in 0..200 {
+        deep = serde_json::json!({ "a": deep });
+    }
+    h.create("deep", with_config(deep)).await;
+    let b = h
+        .wait_bundle("deep", "stalled on its config's depth", |b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Stalled"
+                        && c.status == automanager_api::ConditionStatus::True
+                        && c.reason == "InvalidConfig"
+                })
+            })
+        })
+        .await;
+    let stalled = b.status.unwrap().conditions;
+    let message = &stalled
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .unwrap()
+        .message;
+    assert!(message.contains("200 levels deep"), "{message}");
+    h.create("after-deep", with_config(serde_json::json!({"bitrate": 1})))
+        .await;
+    let b = h.wait_bundle("after-deep", "running", job_running).await;
+    assert!(job_running(&b));
     h.shutdown().await;
 }
 

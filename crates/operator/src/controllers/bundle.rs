@@ -35,6 +35,8 @@ const REQUEUE_BUSY: Duration = Duration::from_secs(2);
 const REQUEUE_STALLED: Duration = Duration::from_secs(30);
 /// A job started less than this long ago is "about to run": its status write is coalesced.
 const TRANSIENT_START_MS: i64 = 2_000;
+/// How long a pass that registered a bundle waits for Manager's jobs to reach the mirror.
+const REGISTER_SETTLE: Duration = Duration::from_secs(2);
 /// Periodic look at a settled bundle (clears restart counts of replicas that stayed up).
 const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
 
@@ -156,7 +158,7 @@ impl<'a> Pass<'a> {
                 .await?;
             return Ok(Some(Action::await_change()));
         }
-        if let Some(message) = mapping::config_too_large(&self.bundle.spec) {
+        if let Some(message) = mapping::config_refused(&self.bundle.spec) {
             self.stall(ctx, "InvalidConfig", message, Some("InvalidBundle"))
                 .await?;
             return Ok(Some(Action::await_change()));
@@ -262,6 +264,25 @@ impl<'a> Pass<'a> {
             .is_some_and(|r| mapping::registered_matches(r, &wanted))
         {
             ctx.manager.register_bundle(wanted).await?;
+            // Manager expands the bundle into jobs and the Watch stream brings them a moment
+            // later. Waiting for them here lets this pass place the jobs and write one settled
+            // status, instead of a "Placing" status with no job ids followed by a second pass.
+            // A slow stream is not an error: the pass goes on and the mirror's change wakes it.
+            let names: Vec<&str> = self
+                .bundle
+                .spec
+                .jobs
+                .iter()
+                .map(|j| j.job_name.as_str())
+                .collect();
+            let replicas = self.replicas();
+            let id = self.bundle_id.as_str();
+            let all_mirrored = |m: &MirrorState| {
+                (0..replicas).all(|r| names.iter().all(|n| m.job_of(id, r, n).is_some()))
+            };
+            if let Err(e) = ctx.manager.wait_until(REGISTER_SETTLE, all_mirrored).await {
+                tracing::debug!(bundle = %self.bundle_id, error = %e, "registered jobs not mirrored yet");
+            }
         }
         Ok(())
     }
