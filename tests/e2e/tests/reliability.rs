@@ -493,7 +493,6 @@ async fn lease_holder(stack: &Stack) -> Option<String> {
 /// standby takes over, the old leader is resumed (SIGCONT): it must write nothing after the
 /// takeover, and the invariants hold.
 #[tokio::test]
-#[ignore = "fails until the operator fences its writes: resumed past its lease, the old leader still patched PlacementPool status and created a ManagerNode after the takeover (docs/reliability.md)"]
 async fn leader_pause() {
     const LEASE_S: u64 = 6;
     let mut rng = Rng(0x0A11_0005);
