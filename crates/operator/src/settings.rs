@@ -17,6 +17,8 @@ pub struct Settings {
     pub status_write_interval: Duration,
     pub bundle_concurrency: u16,
     pub watch_namespaces: Vec<String>,
+    /// This operator does the cluster-scoped work (see `OperatorConfig::cluster_scope`).
+    pub owns_cluster_scope: bool,
     pub drain_parallelism: u16,
     pub migration_phase_timeout: Duration,
     /// The orphan sweep's period and grace; `None` when it is off.
@@ -40,6 +42,7 @@ impl Settings {
             status_write_interval: c.status_write_interval,
             bundle_concurrency: c.concurrency.bundles.max(1),
             watch_namespaces: c.watch_namespaces.clone(),
+            owns_cluster_scope: c.cluster_scope,
             drain_parallelism: c.migration.drain_parallelism.max(1),
             migration_phase_timeout: c.migration.phase_timeout,
             orphan_sweep: c

@@ -17,8 +17,8 @@ use automanager_operator::metrics::Metrics;
 use automanager_operator::runtime::run_controllers;
 use automanager_operator::settings::Settings;
 use futures::FutureExt;
-use kube::CustomResourceExt;
 use kube::api::{Api, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
 use manager_client::{ClientConfig, ManagerClient};
 use manager_sim::config::SimConfig;
 use manager_sim::server::{Sim, SimHandle};
@@ -257,6 +257,48 @@ async fn a_bundle_is_placed_with_the_job_ids_manager_gave_it() {
     assert_ne!(
         nodes[0], nodes[1],
         "replicas on different nodes (hard rule)"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bundle_status_write_from_a_stale_view_is_refused_and_changes_nothing() {
+    let Some(h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    h.create(
+        "kept",
+        spec(1, &["onprem"], PriorityBand::Gold, serde_json::json!({})),
+    )
+    .await;
+    let read = h
+        .wait_bundle("kept", "Ready", |b| phase(b) == BundlePhase::Ready)
+        .await;
+    let rv = read.metadata.resource_version.clone();
+    let mut newer = read.status.clone().unwrap();
+    newer.replicas[0].restart_times = vec![chrono::Utc::now()];
+    newer.replicas[0].restarts_last_hour = 1;
+    // A writer at the version it read wins; a second one from the same (now stale) read loses.
+    automanager_operator::controllers::apply_status_if(&h.bundles(), "kept", rv.as_deref(), &newer)
+        .await
+        .expect("a write at the current version");
+    let stale = read.status.clone().unwrap();
+    let err = automanager_operator::controllers::apply_status_if(
+        &h.bundles(),
+        "kept",
+        rv.as_deref(),
+        &stale,
+    )
+    .await
+    .expect_err("a write from a stale view");
+    assert!(
+        automanager_operator::controllers::is_conflict(&err),
+        "{err}"
+    );
+    let now = h.bundles().get("kept").await.unwrap();
+    assert_eq!(
+        now.status.unwrap().replicas[0].restart_times,
+        newer.replicas[0].restart_times
     );
     h.shutdown().await;
 }
@@ -894,5 +936,73 @@ async fn a_restarted_operator_with_nothing_changed_writes_nothing_and_asks_manag
         "Manager was asked to change something: {:?}",
         h.sim.call_counts().calls
     );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_operator_without_the_cluster_scope_places_its_bundles_and_writes_nothing_cluster_scoped()
+ {
+    // One of several operators sharing a Manager: it watches one namespace and leaves the
+    // cluster-scoped work to another.
+    let Some(h) = Harness::start(|c| {
+        c.watch_namespaces = vec!["default".to_owned()];
+        c.cluster_scope = false;
+    })
+    .await
+    else {
+        return;
+    };
+    assert!(!h.settings.owns_cluster_scope);
+    let target: automanager_api::HotSpareTarget = serde_json::from_value(serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "HotSpareTarget",
+        "metadata": {"name": "east-spares"},
+        "spec": {"pool": "aws-east", "targetCount": 2, "spec": {"instanceType": "m5.xlarge", "region": "eu-west-1"}},
+    }))
+    .unwrap();
+    let targets: Api<automanager_api::HotSpareTarget> = Api::all(h.env.client());
+    targets
+        .create(&PostParams::default(), &target)
+        .await
+        .expect("spare target");
+    // Its Bundles are placed: it reads the pools and nodes it places onto.
+    h.create(
+        "scoped",
+        spec(1, &["onprem"], PriorityBand::Gold, serde_json::json!({})),
+    )
+    .await;
+    h.wait_bundle("scoped", "Ready", |b| phase(b) == BundlePhase::Ready)
+        .await;
+    // Give the cluster-scoped controllers time they would need to write.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let pools: Api<PlacementPool> = Api::all(h.env.client());
+    for p in pools.list(&Default::default()).await.unwrap() {
+        assert!(p.status.is_none(), "pool {} got a status", p.name_any());
+        assert!(
+            p.finalizers().is_empty(),
+            "pool {} got a finalizer",
+            p.name_any()
+        );
+    }
+    let t = targets.get("east-spares").await.unwrap();
+    assert!(t.status.is_none() && t.finalizers().is_empty(), "{t:?}");
+    let nodes: Api<ManagerNode> = Api::all(h.env.client());
+    assert!(
+        nodes
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let spares = h.sim.with_world(|w, _| {
+        w.nodes(None)
+            .iter()
+            .filter(|n| {
+                n.tags
+                    .contains_key(automanager_operator::mapping::SPARE_TARGET_TAG)
+            })
+            .count()
+    });
+    assert_eq!(spares, 0, "no spare provisioned");
     h.shutdown().await;
 }

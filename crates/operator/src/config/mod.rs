@@ -550,6 +550,12 @@ pub struct OperatorConfig {
     /// listed once.
     #[schemars(schema_with = "schema::namespace_list")]
     pub watch_namespaces: Vec<String>,
+    /// Whether this operator does the cluster-scoped work: PlacementPool status and finalizers,
+    /// HotSpareTargets and their spares, ManagerNode objects with their cordon Events and drains,
+    /// and the sweep of spare nodes. Exactly one operator per Manager should; others still read
+    /// pools and cordons to place their Bundles: when several operators share a Manager, each
+    /// watching its own namespaces, set this to false on all but one.
+    pub cluster_scope: bool,
     pub leader_election: LeaderElectionConfig,
     pub http: HttpConfig,
     pub concurrency: ConcurrencyConfig,
@@ -572,6 +578,7 @@ impl Default for OperatorConfig {
             bands: BandsConfig::default(),
             node_health: NodeHealthConfig::default(),
             watch_namespaces: Vec::new(),
+            cluster_scope: true,
             leader_election: LeaderElectionConfig::default(),
             http: HttpConfig::default(),
             concurrency: ConcurrencyConfig::default(),

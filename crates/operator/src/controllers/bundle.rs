@@ -1185,9 +1185,11 @@ async fn write_status(
         return Ok(());
     }
     let (ns, name) = ns_name(bundle)?;
-    super::apply_status(
+    // Conditional: status holds the restart history, which a stale writer must not roll back.
+    super::apply_status_if(
         &Api::<Bundle>::namespaced(ctx.client.clone(), &ns),
         &name,
+        bundle.metadata.resource_version.as_deref(),
         &status,
     )
     .await

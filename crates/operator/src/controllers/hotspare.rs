@@ -29,6 +29,10 @@ const CREATED_GRACE: Duration = Duration::from_secs(30);
 /// Reconciles one HotSpareTarget, inside its cleanup finalizer: a deleted target terminates
 /// the spares it provisioned that hold no job (a spare that took a job is a working node now).
 pub async fn reconcile(target: Arc<HotSpareTarget>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ctx.settings.owns_cluster_scope {
+        // Spares are provisioned and reported by the operator that owns the cluster scope.
+        return Ok(Action::await_change());
+    }
     let api: Api<HotSpareTarget> = Api::all(ctx.client.clone());
     super::reconcile_finalized(
         "hotsparetarget",

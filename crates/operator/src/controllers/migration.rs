@@ -737,7 +737,14 @@ async fn write_status(
     }
     let (ns, name) = ns_name(mig)?;
     let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &ns);
-    super::apply_status(&api, &name, &status).await?;
+    // Conditional: the phase is the migration's progress, which a stale writer must not roll back.
+    super::apply_status_if(
+        &api,
+        &name,
+        mig.metadata.resource_version.as_deref(),
+        &status,
+    )
+    .await?;
     observe(ctx, mig, &status);
     Ok(())
 }

@@ -333,14 +333,23 @@ pub fn error_policy<K: ResourceExt>(
     error: &Error,
     _ctx: Arc<Context>,
 ) -> kube::runtime::controller::Action {
-    tracing::warn!(
-        kind = %std::any::type_name::<K>().rsplit("::").next().unwrap_or_default(),
-        name = %obj.name_any(),
-        namespace = ?obj.namespace(),
-        error = %error,
-        error_kind = error.metric_label(),
-        "reconcile failed"
-    );
+    let kind = std::any::type_name::<K>()
+        .rsplit("::")
+        .next()
+        .unwrap_or_default();
+    if is_conflict(error) {
+        // Optimistic concurrency at work: the object changed under the pass; it looks again.
+        tracing::debug!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), error = %error, "object changed during reconcile; retrying");
+    } else {
+        tracing::warn!(
+            kind,
+            name = %obj.name_any(),
+            namespace = ?obj.namespace(),
+            error = %error,
+            error_kind = error.metric_label(),
+            "reconcile failed"
+        );
+    }
     kube::runtime::controller::Action::requeue(backoff_for(error))
 }
 
@@ -348,7 +357,7 @@ pub fn error_policy<K: ResourceExt>(
 pub fn backoff_for(error: &Error) -> Duration {
     match error {
         Error::ManagerUnavailable(_) => Duration::from_secs(3),
-        Error::Kube(kube::Error::Api(s)) if s.code == 409 => Duration::from_millis(200),
+        e if is_conflict(e) => Duration::from_millis(200),
         _ => Duration::from_secs(5),
     }
 }
@@ -381,6 +390,7 @@ pub fn condition(
 }
 
 /// Writes `status` of the object `name` by server-side apply under the operator's field manager.
+/// For status that is derived again from what is observed each pass (nodes, pools, spare targets).
 pub async fn apply_status<K>(
     api: &kube::Api<K>,
     name: &str,
@@ -389,15 +399,40 @@ pub async fn apply_status<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let patch = serde_json::json!({
+    apply_status_if(api, name, None, status).await
+}
+
+/// Writes `status` as [`apply_status`] does, but only while the object is still at
+/// `resource_version`, the version the pass decided from. For status that carries state no other
+/// place keeps (a bundle's restart history, a migration's phase): a writer whose view is stale (a
+/// deposed leader, a pass that raced the operator's own previous write) gets 409 Conflict and
+/// looks again, instead of overwriting newer state with older.
+pub async fn apply_status_if<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    resource_version: Option<&str>,
+    status: &impl serde::Serialize,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut patch = serde_json::json!({
         "apiVersion": K::api_version(&()),
         "kind": K::kind(&()),
         "status": status,
     });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
+    }
     let params = kube::api::PatchParams::apply(api::FIELD_MANAGER).force();
     api.patch_status(name, &params, &kube::api::Patch::Apply(&patch))
         .await?;
     Ok(())
+}
+
+/// Whether `error` is the apiserver's 409 Conflict: the object changed since it was read.
+pub fn is_conflict(error: &Error) -> bool {
+    matches!(error, Error::Kube(kube::Error::Api(s)) if s.code == 409)
 }
 
 /// Asks Manager for a node of `instance_type` in `pool` (zone optional) for whatever `tag` names,

@@ -297,6 +297,10 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             }
             desired
         });
+        if !ctx.settings.owns_cluster_scope {
+            // Health is in the model for placement; the objects are the cluster scope owner's.
+            continue;
+        }
         let keep: std::collections::HashSet<&str> =
             desired.iter().map(|(n, _)| n.as_str()).collect();
         for (name, status) in &desired {
@@ -476,6 +480,10 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         };
         was
     });
+    if !ctx.settings.owns_cluster_scope {
+        // The cordon is in the model for placement; its Events and drains are the owner's.
+        return Ok(Action::await_change());
+    }
     if was.cordoned != cordoned {
         let what = if cordoned { "Cordoned" } else { "Uncordoned" };
         ctx.event(

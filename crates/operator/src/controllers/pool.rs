@@ -25,6 +25,11 @@ const REFRESH: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Action, Error> {
     super::timed("placementpool", &ctx, async {
+        if !ctx.settings.owns_cluster_scope {
+            // Another operator owns the pool's status and finalizer; this one only places into it.
+            observe(&pool, &ctx);
+            return Ok(Action::await_change());
+        }
         if pool.metadata.deletion_timestamp.is_some() {
             return deleting(&pool, &ctx).await;
         }
@@ -36,6 +41,17 @@ pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Ac
         apply(&pool, &ctx, &[]).await
     })
     .await
+}
+
+/// Loads the pool into the placement model, and wakes the bundles waiting for it when it changed.
+fn observe(pool: &PlacementPool, ctx: &Context) {
+    let name = pool.name_any();
+    let spec = mapping::pool(&name, &pool.spec);
+    match ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m)) {
+        Ok(true) => ctx.wake_pool(&name),
+        Ok(false) => {}
+        Err(e) => tracing::debug!(pool = %name, error = %e, "pool not loaded"),
+    }
 }
 
 /// Writes the pool's finalizers, failing (409) if the object changed since it was read.

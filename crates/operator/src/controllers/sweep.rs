@@ -91,10 +91,14 @@ pub async fn sweep_once(
         return Ok(0);
     }
     let known = Known::from(owners);
-    let candidates = ctx
-        .manager
-        .mirror()
-        .read(|m| candidates(m, &known, &ctx.settings.watch_namespaces));
+    let candidates = ctx.manager.mirror().read(|m| {
+        candidates(
+            m,
+            &known,
+            &ctx.settings.watch_namespaces,
+            ctx.settings.owns_cluster_scope,
+        )
+    });
     let now_ms = chrono::Utc::now().timestamp_millis();
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let mut removed = 0;
@@ -145,7 +149,12 @@ impl From<&Owners> for Known {
 }
 
 /// Everything orphaned now, by the caches.
-fn candidates(m: &MirrorState, known: &Known, watched: &[String]) -> Vec<Orphan> {
+fn candidates(
+    m: &MirrorState,
+    known: &Known,
+    watched: &[String],
+    owns_cluster_scope: bool,
+) -> Vec<Orphan> {
     let ours = |id: &BundleId| watched.is_empty() || watched.iter().any(|n| n == id.object().0);
     let mut out: Vec<Orphan> = m
         .bundles
@@ -165,7 +174,10 @@ fn candidates(m: &MirrorState, known: &Known, watched: &[String]) -> Vec<Orphan>
             continue;
         };
         let gone = match &owner {
-            NodeOwner::SpareTarget(name) => !known.spare_targets.contains(name),
+            // Spares are the cluster scope owner's to keep or remove.
+            NodeOwner::SpareTarget(name) => {
+                owns_cluster_scope && !known.spare_targets.contains(name)
+            }
             NodeOwner::BundleReplica(id) => ours(id) && !known.bundles.contains(id.as_str()),
             // Migrations are namespaced: with a narrowed watch another namespace's may exist.
             NodeOwner::Migration(id) => watched.is_empty() && !known.migrations.contains(id),
@@ -331,7 +343,7 @@ mod tests {
         m.nodes.insert("dead".into(), dead);
 
         let k = known(&["video.news"], &["live-target"]);
-        let mut all = candidates(&m, &k, &[]);
+        let mut all = candidates(&m, &k, &[], true);
         all.sort();
         let want = vec![
             Orphan::Bundle(BundleId::parse("other.gone").unwrap_or_else(|| panic!())),
@@ -341,11 +353,20 @@ mod tests {
         ];
         assert_eq!(all, want);
         // Watching only `video`, another namespace's bundle is not the operator's to judge.
-        let scoped = candidates(&m, &k, &["video".to_owned()]);
+        let scoped = candidates(&m, &k, &["video".to_owned()], false);
         assert!(
             !scoped
                 .iter()
                 .any(|o| matches!(o, Orphan::Bundle(b) if b.as_str() == "other.gone"))
+        );
+        // Nor, without the cluster scope, a spare whose target is gone.
+        assert!(
+            !scoped.contains(&Orphan::Node("spare-1".into())),
+            "{scoped:?}"
+        );
+        assert!(
+            scoped.contains(&Orphan::Node("for-gone".into())),
+            "{scoped:?}"
         );
     }
 
@@ -369,6 +390,6 @@ mod tests {
             ..Default::default()
         });
         let k = known(&["video.x"], &[]);
-        assert!(candidates(&m, &k, &[]).is_empty());
+        assert!(candidates(&m, &k, &[], true).is_empty());
     }
 }
