@@ -238,6 +238,15 @@ fn deliver(ctx: &Context, w: &Wakes) {
     }
 }
 
+/// Drops what no controller reads before an object is kept: the apiserver's field-ownership
+/// records and kubectl's copy of the last applied object, which together can be larger than the
+/// rest of a Bundle and are held for every object of the fleet.
+fn trim_for_store<K: Resource>(obj: &mut K) {
+    obj.managed_fields_mut().clear();
+    obj.annotations_mut()
+        .remove("kubectl.kubernetes.io/last-applied-configuration");
+}
+
 /// A watch of `api` that reflects every change into a store and passes on only spec changes
 /// ([`spec_changes`]): a controller built on it is not woken by status echoes.
 fn spec_watch<K>(
@@ -258,6 +267,7 @@ where
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
+        .modify(trim_for_store)
         .reflect(writer)
         .applied_objects()
         .predicate_filter(spec_changes::<K>, Default::default());
