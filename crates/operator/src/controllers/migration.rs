@@ -88,7 +88,12 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
 }
 
 pub fn error_policy(mig: Arc<Migration>, error: &Error, _ctx: Arc<Context>) -> Requeue {
-    tracing::warn!(migration = %mig.name_any(), error = %error, "migration reconcile failed");
+    if super::is_conflict(error) {
+        // Another pass wrote first (status is written at the version read): look again.
+        tracing::debug!(migration = %mig.name_any(), error = %error, "migration changed during reconcile; retrying");
+    } else {
+        tracing::warn!(migration = %mig.name_any(), error = %error, "migration reconcile failed");
+    }
     Requeue::requeue(super::backoff_for(error))
 }
 
