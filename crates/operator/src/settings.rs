@@ -18,6 +18,8 @@ pub struct Settings {
     pub bundle_concurrency: u16,
     pub watch_namespaces: Vec<String>,
     pub drain_parallelism: u16,
+    /// The migration queue's limits (`migration.maxParallel`, `migration.maxParallelPerNode`).
+    pub migration_limits: automanager_policy::migration_queue::Limits,
     pub migration_phase_timeout: Duration,
     /// The orphan sweep's period and grace; `None` when it is off.
     pub orphan_sweep: Option<(Duration, Duration)>,
@@ -41,6 +43,10 @@ impl Settings {
             bundle_concurrency: c.concurrency.bundles.max(1),
             watch_namespaces: c.watch_namespaces.clone(),
             drain_parallelism: c.migration.drain_parallelism.max(1),
+            migration_limits: automanager_policy::migration_queue::Limits {
+                global: usize::from(c.migration.max_parallel.max(1)),
+                per_node: usize::from(c.migration.max_parallel_per_node.max(1)),
+            },
             migration_phase_timeout: c.migration.phase_timeout,
             orphan_sweep: c
                 .orphan_sweep
