@@ -14,7 +14,7 @@ use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, apply_example_pools, condition};
 use chrono::{DateTime, Utc};
 use manager_client::proto::{self as pb};
-use manager_client::{ClientConfig, ManagerClient};
+use manager_client::{ClientConfig, ManagerClient, MirrorState};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -22,17 +22,19 @@ const WAIT: Duration = Duration::from_secs(120);
 /// voluntary action arrives while the first is still under way, however loaded the machine.
 const SLOW_PROVISION_MS: &str = "3000";
 
-/// Counts, on every change of Manager's state, how many replicas of one bundle have a job
-/// without a running normal instance; keeps the worst count seen.
-struct DownSampler {
+/// Evaluates a count over Manager's state on every change of it and keeps the largest seen.
+struct MaxSampler {
     worst: Arc<Mutex<usize>>,
     samples: Arc<Mutex<u64>>,
     task: tokio::task::JoinHandle<()>,
     client: ManagerClient,
 }
 
-impl DownSampler {
-    async fn start(endpoint: &str, bundle_id: &str, replicas: u32, jobs: &[&str]) -> Self {
+impl MaxSampler {
+    async fn start(
+        endpoint: &str,
+        count: impl Fn(&MirrorState) -> usize + Send + Sync + 'static,
+    ) -> Self {
         let client = ManagerClient::connect(ClientConfig::new(endpoint))
             .await
             .unwrap();
@@ -42,40 +44,51 @@ impl DownSampler {
         let mirror = client.mirror().clone();
         let mut revisions = mirror.revisions();
         let (w, s) = (worst.clone(), samples.clone());
-        let bundle_id = bundle_id.to_owned();
-        let jobs: Vec<String> = jobs.iter().map(|j| (*j).to_owned()).collect();
         let task = tokio::spawn(async move {
             loop {
-                let down = mirror.read(|m| {
-                    (0..replicas)
-                        .filter(|r| {
-                            !jobs.iter().all(|name| {
-                                m.job_of(&bundle_id, *r, name).is_some_and(|j| {
-                                    j.instances.iter().any(|i| {
-                                        i.is_normal() && i.state() == pb::JobState::Running
-                                    })
-                                })
-                            })
-                        })
-                        .count()
-                });
+                let n = mirror.read(&count);
                 if let Ok(mut w) = w.lock() {
-                    *w = (*w).max(down);
+                    *w = (*w).max(n);
                 }
-                if let Ok(mut n) = s.lock() {
-                    *n += 1;
+                if let Ok(mut k) = s.lock() {
+                    *k += 1;
                 }
                 if revisions.changed().await.is_err() {
                     return;
                 }
             }
         });
-        DownSampler {
+        MaxSampler {
             worst,
             samples,
             task,
             client,
         }
+    }
+
+    /// Replicas of `bundle_id` with a job that has no running normal instance.
+    async fn replicas_down(endpoint: &str, bundle_id: &str, replicas: u32, job: &str) -> Self {
+        let (bundle_id, job) = (bundle_id.to_owned(), job.to_owned());
+        Self::start(endpoint, move |m| {
+            (0..replicas)
+                .filter(|r| {
+                    !m.job_of(&bundle_id, *r, &job).is_some_and(|j| {
+                        j.instances
+                            .iter()
+                            .any(|i| i.is_normal() && i.state() == pb::JobState::Running)
+                    })
+                })
+                .count()
+        })
+        .await
+    }
+
+    /// Migrations Manager holds that have not ended.
+    async fn migrations_running(endpoint: &str) -> Self {
+        Self::start(endpoint, |m| {
+            m.migrations.values().filter(|x| !x.is_final()).count()
+        })
+        .await
     }
 
     async fn stop(self) -> (usize, u64) {
@@ -236,7 +249,7 @@ async fn metric(stack: &Stack, sample: &str) -> f64 {
 
 /// Stops both samplers, asserts the invariant checker saw nothing broken (and settles), and
 /// that no more than one replica of the bundle was ever down at once.
-async fn assert_budget_and_invariants(stack: &Stack, monitor: Monitor, sampler: DownSampler) {
+async fn assert_budget_and_invariants(stack: &Stack, monitor: Monitor, sampler: MaxSampler) {
     let (worst, down_samples) = sampler.stop().await;
     let (mut v, samples) = monitor.stop().await;
     let (settled, took) = settle(stack, WAIT).await.unwrap();
@@ -258,7 +271,7 @@ async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
     apply_example_pools(&stack).await.unwrap();
     pair_on_a1_and_b1(&stack, "pair").await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let sampler = DownSampler::start(&stack.sim_endpoint, "default.pair", 2, &["enc"]).await;
+    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc").await;
 
     // Both nodes drained at once: the budget lets one replica move, the other waits.
     for node in ["onprem-a1", "onprem-b1"] {
@@ -368,7 +381,7 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
     apply_example_pools(&stack).await.unwrap();
     pair_on_a1_and_b1(&stack, "twin").await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let sampler = DownSampler::start(&stack.sim_endpoint, "default.twin", 2, &["enc"]).await;
+    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.twin", 2, "enc").await;
 
     // One replica is moving (its target takes seconds to start)...
     patch_node(
@@ -479,4 +492,174 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
     .await;
     assert!(after > before, "{before} -> {after}");
     assert_budget_and_invariants(&stack, monitor, sampler).await;
+}
+
+/// A one-replica silver bundle on the on-prem pool whose job hands over (the job socket).
+fn handover_bundle(name: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: silver}}\n      migration: {{strategy: handover}}\n"
+    )
+}
+
+fn migration_yaml(name: &str, bundle: &str, purpose: Option<&str>) -> String {
+    let labels = purpose
+        .map(|p| format!(", labels: {{automanager.norsk.io/purpose: {p}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: {name}, namespace: default{labels}}}\nspec:\n  job: {{bundle: {bundle}, replica: 0, jobName: enc}}\n"
+    )
+}
+
+#[tokio::test]
+async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
+    let stack = Stack::start_with(|c| {
+        c.insert(
+            "migration".into(),
+            serde_json::json!({"maxParallel": 2, "maxParallelPerNode": 2}),
+        );
+    })
+    .await
+    .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    // Six jobs; two plain Migrations, then two for consolidation, then two plain again, all
+    // created at once. Each handover is held at cutover for a while, so the limit is what
+    // keeps the others waiting.
+    let names: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
+    for n in &names {
+        apply(&stack, &handover_bundle(n)).await;
+    }
+    for n in &names {
+        stack
+            .wait_bundle_phase("default", n, "Ready", WAIT)
+            .await
+            .unwrap();
+        stack
+            .chaos(&[
+                "migration-behaviour",
+                &format!("default.{n}/0/enc"),
+                "slow-cutover",
+                "1500",
+            ])
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let in_manager = MaxSampler::migrations_running(&stack.sim_endpoint).await;
+    let purposes = [
+        None,
+        None,
+        Some("consolidation"),
+        Some("consolidation"),
+        None,
+        None,
+    ];
+    let all: String = names
+        .iter()
+        .zip(purposes)
+        .map(|(n, p)| migration_yaml(&format!("m{n}"), n, p))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    apply(&stack, &all).await;
+
+    // While they run: never more than two past Pending, and the waiting ones say why.
+    let mut most_running = 0;
+    let mut queued_seen = None;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let ms = migrations(&stack).await;
+        let running = ms
+            .values()
+            .filter(|m| {
+                let p = m["status"]["phase"].as_str().unwrap_or("Pending");
+                ![
+                    "Pending",
+                    "Completed",
+                    "Aborted",
+                    "Refused",
+                    "Rejected",
+                    "Failed",
+                ]
+                .contains(&p)
+            })
+            .count();
+        most_running = most_running.max(running);
+        for m in ms.values() {
+            let q = condition(m, "Queued");
+            if q["status"] == "True" && q["reason"] == "QueueFull" {
+                queued_seen.get_or_insert_with(|| m.clone());
+            }
+        }
+        let done = ms.len() == 6 && ms.values().all(|m| m["status"]["phase"] == "Completed");
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the migrations did not all complete within {WAIT:?}:\n{ms:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (most_in_manager, samples) = in_manager.stop().await;
+    eprintln!(
+        "queue: at most {most_running} Migrations past Pending (polled), at most {most_in_manager} unfinished in Manager ({samples} samples)"
+    );
+    assert!(most_running <= 2, "{most_running} ran at once");
+    assert!(
+        most_in_manager <= 2,
+        "Manager ran {most_in_manager} at once"
+    );
+    assert!(
+        most_in_manager >= 2,
+        "the limit was never reached: the test shows nothing"
+    );
+    let q = queued_seen.expect("a Migration waited with reason QueueFull");
+    assert!(q["status"]["queuePosition"].as_i64() >= Some(1), "{q:#}");
+    assert!(
+        condition(&q, "Queued")["message"]
+            .as_str()
+            .unwrap()
+            .contains("migration.maxParallel (2)"),
+        "{q:#}"
+    );
+
+    // From the status: at most two at once over the whole run, and the consolidation ones
+    // began only after every plain one had.
+    let ms = migrations(&stack).await;
+    let spans: BTreeMap<&str, (DateTime<Utc>, DateTime<Utc>)> = ms
+        .iter()
+        .map(|(k, m)| {
+            (
+                k.as_str(),
+                (admitted_at(m).unwrap(), entered(m, "Completed").unwrap()),
+            )
+        })
+        .collect();
+    for (k, (begin, _)) in &spans {
+        let overlapping = spans
+            .values()
+            .filter(|(b, e)| b <= begin && begin < e)
+            .count();
+        assert!(
+            overlapping <= 2,
+            "{k}: {overlapping} running when it began: {spans:#?}"
+        );
+    }
+    let last_plain = ["mq0", "mq1", "mq4", "mq5"]
+        .iter()
+        .map(|k| spans[k].0)
+        .max()
+        .unwrap();
+    let first_consolidation = ["mq2", "mq3"].iter().map(|k| spans[k].0).min().unwrap();
+    assert!(
+        first_consolidation >= last_plain,
+        "a consolidation migration began at {first_consolidation}, before a drain-rank one at {last_plain}: {spans:#?}"
+    );
+    let (v, samples) = monitor.stop().await;
+    let (settled, took) = settle(&stack, WAIT).await.unwrap();
+    eprintln!("queue: {samples} invariant samples, settled in {took:?}");
+    assert!(
+        v.is_clean() && settled.is_clean(),
+        "{}\n{}",
+        v.details(),
+        settled.details()
+    );
 }
