@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use automanager_e2e::reliability::{Monitor, settle};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, apply_example_pools, condition};
+use automanager_e2e::{apply, apply_example_pools, condition, patch_node, wait_drained};
 use chrono::{DateTime, Utc};
 use manager_client::proto::{self as pb};
 use manager_client::{ClientConfig, ManagerClient, MirrorState};
@@ -100,21 +100,6 @@ impl MaxSampler {
     }
 }
 
-/// `kubectl patch managernode NODE --type merge -p PATCH`, retried until the operator has
-/// created the object.
-async fn patch_node(stack: &Stack, node: &str, patch: &str) {
-    stack
-        .wait_for(&format!("patching ManagerNode {node}"), WAIT, || async {
-            let out = stack
-                .env
-                .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
-                .await?;
-            Ok(out.success().then_some(()))
-        })
-        .await
-        .unwrap();
-}
-
 /// A two-replica gold bundle on the on-prem pool that spills into aws-east; the job declares
 /// nothing, so it moves with `stopThenStart` (the replica is down while it moves).
 fn pair_bundle(name: &str) -> String {
@@ -123,10 +108,21 @@ fn pair_bundle(name: &str) -> String {
     )
 }
 
+/// A stack with the pair bundle `name` running on onprem-a1 and onprem-b1, new nodes slow to
+/// start, and the invariant checker and a sampler of the pair's replicas down running.
+async fn start_with_pair(name: &str) -> (Stack, Monitor, MaxSampler) {
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    pair_on_a1_and_b1(&stack, name).await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let sampler =
+        MaxSampler::replicas_down(&stack.sim_endpoint, &format!("default.{name}"), 2, "enc").await;
+    (stack, monitor, sampler)
+}
+
 /// Cordons onprem-a2, runs the pair bundle (its replicas land on onprem-a1 and onprem-b1,
-/// different nodes being a hard rule), then makes new nodes slow to start. Returns the node
-/// of each replica.
-async fn pair_on_a1_and_b1(stack: &Stack, name: &str) -> BTreeMap<u32, String> {
+/// different nodes being a hard rule), then makes new nodes slow to start.
+async fn pair_on_a1_and_b1(stack: &Stack, name: &str) {
     patch_node(stack, "onprem-a2", r#"{"spec":{"cordoned":true}}"#).await;
     stack
         .wait_for("onprem-a2 cordoned", WAIT, || async {
@@ -140,37 +136,16 @@ async fn pair_on_a1_and_b1(stack: &Stack, name: &str) -> BTreeMap<u32, String> {
         .wait_bundle_phase("default", name, "Ready", WAIT)
         .await
         .unwrap();
-    let nodes: BTreeMap<u32, String> = (0..2)
+    let mut placed: Vec<&str> = (0..2)
         .map(|r| {
-            let node = b["status"]["replicas"][r as usize]["jobs"][0]["nodeId"]
+            b["status"]["replicas"][r]["jobs"][0]["nodeId"]
                 .as_str()
                 .unwrap()
-                .to_owned();
-            (r, node)
         })
         .collect();
-    let mut placed: Vec<&str> = nodes.values().map(String::as_str).collect();
     placed.sort_unstable();
     assert_eq!(placed, ["onprem-a1", "onprem-b1"], "{b:#}");
     stack.chaos(&["slow-provision", SLOW_PROVISION_MS]).unwrap();
-    nodes
-}
-
-/// Waits until `node`'s drain completed and the node is gone; returns the ManagerNode.
-async fn wait_drained(stack: &Stack, node: &str) -> Value {
-    stack
-        .wait_for(
-            &format!("the drain of {node} to complete"),
-            WAIT,
-            || async {
-                let n = stack.get_json(&["managernode", node]).await?;
-                let done = n["status"]["drain"]["completedAt"].is_string()
-                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
-                Ok(done.then_some(n))
-            },
-        )
-        .await
-        .unwrap()
 }
 
 /// The Migrations in `default`, by name.
@@ -192,24 +167,24 @@ async fn migrations(stack: &Stack) -> BTreeMap<String, Value> {
         .collect()
 }
 
-/// When a Migration entered `phase`.
-fn entered(m: &Value, phase: &str) -> Option<DateTime<Utc>> {
+/// When a Migration first entered a phase that `which` picks.
+fn first_phase(m: &Value, which: impl Fn(&Value) -> bool) -> Option<DateTime<Utc>> {
     m["status"]["phases"]
         .as_array()?
         .iter()
-        .find(|p| p["phase"] == phase)
+        .find(|p| which(&p["phase"]))
         .and_then(|p| p["enteredAt"].as_str())
         .and_then(|t| t.parse().ok())
 }
 
+/// When a Migration entered `phase`.
+fn entered(m: &Value, phase: &str) -> Option<DateTime<Utc>> {
+    first_phase(m, |p| p == phase)
+}
+
 /// When a Migration left `Pending` (admitted by the queue): the first other phase it entered.
 fn admitted_at(m: &Value) -> Option<DateTime<Utc>> {
-    m["status"]["phases"]
-        .as_array()?
-        .iter()
-        .find(|p| p["phase"] != "Pending")
-        .and_then(|p| p["enteredAt"].as_str())
-        .and_then(|t| t.parse().ok())
+    first_phase(m, |p| p != "Pending")
 }
 
 /// The Events with `reason`, as `(regarding name, note)`.
@@ -267,11 +242,7 @@ async fn assert_budget_and_invariants(stack: &Stack, monitor: Monitor, sampler: 
 
 #[tokio::test]
 async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
-    let stack = Stack::start().await.expect("stack");
-    apply_example_pools(&stack).await.unwrap();
-    pair_on_a1_and_b1(&stack, "pair").await;
-    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc").await;
+    let (stack, monitor, sampler) = start_with_pair("pair").await;
 
     // Both nodes drained at once: the budget lets one replica move, the other waits.
     for node in ["onprem-a1", "onprem-b1"] {
@@ -377,11 +348,7 @@ async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
 
 #[tokio::test]
 async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
-    let stack = Stack::start().await.expect("stack");
-    apply_example_pools(&stack).await.unwrap();
-    pair_on_a1_and_b1(&stack, "twin").await;
-    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.twin", 2, "enc").await;
+    let (stack, monitor, sampler) = start_with_pair("twin").await;
 
     // One replica is moving (its target takes seconds to start)...
     patch_node(
@@ -427,8 +394,8 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
     );
 
     // Once the first replica runs again, the terminate goes ahead; the second recovers by band.
-    wait_drained(&stack, "onprem-a1").await;
-    let b1 = wait_drained(&stack, "onprem-b1").await;
+    wait_drained(&stack, "onprem-a1", WAIT).await;
+    let b1 = wait_drained(&stack, "onprem-b1", WAIT).await;
     let moved = migrations(&stack).await;
     let completed = moved
         .values()

@@ -371,6 +371,36 @@ fn list(replicas: &[u32]) -> String {
         .join(", ")
 }
 
+/// Sets `DisruptionBlocked` on a waiting object's conditions: `True` with the reason while
+/// `blocked`, `False` once a wait is over; an object that never waited carries none.
+pub(crate) fn set_blocked_condition(
+    conditions: &mut Vec<api::Condition>,
+    blocked: Option<String>,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) {
+    if blocked.is_none() && api::find_condition(conditions, "DisruptionBlocked").is_none() {
+        return;
+    }
+    let waits = blocked.is_some();
+    let reason = if waits {
+        "DisruptionBudget"
+    } else {
+        "BudgetAllows"
+    };
+    api::set_condition(
+        conditions,
+        super::condition(
+            "DisruptionBlocked",
+            waits,
+            reason,
+            blocked.unwrap_or_default(),
+            generation,
+            now,
+        ),
+    );
+}
+
 /// Whether terminating `node_id` now keeps every budget of the bundles whose jobs run there.
 /// `Ok` records the node as being terminated (its replicas count as down from now on); `Err`
 /// says which bundle blocks it, as a message.
@@ -447,6 +477,26 @@ mod tests {
         );
         assert!(message.contains("replica(s) 1 are down"), "{message}");
         assert!(message.contains("position 1"), "{message}");
+    }
+
+    #[test]
+    fn the_blocked_condition_appears_only_on_objects_that_waited() {
+        let now = Utc::now();
+        let mut never = Vec::new();
+        set_blocked_condition(&mut never, None, None, now);
+        assert!(never.is_empty());
+        let mut waited = Vec::new();
+        set_blocked_condition(&mut waited, Some("Bundle a/b".into()), Some(3), now);
+        let c = api::find_condition(&waited, "DisruptionBlocked").expect("set");
+        assert!(c.is_true());
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            ("DisruptionBudget", "Bundle a/b")
+        );
+        set_blocked_condition(&mut waited, None, Some(3), now);
+        let c = api::find_condition(&waited, "DisruptionBlocked").expect("set");
+        assert!(!c.is_true());
+        assert_eq!(c.reason, "BudgetAllows");
     }
 
     #[test]

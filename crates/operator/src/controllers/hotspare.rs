@@ -293,26 +293,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     }
 
     // Record.
-    let had = api::find_condition(&prev.conditions, "DisruptionBlocked").is_some();
-    if blocked.is_some() || had {
-        let waits = blocked.is_some();
-        let reason = if waits {
-            "DisruptionBudget"
-        } else {
-            "BudgetAllows"
-        };
-        api::set_condition(
-            &mut status.conditions,
-            condition(
-                "DisruptionBlocked",
-                waits,
-                reason,
-                blocked.unwrap_or_default(),
-                generation,
-                now,
-            ),
-        );
-    }
+    super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
     status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
     status.pending_spares =
         i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);

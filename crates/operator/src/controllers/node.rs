@@ -182,27 +182,7 @@ fn desired_status(
             now,
         ),
     );
-    // Only on nodes whose drain has waited: a node never drained carries no such condition.
-    let had = api::find_condition(&conditions, "DisruptionBlocked").is_some();
-    if blocked.is_some() || had {
-        let waits = blocked.is_some();
-        let reason = if waits {
-            "DisruptionBudget"
-        } else {
-            "BudgetAllows"
-        };
-        api::set_condition(
-            &mut conditions,
-            condition(
-                "DisruptionBlocked",
-                waits,
-                reason,
-                blocked.unwrap_or_default(),
-                None,
-                now,
-            ),
-        );
-    }
+    super::disruption::set_blocked_condition(&mut conditions, blocked, None, now);
     ManagerNodeStatus {
         observed_generation: None,
         node_id: n.node_id.clone(),
