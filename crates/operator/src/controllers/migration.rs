@@ -97,6 +97,8 @@ pub fn error_policy(mig: Arc<Migration>, error: &Error, _ctx: Arc<Context>) -> R
 async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> {
     let phase = mig.status.as_ref().map(|s| s.phase).unwrap_or_default();
     if plan::is_terminal(phase) || phase == MigrationPhase::Pending {
+        // A queue slot it was given but never wrote down goes with it.
+        super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
         return Ok(Requeue::await_change());
     }
     apply(mig, ctx, true).await?;
