@@ -51,6 +51,12 @@ const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 /// more will happen to it) are ready, the reason saying which.
 fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
     use api::Standing;
+    if let Some(c) = api::find_condition(&status.conditions, "DisruptionBlocked")
+        .filter(|c| c.is_true() && status.state == NodeState::Started)
+    {
+        // A drain asked for and held back by a disruption budget: on its way, not done.
+        return (Standing::Reconciling, "Draining", c.message.clone());
+    }
     if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
         let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
         return (Standing::Reconciling, "Draining", msg);
@@ -653,6 +659,21 @@ mod tests {
                 "Terminated",
             ),
             (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
+            (
+                ManagerNodeStatus {
+                    conditions: vec![condition(
+                        "DisruptionBlocked",
+                        true,
+                        "DisruptionBudget",
+                        "waiting for Bundle a/b",
+                        None,
+                        Utc::now(),
+                    )],
+                    ..node(NodeState::Started, true, None)
+                },
+                S::Reconciling,
+                "Draining",
+            ),
         ] {
             let (standing, r, _) = node_standing(&status);
             assert_eq!((standing, r), (want, reason), "{status:?}");
