@@ -122,6 +122,19 @@ pub fn config_digest(config: &[u8]) -> Option<String> {
     })
 }
 
+/// How many replicas voluntary actions may take down at once.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudget {
+    /// The most replicas that may be down at once through voluntary actions (drains in both
+    /// modes, Migrations, spare rotation); a replica that failed counts as down. Default 1, so a
+    /// drain never takes primary and backup down together. `0` forbids every voluntary action
+    /// on a running replica (drains then wait until the budget is changed). 0 to `replicas`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 16))]
+    pub max_unavailable_replicas: Option<i32>,
+}
+
 /// Pools for one replica, overriding the bundle's `pools` (the TypeScript library's `replicaOverrides[i]`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -164,6 +177,7 @@ pub struct ReplicaOverride {
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.replicaOverrides) || self.replicaOverrides.all(o, o.replica < self.replicas)").message("replicaOverrides[].replica must be less than replicas (replica indexes start at 0)").field_path(".replicaOverrides"))]
+#[x_kube(validation = Rule::new("!has(self.disruption) || !has(self.disruption.maxUnavailableReplicas) || self.disruption.maxUnavailableReplicas <= self.replicas").message("disruption.maxUnavailableReplicas must not exceed replicas").field_path(".disruption.maxUnavailableReplicas"))]
 #[x_kube(validation = Rule::new("self.jobs.all(j, !has(j.coLocateWith) || j.coLocateWith.all(n, self.jobs.exists(k, k.jobName == n)))").message("coLocateWith must name jobs of this bundle").field_path(".jobs"))]
 #[x_kube(validation = Rule::new("self.jobs.all(j, !has(j.separateFrom) || j.separateFrom.all(n, self.jobs.exists(k, k.jobName == n)))").message("separateFrom must name jobs of this bundle").field_path(".jobs"))]
 #[x_kube(validation = Rule::new("self.jobs.all(j, !has(j.coLocateWith) || j.coLocateWith.all(n, self.jobs.all(k, k.jobName != n || !has(k.separateFrom) || !(j.jobName in k.separateFrom))))").message("contradictory rules: a job is co-located with a job that is separated from it").field_path(".jobs"))]
@@ -201,9 +215,26 @@ pub struct BundleSpec {
     /// Per-band overrides of the operator's failure policy for this bundle's jobs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bands: Option<BandOverrides>,
+    /// The disruption budget: how many replicas voluntary actions may take down at once
+    /// (default 1). Involuntary failures are never blocked, but count as down replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<DisruptionBudget>,
 }
 
 impl BundleSpec {
+    /// The disruption budget in effect (`maxUnavailableReplicas`, default 1), or why the
+    /// declared one cannot be honoured.
+    pub fn max_unavailable_replicas(
+        &self,
+    ) -> Result<u32, automanager_policy::disruption::BudgetError> {
+        automanager_policy::disruption::max_unavailable(
+            i64::from(self.replicas),
+            self.disruption
+                .and_then(|d| d.max_unavailable_replicas)
+                .map(i64::from),
+        )
+    }
+
     /// Pools for `replica`: its override if there is one, else the bundle's `pools`.
     pub fn pools_for_replica(&self, replica: i32) -> &[String] {
         self.replica_overrides
@@ -338,6 +369,17 @@ mod tests {
         let spec = spec_yaml("replicaOverrides:\n  - replica: 1\n    pools: [oci-fra, aws-east]\n");
         assert_eq!(spec.pools_for_replica(0), ["aws-east", "aws-west"]);
         assert_eq!(spec.pools_for_replica(1), ["oci-fra", "aws-east"]);
+    }
+
+    #[test]
+    fn the_disruption_budget_defaults_to_one_and_refuses_more_than_replicas() {
+        assert_eq!(spec_yaml("").max_unavailable_replicas(), Ok(1));
+        let zero = spec_yaml("disruption: {maxUnavailableReplicas: 0}\n");
+        assert_eq!(zero.max_unavailable_replicas(), Ok(0));
+        let over = spec_yaml("disruption: {maxUnavailableReplicas: 3}\n");
+        assert!(over.max_unavailable_replicas().is_err());
+        let negative = spec_yaml("disruption: {maxUnavailableReplicas: -1}\n");
+        assert!(negative.max_unavailable_replicas().is_err());
     }
 
     #[test]

@@ -94,8 +94,9 @@ pub struct HotSpareTargetStatus {
     #[serde(default)]
     #[schemars(length(max = 1000), inner(length(max = 253)))]
     pub spare_nodes: Vec<String>,
-    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), and `SpareUnderflow`
-    /// (with pool, current and target in its message), each with `observedGeneration`.
+    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), `SpareUnderflow`
+    /// (with pool, current and target in its message) and, once a spare that took a job waited
+    /// for a disruption budget, `DisruptionBlocked`, each with `observedGeneration`.
     #[serde(default)]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

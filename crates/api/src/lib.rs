@@ -78,5 +78,8 @@ pub const RETRY_ANNOTATION: &str = "automanager.norsk.io/retry";
 pub const DRAIN_NODE_LABEL: &str = "automanager.norsk.io/drain-node";
 /// Annotation on the Migrations a `migrate` drain creates: the drained ManagerNode's name.
 pub const DRAIN_NODE_ANNOTATION: &str = "automanager.norsk.io/drained-node";
+/// Label saying why a Migration runs: `rebalance` or `consolidation` rank behind drains in the
+/// migration queue; absent (a drain's, or one a person created) ranks with drains.
+pub const PURPOSE_LABEL: &str = "automanager.norsk.io/purpose";
 /// Field manager the operator uses for server-side apply of status.
 pub const FIELD_MANAGER: &str = "automanager-operator";

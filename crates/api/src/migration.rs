@@ -111,6 +111,11 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub target_node: Option<String>,
+    /// While the migration waits in `Pending` for the migration queue (parallelism limits or
+    /// a disruption budget): its place among the waiting migrations, from 1. The `Queued`
+    /// condition says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<i32>,
     /// Every phase entered, with its time.
     #[serde(default)]
     #[schemars(length(max = 32))]
@@ -122,7 +127,7 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort: Option<AbortInfo>,
     /// kstatus `Ready` (completed), `Reconciling` and `Stalled` (see docs/kstatus.md), and
-    /// `Progressing`, `Aborted`, `Rejected`, each with `observedGeneration`.
+    /// `Progressing`, `Aborted`, `Rejected`, `Queued`, each with `observedGeneration`.
     #[serde(default)]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

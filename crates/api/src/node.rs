@@ -210,8 +210,9 @@ pub struct ManagerNodeStatus {
     /// When Manager reported the node stopped or terminated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at: Option<DateTime<Utc>>,
-    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), and `Cordoned`,
-    /// `Unhealthy`, each with `observedGeneration`.
+    /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), `Cordoned`,
+    /// `Unhealthy` and, once a drain has waited for a disruption budget, `DisruptionBlocked`, each
+    /// with `observedGeneration`.
     #[serde(default)]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

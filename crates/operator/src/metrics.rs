@@ -54,6 +54,16 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabels {
+    cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
 }
@@ -124,6 +134,9 @@ struct Inner {
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
     orphans_removed: Family<KindLabels, Counter>,
+    disruptions_blocked: Family<ActionLabels, Counter>,
+    involuntary_disruptions: Family<CauseLabels, Counter>,
+    migrations_queued: Gauge,
     // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
@@ -174,6 +187,9 @@ impl Metrics {
         let leader = Gauge::default();
         let bundle_broken = Family::<BundleLabels, Gauge>::default();
         let orphans_removed = Family::<KindLabels, Counter>::default();
+        let disruptions_blocked = Family::<ActionLabels, Counter>::default();
+        let involuntary_disruptions = Family::<CauseLabels, Counter>::default();
+        let migrations_queued = Gauge::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
         let uptime_seconds = Gauge::<f64, AtomicU64>::default();
         start_time_seconds.set(
@@ -186,6 +202,21 @@ impl Metrics {
             "automanager_orphans_removed",
             "Manager bundles and nodes the orphan sweep removed because their custom resource was gone, by kind (bundle, node)",
             orphans_removed.clone(),
+        );
+        registry.register(
+            "automanager_disruptions_blocked",
+            "Voluntary actions that waited because a bundle's disruption budget would be broken, by action (migration, drain, spareRotation); counted once per action and blocking bundle",
+            disruptions_blocked.clone(),
+        );
+        registry.register(
+            "automanager_involuntary_disruptions",
+            "Replicas taken down by failures the budget does not block, by cause (jobFailed, nodeLost)",
+            involuntary_disruptions.clone(),
+        );
+        registry.register(
+            "automanager_migrations_queued",
+            "Migrations waiting in Pending for the migration queue (parallelism limits or a disruption budget)",
+            migrations_queued.clone(),
         );
         registry.register(
             "automanager_placements_attempted",
@@ -319,6 +350,9 @@ impl Metrics {
                 leader,
                 bundle_broken,
                 orphans_removed,
+                disruptions_blocked,
+                involuntary_disruptions,
+                migrations_queued,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
@@ -358,6 +392,34 @@ impl Metrics {
             .orphans_removed
             .get_or_create(&KindLabels { kind: kind.into() })
             .inc();
+    }
+
+    /// A voluntary `action` waited for a disruption budget.
+    pub fn disruption_blocked(&self, action: &str) {
+        self.inner
+            .disruptions_blocked
+            .get_or_create(&ActionLabels {
+                action: action.into(),
+            })
+            .inc();
+    }
+
+    /// A failure (not a voluntary action) took a replica down: `cause` is `jobFailed` or
+    /// `nodeLost`.
+    pub fn involuntary_disruption(&self, cause: &str) {
+        self.inner
+            .involuntary_disruptions
+            .get_or_create(&CauseLabels {
+                cause: cause.into(),
+            })
+            .inc();
+    }
+
+    /// Migrations waiting in the queue after its last pass.
+    pub fn set_migrations_queued(&self, count: usize) {
+        self.inner
+            .migrations_queued
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// A job was dropped by its band.
@@ -607,8 +669,11 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 23] = [
+    const NAMES: [&str; 26] = [
         "automanager_orphans_removed_total",
+        "automanager_disruptions_blocked_total",
+        "automanager_involuntary_disruptions_total",
+        "automanager_migrations_queued",
         "automanager_placements_attempted_total",
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
@@ -642,11 +707,17 @@ mod tests {
         m.set_spare_underflow("t", "aws", true);
         m.set_bundle_broken("ns", "b", true);
         m.orphan_removed("node");
+        m.disruption_blocked("migration");
+        m.involuntary_disruption("nodeLost");
+        m.set_migrations_queued(2);
         let text = m.encode();
         for name in NAMES {
             assert!(text.contains(name), "{name} missing from:\n{text}");
         }
         assert!(text.trim_end().ends_with("# EOF"));
+        assert!(text.contains("automanager_disruptions_blocked_total{action=\"migration\"} 1"));
+        assert!(text.contains("automanager_involuntary_disruptions_total{cause=\"nodeLost\"} 1"));
+        assert!(text.contains("automanager_migrations_queued 2"));
     }
 
     #[test]

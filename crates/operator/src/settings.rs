@@ -20,6 +20,8 @@ pub struct Settings {
     /// This operator does the cluster-scoped work (see `OperatorConfig::cluster_scope`).
     pub owns_cluster_scope: bool,
     pub drain_parallelism: u16,
+    /// The migration queue's limits (`migration.maxParallel`, `migration.maxParallelPerNode`).
+    pub migration_limits: automanager_policy::migration_queue::Limits,
     pub migration_phase_timeout: Duration,
     /// The orphan sweep's period and grace; `None` when it is off.
     pub orphan_sweep: Option<(Duration, Duration)>,
@@ -44,6 +46,10 @@ impl Settings {
             watch_namespaces: c.watch_namespaces.clone(),
             owns_cluster_scope: c.cluster_scope,
             drain_parallelism: c.migration.drain_parallelism.max(1),
+            migration_limits: automanager_policy::migration_queue::Limits {
+                global: usize::from(c.migration.max_parallel.max(1)),
+                per_node: usize::from(c.migration.max_parallel_per_node.max(1)),
+            },
             migration_phase_timeout: c.migration.phase_timeout,
             orphan_sweep: c
                 .orphan_sweep

@@ -135,6 +135,27 @@ impl WakeIndex {
     }
 }
 
+/// A Migration the queue let begin: the replica it takes down and the nodes it holds a slot on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmittedMigration {
+    pub bundle_id: String,
+    pub replica: u32,
+    pub source_node: String,
+    pub target_node: Option<String>,
+}
+
+/// Voluntary disruptions allowed by this process. Each is decided and recorded under the state
+/// lock, so two reconciles never both take the last unit of a budget or the last queue slot;
+/// after a restart the same facts are read back from Migration status and ManagerNode specs.
+#[derive(Debug, Default)]
+pub struct Disruptions {
+    /// Admitted Migrations by `namespace/name`, until they end.
+    pub migrations: HashMap<String, AdmittedMigration>,
+    /// Nodes whose terminate (a `terminate` drain) the budget allowed: the replicas of the
+    /// jobs still on them are down.
+    pub terminating: HashSet<String>,
+}
+
 /// Everything the controllers share in memory. See the module docs for the rules.
 pub struct OperatorState {
     /// The placement engine kept in step with the mirror, pools and cordons.
@@ -159,6 +180,11 @@ pub struct OperatorState {
     pub spares_created: HashMap<String, Vec<(proto::Node, Instant)>>,
     /// Who to wake for what.
     pub wake: WakeIndex,
+    /// Voluntary disruptions this process allowed that a listing may not show yet.
+    pub disruptions: Disruptions,
+    /// Why a node's drain waits for a disruption budget, by Manager node id (the ManagerNode's
+    /// `DisruptionBlocked` condition).
+    pub drain_blocked: HashMap<String, String>,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -181,6 +207,8 @@ impl OperatorState {
             drain_generations: HashMap::new(),
             spares_created: HashMap::new(),
             wake: WakeIndex::default(),
+            disruptions: Disruptions::default(),
+            drain_blocked: HashMap::new(),
             engine_changed: true,
         }
     }

@@ -17,6 +17,8 @@
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
 //! | [`drain`] | the next step of a `migrate` drain |
+//! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
+//! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
 //!
@@ -25,10 +27,12 @@
 
 pub mod bounded;
 pub mod bundle;
+pub mod disruption;
 pub mod drain;
 pub mod ids;
 pub mod ledger;
 pub mod migration;
+pub mod migration_queue;
 pub mod node_health;
 pub mod orphans;
 pub mod provision_budget;

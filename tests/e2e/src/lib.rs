@@ -103,6 +103,49 @@ pub async fn apply(stack: &stack::Stack, yaml: &str) {
     assert!(out.success(), "apply failed: {}", out.stderr);
 }
 
+/// `kubectl patch managernode NODE --type merge -p PATCH`, as a user cordons or drains,
+/// retried until the operator has created the object; panics after 90 s (a test helper).
+#[allow(clippy::expect_used)]
+pub async fn patch_node(stack: &stack::Stack, node: &str, patch: &str) {
+    stack
+        .wait_for(
+            &format!("patching ManagerNode {node}"),
+            Duration::from_secs(90),
+            || async {
+                let out = stack
+                    .env
+                    .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
+                    .await?;
+                Ok(out.success().then_some(()))
+            },
+        )
+        .await
+        .expect("the ManagerNode can be patched");
+}
+
+/// Waits until `node`'s drain completed and Manager stopped or terminated the node; returns the
+/// ManagerNode. Panics after `timeout` (a test helper).
+#[allow(clippy::expect_used)]
+pub async fn wait_drained(
+    stack: &stack::Stack,
+    node: &str,
+    timeout: Duration,
+) -> serde_json::Value {
+    stack
+        .wait_for(
+            &format!("the drain of {node} to complete"),
+            timeout,
+            || async {
+                let n = stack.get_json(&["managernode", node]).await?;
+                let done = n["status"]["drain"]["completedAt"].is_string()
+                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
+                Ok(done.then_some(n))
+            },
+        )
+        .await
+        .expect("the drain completes")
+}
+
 /// `kubectl apply -f examples/pools.yaml`: the pools the demo config's Manager has.
 pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError> {
     let out = stack

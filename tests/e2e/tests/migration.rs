@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition};
+use automanager_e2e::{apply, condition, patch_node, wait_drained};
 use automanager_e2e::{examples_dir, repo_root};
 use serde_json::Value;
 
@@ -609,20 +609,6 @@ fn banded_bundle(name: &str, strategy: &str, band: &str) -> String {
     )
 }
 
-/// `kubectl patch managernode` (merge), retried until the operator has created the object.
-async fn patch_node(stack: &Stack, node: &str, patch: &str) {
-    stack
-        .wait_for(&format!("patching ManagerNode {node}"), WAIT, || async {
-            let out = stack
-                .env
-                .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
-                .await?;
-            Ok(out.success().then_some(()))
-        })
-        .await
-        .unwrap();
-}
-
 /// Cordons every on-prem node but `keep`, runs `bundles` (name, strategy, band) there, then
 /// uncordons the others: every job starts on `keep`.
 async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &str)]) {
@@ -666,19 +652,7 @@ async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &st
 /// returns the ManagerNode.
 async fn drain_migrate(stack: &Stack, node: &str) -> Value {
     patch_node(stack, node, r#"{"spec":{"drain":{"mode":"migrate"}}}"#).await;
-    stack
-        .wait_for(
-            &format!("the drain of {node} to complete"),
-            WAIT,
-            || async {
-                let n = stack.get_json(&["managernode", node]).await?;
-                let done = n["status"]["drain"]["completedAt"].is_string()
-                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
-                Ok(done.then_some(n))
-            },
-        )
-        .await
-        .unwrap()
+    wait_drained(stack, node, WAIT).await
 }
 
 /// The drain's Migrations: name → phase.

@@ -206,6 +206,15 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ),
         ));
     }
+    if c.migration.max_parallel_per_node > c.migration.max_parallel {
+        errors.push(err(
+            "migration.maxParallelPerNode",
+            format!(
+                "must not exceed migration.maxParallel ({}): no node can take part in more migrations than run in the whole fleet",
+                c.migration.max_parallel
+            ),
+        ));
+    }
     if c.manager.idle_timeout <= c.manager.heartbeat_interval {
         errors.push(err(
             "manager.idleTimeout",

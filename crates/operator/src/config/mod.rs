@@ -484,6 +484,14 @@ pub struct MigrationConfig {
     /// Jobs moved off a draining node at once.
     #[schemars(range(min = 1, max = 64))]
     pub drain_parallelism: u16,
+    /// Migrations running at once in the whole fleet; more wait in `Pending`, queued by
+    /// priority (drains and Migrations a person created, then rebalancing, then
+    /// consolidation), then age.
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_parallel: u16,
+    /// Migrations one node takes part in at once (as source or target); at most `maxParallel`.
+    #[schemars(range(min = 1, max = 64))]
+    pub max_parallel_per_node: u16,
     /// Longest a migration phase may take before it is aborted.
     #[serde(with = "duration")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1h"}))]
@@ -494,6 +502,8 @@ impl Default for MigrationConfig {
     fn default() -> Self {
         MigrationConfig {
             drain_parallelism: 2,
+            max_parallel: 5,
+            max_parallel_per_node: 2,
             phase_timeout: Duration::from_secs(60),
         }
     }

@@ -90,6 +90,8 @@ fn a_minimal_file_takes_every_default() {
         c.migration,
         MigrationConfig {
             drain_parallelism: 2,
+            max_parallel: 5,
+            max_parallel_per_node: 2,
             phase_timeout: d(60)
         }
     );
@@ -128,7 +130,7 @@ leaderElection: {{ enabled: false, leaseName: am.lock, leaseNamespace: ops, leas
 http: {{ bindAddress: "0.0.0.0:9090" }}
 concurrency: {{ bundles: 32 }}
 statusWriteInterval: 500ms
-migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
+migration: {{ drainParallelism: 4, maxParallel: 20, maxParallelPerNode: 3, phaseTimeout: 2m }}
 "#
     );
     let c = ok(&yaml);
@@ -179,6 +181,10 @@ migration: {{ drainParallelism: 4, phaseTimeout: 2m }}
     assert_eq!(c.concurrency.bundles, 32);
     assert_eq!(c.status_write_interval, Duration::from_millis(500));
     assert_eq!(c.migration.drain_parallelism, 4);
+    assert_eq!(
+        (c.migration.max_parallel, c.migration.max_parallel_per_node),
+        (20, 3)
+    );
     assert_eq!(c.migration.phase_timeout, Duration::from_secs(120));
     // What was read is written back and read again unchanged, and still valid.
     assert_eq!(c.validate(), Vec::new());
@@ -407,6 +413,33 @@ fn counts_must_be_in_range() {
         error_at(&e, "migration.drainParallelism").message,
         "must be between 1 and 64 (got 65)"
     );
+}
+
+#[test]
+fn migration_queue_limits_are_bounded_and_per_node_fits_the_fleet() {
+    let e = errors(&format!(
+        "{URL}migration: {{ maxParallel: 0, maxParallelPerNode: 65 }}\n"
+    ));
+    assert_eq!(
+        error_at(&e, "migration.maxParallel").message,
+        "must be between 1 and 1000 (got 0)"
+    );
+    assert!(e.has("migration.maxParallelPerNode"));
+    let e = errors(&format!(
+        "{URL}migration: {{ maxParallel: 2, maxParallelPerNode: 3 }}\n"
+    ));
+    assert_eq!(
+        error_at(&e, "migration.maxParallelPerNode").message,
+        "must not exceed migration.maxParallel (2): no node can take part in more migrations than run in the whole fleet"
+    );
+    let e = errors(&format!("{URL}migration: {{ maxParallel: -1 }}\n"));
+    assert!(e.has("migration.maxParallel"), "{e}");
+    let e = errors(&format!("{URL}migration: {{ maxParallel: many }}\n"));
+    assert!(e.has("migration.maxParallel"), "{e}");
+    let c = ok(&format!(
+        "{URL}migration: {{ maxParallel: 1, maxParallelPerNode: 1 }}\n"
+    ));
+    assert_eq!(c.migration.max_parallel, 1);
 }
 
 #[test]

@@ -74,6 +74,20 @@ struct Seen {
     config: Vec<u8>,
 }
 
+/// Why the named jobs of a replica went down, when no voluntary action of ours took them down
+/// (those are counted against the disruption budget instead): `jobFailed` or `nodeLost`.
+fn involuntary_cause(replica: &[Seen], jobs: &[String]) -> Option<&'static str> {
+    replica
+        .iter()
+        .filter(|s| jobs.contains(&s.job.job_name))
+        .find_map(|s| match (s.job.phase, s.job.stop_cause) {
+            (_, StopCause::HandedToRecovery | StopCause::NodeTerminated) => None,
+            (_, StopCause::NodeLost) => Some("nodeLost"),
+            (JobPhase::Failed, _) => Some("jobFailed"),
+            _ => None,
+        })
+}
+
 /// Everything one pass knows about the bundle before it acts.
 struct Pass<'a> {
     bundle: &'a Bundle,
@@ -438,6 +452,10 @@ impl<'a> Pass<'a> {
         let mut decided: Vec<pl::Position> = Vec::new();
         for (r, p) in plans {
             for job in &p.newly_dropped {
+                let replica_seen = seen.get(r).map(Vec::as_slice).unwrap_or_default();
+                if let Some(cause) = involuntary_cause(replica_seen, std::slice::from_ref(job)) {
+                    ctx.metrics.involuntary_disruption(cause);
+                }
                 self.report_drop(ctx, *r, job).await;
             }
             let mut outcome = Outcome::default();
@@ -459,6 +477,12 @@ impl<'a> Pass<'a> {
                     outcome = self
                         .place_replica(ctx, *r, replica_seen, seen, p, jobs, *recovery, &decided)
                         .await?;
+                    if outcome.started
+                        && *recovery
+                        && let Some(cause) = involuntary_cause(replica_seen, jobs)
+                    {
+                        ctx.metrics.involuntary_disruption(cause);
+                    }
                     if outcome.started && *recovery {
                         ctx.state().ledger.record_restart(
                             &ReplicaKey::new(&self.bundle_id, *r),

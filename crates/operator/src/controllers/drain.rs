@@ -219,6 +219,21 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         })
         .collect();
 
+    // A drain Migration the disruption budget holds in the queue holds the drain up: the
+    // ManagerNode says so, naming the bundle (the Migration carries the same condition).
+    let budget_wait = listed.items.iter().find_map(|m| {
+        let s = m.status.as_ref()?;
+        let c = api::find_condition(&s.conditions, "Queued")?;
+        (s.phase == MigrationPhase::Pending
+            && c.status == api::ConditionStatus::True
+            && c.reason == "DisruptionBudget")
+            .then(|| format!("Migration {}: {}", m.name_any(), c.message))
+    });
+    match budget_wait {
+        Some(why) => super::node::drain_blocked(ctx, node, node_id, why).await,
+        None => super::node::drain_unblocked(ctx, node_id),
+    }
+
     let plan = plan_drain(&jobs, &mine, usize::from(ctx.settings.drain_parallelism));
 
     for job_id in &plan.migrate {

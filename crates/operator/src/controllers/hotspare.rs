@@ -263,7 +263,11 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         )
         .await;
     }
+    let mut blocked: Option<String> = None;
     for node in &plan.terminate {
+        if !may_terminate(ctx, target, node, &mut blocked).await? {
+            continue;
+        }
         ctx.manager.terminate_node(node).await?;
         ctx.event(
             target,
@@ -277,7 +281,9 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         )
         .await;
     }
-    if let Some(RotationStep::RetireAged { aged }) = &plan.rotate {
+    if let Some(RotationStep::RetireAged { aged }) = &plan.rotate
+        && may_terminate(ctx, target, aged, &mut blocked).await?
+    {
         ctx.manager.terminate_node(aged).await?;
         status.last_rotation = Some(now);
         ctx.event(
@@ -291,6 +297,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     }
 
     // Record.
+    super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
     status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
     status.pending_spares =
         i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
@@ -397,6 +404,44 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             REFRESH
         },
     ))
+}
+
+/// Whether a spare may be terminated now. The planner only retires spares that hold no job,
+/// but a recovery may have placed one there since it looked: then terminating the node is a
+/// voluntary disruption of that job's replica and waits for its bundle's budget (`blocked`
+/// says why, for the `DisruptionBlocked` condition; an Event and the metric count it).
+async fn may_terminate(
+    ctx: &Arc<Context>,
+    target: &HotSpareTarget,
+    node: &str,
+    blocked: &mut Option<String>,
+) -> Result<bool, Error> {
+    let hosts = ctx.manager.mirror().read(|m| {
+        m.jobs_on(node).any(|j| {
+            j.instances
+                .iter()
+                .any(|i| i.node_id == node && i.holds_capacity())
+        })
+    });
+    if !hosts {
+        return Ok(true);
+    }
+    match super::disruption::allow_node_terminate(ctx, node).await? {
+        Ok(()) => Ok(true),
+        Err(why) => {
+            ctx.metrics.disruption_blocked("spareRotation");
+            ctx.event(
+                target,
+                EventType::Warning,
+                "DisruptionBlocked",
+                "Rotate",
+                why.clone(),
+            )
+            .await;
+            *blocked = Some(why);
+            Ok(false)
+        }
+    }
 }
 
 async fn write_status(

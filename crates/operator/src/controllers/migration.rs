@@ -67,6 +67,7 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
     // act on the live object, or a running migration would be admitted again from `Pending`.
     let Some(mig) = api.get_opt(&mig.name_any()).await?.map(Arc::new) else {
         ctx.metrics.forget_migration(&ns, &mig.name_any());
+        super::disruption::forget_migration(&ctx, &ns, &mig.name_any());
         return Ok(Requeue::await_change());
     };
     observe(&ctx, &mig, &mig.status.clone().unwrap_or_default());
@@ -101,6 +102,8 @@ pub fn error_policy(mig: Arc<Migration>, error: &Error, _ctx: Arc<Context>) -> R
 async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> {
     let phase = mig.status.as_ref().map(|s| s.phase).unwrap_or_default();
     if plan::is_terminal(phase) || phase == MigrationPhase::Pending {
+        // A queue slot it was given but never wrote down goes with it.
+        super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
         return Ok(Requeue::await_change());
     }
     apply(mig, ctx, true).await?;
@@ -121,6 +124,18 @@ async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> 
             mig.name_any()
         )))
     }
+}
+
+/// How often a Migration waiting in the queue asks again (a slot or a budget may free up
+/// through a change that does not wake it: another bundle's replica coming back).
+const QUEUED_POLL: Duration = Duration::from_secs(1);
+
+/// How a reconcile begins: with a migration to drive, with nothing more to do (rejected, or
+/// deleted before it began), or waiting in the queue (status already written).
+enum Begin<'a> {
+    Run(Box<Run<'a>>),
+    Ended,
+    Queued,
 }
 
 /// What one reconcile knows and has done so far.
@@ -146,6 +161,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         ctx.state()
             .wake
             .set_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
+        super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
         api::kstatus::observe_generation(&mut status.conditions, mig.metadata.generation);
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::await_change());
@@ -155,8 +171,10 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::requeue(Duration::from_secs(3)));
     }
-    let Some(mut run) = Run::begin(mig, ctx, status, deleting).await? else {
-        return Ok(Requeue::await_change());
+    let mut run = match Run::begin(mig, ctx, status, deleting).await? {
+        Begin::Run(run) => run,
+        Begin::Ended => return Ok(Requeue::await_change()),
+        Begin::Queued => return Ok(Requeue::requeue(QUEUED_POLL)),
     };
     let result = run.drive(deleting).await;
     run.record_conditions(Utc::now());
@@ -302,14 +320,14 @@ fn outcome(answer: Result<(), ClientError>) -> Result<CallOutcome, Error> {
 }
 
 impl<'a> Run<'a> {
-    /// Admits a Pending Migration (`None` when it was rejected, or is deleted before it began)
-    /// or resumes one from its status.
+    /// Admits a Pending Migration (checks, then the queue: parallelism and the disruption
+    /// budget) or resumes one from its status.
     async fn begin(
         mig: &'a Migration,
         ctx: &'a Arc<Context>,
         mut status: MigrationStatus,
         deleting: bool,
-    ) -> Result<Option<Run<'a>>, Error> {
+    ) -> Result<Begin<'a>, Error> {
         let (ns, name) = ns_name(mig)?;
         let job = &mig.spec.job;
         let bundle_id = mapping::bundle_id(&ns, &job.bundle);
@@ -334,9 +352,16 @@ impl<'a> Run<'a> {
         );
         let machine = if status.phase == MigrationPhase::Pending {
             if deleting {
-                return Ok(None);
+                super::disruption::forget_migration(ctx, &ns, &name);
+                return Ok(Begin::Ended);
             }
             match admit::admit(mig, ctx, &ns, &name, &job_id).await? {
+                Ok((_, source))
+                    if mig.spec.abort.is_none()
+                        && !admit::queue(ctx, mig, &mut status, &source).await? =>
+                {
+                    return Ok(Begin::Queued);
+                }
                 Ok((strategy, source)) => {
                     status.strategy = Some(strategy);
                     status.job_id = Some(job_id.clone());
@@ -347,7 +372,7 @@ impl<'a> Run<'a> {
                 Err((reason, message)) => {
                     let prev = mig.status.clone().unwrap_or_default();
                     admit::reject(ctx, mig, &prev, status, reason, message, Utc::now()).await?;
-                    return Ok(None);
+                    return Ok(Begin::Ended);
                 }
             }
         } else {
@@ -365,7 +390,7 @@ impl<'a> Run<'a> {
             );
             observe::resume(from_status, record.as_ref())
         };
-        Ok(Some(Run {
+        Ok(Begin::Run(Box::new(Run {
             ctx,
             mig,
             ns,
@@ -374,7 +399,7 @@ impl<'a> Run<'a> {
             status,
             machine,
             failure: None,
-        }))
+        })))
     }
 
     /// Feeds the machine every event that is due now, carrying out its actions.
@@ -606,6 +631,9 @@ impl<'a> Run<'a> {
             self.failure.clone_from(&t.failure);
         }
         self.machine = t.machine;
+        if self.machine.is_ended() {
+            super::disruption::forget_migration(self.ctx, &self.ns, &self.mig.name_any());
+        }
         if t.entered.is_none() {
             return;
         }

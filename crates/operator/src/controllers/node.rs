@@ -51,6 +51,12 @@ const ORPHAN_SWEEP: Duration = Duration::from_secs(30);
 /// more will happen to it) are ready, the reason saying which.
 fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, String) {
     use api::Standing;
+    if let Some(c) = api::find_condition(&status.conditions, "DisruptionBlocked")
+        .filter(|c| c.is_true() && status.state == NodeState::Started)
+    {
+        // A drain asked for and held back by a disruption budget: on its way, not done.
+        return (Standing::Reconciling, "Draining", c.message.clone());
+    }
     if let Some(d) = status.drain.as_ref().filter(|d| d.completed_at.is_none()) {
         let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
         return (Standing::Reconciling, "Draining", msg);
@@ -139,6 +145,7 @@ fn desired_status(
     load: NodeLoad,
     overlay: NodeOverlay,
     rejections: u32,
+    blocked: Option<String>,
     prev: Option<&ManagerNodeStatus>,
     now: DateTime<Utc>,
 ) -> ManagerNodeStatus {
@@ -181,6 +188,7 @@ fn desired_status(
             now,
         ),
     );
+    super::disruption::set_blocked_condition(&mut conditions, blocked, None, now);
     ManagerNodeStatus {
         observed_generation: None,
         node_id: n.node_id.clone(),
@@ -263,12 +271,19 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                     continue; // removed below, and not recreated
                 }
                 let name = mapping::node_object_name(&n.node_id);
-                let rejections = ctx.state().health.count(&n.node_id);
+                let (rejections, blocked) = {
+                    let state = ctx.state();
+                    (
+                        state.health.count(&n.node_id),
+                        state.drain_blocked.get(&n.node_id).cloned(),
+                    )
+                };
                 let mut status = desired_status(
                     n,
                     by_node.remove(n.node_id.as_str()).unwrap_or_default(),
                     overlay,
                     rejections,
+                    blocked,
                     written.get(&name),
                     now,
                 );
@@ -457,6 +472,34 @@ async fn delete(api: &Api<ManagerNode>, name: &str) {
     }
 }
 
+/// How often a drain the disruption budget holds up looks again.
+const BLOCKED_POLL: Duration = Duration::from_secs(1);
+
+/// A drain of `node_id` waits for a disruption budget: the ManagerNode's `DisruptionBlocked`
+/// condition says why (written by the status sync), and an Event and the metric count it once
+/// per wait and blocking bundle.
+pub(crate) async fn drain_blocked(ctx: &Context, node: &ManagerNode, node_id: &str, why: String) {
+    let before = ctx
+        .state()
+        .drain_blocked
+        .insert(node_id.to_owned(), why.clone());
+    if before.as_deref() == Some(why.as_str()) {
+        return;
+    }
+    tracing::info!(node = %node_id, reason = %why, "drain waits for a disruption budget");
+    ctx.metrics.disruption_blocked("drain");
+    ctx.event(node, EventType::Warning, "DisruptionBlocked", "Drain", why)
+        .await;
+    let _ = ctx.wake.node_sync.try_send(());
+}
+
+/// The drain of `node_id` no longer waits for a budget.
+pub(crate) fn drain_unblocked(ctx: &Context, node_id: &str) {
+    if ctx.state().drain_blocked.remove(node_id).is_some() {
+        let _ = ctx.wake.node_sync.try_send(());
+    }
+}
+
 /// Applies a ManagerNode's spec: cordon, drain.
 pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>) -> Result<Action, Error> {
     super::timed("managernode", &ctx, apply(&node, &ctx)).await
@@ -507,6 +550,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         }
     }
     let Some(drain) = node.spec.drain else {
+        drain_unblocked(ctx, &node_id);
         return Ok(Action::await_change());
     };
     if drain.mode == DrainMode::Migrate {
@@ -518,6 +562,13 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
+    // A terminate drain is a voluntary disruption too: it waits for the budget of every
+    // bundle with a job on the node.
+    if let Err(why) = super::disruption::allow_node_terminate(ctx, &node_id).await? {
+        drain_blocked(ctx, node, &node_id, why).await;
+        return Ok(Action::requeue(BLOCKED_POLL));
+    }
+    drain_unblocked(ctx, &node_id);
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
     ctx.state().drains.insert(
         node_id.clone(),
@@ -616,6 +667,21 @@ mod tests {
                 "Terminated",
             ),
             (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
+            (
+                ManagerNodeStatus {
+                    conditions: vec![condition(
+                        "DisruptionBlocked",
+                        true,
+                        "DisruptionBudget",
+                        "waiting for Bundle a/b",
+                        None,
+                        Utc::now(),
+                    )],
+                    ..node(NodeState::Started, true, None)
+                },
+                S::Reconciling,
+                "Draining",
+            ),
         ] {
             let (standing, r, _) = node_standing(&status);
             assert_eq!((standing, r), (want, reason), "{status:?}");

@@ -12,7 +12,9 @@ use kube::runtime::events::EventType;
 use manager_proto as proto;
 
 use super::{manager_migration_id, push_phase, write_status};
-use crate::controllers::{Context, Error, condition};
+use crate::controllers::{Context, Error, condition, disruption};
+use crate::mapping;
+use automanager_policy::migration_queue::Admission;
 
 /// The admission checks of a Pending Migration: the strategy in effect and the source node, or
 /// why it is rejected (condition reason, message).
@@ -118,6 +120,92 @@ pub(super) async fn admit(
     }
     tracing::debug!(migration = %name, job = %job_id, strategy = strategy.as_str(), source = %source, "migration admitted");
     Ok(Ok((strategy, source)))
+}
+
+/// The migration queue (parallelism limits, priority, the disruption budget) for a Migration
+/// that passed its checks: `true` when it may begin now (a `Queued` condition it carried is
+/// cleared); `false` when it waits, with status written: `queuePosition`, the `Queued`
+/// condition (reason `DisruptionBudget`, `QueueFull` or `NodeBusy`) and, for a budget, a
+/// `DisruptionBlocked` Event naming the blocking bundle.
+pub(super) async fn queue(
+    ctx: &Context,
+    mig: &Migration,
+    status: &mut MigrationStatus,
+    source: &str,
+) -> Result<bool, Error> {
+    let own = mapping::bundle_id(&mig.namespace().unwrap_or_default(), &mig.spec.job.bundle);
+    let fleet = disruption::Fleet::gather(ctx, &[own]).await?;
+    let (answer, queued) = disruption::decide_migration(ctx, &fleet, mig, source);
+    ctx.metrics.set_migrations_queued(queued);
+    let (generation, now) = (mig.metadata.generation, Utc::now());
+    let Admission::Wait { position, reason } = answer else {
+        status.queue_position = None;
+        if api::find_condition(&status.conditions, "Queued").is_some() {
+            api::set_condition(
+                &mut status.conditions,
+                condition("Queued", false, "Admitted", String::new(), generation, now),
+            );
+        }
+        return Ok(true);
+    };
+    let prev = mig.status.clone().unwrap_or_default();
+    let (reason, message, blocking) =
+        disruption::describe_wait(position, &reason, mig.spec.job.replica);
+    let was = api::find_condition(&prev.conditions, "Queued")
+        .filter(|c| c.status == api::ConditionStatus::True)
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    status.queue_position = Some(i32::try_from(position).unwrap_or(i32::MAX));
+    api::set_condition(
+        &mut status.conditions,
+        condition("Queued", true, reason, message.clone(), generation, now),
+    );
+    api::set_condition(
+        &mut status.conditions,
+        condition(
+            "Progressing",
+            false,
+            reason,
+            message.clone(),
+            generation,
+            now,
+        ),
+    );
+    api::set_standing(
+        &mut status.conditions,
+        api::Standing::Reconciling,
+        "Queued",
+        message.clone(),
+        generation,
+        now,
+    );
+    // Once per wait (and again when the blocking bundle changes), not on every poll.
+    let blocked_by = |m: &str| {
+        blocking
+            .as_ref()
+            .is_some_and(|b| m.contains(&format!("Bundle {b} ")))
+    };
+    let new_wait = match &was {
+        None => true,
+        Some((r, m)) => r != reason || (blocking.is_some() && !blocked_by(m)),
+    };
+    if new_wait {
+        if let Some(bundle) = &blocking {
+            ctx.metrics.disruption_blocked("migration");
+            ctx.event(
+                mig,
+                EventType::Warning,
+                "DisruptionBlocked",
+                "Queue",
+                format!("Bundle {bundle}: {message}"),
+            )
+            .await;
+        } else {
+            ctx.event(mig, EventType::Normal, "MigrationQueued", "Queue", message)
+                .await;
+        }
+    }
+    write_status(ctx, mig, &prev, status.clone()).await?;
+    Ok(false)
 }
 
 pub(super) fn record(m: &Migration) -> MigrationRecord {

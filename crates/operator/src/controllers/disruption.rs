@@ -1,0 +1,525 @@
+//! The disruption budget and the migration queue, as the controllers use them: observe the
+//! fleet (Migrations, the Bundles they concern, the mirror), decide with the pure
+//! [`automanager_policy::disruption`] and [`automanager_policy::migration_queue`], and record
+//! what was allowed in [`crate::state::Disruptions`] under the same lock as the decision.
+//!
+//! Voluntary actions that ask: a Migration leaving `Pending` (drain Migrations among them), a
+//! `terminate` drain before it terminates its node, and a HotSpareTarget before it terminates
+//! a spare that took a job meanwhile. Involuntary failures are never asked about; the Bundle
+//! controller counts them (`automanager_involuntary_disruptions_total`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use automanager_api::{self as api, Bundle, Migration, MigrationPhase};
+use automanager_policy::disruption::{self, DEFAULT_MAX_UNAVAILABLE, Ledger, ReplicaStanding};
+use automanager_policy::migration::is_terminal;
+use automanager_policy::migration_queue::{self as queue, Admission, Purpose, WaitReason};
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use manager_client::MirrorState;
+use manager_proto as proto;
+
+use super::{Context, Error};
+use crate::mapping;
+use crate::state::{AdmittedMigration, OperatorState};
+
+/// What a bundle's budget needs: its replicas, budget and job names.
+#[derive(Debug, Clone)]
+struct BundleFacts {
+    replicas: u32,
+    max_unavailable: u32,
+    jobs: Vec<String>,
+}
+
+fn facts(b: &Bundle) -> BundleFacts {
+    BundleFacts {
+        replicas: u32::try_from(b.spec.replicas).unwrap_or(0),
+        // The CRD refuses a negative budget or one above replicas; an object stored under an
+        // older CRD gets the default rather than no protection.
+        max_unavailable: b
+            .spec
+            .max_unavailable_replicas()
+            .unwrap_or(DEFAULT_MAX_UNAVAILABLE),
+        jobs: b.spec.jobs.iter().map(|j| j.job_name.clone()).collect(),
+    }
+}
+
+/// What one decision looked at, read before the state lock is taken.
+pub(crate) struct Fleet {
+    migrations: Vec<Migration>,
+    bundles: HashMap<String, Option<BundleFacts>>,
+}
+
+fn key(ns: &str, name: &str) -> String {
+    format!("{ns}/{name}")
+}
+
+fn created(m: &Migration) -> DateTime<Utc> {
+    m.metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
+        .unwrap_or_else(Utc::now)
+}
+
+fn phase(m: &Migration) -> MigrationPhase {
+    m.status.as_ref().map(|s| s.phase).unwrap_or_default()
+}
+
+/// A Migration that waits for the queue: Pending, not aborted, not being deleted.
+fn waits(m: &Migration) -> bool {
+    phase(m) == MigrationPhase::Pending
+        && m.spec.abort.is_none()
+        && m.metadata.deletion_timestamp.is_none()
+}
+
+fn bundle_id_of(m: &Migration) -> String {
+    mapping::bundle_id(&m.namespace().unwrap_or_default(), &m.spec.job.bundle)
+}
+
+impl Fleet {
+    /// Lists the Migrations in the watched namespaces and reads the Bundles the decision needs:
+    /// those of every Migration not ended, of `extra` bundle ids, and of the jobs on nodes
+    /// being terminated.
+    pub(crate) async fn gather(ctx: &Context, extra: &[String]) -> Result<Fleet, Error> {
+        let watched = &ctx.settings.watch_namespaces;
+        let migrations: Vec<Migration> = match watched.as_slice() {
+            [] => {
+                Api::<Migration>::all(ctx.client.clone())
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+            }
+            namespaces => {
+                let mut all = Vec::new();
+                for ns in namespaces {
+                    all.extend(
+                        Api::<Migration>::namespaced(ctx.client.clone(), ns)
+                            .list(&ListParams::default())
+                            .await?
+                            .items,
+                    );
+                }
+                all
+            }
+        };
+        let mut wanted: Vec<String> = migrations
+            .iter()
+            .filter(|m| !is_terminal(phase(m)))
+            .map(bundle_id_of)
+            .collect();
+        wanted.extend(extra.iter().cloned());
+        wanted.extend(ctx.with_mirror(|m, s| {
+            s.disruptions
+                .terminating
+                .iter()
+                .flat_map(|node| m.jobs_on(node).map(|j| j.bundle_id.clone()))
+                .collect::<Vec<_>>()
+        }));
+        wanted.extend(
+            ctx.state()
+                .disruptions
+                .migrations
+                .values()
+                .map(|a| a.bundle_id.clone()),
+        );
+        wanted.sort();
+        wanted.dedup();
+        let mut bundles = HashMap::new();
+        for id in wanted {
+            let Some((ns, name)) = mapping::bundle_object(&id) else {
+                bundles.insert(id, None);
+                continue;
+            };
+            let found = Api::<Bundle>::namespaced(ctx.client.clone(), &ns)
+                .get_opt(&name)
+                .await?;
+            bundles.insert(id, found.as_ref().map(facts));
+        }
+        Ok(Fleet {
+            migrations,
+            bundles,
+        })
+    }
+
+    /// The Migrations running now: those past `Pending` and not ended, by the list, and those
+    /// this process admitted that the list does not show yet.
+    fn running(&self, state: &OperatorState) -> BTreeMap<String, AdmittedMigration> {
+        let mut out: BTreeMap<String, AdmittedMigration> = state
+            .disruptions
+            .migrations
+            .iter()
+            .map(|(k, a)| (k.clone(), a.clone()))
+            .collect();
+        for m in &self.migrations {
+            let p = phase(m);
+            let k = key(&m.namespace().unwrap_or_default(), &m.name_any());
+            if p == MigrationPhase::Pending || is_terminal(p) {
+                continue;
+            }
+            let status = m.status.clone().unwrap_or_default();
+            out.entry(k).or_insert(AdmittedMigration {
+                bundle_id: bundle_id_of(m),
+                replica: u32::try_from(m.spec.job.replica).unwrap_or(0),
+                source_node: status.source_node.unwrap_or_default(),
+                target_node: status.target_node,
+            });
+        }
+        // A Migration that ended (by the list) holds nothing, whatever this process recorded.
+        for m in &self.migrations {
+            if is_terminal(phase(m)) {
+                out.remove(&key(&m.namespace().unwrap_or_default(), &m.name_any()));
+            }
+        }
+        out
+    }
+
+    /// Every known bundle's replicas as the budget sees them now.
+    fn ledger(
+        &self,
+        mirror: &MirrorState,
+        state: &OperatorState,
+        running: &BTreeMap<String, AdmittedMigration>,
+    ) -> Ledger<String> {
+        let mut ledger = Ledger::new();
+        for (id, facts) in &self.bundles {
+            let Some(f) = facts else { continue };
+            let standing = (0..f.replicas)
+                .map(|r| ReplicaStanding {
+                    replica: r,
+                    running: f.jobs.iter().all(|name| {
+                        mirror
+                            .job_of(id, r, name)
+                            .is_some_and(|j| j.instances.iter().any(running_normal))
+                    }),
+                    disrupted: running
+                        .values()
+                        .any(|a| a.bundle_id == *id && a.replica == r)
+                        || f.jobs.iter().any(|name| {
+                            mirror.job_of(id, r, name).is_some_and(|j| {
+                                j.instances.iter().any(|i| {
+                                    i.holds_capacity()
+                                        && state.disruptions.terminating.contains(&i.node_id)
+                                })
+                            })
+                        }),
+                })
+                .collect();
+            ledger.insert(id.clone(), f.max_unavailable, standing);
+        }
+        ledger
+    }
+}
+
+fn running_normal(i: &proto::JobInstance) -> bool {
+    i.is_normal() && i.state() == proto::JobState::Running
+}
+
+/// The node a job's running normal instance is on.
+fn source_of(mirror: &MirrorState, bundle_id: &str, replica: u32, job: &str) -> String {
+    mirror
+        .job_of(bundle_id, replica, job)
+        .and_then(|j| j.instances.iter().find(|i| running_normal(i)))
+        .map(|i| i.node_id.clone())
+        .unwrap_or_default()
+}
+
+/// The queue's answer for a Pending Migration whose source runs on `source`, and how many
+/// Migrations wait after this pass. A Migration that may begin is recorded as running before
+/// the lock is released.
+pub(crate) fn decide_migration(
+    ctx: &Context,
+    fleet: &Fleet,
+    mig: &Migration,
+    source: &str,
+) -> (Admission<String>, usize) {
+    let ns = mig.namespace().unwrap_or_default();
+    let me = key(&ns, &mig.name_any());
+    ctx.with_mirror(|mirror, state| {
+        let running = fleet.running(state);
+        if running.contains_key(&me) {
+            // Admitted already (a status write that did not land): it keeps its slot.
+            return (Admission::Begin, 0);
+        }
+        let mut ledger = fleet.ledger(mirror, state, &running);
+        let held: Vec<queue::Running> = running
+            .values()
+            .map(|a| queue::Running {
+                source_node: a.source_node.clone(),
+                target_node: a.target_node.clone(),
+            })
+            .collect();
+        let mut waiting: Vec<queue::Waiting<String>> = fleet
+            .migrations
+            .iter()
+            .filter(|m| waits(m))
+            .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != me)
+            .map(|m| waiting_entry(mirror, m, None))
+            .collect();
+        waiting.push(waiting_entry(mirror, mig, Some(source)));
+        let answers = queue::admit(&held, &waiting, ctx.settings.migration_limits, &mut ledger);
+        let queued = answers
+            .iter()
+            .filter(|(_, a)| matches!(a, Admission::Wait { .. }))
+            .count();
+        let mine = answers
+            .into_iter()
+            .find(|(k, _)| *k == me)
+            .map(|(_, a)| a)
+            .unwrap_or(Admission::Begin);
+        if mine == Admission::Begin {
+            let job = &mig.spec.job;
+            state.disruptions.migrations.insert(
+                me.clone(),
+                AdmittedMigration {
+                    bundle_id: mapping::bundle_id(&ns, &job.bundle),
+                    replica: u32::try_from(job.replica).unwrap_or(0),
+                    source_node: source.to_owned(),
+                    target_node: mig.spec.target_node.clone(),
+                },
+            );
+        }
+        (mine, queued)
+    })
+}
+
+fn waiting_entry(
+    mirror: &MirrorState,
+    m: &Migration,
+    source: Option<&str>,
+) -> queue::Waiting<String> {
+    let ns = m.namespace().unwrap_or_default();
+    let job = &m.spec.job;
+    let bundle_id = mapping::bundle_id(&ns, &job.bundle);
+    let replica = u32::try_from(job.replica).unwrap_or(0);
+    let labels = m.labels();
+    let purpose = if labels.contains_key(api::DRAIN_NODE_LABEL) {
+        Purpose::Drain
+    } else {
+        Purpose::from_label(labels.get(api::PURPOSE_LABEL).map(String::as_str))
+    };
+    queue::Waiting {
+        key: key(&ns, &m.name_any()),
+        purpose,
+        created: created(m).timestamp_millis(),
+        source_node: source
+            .map(str::to_owned)
+            .unwrap_or_else(|| source_of(mirror, &bundle_id, replica, &job.job_name)),
+        target_node: m.spec.target_node.clone(),
+        replica: Some((bundle_id, replica)),
+    }
+}
+
+/// A Migration ended or went away: it holds no slot and takes no replica down any more.
+pub(crate) fn forget_migration(ctx: &Context, ns: &str, name: &str) {
+    ctx.state().disruptions.migrations.remove(&key(ns, name));
+}
+
+/// The words for a wait: the `Queued` condition's reason and message, and the blocking
+/// bundle (`namespace/name`) when the budget is the cause.
+pub(crate) fn describe_wait(
+    position: usize,
+    reason: &WaitReason<String>,
+    replica: i32,
+) -> (&'static str, String, Option<String>) {
+    match reason {
+        WaitReason::Budget {
+            bundle,
+            down,
+            max_unavailable,
+        } => {
+            let shown = shown_bundle(bundle);
+            (
+                "DisruptionBudget",
+                format!(
+                    "waiting (position {position} in the migration queue): Bundle {shown} allows {max_unavailable} replica(s) down at once (disruption.maxUnavailableReplicas) and replica(s) {} are down or being moved; moving replica {replica} now would exceed it",
+                    list(down)
+                ),
+                Some(shown),
+            )
+        }
+        WaitReason::GlobalLimit { running, limit } => (
+            "QueueFull",
+            format!(
+                "waiting (position {position} in the migration queue): {running} migrations run already, the most migration.maxParallel ({limit}) allows"
+            ),
+            None,
+        ),
+        WaitReason::NodeLimit { node, limit } => (
+            "NodeBusy",
+            format!(
+                "waiting (position {position} in the migration queue): node {node} takes part in {limit} migrations already, the most migration.maxParallelPerNode allows"
+            ),
+            None,
+        ),
+    }
+}
+
+fn shown_bundle(bundle_id: &str) -> String {
+    mapping::bundle_object(bundle_id)
+        .map(|(ns, name)| format!("{ns}/{name}"))
+        .unwrap_or_else(|| bundle_id.to_owned())
+}
+
+fn list(replicas: &[u32]) -> String {
+    replicas
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Sets `DisruptionBlocked` on a waiting object's conditions: `True` with the reason while
+/// `blocked`, `False` once a wait is over; an object that never waited carries none.
+pub(crate) fn set_blocked_condition(
+    conditions: &mut Vec<api::Condition>,
+    blocked: Option<String>,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) {
+    if blocked.is_none() && api::find_condition(conditions, "DisruptionBlocked").is_none() {
+        return;
+    }
+    let waits = blocked.is_some();
+    let reason = if waits {
+        "DisruptionBudget"
+    } else {
+        "BudgetAllows"
+    };
+    api::set_condition(
+        conditions,
+        super::condition(
+            "DisruptionBlocked",
+            waits,
+            reason,
+            blocked.unwrap_or_default(),
+            generation,
+            now,
+        ),
+    );
+}
+
+/// Whether terminating `node_id` now keeps every budget of the bundles whose jobs run there.
+/// `Ok` records the node as being terminated (its replicas count as down from now on); `Err`
+/// says which bundle blocks it, as a message.
+pub(crate) async fn allow_node_terminate(
+    ctx: &Arc<Context>,
+    node_id: &str,
+) -> Result<Result<(), String>, Error> {
+    let on_node: Vec<String> = ctx.manager.mirror().read(|m| {
+        m.jobs_on(node_id)
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| i.node_id == node_id && i.holds_capacity())
+            })
+            .map(|j| j.bundle_id.clone())
+            .collect()
+    });
+    let fleet = Fleet::gather(ctx, &on_node).await?;
+    Ok(ctx.with_mirror(|mirror, state| {
+        if state.disruptions.terminating.contains(node_id) {
+            return Ok(());
+        }
+        let running = fleet.running(state);
+        let mut ledger = fleet.ledger(mirror, state, &running);
+        let wanted: Vec<(String, u32)> = mirror
+            .jobs_on(node_id)
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| i.node_id == node_id && i.holds_capacity())
+            })
+            .map(|j| (j.bundle_id.clone(), j.replica))
+            .collect();
+        match ledger.take_all(&wanted) {
+            Ok(()) => {
+                state.disruptions.terminating.insert(node_id.to_owned());
+                Ok(())
+            }
+            Err((bundle, verdict)) => Err(match verdict {
+                disruption::Verdict::Blocked {
+                    down,
+                    max_unavailable,
+                } => format!(
+                    "waiting for the disruption budget of Bundle {}: it allows {max_unavailable} replica(s) down at once and replica(s) {} are down or being moved; terminating node {node_id} would take another down",
+                    shown_bundle(&bundle),
+                    list(&down)
+                ),
+                disruption::Verdict::Allowed => String::new(),
+            }),
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_wait_names_the_bundle_and_the_replicas_down() {
+        let (reason, message, bundle) = describe_wait(
+            1,
+            &WaitReason::Budget {
+                bundle: "live.news".into(),
+                down: vec![1],
+                max_unavailable: 1,
+            },
+            0,
+        );
+        assert_eq!(reason, "DisruptionBudget");
+        assert_eq!(bundle.as_deref(), Some("live/news"));
+        assert!(
+            message.contains("Bundle live/news allows 1 replica(s)"),
+            "{message}"
+        );
+        assert!(message.contains("replica(s) 1 are down"), "{message}");
+        assert!(message.contains("position 1"), "{message}");
+    }
+
+    #[test]
+    fn the_blocked_condition_appears_only_on_objects_that_waited() {
+        let now = Utc::now();
+        let mut never = Vec::new();
+        set_blocked_condition(&mut never, None, None, now);
+        assert!(never.is_empty());
+        let mut waited = Vec::new();
+        set_blocked_condition(&mut waited, Some("Bundle a/b".into()), Some(3), now);
+        let c = api::find_condition(&waited, "DisruptionBlocked").expect("set");
+        assert!(c.is_true());
+        assert_eq!(
+            (c.reason.as_str(), c.message.as_str()),
+            ("DisruptionBudget", "Bundle a/b")
+        );
+        set_blocked_condition(&mut waited, None, Some(3), now);
+        let c = api::find_condition(&waited, "DisruptionBlocked").expect("set");
+        assert!(!c.is_true());
+        assert_eq!(c.reason, "BudgetAllows");
+    }
+
+    #[test]
+    fn limit_waits_name_the_setting() {
+        let (reason, message, bundle) = describe_wait(
+            3,
+            &WaitReason::GlobalLimit {
+                running: 5,
+                limit: 5,
+            },
+            0,
+        );
+        assert_eq!((reason, bundle), ("QueueFull", None));
+        assert!(message.contains("migration.maxParallel (5)"), "{message}");
+        let (reason, message, _) = describe_wait(
+            1,
+            &WaitReason::NodeLimit {
+                node: "n1".into(),
+                limit: 2,
+            },
+            0,
+        );
+        assert_eq!(reason, "NodeBusy");
+        assert!(message.contains("node n1"), "{message}");
+    }
+}
