@@ -9,13 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{
     self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
 };
-use automanager_e2e::stack::Stack;
+use automanager_e2e::stack::{Stack, free_port};
 use automanager_e2e::{apply, apply_example_pools, condition};
 use manager_client::proto::{
     CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
@@ -1020,4 +1020,174 @@ async fn hostile_deep_config() {
         .wait_bundle_phase("default", "after-deep", "Ready", WAIT)
         .await
         .unwrap();
+}
+
+/// A stack whose sim keeps its state in `state_dir` and listens on a fixed loopback port, so it
+/// can be killed and started again where the operator expects it.
+async fn stack_with_restartable_sim(state_dir: &Path) -> Stack {
+    let listen = format!("127.0.0.1:{}", free_port().unwrap());
+    Stack::start_custom(
+        &automanager_e2e::repo_root().join("deploy/demo/manager-sim.yaml"),
+        &[
+            "--state-dir",
+            state_dir.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ],
+        |_| {},
+    )
+    .await
+    .expect("stack")
+}
+
+/// Prints the lines of every log of the stack (operator, sim runs) that mention `needle`, at
+/// most 40 per log: what a failure message needs to say what happened to one job.
+fn print_log_lines(stack: &Stack, needle: &str) {
+    let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+        eprintln!(
+            "--- {} ({} lines mention {needle})",
+            path.display(),
+            lines.len()
+        );
+        for l in lines.iter().rev().take(40).rev() {
+            eprintln!("{}", &l[..l.len().min(400)]);
+        }
+    }
+}
+
+/// The job ids (`<bundle>/<replica>/<job>`) with a running normal instance in Manager now.
+async fn running_jobs(stack: &Stack) -> BTreeSet<String> {
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let (_, jobs, _) = manager_facts(&state);
+    jobs.iter()
+        .filter(|j| {
+            j.instances
+                .iter()
+                .any(|i| i.normal && i.state == reliability::InstanceState::Running)
+        })
+        .map(|j| format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name))
+        .collect()
+}
+
+/// How many instances of `job_id` the (restarted) sim has started.
+async fn starts_or_none(stack: &Stack, job_id: &str) -> usize {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    match admin
+        .job_history(JobHistoryRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+    {
+        Ok(h) => h.into_inner().starts.len(),
+        Err(s) if s.code() == tonic::Code::NotFound => 0,
+        Err(s) => panic!("job history of {job_id}: {s}"),
+    }
+}
+
+/// A wave of N bundles in four chunks; after the first has settled the second is applied and
+/// the sim is `kill -9`ed mid-reconcile; the third is applied while it is down; it comes back
+/// on the same address, with its state directory as it was (`wipe: false`) or emptied (`wipe:
+/// true`: a Manager that lost everything but its fixed nodes); the fourth follows.
+///
+/// With the state kept, the jobs that ran before the kill keep running where they were: the
+/// restarted sim never starts them again. With it wiped, the operator places every Bundle's
+/// jobs again (it owns the desired state; Manager's is rebuilt from the Bundles). Both: the
+/// invariants hold throughout and once settled.
+async fn sim_restart(scenario: &str, seed: u64, wipe: bool) {
+    let mut rng = Rng(seed);
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("sim-state");
+    let mut stack = stack_with_restartable_sim(&state_dir).await;
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    let bands = ["gold", "silver", "bronze"];
+    let prefix = if wipe { "wiped" } else { "kept" };
+    apply(&stack, &wave(prefix, 0, chunk, &mut rng, &bands)).await;
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(v.is_clean(), "before the kill ({took:?}):\n{}", v.details());
+    let before = running_jobs(&stack).await;
+    // Past the sim's periodic state write (every 250 ms): what ran before is on disk.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    apply(&stack, &wave(prefix, chunk, chunk, &mut rng, &bands)).await;
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    stack.sim.kill9();
+    let killed = Instant::now();
+    // Work that arrives while Manager is gone.
+    apply(&stack, &wave(prefix, 2 * chunk, chunk, &mut rng, &bands)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack
+        .restart_sim(wipe.then_some(state_dir.as_path()))
+        .unwrap();
+    let restarted = Instant::now();
+    eprintln!(
+        "{scenario}: the sim was down {:.1}s; {} jobs ran before the kill",
+        restarted.duration_since(killed).as_secs_f64(),
+        before.len()
+    );
+    let rest = n.saturating_sub(3 * chunk);
+    if rest > 0 {
+        apply(&stack, &wave(prefix, 3 * chunk, rest, &mut rng, &bands)).await;
+    }
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = restarted.elapsed();
+    v.merge(&monitor.stop().await.0);
+    if let Some(job) = v.lost.iter().next() {
+        print_log_lines(&stack, job.split(':').next().unwrap_or_default());
+    }
+    report(scenario, &v, took);
+
+    // What became of the jobs that ran before the kill.
+    let mut started_again = 0;
+    for job in &before {
+        if starts_or_none(&stack, job).await > 0 {
+            started_again += 1;
+        }
+    }
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let live_nodes = state
+        .nodes
+        .values()
+        .filter(|n| n.state() != manager_client::proto::NodeState::Terminated)
+        .count();
+    eprintln!(
+        "{scenario}: {started_again} of {} jobs that ran before the kill were started again; {} ManagerNode objects, {live_nodes} live nodes in Manager",
+        before.len(),
+        nodes["items"].as_array().map_or(0, Vec::len),
+    );
+    if wipe {
+        assert_eq!(
+            started_again,
+            before.len(),
+            "every job Manager forgot is placed again"
+        );
+    } else {
+        assert_eq!(
+            started_again, 0,
+            "with its state kept, Manager still runs them: none is placed again"
+        );
+    }
+}
+
+/// The sim killed mid-wave and restarted with its state directory as it was.
+#[tokio::test]
+async fn sim_restart_kept() {
+    sim_restart("sim-restart-kept", 0x0A11_0006, false).await;
+}
+
+/// The sim killed mid-wave and restarted with its state directory emptied.
+#[tokio::test]
+async fn sim_restart_wiped() {
+    sim_restart("sim-restart-wiped", 0x0A11_0007, true).await;
 }
