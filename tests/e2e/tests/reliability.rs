@@ -1191,3 +1191,141 @@ async fn sim_restart_kept() {
 async fn sim_restart_wiped() {
     sim_restart("sim-restart-wiped", 0x0A11_0007, true).await;
 }
+
+/// Does what a Deployment's kubelet does when the operator has exited: records how, and starts
+/// it again. Returns the exit status, if it had exited.
+async fn revive_operator(stack: &mut Stack) -> Option<std::process::ExitStatus> {
+    let status = stack.operator.exit_status()?;
+    restart_operator(stack).await;
+    Some(status)
+}
+
+/// Applies chunk `c` of a wave of `n` (four chunks) named `<prefix>-NNNN`.
+async fn apply_chunk(stack: &Stack, prefix: &str, c: usize, n: usize, rng: &mut Rng) {
+    let chunk = n.div_ceil(4);
+    let start = c * chunk;
+    let count = chunk.min(n.saturating_sub(start));
+    if count > 0 {
+        apply(
+            stack,
+            &wave(prefix, start, count, rng, &["gold", "silver", "bronze"]),
+        )
+        .await;
+    }
+}
+
+/// kube-apiserver paused (SIGSTOP) mid-wave for more than twice the operator's lease, then
+/// resumed (SIGCONT); etcd keeps running. The operator cannot renew its lease meanwhile: its
+/// write fence closes when the lease runs out, and once it sees it lost leadership it exits
+/// (status 1) for a fresh process to take over; the test restarts it as a Deployment would.
+/// The invariants hold throughout (Manager is never written twice for one job) and every
+/// Bundle settles.
+#[tokio::test]
+async fn apiserver_pause() {
+    const LEASE_S: u64 = 6;
+    const PAUSE: Duration = Duration::from_secs(15);
+    let mut rng = Rng(0x0A11_0008);
+    let mut stack = Stack::start_with(|c| {
+        c.insert(
+            "leaderElection".into(),
+            serde_json::json!({"enabled": true, "leaseNamespace": "default",
+                "leaseDuration": format!("{LEASE_S}s"), "renewEvery": "2s"}),
+        );
+    })
+    .await
+    .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    apply_chunk(&stack, "pause", 0, n, &mut rng).await;
+    apply_chunk(&stack, "pause", 1, n, &mut rng).await;
+    // Mid-reconcile: the second chunk is being placed when the apiserver freezes.
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    stack.env.pause_apiserver().unwrap();
+    let paused = Instant::now();
+    tokio::time::sleep(PAUSE).await;
+    stack.env.resume_apiserver().unwrap();
+    let resumed = Instant::now();
+    eprintln!(
+        "apiserver-pause: the apiserver was paused {:.1}s (lease {LEASE_S}s)",
+        resumed.duration_since(paused).as_secs_f64()
+    );
+    // The operator notices the lost lease at its next renewal after the resume.
+    let mut exits = Vec::new();
+    while resumed.elapsed() < Duration::from_secs(LEASE_S + 10) {
+        if let Some(s) = revive_operator(&mut stack).await {
+            exits.push(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let back = Instant::now();
+    eprintln!(
+        "apiserver-pause: the operator {} ({:.1}s after the resume it is ready)",
+        match exits.first() {
+            Some(s) => format!("exited ({s}) and was started again"),
+            None => "kept running".to_owned(),
+        },
+        back.duration_since(resumed).as_secs_f64()
+    );
+    apply_chunk(&stack, "pause", 2, n, &mut rng).await;
+    apply_chunk(&stack, "pause", 3, n, &mut rng).await;
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = resumed.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
+    let count = left["items"].as_array().map_or(0, Vec::len);
+    let died_again = stack
+        .operator
+        .exit_status()
+        .map(|s| format!("the operator exited again ({s})"));
+    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
+    report_with("apiserver-pause", &v, took, died_again.or(missing));
+}
+
+/// kube-apiserver killed (SIGKILL) mid-wave and started again on the same port and etcd: every
+/// watch of the operator breaks and its lease cannot be renewed until the apiserver is back.
+/// The invariants hold throughout and every Bundle settles; if the restart outlasts the lease
+/// the operator exits and is started again, as a Deployment would.
+#[tokio::test]
+async fn apiserver_restart() {
+    let mut rng = Rng(0x0A11_0009);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    apply_chunk(&stack, "apirestart", 0, n, &mut rng).await;
+    apply_chunk(&stack, "apirestart", 1, n, &mut rng).await;
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    let killed = Instant::now();
+    stack.env.restart_apiserver(WAIT).await.unwrap();
+    let restarted = Instant::now();
+    eprintln!(
+        "apiserver-restart: the apiserver was back {:.1}s after the kill",
+        restarted.duration_since(killed).as_secs_f64()
+    );
+    apply_chunk(&stack, "apirestart", 2, n, &mut rng).await;
+    // Long enough for a lost lease (15 s by default) to show as an exit.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let exited = revive_operator(&mut stack).await;
+    eprintln!(
+        "apiserver-restart: the operator {}",
+        match exited {
+            Some(s) => format!("exited ({s}) and was started again"),
+            None => "kept running".to_owned(),
+        }
+    );
+    apply_chunk(&stack, "apirestart", 3, n, &mut rng).await;
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = restarted.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
+    let count = left["items"].as_array().map_or(0, Vec::len);
+    let died_again = stack
+        .operator
+        .exit_status()
+        .map(|s| format!("the operator exited again ({s})"));
+    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
+    report_with("apiserver-restart", &v, took, died_again.or(missing));
+}
