@@ -1329,3 +1329,154 @@ async fn apiserver_restart() {
     let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
     report_with("apiserver-restart", &v, took, died_again.or(missing));
 }
+
+/// Pairs of Migrations of one job, each pair created together in one request, while the jobs'
+/// handovers are slow (the source answers `cutover-ready` only after 3 s): exactly one of each
+/// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
+/// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
+/// one migration target per job; the invariants hold throughout.
+#[tokio::test]
+async fn migration_race() {
+    const PAIRS: usize = 6;
+    let mut rng = Rng(0x0A11_000A);
+    let dir = tempfile::tempdir().unwrap();
+    let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
+    let stack = Stack::start_custom(&sim_config, &[], |_| {})
+        .await
+        .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    // A calm wave beside them, so the migrations are not the only work.
+    apply(
+        &stack,
+        &wave("beside", 0, 40, &mut rng, &["gold", "silver"]),
+    )
+    .await;
+    let mut bundles = String::new();
+    for i in 0..PAIRS {
+        bundles.push_str(&format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: race-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
+        ));
+    }
+    apply(&stack, &bundles).await;
+    for i in 0..PAIRS {
+        stack
+            .wait_bundle_phase("default", &format!("race-{i}"), "Ready", WAIT)
+            .await
+            .unwrap();
+        stack
+            .chaos(&[
+                "migration-behaviour",
+                &format!("default.race-{i}/0/enc"),
+                "slow-cutover",
+                "3000",
+            ])
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    // Both of a pair in one request: the apiserver gives them the same creation second.
+    let mut migrations = String::new();
+    for i in 0..PAIRS {
+        // Alternate which name sorts first, so the winner is not always the first document.
+        let (a, b) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        for side in [a, b] {
+            migrations.push_str(&format!(
+                "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: race-{i}-{side}, namespace: default}}\nspec:\n  job: {{bundle: race-{i}, replica: 0, jobName: enc}}\n---\n"
+            ));
+        }
+    }
+    apply(&stack, &migrations).await;
+    let created = Instant::now();
+    let mut failures = Vec::new();
+    for i in 0..PAIRS {
+        let pair: Vec<Value> = stack
+            .wait_for(&format!("pair race-{i} decided"), WAIT, || async {
+                let mut pair = Vec::new();
+                for side in ["a", "b"] {
+                    let m = stack
+                        .get_json(&["migration", &format!("race-{i}-{side}"), "-n", "default"])
+                        .await?;
+                    pair.push(m);
+                }
+                let ended = |m: &Value| {
+                    m["status"]["phase"] == "Completed"
+                        || m["status"]["phase"] == "Rejected"
+                        || m["status"]["phase"] == "Aborted"
+                        || m["status"]["phase"] == "Failed"
+                };
+                Ok(pair.iter().all(ended).then_some(pair))
+            })
+            .await
+            .unwrap();
+        let key = |m: &Value| {
+            (
+                m["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                m["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        };
+        let (first, second) = if key(&pair[0]) <= key(&pair[1]) {
+            (&pair[0], &pair[1])
+        } else {
+            (&pair[1], &pair[0])
+        };
+        let first_name = first["metadata"]["name"].as_str().unwrap_or_default();
+        let rejected = condition(second, "Rejected");
+        let phases = format!(
+            "{}={} {}={}",
+            first_name,
+            first["status"]["phase"],
+            second["metadata"]["name"],
+            second["status"]["phase"]
+        );
+        eprintln!(
+            "migration-race: {phases}; {}: {}",
+            rejected["reason"], rejected["message"]
+        );
+        if first["status"]["phase"] != "Completed"
+            || second["status"]["phase"] != "Rejected"
+            || rejected["reason"] != "ConcurrentMigration"
+            || !rejected["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(first_name))
+        {
+            failures.push(format!("race-{i}: {phases}, rejected condition {rejected}"));
+        }
+        // Manager started one target for the job: the one migration that proceeded.
+        let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.race-{i}/0/enc"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let targets = h
+            .starts
+            .iter()
+            .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
+            .count();
+        if targets != 1 {
+            failures.push(format!(
+                "race-{i}: Manager started {targets} migration targets"
+            ));
+        }
+    }
+    let decided = created.elapsed();
+    eprintln!(
+        "migration-race: {PAIRS} pairs decided {:.1}s after they were created",
+        decided.as_secs_f64()
+    );
+    let (mut v, took) = settle(&stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    report_with(
+        "migration-race",
+        &v,
+        took,
+        (!failures.is_empty()).then(|| failures.join("\n")),
+    );
+}
