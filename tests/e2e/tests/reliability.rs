@@ -1480,3 +1480,331 @@ async fn migration_race() {
         (!failures.is_empty()).then(|| failures.join("\n")),
     );
 }
+
+/// One generated object per (field, hostile value): `base` with `field` set to the value,
+/// named `<prefix>-<field index>-<value index>`; `(label, object)`.
+fn corpus_of(prefix: &str, base: &Value, fields: &[&str]) -> Vec<(String, Value)> {
+    let values = hostile_values();
+    let mut corpus = Vec::new();
+    for (f, field) in fields.iter().enumerate() {
+        for (v, (label, value)) in values.iter().enumerate() {
+            let mut o = base.clone();
+            o["metadata"]["name"] = Value::String(format!("{prefix}-{f:02}-{v:02}"));
+            set(&mut o, field, value.clone());
+            corpus.push((format!("{prefix} {field}={label}"), o));
+        }
+    }
+    corpus
+}
+
+/// Whether a refusal is clear: it says something, and not that something broke inside.
+fn unclear_refusal(err: &str) -> bool {
+    let err = err.trim();
+    err.is_empty() || err.contains("Internal error") || err.contains("panic")
+}
+
+/// A hostile-input corpus for the other kinds: Migrations (of a Bundle that is not the anchor),
+/// PlacementPools, HotSpareTargets (on a pool the anchor does not use), merge patches of a
+/// ManagerNode's spec and annotations, and operator config files checked with
+/// `automanager-operator config check`. Each is refused with a clear error or answered in its
+/// status (the operator observed its generation and set a phase or a condition with a reason);
+/// config files get exit 0 or 2 with a message, never a crash. The operator keeps running and a
+/// valid Bundle created first keeps its one start.
+#[tokio::test]
+#[ignore = "fails: HotSpareTargets naming a pool with control characters, or an instance type the pool does not offer, are accepted and never get a status (the operator retries every 5 s: `invalid uri character` from the kube client, `pool has no instance type` from Manager); docs/reliability.md"]
+async fn hostile_objects() {
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &valid_bundle("anchor").to_string()).await;
+    let mut victim = valid_bundle("victim");
+    set(&mut victim, "/spec/pools", serde_json::json!(["onprem"]));
+    apply(&stack, &victim.to_string()).await;
+    for b in ["anchor", "victim"] {
+        stack
+            .wait_bundle_phase("default", b, "Ready", WAIT)
+            .await
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+
+    let migration = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Migration",
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"job": {"bundle": "victim", "replica": 0, "jobName": "enc"}, "strategy": "overlap",
+            "targetNode": "onprem-b1", "abort": false}
+    });
+    let pool = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "PlacementPool",
+        "metadata": {"name": "p"},
+        "spec": {"kind": "aws", "region": "eu-west-1", "zones": ["eu-west-1a"], "packingStrategy": "binpack",
+            "scaleOut": "elastic", "maxNodes": 2,
+            "candidateInstanceTypes": [{"instanceType": "m5.xlarge", "totalCapacity": 100, "totalCores": 16, "capabilities": []}]}
+    });
+    let spares = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "HotSpareTarget",
+        "metadata": {"name": "s"},
+        "spec": {"pool": "aws-west", "targetCount": 1, "forBand": "gold",
+            "spec": {"instanceType": "m5.xlarge", "region": "us-west-2"}, "maxAge": "24h"}
+    });
+    let mut corpus = corpus_of(
+        "hm",
+        &migration,
+        &[
+            "/spec/job",
+            "/spec/job/bundle",
+            "/spec/job/replica",
+            "/spec/job/jobName",
+            "/spec/strategy",
+            "/spec/targetNode",
+            "/spec/abort",
+        ],
+    );
+    corpus.extend(corpus_of(
+        "hp",
+        &pool,
+        &[
+            "/spec/kind",
+            "/spec/region",
+            "/spec/zones",
+            "/spec/packingStrategy",
+            "/spec/scaleOut",
+            "/spec/maxNodes",
+            "/spec/candidateInstanceTypes",
+            "/spec/candidateInstanceTypes/0/totalCapacity",
+        ],
+    ));
+    corpus.extend(corpus_of(
+        "hs",
+        &spares,
+        &[
+            "/spec/pool",
+            "/spec/targetCount",
+            "/spec/forBand",
+            "/spec/spec",
+            "/spec/spec/instanceType",
+            "/spec/maxAge",
+        ],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let mut accepted = Vec::new();
+    let mut unclear = Vec::new();
+    let mut refused = 0;
+    for (i, (label, object)) in corpus.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        let out = stack
+            .env
+            .run_kubectl(["create", "-f", path.to_str().unwrap()])
+            .await
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if out.success() {
+            let kind = object["kind"].as_str().unwrap().to_lowercase();
+            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+            accepted.push((label.clone(), kind, name));
+        } else {
+            refused += 1;
+            if unclear_refusal(&out.stderr) {
+                unclear.push(format!(
+                    "{label}: {}",
+                    &out.stderr[..out.stderr.len().min(300)]
+                ));
+            }
+        }
+    }
+
+    // ManagerNode patches, on an on-prem node the anchor does not use.
+    let node = "onprem-a2";
+    let mut patched = 0;
+    for field in [
+        "/spec/cordoned",
+        "/spec/drain",
+        "/spec/drain/mode",
+        "/spec",
+        "/metadata/annotations",
+    ] {
+        for (label, value) in hostile_values() {
+            let mut patch = if field == "/spec/drain/mode" {
+                serde_json::json!({"spec": {"drain": {}}})
+            } else {
+                serde_json::json!({"spec": {}, "metadata": {}})
+            };
+            set(&mut patch, field, value);
+            let path = dir.path().join("patch.json");
+            std::fs::write(&path, patch.to_string()).unwrap();
+            let out = stack
+                .env
+                .run_kubectl([
+                    "patch",
+                    "managernode",
+                    node,
+                    "--type",
+                    "merge",
+                    "--patch-file",
+                    path.to_str().unwrap(),
+                ])
+                .await
+                .unwrap();
+            if out.success() {
+                patched += 1;
+            } else {
+                refused += 1;
+                if unclear_refusal(&out.stderr) {
+                    unclear.push(format!(
+                        "managernode {field}={label}: {}",
+                        &out.stderr[..out.stderr.len().min(300)]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        unclear.is_empty(),
+        "unclear refusals:\n{}",
+        unclear.join("\n")
+    );
+    assert!(
+        stack.operator.running(),
+        "the operator exited:\n{}",
+        stack.operator.log_text()
+    );
+    eprintln!(
+        "hostile-objects: {} objects and {} node patches; {refused} refused, {} objects and {patched} patches accepted",
+        corpus.len(),
+        5 * hostile_values().len(),
+        accepted.len()
+    );
+
+    // Every accepted object is answered in its status; what is not by the deadline is a failure,
+    // reported once the rest has run.
+    let deadline = Instant::now() + WAIT;
+    let (answers, unanswered) = loop {
+        let mut answers = Vec::new();
+        let mut waiting = Vec::new();
+        for (label, kind, name) in &accepted {
+            let mut args = vec!["get", kind.as_str(), name.as_str()];
+            if kind == "migration" {
+                args.extend(["-n", "default"]);
+            }
+            args.extend([
+                "-o",
+                "jsonpath={.metadata.generation}|{.status.observedGeneration}|{.status.phase}|{range .status.conditions[*]}{.type}={.status}:{.reason};{end}",
+            ]);
+            let out = stack.env.run_kubectl(&args).await.unwrap();
+            let fields: Vec<&str> = out.stdout.splitn(4, '|').collect();
+            match fields.as_slice() {
+                [generation, observed, phase, conditions]
+                    if generation == observed
+                        && (!phase.is_empty() || conditions.contains(':')) =>
+                {
+                    answers.push(format!("{label}: {phase} {conditions}"));
+                }
+                _ => waiting.push(format!("{label} ({name}): {}", out.stdout.trim())),
+            }
+        }
+        if waiting.is_empty() || Instant::now() > deadline {
+            break (answers, waiting);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    for a in &answers {
+        eprintln!("  accepted {a}");
+    }
+    let n = stack.get_json(&["managernode", node]).await.unwrap();
+    eprintln!(
+        "hostile-objects: {node} after the patches: generation {} observed {} spec {}",
+        n["metadata"]["generation"], n["status"]["observedGeneration"], n["spec"]
+    );
+
+    // Operator config files.
+    let operator = automanager_e2e::stack::binaries().unwrap().operator.clone();
+    let config = serde_json::json!({
+        "manager": {"url": "http://127.0.0.1:6789", "connectTimeout": "5s", "idleTimeout": "15s"},
+        "leaderElection": {"enabled": true, "leaseNamespace": "default", "leaseDuration": "15s", "renewEvery": "5s"},
+        "http": {"bindAddress": "127.0.0.1:8080"},
+        "bands": {"gold": {"onFailure": "restart", "maxRestartsPerHour": 6}},
+        "concurrency": {"bundles": 8},
+        "migration": {"drainParallelism": 2, "phaseTimeout": "60s"},
+        "nodeHealth": {"rejectionThreshold": 5, "rejectionWindow": "60s"},
+        "orphanSweep": {"enabled": true, "grace": "5m"},
+        "statusWriteInterval": "100ms",
+        "watchNamespaces": ["default"]
+    });
+    let configs = corpus_of(
+        "config",
+        &config,
+        &[
+            "/manager",
+            "/manager/url",
+            "/manager/connectTimeout",
+            "/leaderElection/leaseDuration",
+            "/leaderElection/renewEvery",
+            "/leaderElection/leaseNamespace",
+            "/http/bindAddress",
+            "/bands/gold",
+            "/bands/gold/maxRestartsPerHour",
+            "/concurrency/bundles",
+            "/migration/phaseTimeout",
+            "/nodeHealth/rejectionThreshold",
+            "/statusWriteInterval",
+            "/watchNamespaces",
+        ],
+    );
+    let (mut config_ok, mut config_refused, mut config_bad) = (0, 0, Vec::new());
+    for (label, mut c) in configs {
+        if let Some(m) = c.as_object_mut() {
+            m.remove("metadata");
+        }
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, c.to_string()).unwrap();
+        let out = std::process::Command::new(&operator)
+            .args(["config", "check", "--no-file-checks"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => config_ok += 1,
+            Some(2) if !unclear_refusal(&err) && err.contains("invalid") => config_refused += 1,
+            _ => config_bad.push(format!(
+                "{label}: {:?} {}",
+                out.status.code(),
+                &err[..err.len().min(300)]
+            )),
+        }
+    }
+    eprintln!(
+        "hostile-objects: config files: {config_ok} valid, {config_refused} refused with exit 2"
+    );
+    assert!(
+        config_bad.is_empty(),
+        "config check answered unclearly:\n{}",
+        config_bad.join("\n")
+    );
+
+    // The operator kept running and the anchor was not touched: one start, never stopped.
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for job in ["enc", "pkg"] {
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.anchor/0/{job}"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(h.starts.len(), 1, "the anchor's {job} was restarted");
+        assert_eq!(h.gaps, 0, "the anchor's {job} stopped running");
+    }
+    let since = Instant::now();
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    let failure = (!unanswered.is_empty()).then(|| {
+        format!(
+            "{} accepted objects never got a status within {WAIT:?}:\n{}",
+            unanswered.len(),
+            unanswered.join("\n")
+        )
+    });
+    report_with("hostile-objects", &v, since.elapsed(), failure);
+}
