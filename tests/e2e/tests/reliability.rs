@@ -826,6 +826,38 @@ enum Answer {
     Placed,
 }
 
+/// Creates each object of `corpus` with `kubectl create`; returns the accepted ones, how many
+/// were refused, and the refusals that were not clear (empty, or an internal error).
+async fn create_each(
+    stack: &Stack,
+    corpus: &[(String, Value)],
+) -> (Vec<(String, Value)>, usize, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut accepted = Vec::new();
+    let mut unclear = Vec::new();
+    let mut refused = 0;
+    for (i, (label, object)) in corpus.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        let out = stack
+            .env
+            .run_kubectl(["create", "-f", path.to_str().unwrap()])
+            .await
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if out.success() {
+            accepted.push((label.clone(), object.clone()));
+            continue;
+        }
+        refused += 1;
+        if unclear_refusal(&out.stderr) {
+            let err = out.stderr.trim();
+            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
+        }
+    }
+    (accepted, refused, unclear)
+}
+
 /// A generated corpus of hostile Bundles, each created with kubectl: each must be refused with
 /// a clear error or answered in its status (Stalled with a message, or placed when it is valid
 /// after all); the operator keeps running and a valid Bundle created first is untouched.
@@ -842,31 +874,11 @@ async fn hostile_input() {
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let corpus = hostile_corpus();
     assert!(corpus.len() >= 300, "{} objects", corpus.len());
-    let dir = tempfile::tempdir().unwrap();
-    let mut accepted = Vec::new();
-    let mut unclear = Vec::new();
-    let mut refused = 0;
-    for (i, (label, object)) in corpus.iter().enumerate() {
-        let path = dir.path().join(format!("{i}.json"));
-        std::fs::write(&path, object.to_string()).unwrap();
-        let out = stack
-            .env
-            .run_kubectl(["create", "-f", path.to_str().unwrap()])
-            .await
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        if out.success() {
-            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-            accepted.push((label.clone(), name));
-            continue;
-        }
-        refused += 1;
-        // A clear error names what is wrong; never an internal error or an empty message.
-        let err = out.stderr.trim();
-        if err.is_empty() || err.contains("Internal error") || err.contains("panic") {
-            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
-        }
-    }
+    let (accepted, refused, unclear) = create_each(&stack, &corpus).await;
+    let accepted: Vec<(String, String)> = accepted
+        .into_iter()
+        .map(|(label, o)| (label, o["metadata"]["name"].as_str().unwrap().to_owned()))
+        .collect();
     assert!(
         unclear.is_empty(),
         "unclear refusals:\n{}",
@@ -1214,6 +1226,28 @@ async fn apply_chunk(stack: &Stack, prefix: &str, c: usize, n: usize, rng: &mut 
     }
 }
 
+/// The end of an apiserver scenario: settles, adds the monitor's samples and reports, failing
+/// also when the operator exited again or not all `n` Bundles of the wave exist.
+async fn finish_wave(
+    stack: &mut Stack,
+    monitor: Monitor,
+    scenario: &str,
+    n: usize,
+    since: Instant,
+) {
+    let (mut v, _) = settle(stack, SETTLE).await.unwrap();
+    let took = since.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
+    let count = left["items"].as_array().map_or(0, Vec::len);
+    let died_again = stack
+        .operator
+        .exit_status()
+        .map(|s| format!("the operator exited again ({s})"));
+    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
+    report_with(scenario, &v, took, died_again.or(missing));
+}
+
 /// kube-apiserver paused (SIGSTOP) mid-wave for more than twice the operator's lease, then
 /// resumed (SIGCONT); etcd keeps running. The operator cannot renew its lease meanwhile: its
 /// write fence closes when the lease runs out, and once it sees it lost leadership it exits
@@ -1271,17 +1305,7 @@ async fn apiserver_pause() {
     );
     apply_chunk(&stack, "pause", 2, n, &mut rng).await;
     apply_chunk(&stack, "pause", 3, n, &mut rng).await;
-    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
-    let took = resumed.elapsed();
-    v.merge(&monitor.stop().await.0);
-    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
-    let count = left["items"].as_array().map_or(0, Vec::len);
-    let died_again = stack
-        .operator
-        .exit_status()
-        .map(|s| format!("the operator exited again ({s})"));
-    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
-    report_with("apiserver-pause", &v, took, died_again.or(missing));
+    finish_wave(&mut stack, monitor, "apiserver-pause", n, resumed).await;
 }
 
 /// kube-apiserver killed (SIGKILL) mid-wave and started again on the same port and etcd: every
@@ -1317,17 +1341,7 @@ async fn apiserver_restart() {
         }
     );
     apply_chunk(&stack, "apirestart", 3, n, &mut rng).await;
-    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
-    let took = restarted.elapsed();
-    v.merge(&monitor.stop().await.0);
-    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
-    let count = left["items"].as_array().map_or(0, Vec::len);
-    let died_again = stack
-        .operator
-        .exit_status()
-        .map(|s| format!("the operator exited again ({s})"));
-    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
-    report_with("apiserver-restart", &v, took, died_again.or(missing));
+    finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted).await;
 }
 
 /// Pairs of Migrations of one job, each pair created together in one request, while the jobs'
@@ -1586,32 +1600,18 @@ async fn hostile_objects() {
         ],
     ));
     let dir = tempfile::tempdir().unwrap();
-    let mut accepted = Vec::new();
-    let mut unclear = Vec::new();
-    let mut refused = 0;
-    for (i, (label, object)) in corpus.iter().enumerate() {
-        let path = dir.path().join(format!("{i}.json"));
-        std::fs::write(&path, object.to_string()).unwrap();
-        let out = stack
-            .env
-            .run_kubectl(["create", "-f", path.to_str().unwrap()])
-            .await
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        if out.success() {
-            let kind = object["kind"].as_str().unwrap().to_lowercase();
-            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-            accepted.push((label.clone(), kind, name));
-        } else {
-            refused += 1;
-            if unclear_refusal(&out.stderr) {
-                unclear.push(format!(
-                    "{label}: {}",
-                    &out.stderr[..out.stderr.len().min(300)]
-                ));
-            }
-        }
-    }
+    let (accepted, mut refused, mut unclear) = create_each(&stack, &corpus).await;
+    let accepted: Vec<(String, String, String)> = accepted
+        .into_iter()
+        .map(|(label, o)| {
+            let kind = o["kind"].as_str().unwrap().to_lowercase();
+            (
+                label,
+                kind,
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
 
     // ManagerNode patches, on an on-prem node the anchor does not use.
     let node = "onprem-a2";
