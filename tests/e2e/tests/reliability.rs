@@ -1808,3 +1808,120 @@ async fn hostile_objects() {
     });
     report_with("hostile-objects", &v, since.elapsed(), failure);
 }
+
+/// The operator's resident memory in KiB, from `/proc/<pid>/status`; the mean of three samples
+/// a second apart.
+async fn operator_rss_kib(stack: &Stack) -> u64 {
+    let pid = stack.operator.pid().unwrap();
+    let mut sum = 0;
+    for _ in 0..3 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        sum += status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    sum / 3
+}
+
+/// The soak's length after warm-up: `RELIABILITY_SOAK_S`, default 180 s.
+fn soak_time() -> Duration {
+    Duration::from_secs(
+        std::env::var("RELIABILITY_SOAK_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(180),
+    )
+}
+
+/// One round of the soak: `soak-race` created and deleted at once (a create/delete race on one
+/// name), and a tenth of the base wave (rotating) deleted and created again.
+async fn soak_round(stack: &Stack, round: usize, base: usize, rng: &mut Rng) {
+    apply(stack, &wave_bundle("soak-race", rng, &["gold", "silver"])).await;
+    kubectl(
+        stack,
+        &[
+            "delete",
+            "bundle",
+            "soak-race",
+            "-n",
+            "default",
+            "--wait=false",
+        ],
+    )
+    .await;
+    let tenth = base / 10;
+    let churn: Vec<String> = (0..tenth)
+        .map(|i| format!("soak-{:04}", (round * tenth + i) % base))
+        .collect();
+    let mut args = vec!["delete", "bundle", "-n", "default", "--wait=true"];
+    args.extend(churn.iter().map(String::as_str));
+    kubectl(stack, &args).await;
+    let again: String = churn
+        .iter()
+        .map(|name| wave_bundle(name, rng, &["gold", "silver", "bronze"]))
+        .collect();
+    apply(stack, &again).await;
+}
+
+/// A create/delete loop on one name plus 10 % churn of 100 Bundles per round, for a minute of
+/// warm-up and then `RELIABILITY_SOAK_S`: the operator's RSS at the end is within ±10 % of its
+/// RSS after the warm-up, and the invariants hold throughout and once settled.
+#[tokio::test]
+#[ignore = "fails: its one run saw a node over capacity while it churned (aws-east-29, 104/100); whether Manager or the checker (a recreated job's new requirement applied to its old stopping instance) is at fault is not established; docs/reliability.md"]
+async fn soak() {
+    const BASE: usize = 100;
+    const WARM_UP: Duration = Duration::from_secs(60);
+    let mut rng = Rng(0x0A11_000B);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(
+        &stack,
+        &wave("soak", 0, BASE, &mut rng, &["gold", "silver", "bronze"]),
+    )
+    .await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < WARM_UP {
+        soak_round(&stack, round, BASE, &mut rng).await;
+        round += 1;
+    }
+    let rss_start = operator_rss_kib(&stack).await;
+    let warm_rounds = round;
+    let soaking = Instant::now();
+    let mut samples = vec![rss_start];
+    let mut next_sample = Instant::now() + Duration::from_secs(30);
+    while soaking.elapsed() < soak_time() {
+        soak_round(&stack, round, BASE, &mut rng).await;
+        round += 1;
+        if Instant::now() > next_sample {
+            samples.push(operator_rss_kib(&stack).await);
+            next_sample = Instant::now() + Duration::from_secs(30);
+        }
+    }
+    let rss_end = operator_rss_kib(&stack).await;
+    samples.push(rss_end);
+    let last = Instant::now();
+    let change = (rss_end as f64 - rss_start as f64) / rss_start as f64;
+    println!(
+        "reliability soak rss_start_kib={rss_start} rss_end_kib={rss_end} change_pct={:.1} rounds={} warm_up_rounds={warm_rounds} soak_s={:.0}",
+        change * 100.0,
+        round - warm_rounds,
+        soaking.elapsed().as_secs_f64()
+    );
+    eprintln!("soak: RSS samples (KiB): {samples:?}");
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = last.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let grew = (change.abs() > 0.10).then(|| {
+        format!(
+            "the operator's RSS went from {rss_start} KiB to {rss_end} KiB ({:.1} %)",
+            change * 100.0
+        )
+    });
+    report_with("soak", &v, took, grew);
+}
