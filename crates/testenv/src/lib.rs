@@ -49,6 +49,7 @@ mod state;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,7 +64,7 @@ pub use kubectl::{CommandOutput, KUBECTL_TIMEOUT};
 pub use state::{State, export_lines, shell_quote};
 
 use args::{Layout, Ports};
-use process::Supervised;
+use process::{Signal, Supervised};
 
 /// How long [`TestEnvBuilder::start`] waits for readiness unless told otherwise. Generous:
 /// a cold start takes ~2 s, but CI machines are shared.
@@ -229,8 +230,9 @@ impl TestEnvBuilder {
             &layout.etcd_log(),
         )?));
 
+        let apiserver_args = args::apiserver_args(&layout, ports, &self.apiserver_args);
         let mut apiserver = Command::new(bin_dir.join("kube-apiserver"));
-        apiserver.args(args::apiserver_args(&layout, ports, &self.apiserver_args));
+        apiserver.args(&apiserver_args);
         processes.apiserver = Some(Mutex::new(spawn_logged(
             apiserver,
             "kube-apiserver",
@@ -249,6 +251,8 @@ impl TestEnvBuilder {
         let mut env = TestEnv {
             layout,
             bin_dir: bin_dir.to_path_buf(),
+            apiserver_args,
+            apiserver_restarts: AtomicU32::new(0),
             server_url,
             etcd_url: args::etcd_url(ports),
             kubeconfig_path,
@@ -273,6 +277,10 @@ impl TestEnvBuilder {
 pub struct TestEnv {
     layout: Layout,
     bin_dir: PathBuf,
+    /// kube-apiserver's command line, to start it again on the same ports and etcd.
+    apiserver_args: Vec<String>,
+    /// How many times it was restarted (each run keeps its own log).
+    apiserver_restarts: AtomicU32,
     server_url: String,
     etcd_url: String,
     kubeconfig_path: PathBuf,
@@ -365,6 +373,54 @@ impl TestEnv {
         self.startup
     }
 
+    /// Pauses (`SIGSTOP`) kube-apiserver: it keeps its connections and answers nothing until
+    /// [`TestEnv::resume_apiserver`]. etcd keeps running.
+    pub fn pause_apiserver(&self) -> Result<(), Error> {
+        self.signal_apiserver(Signal::Stop)
+    }
+
+    /// Resumes (`SIGCONT`) a paused kube-apiserver.
+    pub fn resume_apiserver(&self) -> Result<(), Error> {
+        self.signal_apiserver(Signal::Cont)
+    }
+
+    fn signal_apiserver(&self, signal: Signal) -> Result<(), Error> {
+        let pid = self.apiserver_pid();
+        process::send_signal(pid, signal).map_err(|e| {
+            Error::io(
+                format!("sending {signal:?} to kube-apiserver (pid {pid})"),
+                e,
+            )
+        })
+    }
+
+    /// Kills kube-apiserver (`SIGKILL`: no graceful shutdown) and starts it again with the same
+    /// flags, on the same port and the same etcd (which keeps running, so nothing stored is
+    /// lost), then waits until it is ready again. The kubeconfig stays valid. The previous
+    /// run's log is kept as `kube-apiserver.<n>.log`.
+    pub async fn restart_apiserver(&self, timeout: Duration) -> Result<(), Error> {
+        let Some(slot) = &self.processes.apiserver else {
+            return Err(Error::io(
+                "restarting kube-apiserver".to_owned(),
+                std::io::Error::other("it was never started"),
+            ));
+        };
+        let n = self.apiserver_restarts.fetch_add(1, Ordering::SeqCst) + 1;
+        let log = self.layout.apiserver_log();
+        {
+            let mut old = lock(slot);
+            old.kill()
+                .map_err(|e| Error::io(format!("killing kube-apiserver (pid {})", old.pid()), e))?;
+            let kept = self.layout.root.join(format!("kube-apiserver.{n}.log"));
+            std::fs::rename(&log, &kept)
+                .map_err(|e| Error::io(format!("keeping {}", log.display()), e))?;
+            let mut cmd = Command::new(self.bin_dir.join("kube-apiserver"));
+            cmd.args(&self.apiserver_args);
+            *old = spawn_logged(cmd, "kube-apiserver", &self.layout.root, &log)?;
+        }
+        self.wait_ready(timeout).await
+    }
+
     /// Fails with [`Error::ProcessDied`] if etcd or kube-apiserver has exited.
     pub fn check_processes(&self) -> Result<(), Error> {
         for process in [&self.processes.etcd, &self.processes.apiserver]
@@ -407,7 +463,7 @@ impl TestEnv {
         cmd
     }
 
-    async fn wait_ready(&mut self, timeout: Duration) -> Result<(), Error> {
+    async fn wait_ready(&self, timeout: Duration) -> Result<(), Error> {
         let deadline = Instant::now() + timeout;
         let namespaces: kube::Api<Namespace> = kube::Api::all(self.client.clone());
         loop {

@@ -27,6 +27,10 @@ pub enum Signal {
     Kill,
     /// Interrupt (Ctrl-C).
     Int,
+    /// Pause (cannot be caught): the process stays, frozen.
+    Stop,
+    /// Resume a paused process.
+    Cont,
 }
 
 impl Signal {
@@ -35,6 +39,8 @@ impl Signal {
             Signal::Term => libc::SIGTERM,
             Signal::Kill => libc::SIGKILL,
             Signal::Int => libc::SIGINT,
+            Signal::Stop => libc::SIGSTOP,
+            Signal::Cont => libc::SIGCONT,
         }
     }
 }
@@ -171,6 +177,17 @@ impl Supervised {
             self.status = self.child.try_wait().ok().flatten();
         }
         self.status
+    }
+
+    /// SIGKILL at once (also when paused), and reaps the process.
+    pub(crate) fn kill(&mut self) -> io::Result<ExitStatus> {
+        if let Some(status) = self.exited() {
+            return Ok(status);
+        }
+        self.child.kill()?;
+        let status = self.child.wait()?;
+        self.status = Some(status);
+        Ok(status)
     }
 
     /// SIGTERM, then SIGKILL once `grace` has passed; always reaps the process.

@@ -363,6 +363,42 @@ async fn a_control_plane_process_that_dies_is_reported() {
 }
 
 #[tokio::test]
+async fn a_paused_apiserver_answers_after_resume_and_a_restarted_one_keeps_etcds_data() {
+    if !support::control_plane_available() {
+        return;
+    }
+    let env = TestEnv::start().await.unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(env.client(), "default");
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("kept".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    maps.create(&PostParams::default(), &cm).await.unwrap();
+
+    env.pause_apiserver().unwrap();
+    let paused = tokio::time::timeout(Duration::from_secs(2), maps.get("kept")).await;
+    assert!(paused.is_err(), "a paused apiserver answered");
+    env.resume_apiserver().unwrap();
+    maps.get("kept").await.unwrap();
+
+    let old_pid = env.apiserver_pid();
+    let etcd_pid = env.etcd_pid();
+    env.restart_apiserver(Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_ne!(env.apiserver_pid(), old_pid);
+    assert!(!is_running(old_pid), "the old apiserver still runs");
+    assert_eq!(env.etcd_pid(), etcd_pid, "etcd was kept");
+    // Same port, same credentials, same data; the previous run's log is kept.
+    maps.get("kept").await.unwrap();
+    assert!(env.dir().join("kube-apiserver.1.log").exists());
+    env.check_processes().unwrap();
+}
+
+#[tokio::test]
 async fn crds_are_waited_for_until_established_and_served() {
     if !support::control_plane_available() {
         return;

@@ -257,14 +257,37 @@ pub fn check(world: &World) -> Violations {
                     continue;
                 }
                 let why = match jobs.get(&(b.id.as_str(), replica, name.as_str())) {
-                    None => Some("no job in Manager"),
+                    None => Some("no job in Manager".to_owned()),
                     Some(j) => {
                         let running = j.instances.iter().any(|i| {
                             i.normal
                                 && i.state == InstanceState::Running
                                 && started.contains(i.node_id.as_str())
                         });
-                        (!running).then_some("not running on a started node")
+                        (!running).then(|| {
+                            // Where it is instead, to tell a stuck start from a dead node.
+                            let instances: Vec<String> = j
+                                .instances
+                                .iter()
+                                .map(|i| {
+                                    let node = if started.contains(i.node_id.as_str()) {
+                                        "started"
+                                    } else {
+                                        "not started"
+                                    };
+                                    format!(
+                                        "{}{:?} on {} ({node})",
+                                        if i.normal { "" } else { "target " },
+                                        i.state,
+                                        i.node_id
+                                    )
+                                })
+                                .collect();
+                            format!(
+                                "not running on a started node (instances: [{}])",
+                                instances.join(", ")
+                            )
+                        })
                     }
                 };
                 if let Some(why) = why {

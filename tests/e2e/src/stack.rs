@@ -81,6 +81,13 @@ impl Proc {
         self.child.as_ref().map(Child::id)
     }
 
+    /// The exit status, once the process has exited (None while it runs or was never started).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// Whether the process is still running.
     pub fn running(&mut self) -> bool {
         self.child
@@ -152,6 +159,11 @@ pub struct Stack {
     pub sim: Proc,
     /// `http://127.0.0.1:PORT` of the simulated Manager.
     pub sim_endpoint: String,
+    /// How the sim was started (its config file and extra arguments), for [`Stack::restart_sim`].
+    sim_config: PathBuf,
+    sim_args: Vec<String>,
+    /// How many times the sim was restarted (each run keeps its own log).
+    sim_restarts: u32,
     /// `http://127.0.0.1:PORT` of the operator's HTTP server (health, readiness, metrics).
     pub operator_http: String,
     /// `http://127.0.0.1:PORT` of the operator's debugging API (`/debug/trace`, `/v1/what-if`).
@@ -165,7 +177,8 @@ pub struct Stack {
     pub env: TestEnv,
 }
 
-fn free_port() -> Result<u16, SetupError> {
+/// A free loopback port (free when asked; another process may take it before it is bound).
+pub fn free_port() -> Result<u16, SetupError> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SetupError(e.to_string()))?;
     Ok(l.local_addr()
         .map_err(|e| SetupError(e.to_string()))?
@@ -304,6 +317,9 @@ impl Stack {
             },
             sim,
             sim_endpoint,
+            sim_config: sim_config.to_path_buf(),
+            sim_args: sim_args.iter().map(|a| (*a).to_owned()).collect(),
+            sim_restarts: 0,
             operator_http: format!("http://127.0.0.1:{http_port}"),
             operator_debug_http: format!("http://127.0.0.1:{debug_port}"),
             config_path,
@@ -360,6 +376,35 @@ impl Stack {
             },
             format!("http://{http}"),
         ))
+    }
+
+    /// Kills the sim (SIGKILL: nothing flushed beyond its last periodic state write) and starts
+    /// it again with the same config and arguments, so on the same `--listen` address when the
+    /// stack was started with one. With `wipe_state_dir`, that directory is emptied first: the
+    /// sim comes back as a Manager that lost its state. The old run's log is kept beside the
+    /// new one.
+    pub fn restart_sim(&mut self, wipe_state_dir: Option<&Path>) -> Result<(), SetupError> {
+        self.sim.kill9();
+        self.sim_restarts += 1;
+        let kept = self
+            .dir
+            .path()
+            .join(format!("manager-sim.{}.log", self.sim_restarts));
+        let _ = std::fs::rename(&self.sim.log, kept);
+        if let Some(dir) = wipe_state_dir {
+            std::fs::remove_dir_all(dir)
+                .map_err(|e| SetupError(format!("wiping {}: {e}", dir.display())))?;
+        }
+        let args: Vec<&str> = self.sim_args.iter().map(String::as_str).collect();
+        let (sim, endpoint) = start_sim(self.dir.path(), &self.sim_config, None, &args)?;
+        if endpoint != self.sim_endpoint {
+            return Err(SetupError(format!(
+                "the restarted sim listens on {endpoint}, not {} (start it with --listen)",
+                self.sim_endpoint
+            )));
+        }
+        self.sim = sim;
+        Ok(())
     }
 
     /// Waits until the operator's `/readyz` answers 200.

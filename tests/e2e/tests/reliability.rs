@@ -9,13 +9,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{
     self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
 };
-use automanager_e2e::stack::Stack;
+use automanager_e2e::stack::{Stack, free_port};
 use automanager_e2e::{apply, apply_example_pools, condition};
 use manager_client::proto::{
     CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
@@ -826,6 +826,38 @@ enum Answer {
     Placed,
 }
 
+/// Creates each object of `corpus` with `kubectl create`; returns the accepted ones, how many
+/// were refused, and the refusals that were not clear (empty, or an internal error).
+async fn create_each(
+    stack: &Stack,
+    corpus: &[(String, Value)],
+) -> (Vec<(String, Value)>, usize, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut accepted = Vec::new();
+    let mut unclear = Vec::new();
+    let mut refused = 0;
+    for (i, (label, object)) in corpus.iter().enumerate() {
+        let path = dir.path().join(format!("{i}.json"));
+        std::fs::write(&path, object.to_string()).unwrap();
+        let out = stack
+            .env
+            .run_kubectl(["create", "-f", path.to_str().unwrap()])
+            .await
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if out.success() {
+            accepted.push((label.clone(), object.clone()));
+            continue;
+        }
+        refused += 1;
+        if unclear_refusal(&out.stderr) {
+            let err = out.stderr.trim();
+            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
+        }
+    }
+    (accepted, refused, unclear)
+}
+
 /// A generated corpus of hostile Bundles, each created with kubectl: each must be refused with
 /// a clear error or answered in its status (Stalled with a message, or placed when it is valid
 /// after all); the operator keeps running and a valid Bundle created first is untouched.
@@ -842,31 +874,11 @@ async fn hostile_input() {
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let corpus = hostile_corpus();
     assert!(corpus.len() >= 300, "{} objects", corpus.len());
-    let dir = tempfile::tempdir().unwrap();
-    let mut accepted = Vec::new();
-    let mut unclear = Vec::new();
-    let mut refused = 0;
-    for (i, (label, object)) in corpus.iter().enumerate() {
-        let path = dir.path().join(format!("{i}.json"));
-        std::fs::write(&path, object.to_string()).unwrap();
-        let out = stack
-            .env
-            .run_kubectl(["create", "-f", path.to_str().unwrap()])
-            .await
-            .unwrap();
-        std::fs::remove_file(&path).unwrap();
-        if out.success() {
-            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
-            accepted.push((label.clone(), name));
-            continue;
-        }
-        refused += 1;
-        // A clear error names what is wrong; never an internal error or an empty message.
-        let err = out.stderr.trim();
-        if err.is_empty() || err.contains("Internal error") || err.contains("panic") {
-            unclear.push(format!("{label}: {}", &err[..err.len().min(300)]));
-        }
-    }
+    let (accepted, refused, unclear) = create_each(&stack, &corpus).await;
+    let accepted: Vec<(String, String)> = accepted
+        .into_iter()
+        .map(|(label, o)| (label, o["metadata"]["name"].as_str().unwrap().to_owned()))
+        .collect();
     assert!(
         unclear.is_empty(),
         "unclear refusals:\n{}",
@@ -1020,4 +1032,896 @@ async fn hostile_deep_config() {
         .wait_bundle_phase("default", "after-deep", "Ready", WAIT)
         .await
         .unwrap();
+}
+
+/// A stack whose sim keeps its state in `state_dir` and listens on a fixed loopback port, so it
+/// can be killed and started again where the operator expects it.
+async fn stack_with_restartable_sim(state_dir: &Path) -> Stack {
+    let listen = format!("127.0.0.1:{}", free_port().unwrap());
+    Stack::start_custom(
+        &automanager_e2e::repo_root().join("deploy/demo/manager-sim.yaml"),
+        &[
+            "--state-dir",
+            state_dir.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ],
+        |_| {},
+    )
+    .await
+    .expect("stack")
+}
+
+/// Prints the lines of every log of the stack (operator, sim runs) that mention `needle`, at
+/// most 40 per log: what a failure message needs to say what happened to one job.
+fn print_log_lines(stack: &Stack, needle: &str) {
+    let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+        eprintln!(
+            "--- {} ({} lines mention {needle})",
+            path.display(),
+            lines.len()
+        );
+        for l in lines.iter().rev().take(40).rev() {
+            eprintln!("{}", &l[..l.len().min(400)]);
+        }
+    }
+}
+
+/// The job ids (`<bundle>/<replica>/<job>`) with a running normal instance in Manager now.
+async fn running_jobs(stack: &Stack) -> BTreeSet<String> {
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let (_, jobs, _) = manager_facts(&state);
+    jobs.iter()
+        .filter(|j| {
+            j.instances
+                .iter()
+                .any(|i| i.normal && i.state == reliability::InstanceState::Running)
+        })
+        .map(|j| format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name))
+        .collect()
+}
+
+/// How many instances of `job_id` the (restarted) sim has started.
+async fn starts_or_none(stack: &Stack, job_id: &str) -> usize {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    match admin
+        .job_history(JobHistoryRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+    {
+        Ok(h) => h.into_inner().starts.len(),
+        Err(s) if s.code() == tonic::Code::NotFound => 0,
+        Err(s) => panic!("job history of {job_id}: {s}"),
+    }
+}
+
+/// A wave of N bundles in four chunks; after the first has settled the second is applied and
+/// the sim is `kill -9`ed mid-reconcile; the third is applied while it is down; it comes back
+/// on the same address, with its state directory as it was (`wipe: false`) or emptied (`wipe:
+/// true`: a Manager that lost everything but its fixed nodes); the fourth follows.
+///
+/// With the state kept, the jobs that ran before the kill keep running where they were: the
+/// restarted sim never starts them again. With it wiped, the operator places every Bundle's
+/// jobs again (it owns the desired state; Manager's is rebuilt from the Bundles). Both: the
+/// invariants hold throughout and once settled.
+async fn sim_restart(scenario: &str, seed: u64, wipe: bool) {
+    let mut rng = Rng(seed);
+    let state = tempfile::tempdir().unwrap();
+    let state_dir = state.path().join("sim-state");
+    let mut stack = stack_with_restartable_sim(&state_dir).await;
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    let chunk = n.div_ceil(4);
+    let bands = ["gold", "silver", "bronze"];
+    let prefix = if wipe { "wiped" } else { "kept" };
+    apply(&stack, &wave(prefix, 0, chunk, &mut rng, &bands)).await;
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(v.is_clean(), "before the kill ({took:?}):\n{}", v.details());
+    let before = running_jobs(&stack).await;
+    // Past the sim's periodic state write (every 250 ms): what ran before is on disk.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    apply(&stack, &wave(prefix, chunk, chunk, &mut rng, &bands)).await;
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    stack.sim.kill9();
+    let killed = Instant::now();
+    // Work that arrives while Manager is gone.
+    apply(&stack, &wave(prefix, 2 * chunk, chunk, &mut rng, &bands)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stack
+        .restart_sim(wipe.then_some(state_dir.as_path()))
+        .unwrap();
+    let restarted = Instant::now();
+    eprintln!(
+        "{scenario}: the sim was down {:.1}s; {} jobs ran before the kill",
+        restarted.duration_since(killed).as_secs_f64(),
+        before.len()
+    );
+    let rest = n.saturating_sub(3 * chunk);
+    if rest > 0 {
+        apply(&stack, &wave(prefix, 3 * chunk, rest, &mut rng, &bands)).await;
+    }
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = restarted.elapsed();
+    v.merge(&monitor.stop().await.0);
+    if let Some(job) = v.lost.iter().next() {
+        print_log_lines(&stack, job.split(':').next().unwrap_or_default());
+    }
+    report(scenario, &v, took);
+
+    // What became of the jobs that ran before the kill.
+    let mut started_again = 0;
+    for job in &before {
+        if starts_or_none(&stack, job).await > 0 {
+            started_again += 1;
+        }
+    }
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let live_nodes = state
+        .nodes
+        .values()
+        .filter(|n| n.state() != manager_client::proto::NodeState::Terminated)
+        .count();
+    eprintln!(
+        "{scenario}: {started_again} of {} jobs that ran before the kill were started again; {} ManagerNode objects, {live_nodes} live nodes in Manager",
+        before.len(),
+        nodes["items"].as_array().map_or(0, Vec::len),
+    );
+    if wipe {
+        assert_eq!(
+            started_again,
+            before.len(),
+            "every job Manager forgot is placed again"
+        );
+    } else {
+        assert_eq!(
+            started_again, 0,
+            "with its state kept, Manager still runs them: none is placed again"
+        );
+    }
+}
+
+/// The sim killed mid-wave and restarted with its state directory as it was.
+#[tokio::test]
+async fn sim_restart_kept() {
+    sim_restart("sim-restart-kept", 0x0A11_0006, false).await;
+}
+
+/// The sim killed mid-wave and restarted with its state directory emptied.
+#[tokio::test]
+async fn sim_restart_wiped() {
+    sim_restart("sim-restart-wiped", 0x0A11_0007, true).await;
+}
+
+/// Does what a Deployment's kubelet does when the operator has exited: records how, and starts
+/// it again. Returns the exit status, if it had exited.
+async fn revive_operator(stack: &mut Stack) -> Option<std::process::ExitStatus> {
+    let status = stack.operator.exit_status()?;
+    restart_operator(stack).await;
+    Some(status)
+}
+
+/// Applies chunk `c` of a wave of `n` (four chunks) named `<prefix>-NNNN`.
+async fn apply_chunk(stack: &Stack, prefix: &str, c: usize, n: usize, rng: &mut Rng) {
+    let chunk = n.div_ceil(4);
+    let start = c * chunk;
+    let count = chunk.min(n.saturating_sub(start));
+    if count > 0 {
+        apply(
+            stack,
+            &wave(prefix, start, count, rng, &["gold", "silver", "bronze"]),
+        )
+        .await;
+    }
+}
+
+/// The end of an apiserver scenario: settles, adds the monitor's samples and reports, failing
+/// also when the operator exited again or not all `n` Bundles of the wave exist.
+async fn finish_wave(
+    stack: &mut Stack,
+    monitor: Monitor,
+    scenario: &str,
+    n: usize,
+    since: Instant,
+) {
+    let (mut v, _) = settle(stack, SETTLE).await.unwrap();
+    let took = since.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let left = stack.get_json(&["bundles", "-n", "default"]).await.unwrap();
+    let count = left["items"].as_array().map_or(0, Vec::len);
+    let died_again = stack
+        .operator
+        .exit_status()
+        .map(|s| format!("the operator exited again ({s})"));
+    let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
+    report_with(scenario, &v, took, died_again.or(missing));
+}
+
+/// kube-apiserver paused (SIGSTOP) mid-wave for more than twice the operator's lease, then
+/// resumed (SIGCONT); etcd keeps running. The operator cannot renew its lease meanwhile: its
+/// write fence closes when the lease runs out, and once it sees it lost leadership it exits
+/// (status 1) for a fresh process to take over; the test restarts it as a Deployment would.
+/// The invariants hold throughout (Manager is never written twice for one job) and every
+/// Bundle settles.
+#[tokio::test]
+async fn apiserver_pause() {
+    const LEASE_S: u64 = 6;
+    const PAUSE: Duration = Duration::from_secs(15);
+    let mut rng = Rng(0x0A11_0008);
+    let mut stack = Stack::start_with(|c| {
+        c.insert(
+            "leaderElection".into(),
+            serde_json::json!({"enabled": true, "leaseNamespace": "default",
+                "leaseDuration": format!("{LEASE_S}s"), "renewEvery": "2s"}),
+        );
+    })
+    .await
+    .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    apply_chunk(&stack, "pause", 0, n, &mut rng).await;
+    apply_chunk(&stack, "pause", 1, n, &mut rng).await;
+    // Mid-reconcile: the second chunk is being placed when the apiserver freezes.
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    stack.env.pause_apiserver().unwrap();
+    let paused = Instant::now();
+    tokio::time::sleep(PAUSE).await;
+    stack.env.resume_apiserver().unwrap();
+    let resumed = Instant::now();
+    eprintln!(
+        "apiserver-pause: the apiserver was paused {:.1}s (lease {LEASE_S}s)",
+        resumed.duration_since(paused).as_secs_f64()
+    );
+    // The operator notices the lost lease at its next renewal after the resume.
+    let mut exits = Vec::new();
+    while resumed.elapsed() < Duration::from_secs(LEASE_S + 10) {
+        if let Some(s) = revive_operator(&mut stack).await {
+            exits.push(s);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let back = Instant::now();
+    eprintln!(
+        "apiserver-pause: the operator {} ({:.1}s after the resume it is ready)",
+        match exits.first() {
+            Some(s) => format!("exited ({s}) and was started again"),
+            None => "kept running".to_owned(),
+        },
+        back.duration_since(resumed).as_secs_f64()
+    );
+    apply_chunk(&stack, "pause", 2, n, &mut rng).await;
+    apply_chunk(&stack, "pause", 3, n, &mut rng).await;
+    finish_wave(&mut stack, monitor, "apiserver-pause", n, resumed).await;
+}
+
+/// kube-apiserver killed (SIGKILL) mid-wave and started again on the same port and etcd: every
+/// watch of the operator breaks and its lease cannot be renewed until the apiserver is back.
+/// The invariants hold throughout and every Bundle settles; if the restart outlasts the lease
+/// the operator exits and is started again, as a Deployment would.
+#[tokio::test]
+async fn apiserver_restart() {
+    let mut rng = Rng(0x0A11_0009);
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let n = wave_size();
+    apply_chunk(&stack, "apirestart", 0, n, &mut rng).await;
+    apply_chunk(&stack, "apirestart", 1, n, &mut rng).await;
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+    let killed = Instant::now();
+    stack.env.restart_apiserver(WAIT).await.unwrap();
+    let restarted = Instant::now();
+    eprintln!(
+        "apiserver-restart: the apiserver was back {:.1}s after the kill",
+        restarted.duration_since(killed).as_secs_f64()
+    );
+    apply_chunk(&stack, "apirestart", 2, n, &mut rng).await;
+    // Long enough for a lost lease (15 s by default) to show as an exit.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let exited = revive_operator(&mut stack).await;
+    eprintln!(
+        "apiserver-restart: the operator {}",
+        match exited {
+            Some(s) => format!("exited ({s}) and was started again"),
+            None => "kept running".to_owned(),
+        }
+    );
+    apply_chunk(&stack, "apirestart", 3, n, &mut rng).await;
+    finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted).await;
+}
+
+/// Pairs of Migrations of one job, each pair created together in one request, while the jobs'
+/// handovers are slow (the source answers `cutover-ready` only after 3 s): exactly one of each
+/// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
+/// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
+/// one migration target per job; the invariants hold throughout.
+#[tokio::test]
+async fn migration_race() {
+    const PAIRS: usize = 6;
+    let mut rng = Rng(0x0A11_000A);
+    let dir = tempfile::tempdir().unwrap();
+    let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
+    let stack = Stack::start_custom(&sim_config, &[], |_| {})
+        .await
+        .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    // A calm wave beside them, so the migrations are not the only work.
+    apply(
+        &stack,
+        &wave("beside", 0, 40, &mut rng, &["gold", "silver"]),
+    )
+    .await;
+    let mut bundles = String::new();
+    for i in 0..PAIRS {
+        bundles.push_str(&format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: race-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
+        ));
+    }
+    apply(&stack, &bundles).await;
+    for i in 0..PAIRS {
+        stack
+            .wait_bundle_phase("default", &format!("race-{i}"), "Ready", WAIT)
+            .await
+            .unwrap();
+        stack
+            .chaos(&[
+                "migration-behaviour",
+                &format!("default.race-{i}/0/enc"),
+                "slow-cutover",
+                "3000",
+            ])
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    // Both of a pair in one request: the apiserver gives them the same creation second.
+    let mut migrations = String::new();
+    for i in 0..PAIRS {
+        // Alternate which name sorts first, so the winner is not always the first document.
+        let (a, b) = if i % 2 == 0 { ("a", "b") } else { ("b", "a") };
+        for side in [a, b] {
+            migrations.push_str(&format!(
+                "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: race-{i}-{side}, namespace: default}}\nspec:\n  job: {{bundle: race-{i}, replica: 0, jobName: enc}}\n---\n"
+            ));
+        }
+    }
+    apply(&stack, &migrations).await;
+    let created = Instant::now();
+    let mut failures = Vec::new();
+    for i in 0..PAIRS {
+        let pair: Vec<Value> = stack
+            .wait_for(&format!("pair race-{i} decided"), WAIT, || async {
+                let mut pair = Vec::new();
+                for side in ["a", "b"] {
+                    let m = stack
+                        .get_json(&["migration", &format!("race-{i}-{side}"), "-n", "default"])
+                        .await?;
+                    pair.push(m);
+                }
+                let ended = |m: &Value| {
+                    m["status"]["phase"] == "Completed"
+                        || m["status"]["phase"] == "Rejected"
+                        || m["status"]["phase"] == "Aborted"
+                        || m["status"]["phase"] == "Failed"
+                };
+                Ok(pair.iter().all(ended).then_some(pair))
+            })
+            .await
+            .unwrap();
+        let key = |m: &Value| {
+            (
+                m["metadata"]["creationTimestamp"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                m["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        };
+        let (first, second) = if key(&pair[0]) <= key(&pair[1]) {
+            (&pair[0], &pair[1])
+        } else {
+            (&pair[1], &pair[0])
+        };
+        let first_name = first["metadata"]["name"].as_str().unwrap_or_default();
+        let rejected = condition(second, "Rejected");
+        let phases = format!(
+            "{}={} {}={}",
+            first_name,
+            first["status"]["phase"],
+            second["metadata"]["name"],
+            second["status"]["phase"]
+        );
+        eprintln!(
+            "migration-race: {phases}; {}: {}",
+            rejected["reason"], rejected["message"]
+        );
+        if first["status"]["phase"] != "Completed"
+            || second["status"]["phase"] != "Rejected"
+            || rejected["reason"] != "ConcurrentMigration"
+            || !rejected["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(first_name))
+        {
+            failures.push(format!("race-{i}: {phases}, rejected condition {rejected}"));
+        }
+        // Manager started one target for the job: the one migration that proceeded.
+        let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.race-{i}/0/enc"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let targets = h
+            .starts
+            .iter()
+            .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
+            .count();
+        if targets != 1 {
+            failures.push(format!(
+                "race-{i}: Manager started {targets} migration targets"
+            ));
+        }
+    }
+    let decided = created.elapsed();
+    eprintln!(
+        "migration-race: {PAIRS} pairs decided {:.1}s after they were created",
+        decided.as_secs_f64()
+    );
+    let (mut v, took) = settle(&stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    report_with(
+        "migration-race",
+        &v,
+        took,
+        (!failures.is_empty()).then(|| failures.join("\n")),
+    );
+}
+
+/// One generated object per (field, hostile value): `base` with `field` set to the value,
+/// named `<prefix>-<field index>-<value index>`; `(label, object)`.
+fn corpus_of(prefix: &str, base: &Value, fields: &[&str]) -> Vec<(String, Value)> {
+    let values = hostile_values();
+    let mut corpus = Vec::new();
+    for (f, field) in fields.iter().enumerate() {
+        for (v, (label, value)) in values.iter().enumerate() {
+            let mut o = base.clone();
+            o["metadata"]["name"] = Value::String(format!("{prefix}-{f:02}-{v:02}"));
+            set(&mut o, field, value.clone());
+            corpus.push((format!("{prefix} {field}={label}"), o));
+        }
+    }
+    corpus
+}
+
+/// Whether a refusal is clear: it says something, and not that something broke inside.
+fn unclear_refusal(err: &str) -> bool {
+    let err = err.trim();
+    err.is_empty() || err.contains("Internal error") || err.contains("panic")
+}
+
+/// A hostile-input corpus for the other kinds: Migrations (of a Bundle that is not the anchor),
+/// PlacementPools, HotSpareTargets (on a pool the anchor does not use), merge patches of a
+/// ManagerNode's spec and annotations, and operator config files checked with
+/// `automanager-operator config check`. Each is refused with a clear error or answered in its
+/// status (the operator observed its generation and set a phase or a condition with a reason);
+/// config files get exit 0 or 2 with a message, never a crash. The operator keeps running and a
+/// valid Bundle created first keeps its one start.
+#[tokio::test]
+#[ignore = "fails: HotSpareTargets naming a pool with control characters, or an instance type the pool does not offer, are accepted and never get a status (the operator retries every 5 s: `invalid uri character` from the kube client, `pool has no instance type` from Manager); docs/reliability.md"]
+async fn hostile_objects() {
+    let mut stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &valid_bundle("anchor").to_string()).await;
+    let mut victim = valid_bundle("victim");
+    set(&mut victim, "/spec/pools", serde_json::json!(["onprem"]));
+    apply(&stack, &victim.to_string()).await;
+    for b in ["anchor", "victim"] {
+        stack
+            .wait_bundle_phase("default", b, "Ready", WAIT)
+            .await
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+
+    let migration = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Migration",
+        "metadata": {"name": "m", "namespace": "default"},
+        "spec": {"job": {"bundle": "victim", "replica": 0, "jobName": "enc"}, "strategy": "overlap",
+            "targetNode": "onprem-b1", "abort": false}
+    });
+    let pool = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "PlacementPool",
+        "metadata": {"name": "p"},
+        "spec": {"kind": "aws", "region": "eu-west-1", "zones": ["eu-west-1a"], "packingStrategy": "binpack",
+            "scaleOut": "elastic", "maxNodes": 2,
+            "candidateInstanceTypes": [{"instanceType": "m5.xlarge", "totalCapacity": 100, "totalCores": 16, "capabilities": []}]}
+    });
+    let spares = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "HotSpareTarget",
+        "metadata": {"name": "s"},
+        "spec": {"pool": "aws-west", "targetCount": 1, "forBand": "gold",
+            "spec": {"instanceType": "m5.xlarge", "region": "us-west-2"}, "maxAge": "24h"}
+    });
+    let mut corpus = corpus_of(
+        "hm",
+        &migration,
+        &[
+            "/spec/job",
+            "/spec/job/bundle",
+            "/spec/job/replica",
+            "/spec/job/jobName",
+            "/spec/strategy",
+            "/spec/targetNode",
+            "/spec/abort",
+        ],
+    );
+    corpus.extend(corpus_of(
+        "hp",
+        &pool,
+        &[
+            "/spec/kind",
+            "/spec/region",
+            "/spec/zones",
+            "/spec/packingStrategy",
+            "/spec/scaleOut",
+            "/spec/maxNodes",
+            "/spec/candidateInstanceTypes",
+            "/spec/candidateInstanceTypes/0/totalCapacity",
+        ],
+    ));
+    corpus.extend(corpus_of(
+        "hs",
+        &spares,
+        &[
+            "/spec/pool",
+            "/spec/targetCount",
+            "/spec/forBand",
+            "/spec/spec",
+            "/spec/spec/instanceType",
+            "/spec/maxAge",
+        ],
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let (accepted, mut refused, mut unclear) = create_each(&stack, &corpus).await;
+    let accepted: Vec<(String, String, String)> = accepted
+        .into_iter()
+        .map(|(label, o)| {
+            let kind = o["kind"].as_str().unwrap().to_lowercase();
+            (
+                label,
+                kind,
+                o["metadata"]["name"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+
+    // ManagerNode patches, on an on-prem node the anchor does not use.
+    let node = "onprem-a2";
+    let mut patched = 0;
+    for field in [
+        "/spec/cordoned",
+        "/spec/drain",
+        "/spec/drain/mode",
+        "/spec",
+        "/metadata/annotations",
+    ] {
+        for (label, value) in hostile_values() {
+            let mut patch = if field == "/spec/drain/mode" {
+                serde_json::json!({"spec": {"drain": {}}})
+            } else {
+                serde_json::json!({"spec": {}, "metadata": {}})
+            };
+            set(&mut patch, field, value);
+            let path = dir.path().join("patch.json");
+            std::fs::write(&path, patch.to_string()).unwrap();
+            let out = stack
+                .env
+                .run_kubectl([
+                    "patch",
+                    "managernode",
+                    node,
+                    "--type",
+                    "merge",
+                    "--patch-file",
+                    path.to_str().unwrap(),
+                ])
+                .await
+                .unwrap();
+            if out.success() {
+                patched += 1;
+            } else {
+                refused += 1;
+                if unclear_refusal(&out.stderr) {
+                    unclear.push(format!(
+                        "managernode {field}={label}: {}",
+                        &out.stderr[..out.stderr.len().min(300)]
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        unclear.is_empty(),
+        "unclear refusals:\n{}",
+        unclear.join("\n")
+    );
+    assert!(
+        stack.operator.running(),
+        "the operator exited:\n{}",
+        stack.operator.log_text()
+    );
+    eprintln!(
+        "hostile-objects: {} objects and {} node patches; {refused} refused, {} objects and {patched} patches accepted",
+        corpus.len(),
+        5 * hostile_values().len(),
+        accepted.len()
+    );
+
+    // Every accepted object is answered in its status; what is not by the deadline is a failure,
+    // reported once the rest has run.
+    let deadline = Instant::now() + WAIT;
+    let (answers, unanswered) = loop {
+        let mut answers = Vec::new();
+        let mut waiting = Vec::new();
+        for (label, kind, name) in &accepted {
+            let mut args = vec!["get", kind.as_str(), name.as_str()];
+            if kind == "migration" {
+                args.extend(["-n", "default"]);
+            }
+            args.extend([
+                "-o",
+                "jsonpath={.metadata.generation}|{.status.observedGeneration}|{.status.phase}|{range .status.conditions[*]}{.type}={.status}:{.reason};{end}",
+            ]);
+            let out = stack.env.run_kubectl(&args).await.unwrap();
+            let fields: Vec<&str> = out.stdout.splitn(4, '|').collect();
+            match fields.as_slice() {
+                [generation, observed, phase, conditions]
+                    if generation == observed
+                        && (!phase.is_empty() || conditions.contains(':')) =>
+                {
+                    answers.push(format!("{label}: {phase} {conditions}"));
+                }
+                _ => waiting.push(format!("{label} ({name}): {}", out.stdout.trim())),
+            }
+        }
+        if waiting.is_empty() || Instant::now() > deadline {
+            break (answers, waiting);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    for a in &answers {
+        eprintln!("  accepted {a}");
+    }
+    let n = stack.get_json(&["managernode", node]).await.unwrap();
+    eprintln!(
+        "hostile-objects: {node} after the patches: generation {} observed {} spec {}",
+        n["metadata"]["generation"], n["status"]["observedGeneration"], n["spec"]
+    );
+
+    // Operator config files.
+    let operator = automanager_e2e::stack::binaries().unwrap().operator.clone();
+    let config = serde_json::json!({
+        "manager": {"url": "http://127.0.0.1:6789", "connectTimeout": "5s", "idleTimeout": "15s"},
+        "leaderElection": {"enabled": true, "leaseNamespace": "default", "leaseDuration": "15s", "renewEvery": "5s"},
+        "http": {"bindAddress": "127.0.0.1:8080"},
+        "bands": {"gold": {"onFailure": "restart", "maxRestartsPerHour": 6}},
+        "concurrency": {"bundles": 8},
+        "migration": {"drainParallelism": 2, "phaseTimeout": "60s"},
+        "nodeHealth": {"rejectionThreshold": 5, "rejectionWindow": "60s"},
+        "orphanSweep": {"enabled": true, "grace": "5m"},
+        "statusWriteInterval": "100ms",
+        "watchNamespaces": ["default"]
+    });
+    let configs = corpus_of(
+        "config",
+        &config,
+        &[
+            "/manager",
+            "/manager/url",
+            "/manager/connectTimeout",
+            "/leaderElection/leaseDuration",
+            "/leaderElection/renewEvery",
+            "/leaderElection/leaseNamespace",
+            "/http/bindAddress",
+            "/bands/gold",
+            "/bands/gold/maxRestartsPerHour",
+            "/concurrency/bundles",
+            "/migration/phaseTimeout",
+            "/nodeHealth/rejectionThreshold",
+            "/statusWriteInterval",
+            "/watchNamespaces",
+        ],
+    );
+    let (mut config_ok, mut config_refused, mut config_bad) = (0, 0, Vec::new());
+    for (label, mut c) in configs {
+        if let Some(m) = c.as_object_mut() {
+            m.remove("metadata");
+        }
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, c.to_string()).unwrap();
+        let out = std::process::Command::new(&operator)
+            .args(["config", "check", "--no-file-checks"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        match out.status.code() {
+            Some(0) => config_ok += 1,
+            Some(2) if !unclear_refusal(&err) && err.contains("invalid") => config_refused += 1,
+            _ => config_bad.push(format!(
+                "{label}: {:?} {}",
+                out.status.code(),
+                &err[..err.len().min(300)]
+            )),
+        }
+    }
+    eprintln!(
+        "hostile-objects: config files: {config_ok} valid, {config_refused} refused with exit 2"
+    );
+    assert!(
+        config_bad.is_empty(),
+        "config check answered unclearly:\n{}",
+        config_bad.join("\n")
+    );
+
+    // The operator kept running and the anchor was not touched: one start, never stopped.
+    stack.wait_operator_ready(WAIT).await.unwrap();
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for job in ["enc", "pkg"] {
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.anchor/0/{job}"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(h.starts.len(), 1, "the anchor's {job} was restarted");
+        assert_eq!(h.gaps, 0, "the anchor's {job} stopped running");
+    }
+    let since = Instant::now();
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    let failure = (!unanswered.is_empty()).then(|| {
+        format!(
+            "{} accepted objects never got a status within {WAIT:?}:\n{}",
+            unanswered.len(),
+            unanswered.join("\n")
+        )
+    });
+    report_with("hostile-objects", &v, since.elapsed(), failure);
+}
+
+/// The operator's resident memory in KiB, from `/proc/<pid>/status`; the mean of three samples
+/// a second apart.
+async fn operator_rss_kib(stack: &Stack) -> u64 {
+    let pid = stack.operator.pid().unwrap();
+    let mut sum = 0;
+    for _ in 0..3 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        sum += status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    sum / 3
+}
+
+/// The soak's length after warm-up: `RELIABILITY_SOAK_S`, default 180 s.
+fn soak_time() -> Duration {
+    Duration::from_secs(
+        std::env::var("RELIABILITY_SOAK_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(180),
+    )
+}
+
+/// One round of the soak: `soak-race` created and deleted at once (a create/delete race on one
+/// name), and a tenth of the base wave (rotating) deleted and created again.
+async fn soak_round(stack: &Stack, round: usize, base: usize, rng: &mut Rng) {
+    apply(stack, &wave_bundle("soak-race", rng, &["gold", "silver"])).await;
+    kubectl(
+        stack,
+        &[
+            "delete",
+            "bundle",
+            "soak-race",
+            "-n",
+            "default",
+            "--wait=false",
+        ],
+    )
+    .await;
+    let tenth = base / 10;
+    let churn: Vec<String> = (0..tenth)
+        .map(|i| format!("soak-{:04}", (round * tenth + i) % base))
+        .collect();
+    let mut args = vec!["delete", "bundle", "-n", "default", "--wait=true"];
+    args.extend(churn.iter().map(String::as_str));
+    kubectl(stack, &args).await;
+    let again: String = churn
+        .iter()
+        .map(|name| wave_bundle(name, rng, &["gold", "silver", "bronze"]))
+        .collect();
+    apply(stack, &again).await;
+}
+
+/// A create/delete loop on one name plus 10 % churn of 100 Bundles per round, for a minute of
+/// warm-up and then `RELIABILITY_SOAK_S`: the operator's RSS at the end is within ±10 % of its
+/// RSS after the warm-up, and the invariants hold throughout and once settled.
+#[tokio::test]
+#[ignore = "fails: its one run saw a node over capacity while it churned (aws-east-29, 104/100); whether Manager or the checker (a recreated job's new requirement applied to its old stopping instance) is at fault is not established; docs/reliability.md"]
+async fn soak() {
+    const BASE: usize = 100;
+    const WARM_UP: Duration = Duration::from_secs(60);
+    let mut rng = Rng(0x0A11_000B);
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(
+        &stack,
+        &wave("soak", 0, BASE, &mut rng, &["gold", "silver", "bronze"]),
+    )
+    .await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let started = Instant::now();
+    let mut round = 0;
+    while started.elapsed() < WARM_UP {
+        soak_round(&stack, round, BASE, &mut rng).await;
+        round += 1;
+    }
+    let rss_start = operator_rss_kib(&stack).await;
+    let warm_rounds = round;
+    let soaking = Instant::now();
+    let mut samples = vec![rss_start];
+    let mut next_sample = Instant::now() + Duration::from_secs(30);
+    while soaking.elapsed() < soak_time() {
+        soak_round(&stack, round, BASE, &mut rng).await;
+        round += 1;
+        if Instant::now() > next_sample {
+            samples.push(operator_rss_kib(&stack).await);
+            next_sample = Instant::now() + Duration::from_secs(30);
+        }
+    }
+    let rss_end = operator_rss_kib(&stack).await;
+    samples.push(rss_end);
+    let last = Instant::now();
+    let change = (rss_end as f64 - rss_start as f64) / rss_start as f64;
+    println!(
+        "reliability soak rss_start_kib={rss_start} rss_end_kib={rss_end} change_pct={:.1} rounds={} warm_up_rounds={warm_rounds} soak_s={:.0}",
+        change * 100.0,
+        round - warm_rounds,
+        soaking.elapsed().as_secs_f64()
+    );
+    eprintln!("soak: RSS samples (KiB): {samples:?}");
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = last.elapsed();
+    v.merge(&monitor.stop().await.0);
+    let grew = (change.abs() > 0.10).then(|| {
+        format!(
+            "the operator's RSS went from {rss_start} KiB to {rss_end} KiB ({:.1} %)",
+            change * 100.0
+        )
+    });
+    report_with("soak", &v, took, grew);
 }
