@@ -1525,7 +1525,6 @@ fn unclear_refusal(err: &str) -> bool {
 /// config files get exit 0 or 2 with a message, never a crash. The operator keeps running and a
 /// valid Bundle created first keeps its one start.
 #[tokio::test]
-#[ignore = "fails: HotSpareTargets naming a pool with control characters, or an instance type the pool does not offer, are accepted and never get a status (the operator retries every 5 s: `invalid uri character` from the kube client, `pool has no instance type` from Manager); docs/reliability.md"]
 async fn hostile_objects() {
     let mut stack = Stack::start().await.expect("stack");
     apply_example_pools(&stack).await.unwrap();

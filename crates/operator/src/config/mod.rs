@@ -17,7 +17,7 @@
 //!    cannot express run on them: Manager's URL is given, TLS matches its scheme, files exist,
 //!    the lease is renewed before it lapses.
 
-mod checks;
+pub(crate) mod checks;
 mod duration;
 pub mod reference;
 mod schema;

@@ -133,6 +133,22 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         ..prev.clone()
     };
 
+    // A name no object can have goes into no request: the apiserver would never be asked.
+    if crate::config::checks::dns_subdomain(&spec.pool).is_err() {
+        api::set_standing(
+            &mut status.conditions,
+            api::Standing::Stalled,
+            "UnknownPool",
+            format!(
+                "{:?} is not a PlacementPool name (lowercase letters, digits, '-' and '.')",
+                spec.pool
+            ),
+            generation,
+            now,
+        );
+        write_status(ctx, target, &prev, status).await?;
+        return Ok(Action::await_change());
+    }
     let pools: Api<PlacementPool> = Api::all(ctx.client.clone());
     let Some(pool) = pools.get_opt(&spec.pool).await? else {
         api::set_standing(
@@ -146,6 +162,30 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         write_status(ctx, target, &prev, status).await?;
         return Ok(Action::requeue(REFRESH));
     };
+    // An instance type the pool does not list is one Manager would refuse on every ask.
+    let types = &pool.spec.candidate_instance_types;
+    if !types.is_empty()
+        && !types
+            .iter()
+            .any(|t| t.instance_type == spec.spec.instance_type)
+    {
+        let known: Vec<&str> = types.iter().map(|t| t.instance_type.as_str()).collect();
+        api::set_standing(
+            &mut status.conditions,
+            api::Standing::Stalled,
+            "UnknownInstanceType",
+            format!(
+                "pool {} has no instance type {:?} (known: {})",
+                spec.pool,
+                spec.spec.instance_type,
+                known.join(", ")
+            ),
+            generation,
+            now,
+        );
+        write_status(ctx, target, &prev, status).await?;
+        return Ok(Action::await_change());
+    }
     if !ctx.manager_ready() {
         let err = ctx.manager_unavailable();
         api::set_standing(
@@ -241,7 +281,36 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             tags: req.tags.iter().cloned().collect(),
             request_id: String::new(),
         };
-        let node = super::create_node(ctx, &format!("hotspare/{name}"), create).await?;
+        let node = match super::create_node(ctx, &format!("hotspare/{name}"), create).await {
+            Ok(node) => node,
+            // Manager's refusal is final for this spec: say so where the person looks.
+            Err(Error::Manager(e)) if super::is_final_answer(&e) => {
+                let message = format!("Manager refused to provision a spare: {e}");
+                if !api::find_condition(&prev.conditions, "Stalled")
+                    .is_some_and(|c| c.is_true() && c.reason == "ProvisioningRefused")
+                {
+                    ctx.event(
+                        target,
+                        EventType::Warning,
+                        "ProvisioningRefused",
+                        "Provision",
+                        message.clone(),
+                    )
+                    .await;
+                }
+                api::set_standing(
+                    &mut status.conditions,
+                    api::Standing::Stalled,
+                    "ProvisioningRefused",
+                    message,
+                    generation,
+                    now,
+                );
+                write_status(ctx, target, &prev, status).await?;
+                return Ok(Action::requeue(REFRESH));
+            }
+            Err(e) => return Err(e),
+        };
         {
             let mut state = ctx.state();
             state.model_mut().add_provisioned(&node);
