@@ -49,6 +49,12 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ZoneLabels {
+    pool: String,
+    zone: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
 }
@@ -124,6 +130,7 @@ struct Inner {
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
     orphans_removed: Family<KindLabels, Counter>,
+    zone_degraded: Family<ZoneLabels, Gauge>,
     // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
@@ -174,6 +181,7 @@ impl Metrics {
         let leader = Gauge::default();
         let bundle_broken = Family::<BundleLabels, Gauge>::default();
         let orphans_removed = Family::<KindLabels, Counter>::default();
+        let zone_degraded = Family::<ZoneLabels, Gauge>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
         let uptime_seconds = Gauge::<f64, AtomicU64>::default();
         start_time_seconds.set(
@@ -284,6 +292,11 @@ impl Metrics {
             bundle_broken.clone(),
         );
         registry.register(
+            "automanager_zone_degraded",
+            "1 for each zone of a pool the zone brake holds (it lost more than the configured fraction of its nodes within the window): no node is provisioned into it; the series goes when it recovers",
+            zone_degraded.clone(),
+        );
+        registry.register(
             "automanager_start_time_seconds",
             "When this operator process started, in seconds since the Unix epoch (the TypeScript library's startedAt)",
             start_time_seconds.clone(),
@@ -319,6 +332,7 @@ impl Metrics {
                 leader,
                 bundle_broken,
                 orphans_removed,
+                zone_degraded,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
@@ -380,6 +394,19 @@ impl Metrics {
             self.inner.bundle_broken.get_or_create(&labels).set(1);
         } else {
             self.inner.bundle_broken.remove(&labels);
+        }
+    }
+
+    /// Whether the zone brake holds `zone` of `pool`.
+    pub fn zone_degraded(&self, pool: &str, zone: &str, degraded: bool) {
+        let labels = ZoneLabels {
+            pool: pool.to_owned(),
+            zone: zone.to_owned(),
+        };
+        if degraded {
+            self.inner.zone_degraded.get_or_create(&labels).set(1);
+        } else {
+            self.inner.zone_degraded.remove(&labels);
         }
     }
 
