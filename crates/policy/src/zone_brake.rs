@@ -177,6 +177,14 @@ impl ZoneBrake {
             .is_some_and(|r| r.degraded.is_some())
     }
 
+    /// Losses recorded for `zone` of `pool` within the current window (as of the last record or
+    /// tick).
+    pub fn recent_losses(&self, pool: &str, zone: &str) -> u32 {
+        self.zones
+            .get(&(pool.to_owned(), zone.to_owned()))
+            .map_or(0, |r| u32::try_from(r.losses.len()).unwrap_or(u32::MAX))
+    }
+
     /// Every degraded zone.
     pub fn degraded(&self) -> impl Iterator<Item = &DegradedZone> {
         self.zones.values().filter_map(|r| r.degraded.as_ref())
@@ -240,6 +248,8 @@ mod tests {
             "nor the same zone of another pool"
         );
         assert_eq!(b.record_loss("p", "z1", 1, t(30)), None, "already degraded");
+        assert_eq!(b.recent_losses("p", "z1"), 4);
+        assert_eq!(b.recent_losses("p", "z2"), 0);
         assert!(b.tick(t(89)).is_empty(), "the last loss was 59 s ago");
         assert_eq!(
             b.tick(t(90)),

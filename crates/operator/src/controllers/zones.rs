@@ -141,22 +141,21 @@ pub fn degraded_message(d: &DegradedZone, window: Option<chrono::TimeDelta>) -> 
 }
 
 /// The zone a CreateNode into `pool` should name, given the zone brake: `requested` when it is
-/// not degraded (an empty one stays empty, Manager's choice, unless the pool has a degraded
-/// zone: then the pool's healthy zone with the fewest live nodes); an error naming the zone when
-/// no zone may be provisioned into.
+/// not degraded; an error naming the zone when it is. An empty request (Manager's choice) stays
+/// empty while the pool has lost no node recently; otherwise it names the pool's zone that is not
+/// degraded with the fewest recent losses, then the fewest live nodes (so spares replaced during
+/// an outage, before the zone trips the brake, already go elsewhere), or fails when every zone
+/// is degraded.
 pub fn provision_zone(
     m: &MirrorState,
     s: &OperatorState,
     pool: &str,
     requested: &str,
 ) -> Result<String, String> {
-    let degraded = s.zone_brake.degraded_in(pool);
-    if degraded.is_empty() {
-        return Ok(requested.to_owned());
-    }
+    let b = &s.zone_brake;
     if !requested.is_empty() {
-        return match degraded.iter().find(|d| d.zone == requested) {
-            Some(d) => Err(degraded_message(d, Some(s.zone_brake.settings().window))),
+        return match b.degraded_in(pool).iter().find(|d| d.zone == requested) {
+            Some(d) => Err(degraded_message(d, Some(b.settings().window))),
             None => Ok(requested.to_owned()),
         };
     }
@@ -165,25 +164,26 @@ pub fn provision_zone(
         .pool(pool)
         .map(|p| p.zones.clone())
         .unwrap_or_default();
-    if zones.is_empty() {
-        // The pool names no zones: Manager chooses, and the brake cannot steer it.
-        return Ok(requested.to_owned());
+    if zones.is_empty() || zones.iter().all(|z| b.recent_losses(pool, z) == 0) {
+        // No zones named (Manager chooses, the brake cannot steer it), or nothing lost lately.
+        return Ok(String::new());
     }
     zones
         .iter()
-        .filter(|z| !s.zone_brake.is_degraded(pool, z))
+        .filter(|z| !b.is_degraded(pool, z))
         .min_by_key(|z| {
-            m.nodes
+            let up = m
+                .nodes
                 .values()
                 .filter(|n| n.pool == pool && live(n.state) && zone_of(n) == z.as_str())
-                .count()
+                .count();
+            (b.recent_losses(pool, z), up)
         })
         .cloned()
         .ok_or_else(|| {
-            let names: Vec<&str> = degraded.iter().map(|d| d.zone.as_str()).collect();
             format!(
                 "every zone of pool {pool} is degraded ({}); no node is provisioned until one recovers",
-                names.join(", ")
+                zones.join(", ")
             )
         })
 }
