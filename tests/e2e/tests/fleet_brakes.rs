@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition};
+use automanager_e2e::{apply, condition, events_table};
 use manager_client::proto::{KillNodeRequest, NodeState};
 use serde_json::Value;
 
@@ -87,21 +87,6 @@ async fn start(adjust: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Stac
     Stack::start_custom(&config, &[], adjust)
         .await
         .expect("stack")
-}
-
-async fn events(stack: &Stack) -> String {
-    let out = stack
-        .env
-        .run_kubectl([
-            "get",
-            "events.events.k8s.io",
-            "-A",
-            "-o",
-            "custom-columns=NAME:.regarding.name,REASON:.reason,NOTE:.note",
-        ])
-        .await
-        .unwrap();
-    out.stdout
 }
 
 /// Node id → (zone, created_at_ms, live) of every node Manager has.
@@ -230,7 +215,7 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         Vec::new(),
         "nothing is provisioned into the degraded zone"
     );
-    let ev = events(&stack).await;
+    let ev = events_table(&stack).await.unwrap();
     assert!(
         ev.lines()
             .any(|l| l.starts_with(POOL) && l.contains("ZoneDegraded")),
@@ -245,7 +230,7 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         })
         .await
         .unwrap();
-    let ev = events(&stack).await;
+    let ev = events_table(&stack).await.unwrap();
     assert!(ev.contains("ZoneRecovered"), "{ev}");
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(!metrics.contains(&format!("zone=\"{dead}\"")), "{metrics}");
