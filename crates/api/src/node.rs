@@ -200,6 +200,14 @@ pub struct ManagerNodeStatus {
     /// Start rejections counted in the current window.
     #[serde(default)]
     pub recent_rejections: i32,
+    /// Unhealthy episodes in a row, each beginning within the operator's
+    /// `nodeHealth.flapMemory` of the one before: a flapping node is kept out longer each time
+    /// (the rejection window, doubled per episode, up to `nodeHealth.flapMaxHold`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unhealthy_episodes: i32,
+    /// While the node is held out: placement avoids it until then, whatever its rejections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_out_until: Option<DateTime<Utc>>,
     /// Job instances on the node.
     #[serde(default)]
     #[schemars(length(max = 512))]
@@ -216,6 +224,10 @@ pub struct ManagerNodeStatus {
     #[serde(default)]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 fn default_true() -> bool {

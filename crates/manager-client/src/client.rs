@@ -281,9 +281,15 @@ struct Shared {
     last_error: Mutex<Option<String>>,
     /// Whether commands that change Manager's state may be sent now ([`ManagerClient::fence_writes`]).
     write_fence: Mutex<Option<WriteFence>>,
+    /// Nodes this client asked Manager to terminate, newest last (bounded): a node that goes
+    /// away without being among them was lost.
+    terminations_asked: Mutex<std::collections::VecDeque<String>>,
     request_timeout: Duration,
     deadlines: StreamDeadlines,
 }
+
+/// How many TerminateNode requests [`ManagerClient::asked_to_terminate`] remembers.
+const TERMINATIONS_REMEMBERED: usize = 8192;
 
 /// The Watch stream's deadlines, from [`ClientConfig`].
 #[derive(Clone, Copy)]
@@ -402,6 +408,7 @@ impl ManagerClient {
             stop: watch::Sender::new(false),
             last_error: Mutex::new(None),
             write_fence: Mutex::new(None),
+            terminations_asked: Mutex::new(std::collections::VecDeque::new()),
             request_timeout: config.request_timeout,
             deadlines: StreamDeadlines {
                 sync: config.sync_timeout,
@@ -572,8 +579,21 @@ impl ManagerClient {
         })
     }
 
-    /// TerminateNode.
+    /// TerminateNode. The node is remembered as asked for ([`Self::asked_to_terminate`]) before
+    /// the request is sent, so its Watch event can never come first.
     pub async fn terminate_node(&self, node_id: &str) -> Result<Node, ClientError> {
+        {
+            let mut asked = self
+                .inner
+                .shared
+                .terminations_asked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if asked.len() >= TERMINATIONS_REMEMBERED {
+                asked.pop_front();
+            }
+            asked.push_back(node_id.to_owned());
+        }
         let req = TerminateNodeRequest {
             node_id: node_id.to_owned(),
         };
@@ -584,6 +604,18 @@ impl ManagerClient {
             code: tonic::Code::Internal,
             message: "response without node".into(),
         })
+    }
+
+    /// Whether this client asked Manager to terminate `node_id` (among the last
+    /// 8192 nodes it asked for): a node that stops or terminates otherwise was lost.
+    pub fn asked_to_terminate(&self, node_id: &str) -> bool {
+        self.inner
+            .shared
+            .terminations_asked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|n| n == node_id)
     }
 
     /// ListNodes (straight from Manager, not the mirror).

@@ -49,6 +49,12 @@ struct PoolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ZoneLabels {
+    pool: String,
+    zone: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabels {
     kind: String,
 }
@@ -137,6 +143,7 @@ struct Inner {
     disruptions_blocked: Family<ActionLabels, Counter>,
     involuntary_disruptions: Family<CauseLabels, Counter>,
     migrations_queued: Gauge,
+    zone_degraded: Family<ZoneLabels, Gauge>,
     // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
@@ -190,6 +197,7 @@ impl Metrics {
         let disruptions_blocked = Family::<ActionLabels, Counter>::default();
         let involuntary_disruptions = Family::<CauseLabels, Counter>::default();
         let migrations_queued = Gauge::default();
+        let zone_degraded = Family::<ZoneLabels, Gauge>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
         let uptime_seconds = Gauge::<f64, AtomicU64>::default();
         start_time_seconds.set(
@@ -315,6 +323,11 @@ impl Metrics {
             bundle_broken.clone(),
         );
         registry.register(
+            "automanager_zone_degraded",
+            "1 for each zone of a pool the zone brake holds (it lost more than the configured fraction of its nodes within the window): no node is provisioned into it; the series goes when it recovers",
+            zone_degraded.clone(),
+        );
+        registry.register(
             "automanager_start_time_seconds",
             "When this operator process started, in seconds since the Unix epoch (the TypeScript library's startedAt)",
             start_time_seconds.clone(),
@@ -353,6 +366,7 @@ impl Metrics {
                 disruptions_blocked,
                 involuntary_disruptions,
                 migrations_queued,
+                zone_degraded,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
@@ -442,6 +456,19 @@ impl Metrics {
             self.inner.bundle_broken.get_or_create(&labels).set(1);
         } else {
             self.inner.bundle_broken.remove(&labels);
+        }
+    }
+
+    /// Whether the zone brake holds `zone` of `pool`.
+    pub fn zone_degraded(&self, pool: &str, zone: &str, degraded: bool) {
+        let labels = ZoneLabels {
+            pool: pool.to_owned(),
+            zone: zone.to_owned(),
+        };
+        if degraded {
+            self.inner.zone_degraded.get_or_create(&labels).set(1);
+        } else {
+            self.inner.zone_degraded.remove(&labels);
         }
     }
 

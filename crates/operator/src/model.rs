@@ -101,6 +101,11 @@ impl ClusterModel {
         }
     }
 
+    /// Pauses or resumes provisioning into `zone` of `pool` (the zone brake).
+    pub fn set_provisioning_paused(&mut self, pool: &str, zone: &str, paused: bool) {
+        self.engine.set_provisioning_paused(pool, zone, paused);
+    }
+
     pub fn overlay(&self, node_id: &str) -> NodeOverlay {
         self.overlays.get(node_id).copied().unwrap_or_default()
     }

@@ -168,7 +168,15 @@ pub async fn run_mirror_pump(ctx: Arc<Context>) {
                 Err(_) => break,
             }
         }
+        let mut lost_zones = Vec::new();
         let mut wakes = ctx.with_mirror(|m, s| {
+            lost_zones = controllers::zones::observe_losses(
+                &batch,
+                m,
+                s,
+                |n| ctx.manager.asked_to_terminate(n),
+                chrono::Utc::now(),
+            );
             let pool_of = |node: &str| {
                 m.nodes
                     .get(node)
@@ -185,6 +193,9 @@ pub async fn run_mirror_pump(ctx: Arc<Context>) {
         });
         wakes.everything |= lagged;
         deliver(&ctx, &wakes);
+        if !lost_zones.is_empty() {
+            controllers::zones::announce(&ctx, lost_zones).await;
+        }
     }
 }
 
@@ -407,6 +418,7 @@ pub async fn run_controllers(
     ));
     let connection = tokio::spawn(watch_connection(ctx.clone()));
     let snapshots = tokio::spawn(publish_snapshots(ctx.clone()));
+    let zone_clock = tokio::spawn(controllers::zones::run_zone_clock(ctx.clone()));
     let sweep = ctx.settings.orphan_sweep.map(|(interval, grace)| {
         tokio::spawn(controllers::sweep::run_orphan_sweep(
             ctx.clone(),
@@ -430,6 +442,7 @@ pub async fn run_controllers(
     node_sync.abort();
     connection.abort();
     snapshots.abort();
+    zone_clock.abort();
     if let Some(sweep) = sweep {
         sweep.abort();
     }

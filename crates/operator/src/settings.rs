@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use automanager_api as api;
 
+use automanager_policy::node_health::FlapSettings;
+use automanager_policy::zone_brake::ZoneBrakeSettings;
+
 use crate::config::{BandConfig, BandsConfig, OperatorConfig};
 
 /// What the controllers need from the configuration.
@@ -25,6 +28,12 @@ pub struct Settings {
     pub migration_phase_timeout: Duration,
     /// The orphan sweep's period and grace; `None` when it is off.
     pub orphan_sweep: Option<(Duration, Duration)>,
+    /// How a flapping node is kept out.
+    pub flap: FlapSettings,
+    /// The zone brake; `None` when it is off.
+    pub zone_brake: Option<ZoneBrakeSettings>,
+    /// CreateNode requests per pool per sliding minute.
+    pub provision_per_minute: u32,
 }
 
 impl Default for Settings {
@@ -55,6 +64,17 @@ impl Settings {
                 .orphan_sweep
                 .enabled
                 .then_some((c.orphan_sweep.interval, c.orphan_sweep.grace)),
+            flap: FlapSettings {
+                max_hold: c.node_health.flap_max_hold,
+                memory: c.node_health.flap_memory,
+            },
+            zone_brake: c.zone_brake.enabled.then(|| ZoneBrakeSettings {
+                lost_fraction: f64::from(c.zone_brake.lost_percent.clamp(1, 100)) / 100.0,
+                window: chrono::TimeDelta::from_std(c.zone_brake.window)
+                    .unwrap_or(chrono::TimeDelta::minutes(5)),
+                min_lost: c.zone_brake.min_lost_nodes.max(1),
+            }),
+            provision_per_minute: c.provisioning.per_pool_per_minute.max(1),
         }
     }
 

@@ -26,6 +26,7 @@ use automanager_policy::ledger::RestartLedger;
 use automanager_policy::node_health::NodeHealth;
 use automanager_policy::provision_budget::ProvisionBudget;
 use automanager_policy::provision_keys::ProvisionKeys;
+use automanager_policy::zone_brake::ZoneBrake;
 use kube::runtime::reflector::ObjectRef;
 use manager_proto as proto;
 
@@ -178,6 +179,10 @@ pub struct OperatorState {
     pub drain_generations: HashMap<String, i64>,
     /// Spares asked for per HotSpareTarget that the mirror does not show yet.
     pub spares_created: HashMap<String, Vec<(proto::Node, Instant)>>,
+    /// Nodes lost per pool and zone, and the zones whose provisioning is paused.
+    pub zone_brake: ZoneBrake,
+    /// Whether losses are counted at all (`zoneBrake.enabled`).
+    pub zone_brake_enabled: bool,
     /// Who to wake for what.
     pub wake: WakeIndex,
     /// Voluntary disruptions this process allowed that a listing may not show yet.
@@ -206,6 +211,8 @@ impl OperatorState {
             drains: HashMap::new(),
             drain_generations: HashMap::new(),
             spares_created: HashMap::new(),
+            zone_brake: ZoneBrake::default(),
+            zone_brake_enabled: false,
             wake: WakeIndex::default(),
             disruptions: Disruptions::default(),
             drain_blocked: HashMap::new(),

@@ -386,6 +386,8 @@ pub struct Engine {
     next_generation: u64,
     reservations: HashMap<JobKey, Reservation>,
     pub(crate) probe_name: Arc<str>,
+    /// Zones no node may be provisioned into, by pool name (the operator's zone brake).
+    pub(crate) paused_zones: HashMap<String, BTreeSet<String>>,
 }
 
 impl Default for Engine {
@@ -411,6 +413,7 @@ impl Engine {
             next_generation: 0,
             reservations: HashMap::new(),
             probe_name: Arc::from(""),
+            paused_zones: HashMap::new(),
         };
         // Capability set 0 is the empty set.
         e.capset_id(Vec::new());
@@ -507,6 +510,29 @@ impl Engine {
 
     pub(crate) fn zone_name(&self, z: Option<ZoneId>) -> Option<String> {
         z.and_then(|z| self.zones.name(z)).map(str::to_owned)
+    }
+
+    /// Pauses (or resumes) provisioning into `zone` of `pool`: placement still uses the zone's
+    /// nodes, but never asks for a new one there. Kept across pool updates.
+    pub fn set_provisioning_paused(&mut self, pool: &str, zone: &str, paused: bool) {
+        if paused {
+            self.paused_zones
+                .entry(pool.to_owned())
+                .or_default()
+                .insert(zone.to_owned());
+        } else if let Some(set) = self.paused_zones.get_mut(pool) {
+            set.remove(zone);
+            if set.is_empty() {
+                self.paused_zones.remove(pool);
+            }
+        }
+    }
+
+    /// Whether provisioning into `zone` of `pool` is paused.
+    pub fn provisioning_paused(&self, pool: &str, zone: &str) -> bool {
+        self.paused_zones
+            .get(pool)
+            .is_some_and(|set| set.contains(zone))
     }
 
     /// Adds or replaces a pool. Its nodes are re-indexed (O(pool size); pools change rarely).

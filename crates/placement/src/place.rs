@@ -906,6 +906,11 @@ fn provision<S: Searcher>(
     for t in &state.types {
         let mut best: Option<(Option<ZoneId>, BTreeSet<SoftRule>)> = None;
         for &zone in &state.provision_zones {
+            if let Some(name) = zone.and_then(|z| e.zones.name(z))
+                && e.provisioning_paused(&state.spec.name, name)
+            {
+                continue;
+            }
             let v = VirtualNode {
                 cap: t.cap,
                 cores: t.cores,

@@ -12,7 +12,7 @@
 //! | [`bounded`] | how status text is clipped to the schema's bounds |
 //! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
-//! | [`node_health`] | nodes whose workers refuse too many starts |
+//! | [`node_health`] | nodes whose workers refuse too many starts, and how long a flapping one is kept out |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
@@ -20,6 +20,8 @@
 //! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
+//! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
+//! | [`zone_brake`] | which zones have lost so many nodes that provisioning into them pauses |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
 //!
 //! Behaviour follows the `@norskvideo/norsk-auto-manager` TypeScript library; where the operator
@@ -35,11 +37,13 @@ pub mod migration;
 pub mod migration_queue;
 pub mod node_health;
 pub mod orphans;
+pub mod preempt;
 pub mod provision_budget;
 pub mod provision_keys;
 pub mod spares;
 pub mod tags;
 pub mod vocab;
+pub mod zone_brake;
 
 pub use vocab::*;
 

@@ -95,6 +95,22 @@ pub fn condition<'a>(obj: &'a serde_json::Value, type_: &str) -> &'a serde_json:
         .unwrap_or(&NULL)
 }
 
+/// Every Event (`events.k8s.io`) in the cluster, one line each: the object's name, the reason
+/// and the note.
+pub async fn events_table(stack: &stack::Stack) -> Result<String, SetupError> {
+    let out = stack
+        .env
+        .run_kubectl([
+            "get",
+            "events.events.k8s.io",
+            "-A",
+            "-o",
+            "custom-columns=NAME:.regarding.name,REASON:.reason,NOTE:.note",
+        ])
+        .await?;
+    Ok(out.stdout)
+}
+
 /// `kubectl apply -f -` of `yaml` against the stack's cluster; panics with kubectl's error
 /// (a test helper).
 #[allow(clippy::expect_used)]

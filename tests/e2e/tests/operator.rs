@@ -51,18 +51,8 @@ async fn events_for(stack: &Stack, name: &str) -> String {
         ])
         .await
         .unwrap();
-    let out2 = stack
-        .env
-        .run_kubectl([
-            "get",
-            "events.events.k8s.io",
-            "-A",
-            "-o",
-            "custom-columns=NAME:.regarding.name,REASON:.reason,NOTE:.note",
-        ])
-        .await
-        .unwrap();
-    format!("{}\n{}", out.stdout, out2.stdout)
+    let all = automanager_e2e::events_table(stack).await.unwrap();
+    format!("{}\n{all}", out.stdout)
 }
 
 fn bundle_yaml(name: &str, replicas: u32, pools: &str, jobs: &str) -> String {

@@ -224,6 +224,16 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ),
         ));
     }
+    let nh = &c.node_health;
+    if nh.flap_max_hold < nh.rejection_window {
+        errors.push(err(
+            "nodeHealth.flapMaxHold",
+            format!(
+                "must be at least nodeHealth.rejectionWindow ({}): the first hold-out of an unhealthy node is the rejection window",
+                super::duration::show(nh.rejection_window)
+            ),
+        ));
+    }
     let le = &c.leader_election;
     if let Some(renew) = le.renew_every
         && renew.as_secs() + 2 > le.lease_duration.as_secs()

@@ -369,6 +369,17 @@ pub struct NodeHealthConfig {
     #[serde(with = "duration")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
     pub rejection_window: Duration,
+    /// A flapping node (unhealthy again soon after it recovered) is kept out longer each time:
+    /// the rejection window the first time, doubled for every further episode within
+    /// `flapMemory`, up to this. At least `rejectionWindow`.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
+    pub flap_max_hold: Duration,
+    /// An unhealthy episode beginning within this of the previous one counts as a flap; a node
+    /// quiet for longer starts again from one.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "7d"}))]
+    pub flap_memory: Duration,
 }
 
 impl Default for NodeHealthConfig {
@@ -376,6 +387,8 @@ impl Default for NodeHealthConfig {
         NodeHealthConfig {
             rejection_threshold: 5,
             rejection_window: Duration::from_secs(60),
+            flap_max_hold: Duration::from_secs(30 * 60),
+            flap_memory: Duration::from_secs(60 * 60),
         }
     }
 }
@@ -536,6 +549,59 @@ impl Default for OrphanSweepConfig {
     }
 }
 
+/// The zone brake: a zone of a pool that loses more than `lostPercent` of its nodes within
+/// `window` (at least `minLostNodes` of them) is `ZoneDegraded`: no node is provisioned into it
+/// until `window` passes with no further loss; recovery goes on in the pool's other zones and
+/// in other pools. See docs/fleet-safety-brakes.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ZoneBrakeConfig {
+    /// Apply the brake. Off, a failing zone is asked for nodes like any other.
+    pub enabled: bool,
+    /// More than this percentage of the zone's nodes (those lost in the window and those still
+    /// up) lost within `window` degrades it.
+    #[schemars(range(min = 1, max = 100))]
+    pub lost_percent: u8,
+    /// The sliding window for losses, and how long a degraded zone must stay quiet to clear.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1h"}))]
+    pub window: Duration,
+    /// Fewer losses than this within the window never degrade a zone (a node failure is not an
+    /// outage).
+    #[schemars(range(min = 1, max = 10_000))]
+    pub min_lost_nodes: u32,
+}
+
+impl Default for ZoneBrakeConfig {
+    fn default() -> Self {
+        ZoneBrakeConfig {
+            enabled: true,
+            lost_percent: 50,
+            window: Duration::from_secs(300),
+            min_lost_nodes: 3,
+        }
+    }
+}
+
+/// The provisioning brake: how fast nodes may be asked for (each pool's `maxNodes` bounds how
+/// many).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ProvisioningConfig {
+    /// CreateNode requests per pool in any sliding minute (spares, replicas and migration
+    /// targets together), so a crash-looping job or a bad instance type cannot run up a bill.
+    #[schemars(range(min = 1, max = 10_000))]
+    pub per_pool_per_minute: u32,
+}
+
+impl Default for ProvisioningConfig {
+    fn default() -> Self {
+        ProvisioningConfig {
+            per_pool_per_minute: 60,
+        }
+    }
+}
+
 /// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
 /// optional except `manager.url` (which a flag may give instead); a key left out, or set to
 /// null, takes its default.
@@ -576,6 +642,8 @@ pub struct OperatorConfig {
     pub status_write_interval: Duration,
     pub migration: MigrationConfig,
     pub orphan_sweep: OrphanSweepConfig,
+    pub zone_brake: ZoneBrakeConfig,
+    pub provisioning: ProvisioningConfig,
 }
 
 impl Default for OperatorConfig {
@@ -595,6 +663,8 @@ impl Default for OperatorConfig {
             status_write_interval: Duration::from_millis(250),
             migration: MigrationConfig::default(),
             orphan_sweep: OrphanSweepConfig::default(),
+            zone_brake: ZoneBrakeConfig::default(),
+            provisioning: ProvisioningConfig::default(),
         }
     }
 }

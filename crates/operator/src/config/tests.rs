@@ -66,9 +66,21 @@ fn a_minimal_file_takes_every_default() {
         c.node_health,
         NodeHealthConfig {
             rejection_threshold: 5,
-            rejection_window: d(60)
+            rejection_window: d(60),
+            flap_max_hold: d(1800),
+            flap_memory: d(3600),
         }
     );
+    assert_eq!(
+        c.zone_brake,
+        ZoneBrakeConfig {
+            enabled: true,
+            lost_percent: 50,
+            window: d(300),
+            min_lost_nodes: 3,
+        }
+    );
+    assert_eq!(c.provisioning.per_pool_per_minute, 60);
     assert!(c.watch_namespaces.is_empty());
     assert_eq!(
         c.leader_election,
@@ -440,6 +452,59 @@ fn migration_queue_limits_are_bounded_and_per_node_fits_the_fleet() {
         "{URL}migration: {{ maxParallel: 1, maxParallelPerNode: 1 }}\n"
     ));
     assert_eq!(c.migration.max_parallel, 1);
+}
+
+#[test]
+fn the_zone_brake_and_provisioning_rate_are_bounded() {
+    let e = errors(&format!(
+        "{URL}zoneBrake: {{ lostPercent: 0, minLostNodes: 0, window: 0s }}\nprovisioning: {{ perPoolPerMinute: 0 }}\n"
+    ));
+    assert_eq!(
+        error_at(&e, "zoneBrake.lostPercent").message,
+        "must be between 1 and 100 (got 0)"
+    );
+    assert!(e.has("zoneBrake.minLostNodes"));
+    assert!(e.has("zoneBrake.window"));
+    assert!(e.has("provisioning.perPoolPerMinute"));
+    let e = errors(&format!(
+        "{URL}zoneBrake: {{ lostPercent: 101, enabld: true }}\n"
+    ));
+    assert!(e.has("zoneBrake.lostPercent"));
+    assert_eq!(
+        error_at(&e, "zoneBrake.enabld").suggestion.as_deref(),
+        Some("enabled")
+    );
+    let c = ok(&format!(
+        "{URL}zoneBrake: {{ enabled: false, lostPercent: 30, window: 90s, minLostNodes: 10 }}\nprovisioning: {{ perPoolPerMinute: 5 }}\n"
+    ));
+    let s = crate::settings::Settings::from_config(&c);
+    assert_eq!(s.zone_brake, None, "off means no brake");
+    assert_eq!(s.provision_per_minute, 5);
+    let c = ok(&format!(
+        "{URL}zoneBrake: {{ lostPercent: 30, window: 90s }}\n"
+    ));
+    let b = crate::settings::Settings::from_config(&c)
+        .zone_brake
+        .unwrap_or_else(|| panic!("on by default"));
+    assert!((b.lost_fraction - 0.3).abs() < 1e-9);
+    assert_eq!(b.window, chrono::TimeDelta::seconds(90));
+}
+
+#[test]
+fn a_flap_hold_shorter_than_the_rejection_window_is_refused() {
+    let e = errors(&format!(
+        "{URL}nodeHealth: {{ rejectionWindow: 120s, flapMaxHold: 60s }}\n"
+    ));
+    assert_eq!(
+        error_at(&e, "nodeHealth.flapMaxHold").message,
+        "must be at least nodeHealth.rejectionWindow (120s): the first hold-out of an unhealthy node is the rejection window"
+    );
+    let c = ok(&format!(
+        "{URL}nodeHealth: {{ rejectionWindow: 30s, flapMaxHold: 10m, flapMemory: 2h }}\n"
+    ));
+    let s = crate::settings::Settings::from_config(&c);
+    assert_eq!(s.flap.max_hold, Duration::from_secs(600));
+    assert_eq!(s.flap.memory, Duration::from_secs(7200));
 }
 
 #[test]

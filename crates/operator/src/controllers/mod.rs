@@ -12,6 +12,7 @@ pub mod migration;
 pub mod node;
 pub mod pool;
 pub mod sweep;
+pub mod zones;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -45,6 +46,8 @@ pub enum Error {
     Finalizer(String),
     #[error("object has no namespace")]
     NoNamespace,
+    #[error("provisioning paused: {0}")]
+    ProvisioningPaused(String),
 }
 
 impl Error {
@@ -56,6 +59,7 @@ impl Error {
             Error::ManagerUnavailable(_) => "managerUnavailable",
             Error::Finalizer(_) => "finalizer",
             Error::NoNamespace => "noNamespace",
+            Error::ProvisioningPaused(_) => "provisioningPaused",
         }
     }
 }
@@ -138,14 +142,27 @@ impl Context {
             },
         );
         let (wake, receivers) = wake_channels();
+        let mut state = OperatorState::new(
+            settings.pending_window,
+            settings.rejection_threshold,
+            settings.rejection_window,
+        );
+        state.health = automanager_policy::node_health::NodeHealth::with_flap(
+            settings.rejection_threshold,
+            settings.rejection_window,
+            settings.flap,
+        );
+        state.provision_budget = automanager_policy::provision_budget::ProvisionBudget::new(
+            settings.provision_per_minute,
+        );
+        if let Some(brake) = settings.zone_brake {
+            state.zone_brake = automanager_policy::zone_brake::ZoneBrake::new(brake);
+            state.zone_brake_enabled = true;
+        }
         Arc::new(Context {
             client,
             manager,
-            state: Mutex::new(OperatorState::new(
-                settings.pending_window,
-                settings.rejection_threshold,
-                settings.rejection_window,
-            )),
+            state: Mutex::new(state),
             snapshot: EngineSnapshot::default(),
             settings,
             metrics,
@@ -453,6 +470,12 @@ pub async fn request_node(
     let Some(spec) = ctx.state().model.pool(pool).cloned() else {
         return Ok(None);
     };
+    if let Some(z) = zone
+        && ctx.state().zone_brake.is_degraded(pool, z)
+    {
+        tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
+        return Ok(None);
+    }
     if !ctx.state().provision_budget.take(pool, chrono::Utc::now()) {
         tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
         return Ok(None);
@@ -481,6 +504,9 @@ pub async fn create_node(
     intent: &str,
     mut req: proto::CreateNodeRequest,
 ) -> Result<proto::Node, Error> {
+    req.zone = ctx
+        .with_mirror(|m, s| zones::provision_zone(m, s, &req.pool, &req.zone))
+        .map_err(Error::ProvisioningPaused)?;
     let now = Instant::now();
     let key = ctx.with_mirror(|m, state| {
         state.provision_keys.take(

@@ -66,14 +66,26 @@ fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, St
         NodeState::Stopped => (Standing::Ready, "Stopped", reported),
         NodeState::Terminated => (Standing::Ready, "Terminated", reported),
         NodeState::Starting => (Standing::Reconciling, "Starting", reported),
-        NodeState::Started if !status.healthy => (
-            Standing::Stalled,
-            "RejectionRateTripped",
-            format!(
-                "{} refused starts within the window; placement avoids the node",
-                status.recent_rejections
+        NodeState::Started if !status.healthy => match status.held_out_until {
+            Some(until) if status.unhealthy_episodes > 1 => (
+                Standing::Stalled,
+                "FlappingHeldOut",
+                format!(
+                    "unhealthy {} times in a row ({} refused starts within the window now); a flapping node is kept out longer each time: placement avoids it until {}",
+                    status.unhealthy_episodes,
+                    status.recent_rejections,
+                    until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+                ),
             ),
-        ),
+            _ => (
+                Standing::Stalled,
+                "RejectionRateTripped",
+                format!(
+                    "{} refused starts within the window; placement avoids the node",
+                    status.recent_rejections
+                ),
+            ),
+        },
         NodeState::Started => (Standing::Ready, "Started", reported),
     }
 }
@@ -210,6 +222,9 @@ fn desired_status(
         spare_band: if spare { spare_band } else { None },
         healthy: !overlay.unhealthy,
         recent_rejections: i32::try_from(rejections).unwrap_or(i32::MAX),
+        // The flap back-off's figures are the health record's; the sync fills them in.
+        unhealthy_episodes: 0,
+        held_out_until: None,
         jobs: load.jobs,
         drain: None,
         stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
@@ -287,6 +302,10 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                     written.get(&name),
                     now,
                 );
+                if let Some(e) = ctx.state().health.episodes(&n.node_id) {
+                    status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
+                    status.held_out_until = (e.held_until > now).then_some(e.held_until);
+                }
                 status.drain = ctx.state().drains.get_mut(&n.node_id).map(|d| {
                     d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
                     if matches!(state, NodeState::Stopped | NodeState::Terminated)
@@ -655,6 +674,15 @@ mod tests {
                 node(NodeState::Started, false, None),
                 S::Stalled,
                 "RejectionRateTripped",
+            ),
+            (
+                ManagerNodeStatus {
+                    unhealthy_episodes: 3,
+                    held_out_until: Some(Utc::now()),
+                    ..node(NodeState::Started, false, None)
+                },
+                S::Stalled,
+                "FlappingHeldOut",
             ),
             (
                 node(NodeState::Started, false, Some(draining.clone())),

@@ -246,6 +246,31 @@ async fn apply(
         generation,
         now,
     );
+    // The zone brake: which zones of the pool get no new node now.
+    let degraded: Vec<String> = {
+        let s = ctx.state();
+        let window = ctx.settings.zone_brake.map(|b| b.window);
+        s.zone_brake
+            .degraded_in(&name)
+            .into_iter()
+            .map(|d| super::zones::degraded_message(d, window))
+            .collect()
+    };
+    api::set_condition(
+        &mut status.conditions,
+        super::condition(
+            "ZoneDegraded",
+            !degraded.is_empty(),
+            if degraded.is_empty() {
+                "NoZoneDegraded"
+            } else {
+                "ZoneOutage"
+            },
+            bounded::clip(&degraded.join("; "), 1024).into_owned(),
+            generation,
+            now,
+        ),
+    );
     ctx.metrics.set_pool(
         &name,
         status.node_count,

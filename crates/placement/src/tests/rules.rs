@@ -676,6 +676,27 @@ fn an_elastic_pool_at_max_nodes_does_not_provision() {
 }
 
 #[test]
+fn a_paused_zone_is_never_provisioned_into_and_resumes_when_unpaused() {
+    let mut p = elastic(vec![itype("m", 100.0, 16, &[])]);
+    p.zones = vec!["z1".into(), "z2".into()];
+    let mut e = engine(vec![p], vec![]);
+    let zone_of = |d: &Decision| match &d.outcome {
+        Outcome::Provision { zone, .. } => zone.clone(),
+        _ => None,
+    };
+    let req = request(vec![job("j", 10.0)], &["e"]);
+    assert_eq!(zone_of(&e.place(&req, 0)).as_deref(), Some("z1"));
+    e.set_provisioning_paused("e", "z1", true);
+    assert!(e.provisioning_paused("e", "z1"));
+    assert_eq!(zone_of(&e.place(&req, 0)).as_deref(), Some("z2"));
+    e.set_provisioning_paused("e", "z2", true);
+    let d = e.place(&req, 0);
+    assert_eq!(d.kind(), OutcomeKind::Unplaceable, "every zone paused");
+    e.set_provisioning_paused("e", "z1", false);
+    assert_eq!(zone_of(&e.place(&req, 0)).as_deref(), Some("z1"));
+}
+
+#[test]
 fn an_elastic_pool_with_no_type_big_enough_is_left() {
     let e = engine(vec![elastic(vec![itype("s", 10.0, 4, &[])])], vec![]);
     let d = e.place(&request(vec![job("j", 50.0)], &["e"]), 0);

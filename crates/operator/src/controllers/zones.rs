@@ -1,0 +1,211 @@
+//! The zone brake, acted on: nodes Manager loses (stopped or terminated without the operator
+//! asking) are counted per pool and zone ([`automanager_policy::zone_brake`]); a zone that
+//! trips the brake has provisioning into it paused in the placement engine, a `ZoneDegraded`
+//! condition on its PlacementPool and a Warning Event; once its window passes quietly it clears
+//! (a Normal Event) and waiting bundles are woken.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_api::PlacementPool;
+use automanager_policy::zone_brake::{DegradedZone, ZoneChange};
+use chrono::{DateTime, Utc};
+use kube::runtime::events::EventType;
+use manager_client::{MirrorChange, MirrorState};
+use manager_proto as proto;
+
+use super::Context;
+use crate::state::OperatorState;
+
+/// How often degraded zones are checked for a quiet window.
+const CLOCK: Duration = Duration::from_secs(1);
+
+fn live(state: i32) -> bool {
+    matches!(
+        proto::NodeState::try_from(state),
+        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+    )
+}
+
+fn zone_of(n: &proto::Node) -> &str {
+    n.inventory
+        .as_ref()
+        .map(|i| i.zone.as_str())
+        .filter(|z| !z.is_empty())
+        .unwrap_or(n.zone.as_str())
+}
+
+/// Counts the nodes of `batch` that Manager lost: a node the placement model still holds as
+/// up that the mirror now shows stopped or terminated, without this operator having asked.
+/// Call before the model takes the batch in. Pauses provisioning into zones that trip the brake.
+pub fn observe_losses(
+    batch: &[MirrorChange],
+    m: &MirrorState,
+    s: &mut OperatorState,
+    asked_to_terminate: impl Fn(&str) -> bool,
+    now: DateTime<Utc>,
+) -> Vec<ZoneChange> {
+    let mut changes = Vec::new();
+    if !s.zone_brake_enabled {
+        return changes;
+    }
+    for c in batch {
+        let MirrorChange::NodeUpserted(n) = c else {
+            continue;
+        };
+        if live(n.state)
+            || s.model.engine().node_view(&n.node_id).is_none()
+            || asked_to_terminate(&n.node_id)
+        {
+            continue;
+        }
+        let zone = zone_of(n);
+        if zone.is_empty() {
+            continue;
+        }
+        let up = m
+            .nodes
+            .values()
+            .filter(|o| o.pool == n.pool && live(o.state) && zone_of(o) == zone)
+            .count();
+        let up = u32::try_from(up).unwrap_or(u32::MAX);
+        tracing::info!(node = %n.node_id, pool = %n.pool, zone, up, "node lost");
+        if let Some(change) = s.zone_brake.record_loss(&n.pool, zone, up, now) {
+            if let ZoneChange::Degraded(d) = &change {
+                s.model_mut()
+                    .set_provisioning_paused(&d.pool, &d.zone, true);
+            }
+            changes.push(change);
+        }
+    }
+    changes
+}
+
+/// Tells the person on call, and the pool's waiters, what changed.
+pub async fn announce(ctx: &Context, changes: Vec<ZoneChange>) {
+    for change in changes {
+        match change {
+            ZoneChange::Degraded(d) => {
+                tracing::warn!(pool = %d.pool, zone = %d.zone, lost = d.lost, had = d.had, "zone degraded: provisioning into it paused");
+                ctx.metrics.zone_degraded(&d.pool, &d.zone, true);
+                ctx.event_on(
+                    &pool_ref(&d.pool),
+                    EventType::Warning,
+                    "ZoneDegraded",
+                    "Provision",
+                    degraded_message(&d, ctx.settings.zone_brake.map(|b| b.window)),
+                )
+                .await;
+                ctx.wake_pool(&d.pool);
+            }
+            ZoneChange::Cleared { pool, zone } => {
+                tracing::info!(pool = %pool, zone = %zone, "zone recovered: provisioning into it resumes");
+                ctx.metrics.zone_degraded(&pool, &zone, false);
+                ctx.event_on(
+                    &pool_ref(&pool),
+                    EventType::Normal,
+                    "ZoneRecovered",
+                    "Provision",
+                    format!(
+                        "zone {zone} lost no node for a whole window: provisioning into it resumes"
+                    ),
+                )
+                .await;
+                ctx.wake_pool(&pool);
+            }
+        }
+    }
+}
+
+/// A reference to the PlacementPool `pool` for its Events (pools are cluster-scoped).
+fn pool_ref(pool: &str) -> k8s_openapi::api::core::v1::ObjectReference {
+    use kube::Resource;
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(PlacementPool::api_version(&()).into_owned()),
+        kind: Some(PlacementPool::kind(&()).into_owned()),
+        name: Some(pool.to_owned()),
+        ..Default::default()
+    }
+}
+
+/// The `ZoneDegraded` condition's and Event's message for one zone.
+pub fn degraded_message(d: &DegradedZone, window: Option<chrono::TimeDelta>) -> String {
+    format!(
+        "zone {} lost {} of its {} nodes within {}s: no node is provisioned into it until {} (a window with no further loss); recovery goes on in other zones and pools",
+        d.zone,
+        d.lost,
+        d.had,
+        window.map_or(0, |w| w.num_seconds()),
+        d.until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
+/// The zone a CreateNode into `pool` should name, given the zone brake: `requested` when it is
+/// not degraded; an error naming the zone when it is. An empty request (Manager's choice) stays
+/// empty while the pool has lost no node recently; otherwise it names the pool's zone that is not
+/// degraded with the fewest recent losses, then the fewest live nodes (so spares replaced during
+/// an outage, before the zone trips the brake, already go elsewhere), or fails when every zone
+/// is degraded.
+pub fn provision_zone(
+    m: &MirrorState,
+    s: &OperatorState,
+    pool: &str,
+    requested: &str,
+) -> Result<String, String> {
+    let b = &s.zone_brake;
+    if !requested.is_empty() {
+        return match b.degraded_in(pool).iter().find(|d| d.zone == requested) {
+            Some(d) => Err(degraded_message(d, Some(b.settings().window))),
+            None => Ok(requested.to_owned()),
+        };
+    }
+    let zones = s
+        .model
+        .pool(pool)
+        .map(|p| p.zones.clone())
+        .unwrap_or_default();
+    if zones.is_empty() || zones.iter().all(|z| b.recent_losses(pool, z) == 0) {
+        // No zones named (Manager chooses, the brake cannot steer it), or nothing lost lately.
+        return Ok(String::new());
+    }
+    zones
+        .iter()
+        .filter(|z| !b.is_degraded(pool, z))
+        .min_by_key(|z| {
+            let up = m
+                .nodes
+                .values()
+                .filter(|n| n.pool == pool && live(n.state) && zone_of(n) == z.as_str())
+                .count();
+            (b.recent_losses(pool, z), up)
+        })
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "every zone of pool {pool} is degraded ({}); no node is provisioned until one recovers",
+                zones.join(", ")
+            )
+        })
+}
+
+/// Clears degraded zones whose window passed quietly, every second.
+pub async fn run_zone_clock(ctx: Arc<Context>) {
+    let mut tick = tokio::time::interval(CLOCK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let changes = {
+            let mut s = ctx.state();
+            let changes = s.zone_brake.tick(Utc::now());
+            for c in &changes {
+                if let ZoneChange::Cleared { pool, zone } = c {
+                    s.model_mut().set_provisioning_paused(pool, zone, false);
+                }
+            }
+            changes
+        };
+        if !changes.is_empty() {
+            announce(&ctx, changes).await;
+        }
+    }
+}

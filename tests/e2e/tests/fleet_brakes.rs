@@ -1,0 +1,339 @@
+//! The remediation brakes on the real stack (kube-apiserver + etcd, manager-sim, the operator
+//! binary, kubectl), each with the reliability suite's invariant checker running alongside:
+//!
+//! - a zone outage pauses provisioning into the zone (`ZoneDegraded` on the PlacementPool, an
+//!   Event, the metric), gold recovers in the other zones, and the zone is used again once a
+//!   window passes quietly;
+//! - a crash-looping job (its node dies each time it lands) cannot make the operator ask for
+//!   more nodes than the pool's provisioning rate allows.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
+use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, condition, events_table};
+use manager_client::proto::{KillNodeRequest, NodeState};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(120);
+const POOL: &str = "zoned";
+const ZONES: [&str; 3] = ["zn-a", "zn-b", "zn-c"];
+
+/// An elastic pool of three zones, nodes of 100 capacity, started after 100 ms.
+fn sim_config(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("manager-sim.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen: 127.0.0.1:0
+timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
+pools:
+  - name: {POOL}
+    kind: aws
+    region: eu-west-1
+    zones: [{}]
+    scaleOut: elastic
+    instanceTypes:
+      - {{instanceType: m5.xlarge, capacity: 100, cores: 16}}
+",
+            ZONES.join(", ")
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn pool_yaml(extra: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {{name: {POOL}}}
+spec:
+  kind: aws
+  region: eu-west-1
+  zones: [{}]
+  packingStrategy: spread
+  scaleOut: elastic
+{extra}  candidateInstanceTypes:
+    - {{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16, capabilities: []}}
+",
+        ZONES.join(", ")
+    )
+}
+
+/// A gold bundle of one job taking 60 of a node's 100: one per node.
+fn gold_bundle(name: &str, bands: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: 1
+  pools: [{POOL}]
+  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 60, requiredCores: 2, priorityBand: gold}}
+{bands}"
+    )
+}
+
+async fn start(adjust: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let config = sim_config(dir.path());
+    // The sim reads its config before start_custom returns; `dir` may go after.
+    Stack::start_custom(&config, &[], adjust)
+        .await
+        .expect("stack")
+}
+
+/// Node id → (zone, created_at_ms, live) of every node Manager has.
+async fn nodes(stack: &Stack) -> Vec<(String, String, i64, bool)> {
+    let m = manager_state(&stack.sim_endpoint).await.unwrap();
+    m.nodes
+        .values()
+        .map(|n| {
+            let live = matches!(
+                NodeState::try_from(n.state),
+                Ok(NodeState::Starting | NodeState::Started)
+            );
+            (n.node_id.clone(), n.zone.clone(), n.created_at_ms, live)
+        })
+        .collect()
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[tokio::test]
+async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
+    let stack = start(|c| {
+        c.insert(
+            "zoneBrake".into(),
+            serde_json::json!({"lostPercent": 50, "window": "15s", "minLostNodes": 3}),
+        );
+    })
+    .await;
+    apply(&stack, &pool_yaml("")).await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let names: Vec<String> = (0..6).map(|i| format!("gold-{i}")).collect();
+    for n in &names {
+        apply(&stack, &gold_bundle(n, "")).await;
+    }
+    for n in &names {
+        stack
+            .wait_bundle_phase("default", n, "Ready", WAIT)
+            .await
+            .unwrap();
+    }
+    // Placement provisions into the pool's first zone while nothing is wrong with it.
+    let before = nodes(&stack).await;
+    let dead = ZONES[0];
+    let victims: Vec<String> = before
+        .iter()
+        .filter(|(_, z, _, live)| z == dead && *live)
+        .map(|(id, ..)| id.clone())
+        .collect();
+    assert!(
+        victims.len() >= 3,
+        "the first wave should have provisioned into {dead}: {before:?}"
+    );
+
+    // The zone goes down at once.
+    let admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let killed_ms = now_ms();
+    let killed_at = Instant::now();
+    let kills = victims.iter().map(|id| {
+        let mut admin = admin.clone();
+        let node_id = id.clone();
+        async move { admin.kill_node(KillNodeRequest { node_id }).await }
+    });
+    for r in futures::future::join_all(kills).await {
+        r.unwrap();
+    }
+
+    // The person on call is told: a condition naming the zone, an Event, the metric.
+    let pool = stack
+        .wait_for("ZoneDegraded on the pool", WAIT, || async {
+            let p = stack.get_json(&["placementpool", POOL]).await?;
+            Ok((condition(&p, "ZoneDegraded")["status"] == "True").then_some(p))
+        })
+        .await
+        .unwrap();
+    let c = condition(&pool, "ZoneDegraded");
+    assert_eq!(c["reason"], "ZoneOutage");
+    let message = c["message"].as_str().unwrap();
+    assert!(message.contains(&format!("zone {dead} lost")), "{message}");
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "automanager_zone_degraded{{pool=\"{POOL}\",zone=\"{dead}\"}} 1"
+        )),
+        "{metrics}"
+    );
+
+    // Gold comes back, on new nodes in the other zones.
+    let back = stack
+        .wait_for("every gold bundle running again", WAIT, || async {
+            let m = manager_state(&stack.sim_endpoint).await?;
+            let mut zones = Vec::new();
+            for n in &names {
+                let b = stack.get_json(&["bundle", n, "-n", "default"]).await?;
+                let j = &b["status"]["replicas"][0]["jobs"][0];
+                let node = j["nodeId"].as_str().unwrap_or_default();
+                if j["state"] != "running" || victims.iter().any(|v| v == node) {
+                    return Ok(None);
+                }
+                zones.push(
+                    m.nodes
+                        .get(node)
+                        .map(|n| n.zone.clone())
+                        .unwrap_or_default(),
+                );
+            }
+            Ok(Some(zones))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "zone outage: gold back after {:.1}s in zones {back:?}",
+        killed_at.elapsed().as_secs_f64()
+    );
+    assert!(back.iter().all(|z| z != dead), "{back:?}");
+    let in_dead_zone: Vec<_> = nodes(&stack)
+        .await
+        .into_iter()
+        .filter(|(_, z, created, _)| z == dead && *created >= killed_ms)
+        .collect();
+    assert_eq!(
+        in_dead_zone,
+        Vec::new(),
+        "nothing is provisioned into the degraded zone"
+    );
+    let ev = events_table(&stack).await.unwrap();
+    assert!(
+        ev.lines()
+            .any(|l| l.starts_with(POOL) && l.contains("ZoneDegraded")),
+        "{ev}"
+    );
+
+    // A window with no further loss: the zone clears and is provisioned into again.
+    stack
+        .wait_for("ZoneDegraded cleared", WAIT, || async {
+            let p = stack.get_json(&["placementpool", POOL]).await?;
+            Ok((condition(&p, "ZoneDegraded")["status"] == "False").then_some(()))
+        })
+        .await
+        .unwrap();
+    let ev = events_table(&stack).await.unwrap();
+    assert!(ev.contains("ZoneRecovered"), "{ev}");
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(!metrics.contains(&format!("zone=\"{dead}\"")), "{metrics}");
+    let after_ms = now_ms();
+    apply(&stack, &gold_bundle("gold-late", "")).await;
+    stack
+        .wait_bundle_phase("default", "gold-late", "Ready", WAIT)
+        .await
+        .unwrap();
+    let reopened = nodes(&stack)
+        .await
+        .into_iter()
+        .any(|(_, z, created, live)| z == dead && created >= after_ms && live);
+    assert!(reopened, "provisioning into {dead} resumes once it cleared");
+
+    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-zone-outage", took));
+    assert!(v.is_clean(), "{}", v.details());
+}
+
+#[tokio::test]
+async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
+    const RATE: u64 = 3;
+    let stack = start(|c| {
+        c.insert(
+            "provisioning".into(),
+            serde_json::json!({"perPoolPerMinute": RATE}),
+        );
+        // Losing the same zone's nodes again and again would trip the zone brake first; this
+        // test is about the rate.
+        c.insert("zoneBrake".into(), serde_json::json!({"enabled": false}));
+    })
+    .await;
+    apply(&stack, &pool_yaml("")).await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let creates = |stack: &Stack| {
+        stack
+            .sim_calls()
+            .unwrap()
+            .get("CreateNode")
+            .copied()
+            .unwrap_or(0)
+    };
+    let before = creates(&stack);
+    apply(
+        &stack,
+        &gold_bundle("looper", "  bands:\n    gold: {maxRestartsPerHour: 1000}\n"),
+    )
+    .await;
+    // Every node the job lands on dies (a bad instance type): for 40 s, kill whatever node runs it.
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let started = Instant::now();
+    let mut killed = std::collections::BTreeSet::new();
+    while started.elapsed() < Duration::from_secs(40) {
+        let b = stack
+            .get_json(&["bundle", "looper", "-n", "default"])
+            .await
+            .unwrap();
+        let j = &b["status"]["replicas"][0]["jobs"][0];
+        if let Some(node) = j["nodeId"].as_str()
+            && j["state"] == "running"
+            && killed.insert(node.to_owned())
+        {
+            admin
+                .kill_node(KillNodeRequest {
+                    node_id: node.to_owned(),
+                })
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let asked = creates(&stack) - before;
+    eprintln!(
+        "crash loop: {} nodes killed, {asked} CreateNode calls in {:.0}s",
+        killed.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert!(
+        killed.len() >= 2,
+        "the job must have landed and died more than once: {killed:?}"
+    );
+    assert!(
+        asked <= RATE,
+        "{asked} nodes asked for within a minute, the bound is {RATE}"
+    );
+    assert!(
+        stack
+            .operator
+            .log_text()
+            .contains("provisioning rate for the pool is used up"),
+        "the operator says why it waits"
+    );
+    let (v, took) = settle(&stack, Duration::from_secs(30)).await.unwrap();
+    let mut v = v;
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-crash-loop", took));
+    // The looping job is legitimately down (its last node was killed and the rate is used up);
+    // duplicates, over-capacity and orphans must still be none.
+    assert!(
+        v.duplicates.is_empty() && v.overcapacity.is_empty() && v.orphans.is_empty(),
+        "{}",
+        v.details()
+    );
+}
