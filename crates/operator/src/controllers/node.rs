@@ -261,8 +261,14 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
         // One pass over the mirror; the model, drain and health locks are each held only for a
         // node's own lookups, so placement is never held up behind this loop.
+        // Without the cluster scope no object is written: only the health overlay is kept.
+        let owns = ctx.settings.owns_cluster_scope;
         let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
-            let mut by_node = load_by_node(m);
+            let mut by_node = if owns {
+                load_by_node(m)
+            } else {
+                Default::default()
+            };
             let mut desired = Vec::with_capacity(m.nodes.len());
             for n in m.nodes.values() {
                 let unhealthy = unhealthy_now.contains(&n.node_id);
@@ -275,6 +281,9 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                     }
                     overlay
                 };
+                if !owns {
+                    continue; // the health overlay is all a non-owner needs from this loop
+                }
                 let state = node_state(n);
                 let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
                     .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
@@ -331,8 +340,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             }
             desired
         });
-        if !ctx.settings.owns_cluster_scope {
-            // Health is in the model for placement; the objects are the cluster scope owner's.
+        if !owns {
             continue;
         }
         let keep: std::collections::HashSet<&str> =
