@@ -36,6 +36,9 @@ use crate::controllers::{self, Context};
 use crate::mapping;
 use crate::state::SNAPSHOT_EVERY;
 
+/// How long a stopping operator waits for its queued Events to be published.
+const EVENT_FLUSH: Duration = Duration::from_secs(3);
+
 /// The watch predicate every kind uses: an object is reconciled when its generation (spec),
 /// annotations (the retry annotation), finalizers or deletion change, never for a status write
 /// (ours or anyone's).
@@ -445,6 +448,14 @@ pub async fn run_controllers(
     zone_clock.abort();
     if let Some(sweep) = sweep {
         sweep.abort();
+    }
+    // Events the last reconciles queued are what a person reads about them: publish them
+    // before going. A fenced (deposed) operator's writes are refused anyway, so this is short.
+    if !ctx.events.flush(EVENT_FLUSH).await {
+        tracing::warn!(
+            pending = ctx.events.pending(),
+            "stopping with events not yet published"
+        );
     }
 }
 

@@ -786,6 +786,8 @@ async fn a_pool_in_use_is_not_deleted_until_its_bundles_and_spare_targets_are_go
             .iter()
             .any(|p| p.name == "aws-east")
     );
+    // Events are queued off the reconcile path: wait until the queue is published.
+    assert!(h.ctx.events.flush(BOUND).await);
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());
     let blocked = events.list(&Default::default()).await.unwrap();
     assert!(
@@ -1004,5 +1006,79 @@ async fn an_operator_without_the_cluster_scope_places_its_bundles_and_writes_not
             .count()
     });
     assert_eq!(spares, 0, "no spare provisioned");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_events_are_all_published_in_order_even_past_the_queue_bound() {
+    use automanager_operator::controllers::events::QUEUE;
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::runtime::events::EventType;
+
+    let Some(h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    const OBJECTS: usize = 20;
+    let reference = |o: usize| k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("ConfigMap".into()),
+        name: Some(format!("event-queue-probe-{o:02}")),
+        namespace: Some("default".into()),
+        ..Default::default()
+    };
+    // More than the queue holds: the callers past the bound wait instead of losing Events.
+    // Distinct reasons, so the recorder's series does not fold them into one.
+    let total = QUEUE + 76;
+    for i in 0..total {
+        h.ctx
+            .event_on(
+                &reference(i % OBJECTS),
+                EventType::Normal,
+                &format!("Probe{i:05}"),
+                "Probe",
+                format!("probe {i:05}"),
+            )
+            .await;
+    }
+    assert!(
+        h.ctx.events.flush(BOUND).await,
+        "{} events still pending",
+        h.ctx.events.pending()
+    );
+    let events: Api<K8sEvent> = Api::namespaced(h.env.client(), "default");
+    let mut seen: Vec<(String, String, String)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|e| {
+            let name = e.regarding.as_ref()?.name.clone()?;
+            name.starts_with("event-queue-probe-").then(|| {
+                let at = e
+                    .event_time
+                    .map(|t| t.0.as_nanosecond())
+                    .unwrap_or_default();
+                (name, format!("{at:024}"), e.note.unwrap_or_default())
+            })
+        })
+        .collect();
+    assert_eq!(seen.len(), total, "every queued Event was published");
+    // Per object, in the order they were queued.
+    seen.sort();
+    for o in 0..OBJECTS {
+        let name = format!("event-queue-probe-{o:02}");
+        let notes: Vec<&str> = seen
+            .iter()
+            .filter(|(n, _, _)| *n == name)
+            .map(|(_, _, note)| note.as_str())
+            .collect();
+        let mut in_order = notes.clone();
+        in_order.sort_unstable();
+        assert_eq!(
+            notes, in_order,
+            "{name}'s Events in the order they were queued"
+        );
+    }
     h.shutdown().await;
 }

@@ -297,13 +297,21 @@ async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
             .contains("Bundle default/pair"),
         "{node_message}"
     );
-    let blocked_events = events(&stack, "DisruptionBlocked").await;
-    assert!(
-        blocked_events
-            .iter()
-            .any(|(_, note)| note.contains("default/pair")),
-        "{blocked_events:?}"
-    );
+    // Events are published off the reconcile path, a moment after the status.
+    stack
+        .wait_for(
+            "a DisruptionBlocked Event naming default/pair",
+            WAIT,
+            || async {
+                let blocked_events = events(&stack, "DisruptionBlocked").await;
+                Ok(blocked_events
+                    .iter()
+                    .any(|(_, note)| note.contains("default/pair"))
+                    .then_some(()))
+            },
+        )
+        .await
+        .unwrap();
 
     // The two moves did not overlap: the second was admitted only once the first completed.
     let all = migrations(&stack).await;

@@ -215,12 +215,10 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         Vec::new(),
         "nothing is provisioned into the degraded zone"
     );
-    let ev = events_table(&stack).await.unwrap();
-    assert!(
-        ev.lines()
-            .any(|l| l.starts_with(POOL) && l.contains("ZoneDegraded")),
-        "{ev}"
-    );
+    wait_event(&stack, |l| {
+        l.starts_with(POOL) && l.contains("ZoneDegraded")
+    })
+    .await;
 
     // A window with no further loss: the zone clears and is provisioned into again.
     stack
@@ -230,8 +228,7 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         })
         .await
         .unwrap();
-    let ev = events_table(&stack).await.unwrap();
-    assert!(ev.contains("ZoneRecovered"), "{ev}");
+    wait_event(&stack, |l| l.contains("ZoneRecovered")).await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(!metrics.contains(&format!("zone=\"{dead}\"")), "{metrics}");
     let after_ms = now_ms();
@@ -336,4 +333,18 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
         "{}",
         v.details()
     );
+}
+
+/// Waits for a line of the Events table that `line` accepts: Events are published off the
+/// reconcile path, a moment after the status that follows them.
+async fn wait_event(stack: &Stack, line: impl Fn(&str) -> bool) {
+    let found = stack
+        .wait_for("an Event", WAIT, || async {
+            let ev = events_table(stack).await?;
+            Ok(ev.lines().any(&line).then_some(()))
+        })
+        .await;
+    if let Err(e) = found {
+        panic!("{e}\n{}", events_table(stack).await.unwrap_or_default());
+    }
 }

@@ -563,33 +563,48 @@ async fn rbac_was_enough(stack: &Stack) {
             .is_some_and(|h| !h.is_empty()),
         "{lease:#}"
     );
-    let events = stack
-        .get_json(&["events.events.k8s.io", "-A"])
-        .await
-        .unwrap();
-    let reasons: Vec<(String, String)> = events["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect();
-    for (ns, reason) in [
+    // Events are published off the reconcile path: the last ones may land a moment late.
+    let wanted = [
         ("default", "Placed"),
         ("default", "BundleBroken"),
         ("default", "ProvisioningSpare"),
-    ] {
-        assert!(
-            reasons.iter().any(|(n, r)| n == ns && r == reason),
-            "no {reason} Event in {ns}: {reasons:?}"
-        );
+    ];
+    let reasons = || async {
+        let events = stack.get_json(&["events.events.k8s.io", "-A"]).await?;
+        let reasons: Vec<(String, String)> = events["items"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|e| {
+                (
+                    e["metadata"]["namespace"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        Ok::<_, automanager_e2e::SetupError>(reasons)
+    };
+    let all_there = stack
+        .wait_for("the Events the RBAC allows", WAIT, || async {
+            let seen = reasons().await?;
+            Ok(wanted
+                .iter()
+                .all(|(ns, reason)| seen.iter().any(|(n, r)| n == ns && r == reason))
+                .then_some(()))
+        })
+        .await;
+    if all_there.is_err() {
+        let seen = reasons().await.unwrap_or_default();
+        for (ns, reason) in wanted {
+            assert!(
+                seen.iter().any(|(n, r)| n == ns && r == reason),
+                "no {reason} Event in {ns}: {seen:?}"
+            );
+        }
     }
 }
 

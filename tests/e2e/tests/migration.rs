@@ -819,7 +819,14 @@ async fn a_migration_with_no_room_elsewhere_provisions_its_target_in_an_elastic_
         .find(|n| n["status"]["nodeId"] == target.as_str())
         .map(|n| n["status"]["pool"].clone());
     assert_eq!(pool_of_target, Some(Value::from("aws-east")), "{nodes:#}");
-    let events = events_with_reason(&stack, "ProvisioningTarget").await;
+    // Events are published off the reconcile path, a moment after the status.
+    let events = stack
+        .wait_for("a ProvisioningTarget Event", WAIT, || async {
+            let events = events_with_reason(&stack, "ProvisioningTarget").await;
+            Ok((!events.is_empty()).then_some(events))
+        })
+        .await
+        .unwrap();
     assert_eq!(events.len(), 1, "{events:#?}");
     wait_single_instance_on(&stack, "big", &target).await;
 }

@@ -55,6 +55,18 @@ async fn events_for(stack: &Stack, name: &str) -> String {
     format!("{}\n{all}", out.stdout)
 }
 
+/// [`events_for`] once it shows a `reason` Event: Events are published off the reconcile
+/// path, a moment after the status that follows them.
+async fn events_for_with(stack: &Stack, name: &str, reason: &str) -> String {
+    stack
+        .wait_for(&format!("a {reason} Event on {name}"), READY, || async {
+            let events = events_for(stack, name).await;
+            Ok(events.contains(reason).then_some(events))
+        })
+        .await
+        .unwrap()
+}
+
 fn bundle_yaml(name: &str, replicas: u32, pools: &str, jobs: &str) -> String {
     format!(
         "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}"
@@ -238,8 +250,7 @@ async fn a_replica_spills_to_the_next_pool_when_the_first_cannot_take_it() {
         Some(Value::from("onprem")),
         "{j:#}"
     );
-    let events = events_for(&stack, "gpu").await;
-    assert!(events.contains("SpilledToPool"), "{events}");
+    events_for_with(&stack, "gpu", "SpilledToPool").await;
 }
 
 #[tokio::test]
@@ -275,8 +286,7 @@ async fn refused_starts_make_a_node_unhealthy_and_placement_avoids_it() {
         .unwrap();
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
     assert_ne!(unhealthy[0], placed, "placement avoided the unhealthy node");
-    let events = events_for(&stack, &unhealthy[0]).await;
-    assert!(events.contains("NodeUnhealthy"), "{events}");
+    events_for_with(&stack, &unhealthy[0], "NodeUnhealthy").await;
 }
 
 #[tokio::test]
@@ -412,8 +422,7 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
         .await
         .unwrap();
     assert_eq!(b["status"]["phase"], "Degraded");
-    let events = events_for(&stack, "b").await;
-    assert!(events.contains("JobDropped"), "{events}");
+    events_for_with(&stack, "b", "JobDropped").await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics

@@ -7,6 +7,7 @@
 pub mod bundle;
 pub mod disruption;
 pub mod drain;
+pub mod events;
 pub mod hotspare;
 pub mod migration;
 pub mod node;
@@ -119,7 +120,8 @@ pub struct Context {
     pub manager: ManagerClient,
     pub settings: Settings,
     pub metrics: Metrics,
-    pub recorder: Recorder,
+    /// Events go through this queue, off the reconcile path ([`events`]).
+    pub events: events::EventQueue,
     state: Mutex<OperatorState>,
     pub snapshot: EngineSnapshot,
     pub wake: Wakers,
@@ -166,7 +168,7 @@ impl Context {
             snapshot: EngineSnapshot::default(),
             settings,
             metrics,
-            recorder,
+            events: events::EventQueue::new(recorder),
             wake,
             receivers: Mutex::new(Some(receivers)),
         })
@@ -249,7 +251,8 @@ impl Context {
         Error::ManagerUnavailable(format!("connection {state}{detail}"))
     }
 
-    /// Publishes an Event about `obj`; failures are logged, never fatal.
+    /// Queues an Event about `obj` ([`events`]: published in order, off the reconcile path);
+    /// failures are logged, never fatal.
     pub async fn event<K>(
         &self,
         obj: &K,
@@ -281,9 +284,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
-            tracing::warn!(object = %reference.name.clone().unwrap_or_default(), reason, error = %e, "could not publish event");
-        }
+        self.events.publish(ev, reference.clone()).await;
     }
 }
 
