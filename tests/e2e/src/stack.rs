@@ -20,7 +20,13 @@ pub struct Binaries {
 }
 
 /// Runs `cargo build ARGS` with the cargo that runs the tests, in the same profile as the test
-/// executable (release under `cargo bench`), and returns that profile's target directory.
+/// executable, and returns that profile's target directory.
+///
+/// A test executable under `<target>/release` was built by `cargo bench` or `cargo test
+/// --release`, both in the `bench` profile: building the binaries in that profile too (its
+/// output directory is also `release`) lets them share the dependencies just compiled, where
+/// `--release` would rebuild those dependencies in the `release` profile on every run, and the
+/// next `cargo bench` rebuild them back.
 pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // The test executable lives in <target>/<profile>/deps/.
@@ -33,7 +39,7 @@ pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
     let mut cmd = Command::new(&cargo);
     cmd.arg("build").args(args);
     if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.arg("--release");
+        cmd.args(["--profile", "bench"]);
     }
     let status = cmd
         .current_dir(repo_root())
