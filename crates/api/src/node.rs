@@ -60,6 +60,50 @@ pub struct Drain {
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    // Shown by `kubectl get -o wide`; `kubectl automanager top` reads every column as a Table,
+    // which is a fraction of the size of the objects (their job lists) on a big fleet.
+    printcolumn(
+        name = "Instance Type",
+        type_ = "string",
+        json_path = ".status.instanceType",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Cores Used",
+        type_ = "integer",
+        json_path = ".status.usedCores",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Cores",
+        type_ = "integer",
+        json_path = ".status.totalCores",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Jobs",
+        type_ = "integer",
+        json_path = ".status.jobCount",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Healthy",
+        type_ = "boolean",
+        json_path = ".status.healthy",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Drain",
+        type_ = "string",
+        json_path = ".spec.drain.mode",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "Capabilities",
+        type_ = "string",
+        json_path = ".status.capabilities",
+        priority = "1"
     )
 )]
 #[serde(rename_all = "camelCase")]
@@ -212,6 +256,9 @@ pub struct ManagerNodeStatus {
     #[serde(default)]
     #[schemars(length(max = 512))]
     pub jobs: Vec<NodeJob>,
+    /// How many job instances run on the node (all of them, where `jobs` keeps at most 512).
+    #[serde(default)]
+    pub job_count: i32,
     /// Drain progress, when a drain was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainStatus>,

@@ -70,6 +70,9 @@ pub enum CliError {
     /// Output could not be written or rendered.
     #[error("writing output: {0}")]
     Output(String),
+    /// Standard output was closed by its reader (`| head`): nothing more to say.
+    #[error("standard output was closed")]
+    OutputClosed,
 }
 
 impl CliError {
@@ -84,7 +87,11 @@ impl CliError {
 
 impl From<std::io::Error> for CliError {
     fn from(e: std::io::Error) -> Self {
-        CliError::Output(e.to_string())
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            CliError::OutputClosed
+        } else {
+            CliError::Output(e.to_string())
+        }
     }
 }
 

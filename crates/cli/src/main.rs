@@ -17,7 +17,8 @@ fn main() -> ExitCode {
         }
     };
     match runtime.block_on(automanager_cli::run(cli)) {
-        Ok(()) => ExitCode::SUCCESS,
+        // A reader that stopped reading (`| head`) got what it wanted.
+        Ok(()) | Err(automanager_cli::CliError::OutputClosed) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(e.exit_code())

@@ -348,7 +348,7 @@ fn top_nodes() {
 fn top_pools() {
     let nodes: Vec<api::ManagerNode> = objects(NODES);
     let pools: Vec<api::PlacementPool> = objects(POOLS);
-    let rows = render::top::pool_rows(&pools, &nodes);
+    let rows = render::top::pool_rows(&pools, &render::top::node_rows(&nodes, None));
     insta::assert_snapshot!(format!(
         "{}\n{}",
         render::top::render_pools(&rows, false),
@@ -417,4 +417,63 @@ fn validate_report() {
     assert!(!report.valid);
     insta::assert_snapshot!(render::validate::render(&report));
     insta::assert_json_snapshot!(report);
+}
+
+#[test]
+fn top_nodes_from_the_apiservers_table() {
+    // The shape kube-apiserver answers for `as=Table` with `includeObject=None`.
+    let columns = [
+        "Name",
+        "Pool",
+        "Zone",
+        "Used",
+        "Capacity",
+        "Cordoned",
+        "Spare",
+        "State",
+        "Age",
+        "Instance Type",
+        "Cores Used",
+        "Cores",
+        "Jobs",
+        "Healthy",
+        "Drain",
+        "Capabilities",
+    ];
+    let table = serde_json::json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "columnDefinitions": columns.iter().map(|c| serde_json::json!({"name": c, "type": "string"})).collect::<Vec<_>>(),
+        "rows": [
+            {"cells": ["onprem-a1", "onprem", "rack-a", 200, 200, false, false, "started", "3d", null, 32, 32, 7, true, null, "[\"sdi-capture\"]"]},
+            {"cells": ["aws-east-2", "aws-east", "eu-west-1b", 10, 100, true, false, "started", "1h", "m5.xlarge", 2, 16, 1, false, "migrate", null]},
+            {"cells": ["aws-east-3", "aws-east", "eu-west-1a", 0, 100, false, true, "started", "1h", "m5.xlarge", 0, 16, 0, null, null, "[]"]}
+        ]
+    });
+    let rows = render::top::node_rows_from_table(&table, None).expect("a Table");
+    let names: Vec<&str> = rows.iter().map(|r| r.node.as_str()).collect();
+    assert_eq!(
+        names,
+        ["aws-east-2", "aws-east-3", "onprem-a1"],
+        "by pool, then name"
+    );
+    assert_eq!(rows[0].used_cores, 2);
+    assert!(rows[0].cordoned && rows[0].draining && !rows[0].healthy);
+    assert!(
+        rows[1].spare && rows[1].healthy,
+        "no Healthy cell is the field's default"
+    );
+    assert_eq!(rows[2].capabilities, ["sdi-capture"]);
+    assert_eq!(rows[2].jobs, 7);
+    assert_eq!(rows[2].instance_type, "");
+    let onprem = render::top::node_rows_from_table(&table, Some("onprem")).expect("a Table");
+    assert_eq!(onprem.len(), 1);
+
+    // Not a Table (a proxy that ignored the Accept header), or one without our columns: the
+    // caller reads the objects instead.
+    let list = serde_json::json!({"kind": "ManagerNodeList", "items": []});
+    assert!(render::top::node_rows_from_table(&list, None).is_none());
+    let mut old = table.clone();
+    old["columnDefinitions"] = serde_json::json!([{"name": "Name"}, {"name": "Pool"}]);
+    assert!(render::top::node_rows_from_table(&old, None).is_none());
 }

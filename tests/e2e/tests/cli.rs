@@ -273,6 +273,48 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         assert_eq!(row["usedCapacity"], 20, "{row:#}");
         assert_eq!(row["totalCapacity"], 200);
     }
+    // The rows come from the apiserver's Table of the printer columns: each says what the
+    // object itself says.
+    for row in rows {
+        let name = row["node"].as_str().unwrap();
+        let n = stack.get_json(&["managernode", name]).await.unwrap();
+        let s = &n["status"];
+        for (field, want) in [
+            ("pool", &s["pool"]),
+            ("zone", &s["zone"]),
+            ("state", &s["state"]),
+            ("instanceType", &s["instanceType"]),
+            ("usedCapacity", &s["usedCapacity"]),
+            ("totalCapacity", &s["totalCapacity"]),
+            ("usedCores", &s["usedCores"]),
+            ("totalCores", &s["totalCores"]),
+            ("spare", &s["spare"]),
+            ("healthy", &s["healthy"]),
+            ("capabilities", &s["capabilities"]),
+            ("cordoned", &n["spec"]["cordoned"]),
+        ] {
+            assert_eq!(&row[field], want, "{field} of {name}: {row:#}\n{n:#}");
+        }
+        assert_eq!(
+            row["jobs"].as_u64(),
+            s["jobs"].as_array().map(|j| j.len() as u64),
+            "{name}"
+        );
+        assert_eq!(row["draining"], n["spec"]["drain"].is_object(), "{name}");
+    }
+    // A reader that stops reading (`| head`) ends the command quietly, not with a panic.
+    let mut child = std::process::Command::new(plugin::plugin_binary().unwrap())
+        .args(["top", "nodes"])
+        .env("KUBECONFIG", stack.env.kubeconfig_path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let closed = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&closed.stderr);
+    assert!(closed.status.success(), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
     let out = run(&["top", "nodes", "--pool", "onprem"]);
     ok(&out);
     assert!(out.stdout.starts_with("NODE"), "{}", out.stdout);

@@ -74,7 +74,10 @@ pub fn node_rows(nodes: &[api::ManagerNode], pool: Option<&str>) -> Vec<NodeRow>
                 total_capacity: s.total_capacity,
                 used_cores: s.used_cores,
                 total_cores: s.total_cores,
-                jobs: s.jobs.len(),
+                // `jobCount` counts past the list's bound; an older operator did not write it.
+                jobs: usize::try_from(s.job_count)
+                    .unwrap_or_default()
+                    .max(s.jobs.len()),
                 cordoned: n.spec.cordoned,
                 draining: n.spec.drain.is_some(),
                 spare: s.spare,
@@ -87,19 +90,82 @@ pub fn node_rows(nodes: &[api::ManagerNode], pool: Option<&str>) -> Vec<NodeRow>
     rows
 }
 
-/// Rows of `pools`, with capacity and cores summed over their started `nodes`.
-pub fn pool_rows(pools: &[api::PlacementPool], nodes: &[api::ManagerNode]) -> Vec<PoolRow> {
-    let mut sums: BTreeMap<&str, (i64, i64, i64, i64)> = BTreeMap::new();
-    for n in nodes {
-        let Some(s) = &n.status else { continue };
-        if s.state != api::NodeState::Started {
+/// Rows of a `meta.k8s.io/v1` Table of ManagerNodes (the apiserver's rendering of the CRD's
+/// printer columns), by pool then name, optionally only `pool`'s. `None` when the answer is
+/// not such a Table (an apiserver or proxy that ignored the request for one): the caller then
+/// reads the objects.
+pub fn node_rows_from_table(table: &serde_json::Value, pool: Option<&str>) -> Option<Vec<NodeRow>> {
+    use serde_json::Value;
+    if table.get("kind").and_then(Value::as_str) != Some("Table") {
+        return None;
+    }
+    let columns: Vec<&str> = table
+        .get("columnDefinitions")?
+        .as_array()?
+        .iter()
+        .map(|c| c.get("name").and_then(Value::as_str).unwrap_or_default())
+        .collect();
+    let at = |name: &str| columns.iter().position(|c| *c == name);
+    let (name, pool_col, zone, state) = (at("Name")?, at("Pool")?, at("Zone")?, at("State")?);
+    let (used, capacity, cordoned, spare) =
+        (at("Used")?, at("Capacity")?, at("Cordoned")?, at("Spare")?);
+    let (instance, cores_used, cores, jobs) = (
+        at("Instance Type")?,
+        at("Cores Used")?,
+        at("Cores")?,
+        at("Jobs")?,
+    );
+    let (healthy, drain, capabilities) = (at("Healthy")?, at("Drain")?, at("Capabilities")?);
+    let mut rows = Vec::new();
+    for row in table.get("rows")?.as_array()? {
+        let cells = row.get("cells")?.as_array()?;
+        let text = |i: usize| {
+            cells
+                .get(i)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let int = |i: usize| cells.get(i).and_then(Value::as_i64).unwrap_or_default();
+        let flag = |i: usize| cells.get(i).and_then(Value::as_bool);
+        let row_pool = text(pool_col);
+        if pool.is_some_and(|p| p != row_pool) {
             continue;
         }
-        let e = sums.entry(s.pool.as_str()).or_default();
-        e.0 += s.used_capacity;
-        e.1 += s.total_capacity;
-        e.2 += i64::from(s.used_cores);
-        e.3 += i64::from(s.total_cores);
+        rows.push(NodeRow {
+            node: text(name),
+            pool: row_pool,
+            zone: text(zone),
+            state: text(state),
+            instance_type: text(instance),
+            used_capacity: int(used),
+            total_capacity: int(capacity),
+            used_cores: i32::try_from(int(cores_used)).unwrap_or(i32::MAX),
+            total_cores: i32::try_from(int(cores)).unwrap_or(i32::MAX),
+            jobs: usize::try_from(int(jobs)).unwrap_or_default(),
+            cordoned: flag(cordoned).unwrap_or(false),
+            draining: !text(drain).is_empty(),
+            spare: flag(spare).unwrap_or(false),
+            // The field's default: a node whose status does not say yet is not held out.
+            healthy: flag(healthy).unwrap_or(true),
+            // A string column of a list: the apiserver prints it as JSON.
+            capabilities: serde_json::from_str(&text(capabilities)).unwrap_or_default(),
+        });
+    }
+    rows.sort_by(|a, b| a.pool.cmp(&b.pool).then(a.node.cmp(&b.node)));
+    Some(rows)
+}
+
+/// Rows of `pools`, with capacity and cores summed over their started `nodes`.
+pub fn pool_rows(pools: &[api::PlacementPool], nodes: &[NodeRow]) -> Vec<PoolRow> {
+    let started = lower(&api::NodeState::Started);
+    let mut sums: BTreeMap<&str, (i64, i64, i64, i64)> = BTreeMap::new();
+    for n in nodes.iter().filter(|n| n.state == started) {
+        let e = sums.entry(n.pool.as_str()).or_default();
+        e.0 += n.used_capacity;
+        e.1 += n.total_capacity;
+        e.2 += i64::from(n.used_cores);
+        e.3 += i64::from(n.total_cores);
     }
     let mut rows: Vec<PoolRow> = pools
         .iter()

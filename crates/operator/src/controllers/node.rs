@@ -36,6 +36,7 @@ fn same_but_usage(a: &ManagerNodeStatus, b: &ManagerNodeStatus) -> bool {
         used_capacity: 0,
         used_cores: 0,
         jobs: Vec::new(),
+        job_count: 0,
         drain: None,
         ..s.clone()
     };
@@ -105,11 +106,13 @@ fn node_state(n: &proto::Node) -> NodeState {
     }
 }
 
-/// What one node holds: its jobs (sorted by job id, at most 512, the schema's bound) and the
-/// capacity and cores they use (all of them, past the bound too).
+/// What one node holds: its jobs (sorted by job id, at most 512, the schema's bound), how many
+/// there are, and the capacity and cores they use (all of them, past the bound too).
 #[derive(Default)]
 struct NodeLoad {
     jobs: Vec<NodeJob>,
+    /// Every instance, past the bound too.
+    count: usize,
     used: (f64, i32),
 }
 
@@ -145,6 +148,7 @@ fn load_by_node(mirror: &MirrorState) -> HashMap<&str, NodeLoad> {
         }
     }
     for load in out.values_mut() {
+        load.count = load.jobs.len();
         load.jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
         load.jobs.truncate(512);
     }
@@ -225,6 +229,7 @@ fn desired_status(
         // The flap back-off's figures are the health record's; the sync fills them in.
         unhealthy_episodes: 0,
         held_out_until: None,
+        job_count: i32::try_from(load.count).unwrap_or(i32::MAX),
         jobs: load.jobs,
         drain: None,
         stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
