@@ -492,7 +492,7 @@ impl crate::http::DebugApi for DebugState {
             "namespace": namespace,
             "bundle": bundle,
             "bundleId": mapping::bundle_id(namespace, bundle),
-            "replicas": per_replica.iter().map(|(r, t)| serde_json::json!({"replica": r, "decidedAt": t.at, "recovery": t.recovery, "decision": t.decision})).collect::<Vec<_>>(),
+            "replicas": per_replica.iter().map(|(r, t)| serde_json::json!({"replica": r, "decidedAt": t.at, "recovery": t.recovery, "decision": t.decision, "preempted": t.preempted})).collect::<Vec<_>>(),
         }))
     }
 

@@ -42,6 +42,16 @@ pub struct LastDecision {
     pub decision: pl::Decision,
     pub recovery: bool,
     pub at: chrono::DateTime<chrono::Utc>,
+    /// Bronze jobs stopped to make room for this recovery.
+    pub preempted: Option<automanager_api::Preemption>,
+}
+
+/// A preemption made for one replica whose recovery has not been placed yet: while it is
+/// pending, no second one is made for the replica (its victims' capacity is on its way).
+#[derive(Debug, Clone)]
+pub struct PendingPreemption {
+    pub record: automanager_api::Preemption,
+    pub since: Instant,
 }
 
 /// Who to wake when something changes in Manager, so that one node event costs only the
@@ -190,6 +200,9 @@ pub struct OperatorState {
     /// Why a node's drain waits for a disruption budget, by Manager node id (the ManagerNode's
     /// `DisruptionBlocked` condition).
     pub drain_blocked: HashMap<String, String>,
+    /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
+    /// replica is placed.
+    pub preemptions: HashMap<(String, u32), PendingPreemption>,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -216,6 +229,7 @@ impl OperatorState {
             wake: WakeIndex::default(),
             disruptions: Disruptions::default(),
             drain_blocked: HashMap::new(),
+            preemptions: HashMap::new(),
             engine_changed: true,
         }
     }

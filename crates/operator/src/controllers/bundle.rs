@@ -114,6 +114,9 @@ struct Outcome {
     placed_note: Option<String>,
     /// Pools this replica waits on for capacity.
     waiting_on: Vec<String>,
+    /// Bronze jobs stopped to make room for this replica's recovery (made in this pass or an
+    /// earlier one), for the trace.
+    preempted: Option<api::Preemption>,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -599,6 +602,7 @@ impl<'a> Pass<'a> {
                     decision: decision.clone(),
                     recovery,
                     at: self.now,
+                    preempted: None,
                 },
             );
         match &decision.outcome {
@@ -631,29 +635,98 @@ impl<'a> Pass<'a> {
                 self.provision(ctx, r, pool, instance_type, zone.as_deref())
                     .await?;
             }
-            pl::Outcome::Unplaceable { jobs } => {
-                ctx.metrics.placement_failed();
-                let reasons: Vec<String> = jobs
-                    .iter()
-                    .map(|j| format!("{}: {}", j.job_name, j.reason))
-                    .collect();
-                let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
-                if !is_condition(&self.prev, api::kstatus::STALLED, "NoCapacity") {
-                    ctx.event(
-                        self.bundle,
-                        EventType::Warning,
-                        "PlacementFailed",
-                        "Place",
-                        message.clone(),
-                    )
-                    .await;
+            pl::Outcome::Unplaceable { .. } if recovery => {
+                if let Some(p) = self.preempt(ctx, r, jobs, &request).await? {
+                    // The victims are stopping; their stop wakes this bundle, whose next pass
+                    // places the replica in the room they leave.
+                    outcome.preempted = Some(p);
+                    outcome.waiting_on = request.pools.clone();
+                } else {
+                    self.unplaceable(ctx, r, &decision, &request, &mut outcome)
+                        .await;
                 }
-                outcome.result.unplaceable = Some(message);
-                outcome.waiting_on = request.pools.clone();
             }
+            pl::Outcome::Unplaceable { .. } => {
+                self.unplaceable(ctx, r, &decision, &request, &mut outcome)
+                    .await;
+            }
+        }
+        if outcome.started {
+            outcome.preempted = super::preempt::placed(ctx, &self.bundle_id, r);
+        } else if outcome.preempted.is_none() {
+            outcome.preempted = super::preempt::pending(ctx, &self.bundle_id, r);
+        }
+        if outcome.preempted.is_some()
+            && let Some(last) = ctx
+                .state()
+                .traces
+                .get_mut(&(
+                    self.bundle.namespace().unwrap_or_default(),
+                    self.bundle.name_any(),
+                ))
+                .and_then(|t| t.get_mut(&r))
+        {
+            last.preempted = outcome.preempted.clone();
         }
         outcome.decision = Some((decision, recovery));
         Ok(outcome)
+    }
+
+    /// A recovery with no room: preempt bronze jobs when its band may (see
+    /// [`super::preempt`]).
+    async fn preempt(
+        &self,
+        ctx: &Context,
+        r: u32,
+        jobs: &[String],
+        request: &pl::PlacementRequest,
+    ) -> Result<Option<api::Preemption>, Error> {
+        let Some(band) = super::preempt::recovering_band(&self.bundle.spec, jobs) else {
+            return Ok(None);
+        };
+        super::preempt::preempt_for(
+            ctx,
+            &super::preempt::Recovering {
+                bundle: self.bundle,
+                bundle_id: &self.bundle_id,
+                replica: r,
+                band,
+                request,
+                now: self.now,
+            },
+        )
+        .await
+    }
+
+    /// Nothing can take the replica: say so (once per stall) and wait on its pools.
+    async fn unplaceable(
+        &self,
+        ctx: &Context,
+        r: u32,
+        decision: &pl::Decision,
+        request: &pl::PlacementRequest,
+        outcome: &mut Outcome,
+    ) {
+        if let pl::Outcome::Unplaceable { jobs } = &decision.outcome {
+            ctx.metrics.placement_failed();
+            let reasons: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{}: {}", j.job_name, j.reason))
+                .collect();
+            let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
+            if !is_condition(&self.prev, api::kstatus::STALLED, "NoCapacity") {
+                ctx.event(
+                    self.bundle,
+                    EventType::Warning,
+                    "PlacementFailed",
+                    "Place",
+                    message.clone(),
+                )
+                .await;
+            }
+            outcome.result.unplaceable = Some(message);
+            outcome.waiting_on = request.pools.clone();
+        }
     }
 
     /// The placement request for replica `r`: the jobs to place, and where the replica's other
@@ -1039,24 +1112,30 @@ impl<'a> Pass<'a> {
                 replica_states.push(state);
                 let previous = prev_job(*r, name).and_then(|p| p.last_placement.clone());
                 let last_placement = match &outcome.decision {
-                    Some((d, recovery)) if d.trace_touches(name) => Some(mapping::trace_summary(
-                        &d.summary(),
-                        *recovery,
-                        self.now,
-                        d.node_for(name),
-                    )),
+                    Some((d, recovery)) if d.trace_touches(name) => {
+                        let mut t = mapping::trace_summary(
+                            &d.summary(),
+                            *recovery,
+                            self.now,
+                            d.node_for(name),
+                        );
+                        t.preempted = outcome.preempted.clone();
+                        Some(t)
+                    }
                     // A decision made in a pass whose status write was coalesced.
                     _ => match remembered.get(r) {
                         Some(last)
                             if last.decision.trace_touches(name)
                                 && previous.as_ref().is_none_or(|p| p.decided_at < last.at) =>
                         {
-                            Some(mapping::trace_summary(
+                            let mut t = mapping::trace_summary(
                                 &last.decision.summary(),
                                 last.recovery,
                                 last.at,
                                 last.decision.node_for(name),
-                            ))
+                            );
+                            t.preempted = last.preempted.clone();
+                            Some(t)
                         }
                         _ => previous,
                     },

@@ -11,6 +11,7 @@ pub mod hotspare;
 pub mod migration;
 pub mod node;
 pub mod pool;
+pub mod preempt;
 pub mod sweep;
 pub mod zones;
 
