@@ -177,6 +177,9 @@ pub struct OperatorState {
     pub health: NodeHealth,
     /// Node requests per pool in the last minute.
     pub provision_budget: ProvisionBudget,
+    /// Rebalancing Migrations created in the last minute (one fleet-wide key; the same sliding
+    /// window as the provisioning rate).
+    pub rebalance_budget: ProvisionBudget,
     /// CreateNode idempotency keys sent without an answer, repeated by the next ask.
     pub provision_keys: ProvisionKeys,
     /// The full trace of each bundle's last decision per replica, by (namespace, name).
@@ -218,6 +221,7 @@ impl OperatorState {
             ledger: RestartLedger::default(),
             health: NodeHealth::new(rejection_threshold, rejection_window),
             provision_budget: ProvisionBudget::default(),
+            rebalance_budget: ProvisionBudget::default(),
             provision_keys: ProvisionKeys::default(),
             traces: HashMap::new(),
             broken: HashSet::new(),

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod install;
 pub mod plugin;
 pub mod reliability;
+pub mod sampler;
 pub mod stack;
 
 use std::path::{Path, PathBuf};

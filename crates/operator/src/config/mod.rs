@@ -614,6 +614,23 @@ impl Default for ProvisioningConfig {
     }
 }
 
+/// The rebalancer (Bundles with `spec.rebalance: true`): how many Migrations it may create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RebalanceConfig {
+    /// Rebalancing Migrations created in the whole fleet in any sliding minute, so a zone
+    /// coming back does not move everything at once (each Migration still waits for the
+    /// migration queue and its bundle's disruption budget).
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_per_minute: u32,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        RebalanceConfig { max_per_minute: 6 }
+    }
+}
+
 /// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
 /// optional except `manager.url` (which a flag may give instead); a key left out, or set to
 /// null, takes its default.
@@ -656,6 +673,7 @@ pub struct OperatorConfig {
     pub orphan_sweep: OrphanSweepConfig,
     pub zone_brake: ZoneBrakeConfig,
     pub provisioning: ProvisioningConfig,
+    pub rebalance: RebalanceConfig,
 }
 
 impl Default for OperatorConfig {
@@ -677,6 +695,7 @@ impl Default for OperatorConfig {
             orphan_sweep: OrphanSweepConfig::default(),
             zone_brake: ZoneBrakeConfig::default(),
             provisioning: ProvisioningConfig::default(),
+            rebalance: RebalanceConfig::default(),
         }
     }
 }

@@ -1152,3 +1152,23 @@ fn preemption_is_off_by_default_opt_in_per_band_and_never_for_bronze() {
     ));
     assert!(e.has("bands.silver.preempt"), "{e}");
 }
+
+#[test]
+fn the_rebalance_rate_is_bounded() {
+    assert_eq!(ok(URL).rebalance.max_per_minute, 6);
+    assert_eq!(
+        ok(&format!("{URL}rebalance: {{ maxPerMinute: 30 }}\n"))
+            .rebalance
+            .max_per_minute,
+        30
+    );
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinute: 0 }}\n"));
+    assert_eq!(
+        error_at(&e, "rebalance.maxPerMinute").message,
+        "must be between 1 and 1000 (got 0)"
+    );
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinute: many }}\n"));
+    assert!(e.has("rebalance.maxPerMinute"), "{e}");
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinut: 3 }}\n"));
+    assert!(e.has("rebalance.maxPerMinut"), "{e}");
+}

@@ -39,6 +39,9 @@ const TRANSIENT_START_MS: i64 = 2_000;
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
 /// Periodic look at a settled bundle (clears restart counts of replicas that stayed up).
 const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
+/// Look again at a settled bundle that would rebalance: a migration ends, the rate refills,
+/// capacity comes back through a change that does not wake it.
+const REQUEUE_REBALANCE: Duration = Duration::from_secs(10);
 
 /// Reconciles one Bundle, inside the cleanup finalizer.
 pub async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -970,16 +973,24 @@ impl<'a> Pass<'a> {
         });
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
-        let status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
+        let mut status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
         let phase = status.phase;
         ctx.set_broken(&self.bundle_id, phase == BundlePhase::Broken);
-        ctx.state().wake.set_waiting(
-            &self.bundle_ref,
-            outcomes
-                .values()
-                .flat_map(|o| o.waiting_on.iter().cloned())
-                .collect(),
-        );
+        let mut waiting_on: Vec<String> = outcomes
+            .values()
+            .flat_map(|o| o.waiting_on.iter().cloned())
+            .collect();
+        let rebalance = self.rebalance(ctx, &mut status).await?;
+        if rebalance.as_ref().is_some_and(|l| l.wait_for_capacity) {
+            // Room in the bundle's pools may let it move back: node and capacity changes there
+            // wake it.
+            for r in 0..self.replicas() {
+                waiting_on.extend(self.engine_bundle.pools_for_replica(r).iter().cloned());
+            }
+            waiting_on.sort();
+            waiting_on.dedup();
+        }
+        ctx.state().wake.set_waiting(&self.bundle_ref, waiting_on);
         let placed: Vec<&str> = outcomes
             .values()
             .filter_map(|o| o.placed_note.as_deref())
@@ -1043,7 +1054,12 @@ impl<'a> Pass<'a> {
             });
         Ok(match phase {
             BundlePhase::Ready => {
-                Action::requeue(clear_in.map_or(REQUEUE_SETTLED, |d| d.min(REQUEUE_SETTLED)))
+                let settled = if rebalance.is_some_and(|l| l.condition.0) {
+                    REQUEUE_REBALANCE
+                } else {
+                    REQUEUE_SETTLED
+                };
+                Action::requeue(clear_in.map_or(settled, |d| d.min(settled)))
             }
             BundlePhase::Broken => Action::await_change(),
             _ if outcomes.values().any(|o| o.result.unplaceable.is_some()) => {
@@ -1051,6 +1067,47 @@ impl<'a> Pass<'a> {
             }
             _ => Action::requeue(REQUEUE_BUSY),
         })
+    }
+
+    /// The rebalancer's look at a Ready bundle with `spec.rebalance` (see
+    /// [`super::rebalance`]), recorded as its `RebalanceNeeded` condition; the condition goes
+    /// when `spec.rebalance` is off.
+    async fn rebalance(
+        &self,
+        ctx: &Context,
+        status: &mut BundleStatus,
+    ) -> Result<Option<super::rebalance::Look>, Error> {
+        if !self.bundle.spec.rebalance {
+            status
+                .conditions
+                .retain(|c| c.type_ != super::rebalance::CONDITION);
+            return Ok(None);
+        }
+        if status.phase != BundlePhase::Ready {
+            return Ok(None);
+        }
+        let look = super::rebalance::look(
+            ctx,
+            self.bundle,
+            status,
+            &self.bundle_id,
+            &self.engine_bundle,
+            self.now,
+        )
+        .await?;
+        let (on, reason, message) = &look.condition;
+        api::set_condition(
+            &mut status.conditions,
+            super::condition(
+                super::rebalance::CONDITION,
+                *on,
+                reason,
+                message.clone(),
+                self.generation,
+                self.now,
+            ),
+        );
+        Ok(Some(look))
     }
 
     fn status(

@@ -1,0 +1,274 @@
+//! The rebalancer on the real stack (kube-apiserver + etcd, manager-sim, the operator binary,
+//! kubectl), with the reliability suite's invariant checker and a sampler of replicas down
+//! running alongside.
+//!
+//! A fixed pool with zone `za` (a1, a2, a3) and zone `zb` (b1), nodes of 100. A two-replica gold
+//! bundle of 60 with `spec.rebalance: true` runs on a1 and a2 (same zone, the soft default); a
+//! bronze bundle of 60 fills a3. a2 dies: replica 1 can only recover on b1, breaking same-zone,
+//! and the rebalancer waits for room (`RebalanceNeeded`, `WaitingForCapacity`). The bronze bundle
+//! is deleted: room comes back in `za`, and the rebalancer moves replica 1 to a3 with a Migration
+//! (purpose `rebalance`, the job's declared strategy), never more than one replica down.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
+use automanager_e2e::sampler::MaxSampler;
+use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, condition, events_table};
+use manager_client::proto::KillNodeRequest;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(120);
+const POOL: &str = "rows";
+
+fn sim_config(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("manager-sim.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen: 127.0.0.1:0
+timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
+pools:
+  - name: {POOL}
+    kind: cluster
+    region: dc
+    zones: [za, zb]
+    scaleOut: fixed
+    nodes:
+      - {{id: a1, zone: za, capacity: 100, cores: 32}}
+      - {{id: a2, zone: za, capacity: 100, cores: 32}}
+      - {{id: a3, zone: za, capacity: 100, cores: 32}}
+      - {{id: b1, zone: zb, capacity: 100, cores: 32}}
+"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+const POOL_YAML: &str = "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {name: rows}
+spec:
+  kind: cluster
+  region: dc
+  zones: [za, zb]
+  packingStrategy: binpack
+  scaleOut: fixed
+  candidateInstanceTypes:
+    - {instanceType: rack-server, totalCapacity: 100, totalCores: 32}
+";
+
+fn bundle(name: &str, replicas: u32, band: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  pools: [{POOL}]
+{extra}  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 60, requiredCores: 1, priorityBand: {band}}}
+"
+    )
+}
+
+/// (node, state) of each replica's job, from the Bundle's status.
+async fn replicas(stack: &Stack, name: &str) -> Vec<(String, String)> {
+    let b = stack
+        .get_json(&["bundle", name, "-n", "default"])
+        .await
+        .unwrap();
+    b["status"]["replicas"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let j = &r["jobs"][0];
+            (
+                j["nodeId"].as_str().unwrap_or_default().to_owned(),
+                j["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+async fn migrations(stack: &Stack) -> Vec<Value> {
+    stack
+        .get_json(&["migrations", "-n", "default"])
+        .await
+        .unwrap()["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = sim_config(dir.path());
+    let stack = Stack::start_custom(&config, &[], |_| {})
+        .await
+        .expect("stack");
+    apply(&stack, POOL_YAML).await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    apply(&stack, &bundle("pair", 2, "gold", "  rebalance: true\n")).await;
+    stack
+        .wait_bundle_phase("default", "pair", "Ready", WAIT)
+        .await
+        .unwrap();
+    apply(&stack, &bundle("blocker", 1, "bronze", "")).await;
+    stack
+        .wait_bundle_phase("default", "blocker", "Ready", WAIT)
+        .await
+        .unwrap();
+    let running = |n: &str| (n.to_owned(), "running".to_owned());
+    assert_eq!(
+        replicas(&stack, "pair").await,
+        vec![running("a1"), running("a2")]
+    );
+    assert_eq!(replicas(&stack, "blocker").await, vec![running("a3")]);
+    let p = stack
+        .get_json(&["bundle", "pair", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(
+        condition(&p, "RebalanceNeeded")["reason"],
+        "SoftRulesHold",
+        "{p}"
+    );
+    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
+        .await
+        .unwrap();
+
+    // a2 dies: replica 1 recovers on the only node with room, in the other zone.
+    sim_admin(&stack.sim_endpoint)
+        .await
+        .unwrap()
+        .kill_node(KillNodeRequest {
+            node_id: "a2".into(),
+        })
+        .await
+        .unwrap();
+    stack
+        .wait_for("replica 1 recovered on b1", WAIT, || async {
+            Ok(
+                (replicas(&stack, "pair").await == vec![running("a1"), running("b1")])
+                    .then_some(()),
+            )
+        })
+        .await
+        .unwrap();
+    let p = stack
+        .wait_for("the rebalancer waits for room", WAIT, || async {
+            let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
+            Ok((condition(&p, "RebalanceNeeded")["reason"] == "WaitingForCapacity").then_some(p))
+        })
+        .await
+        .unwrap();
+    let c = condition(&p, "RebalanceNeeded");
+    assert_eq!(c["status"], "True");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap()
+            .contains("replica 1 breaks soft rule(s) interSameZone"),
+        "{c}"
+    );
+    assert_eq!(
+        p["status"]["replicas"][1]["jobs"][0]["lastPlacement"]["brokenSoftRules"],
+        serde_json::json!(["interSameZone"])
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        migrations(&stack).await.is_empty(),
+        "no move while there is no room"
+    );
+
+    // Room comes back in za.
+    let out = stack
+        .env
+        .run_kubectl([
+            "delete",
+            "bundle",
+            "blocker",
+            "-n",
+            "default",
+            "--wait=true",
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    stack
+        .wait_for("replica 1 back in za on a3", WAIT, || async {
+            Ok(
+                (replicas(&stack, "pair").await == vec![running("a1"), running("a3")])
+                    .then_some(()),
+            )
+        })
+        .await
+        .unwrap();
+    let migs = stack
+        .wait_for("the rebalancing Migration completed", WAIT, || async {
+            let m = migrations(&stack).await;
+            Ok((m.len() == 1 && m[0]["status"]["phase"] == "Completed").then_some(m))
+        })
+        .await
+        .unwrap();
+    let mig = &migs[0];
+    assert_eq!(
+        mig["metadata"]["labels"]["automanager.norsk.io/purpose"],
+        "rebalance"
+    );
+    assert_eq!(mig["spec"]["job"]["replica"], 1);
+    assert_eq!(mig["spec"]["targetNode"], "a3");
+    assert_eq!(
+        mig["status"]["strategy"], "stopThenStart",
+        "the job declares nothing: its declared strategy is the default"
+    );
+    stack
+        .wait_for("RebalanceNeeded cleared", WAIT, || async {
+            let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
+            let c = condition(&p, "RebalanceNeeded");
+            Ok((c["status"] == "False" && c["reason"] == "SoftRulesHold").then_some(()))
+        })
+        .await
+        .unwrap();
+    let m = manager_state(&stack.sim_endpoint).await.unwrap();
+    let zones: Vec<String> = ["a1", "a3"]
+        .iter()
+        .map(|n| m.zone_of(n).unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(zones, vec!["za", "za"]);
+
+    let ev = events_table(&stack).await.unwrap();
+    assert!(
+        ev.lines().any(|l| l.starts_with("pair")
+            && l.contains("RebalanceStarted")
+            && l.contains("from b1 to a3")),
+        "{ev}"
+    );
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains("automanager_rebalances_total 1"),
+        "{metrics}"
+    );
+    // Nothing more to do: no second Migration a while later.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(migrations(&stack).await.len(), 1);
+
+    let (worst, samples) = sampler.stop().await;
+    eprintln!("rebalance: at most {worst} replica(s) of 2 down over {samples} samples");
+    assert!(
+        worst <= 1,
+        "the disruption budget (1) was broken: {worst} down"
+    );
+    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-rebalance", took));
+    assert!(v.is_clean(), "{}", v.details());
+}
