@@ -107,8 +107,14 @@ async fn migrations(stack: &Stack) -> Vec<Value> {
         .unwrap_or_default()
 }
 
-#[tokio::test]
-async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() {
+fn running(n: &str) -> (String, String) {
+    (n.to_owned(), "running".to_owned())
+}
+
+/// A stack with the pair (`pair_extra` added to its spec) on a1 and a2 and the blocker on a3;
+/// then a2 is killed and the pair's replica 1 recovers on b1, and the rebalancer says it waits
+/// for room. The invariant checker runs from the start.
+async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
     let dir = tempfile::tempdir().unwrap();
     let config = sim_config(dir.path());
     let stack = Stack::start_custom(&config, &[], |_| {})
@@ -116,7 +122,7 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         .expect("stack");
     apply(&stack, POOL_YAML).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    apply(&stack, &bundle("pair", 2, "gold", "  rebalance: true\n")).await;
+    apply(&stack, &bundle("pair", 2, "gold", pair_extra)).await;
     stack
         .wait_bundle_phase("default", "pair", "Ready", WAIT)
         .await
@@ -126,7 +132,6 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         .wait_bundle_phase("default", "blocker", "Ready", WAIT)
         .await
         .unwrap();
-    let running = |n: &str| (n.to_owned(), "running".to_owned());
     assert_eq!(
         replicas(&stack, "pair").await,
         vec![running("a1"), running("a2")]
@@ -141,9 +146,6 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         "SoftRulesHold",
         "{p}"
     );
-    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
-        .await
-        .unwrap();
 
     // a2 dies: replica 1 recovers on the only node with room, in the other zone.
     sim_admin(&stack.sim_endpoint)
@@ -188,8 +190,11 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         migrations(&stack).await.is_empty(),
         "no move while there is no room"
     );
+    (stack, monitor)
+}
 
-    // Room comes back in za.
+/// Room comes back in za: the blocker goes.
+async fn free_a3(stack: &Stack) {
     let out = stack
         .env
         .run_kubectl([
@@ -203,18 +208,19 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         .await
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
+}
+
+/// Replica 1 moves back to a3 by one completed rebalancing Migration; the condition clears.
+async fn assert_moved_back(stack: &Stack) {
     stack
         .wait_for("replica 1 back in za on a3", WAIT, || async {
-            Ok(
-                (replicas(&stack, "pair").await == vec![running("a1"), running("a3")])
-                    .then_some(()),
-            )
+            Ok((replicas(stack, "pair").await == vec![running("a1"), running("a3")]).then_some(()))
         })
         .await
         .unwrap();
     let migs = stack
         .wait_for("the rebalancing Migration completed", WAIT, || async {
-            let m = migrations(&stack).await;
+            let m = migrations(stack).await;
             Ok((m.len() == 1 && m[0]["status"]["phase"] == "Completed").then_some(m))
         })
         .await
@@ -244,8 +250,7 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
         .map(|n| m.zone_of(n).unwrap_or_default().to_owned())
         .collect();
     assert_eq!(zones, vec!["za", "za"]);
-
-    let ev = events_table(&stack).await.unwrap();
+    let ev = events_table(stack).await.unwrap();
     assert!(
         ev.lines().any(|l| l.starts_with("pair")
             && l.contains("RebalanceStarted")
@@ -259,16 +264,94 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
     );
     // Nothing more to do: no second Migration a while later.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(migrations(&stack).await.len(), 1);
+    assert_eq!(migrations(stack).await.len(), 1);
+}
 
+async fn finish(stack: &Stack, monitor: Monitor, scenario: &str) {
+    let (mut v, took) = settle(stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line(scenario, took));
+    assert!(v.is_clean(), "{}", v.details());
+}
+
+#[tokio::test]
+async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() {
+    let (stack, monitor) = split_pair("  rebalance: true\n").await;
+    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
+        .await
+        .unwrap();
+    free_a3(&stack).await;
+    assert_moved_back(&stack).await;
     let (worst, samples) = sampler.stop().await;
     eprintln!("rebalance: at most {worst} replica(s) of 2 down over {samples} samples");
     assert!(
         worst <= 1,
         "the disruption budget (1) was broken: {worst} down"
     );
-    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
-    v.merge(&monitor.stop().await.0);
-    eprintln!("{}", v.line("fleet-rebalance", took));
-    assert!(v.is_clean(), "{}", v.details());
+    finish(&stack, monitor, "fleet-rebalance").await;
+}
+
+#[tokio::test]
+async fn a_rebalance_waits_for_the_disruption_budget() {
+    let (stack, monitor) =
+        split_pair("  rebalance: true\n  disruption: {maxUnavailableReplicas: 0}\n").await;
+    let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
+        .await
+        .unwrap();
+    free_a3(&stack).await;
+    // The move is asked for, and waits: a budget of 0 allows no voluntary action.
+    let mig = stack
+        .wait_for(
+            "the rebalancing Migration waits for the budget",
+            WAIT,
+            || async {
+                let m = migrations(&stack).await;
+                Ok(m.first()
+                    .filter(|m| condition(m, "Queued")["reason"] == "DisruptionBudget")
+                    .cloned())
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(mig["status"]["phase"], "Pending");
+    // Longer than the bundle's look-again interval while it would rebalance (10 s), so the
+    // rebalancer looks again while the Migration waits.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(migrations(&stack).await.len(), 1, "one rebalance at a time");
+    assert_eq!(
+        replicas(&stack, "pair").await,
+        vec![running("a1"), running("b1")],
+        "nothing moved while the budget says no"
+    );
+    let p = stack
+        .get_json(&["bundle", "pair", "-n", "default"])
+        .await
+        .unwrap();
+    assert_eq!(
+        condition(&p, "RebalanceNeeded")["reason"],
+        "MigrationInProgress",
+        "{p}"
+    );
+    let (worst, _) = sampler.stop().await;
+    assert_eq!(worst, 0, "no replica went down while the budget was 0");
+
+    // The budget is raised: the move goes on.
+    let out = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "bundle",
+            "pair",
+            "-n",
+            "default",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"disruption":{"maxUnavailableReplicas":1}}}"#,
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    assert_moved_back(&stack).await;
+    finish(&stack, monitor, "fleet-rebalance-budget").await;
 }
