@@ -17,12 +17,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table};
+use automanager_e2e::{apply, condition, events_table, fixed_pool};
 use automanager_policy::PriorityBand;
 use automanager_policy::preempt::{self, NodeCandidate, RunningJob};
 use manager_client::proto::KillNodeRequest;
@@ -30,43 +29,6 @@ use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 const POOL: &str = "rack";
-
-fn sim_config(dir: &std::path::Path) -> PathBuf {
-    let path = dir.join("manager-sim.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen: 127.0.0.1:0
-timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
-pools:
-  - name: {POOL}
-    kind: cluster
-    region: dc
-    zones: [row-1]
-    scaleOut: fixed
-    nodes:
-      - {{id: rack-1, zone: row-1, capacity: 100, cores: 32}}
-      - {{id: rack-2, zone: row-1, capacity: 100, cores: 32}}
-      - {{id: rack-3, zone: row-1, capacity: 100, cores: 32}}
-"
-        ),
-    )
-    .unwrap();
-    path
-}
-
-const POOL_YAML: &str = "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {name: rack}
-spec:
-  kind: cluster
-  region: dc
-  zones: [row-1]
-  packingStrategy: binpack
-  scaleOut: fixed
-  candidateInstanceTypes:
-    - {instanceType: rack-server, totalCapacity: 100, totalCores: 32}
-";
 
 fn bundle(name: &str, band: &str, capacity: u32) -> String {
     format!(
@@ -109,11 +71,20 @@ async fn job_of(stack: &Stack, name: &str) -> Value {
 /// bronze ones placed one by one, and the invariant checker running.
 async fn fleet(adjust: impl FnOnce(&mut serde_json::Map<String, Value>)) -> (Stack, Monitor) {
     let dir = tempfile::tempdir().unwrap();
-    let config = sim_config(dir.path());
+    let (config, pool) = fixed_pool(
+        dir.path(),
+        POOL,
+        &[
+            ("rack-1", "row-1"),
+            ("rack-2", "row-1"),
+            ("rack-3", "row-1"),
+        ],
+    )
+    .unwrap();
     let stack = Stack::start_custom(&config, &[], adjust)
         .await
         .expect("stack");
-    apply(&stack, POOL_YAML).await;
+    apply(&stack, &pool).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     apply(&stack, &bundle("gold", "gold", 60)).await;
     stack
@@ -342,11 +313,7 @@ async fn with_preemption_off_nothing_is_preempted_and_gold_waits() {
     v.merge(&monitor.stop().await.0);
     eprintln!("{}", v.line("fleet-no-preemption", took));
     // Gold is legitimately down (no room, preemption off); nothing else may be wrong.
-    assert!(
-        v.duplicates.is_empty() && v.overcapacity.is_empty() && v.orphans.is_empty(),
-        "{}",
-        v.details()
-    );
+    assert!(v.nothing_but_lost(), "{}", v.details());
     let lost: Vec<&String> = v.lost.iter().collect();
     assert!(
         lost.len() == 1 && lost[0].starts_with("default.gold/0/enc"),

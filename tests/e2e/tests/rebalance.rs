@@ -11,56 +11,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::sampler::MaxSampler;
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table};
+use automanager_e2e::{apply, condition, events_table, fixed_pool};
 use manager_client::proto::KillNodeRequest;
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 const POOL: &str = "rows";
-
-fn sim_config(dir: &std::path::Path) -> PathBuf {
-    let path = dir.join("manager-sim.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen: 127.0.0.1:0
-timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
-pools:
-  - name: {POOL}
-    kind: cluster
-    region: dc
-    zones: [za, zb]
-    scaleOut: fixed
-    nodes:
-      - {{id: a1, zone: za, capacity: 100, cores: 32}}
-      - {{id: a2, zone: za, capacity: 100, cores: 32}}
-      - {{id: a3, zone: za, capacity: 100, cores: 32}}
-      - {{id: b1, zone: zb, capacity: 100, cores: 32}}
-"
-        ),
-    )
-    .unwrap();
-    path
-}
-
-const POOL_YAML: &str = "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {name: rows}
-spec:
-  kind: cluster
-  region: dc
-  zones: [za, zb]
-  packingStrategy: binpack
-  scaleOut: fixed
-  candidateInstanceTypes:
-    - {instanceType: rack-server, totalCapacity: 100, totalCores: 32}
-";
 
 fn bundle(name: &str, replicas: u32, band: &str, extra: &str) -> String {
     format!(
@@ -97,6 +58,12 @@ async fn replicas(stack: &Stack, name: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The pair's `RebalanceNeeded` condition.
+async fn rebalance_condition(stack: &Stack) -> Result<Value, automanager_e2e::SetupError> {
+    let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
+    Ok(condition(&p, "RebalanceNeeded").clone())
+}
+
 async fn migrations(stack: &Stack) -> Vec<Value> {
     stack
         .get_json(&["migrations", "-n", "default"])
@@ -116,11 +83,16 @@ fn running(n: &str) -> (String, String) {
 /// for room. The invariant checker runs from the start.
 async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
     let dir = tempfile::tempdir().unwrap();
-    let config = sim_config(dir.path());
+    let (config, pool) = fixed_pool(
+        dir.path(),
+        POOL,
+        &[("a1", "za"), ("a2", "za"), ("a3", "za"), ("b1", "zb")],
+    )
+    .unwrap();
     let stack = Stack::start_custom(&config, &[], |_| {})
         .await
         .expect("stack");
-    apply(&stack, POOL_YAML).await;
+    apply(&stack, &pool).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     apply(&stack, &bundle("pair", 2, "gold", pair_extra)).await;
     stack
@@ -137,15 +109,8 @@ async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
         vec![running("a1"), running("a2")]
     );
     assert_eq!(replicas(&stack, "blocker").await, vec![running("a3")]);
-    let p = stack
-        .get_json(&["bundle", "pair", "-n", "default"])
-        .await
-        .unwrap();
-    assert_eq!(
-        condition(&p, "RebalanceNeeded")["reason"],
-        "SoftRulesHold",
-        "{p}"
-    );
+    let c = rebalance_condition(&stack).await.unwrap();
+    assert_eq!(c["reason"], "SoftRulesHold", "{c}");
 
     // a2 dies: replica 1 recovers on the only node with room, in the other zone.
     sim_admin(&stack.sim_endpoint)
@@ -238,8 +203,7 @@ async fn assert_moved_back(stack: &Stack) {
     );
     stack
         .wait_for("RebalanceNeeded cleared", WAIT, || async {
-            let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
-            let c = condition(&p, "RebalanceNeeded");
+            let c = rebalance_condition(stack).await?;
             Ok((c["status"] == "False" && c["reason"] == "SoftRulesHold").then_some(()))
         })
         .await
@@ -323,15 +287,8 @@ async fn a_rebalance_waits_for_the_disruption_budget() {
         vec![running("a1"), running("b1")],
         "nothing moved while the budget says no"
     );
-    let p = stack
-        .get_json(&["bundle", "pair", "-n", "default"])
-        .await
-        .unwrap();
-    assert_eq!(
-        condition(&p, "RebalanceNeeded")["reason"],
-        "MigrationInProgress",
-        "{p}"
-    );
+    let c = rebalance_condition(&stack).await.unwrap();
+    assert_eq!(c["reason"], "MigrationInProgress", "{c}");
     let (worst, _) = sampler.stop().await;
     assert_eq!(worst, 0, "no replica went down while the budget was 0");
 
