@@ -220,6 +220,16 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
         "{trace}"
     );
 
+    // The full trace (what `kubectl automanager trace` renders) carries it too.
+    let (code, body) = stack.debug_get("/debug/trace/default/gold").await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let full: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        full["replicas"][0]["preempted"]["victims"],
+        serde_json::json!(expected.victims),
+        "{full}"
+    );
+
     // The victims are dropped, as a bronze job whose node failed; nothing else was touched.
     for name in ["mid", "new", "fill"] {
         stack
