@@ -267,6 +267,12 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
         );
     }
     assert!(
+        ev.lines().any(|l| l.starts_with("new")
+            && l.contains("JobDropped")
+            && l.contains("handed to its band")),
+        "{ev}"
+    );
+    assert!(
         ev.lines().any(|l| l.starts_with("gold")
             && l.contains("PreemptedBronze")
             && l.contains(&new)

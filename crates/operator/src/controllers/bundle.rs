@@ -462,7 +462,10 @@ impl<'a> Pass<'a> {
                 if let Some(cause) = involuntary_cause(replica_seen, std::slice::from_ref(job)) {
                     ctx.metrics.involuntary_disruption(cause);
                 }
-                self.report_drop(ctx, *r, job).await;
+                let handed_over = replica_seen.iter().any(|s| {
+                    &s.job.job_name == job && s.job.stop_cause == StopCause::HandedToRecovery
+                });
+                self.report_drop(ctx, *r, job, handed_over).await;
             }
             let mut outcome = Outcome::default();
             match &p.intent {
@@ -516,7 +519,9 @@ impl<'a> Pass<'a> {
         Ok(outcomes)
     }
 
-    async fn report_drop(&self, ctx: &Context, r: u32, job: &str) {
+    /// `handed_over`: it was stopped and handed to its band (a failed migration, a drain's
+    /// fallback, a preemption) rather than failing by itself.
+    async fn report_drop(&self, ctx: &Context, r: u32, job: &str, handed_over: bool) {
         ctx.metrics.job_dropped();
         let band = self
             .bundle
@@ -531,7 +536,13 @@ impl<'a> Pass<'a> {
             EventType::Warning,
             "JobDropped",
             "Recover",
-            format!("replica {r} job {job} ({band} band) failed and was dropped, as its band says"),
+            if handed_over {
+                format!(
+                    "replica {r} job {job} ({band} band) was stopped and handed to its band (a failed migration, a drain's fallback or a preemption), which drops it"
+                )
+            } else {
+                format!("replica {r} job {job} ({band} band) failed and was dropped, as its band says")
+            },
         )
         .await;
     }
