@@ -8,7 +8,8 @@
 //!   the whole replica are candidates.
 //! - **Which victims.** [`automanager_policy::preempt::choose_victims`]: only bronze jobs whose
 //!   band drops them (a Bundle that overrides bronze to `restart` is never preempted), not one
-//!   being migrated; the fewest, then the newest, on one node.
+//!   being migrated, nor one of a namespace this operator does not watch; the fewest, then the
+//!   newest, on one node.
 //! - **How.** Each victim is handed to its band's recovery through Manager (`StopJob` with
 //!   `STOP_REASON_HANDED_TO_RECOVERY`, as a failed drain hands a job over), so its Bundle
 //!   records it `dropped`, exactly as a bronze job whose node failed, and Manager keeps the
@@ -262,6 +263,13 @@ async fn droppable_bundle(ctx: &Context, bundle_id: &str) -> Result<Option<Bundl
         return Ok(None);
     };
     let (ns, name) = id.object();
+    // Another operator's bundles (one watching other namespaces on the same Manager) are not
+    // this one's to stop.
+    if !ctx.settings.watch_namespaces.is_empty()
+        && !ctx.settings.watch_namespaces.iter().any(|w| w == ns)
+    {
+        return Ok(None);
+    }
     let bundle = Api::<Bundle>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await?;
