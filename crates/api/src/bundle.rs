@@ -219,6 +219,13 @@ pub struct BundleSpec {
     /// (default 1). Involuntary failures are never blocked, but count as down replicas.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<DisruptionBudget>,
+    /// Move a replica back when a soft placement rule it breaks (for example replicas no
+    /// longer in the same zone after a recovery) could hold again: once capacity allows, the
+    /// operator creates a Migration (label `automanager.norsk.io/purpose: rebalance`) with each
+    /// job's declared strategy, which the migration queue and the disruption budget govern.
+    /// Rate-limited fleet-wide by the operator's `rebalance.maxPerMinute`. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebalance: bool,
 }
 
 impl BundleSpec {

@@ -14,6 +14,23 @@ pub const MAX_POOLS_TRIED: usize = 16;
 pub const MAX_REJECTION_REASONS: usize = 16;
 /// Most entries in [`PlacementTraceSummary::broken_soft_rules`].
 pub const MAX_BROKEN_SOFT_RULES: usize = 8;
+/// Most job ids in [`Preemption::victims`].
+pub const MAX_PREEMPTION_VICTIMS: usize = 16;
+
+/// Bronze jobs stopped to make room for a recovery (preemption, `bands.<band>.preempt` in the
+/// operator's settings).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Preemption {
+    /// When the victims were stopped.
+    pub at: DateTime<Utc>,
+    /// The node they ran on, where the recovering replica goes.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// Manager's ids of the stopped jobs, newest first (at most 16).
+    #[schemars(length(max = 16), inner(length(max = 512)))]
+    pub victims: Vec<String>,
+}
 
 /// The outcome of one placement decision.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -93,4 +110,7 @@ pub struct PlacementTraceSummary {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 1024))]
     pub message: String,
+    /// Bronze jobs this recovery stopped to make room, when it had to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted: Option<Preemption>,
 }

@@ -97,6 +97,7 @@ fn placed_trace() -> BundleTrace {
             decided_at: Some(format!("2026-11-01T10:00:0{r}Z")),
             recovery: false,
             decision: d,
+            preempted: None,
         });
     }
     BundleTrace {
@@ -121,6 +122,23 @@ fn view(wide: bool) -> TraceView {
 #[test]
 fn trace_of_a_bundle_that_spilled_to_its_second_pool() {
     insta::assert_snapshot!(render::trace::render(&placed_trace(), &view(false)));
+}
+
+#[test]
+fn trace_of_a_recovery_that_preempted_bronze_jobs() {
+    let mut t = placed_trace();
+    t.replicas.truncate(1);
+    t.replicas[0].recovery = true;
+    t.replicas[0].preempted = Some(automanager_api::Preemption {
+        at: chrono::DateTime::parse_from_rfc3339("2026-11-01T10:00:00Z")
+            .expect("time")
+            .to_utc(),
+        node: "aws-east-1".into(),
+        victims: vec!["video.cheap/0/enc".into(), "video.cheaper/0/enc".into()],
+    });
+    let text = render::trace::render(&t, &view(false));
+    assert!(text.contains("preempted: no capacity and no hot spare, so bronze job(s) video.cheap/0/enc, video.cheaper/0/enc on node aws-east-1"), "{text}");
+    insta::assert_snapshot!(text);
 }
 
 #[test]
@@ -192,12 +210,14 @@ fn trace_of_a_provision_and_an_unplaceable_replica() {
                 decided_at: None,
                 recovery: true,
                 decision: provision,
+                preempted: None,
             },
             ReplicaTrace {
                 replica: 1,
                 decided_at: None,
                 recovery: false,
                 decision: unplaceable,
+                preempted: None,
             },
         ],
     };

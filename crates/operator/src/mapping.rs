@@ -498,6 +498,7 @@ pub fn trace_summary(
             .map(|r| r.as_str().to_owned())
             .collect(),
         message: s.message.chars().take(1000).collect(),
+        preempted: None,
     }
 }
 

@@ -65,6 +65,11 @@ struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BandLabels {
+    band: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CauseLabels {
     cause: String,
 }
@@ -142,6 +147,9 @@ struct Inner {
     orphans_removed: Family<KindLabels, Counter>,
     disruptions_blocked: Family<ActionLabels, Counter>,
     involuntary_disruptions: Family<CauseLabels, Counter>,
+    preemptions: Family<BandLabels, Counter>,
+    jobs_preempted: Counter,
+    rebalances: Counter,
     migrations_queued: Gauge,
     zone_degraded: Family<ZoneLabels, Gauge>,
     // The start time gauge lives only in the registry: it is set once, below.
@@ -196,6 +204,9 @@ impl Metrics {
         let orphans_removed = Family::<KindLabels, Counter>::default();
         let disruptions_blocked = Family::<ActionLabels, Counter>::default();
         let involuntary_disruptions = Family::<CauseLabels, Counter>::default();
+        let preemptions = Family::<BandLabels, Counter>::default();
+        let jobs_preempted = Counter::default();
+        let rebalances = Counter::default();
         let migrations_queued = Gauge::default();
         let zone_degraded = Family::<ZoneLabels, Gauge>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
@@ -220,6 +231,21 @@ impl Metrics {
             "automanager_involuntary_disruptions",
             "Replicas taken down by failures the budget does not block, by cause (jobFailed, nodeLost)",
             involuntary_disruptions.clone(),
+        );
+        registry.register(
+            "automanager_preemptions",
+            "Recoveries that stopped bronze jobs on one node to make room (bands.<band>.preempt), by the recovering band",
+            preemptions.clone(),
+        );
+        registry.register(
+            "automanager_jobs_preempted",
+            "Bronze jobs stopped (and dropped) to make room for a gold or silver recovery",
+            jobs_preempted.clone(),
+        );
+        registry.register(
+            "automanager_rebalances",
+            "Migrations the rebalancer created to move a bundle back to where its soft rules hold",
+            rebalances.clone(),
         );
         registry.register(
             "automanager_migrations_queued",
@@ -365,6 +391,9 @@ impl Metrics {
                 orphans_removed,
                 disruptions_blocked,
                 involuntary_disruptions,
+                preemptions,
+                jobs_preempted,
+                rebalances,
                 migrations_queued,
                 zone_degraded,
                 uptime_seconds,
@@ -437,6 +466,22 @@ impl Metrics {
     }
 
     /// A job was dropped by its band.
+    /// A recovery of `band` stopped `victims` bronze jobs to make room.
+    pub fn preempted(&self, band: &str, victims: usize) {
+        self.inner
+            .preemptions
+            .get_or_create(&BandLabels { band: band.into() })
+            .inc();
+        self.inner
+            .jobs_preempted
+            .inc_by(u64::try_from(victims).unwrap_or(u64::MAX));
+    }
+
+    /// The rebalancer created a Migration.
+    pub fn rebalance_started(&self) {
+        self.inner.rebalances.inc();
+    }
+
     pub fn job_dropped(&self) {
         self.inner.jobs_dropped.inc();
     }
@@ -696,7 +741,10 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 26] = [
+    const NAMES: [&str; 29] = [
+        "automanager_preemptions_total",
+        "automanager_jobs_preempted_total",
+        "automanager_rebalances_total",
         "automanager_orphans_removed_total",
         "automanager_disruptions_blocked_total",
         "automanager_involuntary_disruptions_total",
@@ -737,6 +785,8 @@ mod tests {
         m.disruption_blocked("migration");
         m.involuntary_disruption("nodeLost");
         m.set_migrations_queued(2);
+        m.preempted("gold", 2);
+        m.rebalance_started();
         let text = m.encode();
         for name in NAMES {
             assert!(text.contains(name), "{name} missing from:\n{text}");
@@ -745,6 +795,9 @@ mod tests {
         assert!(text.contains("automanager_disruptions_blocked_total{action=\"migration\"} 1"));
         assert!(text.contains("automanager_involuntary_disruptions_total{cause=\"nodeLost\"} 1"));
         assert!(text.contains("automanager_migrations_queued 2"));
+        assert!(text.contains("automanager_preemptions_total{band=\"gold\"} 1"));
+        assert!(text.contains("automanager_jobs_preempted_total 2"));
+        assert!(text.contains("automanager_rebalances_total 1"));
     }
 
     #[test]

@@ -149,15 +149,8 @@ impl ClusterModel {
                 self.engine.remove_node(&id);
                 continue;
             };
-            let mut used = usage.get(&id).copied().unwrap_or_default();
-            for f in self.inflight.values().filter(|f| f.node == id) {
-                used.0 += f.capacity;
-                used.1 = used
-                    .1
-                    .saturating_add(i32::try_from(f.cores).unwrap_or(i32::MAX));
-            }
-            let spec = mapping::node(node, used, self.overlay(&id), self.pools.get(&node.pool));
-            match spec {
+            let used = usage.get(&id).copied().unwrap_or_default();
+            match self.node_spec(node, used) {
                 Some(spec) => {
                     if let Err(e) = self.engine.upsert_node(spec) {
                         tracing::warn!(node = %id, error = %e, "node not usable for placement");
@@ -169,6 +162,51 @@ impl ClusterModel {
                 }
             }
         }
+    }
+
+    /// A mirrored node as the engine sees it, with `used` (the mirror's usage) plus what is
+    /// still in flight on it.
+    fn node_spec(&self, node: &manager_proto::Node, mut used: (f64, i32)) -> Option<pl::NodeSpec> {
+        for f in self.inflight.values().filter(|f| f.node == node.node_id) {
+            used.0 += f.capacity;
+            used.1 = used
+                .1
+                .saturating_add(i32::try_from(f.cores).unwrap_or(i32::MAX));
+        }
+        mapping::node(
+            node,
+            used,
+            self.overlay(&node.node_id),
+            self.pools.get(&node.pool),
+        )
+    }
+
+    /// A copy of the engine in which the given jobs (Manager's ids) hold nothing: what placement
+    /// would answer were they stopped. Used to find the nodes a preemption could free.
+    pub fn without_jobs(&self, mirror: &MirrorState, jobs: &HashSet<String>) -> pl::Engine {
+        let mut engine = self.engine.clone();
+        let nodes: HashSet<String> = jobs
+            .iter()
+            .filter_map(|j| mirror.jobs.get(j))
+            .map(|j| j.node_id.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        let usage = mapping::usage_of_nodes(
+            mirror.jobs.values().filter(|j| !jobs.contains(&j.job_id)),
+            &nodes,
+        );
+        for id in nodes {
+            let Some(node) = mirror.nodes.get(&id) else {
+                continue;
+            };
+            let used = usage.get(&id).copied().unwrap_or_default();
+            if let Some(spec) = self.node_spec(node, used)
+                && let Err(e) = engine.upsert_node(spec)
+            {
+                tracing::debug!(node = %id, error = %e, "node left out of the preemption dry run");
+            }
+        }
+        engine
     }
 
     /// A node just asked for: counted as pending capacity at once, before the mirror shows it,

@@ -503,7 +503,13 @@ impl crate::http::DebugApi for DebugState {
             "namespace": namespace,
             "bundle": bundle,
             "bundleId": mapping::bundle_id(namespace, bundle),
-            "replicas": per_replica.iter().map(|(r, t)| serde_json::json!({"replica": r, "decidedAt": t.at, "recovery": t.recovery, "decision": t.decision})).collect::<Vec<_>>(),
+            "replicas": per_replica.iter().map(|(r, t)| {
+                let mut v = serde_json::json!({"replica": r, "decidedAt": t.at, "recovery": t.recovery, "decision": t.decision});
+                if let Some(p) = &t.preempted {
+                    v["preempted"] = serde_json::json!(p);
+                }
+                v
+            }).collect::<Vec<_>>(),
         }))
     }
 

@@ -34,6 +34,8 @@ pub struct Settings {
     pub zone_brake: Option<ZoneBrakeSettings>,
     /// CreateNode requests per pool per sliding minute.
     pub provision_per_minute: u32,
+    /// Rebalancing Migrations per sliding minute, fleet-wide.
+    pub rebalance_per_minute: u32,
 }
 
 impl Default for Settings {
@@ -75,6 +77,7 @@ impl Settings {
                 min_lost: c.zone_brake.min_lost_nodes.max(1),
             }),
             provision_per_minute: c.provisioning.per_pool_per_minute.max(1),
+            rebalance_per_minute: c.rebalance.max_per_minute.max(1),
         }
     }
 

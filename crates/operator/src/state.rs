@@ -42,6 +42,16 @@ pub struct LastDecision {
     pub decision: pl::Decision,
     pub recovery: bool,
     pub at: chrono::DateTime<chrono::Utc>,
+    /// Bronze jobs stopped to make room for this recovery.
+    pub preempted: Option<automanager_api::Preemption>,
+}
+
+/// A preemption made for one replica whose recovery has not been placed yet: while it is
+/// pending, no second one is made for the replica (its victims' capacity is on its way).
+#[derive(Debug, Clone)]
+pub struct PendingPreemption {
+    pub record: automanager_api::Preemption,
+    pub since: Instant,
 }
 
 /// Who to wake when something changes in Manager, so that one node event costs only the
@@ -167,6 +177,9 @@ pub struct OperatorState {
     pub health: NodeHealth,
     /// Node requests per pool in the last minute.
     pub provision_budget: ProvisionBudget,
+    /// Rebalancing Migrations created in the last minute (one fleet-wide key; the same sliding
+    /// window as the provisioning rate).
+    pub rebalance_budget: ProvisionBudget,
     /// CreateNode idempotency keys sent without an answer, repeated by the next ask.
     pub provision_keys: ProvisionKeys,
     /// The full trace of each bundle's last decision per replica, by (namespace, name).
@@ -190,6 +203,9 @@ pub struct OperatorState {
     /// Why a node's drain waits for a disruption budget, by Manager node id (the ManagerNode's
     /// `DisruptionBlocked` condition).
     pub drain_blocked: HashMap<String, String>,
+    /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
+    /// replica is placed.
+    pub preemptions: HashMap<(String, u32), PendingPreemption>,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -205,6 +221,7 @@ impl OperatorState {
             ledger: RestartLedger::default(),
             health: NodeHealth::new(rejection_threshold, rejection_window),
             provision_budget: ProvisionBudget::default(),
+            rebalance_budget: ProvisionBudget::default(),
             provision_keys: ProvisionKeys::default(),
             traces: HashMap::new(),
             broken: HashSet::new(),
@@ -216,6 +233,7 @@ impl OperatorState {
             wake: WakeIndex::default(),
             disruptions: Disruptions::default(),
             drain_blocked: HashMap::new(),
+            preemptions: HashMap::new(),
             engine_changed: true,
         }
     }

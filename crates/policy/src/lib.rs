@@ -21,6 +21,7 @@
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
+//! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
 //! | [`zone_brake`] | which zones have lost so many nodes that provisioning into them pauses |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
 //!
@@ -40,6 +41,7 @@ pub mod orphans;
 pub mod preempt;
 pub mod provision_budget;
 pub mod provision_keys;
+pub mod rebalance;
 pub mod spares;
 pub mod tags;
 pub mod vocab;

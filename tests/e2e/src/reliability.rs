@@ -135,6 +135,12 @@ impl Violations {
             && self.orphans.is_empty()
     }
 
+    /// Nothing broken but jobs not running: for a scenario in which some are down on purpose
+    /// (the caller says which).
+    pub fn nothing_but_lost(&self) -> bool {
+        self.duplicates.is_empty() && self.overcapacity.is_empty() && self.orphans.is_empty()
+    }
+
     /// Adds what `other` found (a monitor's samples to the final check).
     pub fn merge(&mut self, other: &Violations) {
         self.duplicates.extend(other.duplicates.iter().cloned());

@@ -6,99 +6,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use automanager_e2e::reliability::{Monitor, settle};
+use automanager_e2e::sampler::MaxSampler;
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, apply_example_pools, condition, patch_node, wait_drained};
 use chrono::{DateTime, Utc};
-use manager_client::proto::{self as pb};
-use manager_client::{ClientConfig, ManagerClient, MirrorState};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// How long a provisioned node takes to start in these tests: long enough that a second
 /// voluntary action arrives while the first is still under way, however loaded the machine.
 const SLOW_PROVISION_MS: &str = "3000";
-
-/// Evaluates a count over Manager's state on every change of it and keeps the largest seen.
-struct MaxSampler {
-    worst: Arc<Mutex<usize>>,
-    samples: Arc<Mutex<u64>>,
-    task: tokio::task::JoinHandle<()>,
-    client: ManagerClient,
-}
-
-impl MaxSampler {
-    async fn start(
-        endpoint: &str,
-        count: impl Fn(&MirrorState) -> usize + Send + Sync + 'static,
-    ) -> Self {
-        let client = ManagerClient::connect(ClientConfig::new(endpoint))
-            .await
-            .unwrap();
-        client.wait_ready(Duration::from_secs(30)).await.unwrap();
-        let worst = Arc::new(Mutex::new(0));
-        let samples = Arc::new(Mutex::new(0));
-        let mirror = client.mirror().clone();
-        let mut revisions = mirror.revisions();
-        let (w, s) = (worst.clone(), samples.clone());
-        let task = tokio::spawn(async move {
-            loop {
-                let n = mirror.read(&count);
-                if let Ok(mut w) = w.lock() {
-                    *w = (*w).max(n);
-                }
-                if let Ok(mut k) = s.lock() {
-                    *k += 1;
-                }
-                if revisions.changed().await.is_err() {
-                    return;
-                }
-            }
-        });
-        MaxSampler {
-            worst,
-            samples,
-            task,
-            client,
-        }
-    }
-
-    /// Replicas of `bundle_id` with a job that has no running normal instance.
-    async fn replicas_down(endpoint: &str, bundle_id: &str, replicas: u32, job: &str) -> Self {
-        let (bundle_id, job) = (bundle_id.to_owned(), job.to_owned());
-        Self::start(endpoint, move |m| {
-            (0..replicas)
-                .filter(|r| {
-                    !m.job_of(&bundle_id, *r, &job).is_some_and(|j| {
-                        j.instances
-                            .iter()
-                            .any(|i| i.is_normal() && i.state() == pb::JobState::Running)
-                    })
-                })
-                .count()
-        })
-        .await
-    }
-
-    /// Migrations Manager holds that have not ended.
-    async fn migrations_running(endpoint: &str) -> Self {
-        Self::start(endpoint, |m| {
-            m.migrations.values().filter(|x| !x.is_final()).count()
-        })
-        .await
-    }
-
-    async fn stop(self) -> (usize, u64) {
-        self.task.abort();
-        self.client.close().await;
-        let worst = self.worst.lock().map(|w| *w).unwrap_or_default();
-        let samples = self.samples.lock().map(|n| *n).unwrap_or_default();
-        (worst, samples)
-    }
-}
 
 /// A two-replica gold bundle on the on-prem pool that spills into aws-east; the job declares
 /// nothing, so it moves with `stopThenStart` (the replica is down while it moves).
@@ -116,7 +36,9 @@ async fn start_with_pair(name: &str) -> (Stack, Monitor, MaxSampler) {
     pair_on_a1_and_b1(&stack, name).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let sampler =
-        MaxSampler::replicas_down(&stack.sim_endpoint, &format!("default.{name}"), 2, "enc").await;
+        MaxSampler::replicas_down(&stack.sim_endpoint, &format!("default.{name}"), 2, "enc")
+            .await
+            .unwrap();
     (stack, monitor, sampler)
 }
 
@@ -518,7 +440,9 @@ async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
             .unwrap();
     }
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let in_manager = MaxSampler::migrations_running(&stack.sim_endpoint).await;
+    let in_manager = MaxSampler::migrations_running(&stack.sim_endpoint)
+        .await
+        .unwrap();
     let purposes = [
         None,
         None,

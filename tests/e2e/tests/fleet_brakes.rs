@@ -328,11 +328,7 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
     eprintln!("{}", v.line("fleet-crash-loop", took));
     // The looping job is legitimately down (its last node was killed and the rate is used up);
     // duplicates, over-capacity and orphans must still be none.
-    assert!(
-        v.duplicates.is_empty() && v.overcapacity.is_empty() && v.orphans.is_empty(),
-        "{}",
-        v.details()
-    );
+    assert!(v.nothing_but_lost(), "{}", v.details());
 }
 
 /// Waits for a line of the Events table that `line` accepts: Events are published off the

@@ -31,6 +31,9 @@ pub struct ReplicaTrace {
     #[serde(default)]
     pub recovery: bool,
     pub decision: pl::Decision,
+    /// Bronze jobs stopped to make room for this recovery (preemption), when it had to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempted: Option<automanager_api::Preemption>,
 }
 
 /// What to show.
@@ -140,6 +143,14 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
         .map(|w| format!(" · decided {w}"))
         .unwrap_or_default();
     let mut node = Tree::new(format!("replica {} · {outcome} · {kind}{when}", t.replica));
+    if let Some(p) = &t.preempted {
+        node = node.leaf(format!(
+            "preempted: no capacity and no hot spare, so bronze job(s) {} on node {} were stopped (and dropped) at {} to make room",
+            p.victims.join(", "),
+            p.node,
+            p.at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+        ));
+    }
 
     // Pools tried.
     let mut pools = Tree::new("pools tried, in order");

@@ -65,6 +65,7 @@ pub fn render(name: &str, answer: &WhatIf, spec: &api::BundleSpec, view: &TraceV
                 decided_at: None,
                 recovery: false,
                 decision: d.clone(),
+                preempted: None,
             };
             dry = dry.child(replica_tree(&t, view));
         }

@@ -234,6 +234,12 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ),
         ));
     }
+    if c.bands.bronze.preempt {
+        errors.push(err(
+            "bands.bronze.preempt",
+            "must be false: preemption stops bronze jobs to recover gold or silver ones, so bronze has nothing below it to preempt",
+        ));
+    }
     let le = &c.leader_election;
     if let Some(renew) = le.renew_every
         && renew.as_secs() + 2 > le.lease_duration.as_secs()

@@ -216,6 +216,9 @@ pub struct BandConfig {
     /// TypeScript library's "a successful restart clears the count").
     #[serde(with = "duration")]
     pub restart_clear_after: Duration,
+    /// Whether a recovery of this band that finds no capacity and no spare may stop bronze jobs
+    /// on one node to make room (preemption). Never true for bronze.
+    pub preempt: bool,
 }
 
 /// One band in the file; a key left out takes that band's default.
@@ -240,6 +243,12 @@ struct BandFile {
     #[serde(default, with = "duration::option")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
     restart_clear_after: Option<Duration>,
+    /// A recovery of this band that finds no capacity and no hot spare may stop bronze jobs
+    /// (the fewest, then the newest, on one node) to make room; they are dropped as a bronze job
+    /// whose node failed would be. Off by default in every band: stopping someone else's output
+    /// must be a decision the fleet's owner makes. Bronze cannot preempt. Not overridden by a
+    /// Bundle.
+    preempt: Option<bool>,
 }
 
 impl BandFile {
@@ -251,6 +260,7 @@ impl BandFile {
                 .max_restarts_per_hour
                 .unwrap_or(base.max_restarts_per_hour),
             restart_clear_after: self.restart_clear_after.unwrap_or(base.restart_clear_after),
+            preempt: self.preempt.unwrap_or(base.preempt),
         }
     }
 }
@@ -313,6 +323,7 @@ impl Default for BandsConfig {
             restart_placement,
             max_restarts_per_hour: 6,
             restart_clear_after: RESTART_CLEAR_AFTER,
+            preempt: false,
         };
         BandsConfig {
             gold: band(OnFailure::Restart, RestartPlacement::PreferHotSpare),
@@ -354,6 +365,7 @@ impl BandsConfig {
                     m.clamp(1, 1000).unsigned_abs()
                 }),
             restart_clear_after: base.restart_clear_after,
+            preempt: base.preempt,
         }
     }
 }
@@ -602,6 +614,23 @@ impl Default for ProvisioningConfig {
     }
 }
 
+/// The rebalancer (Bundles with `spec.rebalance: true`): how many Migrations it may create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct RebalanceConfig {
+    /// Rebalancing Migrations created in the whole fleet in any sliding minute, so a zone
+    /// coming back does not move everything at once (each Migration still waits for the
+    /// migration queue and its bundle's disruption budget).
+    #[schemars(range(min = 1, max = 1000))]
+    pub max_per_minute: u32,
+}
+
+impl Default for RebalanceConfig {
+    fn default() -> Self {
+        RebalanceConfig { max_per_minute: 6 }
+    }
+}
+
 /// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
 /// optional except `manager.url` (which a flag may give instead); a key left out, or set to
 /// null, takes its default.
@@ -644,6 +673,7 @@ pub struct OperatorConfig {
     pub orphan_sweep: OrphanSweepConfig,
     pub zone_brake: ZoneBrakeConfig,
     pub provisioning: ProvisioningConfig,
+    pub rebalance: RebalanceConfig,
 }
 
 impl Default for OperatorConfig {
@@ -665,6 +695,7 @@ impl Default for OperatorConfig {
             orphan_sweep: OrphanSweepConfig::default(),
             zone_brake: ZoneBrakeConfig::default(),
             provisioning: ProvisioningConfig::default(),
+            rebalance: RebalanceConfig::default(),
         }
     }
 }

@@ -49,6 +49,7 @@ fn a_minimal_file_takes_every_default() {
             restart_placement: RestartPlacement::PreferHotSpare,
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
+            preempt: false,
         }
     );
     assert_eq!(
@@ -58,10 +59,12 @@ fn a_minimal_file_takes_every_default() {
             restart_placement: RestartPlacement::Any,
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
+            preempt: false,
         }
     );
     assert_eq!(c.bands.bronze.on_failure, OnFailure::Drop);
     assert_eq!(c.bands.bronze.restart_clear_after, d(600));
+    assert!(!c.bands.bronze.preempt);
     assert_eq!(
         c.node_health,
         NodeHealthConfig {
@@ -1128,4 +1131,44 @@ fn the_debugging_api_is_off_unless_given_a_port_of_its_own() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn preemption_is_off_by_default_opt_in_per_band_and_never_for_bronze() {
+    let c = ok(URL);
+    assert!(!c.bands.gold.preempt && !c.bands.silver.preempt && !c.bands.bronze.preempt);
+    let c = ok(&format!("{URL}bands: {{ gold: {{ preempt: true }} }}\n"));
+    assert!(c.bands.gold.preempt);
+    assert!(!c.bands.silver.preempt);
+    let e = errors(&format!("{URL}bands: {{ bronze: {{ preempt: true }} }}\n"));
+    assert!(
+        error_at(&e, "bands.bronze.preempt")
+            .message
+            .contains("must be false"),
+        "{e}"
+    );
+    let e = errors(&format!(
+        "{URL}bands: {{ silver: {{ preempt: sometimes }} }}\n"
+    ));
+    assert!(e.has("bands.silver.preempt"), "{e}");
+}
+
+#[test]
+fn the_rebalance_rate_is_bounded() {
+    assert_eq!(ok(URL).rebalance.max_per_minute, 6);
+    assert_eq!(
+        ok(&format!("{URL}rebalance: {{ maxPerMinute: 30 }}\n"))
+            .rebalance
+            .max_per_minute,
+        30
+    );
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinute: 0 }}\n"));
+    assert_eq!(
+        error_at(&e, "rebalance.maxPerMinute").message,
+        "must be between 1 and 1000 (got 0)"
+    );
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinute: many }}\n"));
+    assert!(e.has("rebalance.maxPerMinute"), "{e}");
+    let e = errors(&format!("{URL}rebalance: {{ maxPerMinut: 3 }}\n"));
+    assert!(e.has("rebalance.maxPerMinut"), "{e}");
 }

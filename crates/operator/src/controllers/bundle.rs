@@ -39,6 +39,9 @@ const TRANSIENT_START_MS: i64 = 2_000;
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
 /// Periodic look at a settled bundle (clears restart counts of replicas that stayed up).
 const REQUEUE_SETTLED: Duration = Duration::from_secs(300);
+/// Look again at a settled bundle that would rebalance: a migration ends, the rate refills,
+/// capacity comes back through a change that does not wake it.
+const REQUEUE_REBALANCE: Duration = Duration::from_secs(10);
 
 /// Reconciles one Bundle, inside the cleanup finalizer.
 pub async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -114,6 +117,9 @@ struct Outcome {
     placed_note: Option<String>,
     /// Pools this replica waits on for capacity.
     waiting_on: Vec<String>,
+    /// Bronze jobs stopped to make room for this replica's recovery (made in this pass or an
+    /// earlier one), for the trace.
+    preempted: Option<api::Preemption>,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
@@ -456,7 +462,10 @@ impl<'a> Pass<'a> {
                 if let Some(cause) = involuntary_cause(replica_seen, std::slice::from_ref(job)) {
                     ctx.metrics.involuntary_disruption(cause);
                 }
-                self.report_drop(ctx, *r, job).await;
+                let handed_over = replica_seen.iter().any(|s| {
+                    &s.job.job_name == job && s.job.stop_cause == StopCause::HandedToRecovery
+                });
+                self.report_drop(ctx, *r, job, handed_over).await;
             }
             let mut outcome = Outcome::default();
             match &p.intent {
@@ -510,7 +519,9 @@ impl<'a> Pass<'a> {
         Ok(outcomes)
     }
 
-    async fn report_drop(&self, ctx: &Context, r: u32, job: &str) {
+    /// `handed_over`: it was stopped and handed to its band (a failed migration, a drain's
+    /// fallback, a preemption) rather than failing by itself.
+    async fn report_drop(&self, ctx: &Context, r: u32, job: &str, handed_over: bool) {
         ctx.metrics.job_dropped();
         let band = self
             .bundle
@@ -525,7 +536,13 @@ impl<'a> Pass<'a> {
             EventType::Warning,
             "JobDropped",
             "Recover",
-            format!("replica {r} job {job} ({band} band) failed and was dropped, as its band says"),
+            if handed_over {
+                format!(
+                    "replica {r} job {job} ({band} band) was stopped and handed to its band (a failed migration, a drain's fallback or a preemption), which drops it"
+                )
+            } else {
+                format!("replica {r} job {job} ({band} band) failed and was dropped, as its band says")
+            },
         )
         .await;
     }
@@ -599,6 +616,7 @@ impl<'a> Pass<'a> {
                     decision: decision.clone(),
                     recovery,
                     at: self.now,
+                    preempted: None,
                 },
             );
         match &decision.outcome {
@@ -631,29 +649,98 @@ impl<'a> Pass<'a> {
                 self.provision(ctx, r, pool, instance_type, zone.as_deref())
                     .await?;
             }
-            pl::Outcome::Unplaceable { jobs } => {
-                ctx.metrics.placement_failed();
-                let reasons: Vec<String> = jobs
-                    .iter()
-                    .map(|j| format!("{}: {}", j.job_name, j.reason))
-                    .collect();
-                let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
-                if !is_condition(&self.prev, api::kstatus::STALLED, "NoCapacity") {
-                    ctx.event(
-                        self.bundle,
-                        EventType::Warning,
-                        "PlacementFailed",
-                        "Place",
-                        message.clone(),
-                    )
-                    .await;
+            pl::Outcome::Unplaceable { .. } if recovery => {
+                if let Some(p) = self.preempt(ctx, r, jobs, &request).await? {
+                    // The victims are stopping; their stop wakes this bundle, whose next pass
+                    // places the replica in the room they leave.
+                    outcome.preempted = Some(p);
+                    outcome.waiting_on = request.pools.clone();
+                } else {
+                    self.unplaceable(ctx, r, &decision, &request, &mut outcome)
+                        .await;
                 }
-                outcome.result.unplaceable = Some(message);
-                outcome.waiting_on = request.pools.clone();
             }
+            pl::Outcome::Unplaceable { .. } => {
+                self.unplaceable(ctx, r, &decision, &request, &mut outcome)
+                    .await;
+            }
+        }
+        if outcome.started {
+            outcome.preempted = super::preempt::placed(ctx, &self.bundle_id, r);
+        } else if outcome.preempted.is_none() {
+            outcome.preempted = super::preempt::pending(ctx, &self.bundle_id, r);
+        }
+        if outcome.preempted.is_some()
+            && let Some(last) = ctx
+                .state()
+                .traces
+                .get_mut(&(
+                    self.bundle.namespace().unwrap_or_default(),
+                    self.bundle.name_any(),
+                ))
+                .and_then(|t| t.get_mut(&r))
+        {
+            last.preempted = outcome.preempted.clone();
         }
         outcome.decision = Some((decision, recovery));
         Ok(outcome)
+    }
+
+    /// A recovery with no room: preempt bronze jobs when its band may (see
+    /// [`super::preempt`]).
+    async fn preempt(
+        &self,
+        ctx: &Context,
+        r: u32,
+        jobs: &[String],
+        request: &pl::PlacementRequest,
+    ) -> Result<Option<api::Preemption>, Error> {
+        let Some(band) = super::preempt::recovering_band(&self.bundle.spec, jobs) else {
+            return Ok(None);
+        };
+        super::preempt::preempt_for(
+            ctx,
+            &super::preempt::Recovering {
+                bundle: self.bundle,
+                bundle_id: &self.bundle_id,
+                replica: r,
+                band,
+                request,
+                now: self.now,
+            },
+        )
+        .await
+    }
+
+    /// Nothing can take the replica: say so (once per stall) and wait on its pools.
+    async fn unplaceable(
+        &self,
+        ctx: &Context,
+        r: u32,
+        decision: &pl::Decision,
+        request: &pl::PlacementRequest,
+        outcome: &mut Outcome,
+    ) {
+        if let pl::Outcome::Unplaceable { jobs } = &decision.outcome {
+            ctx.metrics.placement_failed();
+            let reasons: Vec<String> = jobs
+                .iter()
+                .map(|j| format!("{}: {}", j.job_name, j.reason))
+                .collect();
+            let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
+            if !is_condition(&self.prev, api::kstatus::STALLED, "NoCapacity") {
+                ctx.event(
+                    self.bundle,
+                    EventType::Warning,
+                    "PlacementFailed",
+                    "Place",
+                    message.clone(),
+                )
+                .await;
+            }
+            outcome.result.unplaceable = Some(message);
+            outcome.waiting_on = request.pools.clone();
+        }
     }
 
     /// The placement request for replica `r`: the jobs to place, and where the replica's other
@@ -897,16 +984,24 @@ impl<'a> Pass<'a> {
         });
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
-        let status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
+        let mut status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
         let phase = status.phase;
         ctx.set_broken(&self.bundle_id, phase == BundlePhase::Broken);
-        ctx.state().wake.set_waiting(
-            &self.bundle_ref,
-            outcomes
-                .values()
-                .flat_map(|o| o.waiting_on.iter().cloned())
-                .collect(),
-        );
+        let mut waiting_on: Vec<String> = outcomes
+            .values()
+            .flat_map(|o| o.waiting_on.iter().cloned())
+            .collect();
+        let rebalance = self.rebalance(ctx, &mut status).await?;
+        if rebalance.as_ref().is_some_and(|l| l.wait_for_capacity) {
+            // Room in the bundle's pools may let it move back: node and capacity changes there
+            // wake it.
+            for r in 0..self.replicas() {
+                waiting_on.extend(self.engine_bundle.pools_for_replica(r).iter().cloned());
+            }
+            waiting_on.sort();
+            waiting_on.dedup();
+        }
+        ctx.state().wake.set_waiting(&self.bundle_ref, waiting_on);
         let placed: Vec<&str> = outcomes
             .values()
             .filter_map(|o| o.placed_note.as_deref())
@@ -970,7 +1065,12 @@ impl<'a> Pass<'a> {
             });
         Ok(match phase {
             BundlePhase::Ready => {
-                Action::requeue(clear_in.map_or(REQUEUE_SETTLED, |d| d.min(REQUEUE_SETTLED)))
+                let settled = if rebalance.is_some_and(|l| l.condition.0) {
+                    REQUEUE_REBALANCE
+                } else {
+                    REQUEUE_SETTLED
+                };
+                Action::requeue(clear_in.map_or(settled, |d| d.min(settled)))
             }
             BundlePhase::Broken => Action::await_change(),
             _ if outcomes.values().any(|o| o.result.unplaceable.is_some()) => {
@@ -978,6 +1078,47 @@ impl<'a> Pass<'a> {
             }
             _ => Action::requeue(REQUEUE_BUSY),
         })
+    }
+
+    /// The rebalancer's look at a Ready bundle with `spec.rebalance` (see
+    /// [`super::rebalance`]), recorded as its `RebalanceNeeded` condition; the condition goes
+    /// when `spec.rebalance` is off.
+    async fn rebalance(
+        &self,
+        ctx: &Context,
+        status: &mut BundleStatus,
+    ) -> Result<Option<super::rebalance::Look>, Error> {
+        if !self.bundle.spec.rebalance {
+            status
+                .conditions
+                .retain(|c| c.type_ != super::rebalance::CONDITION);
+            return Ok(None);
+        }
+        if status.phase != BundlePhase::Ready {
+            return Ok(None);
+        }
+        let look = super::rebalance::look(
+            ctx,
+            self.bundle,
+            status,
+            &self.bundle_id,
+            &self.engine_bundle,
+            self.now,
+        )
+        .await?;
+        let (on, reason, message) = &look.condition;
+        api::set_condition(
+            &mut status.conditions,
+            super::condition(
+                super::rebalance::CONDITION,
+                *on,
+                reason,
+                message.clone(),
+                self.generation,
+                self.now,
+            ),
+        );
+        Ok(Some(look))
     }
 
     fn status(
@@ -1039,24 +1180,30 @@ impl<'a> Pass<'a> {
                 replica_states.push(state);
                 let previous = prev_job(*r, name).and_then(|p| p.last_placement.clone());
                 let last_placement = match &outcome.decision {
-                    Some((d, recovery)) if d.trace_touches(name) => Some(mapping::trace_summary(
-                        &d.summary(),
-                        *recovery,
-                        self.now,
-                        d.node_for(name),
-                    )),
+                    Some((d, recovery)) if d.trace_touches(name) => {
+                        let mut t = mapping::trace_summary(
+                            &d.summary(),
+                            *recovery,
+                            self.now,
+                            d.node_for(name),
+                        );
+                        t.preempted = outcome.preempted.clone();
+                        Some(t)
+                    }
                     // A decision made in a pass whose status write was coalesced.
                     _ => match remembered.get(r) {
                         Some(last)
                             if last.decision.trace_touches(name)
                                 && previous.as_ref().is_none_or(|p| p.decided_at < last.at) =>
                         {
-                            Some(mapping::trace_summary(
+                            let mut t = mapping::trace_summary(
                                 &last.decision.summary(),
                                 last.recovery,
                                 last.at,
                                 last.decision.node_for(name),
-                            ))
+                            );
+                            t.preempted = last.preempted.clone();
+                            Some(t)
                         }
                         _ => previous,
                     },

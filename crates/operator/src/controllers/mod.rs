@@ -12,6 +12,8 @@ pub mod hotspare;
 pub mod migration;
 pub mod node;
 pub mod pool;
+pub mod preempt;
+pub mod rebalance;
 pub mod sweep;
 pub mod zones;
 
@@ -156,6 +158,9 @@ impl Context {
         );
         state.provision_budget = automanager_policy::provision_budget::ProvisionBudget::new(
             settings.provision_per_minute,
+        );
+        state.rebalance_budget = automanager_policy::provision_budget::ProvisionBudget::new(
+            settings.rebalance_per_minute,
         );
         if let Some(brake) = settings.zone_brake {
             state.zone_brake = automanager_policy::zone_brake::ZoneBrake::new(brake);

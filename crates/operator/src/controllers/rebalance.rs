@@ -1,0 +1,333 @@
+//! The rebalancer, as the Bundle controller runs it on a Ready Bundle with `spec.rebalance`:
+//! observe where each replica's jobs run now, ask the placement engine where the replica would go
+//! were it placed now, let [`automanager_policy::rebalance`] decide, and create a Migration
+//! (label `automanager.norsk.io/purpose: rebalance`, the job's declared strategy, the engine's
+//! node as target) for each job that moves. The migration queue ranks it behind drains and the
+//! disruption budget holds it while another replica of the bundle is down; the rebalancer adds a
+//! fleet-wide rate (`rebalance.maxPerMinute`) and one rebalance at a time per bundle.
+//!
+//! Only replicas whose placement trace reports broken soft rules are looked at (a recovery that
+//! had to break one says so), and only while they still break them.
+//!
+//! What it says: the Bundle's `RebalanceNeeded` condition (True with reason `MigrationStarted`,
+//! `MigrationInProgress`, `WaitingForCapacity` or `RateLimited`; False with `SoftRulesHold`), a
+//! `RebalanceStarted` Event per Migration and `automanager_rebalances_total`.
+
+use std::collections::BTreeSet;
+
+use automanager_api::{self as api, Bundle, Migration, MigrationJobRef, MigrationSpec};
+use automanager_placement as pl;
+use automanager_policy::rebalance::{self, At, Proposal, Verdict};
+use chrono::{DateTime, Utc};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+
+use super::{Context, Error, now_ms};
+use crate::mapping;
+
+/// The Bundle condition the rebalancer keeps.
+pub const CONDITION: &str = "RebalanceNeeded";
+/// The key the fleet-wide rate is counted under.
+const RATE_KEY: &str = "rebalance";
+
+/// What one look found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Look {
+    /// The `RebalanceNeeded` condition: (status, reason, message).
+    pub condition: (bool, &'static str, String),
+    /// Capacity in the bundle's pools could let it move: wake it when it changes.
+    pub wait_for_capacity: bool,
+}
+
+impl Look {
+    fn holds() -> Self {
+        Look {
+            condition: (
+                false,
+                "SoftRulesHold",
+                "every soft placement rule holds".into(),
+            ),
+            wait_for_capacity: false,
+        }
+    }
+}
+
+/// One look at a Ready bundle with `spec.rebalance: true`; `status` is the one about to be
+/// written (its traces include this pass's decisions).
+pub async fn look(
+    ctx: &Context,
+    bundle: &Bundle,
+    status: &api::BundleStatus,
+    bundle_id: &str,
+    engine_bundle: &pl::BundleSpec,
+    now: DateTime<Utc>,
+) -> Result<Look, Error> {
+    // Replicas whose last placement had to break a soft rule.
+    let flagged: Vec<u32> = status
+        .replicas
+        .iter()
+        .filter(|r| {
+            r.jobs.iter().any(|j| {
+                j.last_placement
+                    .as_ref()
+                    .is_some_and(|t| !t.broken_soft_rules.is_empty())
+            })
+        })
+        .filter_map(|r| u32::try_from(r.replica).ok())
+        .collect();
+    if flagged.is_empty() {
+        return Ok(Look::holds());
+    }
+    let replicas = u32::try_from(bundle.spec.replicas).unwrap_or(0);
+    let names: Vec<&str> = bundle
+        .spec
+        .jobs
+        .iter()
+        .map(|j| j.job_name.as_str())
+        .collect();
+    // Where each job of each replica runs now; a replica with a job not running is left alone
+    // (the bundle is not settled) and so is one whose job a Manager migration holds.
+    let seen = ctx.manager.mirror().read(|m| {
+        let moving = m.migrations.values().any(|mig| {
+            !mig.is_final()
+                && m.jobs
+                    .get(&mig.job_id)
+                    .is_some_and(|j| j.bundle_id == bundle_id)
+        });
+        let positions: Option<Vec<Vec<(String, At)>>> = (0..replicas)
+            .map(|r| {
+                names
+                    .iter()
+                    .map(|name| {
+                        let j = m.job_of(bundle_id, r, name)?;
+                        (j.state() == manager_proto::JobState::Running && !j.node_id.is_empty())
+                            .then(|| {
+                                (
+                                    (*name).to_owned(),
+                                    At {
+                                        node: j.node_id.clone(),
+                                        zone: m
+                                            .zone_of(&j.node_id)
+                                            .filter(|z| !z.is_empty())
+                                            .map(str::to_owned),
+                                    },
+                                )
+                            })
+                    })
+                    .collect()
+            })
+            .collect();
+        (moving, positions)
+    });
+    let (moving, Some(positions)) = seen else {
+        return Ok(Look::holds());
+    };
+    let mut waiting: Option<Look> = None;
+    for r in flagged {
+        let Some(mine) = positions.get(r as usize) else {
+            continue;
+        };
+        let others: Vec<At> = positions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != r as usize)
+            .flat_map(|(_, jobs)| jobs.iter().map(|(_, a)| a.clone()))
+            .collect();
+        let here: Vec<At> = mine.iter().map(|(_, a)| a.clone()).collect();
+        let broken_now = rebalance::broken_soft_rules(
+            &engine_bundle.inter_replica_placement,
+            &engine_bundle.intra_replica_placement,
+            &here,
+            &others,
+        );
+        if broken_now.is_empty() {
+            continue;
+        }
+        let rules = rule_names(&broken_now);
+        if moving || in_progress(ctx, bundle).await? {
+            return Ok(Look {
+                condition: (
+                    true,
+                    "MigrationInProgress",
+                    format!(
+                        "replica {r} breaks soft rule(s) {rules}; a migration of this bundle is under way"
+                    ),
+                ),
+                wait_for_capacity: false,
+            });
+        }
+        let request = pl::PlacementRequest {
+            bundle_id: bundle_id.to_owned(),
+            replica_index: r,
+            jobs: bundle.spec.jobs.iter().map(mapping::job).collect(),
+            pools: engine_bundle.pools_for_replica(r).to_vec(),
+            kind: pl::PlacementKind::First,
+            intra_replica: engine_bundle.intra_replica_placement,
+            inter_replica: engine_bundle.inter_replica_placement,
+            other_replicas: others
+                .iter()
+                .map(|a| pl::Position {
+                    node: a.node.clone(),
+                    zone: a.zone.clone(),
+                })
+                .collect(),
+            placed_siblings: Vec::new(),
+        };
+        let decision = ctx.state().model.place(&request, now_ms(now));
+        let proposal = match &decision.outcome {
+            pl::Outcome::Placed { assignments, .. } => Some(Proposal {
+                assignments: assignments
+                    .iter()
+                    .map(|a| (a.job_name.clone(), a.node.clone()))
+                    .collect(),
+                broken: decision.trace.broken_soft_rules.iter().copied().collect(),
+                pending: assignments.iter().any(|a| a.node_pending),
+            }),
+            _ => None,
+        };
+        let current: Vec<(String, String)> = mine
+            .iter()
+            .map(|(j, a)| (j.clone(), a.node.clone()))
+            .collect();
+        match rebalance::decide(&current, &broken_now, proposal.as_ref()) {
+            Verdict::Holds => {}
+            Verdict::NoBetterPlacement => {
+                waiting.get_or_insert(Look {
+                    condition: (
+                        true,
+                        "WaitingForCapacity",
+                        format!("replica {r} breaks soft rule(s) {rules}; no node where they would hold has room yet"),
+                    ),
+                    wait_for_capacity: true,
+                });
+            }
+            Verdict::Move(moves) => {
+                let allowed = {
+                    let mut state = ctx.state();
+                    let n = u32::try_from(moves.len()).unwrap_or(u32::MAX);
+                    if state.rebalance_budget.allowance(RATE_KEY, now) < n {
+                        false
+                    } else {
+                        for _ in &moves {
+                            state.rebalance_budget.take(RATE_KEY, now);
+                        }
+                        true
+                    }
+                };
+                if !allowed {
+                    return Ok(Look {
+                        condition: (
+                            true,
+                            "RateLimited",
+                            format!(
+                                "replica {r} breaks soft rule(s) {rules} and could move; rebalance.maxPerMinute ({}) is used up",
+                                ctx.settings.rebalance_per_minute
+                            ),
+                        ),
+                        wait_for_capacity: true,
+                    });
+                }
+                let mut created = Vec::new();
+                for mv in &moves {
+                    created.push(create(ctx, bundle, r, mv).await?);
+                    ctx.metrics.rebalance_started();
+                }
+                let note = moves
+                    .iter()
+                    .zip(&created)
+                    .map(|(m, name)| {
+                        format!(
+                            "job {} from {} to {} (Migration {name})",
+                            m.job_name, m.from, m.to
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                let message = format!(
+                    "replica {r} breaks soft rule(s) {rules} and there is room where they hold: moving {note}"
+                );
+                ctx.event(
+                    bundle,
+                    EventType::Normal,
+                    "RebalanceStarted",
+                    "Rebalance",
+                    message.clone(),
+                )
+                .await;
+                return Ok(Look {
+                    condition: (true, "MigrationStarted", message),
+                    wait_for_capacity: false,
+                });
+            }
+        }
+    }
+    Ok(waiting.unwrap_or_else(Look::holds))
+}
+
+fn rule_names(rules: &BTreeSet<pl::SoftRule>) -> String {
+    rules
+        .iter()
+        .map(|r| r.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A rebalancing Migration of this bundle that has not ended (it may still be queued, so not
+/// in Manager yet): one rebalance at a time per bundle.
+async fn in_progress(ctx: &Context, bundle: &Bundle) -> Result<bool, Error> {
+    let ns = bundle.namespace().unwrap_or_default();
+    let name = bundle.name_any();
+    let list = Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+        .list(&ListParams::default().labels(&format!("{}=rebalance", api::PURPOSE_LABEL)))
+        .await?;
+    Ok(list.items.iter().any(|m| {
+        m.spec.job.bundle == name
+            && !m
+                .status
+                .as_ref()
+                .is_some_and(|s| automanager_policy::migration::is_terminal(s.phase))
+    }))
+}
+
+/// Creates the Migration of one move; answers its name.
+async fn create(
+    ctx: &Context,
+    bundle: &Bundle,
+    replica: u32,
+    mv: &rebalance::Move,
+) -> Result<String, Error> {
+    let ns = bundle.namespace().unwrap_or_default();
+    let name = bundle.name_any();
+    let prefix: String = name.chars().take(40).collect();
+    let mig = Migration {
+        metadata: ObjectMeta {
+            generate_name: Some(format!(
+                "{}-rebalance-",
+                prefix.trim_end_matches(['-', '.'])
+            )),
+            namespace: Some(ns.clone()),
+            labels: Some([(api::PURPOSE_LABEL.to_owned(), "rebalance".to_owned())].into()),
+            owner_references: bundle.controller_owner_ref(&()).map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: MigrationSpec {
+            job: MigrationJobRef {
+                bundle: name,
+                replica: i32::try_from(replica).unwrap_or(i32::MAX),
+                job_name: mv.job_name.clone(),
+            },
+            target_node: Some(mv.to.clone()),
+            // The job's declared strategy.
+            strategy: None,
+            abort: None,
+        },
+        status: None,
+    };
+    let created = Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+        .create(&PostParams::default(), &mig)
+        .await?;
+    let created = created.name_any();
+    tracing::info!(namespace = %ns, bundle = %bundle.name_any(), replica, job = %mv.job_name, from = %mv.from, to = %mv.to, migration = %created, "rebalance: migrating job");
+    Ok(created)
+}
