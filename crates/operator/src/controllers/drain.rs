@@ -66,7 +66,7 @@ pub(crate) fn job_bundle(ctx: &Context, job_id: &str) -> Option<ObjectRef<Bundle
     job_ref(ctx, job_id).map(|(ns, name, _, _)| ObjectRef::new(&name).within(&ns))
 }
 
-fn outcome(m: &Migration) -> MigrationOutcome {
+pub(crate) fn outcome(m: &Migration) -> MigrationOutcome {
     use MigrationPhase as P;
     match m.status.as_ref().map(|s| s.phase).unwrap_or_default() {
         P::Completed => MigrationOutcome::Completed,

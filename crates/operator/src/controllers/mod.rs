@@ -5,6 +5,7 @@
 //! (status with server-side apply, Events, metrics).
 
 pub mod bundle;
+pub mod consolidation;
 pub mod disruption;
 pub mod drain;
 pub mod hotspare;

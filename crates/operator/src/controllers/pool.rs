@@ -1,5 +1,6 @@
 //! The PlacementPool controller: loads each pool into the placement model, checks it against
-//! Manager, and keeps its status (node count, live spares, spare target, used capacity).
+//! Manager, and keeps its status (node count, live spares, spare target, used capacity), and
+//! runs the pool's consolidation ([`super::consolidation`]) when its spec asks for it.
 //!
 //! Every pool carries the [`api::POOL_FINALIZER`]: deleting a pool that a Bundle (in its `pools`
 //! or a replica override) or a HotSpareTarget names waits, with the pool kept in the placement
@@ -230,6 +231,7 @@ async fn apply(
         used_capacity_fraction: usage.as_ref().map_or(0.0, |u| {
             (u.used_capacity_fraction * 1000.0).round() / 1000.0
         }),
+        consolidation: prev.consolidation.clone(),
         conditions: prev.conditions.clone(),
     };
     // A pool that is invalid or unknown to Manager stays so until its spec or Manager changes.
@@ -271,6 +273,16 @@ async fn apply(
             now,
         ),
     );
+    // Consolidation (off unless the spec asks): its plan, progress and condition.
+    let mut requeue = REFRESH;
+    if pool.metadata.deletion_timestamp.is_none() {
+        let pass = super::consolidation::step(pool, ctx).await?;
+        status.consolidation = pass.status;
+        api::set_condition(&mut status.conditions, pass.condition);
+        if let Some(r) = pass.requeue {
+            requeue = requeue.min(r);
+        }
+    }
     ctx.metrics.set_pool(
         &name,
         status.node_count,
@@ -304,7 +316,7 @@ async fn apply(
         )
         .await;
     }
-    Ok(Action::requeue(REFRESH))
+    Ok(Action::requeue(requeue))
 }
 
 /// Forgets pools whose objects are gone (the store is the controller's cache).

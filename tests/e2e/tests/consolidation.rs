@@ -1,0 +1,291 @@
+//! Consolidation on the real stack (kube-apiserver + etcd, manager-sim, the operator binary,
+//! kubectl), with the reliability suite's invariant checker running alongside: a fragmented
+//! elastic binpack pool is first planned in `dryRun` (the plan is in status, nothing moves),
+//! then consolidated (`enabled`): the planned node is emptied through handover and overlap
+//! Migrations and terminated, and no job is ever without a running instance (the sim's history
+//! of every job) nor loses a handover participant.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use automanager_e2e::reliability::{Monitor, manager_state, settle};
+use automanager_e2e::stack::Stack;
+use automanager_e2e::{apply, condition, events_table};
+use manager_client::proto::NodeState;
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(120);
+const POOL: &str = "packed";
+
+/// An elastic pool of one zone, nodes of 100 capacity that advertise the job socket.
+fn sim_config(dir: &std::path::Path) -> PathBuf {
+    let path = dir.join("manager-sim.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "listen: 127.0.0.1:0
+timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
+pools:
+  - name: {POOL}
+    kind: aws
+    region: eu-west-1
+    zones: [zn-a]
+    scaleOut: elastic
+    instanceTypes:
+      - {{instanceType: m5.xlarge, capacity: 100, cores: 16}}
+"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn pool_yaml(consolidation: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {{name: {POOL}}}
+spec:
+  kind: aws
+  region: eu-west-1
+  zones: [zn-a]
+  packingStrategy: binpack
+  scaleOut: elastic
+  candidateInstanceTypes:
+    - {{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16, capabilities: []}}
+{consolidation}"
+    )
+}
+
+/// A one-replica silver bundle of one job taking 40 of a node's 100 (two per node).
+fn bundle(name: &str, strategy: &str) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: 1
+  pools: [{POOL}]
+  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 40, requiredCores: 2, priorityBand: silver}}
+      migration: {{strategy: {strategy}}}
+"
+    )
+}
+
+/// The node each bundle's job runs on, from Bundle status.
+async fn placement(stack: &Stack, names: &[String]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for n in names {
+        let b = stack
+            .get_json(&["bundle", n, "-n", "default"])
+            .await
+            .unwrap();
+        let node = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        out.insert(n.clone(), node);
+    }
+    out
+}
+
+/// Nodes of the pool Manager runs (starting or started).
+async fn live_nodes(stack: &Stack) -> Vec<String> {
+    let m = manager_state(&stack.sim_endpoint).await.unwrap();
+    let mut v: Vec<String> = m
+        .nodes
+        .values()
+        .filter(|n| {
+            n.pool == POOL
+                && matches!(
+                    NodeState::try_from(n.state),
+                    Ok(NodeState::Starting | NodeState::Started)
+                )
+        })
+        .map(|n| n.node_id.clone())
+        .collect();
+    v.sort();
+    v
+}
+
+fn job_history(stack: &Stack, bundle: &str) -> Value {
+    let out = stack
+        .chaos(&["job-history", &format!("default.{bundle}/0/enc")])
+        .unwrap();
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+}
+
+async fn consolidation_migrations(stack: &Stack) -> Vec<Value> {
+    let l = stack
+        .get_json(&[
+            "migrations",
+            "-n",
+            "default",
+            "-l",
+            "automanager.norsk.io/purpose=consolidation",
+        ])
+        .await
+        .unwrap();
+    l["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_without_a_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::start_custom(&sim_config(dir.path()), &[], |_| {})
+        .await
+        .expect("stack");
+    apply(&stack, &pool_yaml("")).await;
+
+    // A wave: six bundles of 40, two per node, on three nodes (handover and overlap alike).
+    let names: Vec<String> = (0..6).map(|i| format!("ch-{i}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        let strategy = if i.is_multiple_of(2) { "handover" } else { "overlap" };
+        apply(&stack, &bundle(n, strategy)).await;
+        stack
+            .wait_bundle_phase("default", n, "Ready", WAIT)
+            .await
+            .unwrap();
+    }
+    let wave = placement(&stack, &names).await;
+    let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (b, n) in &wave {
+        by_node.entry(n.clone()).or_default().push(b.clone());
+    }
+    assert_eq!(by_node.len(), 3, "binpack puts two per node: {wave:?}");
+    // Random deletes leave each node 40 % used: three nodes where two would do.
+    let mut kept: Vec<String> = Vec::new();
+    for jobs in by_node.values() {
+        stack
+            .env
+            .run_kubectl(["delete", "bundle", "-n", "default", &jobs[0]])
+            .await
+            .unwrap();
+        kept.push(jobs[1].clone());
+    }
+    stack
+        .wait_for("three jobs left", WAIT, || async {
+            let m = manager_state(&stack.sim_endpoint).await?;
+            Ok((m.jobs.len() == 3).then_some(()))
+        })
+        .await
+        .unwrap();
+    let before = live_nodes(&stack).await;
+    assert_eq!(before.len(), 3, "{before:?}");
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+
+    // dryRun: the plan is in status, nothing moves.
+    apply(
+        &stack,
+        &pool_yaml("  consolidation: {mode: dryRun, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
+    )
+    .await;
+    let pool = stack
+        .wait_for("a dry-run plan in status", WAIT, || async {
+            let p = stack.get_json(&["placementpool", POOL]).await?;
+            Ok((condition(&p, "Consolidating")["reason"] == "DryRun"
+                && p["status"]["consolidation"]["plannedNodes"] == 1)
+                .then_some(p))
+        })
+        .await
+        .unwrap();
+    let plan = &pool["status"]["consolidation"]["plan"];
+    let planned_node = plan[0]["node"].as_str().unwrap().to_owned();
+    let planned_move = &plan[0]["moves"][0];
+    let moved_bundle = planned_move["bundle"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("default/")
+        .to_owned();
+    let planned_target = planned_move["targetNode"].as_str().unwrap().to_owned();
+    assert_eq!(plan[0]["moves"].as_array().unwrap().len(), 1, "{pool:#}");
+    assert_eq!(wave[&moved_bundle], planned_node, "{pool:#}");
+    assert_ne!(planned_target, planned_node);
+    let message = condition(&pool, "Consolidating")["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(&format!("would empty 1 node(s): {planned_node} (1 moves)")),
+        "{message}"
+    );
+    // Long enough for several passes: still nothing moved.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(live_nodes(&stack).await, before);
+    assert!(consolidation_migrations(&stack).await.is_empty());
+    assert_eq!(placement(&stack, &kept).await[&moved_bundle], planned_node);
+
+    // enabled: the planned node is emptied into the planned target and terminated.
+    apply(
+        &stack,
+        &pool_yaml("  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
+    )
+    .await;
+    let pool = stack
+        .wait_for(
+            "one node consolidated, nothing more to do",
+            WAIT,
+            || async {
+                let p = stack.get_json(&["placementpool", POOL]).await?;
+                Ok((p["status"]["consolidation"]["nodesTerminated"] == 1
+                    && condition(&p, "Consolidating")["reason"] == "NothingToConsolidate")
+                    .then_some(p))
+            },
+        )
+        .await
+        .unwrap();
+    let after = live_nodes(&stack).await;
+    assert_eq!(after.len(), 2, "{after:?} {pool:#}");
+    assert!(!after.contains(&planned_node), "{after:?}");
+    let now = placement(&stack, &kept).await;
+    assert_eq!(now[&moved_bundle], planned_target, "{now:?}");
+    // The others stayed where they were.
+    for b in kept.iter().filter(|b| **b != moved_bundle) {
+        assert_eq!(now[b], wave[b], "{b}");
+    }
+    // The move went through the queue as a consolidation Migration and completed.
+    let migs = consolidation_migrations(&stack).await;
+    assert_eq!(migs.len(), 1, "{migs:#?}");
+    let m = &migs[0];
+    assert_eq!(m["status"]["phase"], "Completed", "{m:#}");
+    assert_eq!(m["spec"]["targetNode"], planned_target.as_str());
+    let mut dropped = 0u64;
+    if m["status"]["strategy"] == "handover" {
+        dropped += m["status"]["handover"]["failed"]
+            .as_array()
+            .map_or(0, |a| a.len() as u64);
+    }
+    // No job was ever without a running instance (the sim's accounting of every job).
+    for b in &kept {
+        let h = job_history(&stack, b);
+        dropped += h["gaps"].as_u64().unwrap();
+        assert_eq!(h["uncoveredMs"], 0, "{b}: {h:#}");
+    }
+    assert_eq!(dropped, 0, "dropped output");
+    let ev = events_table(&stack).await.unwrap();
+    assert!(
+        ev.lines()
+            .any(|l| l.starts_with(POOL) && l.contains("NodeConsolidated")),
+        "{ev}"
+    );
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "automanager_consolidation_nodes_terminated_total{{pool=\"{POOL}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    // The pool's last node pair is a lower bound (two of 40 do not fit with a third): it stays.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(live_nodes(&stack).await, after);
+
+    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-consolidation", took));
+    assert!(v.is_clean(), "{}", v.details());
+}
