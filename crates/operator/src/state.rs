@@ -190,6 +190,8 @@ pub struct OperatorState {
     /// Why a node's drain waits for a disruption budget, by Manager node id (the ManagerNode's
     /// `DisruptionBlocked` condition).
     pub drain_blocked: HashMap<String, String>,
+    /// When each pool's consolidation was last planned, and for which generation of its spec.
+    pub consolidation_planned: HashMap<String, (Instant, Option<i64>)>,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -216,6 +218,7 @@ impl OperatorState {
             wake: WakeIndex::default(),
             disruptions: Disruptions::default(),
             drain_blocked: HashMap::new(),
+            consolidation_planned: HashMap::new(),
             engine_changed: true,
         }
     }

@@ -95,7 +95,11 @@ impl Sequence {
 }
 
 fn bundle(i: usize, capacity: u32) -> Result<Bundle, SetupError> {
-    let strategy = if i.is_multiple_of(2) { "handover" } else { "overlap" };
+    let strategy = if i.is_multiple_of(2) {
+        "handover"
+    } else {
+        "overlap"
+    };
     serde_json::from_value(serde_json::json!({
         "apiVersion": "automanager.norsk.io/v1alpha1",
         "kind": "Bundle",

@@ -145,7 +145,11 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     // A wave: six bundles of 40, two per node, on three nodes (handover and overlap alike).
     let names: Vec<String> = (0..6).map(|i| format!("ch-{i}")).collect();
     for (i, n) in names.iter().enumerate() {
-        let strategy = if i.is_multiple_of(2) { "handover" } else { "overlap" };
+        let strategy = if i.is_multiple_of(2) {
+            "handover"
+        } else {
+            "overlap"
+        };
         apply(&stack, &bundle(n, strategy)).await;
         stack
             .wait_bundle_phase("default", n, "Ready", WAIT)

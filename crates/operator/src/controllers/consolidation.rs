@@ -35,6 +35,8 @@ use crate::mapping::{self, NodeOverlay};
 
 /// How soon a pool with a node being emptied is looked at again.
 const STEP: Duration = Duration::from_secs(2);
+/// The least time between two plans of one pool (same spec, no node being emptied).
+const PLAN_EVERY: Duration = Duration::from_secs(5);
 
 /// What one pass decided: the status to keep, the `Consolidating` condition, and when to look
 /// again (sooner than the pool's refresh while a node is being emptied).
@@ -82,6 +84,7 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
             release(ctx, node);
         }
         ctx.metrics.set_consolidation_planned(&name, None);
+        ctx.state().consolidation_planned.remove(&name);
         return Ok(Pass {
             status: None,
             condition: cond(false, "Off", String::new()),
@@ -116,8 +119,16 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
         }
     }
 
+    // Planning lists every Bundle: not more often than PLAN_EVERY for the same spec, however
+    // often node changes wake the pool.
+    if let Some(pass) = recent_plan(pool, ctx, &status) {
+        return Ok(pass);
+    }
     let bundles = list_bundles(ctx).await?;
     let planned = plan(pool, ctx, &spec, &bundles, now);
+    ctx.state()
+        .consolidation_planned
+        .insert(name.clone(), (std::time::Instant::now(), generation));
     let nodes = bounded_plan(&planned);
     if nodes != status.plan || status.planned_at.is_none() {
         status.planned_at = Some(now);
@@ -217,6 +228,34 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
             ),
         ),
         requeue: Some(STEP),
+    })
+}
+
+/// The last pass again, when it planned less than [`PLAN_EVERY`] ago for the same spec and no
+/// node is being emptied.
+fn recent_plan(pool: &PlacementPool, ctx: &Context, status: &ConsolidationStatus) -> Option<Pass> {
+    if status.current_node.is_some() {
+        return None;
+    }
+    let (at, generation) = *ctx.state().consolidation_planned.get(&pool.name_any())?;
+    let age = at.elapsed();
+    if generation != pool.metadata.generation || age >= PLAN_EVERY {
+        return None;
+    }
+    let prev = pool.status.as_ref()?;
+    let condition = api::find_condition(&prev.conditions, "Consolidating")?.clone();
+    if condition.observed_generation != pool.metadata.generation
+        || !matches!(
+            condition.reason.as_str(),
+            "DryRun" | "NothingToConsolidate" | "CoolingDown"
+        )
+    {
+        return None;
+    }
+    Some(Pass {
+        status: Some(status.clone()),
+        condition,
+        requeue: Some(PLAN_EVERY - age),
     })
 }
 

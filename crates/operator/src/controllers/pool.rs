@@ -332,6 +332,7 @@ pub fn prune(ctx: &Context, existing: &[String]) {
             .collect();
         for p in &gone {
             state.model_mut().remove_pool(p);
+            state.consolidation_planned.remove(p);
         }
         gone
     };
