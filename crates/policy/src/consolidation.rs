@@ -391,15 +391,10 @@ fn try_empty(
             }
         }
         let mut spec = job.spec.clone();
-        if let Some(cap) = crate::migration::target_capability_required(job.strategy)
-            && !spec
-                .requirements
-                .required_capabilities
-                .iter()
-                .any(|c| c == cap)
-        {
-            spec.requirements.required_capabilities.push(cap.to_owned());
-        }
+        crate::migration::require_target_capability(
+            job.strategy,
+            &mut spec.requirements.required_capabilities,
+        );
         let request = pl::PlacementRequest {
             bundle_id: job.bundle_id.clone(),
             replica_index: job.replica,

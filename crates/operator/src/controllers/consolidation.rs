@@ -49,19 +49,7 @@ pub struct Pass {
 /// The name of the Migration that moves `job_id` off `node_id`: stable, so a restarted operator
 /// finds (or re-creates) the same object.
 pub fn migration_name(node_id: &str, job_id: &str) -> String {
-    let node: String = node_id
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .take(36)
-        .collect();
-    let node = node.trim_matches('-');
-    format!("consolidate-{node}-{:08x}", mapping::fnv1a(job_id) as u32)
+    super::drain::named_migration("consolidate", &mapping::node_object_name(node_id), job_id)
 }
 
 /// One consolidation pass over `pool`.
@@ -318,16 +306,7 @@ async fn follow(
         .find(|(_, o, _)| *o == MigrationOutcome::Failed)
     {
         let why = format!("Migration {failed} ended {phase}");
-        abandon(pool, ctx, node, status, now, &why).await;
-        return Ok(Some(Pass {
-            status: Some(status.clone()),
-            condition: cond(
-                false,
-                "Abandoned",
-                format!("gave up emptying node {node}: {why}"),
-            ),
-            requeue: Some(STEP),
-        }));
+        return Ok(Some(abandon(pool, ctx, node, status, now, &why).await));
     }
     if done < total {
         return Ok(Some(Pass {
@@ -367,16 +346,7 @@ async fn follow(
             "it still holds {} that the plan did not move",
             api::bounded::join_bounded(&left, ", ", 512)
         );
-        abandon(pool, ctx, node, status, now, &why).await;
-        return Ok(Some(Pass {
-            status: Some(status.clone()),
-            condition: cond(
-                false,
-                "Abandoned",
-                format!("gave up emptying node {node}: {why}"),
-            ),
-            requeue: Some(STEP),
-        }));
+        return Ok(Some(abandon(pool, ctx, node, status, now, &why).await));
     }
     match ctx.manager.terminate_node(node).await {
         Ok(_) => {}
@@ -423,7 +393,7 @@ async fn abandon(
     status: &mut ConsolidationStatus,
     now: DateTime<Utc>,
     why: &str,
-) {
+) -> Pass {
     release(ctx, node);
     status.current_node = None;
     status.last_action_at = Some(now);
@@ -437,6 +407,18 @@ async fn abandon(
     )
     .await;
     tracing::warn!(pool = %pool.name_any(), node = %node, why = %why, "consolidation: node kept");
+    Pass {
+        status: Some(status.clone()),
+        condition: condition(
+            "Consolidating",
+            false,
+            "Abandoned",
+            format!("gave up emptying node {node}: {why}"),
+            pool.metadata.generation,
+            now,
+        ),
+        requeue: Some(STEP),
+    }
 }
 
 /// Placement stops using `node` (consolidation empties it).
@@ -479,17 +461,8 @@ fn migrations_api(ctx: &Context) -> Api<Migration> {
 
 /// Every Bundle the operator watches, by Manager's bundle id.
 async fn list_bundles(ctx: &Context) -> Result<HashMap<String, Bundle>, Error> {
-    let apis: Vec<Api<Bundle>> = if ctx.settings.watch_namespaces.is_empty() {
-        vec![Api::all(ctx.client.clone())]
-    } else {
-        ctx.settings
-            .watch_namespaces
-            .iter()
-            .map(|ns| Api::namespaced(ctx.client.clone(), ns))
-            .collect()
-    };
     let mut out = HashMap::new();
-    for a in apis {
+    for a in super::bundle_apis(ctx) {
         for b in a.list(&ListParams::default()).await? {
             if b.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -753,28 +726,5 @@ async fn create_migration(
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn consolidation_migration_names_are_stable_valid_and_distinct_per_job() {
-        let long = "N".repeat(253);
-        for node in ["aws-east-7", long.as_str(), "a.b_c-"] {
-            let a = migration_name(node, "ns.b/0/enc");
-            let b = migration_name(node, "ns.b/1/enc");
-            assert_ne!(a, b);
-            assert_eq!(a, migration_name(node, "ns.b/0/enc"));
-            assert!(a.len() <= 63, "{a}");
-            assert!(
-                a.bytes()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'),
-                "{a}"
-            );
-            assert!(!a.ends_with('-') && !a.contains("--"), "{a}");
-        }
     }
 }

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{self as api, Bundle, HotSpareTarget, PlacementPool, PlacementPoolStatus};
+use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use automanager_policy::bounded;
 use chrono::Utc;
 use kube::ResourceExt;
@@ -105,16 +105,7 @@ async fn deleting(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Er
 async fn users_of(pool: &str, ctx: &Context) -> Result<Vec<String>, Error> {
     let live = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_none();
     let mut users = Vec::new();
-    let bundle_apis: Vec<Api<Bundle>> = if ctx.settings.watch_namespaces.is_empty() {
-        vec![Api::all(ctx.client.clone())]
-    } else {
-        ctx.settings
-            .watch_namespaces
-            .iter()
-            .map(|ns| Api::namespaced(ctx.client.clone(), ns))
-            .collect()
-    };
-    for bundles in bundle_apis {
+    for bundles in super::bundle_apis(ctx) {
         for b in bundles.list(&ListParams::default()).await? {
             let spec = &b.spec;
             let names = spec
