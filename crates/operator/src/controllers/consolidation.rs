@@ -24,7 +24,7 @@ use automanager_policy::consolidation::{self as policy, BundleRules, PlacedJob};
 use automanager_policy::drain::MigrationOutcome;
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use manager_client::ClientError;
@@ -166,13 +166,22 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
     hold(ctx, &node);
     // The Migrations belong to the node's ManagerNode (as a drain's do), so they go when it
     // does; the pool owns them when the ManagerNode is not there.
-    let owner = Api::<ManagerNode>::all(ctx.client.clone())
-        .get_opt(&mapping::node_object_name(&node))
-        .await?
-        .and_then(|n| n.controller_owner_ref(&()))
-        .or_else(|| pool.controller_owner_ref(&()));
-    for m in &first.moves {
-        create_migration(ctx, owner.clone(), &node, m).await?;
+    let created = async {
+        let owner = Api::<ManagerNode>::all(ctx.client.clone())
+            .get_opt(&mapping::node_object_name(&node))
+            .await?
+            .and_then(|n| n.controller_owner_ref(&()))
+            .or_else(|| pool.controller_owner_ref(&()));
+        for m in &first.moves {
+            create_migration(ctx, owner.clone(), &node, m).await?;
+        }
+        Ok::<(), Error>(())
+    };
+    if let Err(e) = created.await {
+        // Not recorded as the node being emptied: placement may use it again. A Migration
+        // created before the error still moves its job (to a planned target), which is harmless.
+        release(ctx, &node);
+        return Err(e);
     }
     status.current_node = Some(node.clone());
     let moves = first
@@ -306,7 +315,9 @@ async fn follow(
         .find(|(_, o, _)| *o == MigrationOutcome::Failed)
     {
         let why = format!("Migration {failed} ended {phase}");
-        return Ok(Some(abandon(pool, ctx, node, status, now, &why).await));
+        return Ok(Some(
+            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
+        ));
     }
     if done < total {
         return Ok(Some(Pass {
@@ -346,7 +357,9 @@ async fn follow(
             "it still holds {} that the plan did not move",
             api::bounded::join_bounded(&left, ", ", 512)
         );
-        return Ok(Some(abandon(pool, ctx, node, status, now, &why).await));
+        return Ok(Some(
+            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
+        ));
     }
     match ctx.manager.terminate_node(node).await {
         Ok(_) => {}
@@ -390,11 +403,31 @@ async fn abandon(
     pool: &PlacementPool,
     ctx: &Arc<Context>,
     node: &str,
+    migrations: &[Migration],
     status: &mut ConsolidationStatus,
     now: DateTime<Utc>,
     why: &str,
 ) -> Pass {
     release(ctx, node);
+    // The node's Migrations that ended go (their Events stay): their names are the node's and
+    // the job's, so a later attempt on this node must not find them. Those still running finish.
+    for m in migrations
+        .iter()
+        .filter(|m| super::drain::outcome(m) != MigrationOutcome::InFlight)
+    {
+        if let Some(ns) = m.namespace() {
+            match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+                .delete(&m.name_any(), &DeleteParams::background())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(migration = %m.name_any(), error = %e, "consolidation: could not delete an ended Migration");
+                }
+            }
+        }
+    }
     status.current_node = None;
     status.last_action_at = Some(now);
     ctx.metrics.consolidation_abandoned(&pool.name_any());
