@@ -3,7 +3,8 @@
 //! elastic binpack pool is first planned in `dryRun` (the plan is in status, nothing moves),
 //! then consolidated (`enabled`): the planned node is emptied through handover and overlap
 //! Migrations and terminated, and no job is ever without a running instance (the sim's history
-//! of every job) nor loses a handover participant.
+//! of every job) nor loses a handover participant; and a node whose move fails is kept, with
+//! its job running where it was.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -134,23 +135,26 @@ async fn consolidation_migrations(stack: &Stack) -> Vec<Value> {
     l["items"].as_array().cloned().unwrap_or_default()
 }
 
-#[tokio::test]
-async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_without_a_gap() {
+/// What [`fragmented`] left: where each bundle of the wave ran, the bundles kept, and the
+/// pool's nodes.
+struct Fragmented {
+    wave: BTreeMap<String, String>,
+    kept: Vec<String>,
+    nodes: Vec<String>,
+}
+
+/// A stack with a fragmented pool: a wave of six bundles of 40 (two per node, on three nodes;
+/// `strategy(i)` for bundle `i`), then one bundle deleted per node, so each node is 40 % used:
+/// three nodes where two would do.
+async fn fragmented(strategy: impl Fn(usize) -> &'static str) -> (Stack, Fragmented) {
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start_custom(&sim_config(dir.path()), &[], |_| {})
         .await
         .expect("stack");
     apply(&stack, &pool_yaml("")).await;
-
-    // A wave: six bundles of 40, two per node, on three nodes (handover and overlap alike).
     let names: Vec<String> = (0..6).map(|i| format!("ch-{i}")).collect();
     for (i, n) in names.iter().enumerate() {
-        let strategy = if i.is_multiple_of(2) {
-            "handover"
-        } else {
-            "overlap"
-        };
-        apply(&stack, &bundle(n, strategy)).await;
+        apply(&stack, &bundle(n, strategy(i))).await;
         stack
             .wait_bundle_phase("default", n, "Ready", WAIT)
             .await
@@ -162,7 +166,6 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
         by_node.entry(n.clone()).or_default().push(b.clone());
     }
     assert_eq!(by_node.len(), 3, "binpack puts two per node: {wave:?}");
-    // Random deletes leave each node 40 % used: three nodes where two would do.
     let mut kept: Vec<String> = Vec::new();
     for jobs in by_node.values() {
         stack
@@ -179,8 +182,27 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
         })
         .await
         .unwrap();
-    let before = live_nodes(&stack).await;
-    assert_eq!(before.len(), 3, "{before:?}");
+    let nodes = live_nodes(&stack).await;
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    (stack, Fragmented { wave, kept, nodes })
+}
+
+#[tokio::test]
+async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_without_a_gap() {
+    // Handover and overlap alike.
+    let (stack, f) = fragmented(|i| {
+        if i.is_multiple_of(2) {
+            "handover"
+        } else {
+            "overlap"
+        }
+    })
+    .await;
+    let Fragmented {
+        wave,
+        kept,
+        nodes: before,
+    } = f;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
 
     // dryRun: the plan is in status, nothing moves.
@@ -291,5 +313,84 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     let (mut v, took) = settle(&stack, WAIT).await.unwrap();
     v.merge(&monitor.stop().await.0);
     eprintln!("{}", v.line("fleet-consolidation", took));
+    assert!(v.is_clean(), "{}", v.details());
+}
+
+#[tokio::test]
+async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
+    let (stack, f) = fragmented(|_| "handover").await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    // Every job refuses to hand over its state: any consolidation move ends Refused, before the
+    // source stops.
+    for b in &f.kept {
+        stack
+            .chaos(&[
+                "migration-behaviour",
+                &format!("default.{b}/0/enc"),
+                "refuse-state",
+            ])
+            .unwrap();
+    }
+    apply(
+        &stack,
+        &pool_yaml(
+            "  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 3600}\n",
+        ),
+    )
+    .await;
+    let pool = stack
+        .wait_for("the node given up on", WAIT, || async {
+            let p = stack.get_json(&["placementpool", POOL]).await?;
+            let c = condition(&p, "Consolidating");
+            Ok((c["reason"] == "CoolingDown" || c["reason"] == "Abandoned").then_some(p))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        pool["status"]["consolidation"]["nodesTerminated"], 0,
+        "{pool:#}"
+    );
+    assert!(
+        pool["status"]["consolidation"]["currentNode"].is_null(),
+        "{pool:#}"
+    );
+    let ev = events_table(&stack).await.unwrap();
+    assert!(
+        ev.lines()
+            .any(|l| l.starts_with(POOL) && l.contains("ConsolidationAbandoned")),
+        "{ev}"
+    );
+    let (_, metrics) = stack.http_get("/metrics").await.unwrap();
+    assert!(
+        metrics.contains(&format!(
+            "automanager_consolidation_abandoned_total{{pool=\"{POOL}\"}} 1"
+        )),
+        "{metrics}"
+    );
+    // Nothing was terminated, nothing moved, and the ended Migration is gone.
+    assert_eq!(live_nodes(&stack).await, f.nodes);
+    let now = placement(&stack, &f.kept).await;
+    for b in &f.kept {
+        assert_eq!(now[b], f.wave[b], "{b}");
+        let h = job_history(&stack, b);
+        assert_eq!(
+            (&h["gaps"], &h["uncoveredMs"]),
+            (&Value::from(0), &Value::from(0)),
+            "{b}: {h:#}"
+        );
+    }
+    stack
+        .wait_for("the ended Migration deleted", WAIT, || async {
+            Ok(consolidation_migrations(&stack)
+                .await
+                .is_empty()
+                .then_some(()))
+        })
+        .await
+        .unwrap();
+
+    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-consolidation-abandoned", took));
     assert!(v.is_clean(), "{}", v.details());
 }
