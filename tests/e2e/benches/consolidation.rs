@@ -21,17 +21,19 @@
 //! `NothingToConsolidate` with no node being emptied. `nodes_after` is the pool's live nodes
 //! then. `dropped` sums, over every remaining job, the sim's count of gaps (moments with no
 //! running instance) from its job history, plus the failed participants of every consolidation
-//! Migration's handover summary. `moves` counts the consolidation Migrations, `seconds` the
-//! time from the patch to the end.
+//! Migration's handover summary. `moves` counts the consolidation Migrations (seen by a watch
+//! from before the patch: they go with their node's ManagerNode once it is terminated),
+//! `moves_not_completed` those whose last seen phase was not `Completed`, `seconds` the time
+//! from the patch to the end.
 
 use std::time::{Duration, Instant};
 
-use automanager_api::{Bundle, Migration, PlacementPool};
+use automanager_api::{Bundle, MigrationPhase, PlacementPool};
 use automanager_e2e::SetupError;
-use automanager_e2e::bench::{ReadyWatch, create_bundles, env_usize};
+use automanager_e2e::bench::{ReadyWatch, SeenMigrations, create_bundles, env_usize};
 use automanager_e2e::reliability::sim_admin;
 use automanager_e2e::stack::Stack;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use manager_client::proto::{JobHistoryRequest, NodeState};
 use manager_client::{ClientConfig, ManagerClient, MirrorState};
 
@@ -202,6 +204,10 @@ async fn run() -> Result<String, SetupError> {
     );
 
     // Consolidation.
+    let migrations = SeenMigrations::start(
+        Api::namespaced(stack.env.client().clone(), "default"),
+        "automanager.norsk.io/purpose=consolidation",
+    );
     let pools: Api<PlacementPool> = Api::all(stack.env.client().clone());
     let started = Instant::now();
     pools
@@ -258,23 +264,24 @@ async fn run() -> Result<String, SetupError> {
             .into_inner();
         dropped += u64::from(h.gaps);
     }
-    let migrations: Api<Migration> = Api::namespaced(stack.env.client().clone(), "default");
-    let moved = migrations
-        .list(&ListParams::default().labels("automanager.norsk.io/purpose=consolidation"))
-        .await
-        .map_err(err)?;
-    for m in &moved.items {
-        if let Some(h) = m.status.as_ref().and_then(|s| s.handover.as_ref()) {
+    let moved = migrations.snapshot();
+    let mut not_completed = 0usize;
+    for m in moved.values() {
+        let status = m.status.clone().unwrap_or_default();
+        if status.phase != MigrationPhase::Completed {
+            not_completed += 1;
+        }
+        if let Some(h) = status.handover.as_ref() {
             dropped += u64::try_from(h.failed.len()).unwrap_or(0);
         }
     }
     let ratio =
         f64::from(u32::try_from(nodes_after).unwrap_or(u32::MAX)) / f64::from(lower_bound.max(1));
     Ok(format!(
-        "consolidation nodes_before={nodes_before} nodes_after={nodes_after} lower_bound={lower_bound} dropped={dropped} ratio={ratio:.2} goal_ratio={GOAL} goal_met={} wave_nodes={wave_nodes} jobs={} moves={} seconds={seconds:.1}",
+        "consolidation nodes_before={nodes_before} nodes_after={nodes_after} lower_bound={lower_bound} dropped={dropped} ratio={ratio:.2} goal_ratio={GOAL} goal_met={} wave_nodes={wave_nodes} jobs={} moves={} moves_not_completed={not_completed} seconds={seconds:.1}",
         ratio <= GOAL && dropped == 0,
         left.len(),
-        moved.items.len()
+        moved.len()
     ))
 }
 

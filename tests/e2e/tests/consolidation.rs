@@ -12,9 +12,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use automanager_e2e::bench::SeenMigrations;
 use automanager_e2e::reliability::{Monitor, manager_state, settle};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, condition, events_table};
+use kube::api::Api;
 use manager_client::proto::NodeState;
 use serde_json::Value;
 
@@ -246,7 +248,12 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     assert!(consolidation_migrations(&stack).await.is_empty());
     assert_eq!(placement(&stack, &kept).await[&moved_bundle], planned_node);
 
-    // enabled: the planned node is emptied into the planned target and terminated.
+    // enabled: the planned node is emptied into the planned target and terminated. (Its
+    // Migrations go with its ManagerNode afterwards: a watch keeps what they said.)
+    let seen = SeenMigrations::start(
+        Api::namespaced(stack.env.client().clone(), "default"),
+        "automanager.norsk.io/purpose=consolidation",
+    );
     apply(
         &stack,
         &pool_yaml("  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
@@ -275,10 +282,18 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
         assert_eq!(now[b], wave[b], "{b}");
     }
     // The move went through the queue as a consolidation Migration and completed.
-    let migs = consolidation_migrations(&stack).await;
+    let migs: Vec<Value> = seen
+        .snapshot()
+        .into_values()
+        .map(|m| serde_json::to_value(m).unwrap())
+        .collect();
     assert_eq!(migs.len(), 1, "{migs:#?}");
     let m = &migs[0];
     assert_eq!(m["status"]["phase"], "Completed", "{m:#}");
+    assert_eq!(
+        m["metadata"]["labels"]["automanager.norsk.io/purpose"],
+        "consolidation"
+    );
     assert_eq!(m["spec"]["targetNode"], planned_target.as_str());
     let mut dropped = 0u64;
     if m["status"]["strategy"] == "handover" {
@@ -331,6 +346,10 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
             ])
             .unwrap();
     }
+    let seen = SeenMigrations::start(
+        Api::namespaced(stack.env.client().clone(), "default"),
+        "automanager.norsk.io/purpose=consolidation",
+    );
     apply(
         &stack,
         &pool_yaml(
@@ -379,6 +398,14 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
             "{b}: {h:#}"
         );
     }
+    let migs = seen.snapshot();
+    assert_eq!(migs.len(), 1, "{migs:#?}");
+    let phase = migs
+        .values()
+        .next()
+        .and_then(|m| m.status.as_ref())
+        .map(|s| s.phase);
+    assert_eq!(phase, Some(automanager_api::MigrationPhase::Refused));
     stack
         .wait_for("the ended Migration deleted", WAIT, || async {
             Ok(consolidation_migrations(&stack)
