@@ -458,6 +458,10 @@ proptest! {
             prop_assert!(load <= n.total_capacity + 1e-9, "{} holds {load}", n.id);
             prop_assert!(!emptied.contains(n.id.as_str()) || load == 0.0);
         }
+        // Hence never below the lower bound: the jobs still fit on the nodes left.
+        let reqs: Vec<pl::Requirements> = f.jobs.iter().map(|j| j.spec.requirements.clone()).collect();
+        let bound = lower_bound(&reqs, 100.0, 16) as usize;
+        prop_assert!(non_spare - p.nodes.len() >= bound, "{} nodes left, bound {bound}", non_spare - p.nodes.len());
         let mut seen = BTreeSet::new();
         for j in &f.jobs {
             prop_assert!(seen.insert((j.bundle_id.as_str(), at[j.job_id.as_str()])), "two replicas of {} share a node", j.bundle_id);
