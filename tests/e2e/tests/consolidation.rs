@@ -3,8 +3,8 @@
 //! elastic binpack pool is first planned in `dryRun` (the plan is in status, nothing moves),
 //! then consolidated (`enabled`): the planned node is emptied through handover and overlap
 //! Migrations and terminated, and no job is ever without a running instance (the sim's history
-//! of every job) nor loses a handover participant; and a node whose move fails is kept, with
-//! its job running where it was.
+//! of every job) nor loses a handover participant; a node whose move fails is kept, with its
+//! job running where it was; and a move waits for its Bundle's disruption budget.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -419,5 +419,104 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
     let (mut v, took) = settle(&stack, WAIT).await.unwrap();
     v.merge(&monitor.stop().await.0);
     eprintln!("{}", v.line("fleet-consolidation-abandoned", took));
+    assert!(v.is_clean(), "{}", v.details());
+}
+
+#[tokio::test]
+async fn a_consolidation_move_waits_for_the_disruption_budget() {
+    let (stack, f) = fragmented(|_| "handover").await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let budget =
+        |n: i32| format!(r#"{{"spec":{{"disruption":{{"maxUnavailableReplicas":{n}}}}}}}"#);
+    for b in &f.kept {
+        let out = stack
+            .env
+            .run_kubectl([
+                "patch",
+                "bundle",
+                b,
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                &budget(0),
+            ])
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+    apply(
+        &stack,
+        &pool_yaml("  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
+    )
+    .await;
+    // The move is queued behind the budget; the node is being emptied and stays.
+    let m = stack
+        .wait_for(
+            "the consolidation Migration held by the budget",
+            WAIT,
+            || async {
+                let migs = consolidation_migrations(&stack).await;
+                Ok(migs
+                    .into_iter()
+                    .find(|m| condition(m, "Queued")["reason"] == "DisruptionBudget"))
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(m["status"]["phase"], "Pending", "{m:#}");
+    let pool = stack.get_json(&["placementpool", POOL]).await.unwrap();
+    let c = condition(&pool, "Consolidating");
+    assert_eq!(c["reason"], "EmptyingNode", "{pool:#}");
+    assert!(
+        c["message"].as_str().unwrap().contains("0 of 1 moves done"),
+        "{c:#}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(live_nodes(&stack).await, f.nodes);
+
+    // Raising the budget lets it go: the node is emptied and terminated.
+    for b in &f.kept {
+        stack
+            .env
+            .run_kubectl([
+                "patch",
+                "bundle",
+                b,
+                "-n",
+                "default",
+                "--type",
+                "merge",
+                "-p",
+                &budget(1),
+            ])
+            .await
+            .unwrap();
+    }
+    stack
+        .wait_for(
+            "the node consolidated once the budget allows",
+            WAIT,
+            || async {
+                let p = stack.get_json(&["placementpool", POOL]).await?;
+                Ok((p["status"]["consolidation"]["nodesTerminated"] == 1).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(live_nodes(&stack).await.len(), 2);
+    for b in &f.kept {
+        let h = job_history(&stack, b);
+        assert_eq!(
+            (&h["gaps"], &h["uncoveredMs"]),
+            (&Value::from(0), &Value::from(0)),
+            "{b}: {h:#}"
+        );
+    }
+
+    let (mut v, took) = settle(&stack, WAIT).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    eprintln!("{}", v.line("fleet-consolidation-budget", took));
     assert!(v.is_clean(), "{}", v.details());
 }
