@@ -133,6 +133,11 @@ pub struct DisruptionBudget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 16))]
     pub max_unavailable_replicas: Option<i32>,
+    /// Whether consolidation (a PlacementPool's `spec.consolidation`) may move this bundle's
+    /// `stopThenStart` jobs, each with the gap in output that strategy has (default false:
+    /// consolidation moves only `handover` and `overlap` jobs, which drop nothing).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_stop_then_start_consolidation: bool,
 }
 
 /// Pools for one replica, overriding the bundle's `pools` (the TypeScript library's `replicaOverrides[i]`).

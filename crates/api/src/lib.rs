@@ -81,5 +81,10 @@ pub const DRAIN_NODE_ANNOTATION: &str = "automanager.norsk.io/drained-node";
 /// Label saying why a Migration runs: `rebalance` or `consolidation` rank behind drains in the
 /// migration queue; absent (a drain's, or one a person created) ranks with drains.
 pub const PURPOSE_LABEL: &str = "automanager.norsk.io/purpose";
+/// Label on the Migrations consolidation creates; its value identifies the node being emptied
+/// (a short hash of the node id, as for [`DRAIN_NODE_LABEL`]).
+pub const CONSOLIDATION_NODE_LABEL: &str = "automanager.norsk.io/consolidation-node";
+/// Annotation on the Migrations consolidation creates: the Manager id of the node being emptied.
+pub const CONSOLIDATION_NODE_ANNOTATION: &str = "automanager.norsk.io/consolidated-node";
 /// Field manager the operator uses for server-side apply of status.
 pub const FIELD_MANAGER: &str = "automanager-operator";

@@ -1,5 +1,6 @@
 //! `PlacementPool`: a pool of nodes jobs may be placed on.
 
+use chrono::{DateTime, Utc};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -86,6 +87,8 @@ pub struct CandidateInstanceType {
 #[x_kube(validation = Rule::new("self.kind != 'cluster' || self.scaleOut == 'fixed'").message("a pool of kind cluster must have scaleOut: fixed (an on-prem cluster cannot provision nodes)").field_path(".scaleOut"))]
 #[x_kube(validation = Rule::new("self.scaleOut != 'elastic' || self.candidateInstanceTypes.size() > 0").message("an elastic pool needs at least one entry in candidateInstanceTypes (the types it may provision)").field_path(".candidateInstanceTypes"))]
 #[x_kube(validation = Rule::new("self.candidateInstanceTypes.all(t, self.candidateInstanceTypes.filter(u, u.instanceType == t.instanceType).size() == 1)").message("instanceType must be unique within candidateInstanceTypes").field_path(".candidateInstanceTypes"))]
+#[x_kube(validation = Rule::new("!has(self.consolidation) || !has(self.consolidation.mode) || self.consolidation.mode == 'off' || (self.scaleOut == 'elastic' && (!has(self.packingStrategy) || self.packingStrategy == 'binpack'))").message("consolidation applies only to an elastic binpack pool (scaleOut: elastic, packingStrategy: binpack)").field_path(".consolidation"))]
+#[x_kube(validation = Rule::new("!has(self.consolidation) || !has(self.consolidation.minNodes) || !has(self.maxNodes) || self.consolidation.minNodes <= self.maxNodes").message("consolidation.minNodes must not exceed maxNodes").field_path(".consolidation.minNodes"))]
 #[x_kube(validation = Rule::new("self.kind == oldSelf.kind").message("kind is immutable: create a new pool instead"))]
 #[x_kube(validation = Rule::new("self.region == oldSelf.region").message("region is immutable: create a new pool instead"))]
 pub struct PlacementPoolSpec {
@@ -112,6 +115,152 @@ pub struct PlacementPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100_000))]
     pub max_nodes: Option<i32>,
+    /// Consolidation: empty under-used nodes by moving their jobs (without dropping output) and
+    /// terminate them. Off when absent. See docs/fleet-consolidation.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidation: Option<ConsolidationSpec>,
+}
+
+/// Whether consolidation runs, only plans, or is off.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ConsolidationMode {
+    /// Nothing is planned or moved (the default).
+    #[default]
+    Off,
+    /// The plan (node → jobs → target node) is written to `status.consolidation` and nothing
+    /// moves: a what-if.
+    DryRun,
+    /// Nodes are emptied, one at a time, through Migrations labelled
+    /// `automanager.norsk.io/purpose: consolidation`, then terminated.
+    Enabled,
+}
+
+/// How a pool is consolidated.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsolidationSpec {
+    /// `off` (default), `dryRun` (plan only, shown in status) or `enabled`.
+    #[serde(default)]
+    pub mode: ConsolidationMode,
+    /// The fewest non-spare nodes consolidation leaves in the pool (default 0). Spares are
+    /// never consolidated; their HotSpareTargets keep them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100_000))]
+    pub min_nodes: Option<i32>,
+    /// Seconds to wait after one node is consolidated (or given up on) before the next is
+    /// started (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86_400))]
+    pub cooldown_seconds: Option<i32>,
+    /// A node must have been up this many seconds before it is emptied (default 120), so a
+    /// node provisioned a moment ago for a job about to start is left alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 86_400))]
+    pub min_node_age_seconds: Option<i32>,
+}
+
+impl ConsolidationSpec {
+    /// Default `cooldownSeconds`.
+    pub const DEFAULT_COOLDOWN_SECONDS: i32 = 30;
+    /// Default `minNodeAgeSeconds`.
+    pub const DEFAULT_MIN_NODE_AGE_SECONDS: i32 = 120;
+
+    pub fn min_nodes(&self) -> u32 {
+        self.min_nodes
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0)
+    }
+
+    pub fn cooldown(&self) -> std::time::Duration {
+        secs(self.cooldown_seconds, Self::DEFAULT_COOLDOWN_SECONDS)
+    }
+
+    pub fn min_node_age(&self) -> std::time::Duration {
+        secs(
+            self.min_node_age_seconds,
+            Self::DEFAULT_MIN_NODE_AGE_SECONDS,
+        )
+    }
+}
+
+fn secs(v: Option<i32>, default: i32) -> std::time::Duration {
+    let s = v.unwrap_or(default).max(0);
+    std::time::Duration::from_secs(u64::try_from(s).unwrap_or(0))
+}
+
+/// One planned move of a consolidation plan.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsolidationMove {
+    /// Manager's job id.
+    #[schemars(length(max = 253))]
+    pub job_id: String,
+    /// The Bundle, as `<namespace>/<name>`.
+    #[schemars(length(max = 317))]
+    pub bundle: String,
+    /// The job's replica index.
+    pub replica: i32,
+    /// The job's name in its Bundle.
+    #[schemars(length(max = 63))]
+    pub job_name: String,
+    /// Where the job goes.
+    #[schemars(length(max = 253))]
+    pub target_node: String,
+}
+
+/// A node a consolidation plan empties, and the moves that empty it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsolidationNode {
+    /// The node to empty and terminate.
+    #[schemars(length(max = 253))]
+    pub node: String,
+    /// The node's jobs and where each goes; empty when the node holds none.
+    #[serde(default)]
+    #[schemars(length(max = 64))]
+    pub moves: Vec<ConsolidationMove>,
+    /// Moves left out of `moves` (the list is bounded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moves_omitted: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// What consolidation plans and does in a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ConsolidationStatus {
+    /// The nodes the last plan would empty, in order, with their moves (`dryRun` and
+    /// `enabled`); the first 16.
+    #[serde(default)]
+    #[schemars(length(max = 16))]
+    pub plan: Vec<ConsolidationNode>,
+    /// How many nodes the last plan would empty (may exceed the length of `plan`).
+    #[serde(default)]
+    pub planned_nodes: i32,
+    /// When the plan was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub planned_at: Option<DateTime<Utc>>,
+    /// The node being emptied now (`enabled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub current_node: Option<String>,
+    /// Nodes consolidation has emptied and terminated in this pool.
+    #[serde(default)]
+    pub nodes_terminated: i64,
+    /// When the last node was terminated or given up on (the cool-down starts there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_action_at: Option<DateTime<Utc>>,
+}
+
+impl ConsolidationStatus {
+    /// Planned nodes kept in status.
+    pub const MAX_PLANNED_NODES: usize = 16;
+    /// Moves kept per planned node.
+    pub const MAX_MOVES_PER_NODE: usize = 64;
 }
 
 /// What the operator observes of a pool.
@@ -133,6 +282,9 @@ pub struct PlacementPoolStatus {
     /// Used capacity over total capacity of the pool's started nodes, 0 to 1.
     #[serde(default)]
     pub used_capacity_fraction: f64,
+    /// Consolidation's plan and progress (absent while `spec.consolidation.mode` is `off`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidation: Option<ConsolidationStatus>,
     /// kstatus `Ready` (the pool is valid and usable), `Reconciling` and `Stalled` (see
     /// docs/kstatus.md), each with `observedGeneration`.
     #[serde(default)]

@@ -332,6 +332,8 @@ pub struct NodeOverlay {
     pub cordoned: bool,
     /// False when the node's rejection rate tripped the threshold.
     pub unhealthy: bool,
+    /// Consolidation is emptying the node: no new placements, as a cordon.
+    pub consolidating: bool,
 }
 
 /// Whether Manager's node is a hot spare, and for which band.
@@ -395,7 +397,7 @@ pub fn node(
         total_cores,
         used_cores: u32::try_from(usage.1).unwrap_or(0),
         capabilities,
-        cordoned: overlay.cordoned,
+        cordoned: overlay.cordoned || overlay.consolidating,
         healthy: !overlay.unhealthy,
         spare,
         spare_band: if spare { spare_band.map(band) } else { None },

@@ -152,6 +152,9 @@ struct Inner {
     rebalances: Counter,
     migrations_queued: Gauge,
     zone_degraded: Family<ZoneLabels, Gauge>,
+    consolidation_terminated: Family<PoolLabels, Counter>,
+    consolidation_abandoned: Family<PoolLabels, Counter>,
+    consolidation_planned: Family<PoolLabels, Gauge>,
     // The start time gauge lives only in the registry: it is set once, below.
     uptime_seconds: Gauge<f64, AtomicU64>,
     started: std::time::Instant,
@@ -209,6 +212,9 @@ impl Metrics {
         let rebalances = Counter::default();
         let migrations_queued = Gauge::default();
         let zone_degraded = Family::<ZoneLabels, Gauge>::default();
+        let consolidation_terminated = Family::<PoolLabels, Counter>::default();
+        let consolidation_abandoned = Family::<PoolLabels, Counter>::default();
+        let consolidation_planned = Family::<PoolLabels, Gauge>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
         let uptime_seconds = Gauge::<f64, AtomicU64>::default();
         start_time_seconds.set(
@@ -349,6 +355,21 @@ impl Metrics {
             bundle_broken.clone(),
         );
         registry.register(
+            "automanager_consolidation_nodes_terminated",
+            "Nodes consolidation emptied and terminated, by pool",
+            consolidation_terminated.clone(),
+        );
+        registry.register(
+            "automanager_consolidation_abandoned",
+            "Nodes consolidation began to empty and gave up on (a move failed, or a job landed there), by pool",
+            consolidation_abandoned.clone(),
+        );
+        registry.register(
+            "automanager_consolidation_planned_nodes",
+            "Nodes the pool's last consolidation plan would empty (dryRun and enabled), by pool",
+            consolidation_planned.clone(),
+        );
+        registry.register(
             "automanager_zone_degraded",
             "1 for each zone of a pool the zone brake holds (it lost more than the configured fraction of its nodes within the window): no node is provisioned into it; the series goes when it recovers",
             zone_degraded.clone(),
@@ -396,6 +417,9 @@ impl Metrics {
                 rebalances,
                 migrations_queued,
                 zone_degraded,
+                consolidation_terminated,
+                consolidation_abandoned,
+                consolidation_planned,
                 uptime_seconds,
                 started: std::time::Instant::now(),
             }),
@@ -517,6 +541,45 @@ impl Metrics {
         }
     }
 
+    /// Consolidation terminated a node of `pool`.
+    pub fn consolidation_terminated(&self, pool: &str) {
+        self.inner
+            .consolidation_terminated
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Consolidation gave up emptying a node of `pool`.
+    pub fn consolidation_abandoned(&self, pool: &str) {
+        self.inner
+            .consolidation_abandoned
+            .get_or_create(&PoolLabels {
+                pool: pool.to_owned(),
+            })
+            .inc();
+    }
+
+    /// How many nodes the last consolidation plan of `pool` would empty; `None` (mode off)
+    /// drops the series.
+    pub fn set_consolidation_planned(&self, pool: &str, planned: Option<i64>) {
+        let labels = PoolLabels {
+            pool: pool.to_owned(),
+        };
+        match planned {
+            Some(n) => {
+                self.inner
+                    .consolidation_planned
+                    .get_or_create(&labels)
+                    .set(n);
+            }
+            None => {
+                self.inner.consolidation_planned.remove(&labels);
+            }
+        }
+    }
+
     /// One pool's gauges. A non-finite fraction is recorded as 0.
     pub fn set_pool(
         &self,
@@ -563,6 +626,7 @@ impl Metrics {
         self.inner.pool_spare_target.remove(&labels);
         self.inner.pool_spare_underflow.remove(&labels);
         self.inner.pool_used_capacity_fraction.remove(&labels);
+        self.inner.consolidation_planned.remove(&labels);
     }
 
     /// Records one reconcile of `controller` (e.g. `bundle`) that took `seconds`.

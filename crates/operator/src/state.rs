@@ -206,6 +206,8 @@ pub struct OperatorState {
     /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
     /// replica is placed.
     pub preemptions: HashMap<(String, u32), PendingPreemption>,
+    /// When each pool's consolidation was last planned, and for which generation of its spec.
+    pub consolidation_planned: HashMap<String, (Instant, Option<i64>)>,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -234,6 +236,7 @@ impl OperatorState {
             disruptions: Disruptions::default(),
             drain_blocked: HashMap::new(),
             preemptions: HashMap::new(),
+            consolidation_planned: HashMap::new(),
             engine_changed: true,
         }
     }

@@ -16,6 +16,7 @@
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
+//! | [`consolidation`] | which nodes of an elastic binpack pool can be emptied without dropping output, and where their jobs go |
 //! | [`drain`] | the next step of a `migrate` drain |
 //! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
@@ -30,6 +31,7 @@
 
 pub mod bounded;
 pub mod bundle;
+pub mod consolidation;
 pub mod disruption;
 pub mod drain;
 pub mod ids;

@@ -170,6 +170,16 @@ pub fn target_capability_required(strategy: MigrationStrategy) -> Option<&'stati
     (strategy == MigrationStrategy::Handover).then_some(JOB_SOCKET_CAPABILITY)
 }
 
+/// Adds the capability a `strategy` target must have (if any) to a job's required ones, so the
+/// placement engine only offers nodes that have it.
+pub fn require_target_capability(strategy: MigrationStrategy, capabilities: &mut Vec<String>) {
+    if let Some(cap) = target_capability_required(strategy)
+        && !capabilities.iter().any(|c| c == cap)
+    {
+        capabilities.push(cap.to_owned());
+    }
+}
+
 /// Whether `node` (advertising `capabilities`) may be the target of a `strategy` migration of a
 /// job running on `source_node`.
 pub fn check_target(

@@ -352,3 +352,44 @@ pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);
     v
 }
+
+/// Every Migration matching a label selector in one namespace, as last seen, kept after the
+/// object is gone (a consolidated node's Migrations go with its ManagerNode): a background
+/// watch, stopped on drop.
+pub struct SeenMigrations {
+    seen: std::sync::Arc<std::sync::Mutex<BTreeMap<String, automanager_api::Migration>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SeenMigrations {
+    /// Starts watching (from an initial list).
+    pub fn start(api: Api<automanager_api::Migration>, labels: &str) -> Self {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::new()));
+        let out = seen.clone();
+        let mut events = watcher::watcher(api, watcher::Config::default().labels(labels))
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        let task = tokio::spawn(async move {
+            while let Some(ev) = events.next().await {
+                let Ok(m) = ev else { continue };
+                let name = m.metadata.name.clone().unwrap_or_default();
+                if let Ok(mut s) = out.lock() {
+                    s.insert(name, m);
+                }
+            }
+        });
+        SeenMigrations { seen, task }
+    }
+
+    /// What was seen so far, by name.
+    pub fn snapshot(&self) -> BTreeMap<String, automanager_api::Migration> {
+        self.seen.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for SeenMigrations {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

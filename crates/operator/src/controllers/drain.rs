@@ -40,9 +40,15 @@ pub fn node_label(node_object: &str) -> String {
 /// The name of the Migration that moves `job_id` off `node_object`: stable, so a restarted
 /// operator finds (or re-creates) the same object.
 pub fn migration_name(node_object: &str, job_id: &str) -> String {
+    named_migration("drain", node_object, job_id)
+}
+
+/// `<prefix>-<node object, clipped>-<hash of the job id>`: a valid object name of at most 63
+/// characters for a `prefix` of at most 12.
+pub fn named_migration(prefix: &str, node_object: &str, job_id: &str) -> String {
     let node: String = node_object.chars().take(40).collect();
     let node = node.trim_end_matches(['-', '.']);
-    format!("drain-{node}-{:08x}", mapping::fnv1a(job_id) as u32)
+    format!("{prefix}-{node}-{:08x}", mapping::fnv1a(job_id) as u32)
 }
 
 /// `(bundle namespace, bundle name, replica, job name)` of a Manager job, from Manager's own
@@ -66,7 +72,7 @@ pub(crate) fn job_bundle(ctx: &Context, job_id: &str) -> Option<ObjectRef<Bundle
     job_ref(ctx, job_id).map(|(ns, name, _, _)| ObjectRef::new(&name).within(&ns))
 }
 
-fn outcome(m: &Migration) -> MigrationOutcome {
+pub(crate) fn outcome(m: &Migration) -> MigrationOutcome {
     use MigrationPhase as P;
     match m.status.as_ref().map(|s| s.phase).unwrap_or_default() {
         P::Completed => MigrationOutcome::Completed,
@@ -346,21 +352,30 @@ mod tests {
     #[test]
     fn drain_migration_names_are_stable_valid_and_distinct_per_job() {
         let long = "n".repeat(253);
-        for node in ["onprem-a1", long.as_str(), "a.b-"] {
-            let a = migration_name(node, "ns.b/0/enc");
-            let b = migration_name(node, "ns.b/1/enc");
-            assert_ne!(a, b);
-            assert_eq!(a, migration_name(node, "ns.b/0/enc"));
-            assert!(a.len() <= 63, "{a}");
-            assert!(
-                a.bytes().all(|c| c.is_ascii_lowercase()
-                    || c.is_ascii_digit()
-                    || c == b'-'
-                    || c == b'.'),
-                "{a}"
-            );
-            assert!(!a.ends_with(['-', '.']), "{a}");
+        // The longest prefix in use (consolidation's) as well as the drain's.
+        for prefix in ["drain", "consolidate"] {
+            for node in ["onprem-a1", long.as_str(), "a.b-"] {
+                check_name(prefix, node);
+            }
         }
         assert_eq!(node_label(&long).len(), 16);
+    }
+
+    fn check_name(prefix: &str, node: &str) {
+        assert_eq!(
+            named_migration("drain", node, "j"),
+            migration_name(node, "j")
+        );
+        let a = named_migration(prefix, node, "ns.b/0/enc");
+        let b = named_migration(prefix, node, "ns.b/1/enc");
+        assert_ne!(a, b);
+        assert_eq!(a, named_migration(prefix, node, "ns.b/0/enc"));
+        assert!(a.len() <= 63, "{a}");
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-' || c == b'.'),
+            "{a}"
+        );
+        assert!(!a.ends_with(['-', '.']), "{a}");
     }
 }

@@ -5,6 +5,7 @@
 //! (status with server-side apply, Events, metrics).
 
 pub mod bundle;
+pub mod consolidation;
 pub mod disruption;
 pub mod drain;
 pub mod events;
@@ -35,6 +36,20 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{broadcast, mpsc};
 
 pub use crate::state::LastDecision;
+
+/// One Bundle API per watched namespace, or one over all namespaces when every namespace is
+/// watched.
+pub(crate) fn bundle_apis(ctx: &Context) -> Vec<kube::Api<Bundle>> {
+    if ctx.settings.watch_namespaces.is_empty() {
+        vec![kube::Api::all(ctx.client.clone())]
+    } else {
+        ctx.settings
+            .watch_namespaces
+            .iter()
+            .map(|ns| kube::Api::namespaced(ctx.client.clone(), ns))
+            .collect()
+    }
+}
 
 /// Why a reconcile failed. Variant names show up in logs and in the reconcile metric's label.
 #[derive(Debug, thiserror::Error)]

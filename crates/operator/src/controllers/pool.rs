@@ -1,5 +1,6 @@
 //! The PlacementPool controller: loads each pool into the placement model, checks it against
-//! Manager, and keeps its status (node count, live spares, spare target, used capacity).
+//! Manager, and keeps its status (node count, live spares, spare target, used capacity), and
+//! runs the pool's consolidation ([`super::consolidation`]) when its spec asks for it.
 //!
 //! Every pool carries the [`api::POOL_FINALIZER`]: deleting a pool that a Bundle (in its `pools`
 //! or a replica override) or a HotSpareTarget names waits, with the pool kept in the placement
@@ -9,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{self as api, Bundle, HotSpareTarget, PlacementPool, PlacementPoolStatus};
+use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use automanager_policy::bounded;
 use chrono::Utc;
 use kube::ResourceExt;
@@ -104,16 +105,7 @@ async fn deleting(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Action, Er
 async fn users_of(pool: &str, ctx: &Context) -> Result<Vec<String>, Error> {
     let live = |meta: &kube::api::ObjectMeta| meta.deletion_timestamp.is_none();
     let mut users = Vec::new();
-    let bundle_apis: Vec<Api<Bundle>> = if ctx.settings.watch_namespaces.is_empty() {
-        vec![Api::all(ctx.client.clone())]
-    } else {
-        ctx.settings
-            .watch_namespaces
-            .iter()
-            .map(|ns| Api::namespaced(ctx.client.clone(), ns))
-            .collect()
-    };
-    for bundles in bundle_apis {
+    for bundles in super::bundle_apis(ctx) {
         for b in bundles.list(&ListParams::default()).await? {
             let spec = &b.spec;
             let names = spec
@@ -230,6 +222,7 @@ async fn apply(
         used_capacity_fraction: usage.as_ref().map_or(0.0, |u| {
             (u.used_capacity_fraction * 1000.0).round() / 1000.0
         }),
+        consolidation: prev.consolidation.clone(),
         conditions: prev.conditions.clone(),
     };
     // A pool that is invalid or unknown to Manager stays so until its spec or Manager changes.
@@ -271,6 +264,16 @@ async fn apply(
             now,
         ),
     );
+    // Consolidation (off unless the spec asks): its plan, progress and condition.
+    let mut requeue = REFRESH;
+    if pool.metadata.deletion_timestamp.is_none() {
+        let pass = super::consolidation::step(pool, ctx).await?;
+        status.consolidation = pass.status;
+        api::set_condition(&mut status.conditions, pass.condition);
+        if let Some(r) = pass.requeue {
+            requeue = requeue.min(r);
+        }
+    }
     ctx.metrics.set_pool(
         &name,
         status.node_count,
@@ -304,7 +307,7 @@ async fn apply(
         )
         .await;
     }
-    Ok(Action::requeue(REFRESH))
+    Ok(Action::requeue(requeue))
 }
 
 /// Forgets pools whose objects are gone (the store is the controller's cache).
@@ -320,6 +323,7 @@ pub fn prune(ctx: &Context, existing: &[String]) {
             .collect();
         for p in &gone {
             state.model_mut().remove_pool(p);
+            state.consolidation_planned.remove(p);
         }
         gone
     };

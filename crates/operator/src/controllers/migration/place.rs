@@ -58,15 +58,10 @@ impl Run<'_> {
         let engine_bundle = mapping::bundle(&bundle_id, &bundle.spec);
         let replica = u32::try_from(job.replica).unwrap_or(0);
         let mut spec = mapping::job(spec_job);
-        if let Some(cap) = plan::target_capability_required(self.machine.strategy())
-            && !spec
-                .requirements
-                .required_capabilities
-                .iter()
-                .any(|c| c == cap)
-        {
-            spec.requirements.required_capabilities.push(cap.to_owned());
-        }
+        plan::require_target_capability(
+            self.machine.strategy(),
+            &mut spec.requirements.required_capabilities,
+        );
         let source = self.machine.source_node().unwrap_or_default().to_owned();
         let (other_replicas, placed_siblings) = self.ctx.manager.mirror().read(|m| {
             let zone_of = |node: &str| m.nodes.get(node).map(|n| n.zone().to_owned());

@@ -1,0 +1,763 @@
+//! Consolidation of a PlacementPool (`spec.consolidation`), run as part of the pool's
+//! reconcile: observe the pool's nodes and jobs, ask the pure planner
+//! ([`automanager_policy::consolidation`]) which nodes can be emptied and where each job goes,
+//! then (mode `enabled`) empty the first planned node through Migrations labelled
+//! `automanager.norsk.io/purpose: consolidation` (so the fleet-wide queue, its priority and the
+//! disruption budget apply) and terminate it once nothing runs there. One node at a time per
+//! pool, with a cool-down between nodes. Mode `dryRun` writes the plan to status and moves
+//! nothing.
+//!
+//! What survives a restart: the node being emptied (`status.consolidation.currentNode`) and its
+//! Migrations (labelled with the node). The node's placement cordon is the operator's memory
+//! and is set again from status at the next pass.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_api::{
+    self as api, Bundle, ConsolidationMode, ConsolidationMove, ConsolidationNode,
+    ConsolidationStatus, ManagerNode, Migration, MigrationJobRef, MigrationSpec, PlacementPool,
+};
+use automanager_placement as pl;
+use automanager_policy::consolidation::{self as policy, BundleRules, PlacedJob};
+use automanager_policy::drain::MigrationOutcome;
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use manager_client::ClientError;
+use manager_proto as proto;
+
+use super::{Context, Error, condition};
+use crate::mapping::{self, NodeOverlay};
+
+/// How soon a pool with a node being emptied is looked at again.
+const STEP: Duration = Duration::from_secs(2);
+/// The least time between two plans of one pool (same spec, no node being emptied).
+const PLAN_EVERY: Duration = Duration::from_secs(5);
+
+/// What one pass decided: the status to keep, the `Consolidating` condition, and when to look
+/// again (sooner than the pool's refresh while a node is being emptied).
+pub struct Pass {
+    pub status: Option<ConsolidationStatus>,
+    pub condition: api::Condition,
+    pub requeue: Option<Duration>,
+}
+
+/// The name of the Migration that moves `job_id` off `node_id`: stable, so a restarted operator
+/// finds (or re-creates) the same object.
+pub fn migration_name(node_id: &str, job_id: &str) -> String {
+    super::drain::named_migration("consolidate", &mapping::node_object_name(node_id), job_id)
+}
+
+/// One consolidation pass over `pool`.
+pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Error> {
+    let name = pool.name_any();
+    let generation = pool.metadata.generation;
+    let now = Utc::now();
+    let spec = pool.spec.consolidation.unwrap_or_default();
+    let prev = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.consolidation.clone())
+        .unwrap_or_default();
+    let cond = |status: bool, reason: &str, message: String| {
+        condition("Consolidating", status, reason, message, generation, now)
+    };
+
+    if spec.mode == ConsolidationMode::Off {
+        if let Some(node) = &prev.current_node {
+            release(ctx, node);
+        }
+        ctx.metrics.set_consolidation_planned(&name, None);
+        ctx.state().consolidation_planned.remove(&name);
+        return Ok(Pass {
+            status: None,
+            condition: cond(false, "Off", String::new()),
+            requeue: None,
+        });
+    }
+    if !ctx.manager_ready() {
+        return Ok(Pass {
+            status: Some(prev),
+            condition: cond(
+                false,
+                "ManagerUnavailable",
+                "Manager is unreachable; consolidation waits".into(),
+            ),
+            requeue: None,
+        });
+    }
+    let mut status = prev.clone();
+
+    // A node being emptied: follow it to its end first.
+    if let Some(node) = prev.current_node.clone() {
+        if spec.mode != ConsolidationMode::Enabled {
+            // Switched to dryRun: the moves under way finish as ordinary Migrations; the node
+            // stays.
+            release(ctx, &node);
+            status.current_node = None;
+        } else {
+            let pass = follow(pool, ctx, &node, &mut status, now).await?;
+            if let Some(pass) = pass {
+                return Ok(pass);
+            }
+        }
+    }
+
+    // Planning lists every Bundle: not more often than PLAN_EVERY for the same spec, however
+    // often node changes wake the pool.
+    if let Some(pass) = recent_plan(pool, ctx, &status) {
+        return Ok(pass);
+    }
+    let bundles = list_bundles(ctx).await?;
+    let planned = plan(pool, ctx, &spec, &bundles, now);
+    ctx.state()
+        .consolidation_planned
+        .insert(name.clone(), (std::time::Instant::now(), generation));
+    let nodes = bounded_plan(&planned);
+    if nodes != status.plan || status.planned_at.is_none() {
+        status.planned_at = Some(now);
+    }
+    status.plan = nodes;
+    status.planned_nodes = i32::try_from(planned.nodes.len()).unwrap_or(i32::MAX);
+    ctx.metrics
+        .set_consolidation_planned(&name, Some(i64::from(status.planned_nodes)));
+
+    let summary = plan_summary(&planned);
+    if spec.mode == ConsolidationMode::DryRun {
+        return Ok(Pass {
+            status: Some(status),
+            condition: cond(false, "DryRun", format!("dry run: {summary}")),
+            requeue: None,
+        });
+    }
+    let Some(first) = planned.nodes.first() else {
+        return Ok(Pass {
+            status: Some(status),
+            condition: cond(false, "NothingToConsolidate", summary),
+            requeue: None,
+        });
+    };
+    if let Some(last) = status.last_action_at {
+        let ready_at =
+            last + chrono::Duration::from_std(spec.cooldown()).unwrap_or(chrono::Duration::zero());
+        if ready_at > now {
+            let wait = (ready_at - now).to_std().unwrap_or(STEP);
+            return Ok(Pass {
+                status: Some(status),
+                condition: cond(
+                    false,
+                    "CoolingDown",
+                    format!(
+                        "{summary}; the next node is emptied after {}",
+                        ready_at.to_rfc3339()
+                    ),
+                ),
+                requeue: Some(wait.max(Duration::from_secs(1))),
+            });
+        }
+    }
+
+    // Begin the first planned node: cordon it for placement, then one Migration per job.
+    let node = first.node.clone();
+    hold(ctx, &node);
+    // The Migrations belong to the node's ManagerNode (as a drain's do), so they go when it
+    // does; the pool owns them when the ManagerNode is not there.
+    let created = async {
+        let owner = Api::<ManagerNode>::all(ctx.client.clone())
+            .get_opt(&mapping::node_object_name(&node))
+            .await?
+            .and_then(|n| n.controller_owner_ref(&()))
+            .or_else(|| pool.controller_owner_ref(&()));
+        for m in &first.moves {
+            create_migration(ctx, owner.clone(), &node, m).await?;
+        }
+        Ok::<(), Error>(())
+    };
+    if let Err(e) = created.await {
+        // Not recorded as the node being emptied: placement may use it again. A Migration
+        // created before the error still moves its job (to a planned target), which is harmless.
+        release(ctx, &node);
+        return Err(e);
+    }
+    status.current_node = Some(node.clone());
+    let moves = first
+        .moves
+        .iter()
+        .map(|m| format!("{} → {}", m.job_id, m.target))
+        .collect::<Vec<_>>();
+    ctx.event(
+        pool,
+        EventType::Normal,
+        "Consolidating",
+        "Consolidate",
+        api::bounded::clip(
+            &format!(
+                "emptying node {node}: {}",
+                if moves.is_empty() {
+                    "it holds no job".to_owned()
+                } else {
+                    moves.join(", ")
+                }
+            ),
+            1024,
+        )
+        .into_owned(),
+    )
+    .await;
+    tracing::info!(pool = %name, node = %node, moves = first.moves.len(), "consolidation: emptying node");
+    if first.moves.is_empty()
+        && let Some(pass) = follow(pool, ctx, &node, &mut status, now).await?
+    {
+        return Ok(pass);
+    }
+    Ok(Pass {
+        status: Some(status),
+        condition: cond(
+            true,
+            "EmptyingNode",
+            format!(
+                "emptying node {node}: 0 of {} moves done",
+                first.moves.len()
+            ),
+        ),
+        requeue: Some(STEP),
+    })
+}
+
+/// The last pass again, when it planned less than [`PLAN_EVERY`] ago for the same spec and no
+/// node is being emptied.
+fn recent_plan(pool: &PlacementPool, ctx: &Context, status: &ConsolidationStatus) -> Option<Pass> {
+    if status.current_node.is_some() {
+        return None;
+    }
+    let (at, generation) = *ctx.state().consolidation_planned.get(&pool.name_any())?;
+    let age = at.elapsed();
+    if generation != pool.metadata.generation || age >= PLAN_EVERY {
+        return None;
+    }
+    let prev = pool.status.as_ref()?;
+    let condition = api::find_condition(&prev.conditions, "Consolidating")?.clone();
+    if condition.observed_generation != pool.metadata.generation
+        || !matches!(
+            condition.reason.as_str(),
+            "DryRun" | "NothingToConsolidate" | "CoolingDown"
+        )
+    {
+        return None;
+    }
+    Some(Pass {
+        status: Some(status.clone()),
+        condition,
+        requeue: Some(PLAN_EVERY - age),
+    })
+}
+
+/// The node being emptied: `Some(pass)` while it is (or has just been terminated or given up
+/// on, with the status updated), `None` when it is over and a new plan may be made.
+async fn follow(
+    pool: &PlacementPool,
+    ctx: &Arc<Context>,
+    node: &str,
+    status: &mut ConsolidationStatus,
+    now: DateTime<Utc>,
+) -> Result<Option<Pass>, Error> {
+    let name = pool.name_any();
+    let generation = pool.metadata.generation;
+    let cond = |status: bool, reason: &str, message: String| {
+        condition("Consolidating", status, reason, message, generation, now)
+    };
+    let state = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .get(node)
+            .and_then(|n| proto::NodeState::try_from(n.state).ok())
+    });
+    if !matches!(
+        state,
+        Some(proto::NodeState::Started | proto::NodeState::Starting)
+    ) {
+        // Gone (terminated by this pass earlier, or lost): nothing more to do for it.
+        release(ctx, node);
+        status.current_node = None;
+        return Ok(None);
+    }
+    hold(ctx, node);
+    let listed = migrations_api(ctx)
+        .list(&ListParams::default().labels(&format!(
+            "{}={},{}=consolidation",
+            api::CONSOLIDATION_NODE_LABEL,
+            super::drain::node_label(node),
+            api::PURPOSE_LABEL
+        )))
+        .await?;
+    let outcomes: Vec<(String, MigrationOutcome, String)> = listed
+        .items
+        .iter()
+        .map(|m| {
+            let phase = m
+                .status
+                .as_ref()
+                .map(|s| format!("{:?}", s.phase))
+                .unwrap_or_else(|| "Pending".into());
+            (m.name_any(), super::drain::outcome(m), phase)
+        })
+        .collect();
+    let total = outcomes.len();
+    let done = outcomes
+        .iter()
+        .filter(|(_, o, _)| *o == MigrationOutcome::Completed)
+        .count();
+    if let Some((failed, _, phase)) = outcomes
+        .iter()
+        .find(|(_, o, _)| *o == MigrationOutcome::Failed)
+    {
+        let why = format!("Migration {failed} ended {phase}");
+        return Ok(Some(
+            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
+        ));
+    }
+    if done < total {
+        return Ok(Some(Pass {
+            status: Some(status.clone()),
+            condition: cond(
+                true,
+                "EmptyingNode",
+                format!("emptying node {node}: {done} of {total} moves done"),
+            ),
+            requeue: Some(STEP),
+        }));
+    }
+    // Every move is done: the node must hold nothing now, not even a start in flight.
+    let left: Vec<String> = ctx.with_mirror(|m, s| {
+        let mut left: Vec<String> = m
+            .jobs
+            .values()
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| i.node_id == node && mapping::holds_capacity(i.state))
+            })
+            .map(|j| j.job_id.clone())
+            .collect();
+        if left.is_empty()
+            && s.model
+                .engine()
+                .node_view(node)
+                .is_some_and(|v| v.used_capacity > 0.0 || v.used_cores > 0)
+        {
+            left.push("a start in flight".into());
+        }
+        left
+    });
+    if !left.is_empty() {
+        let why = format!(
+            "it still holds {} that the plan did not move",
+            api::bounded::join_bounded(&left, ", ", 512)
+        );
+        return Ok(Some(
+            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
+        ));
+    }
+    match ctx.manager.terminate_node(node).await {
+        Ok(_) => {}
+        // Already on its way out: counted when it was asked for.
+        Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => {
+            release(ctx, node);
+            status.current_node = None;
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    }
+    status.current_node = None;
+    status.nodes_terminated = status.nodes_terminated.saturating_add(1);
+    status.last_action_at = Some(now);
+    ctx.metrics.consolidation_terminated(&name);
+    ctx.event(
+        pool,
+        EventType::Normal,
+        "NodeConsolidated",
+        "Terminate",
+        format!("node {node} is empty ({total} jobs moved) and was terminated"),
+    )
+    .await;
+    tracing::info!(pool = %name, node = %node, moved = total, "consolidation: node terminated");
+    // The Migrations stay (with their handover summaries) until the node's ManagerNode, their
+    // owner, is removed.
+    release(ctx, node);
+    Ok(Some(Pass {
+        status: Some(status.clone()),
+        condition: cond(
+            false,
+            "NodeTerminated",
+            format!("node {node} was emptied and terminated"),
+        ),
+        requeue: Some(STEP),
+    }))
+}
+
+/// Gives up emptying `node`: it is uncordoned and stays; the cool-down starts.
+async fn abandon(
+    pool: &PlacementPool,
+    ctx: &Arc<Context>,
+    node: &str,
+    migrations: &[Migration],
+    status: &mut ConsolidationStatus,
+    now: DateTime<Utc>,
+    why: &str,
+) -> Pass {
+    release(ctx, node);
+    // The node's Migrations that ended go (their Events stay): their names are the node's and
+    // the job's, so a later attempt on this node must not find them. Those still running finish.
+    for m in migrations
+        .iter()
+        .filter(|m| super::drain::outcome(m) != MigrationOutcome::InFlight)
+    {
+        if let Some(ns) = m.namespace() {
+            match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+                .delete(&m.name_any(), &DeleteParams::background())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    tracing::warn!(migration = %m.name_any(), error = %e, "consolidation: could not delete an ended Migration");
+                }
+            }
+        }
+    }
+    status.current_node = None;
+    status.last_action_at = Some(now);
+    ctx.metrics.consolidation_abandoned(&pool.name_any());
+    ctx.event(
+        pool,
+        EventType::Warning,
+        "ConsolidationAbandoned",
+        "Consolidate",
+        api::bounded::clip(&format!("node {node} is kept: {why}"), 1024).into_owned(),
+    )
+    .await;
+    tracing::warn!(pool = %pool.name_any(), node = %node, why = %why, "consolidation: node kept");
+    Pass {
+        status: Some(status.clone()),
+        condition: condition(
+            "Consolidating",
+            false,
+            "Abandoned",
+            format!("gave up emptying node {node}: {why}"),
+            pool.metadata.generation,
+            now,
+        ),
+        requeue: Some(STEP),
+    }
+}
+
+/// Placement stops using `node` (consolidation empties it).
+fn hold(ctx: &Context, node: &str) {
+    set_consolidating(ctx, node, true);
+}
+
+/// Placement may use `node` again.
+fn release(ctx: &Context, node: &str) {
+    set_consolidating(ctx, node, false);
+}
+
+fn set_consolidating(ctx: &Context, node: &str, consolidating: bool) {
+    let changed = ctx.with_mirror(|m, s| {
+        let was = s.model.overlay(node);
+        if was.consolidating == consolidating {
+            return false;
+        }
+        s.model_mut().set_overlay(
+            node,
+            NodeOverlay {
+                consolidating,
+                ..was
+            },
+            m,
+        );
+        true
+    });
+    if changed && let Some(pool) = ctx.manager.mirror().node(node).map(|n| n.pool) {
+        ctx.wake_pool(&pool);
+    }
+}
+
+fn migrations_api(ctx: &Context) -> Api<Migration> {
+    match ctx.settings.watch_namespaces.as_slice() {
+        [one] => Api::namespaced(ctx.client.clone(), one),
+        _ => Api::all(ctx.client.clone()),
+    }
+}
+
+/// Every Bundle the operator watches, by Manager's bundle id.
+async fn list_bundles(ctx: &Context) -> Result<HashMap<String, Bundle>, Error> {
+    let mut out = HashMap::new();
+    for a in super::bundle_apis(ctx) {
+        for b in a.list(&ListParams::default()).await? {
+            if b.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let id = mapping::bundle_id(&b.namespace().unwrap_or_default(), &b.name_any());
+            out.insert(id, b);
+        }
+    }
+    Ok(out)
+}
+
+/// The planner's input from the mirror, the placement model and the Bundles, and its plan.
+fn plan(
+    pool: &PlacementPool,
+    ctx: &Context,
+    spec: &api::ConsolidationSpec,
+    bundles: &HashMap<String, Bundle>,
+    now: DateTime<Utc>,
+) -> policy::Plan {
+    let name = pool.name_any();
+    let pool_spec = mapping::pool(&name, &pool.spec);
+    let min_age_ms = i64::try_from(spec.min_node_age().as_millis()).unwrap_or(i64::MAX);
+    let now_ms = now.timestamp_millis();
+    ctx.with_mirror(|m, s| {
+        let pool_nodes: Vec<&proto::Node> = m.nodes.values().filter(|n| n.pool == name).collect();
+        let ids: std::collections::HashSet<String> =
+            pool_nodes.iter().map(|n| n.node_id.clone()).collect();
+        let usage = mapping::usage_of_nodes(m.jobs.values(), &ids);
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        let mut nodes = Vec::new();
+        for n in &pool_nodes {
+            let used = usage.get(&n.node_id).copied().unwrap_or_default();
+            let Some(spec) =
+                mapping::node(n, used, s.model.overlay(&n.node_id), s.model.pool(&name))
+            else {
+                continue;
+            };
+            if now_ms.saturating_sub(n.created_at_ms) < min_age_ms {
+                held.insert(
+                    n.node_id.clone(),
+                    "up for less than minNodeAgeSeconds".into(),
+                );
+            }
+            // The engine holds what the mirror shows plus starts in flight.
+            if let Some(v) = s.model.engine().node_view(&n.node_id)
+                && (v.used_capacity > spec.used_capacity + 1e-6 || v.used_cores > spec.used_cores)
+            {
+                held.insert(n.node_id.clone(), "a start is in flight there".into());
+            }
+            nodes.push(spec);
+        }
+        let bundle_ids: std::collections::BTreeSet<&str> = ids
+            .iter()
+            .flat_map(|id| m.jobs_on(id))
+            .map(|j| j.bundle_id.as_str())
+            .collect();
+        let mut jobs = Vec::new();
+        for j in m.jobs.values() {
+            // A job starting, stopping or moving holds both its nodes still.
+            let busy = j.instances.iter().any(|i| {
+                mapping::holds_capacity(i.state)
+                    && (i.state != proto::JobState::Running as i32
+                        || i.role == proto::JobRole::MigrationTarget as i32)
+            });
+            if busy {
+                for i in &j.instances {
+                    if ids.contains(&i.node_id) {
+                        held.insert(
+                            i.node_id.clone(),
+                            format!("job {} is starting, stopping or moving", j.job_id),
+                        );
+                    }
+                }
+            }
+            if !bundle_ids.contains(j.bundle_id.as_str()) || j.node_id.is_empty() {
+                continue;
+            }
+            let running = j.instances.iter().any(|i| {
+                i.node_id == j.node_id
+                    && i.is_normal()
+                    && i.state == proto::JobState::Running as i32
+            });
+            if !running {
+                continue;
+            }
+            let declared = bundles
+                .get(&j.bundle_id)
+                .and_then(|b| b.spec.jobs.iter().find(|x| x.job_name == j.job_name));
+            let spec = match declared {
+                Some(d) => mapping::job(d),
+                None => {
+                    let (cap, cores) = j.requirements.as_ref().map_or((0.0, 0), |r| {
+                        (
+                            r.required_capacity,
+                            u32::try_from(r.required_cores).unwrap_or(0),
+                        )
+                    });
+                    pl::JobSpec::new(&j.job_name, cap, cores, pl::PriorityBand::Gold)
+                }
+            };
+            jobs.push(PlacedJob {
+                job_id: j.job_id.clone(),
+                bundle_id: j.bundle_id.clone(),
+                replica: j.replica,
+                spec,
+                node: j.node_id.clone(),
+                zone: m.zone_of(&j.node_id).map(str::to_owned),
+                strategy: declared
+                    .and_then(|d| d.migration.map(|x| x.strategy))
+                    .unwrap_or_default(),
+            });
+        }
+        let rules: BTreeMap<String, BundleRules> = bundle_ids
+            .iter()
+            .filter_map(|id| {
+                let b = bundles.get(*id)?;
+                Some((
+                    (*id).to_owned(),
+                    BundleRules {
+                        intra_replica: mapping::rules(&b.spec.intra_replica_rules()),
+                        inter_replica: mapping::rules(&b.spec.inter_replica_placement),
+                        allow_stop_then_start: b
+                            .spec
+                            .disruption
+                            .is_some_and(|d| d.allow_stop_then_start_consolidation),
+                    },
+                ))
+            })
+            .collect();
+        policy::plan(&policy::Input {
+            pool: &pool_spec,
+            nodes: &nodes,
+            held: &held,
+            jobs: &jobs,
+            bundles: &rules,
+            min_nodes: spec.min_nodes(),
+            max_nodes: ConsolidationStatus::MAX_PLANNED_NODES,
+        })
+    })
+}
+
+/// The plan as status keeps it (bounded).
+fn bounded_plan(plan: &policy::Plan) -> Vec<ConsolidationNode> {
+    plan.nodes
+        .iter()
+        .take(ConsolidationStatus::MAX_PLANNED_NODES)
+        .map(|n| ConsolidationNode {
+            node: n.node.clone(),
+            moves: n
+                .moves
+                .iter()
+                .take(ConsolidationStatus::MAX_MOVES_PER_NODE)
+                .map(|m| ConsolidationMove {
+                    job_id: m.job_id.clone(),
+                    bundle: mapping::bundle_object(&m.bundle_id)
+                        .map(|(ns, b)| format!("{ns}/{b}"))
+                        .unwrap_or_else(|| m.bundle_id.clone()),
+                    replica: i32::try_from(m.replica).unwrap_or(i32::MAX),
+                    job_name: m.job_name.clone(),
+                    target_node: m.target.clone(),
+                })
+                .collect(),
+            moves_omitted: i32::try_from(
+                n.moves
+                    .len()
+                    .saturating_sub(ConsolidationStatus::MAX_MOVES_PER_NODE),
+            )
+            .unwrap_or(i32::MAX),
+        })
+        .collect()
+}
+
+/// One line about a plan: the nodes it empties, and how many nodes are kept for which reason.
+fn plan_summary(plan: &policy::Plan) -> String {
+    let nodes: Vec<String> = plan
+        .nodes
+        .iter()
+        .map(|n| format!("{} ({} moves)", n.node, n.moves.len()))
+        .collect();
+    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+    for (_, why) in &plan.kept {
+        let key = match why {
+            policy::KeepReason::Immovable { .. } => "a job that may not move".to_owned(),
+            policy::KeepReason::NoRoom { .. } => "no room elsewhere".to_owned(),
+            policy::KeepReason::Held(_) => "busy or too young".to_owned(),
+            other => other.to_string(),
+        };
+        *kept.entry(key).or_default() += 1;
+    }
+    let kept: Vec<String> = kept.iter().map(|(k, n)| format!("{n} {k}")).collect();
+    let head = if nodes.is_empty() {
+        "no node can be emptied".to_owned()
+    } else {
+        format!(
+            "would empty {} node(s): {}",
+            nodes.len(),
+            api::bounded::join_bounded(&nodes, ", ", 600)
+        )
+    };
+    if kept.is_empty() {
+        head
+    } else {
+        format!("{head}; kept: {}", kept.join(", "))
+    }
+}
+
+/// Creates the Migration of one planned move (it exists already after a restart: fine).
+async fn create_migration(
+    ctx: &Context,
+    owner: Option<OwnerReference>,
+    node: &str,
+    m: &policy::Move,
+) -> Result<(), Error> {
+    let Some((ns, bundle)) = mapping::bundle_object(&m.bundle_id) else {
+        return Ok(());
+    };
+    let name = migration_name(node, &m.job_id);
+    let mig = Migration {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            namespace: Some(ns.clone()),
+            labels: Some(
+                [
+                    (
+                        api::CONSOLIDATION_NODE_LABEL.to_owned(),
+                        super::drain::node_label(node),
+                    ),
+                    (api::PURPOSE_LABEL.to_owned(), "consolidation".to_owned()),
+                ]
+                .into(),
+            ),
+            annotations: Some(
+                [(
+                    api::CONSOLIDATION_NODE_ANNOTATION.to_owned(),
+                    node.to_owned(),
+                )]
+                .into(),
+            ),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        spec: MigrationSpec {
+            job: MigrationJobRef {
+                bundle,
+                replica: i32::try_from(m.replica).unwrap_or(i32::MAX),
+                job_name: m.job_name.clone(),
+            },
+            target_node: Some(m.target.clone()),
+            strategy: None,
+            abort: None,
+        },
+        status: None,
+    };
+    match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+        .create(&PostParams::default(), &mig)
+        .await
+    {
+        Ok(_) => {
+            tracing::info!(node = %node, job = %m.job_id, target = %m.target, migration = %name, "consolidation: migrating job");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,5 @@
+# Consolidation of a fragmented elastic binpack pool.
+.PHONY: bench-consolidation
+
+bench-consolidation: control-plane ## a wave, random deletes, then consolidation: consolidation nodes_before=... nodes_after=... lower_bound=... dropped=...
+	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench consolidation
