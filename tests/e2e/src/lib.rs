@@ -112,6 +112,26 @@ pub async fn events_table(stack: &stack::Stack) -> Result<String, SetupError> {
     Ok(out.stdout)
 }
 
+/// Waits (up to 60 s) until [`events_table`] holds a line for each of `wanted`, and returns the
+/// table; panics with the table otherwise (a test helper). Events are published off the
+/// reconcile path, so one can land a moment after the status written after it.
+pub async fn wait_events(stack: &stack::Stack, wanted: &[&dyn Fn(&str) -> bool]) -> String {
+    let found = stack
+        .wait_for(
+            "the expected Events",
+            std::time::Duration::from_secs(60),
+            || async {
+                let ev = events_table(stack).await?;
+                Ok(wanted.iter().all(|w| ev.lines().any(w)).then_some(ev))
+            },
+        )
+        .await;
+    match found {
+        Ok(ev) => ev,
+        Err(e) => panic!("{e}\n{}", events_table(stack).await.unwrap_or_default()),
+    }
+}
+
 /// `kubectl apply -f -` of `yaml` against the stack's cluster; panics with kubectl's error
 /// (a test helper).
 #[allow(clippy::expect_used)]

@@ -15,7 +15,7 @@ use std::time::Duration;
 use automanager_e2e::bench::SeenMigrations;
 use automanager_e2e::reliability::{Monitor, manager_state, settle};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table};
+use automanager_e2e::{apply, condition, wait_events};
 use kube::api::Api;
 use manager_client::proto::NodeState;
 use serde_json::Value;
@@ -308,12 +308,11 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
         assert_eq!(h["uncoveredMs"], 0, "{b}: {h:#}");
     }
     assert_eq!(dropped, 0, "dropped output");
-    let ev = events_table(&stack).await.unwrap();
-    assert!(
-        ev.lines()
-            .any(|l| l.starts_with(POOL) && l.contains("NodeConsolidated")),
-        "{ev}"
-    );
+    wait_events(
+        &stack,
+        &[&|l: &str| l.starts_with(POOL) && l.contains("NodeConsolidated")],
+    )
+    .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains(&format!(
@@ -373,12 +372,11 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
         pool["status"]["consolidation"]["currentNode"].is_null(),
         "{pool:#}"
     );
-    let ev = events_table(&stack).await.unwrap();
-    assert!(
-        ev.lines()
-            .any(|l| l.starts_with(POOL) && l.contains("ConsolidationAbandoned")),
-        "{ev}"
-    );
+    wait_events(
+        &stack,
+        &[&|l: &str| l.starts_with(POOL) && l.contains("ConsolidationAbandoned")],
+    )
+    .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains(&format!(

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table};
+use automanager_e2e::{apply, condition, wait_events};
 use manager_client::proto::{KillNodeRequest, NodeState};
 use serde_json::Value;
 
@@ -215,9 +215,10 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         Vec::new(),
         "nothing is provisioned into the degraded zone"
     );
-    wait_event(&stack, |l| {
-        l.starts_with(POOL) && l.contains("ZoneDegraded")
-    })
+    wait_events(
+        &stack,
+        &[&|l: &str| l.starts_with(POOL) && l.contains("ZoneDegraded")],
+    )
     .await;
 
     // A window with no further loss: the zone clears and is provisioned into again.
@@ -228,7 +229,7 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         })
         .await
         .unwrap();
-    wait_event(&stack, |l| l.contains("ZoneRecovered")).await;
+    wait_events(&stack, &[&|l: &str| l.contains("ZoneRecovered")]).await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(!metrics.contains(&format!("zone=\"{dead}\"")), "{metrics}");
     let after_ms = now_ms();
@@ -329,18 +330,4 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
     // The looping job is legitimately down (its last node was killed and the rate is used up);
     // duplicates, over-capacity and orphans must still be none.
     assert!(v.nothing_but_lost(), "{}", v.details());
-}
-
-/// Waits for a line of the Events table that `line` accepts: Events are published off the
-/// reconcile path, a moment after the status that follows them.
-async fn wait_event(stack: &Stack, line: impl Fn(&str) -> bool) {
-    let found = stack
-        .wait_for("an Event", WAIT, || async {
-            let ev = events_table(stack).await?;
-            Ok(ev.lines().any(&line).then_some(()))
-        })
-        .await;
-    if let Err(e) = found {
-        panic!("{e}\n{}", events_table(stack).await.unwrap_or_default());
-    }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table, fixed_pool};
+use automanager_e2e::{apply, condition, events_table, fixed_pool, wait_events};
 use automanager_policy::PriorityBand;
 use automanager_policy::preempt::{self, NodeCandidate, RunningJob};
 use manager_client::proto::KillNodeRequest;
@@ -256,7 +256,15 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
     stopped.sort();
     assert_eq!(stopped, want, "exactly the chosen victims were stopped");
 
-    let ev = events_table(&stack).await.unwrap();
+    let ev = wait_events(
+        &stack,
+        &[
+            &|l: &str| l.starts_with("mid") && l.contains("Preempted"),
+            &|l: &str| l.starts_with("new") && l.contains("Preempted"),
+            &|l: &str| l.starts_with("new") && l.contains("JobDropped"),
+        ],
+    )
+    .await;
     for (name, job) in [("mid", &mid), ("new", &new)] {
         assert!(
             ev.lines().any(|l| l.starts_with(name)

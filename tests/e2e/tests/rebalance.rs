@@ -16,7 +16,7 @@ use std::time::Duration;
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::sampler::MaxSampler;
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table, fixed_pool};
+use automanager_e2e::{apply, condition, fixed_pool, wait_events};
 use manager_client::proto::KillNodeRequest;
 use serde_json::Value;
 
@@ -214,13 +214,13 @@ async fn assert_moved_back(stack: &Stack) {
         .map(|n| m.zone_of(n).unwrap_or_default().to_owned())
         .collect();
     assert_eq!(zones, vec!["za", "za"]);
-    let ev = events_table(stack).await.unwrap();
-    assert!(
-        ev.lines().any(|l| l.starts_with("pair")
-            && l.contains("RebalanceStarted")
-            && l.contains("from b1 to a3")),
-        "{ev}"
-    );
+    wait_events(
+        stack,
+        &[&|l: &str| {
+            l.starts_with("pair") && l.contains("RebalanceStarted") && l.contains("from b1 to a3")
+        }],
+    )
+    .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains("automanager_rebalances_total 1"),
