@@ -912,6 +912,8 @@ async fn a_restarted_operator_with_nothing_changed_writes_nothing_and_asks_manag
         "the nodes were mirrored"
     );
     let calls = h.sim.call_counts().mutating;
+    let pools: Api<PlacementPool> = Api::all(h.env.client());
+    let pools_before = pools.list(&Default::default()).await.unwrap();
 
     h.restart_operator().await;
     // Every bundle looked at again, and time for many node-sync passes (100 ms apart).
@@ -928,10 +930,19 @@ async fn a_restarted_operator_with_nothing_changed_writes_nothing_and_asks_manag
         .filter(|(k, v)| before.get(*k) != Some(*v))
         .map(|(k, _)| k)
         .collect();
-    assert!(
-        changed.is_empty(),
-        "written or created after the restart: {changed:?}"
-    );
+    if !changed.is_empty() {
+        let status = |l: kube::core::ObjectList<PlacementPool>| -> Vec<_> {
+            l.items
+                .into_iter()
+                .map(|p| (p.name_any(), p.status))
+                .collect()
+        };
+        panic!(
+            "written or created after the restart: {changed:?}\npools before: {:#?}\npools after: {:#?}",
+            status(pools_before),
+            status(pools.list(&Default::default()).await.unwrap())
+        );
+    }
     assert_eq!(
         h.sim.call_counts().mutating,
         calls,
