@@ -1,5 +1,5 @@
 //! Events published off the reconcile path, as client-go's event recorder does: a reconcile
-//! hands its Event to a queue and goes on, and one task publishes the queue in order.
+//! hands its Event to a queue and goes on, and background tasks publish the queue.
 //!
 //! Why: an Event is a write to the apiserver, and a reconcile that awaits it holds its
 //! concurrency slot for as long as the apiserver takes. In a mass failure (a zone lost) the
@@ -21,7 +21,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder};
 use tokio::sync::{OnceCell, mpsc, watch};
 
-/// Events waiting to be published before a caller has to wait (client-go keeps 1,000).
+/// Events waiting to be published, over all shards, before a caller has to wait (client-go
+/// keeps 1,000).
 pub const QUEUE: usize = 1024;
 /// Queues published side by side, so Events in flight to the apiserver at once.
 pub const SHARDS: usize = 8;
