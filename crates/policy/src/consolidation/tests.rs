@@ -472,7 +472,7 @@ proptest! {
     fn a_plan_does_not_depend_on_input_order(f in arb_fleet(), seed in any::<u64>()) {
         let p = run(&f);
         let mut g = f.clone();
-        // A deterministic shuffle: reverse, then rotate by the seed.
+        // A deterministic shuffle: reverse, then rotate by `seed`.
         g.nodes.reverse();
         g.jobs.reverse();
         if !g.jobs.is_empty() {
