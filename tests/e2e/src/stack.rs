@@ -544,6 +544,33 @@ impl Stack {
         }
     }
 
+    /// Waits for a bundle to be Ready with none of its jobs on `node`; returns the bundle.
+    /// A moved bundle is Ready before and after its move and its status follows Manager's events
+    /// asynchronously, so waiting for the phase alone can read the status from before the move.
+    pub async fn wait_bundle_ready_off(
+        &self,
+        ns: &str,
+        name: &str,
+        node: &str,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, SetupError> {
+        self.wait_for(
+            &format!("bundle {ns}/{name} Ready with no job on {node}"),
+            timeout,
+            || async move {
+                let b = self.get_json(&["bundle", name, "-n", ns]).await?;
+                let on_node = b["status"]["replicas"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|r| r["jobs"].as_array().into_iter().flatten())
+                    .any(|j| j["nodeId"] == node);
+                Ok((b["status"]["phase"] == "Ready" && !on_node).then_some(b))
+            },
+        )
+        .await
+    }
+
     /// Waits for a bundle's `status.phase` to be `phase`; returns the bundle.
     pub async fn wait_bundle_phase(
         &self,

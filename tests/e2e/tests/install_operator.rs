@@ -494,16 +494,10 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
         },
     )
     .await;
-    let b = s
-        .stack
-        .wait_bundle_phase("default", "talk", "Ready", WAIT)
+    s.stack
+        .wait_bundle_ready_off("default", "talk", &drained, WAIT)
         .await
-        .unwrap();
-    assert_ne!(
-        job_node(&b),
-        drained,
-        "talk was not moved off the drained node"
-    );
+        .expect("talk was not moved off the drained node");
 
     // Delete: the finalizer's cleanup runs and the object goes.
     s.kubectl(&[
