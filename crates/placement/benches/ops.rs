@@ -1,5 +1,6 @@
 //! Per-operation figures at 10,000 nodes, half full (criterion): one replica's placement, a
-//! commit + release pair, and a node update. `make bench-placement-ops`.
+//! commit + release pair, a node update, and a what-if dry run (the operator's `/v1/what-if`)
+//! with 40,000 jobs reserved. `make bench-placement-ops`.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -115,5 +116,46 @@ fn ops(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, ops);
+/// The dry run `/v1/what-if` makes, on an engine holding 40,000 placed jobs (10,000 bundles of
+/// two replicas of one job each, as `make bench-scale` runs): its cost must not grow with them.
+fn what_if(c: &mut Criterion) {
+    let mut e = engine();
+    for b in 0..10_000 {
+        for r in 0..2 {
+            let req = PlacementRequest {
+                bundle_id: format!("default.bundle-{b:05}"),
+                replica_index: r,
+                jobs: vec![
+                    JobSpec::new("enc", 1.0, 1, PriorityBand::Gold),
+                    JobSpec::new("pkg", 1.0, 1, PriorityBand::Gold),
+                ],
+                pools: vec!["aws".into(), "oci".into()],
+                kind: PlacementKind::First,
+                intra_replica: PlacementRules::none(),
+                inter_replica: PlacementRules::none(),
+                other_replicas: Vec::new(),
+                placed_siblings: Vec::new(),
+            };
+            let d = e.place(&req, 0);
+            e.commit(&d).expect("room for 40,000 small jobs");
+        }
+    }
+    let bundle = BundleSpec {
+        bundle_id: "default.what-if".into(),
+        replicas: 2,
+        pools: vec!["aws".into(), "oci".into()],
+        jobs: vec![
+            JobSpec::new("encode", 8.0, 2, PriorityBand::Gold),
+            JobSpec::new("package", 4.0, 1, PriorityBand::Gold),
+        ],
+        replica_overrides: Default::default(),
+        intra_replica_placement: PlacementRules::none(),
+        inter_replica_placement: PlacementRules::inter_replica_default(),
+    };
+    c.bench_function("what-if 2 replicas, 10k nodes, 40k jobs placed", |b| {
+        b.iter(|| black_box(validate_admission_traced(black_box(&bundle), &e, 0)))
+    });
+}
+
+criterion_group!(benches, ops, what_if);
 criterion_main!(benches);

@@ -234,7 +234,7 @@ pub(crate) struct NodeState {
     /// Distinguishes this node from a later one reusing the slab slot.
     pub generation: u64,
     pub pool: Option<PoolIdx>,
-    pub pool_name: String,
+    pub pool_name: Arc<str>,
     pub zone: Option<ZoneId>,
     pub capset: CapSetId,
     pub total_cap: u64,
@@ -384,7 +384,9 @@ pub struct Engine {
     pub(crate) node_by_id: HashMap<Arc<str>, NodeIdx>,
     free_slots: Vec<NodeIdx>,
     next_generation: u64,
-    reservations: HashMap<JobKey, Reservation>,
+    /// Persistent (structure-sharing) so that cloning the engine, which every what-if dry run
+    /// and every published snapshot does, costs O(1) here rather than a copy of every job.
+    reservations: imbl::HashMap<JobKey, Reservation>,
     pub(crate) probe_name: Arc<str>,
     /// Zones no node may be provisioned into, by pool name (the operator's zone brake).
     pub(crate) paused_zones: HashMap<String, BTreeSet<String>>,
@@ -411,7 +413,7 @@ impl Engine {
             node_by_id: HashMap::new(),
             free_slots: Vec::new(),
             next_generation: 0,
-            reservations: HashMap::new(),
+            reservations: imbl::HashMap::new(),
             probe_name: Arc::from(""),
             paused_zones: HashMap::new(),
         };
@@ -595,7 +597,7 @@ impl Engine {
                 .enumerate()
                 .filter_map(|(i, n)| {
                     n.as_ref()
-                        .filter(|n| n.pool_name == spec.name)
+                        .filter(|n| *n.pool_name == *spec.name)
                         .map(|_| i as NodeIdx)
                 })
                 .collect(),
@@ -714,7 +716,7 @@ impl Engine {
             id,
             generation,
             pool,
-            pool_name: spec.pool,
+            pool_name: Arc::from(spec.pool),
             zone,
             capset,
             total_cap,
@@ -880,7 +882,7 @@ impl Engine {
         let n = self.node(*self.node_by_id.get(id)?)?;
         Some(NodeView {
             id: n.id.to_string(),
-            pool: n.pool_name.clone(),
+            pool: n.pool_name.to_string(),
             zone: self.zone_name(n.zone),
             total_capacity: from_milli(n.total_cap),
             used_capacity: from_milli(n.used_cap),
