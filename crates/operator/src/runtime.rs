@@ -5,7 +5,7 @@
 //!
 //! | Manager change | wakes |
 //! |---|---|
-//! | a job changed | its Bundle, its Migration in progress; when an instance stopped, the bundles waiting for capacity in that node's pool; the HotSpareTargets of that pool |
+//! | a job changed | its Bundle, its Migration in progress; the PlacementPool of the node (its used capacity moved) and that pool's HotSpareTargets; when an instance stopped, the bundles waiting for capacity in that pool |
 //! | a start was refused | the job's Bundle |
 //! | a node came, went or changed (inventory included) | bundles waiting on its pool, the pool's HotSpareTargets and PlacementPool, and the bundle or Migration it was provisioned for |
 //! | a migration changed | the Migration driving it |
@@ -235,6 +235,8 @@ fn deliver(ctx: &Context, w: &Wakes) {
             for t in state.wake.spare_targets_of(pool) {
                 let _ = ctx.wake.spare_targets.send(t.clone());
             }
+            // The pool's used capacity moved; its controller debounces a burst into one pass.
+            ctx.wake_pool_controller(pool);
         }
         for id in &w.migrations {
             if let Some(m) = state.wake.migration_by_manager_id(id) {

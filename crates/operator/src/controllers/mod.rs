@@ -230,7 +230,8 @@ impl Context {
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
 
-    /// Wakes the PlacementPool controller for `pool` only (a user of the pool went away).
+    /// Wakes the PlacementPool controller for `pool` only (a user of the pool went away, or its
+    /// used capacity moved).
     pub fn wake_pool_controller(&self, pool: &str) {
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
