@@ -308,19 +308,35 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         http::router(metrics.clone(), readiness.clone()),
         stopped(),
     ));
-    // The debugging API only when asked for, on its own port.
-    let debug_server = config.http.debug_bind_address.map(|addr| {
-        let serving = http::serve(
-            addr,
-            http::debug_router(Arc::new(DebugState(ctx.clone()))),
-            stopped(),
-        );
-        tokio::spawn(async move {
-            if let Err(e) = serving.await {
-                tracing::error!(error = %e, "debugging API stopped");
-            }
-        })
-    });
+    // The debugging API only when asked for, on its own port, and on a thread and runtime of
+    // its own: its handlers read in-memory snapshots only, and a what-if must answer while
+    // every worker of the main runtime is busy with reconciles (a wave of thousands of bundles).
+    let debug_server = match config.http.debug_bind_address {
+        None => None,
+        Some(addr) => {
+            let router = http::debug_router(Arc::new(DebugState(ctx.clone())));
+            let stop = stopped();
+            let thread = std::thread::Builder::new()
+                .name("debug-api".into())
+                .spawn(move || {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build();
+                    match runtime {
+                        Ok(rt) => {
+                            if let Err(e) = rt.block_on(http::serve(addr, router, stop)) {
+                                tracing::error!(error = %e, "debugging API stopped");
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "debugging API: cannot start its runtime")
+                        }
+                    }
+                })
+                .map_err(|e| anyhow::anyhow!("starting the debugging API's thread: {e}"))?;
+            Some(thread)
+        }
+    };
 
     let mut is_leader = election.is_leader.clone();
     tracing::info!(identity = %identity, "waiting for leadership");
@@ -369,7 +385,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     let _ = election.task.await;
     let _ = server.await;
     if let Some(debug_server) = debug_server {
-        let _ = debug_server.await;
+        let _ = tokio::task::spawn_blocking(move || debug_server.join()).await;
     }
     Ok(ExitCode::SUCCESS)
 }
