@@ -1495,6 +1495,145 @@ async fn migration_race() {
     );
 }
 
+/// The phase of each Migration `moving-<i>` in namespace default, in order of `i`.
+async fn migration_phases(stack: &Stack) -> Result<Vec<String>, automanager_e2e::SetupError> {
+    let list = stack.get_json(&["migrations", "-n", "default"]).await?;
+    let mut phases: Vec<(String, String)> = list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| {
+            let name = m["metadata"]["name"].as_str()?;
+            name.starts_with("moving-").then(|| {
+                let phase = m["status"]["phase"].as_str().unwrap_or_default();
+                (name.to_owned(), phase.to_owned())
+            })
+        })
+        .collect();
+    phases.sort();
+    Ok(phases.into_iter().map(|(_, p)| p).collect())
+}
+
+/// Handover migrations in flight when the operator is `kill -9`ed: the sources answer
+/// `cutover-ready` only after 3 s, the kill lands while at least two migrations are past their
+/// target's start and before their cutover, and a new operator takes them over.
+#[tokio::test]
+async fn handover_kill() {
+    const JOBS: usize = 6;
+    let mut rng = Rng(0x0A11_000D);
+    let dir = tempfile::tempdir().unwrap();
+    let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
+    let mut stack = Stack::start_custom(&sim_config, &[], |_| {})
+        .await
+        .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    apply(&stack, &wave("calm", 0, 40, &mut rng, &["gold", "silver"])).await;
+    let mut bundles = String::new();
+    for i in 0..JOBS {
+        bundles.push_str(&format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: moving-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
+        ));
+    }
+    apply(&stack, &bundles).await;
+    for i in 0..JOBS {
+        stack
+            .wait_bundle_phase("default", &format!("moving-{i}"), "Ready", WAIT)
+            .await
+            .unwrap();
+        stack
+            .chaos(&[
+                "migration-behaviour",
+                &format!("default.moving-{i}/0/enc"),
+                "slow-cutover",
+                "3000",
+            ])
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let mut migrations = String::new();
+    for i in 0..JOBS {
+        migrations.push_str(&format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: moving-{i}, namespace: default}}\nspec:\n  job: {{bundle: moving-{i}, replica: 0, jobName: enc}}\n---\n"
+        ));
+    }
+    apply(&stack, &migrations).await;
+    // Migrations of one source node wait for each other, so they do not all run at once: the
+    // kill lands when at least two are mid-handover (past the target's start, before the
+    // source stopped its output), whatever the others are doing.
+    let mid = ["StartingTarget", "TargetReady", "CutoverReady"];
+    let phases = stack
+        .wait_for("two migrations mid-handover", WAIT, || async {
+            let phases = migration_phases(&stack).await?;
+            let n = phases.iter().filter(|p| mid.contains(&p.as_str())).count();
+            Ok((n >= 2).then_some(phases))
+        })
+        .await
+        .unwrap();
+    eprintln!("handover-kill: killing the operator at phases {phases:?}");
+    stack.operator.kill9();
+    restart_operator(&mut stack).await;
+    let restarted = Instant::now();
+    let mut failures = Vec::new();
+    let ended = ["Completed", "Aborted", "Failed"];
+    let finals = stack
+        .wait_for("every migration ended after the restart", WAIT, || async {
+            let finals = migration_phases(&stack).await?;
+            Ok(finals
+                .iter()
+                .all(|p| ended.contains(&p.as_str()))
+                .then_some(finals))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "handover-kill: phases {finals:?} {:.1}s after the restart",
+        restarted.elapsed().as_secs_f64()
+    );
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    for (i, phase) in finals.iter().enumerate() {
+        let m = stack
+            .get_json(&["migration", &format!("moving-{i}"), "-n", "default"])
+            .await
+            .unwrap();
+        eprintln!(
+            "handover-kill: moving-{i} {phase}: {}",
+            serde_json::to_string(&m["status"]["conditions"]).unwrap_or_default()
+        );
+        if phase == "Failed" {
+            failures.push(format!(
+                "moving-{i} Failed: a handover resumed by a new operator must complete or abort"
+            ));
+        }
+        // The new operator took the migration over: Manager started no second target.
+        let h = admin
+            .job_history(JobHistoryRequest {
+                job_id: format!("default.moving-{i}/0/enc"),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let targets = h
+            .starts
+            .iter()
+            .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
+            .count();
+        if targets != 1 {
+            failures.push(format!(
+                "moving-{i}: Manager started {targets} migration targets"
+            ));
+        }
+    }
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = restarted.elapsed();
+    v.merge(&monitor.stop().await.0);
+    report_with(
+        "handover-kill",
+        &v,
+        took,
+        (!failures.is_empty()).then(|| failures.join("\n")),
+    );
+}
+
 /// One generated object per (field, hostile value): `base` with `field` set to the value,
 /// named `<prefix>-<field index>-<value index>`; `(label, object)`.
 fn corpus_of(prefix: &str, base: &Value, fields: &[&str]) -> Vec<(String, Value)> {

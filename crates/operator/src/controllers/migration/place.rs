@@ -102,7 +102,18 @@ impl Run<'_> {
             other_replicas,
             placed_siblings,
         };
-        let decision = self.ctx.state().model.place(&request, now_ms(Utc::now()));
+        let decision = {
+            let state = self.ctx.state();
+            let engine = state.model.engine();
+            // A pool the model has not loaded yet (a freshly started operator, whose
+            // PlacementPool controller has not run) is no reason to abort: wait for it. A pool
+            // that really does not exist stays so until the phase's timeout aborts.
+            if request.pools.iter().any(|p| engine.pool_spec(p).is_none()) {
+                tracing::debug!(pools = ?request.pools, "a pool of the job is not loaded yet; the target waits");
+                return Ok(TargetChoice::Wait);
+            }
+            state.model.place(&request, now_ms(Utc::now()))
+        };
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
