@@ -1349,10 +1349,10 @@ async fn apiserver_restart() {
 /// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
 /// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
 /// one migration target per job; the invariants hold throughout.
-#[tokio::test]
-async fn migration_race() {
-    const PAIRS: usize = 6;
-    let mut rng = Rng(0x0A11_000A);
+/// A stack on the patient sim with 40 calm Bundles and `n` handover Bundles `<prefix>-<i>` on
+/// the fixed pool, each Ready, whose source answers `cutover-ready` only after 3 s. The temporary
+/// directory holds the sim's config and must live as long as the stack.
+async fn slow_handover_stack(mut rng: Rng, prefix: &str, n: usize) -> (Stack, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
     let stack = Stack::start_custom(&sim_config, &[], |_| {})
@@ -1366,26 +1366,33 @@ async fn migration_race() {
     )
     .await;
     let mut bundles = String::new();
-    for i in 0..PAIRS {
+    for i in 0..n {
         bundles.push_str(&format!(
-            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: race-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {prefix}-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
         ));
     }
     apply(&stack, &bundles).await;
-    for i in 0..PAIRS {
+    for i in 0..n {
         stack
-            .wait_bundle_phase("default", &format!("race-{i}"), "Ready", WAIT)
+            .wait_bundle_phase("default", &format!("{prefix}-{i}"), "Ready", WAIT)
             .await
             .unwrap();
         stack
             .chaos(&[
                 "migration-behaviour",
-                &format!("default.race-{i}/0/enc"),
+                &format!("default.{prefix}-{i}/0/enc"),
                 "slow-cutover",
                 "3000",
             ])
             .unwrap();
     }
+    (stack, dir)
+}
+
+#[tokio::test]
+async fn migration_race() {
+    const PAIRS: usize = 6;
+    let (stack, _dir) = slow_handover_stack(Rng(0x0A11_000A), "race", PAIRS).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     // Both of a pair in one request: the apiserver gives them the same creation second.
     let mut migrations = String::new();
@@ -1520,35 +1527,7 @@ async fn migration_phases(stack: &Stack) -> Result<Vec<String>, automanager_e2e:
 #[tokio::test]
 async fn handover_kill() {
     const JOBS: usize = 6;
-    let mut rng = Rng(0x0A11_000D);
-    let dir = tempfile::tempdir().unwrap();
-    let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
-    let mut stack = Stack::start_custom(&sim_config, &[], |_| {})
-        .await
-        .expect("stack");
-    apply_example_pools(&stack).await.unwrap();
-    apply(&stack, &wave("calm", 0, 40, &mut rng, &["gold", "silver"])).await;
-    let mut bundles = String::new();
-    for i in 0..JOBS {
-        bundles.push_str(&format!(
-            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: moving-{i}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: silver}}\n      migration: {{strategy: handover}}\n---\n"
-        ));
-    }
-    apply(&stack, &bundles).await;
-    for i in 0..JOBS {
-        stack
-            .wait_bundle_phase("default", &format!("moving-{i}"), "Ready", WAIT)
-            .await
-            .unwrap();
-        stack
-            .chaos(&[
-                "migration-behaviour",
-                &format!("default.moving-{i}/0/enc"),
-                "slow-cutover",
-                "3000",
-            ])
-            .unwrap();
-    }
+    let (mut stack, _dir) = slow_handover_stack(Rng(0x0A11_000D), "moving", JOBS).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let mut migrations = String::new();
     for i in 0..JOBS {
