@@ -1349,6 +1349,22 @@ async fn apiserver_restart() {
 /// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
 /// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
 /// one migration target per job; the invariants hold throughout.
+/// How many migration targets Manager ever started for `job_id` (the sim's history).
+async fn migration_targets(stack: &Stack, job_id: &str) -> usize {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    let h = admin
+        .job_history(JobHistoryRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    h.starts
+        .iter()
+        .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
+        .count()
+}
+
 /// A stack on the patient sim with 40 calm Bundles and `n` handover Bundles `<prefix>-<i>` on
 /// the fixed pool, each Ready, whose source answers `cutover-ready` only after 3 s. The temporary
 /// directory holds the sim's config and must live as long as the stack.
@@ -1468,19 +1484,7 @@ async fn migration_race() {
             failures.push(format!("race-{i}: {phases}, rejected condition {rejected}"));
         }
         // Manager started one target for the job: the one migration that proceeded.
-        let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
-        let h = admin
-            .job_history(JobHistoryRequest {
-                job_id: format!("default.race-{i}/0/enc"),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let targets = h
-            .starts
-            .iter()
-            .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
-            .count();
+        let targets = migration_targets(&stack, &format!("default.race-{i}/0/enc")).await;
         if targets != 1 {
             failures.push(format!(
                 "race-{i}: Manager started {targets} migration targets"
@@ -1568,7 +1572,6 @@ async fn handover_kill() {
         "handover-kill: phases {finals:?} {:.1}s after the restart",
         restarted.elapsed().as_secs_f64()
     );
-    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
     for (i, phase) in finals.iter().enumerate() {
         let m = stack
             .get_json(&["migration", &format!("moving-{i}"), "-n", "default"])
@@ -1584,18 +1587,7 @@ async fn handover_kill() {
             ));
         }
         // The new operator took the migration over: Manager started no second target.
-        let h = admin
-            .job_history(JobHistoryRequest {
-                job_id: format!("default.moving-{i}/0/enc"),
-            })
-            .await
-            .unwrap()
-            .into_inner();
-        let targets = h
-            .starts
-            .iter()
-            .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
-            .count();
+        let targets = migration_targets(&stack, &format!("default.moving-{i}/0/enc")).await;
         if targets != 1 {
             failures.push(format!(
                 "moving-{i}: Manager started {targets} migration targets"
