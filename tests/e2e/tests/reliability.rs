@@ -325,17 +325,22 @@ async fn stream_cuts() {
     finish(&stack, monitor, "stream-cuts", last_cut).await;
 }
 
-/// The instance starts of a job the sim saw.
-async fn starts(stack: &Stack, job_id: &str) -> usize {
+/// Every instance start of a job the sim saw.
+async fn job_starts(stack: &Stack, job_id: &str) -> Vec<manager_client::proto::InstanceStart> {
     let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
-    let h = admin
+    admin
         .job_history(JobHistoryRequest {
             job_id: job_id.to_owned(),
         })
         .await
         .unwrap()
-        .into_inner();
-    h.starts.len()
+        .into_inner()
+        .starts
+}
+
+/// The number of instance starts of a job the sim saw.
+async fn starts(stack: &Stack, job_id: &str) -> usize {
+    job_starts(stack, job_id).await.len()
 }
 
 /// A crash-looping gold job across operator `kill -9`s: Broken after exactly
@@ -1344,22 +1349,10 @@ async fn apiserver_restart() {
     finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted).await;
 }
 
-/// Pairs of Migrations of one job, each pair created together in one request, while the jobs'
-/// handovers are slow (the source answers `cutover-ready` only after 3 s): exactly one of each
-/// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
-/// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
-/// one migration target per job; the invariants hold throughout.
 /// How many migration targets Manager ever started for `job_id` (the sim's history).
 async fn migration_targets(stack: &Stack, job_id: &str) -> usize {
-    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
-    let h = admin
-        .job_history(JobHistoryRequest {
-            job_id: job_id.to_owned(),
-        })
+    job_starts(stack, job_id)
         .await
-        .unwrap()
-        .into_inner();
-    h.starts
         .iter()
         .filter(|s| s.role() == manager_client::proto::JobRole::MigrationTarget)
         .count()
@@ -1405,6 +1398,11 @@ async fn slow_handover_stack(mut rng: Rng, prefix: &str, n: usize) -> (Stack, te
     (stack, dir)
 }
 
+/// Pairs of Migrations of one job, each pair created together in one request, while the jobs'
+/// handovers are slow (the source answers `cutover-ready` only after 3 s): exactly one of each
+/// pair proceeds and completes, the older one (ties go to the name that sorts first), and the
+/// other is `Rejected` with reason `ConcurrentMigration` naming the first; Manager starts exactly
+/// one migration target per job; the invariants hold throughout.
 #[tokio::test]
 async fn migration_race() {
     const PAIRS: usize = 6;
