@@ -190,13 +190,15 @@ impl<'a> Pass<'a> {
         };
         if !errors.is_empty() {
             // A pool whose object exists but is not loaded yet (operator start-up) is not an error.
-            let pools: Api<api::PlacementPool> = Api::all(ctx.client.clone());
-            for e in &errors {
-                if let pl::ValidationError::UnknownPool { pool, .. } = e
-                    && pools.get_opt(pool).await?.is_some()
-                {
-                    return Ok(Some(Action::requeue(Duration::from_millis(500))));
-                }
+            let unknown: Vec<String> = errors
+                .iter()
+                .filter_map(|e| match e {
+                    pl::ValidationError::UnknownPool { pool, .. } => Some(pool.clone()),
+                    _ => None,
+                })
+                .collect();
+            if super::pool_not_loaded_yet(ctx, &unknown).await? {
+                return Ok(Some(Action::requeue(Duration::from_millis(500))));
             }
             let message = api::bounded::join_bounded(
                 &errors.iter().map(ToString::to_string).collect::<Vec<_>>(),

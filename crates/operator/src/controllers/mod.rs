@@ -68,6 +68,19 @@ pub enum Error {
     ProvisioningPaused(String),
 }
 
+/// Whether one of `pools`, which the placement model does not know, has a PlacementPool
+/// object: the operator is starting and its PlacementPool controller has not loaded it yet, so
+/// whoever needs it waits rather than calling the pool missing.
+pub(crate) async fn pool_not_loaded_yet(ctx: &Context, pools: &[String]) -> Result<bool, Error> {
+    let api: kube::Api<api::PlacementPool> = kube::Api::all(ctx.client.clone());
+    for pool in pools {
+        if api.get_opt(pool).await?.is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 impl Error {
     /// A short stable name for metrics.
     pub fn metric_label(&self) -> &'static str {

@@ -102,18 +102,23 @@ impl Run<'_> {
             other_replicas,
             placed_siblings,
         };
-        let decision = {
+        // A pool whose object exists but is not loaded yet (operator start-up) is no reason to
+        // abort, as for a Bundle: wait for it. A pool that does not exist still aborts.
+        let unknown: Vec<String> = {
             let state = self.ctx.state();
             let engine = state.model.engine();
-            // A pool the model has not loaded yet (a freshly started operator, whose
-            // PlacementPool controller has not run) is no reason to abort: wait for it. A pool
-            // that really does not exist stays so until the phase's timeout aborts.
-            if request.pools.iter().any(|p| engine.pool_spec(p).is_none()) {
-                tracing::debug!(pools = ?request.pools, "a pool of the job is not loaded yet; the target waits");
-                return Ok(TargetChoice::Wait);
-            }
-            state.model.place(&request, now_ms(Utc::now()))
+            request
+                .pools
+                .iter()
+                .filter(|p| engine.pool_spec(p).is_none())
+                .cloned()
+                .collect()
         };
+        if crate::controllers::pool_not_loaded_yet(self.ctx, &unknown).await? {
+            tracing::debug!(pools = ?unknown, "a pool of the job is not loaded yet; the target waits");
+            return Ok(TargetChoice::Wait);
+        }
+        let decision = self.ctx.state().model.place(&request, now_ms(Utc::now()));
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
