@@ -131,17 +131,16 @@ async fn a_gold_recovery_takes_a_spare_which_is_then_replaced() {
         ),
     )
     .await;
-    stack
+    // The target's count and the ManagerNode mirror are written by different controllers:
+    // wait for both before reading which node is the spare.
+    let spare = stack
         .wait_for("one live gold spare", WAIT, || async {
             let t = stack.get_json(&["hotsparetarget", "gold-east"]).await?;
-            Ok((t["status"]["liveSpares"] == 1).then_some(()))
+            let live = live_spare_nodes(&stack, "aws-east").await;
+            Ok((t["status"]["liveSpares"] == 1 && live.len() == 1).then(|| live[0].clone()))
         })
         .await
         .unwrap();
-    let spare = live_spare_nodes(&stack, "aws-east")
-        .await
-        .pop()
-        .expect("a spare");
 
     // A first placement never lands on a spare: the gold job gets an ordinary node.
     apply(
