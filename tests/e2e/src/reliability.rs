@@ -11,7 +11,15 @@
 //!   bronze job, recorded in its status);
 //! - **overcapacity**: a node whose capacity-holding instances exceed its capacity or cores;
 //! - **orphans**: a bundle registered in Manager under one of the operator's ids whose Bundle
-//!   object is gone.
+//!   object is gone; a job with a live instance that no Bundle's spec asks for; a node the
+//!   operator created (its tags name the owner) for a Bundle or HotSpareTarget that is gone,
+//!   running nothing;
+//! - **rules**: a hard placement rule of a Bundle broken by where its jobs run (inter-replica
+//!   and intra-replica `different` node or zone, intra-replica `same` node or zone,
+//!   `coLocateWith`, `separateFrom`);
+//! - **disagreements**: a Bundle's status that says something else than Manager about where a
+//!   job runs (it says `running` on a node Manager does not run it on, or Manager runs it and
+//!   the status says another state or node).
 //!
 //! [`check`] is pure (hand-made [`World`]s in the unit tests); [`observe`] builds a `World` from
 //! the running stack, [`Monitor`] samples Manager continuously while faults are injected, and
@@ -24,6 +32,8 @@ use std::time::{Duration, Instant};
 use manager_client::proto::sim_admin_client::SimAdminClient;
 use manager_client::proto::{self as pb, JobHistoryRequest};
 use manager_client::{ClientConfig, ManagerClient, MirrorState};
+
+use automanager_policy::orphans::{NodeOwner, node_owner};
 
 use crate::SetupError;
 use crate::stack::Stack;
@@ -65,6 +75,8 @@ pub struct NodeFact {
     pub terminated: bool,
     pub capacity: f64,
     pub cores: i32,
+    /// Who the operator created it for, as its tags say (`None`: not created by the operator).
+    pub owner: Option<NodeOwner>,
 }
 
 /// One instance of a Manager job.
@@ -105,6 +117,34 @@ pub struct BundleFact {
     pub job_names: Vec<String>,
     /// (replica, job name) whose status says `dropped`.
     pub dropped: BTreeSet<(u32, String)>,
+    /// The hard placement rules of its spec.
+    pub rules: HardRules,
+    /// What its status says of each (replica, job name): the state and the node.
+    pub status: BTreeMap<(u32, String), StatusJob>,
+}
+
+/// One job as a Bundle's status reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StatusJob {
+    /// `status.replicas[].jobs[].state` (`running`, `failed`, `dropped`, ...).
+    pub state: String,
+    pub node_id: Option<String>,
+}
+
+/// The rules of a Bundle's spec that must hold wherever its jobs run (the `hard` ones; `same`
+/// between replicas is not checked: it binds a replica to wherever the others happened to be).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct HardRules {
+    pub inter_different_node: bool,
+    pub inter_different_zone: bool,
+    pub intra_same_node: bool,
+    pub intra_different_node: bool,
+    pub intra_same_zone: bool,
+    pub intra_different_zone: bool,
+    /// (job, job) pairs of `coLocateWith`.
+    pub co_locate: Vec<(String, String)>,
+    /// (job, job) pairs of `separateFrom`.
+    pub separate: Vec<(String, String)>,
 }
 
 /// Everything the invariants read at one moment.
@@ -115,6 +155,8 @@ pub struct World {
     /// Bundle ids registered in Manager.
     pub manager_bundles: Vec<String>,
     pub bundles: Vec<BundleFact>,
+    /// The HotSpareTarget names, when they were read (`None`: spare nodes are not checked).
+    pub spare_targets: Option<BTreeSet<String>>,
 }
 
 /// What is broken, one entry per violation, each saying which object and why.
@@ -124,21 +166,34 @@ pub struct Violations {
     pub lost: BTreeSet<String>,
     pub overcapacity: BTreeSet<String>,
     pub orphans: BTreeSet<String>,
+    pub rules: BTreeSet<String>,
+    pub disagreements: BTreeSet<String>,
 }
 
 impl Violations {
-    /// Nothing broken.
-    pub fn is_clean(&self) -> bool {
-        self.duplicates.is_empty()
-            && self.lost.is_empty()
-            && self.overcapacity.is_empty()
-            && self.orphans.is_empty()
+    fn kinds(&self) -> [(&'static str, &BTreeSet<String>); 6] {
+        [
+            ("duplicate", &self.duplicates),
+            ("lost", &self.lost),
+            ("overcapacity", &self.overcapacity),
+            ("orphan", &self.orphans),
+            ("rule", &self.rules),
+            ("disagreement", &self.disagreements),
+        ]
     }
 
-    /// Nothing broken but jobs not running: for a scenario in which some are down on purpose
-    /// (the caller says which).
+    /// Nothing broken.
+    pub fn is_clean(&self) -> bool {
+        self.kinds().iter().all(|(_, set)| set.is_empty())
+    }
+
+    /// Nothing broken but jobs not running (and statuses still catching up): for a check while
+    /// some jobs are down on purpose (the caller says which), so nothing has settled.
     pub fn nothing_but_lost(&self) -> bool {
-        self.duplicates.is_empty() && self.overcapacity.is_empty() && self.orphans.is_empty()
+        self.duplicates.is_empty()
+            && self.overcapacity.is_empty()
+            && self.orphans.is_empty()
+            && self.rules.is_empty()
     }
 
     /// Adds what `other` found (a monitor's samples to the final check).
@@ -147,30 +202,31 @@ impl Violations {
         self.lost.extend(other.lost.iter().cloned());
         self.overcapacity.extend(other.overcapacity.iter().cloned());
         self.orphans.extend(other.orphans.iter().cloned());
+        self.rules.extend(other.rules.iter().cloned());
+        self.disagreements
+            .extend(other.disagreements.iter().cloned());
     }
 
-    /// The scenario's one line: `reliability scenario=... ok=... duplicates=... ...`.
+    /// The scenario's one line: `reliability scenario=... ok=... duplicates=... ... settle_s=...`,
+    /// then the broken rules and status disagreements.
     pub fn line(&self, scenario: &str, settle: Duration) -> String {
         format!(
-            "reliability scenario={scenario} ok={} duplicates={} lost={} overcapacity={} orphans={} settle_s={:.1}",
+            "reliability scenario={scenario} ok={} duplicates={} lost={} overcapacity={} orphans={} settle_s={:.1} rules={} disagreements={}",
             self.is_clean(),
             self.duplicates.len(),
             self.lost.len(),
             self.overcapacity.len(),
             self.orphans.len(),
-            settle.as_secs_f64()
+            settle.as_secs_f64(),
+            self.rules.len(),
+            self.disagreements.len(),
         )
     }
 
     /// Every violation, for a failure message (at most 20 of each kind).
     pub fn details(&self) -> String {
         let mut out = String::new();
-        for (kind, set) in [
-            ("duplicate", &self.duplicates),
-            ("lost", &self.lost),
-            ("overcapacity", &self.overcapacity),
-            ("orphan", &self.orphans),
-        ] {
+        for (kind, set) in self.kinds() {
             for v in set.iter().take(20) {
                 out.push_str(&format!("{kind}: {v}\n"));
             }
@@ -313,7 +369,244 @@ pub fn check(world: &World) -> Violations {
                 .insert(format!("{id}: registered, no Bundle object"));
         }
     }
+    check_orphaned_jobs_and_nodes(world, &mut v);
+    let running = running_positions(world);
+    for b in world.bundles.iter().filter(|b| !b.deleting && !b.invalid) {
+        check_rules(b, &running, &mut v);
+        if !b.broken {
+            check_status(b, &running, &mut v);
+        }
+    }
     v
+}
+
+/// Where each job runs: (bundle, replica, job) → (node, zone) of its running normal instance on
+/// a started node.
+type Positions<'a> = BTreeMap<(&'a str, u32, &'a str), (&'a str, &'a str)>;
+
+fn running_positions(world: &World) -> Positions<'_> {
+    let zones: BTreeMap<&str, &str> = world
+        .nodes
+        .iter()
+        .filter(|n| n.started)
+        .map(|n| (n.id.as_str(), n.zone.as_str()))
+        .collect();
+    let mut out = Positions::new();
+    for j in &world.jobs {
+        let running = j.instances.iter().find_map(|i| {
+            (i.normal && i.state == InstanceState::Running)
+                .then(|| zones.get_key_value(i.node_id.as_str()))
+                .flatten()
+        });
+        if let Some((node, zone)) = running {
+            out.insert(
+                (j.bundle_id.as_str(), j.replica, j.job_name.as_str()),
+                (*node, *zone),
+            );
+        }
+    }
+    out
+}
+
+/// Manager jobs with a live instance that no Bundle's spec asks for, and nodes the operator
+/// created for an owner that is gone which run nothing.
+fn check_orphaned_jobs_and_nodes(world: &World, v: &mut Violations) {
+    let objects: BTreeMap<&str, &BundleFact> =
+        world.bundles.iter().map(|b| (b.id.as_str(), b)).collect();
+    for j in &world.jobs {
+        let ours = j
+            .bundle_id
+            .split_once('.')
+            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty());
+        if !ours || !j.instances.iter().any(|i| i.state.holds_capacity()) {
+            continue;
+        }
+        let asked = objects.get(j.bundle_id.as_str()).is_some_and(|b| {
+            b.deleting || (j.replica < b.replicas && b.job_names.contains(&j.job_name))
+        });
+        if !asked {
+            v.orphans.insert(format!(
+                "{}/{}/{}: runs, no Bundle spec asks for it",
+                j.bundle_id, j.replica, j.job_name
+            ));
+        }
+    }
+    let mut busy: BTreeSet<&str> = BTreeSet::new();
+    for j in &world.jobs {
+        for i in j.instances.iter().filter(|i| i.state.holds_capacity()) {
+            busy.insert(i.node_id.as_str());
+        }
+    }
+    for n in world
+        .nodes
+        .iter()
+        .filter(|n| !n.terminated && !busy.contains(n.id.as_str()))
+    {
+        let gone = match &n.owner {
+            Some(NodeOwner::BundleReplica(id)) => !objects.contains_key(id.as_str()),
+            Some(NodeOwner::SpareTarget(t)) => world
+                .spare_targets
+                .as_ref()
+                .is_some_and(|targets| !targets.contains(t)),
+            // A migration's target node is its Migration's to remove; not checked here.
+            Some(NodeOwner::Migration(_)) | None => false,
+        };
+        if gone {
+            v.orphans.insert(format!(
+                "node {}: created for {:?}, which is gone, and runs nothing",
+                n.id, n.owner
+            ));
+        }
+    }
+}
+
+/// The bundle's hard rules against where its jobs run.
+fn check_rules(b: &BundleFact, running: &Positions<'_>, v: &mut Violations) {
+    let at = |replica: u32, job: &str| running.get(&(b.id.as_str(), replica, job)).copied();
+    let r = &b.rules;
+    let mut broken = |what: String| {
+        v.rules.insert(format!("{}: {what}", b.id));
+    };
+    // Between replicas: every job of one against every job of another.
+    for r1 in 0..b.replicas {
+        for r2 in r1 + 1..b.replicas {
+            for j1 in &b.job_names {
+                for j2 in &b.job_names {
+                    let (Some((n1, z1)), Some((n2, z2))) = (at(r1, j1), at(r2, j2)) else {
+                        continue;
+                    };
+                    if r.inter_different_node && n1 == n2 {
+                        broken(format!(
+                            "replicas {r1} and {r2} must use different nodes; {j1} and {j2} share {n1}"
+                        ));
+                    }
+                    if r.inter_different_zone && z1 == z2 {
+                        broken(format!(
+                            "replicas {r1} and {r2} must use different zones; {j1} and {j2} share {z1}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    // Within a replica: jobs of one co-located group share a node by design, so `different`
+    // applies between groups (as the placement engine reads it).
+    let group = co_located_groups(b);
+    for replica in 0..b.replicas {
+        for (i, j1) in b.job_names.iter().enumerate() {
+            for j2 in b.job_names.iter().skip(i + 1) {
+                let (Some((n1, z1)), Some((n2, z2))) = (at(replica, j1), at(replica, j2)) else {
+                    continue;
+                };
+                let same_group = group.get(j1.as_str()) == group.get(j2.as_str());
+                let mut rule = |holds: bool, what: &str| {
+                    if !holds {
+                        broken(format!(
+                            "replica {replica}: {j1} on {n1} ({z1}) and {j2} on {n2} ({z2}) break {what}"
+                        ));
+                    }
+                };
+                if r.intra_same_node {
+                    rule(n1 == n2, "intra-replica same node");
+                }
+                if r.intra_same_zone {
+                    rule(z1 == z2, "intra-replica same zone");
+                }
+                if r.intra_different_node && !same_group {
+                    rule(n1 != n2, "intra-replica different node");
+                }
+                if r.intra_different_zone && !same_group {
+                    rule(z1 != z2, "intra-replica different zone");
+                }
+            }
+        }
+        for (j1, j2) in &r.co_locate {
+            if let (Some((n1, _)), Some((n2, _))) = (at(replica, j1), at(replica, j2))
+                && n1 != n2
+            {
+                broken(format!(
+                    "replica {replica}: {j1} on {n1} must be co-located with {j2} on {n2}"
+                ));
+            }
+        }
+        for (j1, j2) in &r.separate {
+            if let (Some((n1, _)), Some((n2, _))) = (at(replica, j1), at(replica, j2))
+                && n1 == n2
+            {
+                broken(format!(
+                    "replica {replica}: {j1} must be separate from {j2}; both on {n1}"
+                ));
+            }
+        }
+    }
+}
+
+/// Each job's co-located group (`coLocateWith`, transitively), as the index of its first job.
+fn co_located_groups(b: &BundleFact) -> BTreeMap<&str, usize> {
+    let mut group: BTreeMap<&str, usize> = b
+        .job_names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
+    // Few jobs per bundle: relabel until nothing changes.
+    loop {
+        let mut changed = false;
+        for (a, c) in &b.rules.co_locate {
+            if let (Some(&ga), Some(&gc)) = (group.get(a.as_str()), group.get(c.as_str()))
+                && ga != gc
+            {
+                let (lo, hi) = (ga.min(gc), ga.max(gc));
+                for g in group.values_mut() {
+                    if *g == hi {
+                        *g = lo;
+                    }
+                }
+                changed = true;
+            }
+        }
+        if !changed {
+            return group;
+        }
+    }
+}
+
+/// The bundle's status against where Manager runs its jobs.
+fn check_status(b: &BundleFact, running: &Positions<'_>, v: &mut Violations) {
+    for replica in 0..b.replicas {
+        for name in &b.job_names {
+            let manager = running.get(&(b.id.as_str(), replica, name.as_str()));
+            let status = b.status.get(&(replica, name.clone()));
+            let says = status.map_or_else(
+                || "nothing".to_owned(),
+                |s| {
+                    format!(
+                        "{} on {}",
+                        s.state,
+                        s.node_id.as_deref().unwrap_or("no node")
+                    )
+                },
+            );
+            let agrees = match (manager, status) {
+                (Some((node, _)), Some(s)) => {
+                    s.state == "running" && s.node_id.as_deref() == Some(*node)
+                }
+                (Some(_), None) => false,
+                (None, Some(s)) => s.state != "running",
+                (None, None) => true,
+            };
+            if !agrees {
+                let runs = manager.map_or_else(
+                    || "runs no instance".to_owned(),
+                    |(node, _)| format!("runs it on {node}"),
+                );
+                v.disagreements.insert(format!(
+                    "{}/{replica}/{name}: Manager {runs}, the status says {says}",
+                    b.id
+                ));
+            }
+        }
+    }
 }
 
 // ───────────────────────────── reading the stack ─────────────────────────────
@@ -339,6 +632,7 @@ pub fn manager_facts(state: &MirrorState) -> (Vec<NodeFact>, Vec<JobFact>, Vec<S
             terminated: n.state() == pb::NodeState::Terminated,
             capacity: n.inventory.as_ref().map_or(0.0, |i| i.capacity),
             cores: n.inventory.as_ref().map_or(0, |i| i.cores),
+            owner: node_owner(|k| n.tags.get(k).map(String::as_str)),
         })
         .collect();
     let jobs = state
@@ -411,9 +705,70 @@ pub fn bundle_facts(list: &serde_json::Value) -> Vec<BundleFact> {
                     .filter_map(|j| j["jobName"].as_str().map(str::to_owned))
                     .collect(),
                 dropped,
+                rules: hard_rules(&b["spec"]),
+                status: status_jobs(&b["status"]),
             }
         })
         .collect()
+}
+
+/// The hard rules of a Bundle's spec (JSON), with the API's defaults where a field is absent:
+/// different nodes between replicas (hard), nothing within one.
+fn hard_rules(spec: &serde_json::Value) -> HardRules {
+    let hard = |rules: &serde_json::Value, scope: &str, relation: &str| {
+        rules[scope]["relation"] == relation && rules[scope]["enforcement"] == "hard"
+    };
+    let inter = &spec["interReplicaPlacement"];
+    let intra = &spec["intraReplicaPlacement"];
+    let pairs = |key: &str| -> Vec<(String, String)> {
+        spec["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|j| {
+                let name = j["jobName"].as_str().unwrap_or_default().to_owned();
+                j[key]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.as_str())
+                    .map(move |t| (name.clone(), t.to_owned()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    HardRules {
+        inter_different_node: inter.is_null() || hard(inter, "node", "different"),
+        inter_different_zone: hard(inter, "zone", "different"),
+        intra_same_node: hard(intra, "node", "same"),
+        intra_different_node: hard(intra, "node", "different"),
+        intra_same_zone: hard(intra, "zone", "same"),
+        intra_different_zone: hard(intra, "zone", "different"),
+        co_locate: pairs("coLocateWith"),
+        separate: pairs("separateFrom"),
+    }
+}
+
+/// What a Bundle's status (JSON) says of each (replica, job name).
+fn status_jobs(status: &serde_json::Value) -> BTreeMap<(u32, String), StatusJob> {
+    let mut out = BTreeMap::new();
+    for r in status["replicas"].as_array().into_iter().flatten() {
+        let Some(replica) = r["replica"].as_u64().and_then(|n| u32::try_from(n).ok()) else {
+            continue;
+        };
+        for j in r["jobs"].as_array().into_iter().flatten() {
+            if let Some(name) = j["jobName"].as_str() {
+                out.insert(
+                    (replica, name.to_owned()),
+                    StatusJob {
+                        state: j["state"].as_str().unwrap_or_default().to_owned(),
+                        node_id: j["nodeId"].as_str().map(str::to_owned),
+                    },
+                );
+            }
+        }
+    }
+    out
 }
 
 async fn mirror_of(endpoint: &str) -> Result<MirrorState, SetupError> {
@@ -476,11 +831,19 @@ pub async fn observe(stack: &Stack) -> Result<World, SetupError> {
     let (nodes, mut jobs, manager_bundles) = manager_facts(&state);
     add_history(&stack.sim_endpoint, &mut jobs).await?;
     let list = stack.get_json(&["bundles", "-A"]).await?;
+    let targets = stack.get_json(&["hotsparetargets"]).await?;
+    let spare_targets = targets["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
     Ok(World {
         nodes,
         jobs,
         manager_bundles,
         bundles: bundle_facts(&list),
+        spare_targets: Some(spare_targets),
     })
 }
 
@@ -533,6 +896,7 @@ impl Monitor {
                         jobs,
                         manager_bundles,
                         bundles: Vec::new(),
+                        spare_targets: None,
                     });
                     if let Ok(mut s) = seen.lock() {
                         s.merge(&v);
@@ -568,6 +932,7 @@ impl Monitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use automanager_policy::ids::BundleId;
 
     fn node(id: &str, capacity: f64, cores: i32) -> NodeFact {
         NodeFact {
@@ -577,6 +942,7 @@ mod tests {
             terminated: false,
             capacity,
             cores,
+            owner: None,
         }
     }
 
@@ -600,17 +966,30 @@ mod tests {
         }
     }
 
+    /// A Bundle with the API's default rules (replicas on different nodes) whose status says
+    /// nothing yet.
     fn bundle(id: &str, replicas: u32, jobs: &[&str]) -> BundleFact {
         BundleFact {
             id: id.into(),
             replicas,
             job_names: jobs.iter().map(|j| (*j).to_owned()).collect(),
+            rules: hard_rules(&serde_json::json!({})),
             ..BundleFact::default()
         }
     }
 
-    /// One bundle of two replicas of `enc`, each running on its own node.
+    fn says(state: &str, node: &str) -> StatusJob {
+        StatusJob {
+            state: state.into(),
+            node_id: Some(node.into()),
+        }
+    }
+
+    /// One bundle of two replicas of `enc`, each running on its own node, as its status says.
     fn healthy() -> World {
+        let mut b = bundle("ns.b", 2, &["enc"]);
+        b.status.insert((0, "enc".into()), says("running", "n1"));
+        b.status.insert((1, "enc".into()), says("running", "n2"));
         World {
             nodes: vec![node("n1", 100.0, 16), node("n2", 100.0, 16)],
             jobs: vec![
@@ -618,7 +997,8 @@ mod tests {
                 job("ns.b", 1, "enc", vec![inst("n2", InstanceState::Running)]),
             ],
             manager_bundles: vec!["ns.b".into()],
-            bundles: vec![bundle("ns.b", 2, &["enc"])],
+            bundles: vec![b],
+            spare_targets: Some(BTreeSet::new()),
         }
     }
 
@@ -628,7 +1008,7 @@ mod tests {
         assert!(v.is_clean(), "{}", v.details());
         assert_eq!(
             v.line("x", Duration::from_millis(1500)),
-            "reliability scenario=x ok=true duplicates=0 lost=0 overcapacity=0 orphans=0 settle_s=1.5"
+            "reliability scenario=x ok=true duplicates=0 lost=0 overcapacity=0 orphans=0 settle_s=1.5 rules=0 disagreements=0"
         );
     }
 
@@ -767,8 +1147,199 @@ mod tests {
                 replicas: 2,
                 job_names: vec!["enc".into(), "pkg".into()],
                 dropped: [(1, "enc".to_owned())].into_iter().collect(),
+                rules: HardRules {
+                    inter_different_node: true,
+                    ..HardRules::default()
+                },
+                status: [
+                    (
+                        (1, "enc".to_owned()),
+                        StatusJob {
+                            state: "dropped".into(),
+                            node_id: None
+                        }
+                    ),
+                    (
+                        (1, "pkg".to_owned()),
+                        StatusJob {
+                            state: "running".into(),
+                            node_id: None
+                        }
+                    ),
+                ]
+                .into_iter()
+                .collect(),
             }]
         );
+    }
+
+    #[test]
+    fn hard_rules_read_the_spec_with_the_api_defaults() {
+        let spec = serde_json::json!({
+            "interReplicaPlacement": {"node": {"relation": "same", "enforcement": "soft"},
+                                      "zone": {"relation": "different", "enforcement": "hard"}},
+            "intraReplicaPlacement": {"node": {"relation": "different", "enforcement": "hard"},
+                                      "zone": {"relation": "same", "enforcement": "soft"}},
+            "jobs": [{"jobName": "a", "coLocateWith": ["b"]}, {"jobName": "c", "separateFrom": ["a"]}]
+        });
+        assert_eq!(
+            hard_rules(&spec),
+            HardRules {
+                inter_different_zone: true,
+                intra_different_node: true,
+                co_locate: vec![("a".into(), "b".into())],
+                separate: vec![("c".into(), "a".into())],
+                ..HardRules::default()
+            }
+        );
+        // Absent: different nodes between replicas, hard (the TypeScript library's default).
+        assert!(hard_rules(&serde_json::json!({})).inter_different_node);
+    }
+
+    #[test]
+    fn replicas_sharing_a_node_break_the_default_rule_and_zone_rules_are_checked_too() {
+        let mut w = healthy();
+        w.jobs[1].instances[0].node_id = "n1".into();
+        w.bundles[0]
+            .status
+            .insert((1, "enc".into()), says("running", "n1"));
+        let v = check(&w);
+        assert_eq!(v.rules.len(), 1, "{}", v.details());
+        assert!(v.rules.iter().all(|r| r.contains("different nodes")));
+        assert!(v.disagreements.is_empty(), "{}", v.details());
+
+        // Different nodes in one zone: fine by default, broken by a hard different-zone rule.
+        let mut w = healthy();
+        assert!(check(&w).rules.is_empty());
+        w.bundles[0].rules.inter_different_zone = true;
+        assert_eq!(check(&w).rules.len(), 1);
+    }
+
+    #[test]
+    fn intra_replica_rules_treat_a_co_located_group_as_one() {
+        let mut b = bundle("ns.g", 1, &["a", "b", "c"]);
+        b.rules.intra_different_node = true;
+        b.rules.co_locate = vec![("a".into(), "b".into())];
+        b.rules.separate = vec![("c".into(), "a".into())];
+        for (j, n) in [("a", "n1"), ("b", "n1"), ("c", "n2")] {
+            b.status.insert((0, j.into()), says("running", n));
+        }
+        let mut w = World {
+            nodes: vec![node("n1", 100.0, 16), node("n2", 100.0, 16)],
+            jobs: vec![
+                job("ns.g", 0, "a", vec![inst("n1", InstanceState::Running)]),
+                job("ns.g", 0, "b", vec![inst("n1", InstanceState::Running)]),
+                job("ns.g", 0, "c", vec![inst("n2", InstanceState::Running)]),
+            ],
+            manager_bundles: vec!["ns.g".into()],
+            bundles: vec![b],
+            spare_targets: None,
+        };
+        let v = check(&w);
+        assert!(v.is_clean(), "{}", v.details());
+
+        // c joins a on n1: separateFrom and intra different-node both break.
+        w.jobs[2].instances[0].node_id = "n1".into();
+        w.bundles[0]
+            .status
+            .insert((0, "c".into()), says("running", "n1"));
+        let v = check(&w);
+        assert_eq!(v.rules.len(), 3, "{}", v.details());
+        // b leaves a: coLocateWith breaks.
+        w.jobs[1].instances[0].node_id = "n2".into();
+        w.bundles[0]
+            .status
+            .insert((0, "b".into()), says("running", "n2"));
+        assert!(check(&w).rules.iter().any(|r| r.contains("co-located")));
+    }
+
+    #[test]
+    fn a_status_that_says_otherwise_than_manager_is_a_disagreement() {
+        let mut w = healthy();
+        w.bundles[0]
+            .status
+            .insert((0, "enc".into()), says("starting", "n1"));
+        w.bundles[0]
+            .status
+            .insert((1, "enc".into()), says("running", "n9"));
+        let v = check(&w);
+        assert_eq!(v.disagreements.len(), 2, "{}", v.details());
+        assert!(
+            v.disagreements
+                .iter()
+                .any(|d| d == "ns.b/1/enc: Manager runs it on n2, the status says running on n9")
+        );
+
+        // Running by the status, nowhere in Manager: lost, and the status disagrees.
+        let mut w = healthy();
+        w.jobs[0].instances[0].state = InstanceState::Ended;
+        let v = check(&w);
+        assert_eq!(
+            (v.lost.len(), v.disagreements.len()),
+            (1, 1),
+            "{}",
+            v.details()
+        );
+        // A status catching up is not a violation of the invariants a fault may not break.
+        assert!(v.nothing_but_lost() || !v.lost.is_empty());
+        w.bundles[0]
+            .status
+            .insert((0, "enc".into()), says("failed", "n1"));
+        assert!(check(&w).disagreements.is_empty());
+        // A Broken bundle's status is its own: not compared.
+        w.bundles[0].broken = true;
+        w.bundles[0].status.clear();
+        assert!(check(&w).disagreements.is_empty());
+    }
+
+    #[test]
+    fn unasked_jobs_and_nodes_whose_owner_is_gone_are_orphans() {
+        let mut w = healthy();
+        // A third replica the spec no longer asks for, still running.
+        w.nodes.push(node("n3", 100.0, 16));
+        w.jobs.push(job(
+            "ns.b",
+            2,
+            "enc",
+            vec![inst("n3", InstanceState::Running)],
+        ));
+        // An idle node provisioned for a deleted bundle, one for a deleted spare target, one for
+        // a live target, and one nobody tagged.
+        let tagged = |id: &str, owner: Option<NodeOwner>| NodeFact {
+            owner,
+            ..node(id, 100.0, 16)
+        };
+        let gone = BundleId::parse("ns.gone").expect("an id");
+        w.nodes
+            .push(tagged("e1", Some(NodeOwner::BundleReplica(gone))));
+        w.nodes
+            .push(tagged("s1", Some(NodeOwner::SpareTarget("old".into()))));
+        w.nodes
+            .push(tagged("s2", Some(NodeOwner::SpareTarget("kept".into()))));
+        w.nodes.push(tagged("x1", None));
+        w.spare_targets = Some(["kept".to_owned()].into_iter().collect());
+        let v = check(&w);
+        assert_eq!(
+            v.orphans.iter().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "node e1: created for Some(BundleReplica(BundleId(\"ns.gone\"))), which is gone, and runs nothing",
+                "node s1: created for Some(SpareTarget(\"old\")), which is gone, and runs nothing",
+                "ns.b/2/enc: runs, no Bundle spec asks for it",
+            ],
+            "{}",
+            v.details()
+        );
+        // Without the spare targets read, spare nodes are not judged.
+        w.spare_targets = None;
+        assert_eq!(check(&w).orphans.len(), 2);
+        // A node that runs something is never an orphan.
+        w.jobs.push(job(
+            "ns.b",
+            1,
+            "enc",
+            vec![inst("e1", InstanceState::Stopping)],
+        ));
+        assert_eq!(check(&w).orphans.len(), 1);
     }
 
     #[test]
@@ -782,7 +1353,7 @@ mod tests {
         assert!(!a.is_clean());
         assert_eq!(
             a.line("s", Duration::ZERO),
-            "reliability scenario=s ok=false duplicates=0 lost=1 overcapacity=0 orphans=1 settle_s=0.0"
+            "reliability scenario=s ok=false duplicates=0 lost=1 overcapacity=0 orphans=1 settle_s=0.0 rules=0 disagreements=0"
         );
         assert!(a.details().contains("lost: x"));
     }

@@ -82,6 +82,20 @@ fn wave(prefix: &str, start: usize, count: usize, rng: &mut Rng, bands: &[&str])
         .collect()
 }
 
+/// The suite's operator settings: the orphan sweep looks every 2 s with a 10 s grace (the
+/// default is 1 min and 5 min), so what a deletion or a fault left behind is removed within a
+/// scenario's settle and the checker can hold it to "no orphans once settled".
+fn suite_settings(c: &mut serde_json::Map<String, serde_json::Value>) {
+    c.insert(
+        "orphanSweep".into(),
+        serde_json::json!({"enabled": true, "grace": "10s", "interval": "2s"}),
+    );
+}
+
+async fn suite_stack() -> Stack {
+    Stack::start_with(suite_settings).await.expect("stack")
+}
+
 async fn kubectl(stack: &Stack, args: &[&str]) {
     let out = stack.env.run_kubectl(args).await.unwrap();
     assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
@@ -128,7 +142,7 @@ async fn finish(stack: &Stack, monitor: Monitor, scenario: &str, since: Instant)
 #[tokio::test]
 async fn operator_kill() {
     let mut rng = Rng(0x0A11_0001);
-    let mut stack = Stack::start().await.expect("stack");
+    let mut stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let n = wave_size();
@@ -197,7 +211,7 @@ async fn operator_kill() {
 #[tokio::test]
 async fn zone_outage() {
     let mut rng = Rng(0x0A11_0002);
-    let stack = Stack::start().await.expect("stack");
+    let stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let n = wave_size().min(80);
     apply(&stack, &wave("zone", 0, n, &mut rng, &["gold", "silver"])).await;
@@ -287,7 +301,7 @@ fn is_gold(j: &manager_client::proto::Job) -> bool {
 #[tokio::test]
 async fn stream_cuts() {
     let mut rng = Rng(0x0A11_0003);
-    let stack = Stack::start().await.expect("stack");
+    let stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
@@ -349,7 +363,7 @@ async fn starts(stack: &Stack, job_id: &str) -> usize {
 async fn restart_storm() {
     const MAX: u64 = 3;
     let mut rng = Rng(0x0A11_0004);
-    let mut stack = Stack::start().await.expect("stack");
+    let mut stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     apply(&stack, &wave("calm", 0, 20, &mut rng, &["gold", "silver"])).await;
     apply(
@@ -543,6 +557,7 @@ async fn leader_pause() {
         &[],
         Some(kubeconfigs[0].clone()),
         |c| {
+            suite_settings(c);
             c.insert(
                 "leaderElection".into(),
                 serde_json::json!({"enabled": true, "leaseNamespace": "default",
@@ -868,7 +883,7 @@ async fn create_each(
 /// after all); the operator keeps running and a valid Bundle created first is untouched.
 #[tokio::test]
 async fn hostile_input() {
-    let mut stack = Stack::start().await.expect("stack");
+    let mut stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let anchor = valid_bundle("anchor");
     apply(&stack, &anchor.to_string()).await;
@@ -988,7 +1003,7 @@ async fn hostile_input() {
 /// an answer in its status like any other.
 #[tokio::test]
 async fn hostile_deep_config() {
-    let stack = Stack::start().await.expect("stack");
+    let stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let mut b = valid_bundle("deep");
     set(&mut b, "/spec/jobs/0/config", nested(200));
@@ -1051,7 +1066,7 @@ async fn stack_with_restartable_sim(state_dir: &Path) -> Stack {
             "--listen",
             &listen,
         ],
-        |_| {},
+        suite_settings,
     )
     .await
     .expect("stack")
@@ -1265,6 +1280,7 @@ async fn apiserver_pause() {
     const PAUSE: Duration = Duration::from_secs(15);
     let mut rng = Rng(0x0A11_0008);
     let mut stack = Stack::start_with(|c| {
+        suite_settings(c);
         c.insert(
             "leaderElection".into(),
             serde_json::json!({"enabled": true, "leaseNamespace": "default",
@@ -1320,7 +1336,7 @@ async fn apiserver_pause() {
 #[tokio::test]
 async fn apiserver_restart() {
     let mut rng = Rng(0x0A11_0009);
-    let mut stack = Stack::start().await.expect("stack");
+    let mut stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let n = wave_size();
@@ -1364,7 +1380,7 @@ async fn migration_targets(stack: &Stack, job_id: &str) -> usize {
 async fn slow_handover_stack(mut rng: Rng, prefix: &str, n: usize) -> (Stack, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
-    let stack = Stack::start_custom(&sim_config, &[], |_| {})
+    let stack = Stack::start_custom(&sim_config, &[], suite_settings)
         .await
         .expect("stack");
     apply_example_pools(&stack).await.unwrap();
@@ -1634,7 +1650,7 @@ fn unclear_refusal(err: &str) -> bool {
 /// valid Bundle created first keeps its one start.
 #[tokio::test]
 async fn hostile_objects() {
-    let mut stack = Stack::start().await.expect("stack");
+    let mut stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     apply(&stack, &valid_bundle("anchor").to_string()).await;
     let mut victim = valid_bundle("victim");
@@ -1983,7 +1999,7 @@ async fn soak() {
     const BASE: usize = 100;
     const WARM_UP: Duration = Duration::from_secs(60);
     let mut rng = Rng(0x0A11_000B);
-    let stack = Stack::start().await.expect("stack");
+    let stack = suite_stack().await;
     apply_example_pools(&stack).await.unwrap();
     apply(
         &stack,
