@@ -24,6 +24,13 @@ use clap::{Parser, Subcommand};
 use futures::FutureExt;
 use tokio::sync::watch;
 
+// jemalloc rather than glibc's malloc: the operator's heap is many small, long-lived objects
+// (the mirror, reflector stores, placement reservations) that churn on every watch event, and
+// glibc's per-thread arenas fragment under that pattern (docs/architecture.md, "Memory").
+#[cfg(all(target_os = "linux", not(target_env = "musl")))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "automanager-operator",
