@@ -46,7 +46,8 @@
 //!   tell which job ids are live on this worker.
 //! * Connections are capped: at most `max_connections` at once, at most
 //!   `max_connections_per_peer` from one IP address. One over a cap is answered
-//!   `HTTP/1.1 503` and closed before the WebSocket upgrade, costing no task.
+//!   `HTTP/1.1 503` and closed before the WebSocket upgrade, costing no task. The accept queue
+//!   is as long as `max_connections`, so a burst is queued and answered rather than dropped.
 //! * An authenticated connection from which nothing arrives (no frame, not even the pong to the
 //!   listener's ping, sent every third of `idle_timeout`) for `idle_timeout` is closed with 1001:
 //!   a job whose host vanished does not hold its slot forever. WebSocket libraries answer pings
@@ -77,7 +78,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use subtle::ConstantTimeEq;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_tungstenite::WebSocketStream;
@@ -450,9 +451,8 @@ impl JobSocketListener {
     pub async fn bind(
         config: ListenerConfig,
     ) -> Result<(Self, mpsc::Receiver<ListenerEvent>), ListenerError> {
-        let tcp = TcpListener::bind(config.bind)
-            .await
-            .map_err(|source| ListenerError::Bind {
+        let tcp =
+            listen(config.bind, config.max_connections).map_err(|source| ListenerError::Bind {
                 addr: config.bind,
                 source,
             })?;
@@ -600,6 +600,22 @@ impl ListenerHandle {
             migration: i.migration.clone(),
         })
     }
+}
+
+/// Binds with an accept queue as long as the connection cap (the kernel clips it to
+/// `net.core.somaxconn`): a burst of connections is then queued and each gets its slot or its
+/// 503, where the default queue of 1,024 drops the rest of a burst and leaves those peers
+/// waiting on the kernel's SYN-ACK retries with no answer at all.
+fn listen(addr: SocketAddr, max_connections: usize) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted worker rebinds its port at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(u32::try_from(max_connections.max(128)).unwrap_or(u32::MAX))
 }
 
 async fn accept_loop(tcp: TcpListener, shared: Arc<Shared>) {

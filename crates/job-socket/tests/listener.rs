@@ -972,6 +972,46 @@ async fn a_flood_of_connections_is_refused_and_the_listener_keeps_serving_jobs()
     open_connections(&w, 1).await;
 }
 
+/// 1,500 connections from one peer opened at once, more than the accept queue a listener gets
+/// by default (1,024): every one is answered, a slot (closed at the hello timeout) or a 503,
+/// none left waiting on the kernel's SYN-ACK retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_connections_is_queued_and_every_one_is_answered() {
+    // Slots are held until the hello timeout, so the whole burst meets a full peer cap.
+    let config = ListenerConfig {
+        hello_timeout: Duration::from_secs(3),
+        ..ListenerConfig::loopback()
+    };
+    let w = Worker::start(config).await;
+    let addr = w.listener.local_addr();
+    let connect = |_| async move {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 7], 0)))
+            .expect("bind");
+        tokio::time::timeout(WAIT, socket.connect(addr))
+            .await
+            .expect("connected in time")
+            .expect("connect")
+    };
+    let mut burst = futures::future::join_all((0..1_500).map(connect)).await;
+    let answers = futures::future::join_all(
+        burst
+            .iter_mut()
+            .map(|s| refusal(s, Duration::from_secs(10))),
+    )
+    .await;
+    let unanswered = answers.iter().filter(|a| a.is_none()).count();
+    let busy = answers
+        .iter()
+        .flatten()
+        .filter(|a| a.starts_with("HTTP/1.1 503"))
+        .count();
+    assert_eq!(unanswered, 0, "{busy} refused with 503");
+    // The peer's cap (1,024) held: the rest were refused.
+    assert_eq!(busy, 1_500 - 1_024);
+}
+
 #[tokio::test]
 async fn an_authenticated_job_that_sends_nothing_not_even_a_pong_is_closed_after_the_idle_timeout()
 {

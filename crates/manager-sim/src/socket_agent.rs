@@ -141,6 +141,9 @@ impl SocketAgent {
             return Err(SocketAgentError::Config(problems));
         }
         let (listener, events) = JobSocketListener::bind(ListenerConfig::loopback()).await?;
+        // The address in the message itself, so a test can read it from the log whatever the
+        // log's format.
+        tracing::info!("job socket listener bound on {}", listener.local_addr());
         let shared = Arc::new(Shared {
             handle: listener.handle(),
             addr: listener.local_addr(),

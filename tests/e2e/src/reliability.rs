@@ -360,11 +360,8 @@ pub fn check(world: &World) -> Violations {
     }
     let objects: BTreeSet<&str> = world.bundles.iter().map(|b| b.id.as_str()).collect();
     for id in &world.manager_bundles {
-        // Only ids of the operator's form (`<namespace>.<name>`) can be its orphans.
-        let ours = id
-            .split_once('.')
-            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty());
-        if ours && !objects.contains(id.as_str()) {
+        // Only ids of the operator's form can be its orphans.
+        if operator_id(id) && !objects.contains(id.as_str()) {
             v.orphans
                 .insert(format!("{id}: registered, no Bundle object"));
         }
@@ -378,6 +375,12 @@ pub fn check(world: &World) -> Violations {
         }
     }
     v
+}
+
+/// Whether a Manager bundle id is of the operator's form, `<namespace>.<name>`.
+pub fn operator_id(id: &str) -> bool {
+    id.split_once('.')
+        .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty())
 }
 
 /// Where each job runs: (bundle, replica, job) → (node, zone) of its running normal instance on
@@ -414,11 +417,7 @@ fn check_orphaned_jobs_and_nodes(world: &World, v: &mut Violations) {
     let objects: BTreeMap<&str, &BundleFact> =
         world.bundles.iter().map(|b| (b.id.as_str(), b)).collect();
     for j in &world.jobs {
-        let ours = j
-            .bundle_id
-            .split_once('.')
-            .is_some_and(|(ns, name)| !ns.is_empty() && !name.is_empty());
-        if !ours || !j.instances.iter().any(|i| i.state.holds_capacity()) {
+        if !operator_id(&j.bundle_id) || !j.instances.iter().any(|i| i.state.holds_capacity()) {
             continue;
         }
         let asked = objects.get(j.bundle_id.as_str()).is_some_and(|b| {

@@ -2048,3 +2048,198 @@ async fn soak() {
     });
     report_with("soak", &v, took, grew);
 }
+
+/// Where the sim's job socket listener is, from its log.
+async fn job_socket_addr(stack: &Stack) -> std::net::SocketAddr {
+    stack
+        .wait_for("the sim's job socket address", WAIT, || async {
+            Ok(stack.sim.log_text().lines().find_map(|l| {
+                l.split_once("job socket listener bound on ")
+                    .and_then(|(_, addr)| addr.trim().parse().ok())
+            }))
+        })
+        .await
+        .unwrap()
+}
+
+/// How many times Manager started a normal instance of each of the operator's jobs.
+async fn normal_starts(stack: &Stack) -> std::collections::BTreeMap<String, usize> {
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let mut out = std::collections::BTreeMap::new();
+    for j in state.jobs.values() {
+        let id = format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name);
+        let n = job_starts(stack, &id)
+            .await
+            .iter()
+            .filter(|s| s.role() != manager_client::proto::JobRole::MigrationTarget)
+            .count();
+        out.insert(id, n);
+    }
+    out
+}
+
+/// Rounds of `per_round` silent TCP connections from 127.0.0.9 to the job socket, each round
+/// held for 2 s and then dropped, until `stop`; the last round is kept and returned.
+fn flood_until(
+    addr: std::net::SocketAddr,
+    per_round: usize,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<(usize, Vec<tokio::net::TcpStream>)> {
+    tokio::spawn(async move {
+        let mut rounds = 0;
+        loop {
+            let held = automanager_e2e::hostile_peers::flood([127, 0, 0, 9], addr, per_round).await;
+            rounds += 1;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if *stop.borrow() {
+                return (rounds, held);
+            }
+        }
+    })
+}
+
+/// What a held flood connection got: `Some(answer)` once the listener refused or closed it.
+async fn flood_answer(stream: &mut tokio::net::TcpStream) -> Option<String> {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await {
+        Ok(_) => Some(String::from_utf8_lossy(&answer).into_owned()),
+        Err(_) => None,
+    }
+}
+
+/// Hostile peers beside the operator: a rogue gRPC client sends a corpus of malformed,
+/// oversized and out-of-range requests to Manager (on ids the operator does not use), and
+/// hostile WebSocket clients and rounds of 1,500 silent connections from one address hit the job
+/// socket listener while three handover Migrations run over it. Every request and connection
+/// gets a clear answer; an unknown instance and a wrong token get the same one; the operator
+/// keeps running; the handovers complete; no valid Bundle's job is started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_peers() {
+    use automanager_e2e::hostile_peers::{SocketAnswer, hostile_client, rogue_grpc, socket_corpus};
+    const JOBS: usize = 3;
+    let (mut stack, _dir) = slow_handover_stack(Rng(0x0A11_000E), "peer", JOBS).await;
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let addr = job_socket_addr(&stack).await;
+    let starts_before = normal_starts(&stack).await;
+    let mut failures = Vec::new();
+
+    // The rogue gRPC client.
+    let tally = rogue_grpc(&stack.sim_endpoint).await.unwrap();
+    eprintln!(
+        "hostile-peers: gRPC: {} refused with a clear status, {} accepted ({:?}), {} unclear",
+        tally.refused,
+        tally.accepted.len(),
+        tally.accepted,
+        tally.unclear.len()
+    );
+    failures.extend(
+        tally
+            .unclear
+            .iter()
+            .map(|u| format!("unclear gRPC answer: {u}")),
+    );
+
+    // The flood starts, the handovers start under it, the hostile clients come in between.
+    let (stop_flood, stop) = tokio::sync::watch::channel(false);
+    let flood = flood_until(addr, 1_500, stop);
+    let mut migrations = String::new();
+    for i in 0..JOBS {
+        migrations.push_str(&format!(
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: peer-{i}, namespace: default}}\nspec:\n  job: {{bundle: peer-{i}, replica: 0, jobName: enc}}\n---\n"
+        ));
+    }
+    apply(&stack, &migrations).await;
+    let mut answers = Vec::new();
+    for (what, path, frames) in socket_corpus("default.peer-0/0/enc") {
+        let answer = hostile_client(addr, &path, frames).await;
+        eprintln!("hostile-peers: {what}: {answer:?}");
+        let clear = match &answer {
+            SocketAnswer::Closed(code, reason) => (4000..5000).contains(code) && !reason.is_empty(),
+            SocketAnswer::Refused(status) => !status.is_empty(),
+            SocketAnswer::Nothing => false,
+        };
+        if !clear {
+            failures.push(format!("job socket, {what}: no clear answer ({answer:?})"));
+        }
+        answers.push((what, answer));
+    }
+    let answer_of = |what: &str| {
+        answers
+            .iter()
+            .find(|(w, _)| w == what)
+            .map(|(_, a)| a.clone())
+    };
+    if answer_of("an unknown instance") != answer_of("a live instance, wrong token") {
+        failures.push(format!(
+            "an unknown instance and a wrong token are answered differently: {:?} / {:?}",
+            answer_of("an unknown instance"),
+            answer_of("a live instance, wrong token")
+        ));
+    }
+    let phases = stack
+        .wait_for("every handover ended under the flood", WAIT, || async {
+            let mut out = Vec::with_capacity(JOBS);
+            for i in 0..JOBS {
+                let m = stack
+                    .get_json(&["migration", &format!("peer-{i}"), "-n", "default"])
+                    .await?;
+                out.push(m["status"]["phase"].as_str().unwrap_or_default().to_owned());
+            }
+            let ended = ["Completed", "Aborted", "Failed", "Rejected"];
+            Ok(out
+                .iter()
+                .all(|p| ended.contains(&p.as_str()))
+                .then_some(out))
+        })
+        .await
+        .unwrap();
+    stop_flood.send(true).unwrap();
+    let (rounds, mut last) = flood.await.unwrap();
+    let answers = futures::future::join_all(last.iter_mut().map(flood_answer)).await;
+    let (mut refused, mut closed, mut hanging) = (0, 0, 0);
+    for a in answers {
+        match a {
+            Some(a) if a.starts_with("HTTP/1.1 503") => refused += 1,
+            Some(_) => closed += 1,
+            None => hanging += 1,
+        }
+    }
+    eprintln!(
+        "hostile-peers: flood: {rounds} rounds of 1500; the last ({} connected): {refused} refused with 503, {closed} closed by the listener, {hanging} left open; migrations {phases:?}",
+        last.len()
+    );
+    // One peer gets at most its cap (1,024) at once: the rest of a round is refused.
+    if refused == 0 {
+        failures.push("no flood connection was refused: the per-peer cap did not hold".to_owned());
+    }
+    if hanging > 0 {
+        failures.push(format!(
+            "{hanging} flood connections were neither refused nor closed"
+        ));
+    }
+    if phases.iter().any(|p| p != "Completed") {
+        failures.push(format!("the handovers under the flood ended {phases:?}"));
+    }
+    if !stack.operator.running() {
+        failures.push("the operator exited".to_owned());
+    }
+    let started_again: Vec<String> = normal_starts(&stack)
+        .await
+        .into_iter()
+        .filter(|(id, n)| starts_before.get(id).is_some_and(|b| b != n))
+        .map(|(id, n)| format!("{id}: {n} starts"))
+        .collect();
+    if !started_again.is_empty() {
+        failures.push(format!("jobs started again: {started_again:?}"));
+    }
+    let since = Instant::now();
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    v.merge(&monitor.stop().await.0);
+    report_with(
+        "hostile-peers",
+        &v,
+        since.elapsed(),
+        (!failures.is_empty()).then(|| failures.join("\n")),
+    );
+}
