@@ -86,6 +86,12 @@ pub struct InstanceFact {
     /// The job's ordinary instance (not a migration target).
     pub normal: bool,
     pub state: InstanceState,
+    /// When it started (with the job and the node, what tells one instance from another).
+    pub started_at_ms: i64,
+    /// The (capacity, cores) it holds, when known: what the job required when the instance was
+    /// first seen. A job registered again with new requirements (a Bundle deleted and created
+    /// again under its name) keeps its older instances at what they took when they started.
+    pub reserved: Option<(f64, i32)>,
 }
 
 /// A Manager job: one replica of one job name of a bundle.
@@ -276,9 +282,12 @@ pub fn check_manager(world: &World) -> Violations {
     let mut used: BTreeMap<&str, (f64, i64)> = BTreeMap::new();
     for j in &world.jobs {
         for i in j.instances.iter().filter(|i| i.state.holds_capacity()) {
+            let (capacity, cores) = i
+                .reserved
+                .unwrap_or((j.required_capacity, j.required_cores));
             let u = used.entry(&i.node_id).or_default();
-            u.0 += j.required_capacity;
-            u.1 += i64::from(j.required_cores);
+            u.0 += capacity;
+            u.1 += i64::from(cores);
         }
     }
     for n in world.nodes.iter().filter(|n| !n.terminated) {
@@ -652,6 +661,8 @@ pub fn manager_facts(state: &MirrorState) -> (Vec<NodeFact>, Vec<JobFact>, Vec<S
                         node_id: i.node_id.clone(),
                         normal: i.is_normal(),
                         state: instance_state(i.state()),
+                        started_at_ms: i.started_at_ms,
+                        reserved: None,
                     })
                     .collect(),
                 max_running_ever: None,
@@ -862,6 +873,37 @@ pub async fn settle(
     }
 }
 
+/// What each instance the monitor has seen holds: the job's requirement when the instance was
+/// first seen, by (bundle, replica, job, node, start time).
+#[derive(Default)]
+struct Reservations(BTreeMap<InstanceKey, (f64, i32)>);
+
+/// (bundle, replica, job name, node, start time): one instance.
+type InstanceKey = (String, u32, String, String, i64);
+
+impl Reservations {
+    /// Records the instances seen for the first time and sets every instance's reservation.
+    fn apply(&mut self, jobs: &mut [JobFact]) {
+        let mut live = BTreeSet::new();
+        for j in jobs.iter_mut() {
+            let now = (j.required_capacity, j.required_cores);
+            for i in &mut j.instances {
+                let key = (
+                    j.bundle_id.clone(),
+                    j.replica,
+                    j.job_name.clone(),
+                    i.node_id.clone(),
+                    i.started_at_ms,
+                );
+                i.reserved = Some(*self.0.entry(key.clone()).or_insert(now));
+                live.insert(key);
+            }
+        }
+        // Instances Manager no longer reports are forgotten, so the memo stays bounded.
+        self.0.retain(|k, _| live.contains(k));
+    }
+}
+
 /// Samples Manager's state in the background ([`check_manager`] on every revision, at most
 /// every 100 ms) and keeps every violation it saw.
 pub struct Monitor {
@@ -888,8 +930,10 @@ impl Monitor {
             let mirror = client.mirror().clone();
             let mut revisions = mirror.revisions();
             tokio::spawn(async move {
+                let mut reservations = Reservations::default();
                 loop {
-                    let (nodes, jobs, manager_bundles) = mirror.read(manager_facts);
+                    let (nodes, mut jobs, manager_bundles) = mirror.read(manager_facts);
+                    reservations.apply(&mut jobs);
                     let v = check_manager(&World {
                         nodes,
                         jobs,
@@ -950,6 +994,8 @@ mod tests {
             node_id: node.into(),
             normal: true,
             state,
+            started_at_ms: 0,
+            reserved: None,
         }
     }
 
@@ -1034,9 +1080,8 @@ mod tests {
 
         let mut w = healthy();
         w.jobs[0].instances.push(InstanceFact {
-            node_id: "n2".into(),
             normal: false,
-            state: InstanceState::Running,
+            ..inst("n2", InstanceState::Running)
         });
         w.jobs[1]
             .instances
@@ -1074,6 +1119,35 @@ mod tests {
         w.nodes[0].capacity = 10.0;
         w.jobs[0].instances.push(inst("n1", InstanceState::Ended));
         assert!(check(&w).overcapacity.is_empty());
+    }
+
+    #[test]
+    fn an_instance_holds_what_its_job_required_when_it_was_first_seen() {
+        // A stopping instance of the old Bundle (10 capacity) and a new one after the Bundle
+        // was created again asking 60, on a node of 75: not over, each holds its own.
+        let mut w = healthy();
+        w.nodes[0].capacity = 75.0;
+        w.jobs[0].instances[0].state = InstanceState::Stopping;
+        let mut memo = Reservations::default();
+        memo.apply(&mut w.jobs);
+        w.jobs[0].required_capacity = 60.0;
+        w.jobs[0].instances.push(InstanceFact {
+            started_at_ms: 5,
+            ..inst("n1", InstanceState::Starting)
+        });
+        memo.apply(&mut w.jobs);
+        assert_eq!(w.jobs[0].instances[0].reserved, Some((10.0, 1)));
+        assert_eq!(w.jobs[0].instances[1].reserved, Some((60.0, 1)));
+        assert!(check_manager(&w).overcapacity.is_empty());
+        // Without the memo both would be charged 60.
+        for i in &mut w.jobs[0].instances {
+            i.reserved = None;
+        }
+        assert_eq!(check_manager(&w).overcapacity.len(), 1);
+        // A gone instance is forgotten.
+        w.jobs[0].instances.truncate(1);
+        memo.apply(&mut w.jobs);
+        assert_eq!(memo.0.len(), 2);
     }
 
     #[test]
