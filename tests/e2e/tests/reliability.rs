@@ -2243,3 +2243,170 @@ async fn hostile_peers() {
         (!failures.is_empty()).then(|| failures.join("\n")),
     );
 }
+
+/// One Bundle of the `load` scenario: 2 replicas of `enc` and `pkg` (3-12 capacity, 1 core),
+/// gold or silver, on one or two of the three fleet pools. The first pools are picked in
+/// proportion to the pools' sizes (5 : 3 : 2), so every pool is about as full as the fleet (60 %
+/// of its capacity at full size) and a Bundle limited to one pool finds room there.
+fn load_bundle(name: &str, rng: &mut Rng) -> String {
+    let pools = rng.pick(&[
+        "[la]", "[la]", "[la, lb]", "[la, lc]", "[la, lb]", "[lb]", "[lb, la]", "[lb, lc]", "[lc]",
+        "[lc, la]",
+    ]);
+    let mut jobs = String::new();
+    for job in ["enc", "pkg"] {
+        jobs.push_str(&format!(
+            "    - jobName: {job}\n      requirements: {{requiredCapacity: {}, requiredCores: 1, priorityBand: {}}}\n",
+            rng.range(3, 12),
+            rng.pick(&["gold", "silver"])
+        ));
+    }
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 2\n  pools: {pools}\n  jobs:\n{jobs}---\n"
+    )
+}
+
+/// A number from the environment, or `default`.
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
+}
+
+/// A fleet-sized load: 2,000 Bundles of 2 replicas × 2 jobs (8,000 jobs) over 1,000 sim nodes
+/// in three fixed pools, applied in chunks of 250; once settled, a tenth of them deleted (their
+/// finalizers waited for) and created again with new requirements while one name is created and
+/// deleted in a loop. `RELIABILITY_LOAD_BUNDLES` and `RELIABILITY_LOAD_NODES` change the size.
+#[tokio::test]
+async fn load() {
+    use automanager_e2e::bench::{FleetPool, fleet_sim_config};
+    let bundles = env_or("RELIABILITY_LOAD_BUNDLES", 2_000);
+    let nodes = env_or("RELIABILITY_LOAD_NODES", 1_000).max(10);
+    let mut rng = Rng(0x0A11_000F);
+    let pools = [
+        FleetPool::new("la", nodes / 2, 100, 16),
+        FleetPool::new("lb", nodes * 3 / 10, 100, 16),
+        FleetPool::new("lc", nodes - nodes / 2 - nodes * 3 / 10, 100, 16),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("manager-sim.yaml");
+    std::fs::write(&config, fleet_sim_config(&pools)).unwrap();
+    let stack = Stack::start_custom(&config, &["--no-job-socket"], suite_settings)
+        .await
+        .expect("stack");
+    for p in &pools {
+        apply(&stack, &p.placement_pool("spread")).await;
+    }
+    for p in &pools {
+        stack
+            .wait_for(&format!("pool {} with its nodes", p.name), WAIT, || async {
+                let obj = stack.get_json(&["placementpool", &p.name]).await?;
+                Ok((obj["status"]["nodeCount"].as_u64() == Some(p.nodes as u64)).then_some(()))
+            })
+            .await
+            .unwrap();
+    }
+    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    let name = |i: usize| format!("load-{i:05}");
+    let started = Instant::now();
+    for start in (0..bundles).step_by(250) {
+        let chunk: String = (start..(start + 250).min(bundles))
+            .map(|i| load_bundle(&name(i), &mut rng))
+            .collect();
+        apply(&stack, &chunk).await;
+    }
+    let (v, _) = settle(&stack, SETTLE).await.unwrap();
+    eprintln!(
+        "load: {bundles} Bundles over {nodes} nodes settled {:.1} s after the first create ({})",
+        started.elapsed().as_secs_f64(),
+        if v.is_clean() { "clean" } else { "NOT clean" }
+    );
+    explain_lost(&stack, &v).await;
+
+    // Churn: a create/delete race on one name beside a tenth deleted and created again.
+    let race_yaml = load_bundle("load-race", &mut Rng(0x0A11_0010));
+    let race = async {
+        for _ in 0..20 {
+            // Either may be refused (created while the last one is still being deleted): the
+            // race is the point, not each step.
+            let _ = stack.env.apply_yaml(&race_yaml).await;
+            let _ = stack
+                .env
+                .run_kubectl([
+                    "delete",
+                    "bundle",
+                    "load-race",
+                    "-n",
+                    "default",
+                    "--wait=false",
+                ])
+                .await;
+        }
+    };
+    let churned: Vec<String> = (0..bundles).step_by(10).map(name).collect();
+    let churn = async {
+        let mut delete = vec!["delete", "bundle", "-n", "default"];
+        delete.extend(churned.iter().map(String::as_str));
+        kubectl(&stack, &delete).await;
+        let again: String = churned.iter().map(|n| load_bundle(n, &mut rng)).collect();
+        apply(&stack, &again).await;
+    };
+    tokio::join!(race, churn);
+    // The race's last word was a delete: wait for it to be gone before judging orphans.
+    stack
+        .wait_for("load-race deleted", WAIT, || async {
+            let out = stack
+                .env
+                .run_kubectl([
+                    "get",
+                    "bundle",
+                    "load-race",
+                    "-n",
+                    "default",
+                    "--ignore-not-found",
+                    "-o",
+                    "name",
+                ])
+                .await
+                .map_err(|e| automanager_e2e::SetupError(e.to_string()))?;
+            Ok(out.stdout.trim().is_empty().then_some(()))
+        })
+        .await
+        .unwrap();
+    eprintln!(
+        "load: {} deleted and created again, 20 create/delete races",
+        churned.len()
+    );
+    let since = Instant::now();
+    let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
+    let took = since.elapsed();
+    v.merge(&monitor.stop().await.0);
+    explain_lost(&stack, &v).await;
+    report("load", &v, took);
+}
+
+/// For the first lost job's Bundle: its status, and what the logs say of it.
+async fn explain_lost(stack: &Stack, v: &Violations) {
+    let Some((ns, name)) = v
+        .lost
+        .iter()
+        .next()
+        .and_then(|l| l.split('/').next())
+        .and_then(|id| id.split_once('.'))
+    else {
+        return;
+    };
+    let b = stack
+        .get_json(&["bundle", name, "-n", ns])
+        .await
+        .unwrap_or_default();
+    eprintln!(
+        "lost {ns}/{name}: generation {}, uid {}, status {}",
+        b["metadata"]["generation"],
+        b["metadata"]["uid"],
+        serde_json::to_string(&b["status"]).unwrap_or_default()
+    );
+    print_log_lines(stack, name);
+}
