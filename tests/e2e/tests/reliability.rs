@@ -1520,8 +1520,11 @@ async fn migration_race() {
     );
 }
 
-/// The phase of each Migration `moving-<i>` in namespace default, in order of `i`.
-async fn migration_phases(stack: &Stack) -> Result<Vec<String>, automanager_e2e::SetupError> {
+/// The phase of each Migration `<prefix><i>` in namespace default, in order of name.
+async fn migration_phases(
+    stack: &Stack,
+    prefix: &str,
+) -> Result<Vec<String>, automanager_e2e::SetupError> {
     let list = stack.get_json(&["migrations", "-n", "default"]).await?;
     let mut phases: Vec<(String, String)> = list["items"]
         .as_array()
@@ -1529,7 +1532,7 @@ async fn migration_phases(stack: &Stack) -> Result<Vec<String>, automanager_e2e:
         .flatten()
         .filter_map(|m| {
             let name = m["metadata"]["name"].as_str()?;
-            name.starts_with("moving-").then(|| {
+            name.starts_with(prefix).then(|| {
                 let phase = m["status"]["phase"].as_str().unwrap_or_default();
                 (name.to_owned(), phase.to_owned())
             })
@@ -1560,7 +1563,7 @@ async fn handover_kill() {
     let mid = ["StartingTarget", "TargetReady", "CutoverReady"];
     let phases = stack
         .wait_for("two migrations mid-handover", WAIT, || async {
-            let phases = migration_phases(&stack).await?;
+            let phases = migration_phases(&stack, "moving-").await?;
             let n = phases.iter().filter(|p| mid.contains(&p.as_str())).count();
             Ok((n >= 2).then_some(phases))
         })
@@ -1574,7 +1577,7 @@ async fn handover_kill() {
     let ended = ["Completed", "Aborted", "Failed"];
     let finals = stack
         .wait_for("every migration ended after the restart", WAIT, || async {
-            let finals = migration_phases(&stack).await?;
+            let finals = migration_phases(&stack, "moving-").await?;
             Ok(finals
                 .iter()
                 .all(|p| ended.contains(&p.as_str()))
@@ -2179,18 +2182,12 @@ async fn hostile_peers() {
     }
     let phases = stack
         .wait_for("every handover ended under the flood", WAIT, || async {
-            let mut out = Vec::with_capacity(JOBS);
-            for i in 0..JOBS {
-                let m = stack
-                    .get_json(&["migration", &format!("peer-{i}"), "-n", "default"])
-                    .await?;
-                out.push(m["status"]["phase"].as_str().unwrap_or_default().to_owned());
-            }
+            let phases = migration_phases(&stack, "peer-").await?;
             let ended = ["Completed", "Aborted", "Failed", "Rejected"];
-            Ok(out
-                .iter()
-                .all(|p| ended.contains(&p.as_str()))
-                .then_some(out))
+            Ok(
+                (phases.len() == JOBS && phases.iter().all(|p| ended.contains(&p.as_str())))
+                    .then_some(phases),
+            )
         })
         .await
         .unwrap();
