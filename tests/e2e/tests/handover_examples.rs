@@ -161,9 +161,11 @@ async fn hand_over(stack: &Stack, logs_dir: &Path, bundle: &str) {
         "source: {source:#?}\ntarget: {target:#?}"
     );
     assert_eq!(producing["handovers"], 1.0);
-    // The job now runs on the target node, and the bundle is whole.
+    // The job now runs on the target node, and the bundle is whole. The Bundle was Ready on the
+    // source too, and its status follows Manager's events: wait until it has left the source.
+    let source_node = m["status"]["sourceNode"].as_str().expect("a source node");
     let b = stack
-        .wait_bundle_phase("default", bundle, "Ready", WAIT)
+        .wait_bundle_ready_off("default", bundle, source_node, WAIT)
         .await
         .unwrap();
     assert_eq!(
