@@ -392,13 +392,8 @@ fn clear(status: &tonic::Status) -> bool {
 /// Sends the whole corpus, and Watch requests with hostile resume points, epochs and heartbeat
 /// intervals, to the Manager at `endpoint`; deletes whatever bundle it managed to register.
 pub async fn rogue_grpc(endpoint: &str) -> Result<GrpcTally, SetupError> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| SetupError(e.to_string()))?
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(20))
-        .connect()
-        .await
-        .map_err(|e| SetupError(format!("connecting to Manager: {e}")))?;
+    let channel =
+        crate::reliability::sim_channel(endpoint, Duration::from_secs(20), "Manager").await?;
     let client = Grpc::new(channel).max_decoding_message_size(64 * 1024 * 1024);
     let mut tally = GrpcTally::default();
     let mut judge = |what: String, outcome: Result<(), tonic::Status>| match outcome {

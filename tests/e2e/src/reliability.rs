@@ -792,17 +792,27 @@ async fn mirror_of(endpoint: &str) -> Result<MirrorState, SetupError> {
     Ok(state)
 }
 
+/// A gRPC channel to the sim at `endpoint` (5 s to connect), each call bounded by `timeout`;
+/// `what` names the API in the error.
+pub async fn sim_channel(
+    endpoint: &str,
+    timeout: Duration,
+    what: &str,
+) -> Result<tonic::transport::Channel, SetupError> {
+    tonic::transport::Endpoint::from_shared(endpoint.to_owned())
+        .map_err(|e| SetupError(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(timeout)
+        .connect()
+        .await
+        .map_err(|e| SetupError(format!("connecting to {what}: {e}")))
+}
+
 /// A client of the sim's fault-injection API (`SimAdmin`) at `endpoint`.
 pub async fn sim_admin(
     endpoint: &str,
 ) -> Result<SimAdminClient<tonic::transport::Channel>, SetupError> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_owned())
-        .map_err(|e| SetupError(e.to_string()))?
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .map_err(|e| SetupError(format!("connecting to the sim's admin API: {e}")))?;
+    let channel = sim_channel(endpoint, Duration::from_secs(10), "the sim's admin API").await?;
     Ok(SimAdminClient::new(channel))
 }
 

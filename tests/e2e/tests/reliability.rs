@@ -29,11 +29,7 @@ const WAIT: Duration = Duration::from_secs(180);
 
 /// The size of a wave: `RELIABILITY_BUNDLES`, default 200.
 fn wave_size() -> usize {
-    std::env::var("RELIABILITY_BUNDLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|n| *n > 0)
-        .unwrap_or(200)
+    env_or("RELIABILITY_BUNDLES", 200)
 }
 
 /// splitmix64: a fixed seed gives the same wave on every run.
@@ -2263,7 +2259,7 @@ fn load_bundle(name: &str, rng: &mut Rng) -> String {
     )
 }
 
-/// A number from the environment, or `default`.
+/// A positive whole number from the environment, or `default`.
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
