@@ -5,7 +5,7 @@
 //!
 //! | Manager change | wakes |
 //! |---|---|
-//! | a job changed | its Bundle, its Migration in progress; the PlacementPool of the node (its used capacity moved) and that pool's HotSpareTargets; when an instance stopped, the bundles waiting for capacity in that pool |
+//! | a job changed | its Bundle (held until the end of a pass of it running now, then only if the pass did not see it), its Migration in progress; the PlacementPool of the node (its used capacity moved) and that pool's HotSpareTargets; when an instance stopped, the bundles waiting for capacity in that pool |
 //! | a start was refused | the job's Bundle |
 //! | a node came, went or changed (inventory included) | bundles waiting on its pool, the pool's HotSpareTargets and PlacementPool, and the bundle or Migration it was provisioned for |
 //! | a migration changed | the Migration driving it |
@@ -209,9 +209,16 @@ fn deliver(ctx: &Context, w: &Wakes) {
         let _ = ctx.wake.node_sync.try_send(());
         return;
     }
-    for b in &w.bundles {
-        if let Some(r) = bundle_ref(b) {
-            let _ = ctx.wake.bundles.send(r);
+    {
+        // A bundle in a pass now gets the change when the pass ends, and only if the pass did
+        // not already see it (see `WakeIndex::hold_for_pass`).
+        let mut state = ctx.state();
+        for b in &w.bundles {
+            if let Some(r) = bundle_ref(b)
+                && !state.wake.hold_for_pass(&r)
+            {
+                let _ = ctx.wake.bundles.send(r);
+            }
         }
     }
     for tag in &w.provisioned_for {
@@ -484,8 +491,8 @@ async fn publish_snapshots(ctx: Arc<Context>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let mut state = ctx.state();
-        ctx.snapshot.refresh(&mut state);
+        let retired = ctx.snapshot.refresh(&mut ctx.state());
+        drop(retired);
     }
 }
 
@@ -532,9 +539,8 @@ impl crate::http::DebugApi for DebugState {
         let engine = match self.0.snapshot.get() {
             Some(e) => e,
             None => {
-                let mut state = self.0.state();
-                self.0.snapshot.refresh(&mut state);
-                drop(state);
+                let retired = self.0.snapshot.refresh(&mut self.0.state());
+                drop(retired);
                 self.0
                     .snapshot
                     .get()

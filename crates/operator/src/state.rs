@@ -26,6 +26,7 @@ use automanager_policy::ledger::RestartLedger;
 use automanager_policy::node_health::NodeHealth;
 use automanager_policy::provision_budget::ProvisionBudget;
 use automanager_policy::provision_keys::ProvisionKeys;
+use automanager_policy::start_settle::StartSettle;
 use automanager_policy::zone_brake::ZoneBrake;
 use kube::runtime::reflector::ObjectRef;
 use manager_proto as proto;
@@ -34,6 +35,10 @@ use crate::model::ClusterModel;
 
 /// How often at most the engine snapshot for what-if is refreshed while the engine changes.
 pub const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);
+
+/// The longest a bundle's pass waits for the jobs it started to run (see
+/// [`automanager_policy::start_settle`]).
+pub const START_SETTLE: Duration = Duration::from_millis(300);
 
 /// The last placement decision for one replica of a bundle: the full trace for
 /// `/debug/trace`, and what status summarises (also when the status write was coalesced).
@@ -69,6 +74,10 @@ pub struct WakeIndex {
     migrations_by_job: HashMap<String, ObjectRef<Migration>>,
     /// HotSpareTargets by pool.
     spare_targets_by_pool: HashMap<String, HashSet<ObjectRef<HotSpareTarget>>>,
+    /// Bundles in a pass now, and whether a change of their jobs came during it. Such a change
+    /// is held back: the pass may already have seen it (its own starts, their `Running`), and
+    /// the pass's end wakes the bundle again only if Manager moved past what it recorded.
+    in_pass: HashMap<ObjectRef<Bundle>, bool>,
 }
 
 impl WakeIndex {
@@ -144,6 +153,28 @@ impl WakeIndex {
     pub fn spare_targets_of(&self, pool: &str) -> impl Iterator<Item = &ObjectRef<HotSpareTarget>> {
         self.spare_targets_by_pool.get(pool).into_iter().flatten()
     }
+
+    /// A pass of `bundle` begins.
+    pub fn begin_pass(&mut self, bundle: &ObjectRef<Bundle>) {
+        self.in_pass.insert(bundle.clone(), false);
+    }
+
+    /// A change of `bundle`'s jobs: true when a pass of it runs now (the change is held for
+    /// [`Self::end_pass`]), false when the caller should wake it.
+    pub fn hold_for_pass(&mut self, bundle: &ObjectRef<Bundle>) -> bool {
+        match self.in_pass.get_mut(bundle) {
+            Some(held) => {
+                *held = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The pass of `bundle` ends: whether a change of its jobs was held during it.
+    pub fn end_pass(&mut self, bundle: &ObjectRef<Bundle>) -> bool {
+        self.in_pass.remove(bundle).unwrap_or(false)
+    }
 }
 
 /// A Migration the queue let begin: the replica it takes down and the nodes it holds a slot on.
@@ -208,6 +239,8 @@ pub struct OperatorState {
     pub preemptions: HashMap<(String, u32), PendingPreemption>,
     /// When each pool's consolidation was last planned, and for which generation of its spec.
     pub consolidation_planned: HashMap<String, (Instant, Option<i64>)>,
+    /// How long recent passes waited for the jobs they started to run.
+    pub start_settle: StartSettle,
     /// Whether the engine changed since the last snapshot.
     engine_changed: bool,
 }
@@ -237,6 +270,7 @@ impl OperatorState {
             drain_blocked: HashMap::new(),
             preemptions: HashMap::new(),
             consolidation_planned: HashMap::new(),
+            start_settle: StartSettle::new(START_SETTLE),
             engine_changed: true,
         }
     }
@@ -250,23 +284,45 @@ impl OperatorState {
 
 /// The engine as readers that must not wait see it: replaced whole, read without a lock held
 /// for longer than an `Arc` clone.
+///
+/// A replaced copy is not dropped at once: it is kept until the next refresh and handed back
+/// to the refresher to drop outside every lock. Dropping an engine of a large fleet takes
+/// milliseconds; done under the write lock it would hold up every reader, and done by a reader
+/// that happened to hold the last reference (a what-if that began just before the swap) it
+/// would land on that reader's answer.
 #[derive(Default)]
-pub struct EngineSnapshot(RwLock<Option<Arc<pl::Engine>>>);
+pub struct EngineSnapshot {
+    current: RwLock<Option<Arc<pl::Engine>>>,
+    retired: std::sync::Mutex<Option<Arc<pl::Engine>>>,
+}
 
 impl EngineSnapshot {
     /// The latest snapshot (`None` before the first).
     pub fn get(&self) -> Option<Arc<pl::Engine>> {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    /// Publishes a new copy of the engine when `state` changed since the last one.
-    pub fn refresh(&self, state: &mut OperatorState) {
+    /// Publishes a new copy of the engine when `state` changed since the last one. Returns the
+    /// copy retired a refresh ago, for the caller to drop once it has released its locks.
+    #[must_use = "drop the retired copy after releasing the state lock"]
+    pub fn refresh(&self, state: &mut OperatorState) -> Option<Arc<pl::Engine>> {
         if !state.engine_changed {
-            return;
+            return None;
         }
         state.engine_changed = false;
         let copy = Arc::new(state.model.engine().clone());
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(copy);
+        let replaced = self
+            .current
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(copy);
+        std::mem::replace(
+            &mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()),
+            replaced,
+        )
     }
 }
 
@@ -285,6 +341,47 @@ mod tests {
         assert_eq!(w.waiting_on("q").count(), 1);
         w.set_waiting(&b, Vec::new());
         assert_eq!(w.waiting_on("q").count(), 0);
+    }
+
+    #[test]
+    fn a_job_change_during_a_pass_is_held_for_its_end_and_only_then() {
+        let mut w = WakeIndex::default();
+        let b = ObjectRef::<Bundle>::new("b").within("ns");
+        let other = ObjectRef::<Bundle>::new("c").within("ns");
+        assert!(!w.hold_for_pass(&b), "no pass: wake it now");
+        w.begin_pass(&b);
+        assert!(!w.end_pass(&b), "nothing came during the pass");
+        w.begin_pass(&b);
+        assert!(w.hold_for_pass(&b));
+        assert!(!w.hold_for_pass(&other), "another bundle is woken as usual");
+        assert!(
+            w.end_pass(&b),
+            "the held change is handed to the pass's end"
+        );
+        assert!(
+            !w.hold_for_pass(&b),
+            "after the pass, changes wake it again"
+        );
+    }
+
+    #[test]
+    fn a_replaced_snapshot_is_handed_back_one_refresh_later() {
+        let snapshot = EngineSnapshot::default();
+        let mut state = OperatorState::new(Duration::from_secs(1), 3, Duration::from_secs(60));
+        assert!(snapshot.refresh(&mut state).is_none());
+        let first = snapshot.get().expect("published");
+        assert!(
+            snapshot.refresh(&mut state).is_none(),
+            "unchanged: nothing new"
+        );
+        state.model_mut();
+        assert!(
+            snapshot.refresh(&mut state).is_none(),
+            "the first copy is kept, retired"
+        );
+        state.model_mut();
+        let retired = snapshot.refresh(&mut state).expect("handed back to drop");
+        assert!(Arc::ptr_eq(&retired, &first));
     }
 
     #[test]

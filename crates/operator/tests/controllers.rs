@@ -887,6 +887,50 @@ fn bundle_reconciles(ctx: &Context) -> f64 {
 }
 
 #[tokio::test]
+async fn a_recovery_whose_jobs_run_within_moments_is_one_pass() {
+    // The sim runs a started job 20 ms after the start: the pass that restarts the replica
+    // waits for that and writes Ready itself, and the `Running` change it already saw wakes
+    // nothing.
+    let Some(h) = Harness::start(|_| {}).await else {
+        return;
+    };
+    h.create(
+        "solo",
+        spec(1, &["onprem"], PriorityBand::Silver, serde_json::json!({})),
+    )
+    .await;
+    let b = h
+        .wait_bundle("solo", "Ready", |b| phase(b) == BundlePhase::Ready)
+        .await;
+    let node_of = |b: &Bundle| {
+        b.status.as_ref().and_then(|s| {
+            s.replicas
+                .first()
+                .and_then(|r| r.jobs.first())
+                .and_then(|j| j.node_id.clone())
+        })
+    };
+    let node = node_of(&b).expect("placed on a node");
+    // Let the first placement's passes end before counting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = bundle_reconciles(&h.ctx);
+    h.sim
+        .with_world(|w, now| w.kill_node(&node, now))
+        .expect("node killed");
+    h.wait_bundle("solo", "Ready on another node", |b| {
+        phase(b) == BundlePhase::Ready && node_of(b).is_some_and(|n| n != node)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        bundle_reconciles(&h.ctx) - before,
+        1.0,
+        "one pass recovered the replica and recorded it Ready"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_restarted_operator_with_nothing_changed_writes_nothing_and_asks_manager_for_nothing() {
     let Some(mut h) = Harness::start(|_| {}).await else {
         return;

@@ -23,6 +23,7 @@
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
 //! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
+//! | [`start_settle`] | whether a pass that started jobs waits a moment for them to run before it records |
 //! | [`zone_brake`] | which zones have lost so many nodes that provisioning into them pauses |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
 //!
@@ -45,6 +46,7 @@ pub mod provision_budget;
 pub mod provision_keys;
 pub mod rebalance;
 pub mod spares;
+pub mod start_settle;
 pub mod tags;
 pub mod vocab;
 pub mod zone_brake;

@@ -113,6 +113,8 @@ struct Outcome {
     result: PlacementResult,
     /// Every job placed in this pass was started (Manager answered).
     started: bool,
+    /// Manager's ids of the jobs this pass started.
+    started_jobs: Vec<String>,
     /// "replica r on … in pool …", for the pass's one `Placed` Event.
     placed_note: Option<String>,
     /// Pools this replica waits on for capacity.
@@ -124,6 +126,7 @@ struct Outcome {
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     let pass = Pass::new(bundle)?;
+    let mut mark = PassMark::begin(ctx, &pass);
     if let Some(done) = pass.preflight(ctx).await? {
         return Ok(done);
     }
@@ -132,7 +135,63 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     pass.push_configs(ctx, &mut seen).await?;
     let plans = pass.plan(ctx, &seen);
     let outcomes = pass.act(ctx, &seen, &plans).await?;
-    pass.record(ctx, &plans, &outcomes).await
+    pass.record(ctx, &plans, &outcomes, &mut mark).await
+}
+
+/// Marks a bundle as in a pass, so the mirror pump holds changes of its jobs until the pass
+/// ends; then wakes it again only if Manager moved past what the pass recorded (the jobs as
+/// they were just before its last look). A pass that ends early (an error, a stall) recorded
+/// nothing to compare with and is woken by any held change, as without the mark.
+struct PassMark<'c> {
+    ctx: &'c Context,
+    bundle: ObjectRef<Bundle>,
+    bundle_id: String,
+    recorded: Option<Vec<proto::Job>>,
+}
+
+impl<'c> PassMark<'c> {
+    fn begin(ctx: &'c Context, pass: &Pass<'_>) -> Self {
+        ctx.state().wake.begin_pass(&pass.bundle_ref);
+        PassMark {
+            ctx,
+            bundle: pass.bundle_ref.clone(),
+            bundle_id: pass.bundle_id.clone(),
+            recorded: None,
+        }
+    }
+
+    /// The bundle's jobs as Manager shows them now; called just before the pass's last look,
+    /// so a change between the two wakes the bundle again.
+    fn note_recorded(&mut self) {
+        self.recorded = Some(
+            self.ctx
+                .manager
+                .mirror()
+                .read(|m| bundle_jobs(m, &self.bundle_id)),
+        );
+    }
+}
+
+impl Drop for PassMark<'_> {
+    fn drop(&mut self) {
+        let again = self.ctx.with_mirror(|m, s| {
+            s.wake.end_pass(&self.bundle)
+                && self
+                    .recorded
+                    .as_ref()
+                    .is_none_or(|r| *r != bundle_jobs(m, &self.bundle_id))
+        });
+        if again {
+            let _ = self.ctx.wake.bundles.send(self.bundle.clone());
+        }
+    }
+}
+
+/// A bundle's jobs in the mirror, in id order.
+fn bundle_jobs(m: &MirrorState, bundle_id: &str) -> Vec<proto::Job> {
+    let mut jobs: Vec<proto::Job> = m.jobs_of_bundle(bundle_id).cloned().collect();
+    jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    jobs
 }
 
 impl<'a> Pass<'a> {
@@ -890,6 +949,9 @@ impl<'a> Pass<'a> {
         // Counted only once every start was answered (the metric's help says so).
         ctx.metrics.placement_succeeded();
         outcome.started = true;
+        outcome
+            .started_jobs
+            .extend(started_now.into_iter().map(|(_, id)| id));
         let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
         nodes.dedup();
         let note = format!("replica {r} on {} in pool {pool}", nodes.join(", "));
@@ -975,6 +1037,7 @@ impl<'a> Pass<'a> {
         ctx: &Arc<Context>,
         plans: &BTreeMap<u32, ReplicaPlan>,
         outcomes: &BTreeMap<u32, Outcome>,
+        mark: &mut PassMark<'_>,
     ) -> Result<Action, Error> {
         let broken = plans.iter().find_map(|(r, p)| match p.intent {
             ReplicaIntent::Broken { restarts, max_restarts } => Some(format!(
@@ -984,6 +1047,12 @@ impl<'a> Pass<'a> {
             )),
             _ => None,
         });
+        let started: Vec<&str> = outcomes
+            .values()
+            .flat_map(|o| o.started_jobs.iter().map(String::as_str))
+            .collect();
+        settle_starts(ctx, &started).await;
+        mark.note_recorded();
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
         let mut status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
@@ -1327,6 +1396,33 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
         node_id: job.node_id.clone(),
         config: job.config.clone(),
     }
+}
+
+/// Waits (see [`automanager_policy::start_settle`]) until the jobs this pass started run, so
+/// the pass records them running instead of leaving that to a second pass.
+async fn settle_starts(ctx: &Context, started: &[&str]) {
+    if started.is_empty() || !ctx.state().start_settle.should_wait() {
+        return;
+    }
+    let bound = ctx.state().start_settle.bound();
+    let began = std::time::Instant::now();
+    let running = |m: &MirrorState| {
+        started.iter().all(|id| {
+            m.jobs.get(*id).is_some_and(|j| {
+                !matches!(
+                    j.state(),
+                    proto::JobState::Pending | proto::JobState::Starting
+                )
+            })
+        })
+    };
+    let took = ctx
+        .manager
+        .wait_until(bound, running)
+        .await
+        .ok()
+        .map(|()| began.elapsed());
+    ctx.state().start_settle.record(took);
 }
 
 /// A job's band as it applies to this bundle.
