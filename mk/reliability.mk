@@ -6,7 +6,7 @@ RELIABILITY_LOG ?= .tmp/reliability.log
 # Extra libtest arguments, e.g. a scenario name.
 RELIABILITY_TEST_ARGS ?=
 
-test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input, leader pause, deep config, sim restart, apiserver pause and restart, migration race, kill mid-handover, hostile objects, hostile peers, fleet load; soak is ignored) with the invariant checker; one summary line per scenario
+test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input, leader pause, deep config, sim restart, apiserver pause and restart, cordon, migration race, kill mid-handover, hostile objects, hostile peers, fleet load; soak is ignored) with the invariant checker; one summary line per scenario
 	@mkdir -p $(dir $(RELIABILITY_LOG))
 	@echo "==> cargo test -p automanager-e2e --features reliability --test reliability (RELIABILITY_BUNDLES=$${RELIABILITY_BUNDLES:-200}; log: $(RELIABILITY_LOG))"
 	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \

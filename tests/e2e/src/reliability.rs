@@ -1,7 +1,7 @@
 //! The reliability suite's invariant checker: what must hold, whatever failed.
 //!
 //! It reads Manager's state (the sim, through the same Watch mirror the operator uses, plus the
-//! sim's per-job history) and the Bundle objects, and counts four kinds of violation:
+//! sim's per-job history) and the Bundle objects, and counts these kinds of violation:
 //!
 //! - **duplicates**: more than one live normal instance of one (bundle, replica, job), now or,
 //!   from the sim's history, at any moment since the sim started;
@@ -19,16 +19,22 @@
 //!   `coLocateWith`, `separateFrom`);
 //! - **disagreements**: a Bundle's status that says something else than Manager about where a
 //!   job runs (it says `running` on a node Manager does not run it on, or Manager runs it and
-//!   the status says another state or node).
+//!   the status says another state or node);
+//! - **cordon** (`placed_after_cordon`): an instance started on a node more than
+//!   [`CORDON_SLACK`] after the node was cordoned or drained, before it was uncordoned.
 //!
-//! [`check`] is pure (hand-made [`World`]s in the unit tests); [`observe`] builds a `World` from
-//! the running stack, [`Monitor`] samples Manager continuously while faults are injected, and
-//! [`settle`] polls until nothing is lost or orphaned.
+//! [`check`] and [`check_cordons`] are pure (hand-made facts in the unit tests); [`observe`]
+//! builds a `World` from the running stack, [`Monitor`] samples Manager continuously while
+//! faults are injected (and, started with [`Monitor::start_on`], watches the ManagerNode
+//! objects for cordons), and [`settle`] polls until nothing is lost or orphaned.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
 use manager_client::proto::sim_admin_client::SimAdminClient;
 use manager_client::proto::{self as pb, JobHistoryRequest};
 use manager_client::{ClientConfig, ManagerClient, MirrorState};
@@ -174,10 +180,12 @@ pub struct Violations {
     pub orphans: BTreeSet<String>,
     pub rules: BTreeSet<String>,
     pub disagreements: BTreeSet<String>,
+    /// Instances started on a node after its cordon (see [`check_cordons`]).
+    pub placed_after_cordon: BTreeSet<String>,
 }
 
 impl Violations {
-    fn kinds(&self) -> [(&'static str, &BTreeSet<String>); 6] {
+    fn kinds(&self) -> [(&'static str, &BTreeSet<String>); 7] {
         [
             ("duplicate", &self.duplicates),
             ("lost", &self.lost),
@@ -185,6 +193,7 @@ impl Violations {
             ("orphan", &self.orphans),
             ("rule", &self.rules),
             ("disagreement", &self.disagreements),
+            ("cordon", &self.placed_after_cordon),
         ]
     }
 
@@ -200,6 +209,7 @@ impl Violations {
             && self.overcapacity.is_empty()
             && self.orphans.is_empty()
             && self.rules.is_empty()
+            && self.placed_after_cordon.is_empty()
     }
 
     /// Adds what `other` found (a monitor's samples to the final check).
@@ -211,13 +221,16 @@ impl Violations {
         self.rules.extend(other.rules.iter().cloned());
         self.disagreements
             .extend(other.disagreements.iter().cloned());
+        self.placed_after_cordon
+            .extend(other.placed_after_cordon.iter().cloned());
     }
 
     /// The scenario's one line: `reliability scenario=... ok=... duplicates=... ... settle_s=...`,
-    /// then the broken rules and status disagreements.
+    /// then the broken rules, status disagreements and placements after a cordon (appended
+    /// last, so parsers of the older line keep working).
     pub fn line(&self, scenario: &str, settle: Duration) -> String {
         format!(
-            "reliability scenario={scenario} ok={} duplicates={} lost={} overcapacity={} orphans={} settle_s={:.1} rules={} disagreements={}",
+            "reliability scenario={scenario} ok={} duplicates={} lost={} overcapacity={} orphans={} settle_s={:.1} rules={} disagreements={} cordon={}",
             self.is_clean(),
             self.duplicates.len(),
             self.lost.len(),
@@ -226,6 +239,7 @@ impl Violations {
             settle.as_secs_f64(),
             self.rules.len(),
             self.disagreements.len(),
+            self.placed_after_cordon.len(),
         )
     }
 
@@ -617,6 +631,218 @@ fn check_status(b: &BundleFact, running: &Positions<'_>, v: &mut Violations) {
     }
 }
 
+// ───────────────────────────── cordons ─────────────────────────────
+
+/// How long after a node's cordon was seen an instance may still start on it. A bundle
+/// reconcile that chose the node before the cordon reached the operator's placement model (one
+/// ManagerNode watch event and reconcile) may still send its StartJob; on the shared 2-core test
+/// machine that takes well under a second, so 2 s is ample. Later than that, the start was
+/// decided with the cordon in place: a violation.
+pub const CORDON_SLACK: Duration = Duration::from_secs(2);
+
+/// One span of a node's cordon (`spec.cordoned` or `spec.drain`), in wall-clock milliseconds
+/// since the epoch: the sim stamps its starts with the same host's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CordonSpan {
+    /// The earliest moment the cordon was known to be in place (set by the test, or first seen
+    /// on the ManagerNode object).
+    pub from_ms: i64,
+    /// When it was seen lifted, if it was.
+    pub until_ms: Option<i64>,
+}
+
+/// Every node's cordon spans, oldest first, by Manager node id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CordonFacts(pub BTreeMap<String, Vec<CordonSpan>>);
+
+impl CordonFacts {
+    /// Records that `node_id` was seen cordoned (or not) at `at_ms`. A cordon already open keeps
+    /// the earlier of its two times (the test and the watch both report it); an uncordon closes
+    /// the open span.
+    pub fn note(&mut self, node_id: &str, cordoned: bool, at_ms: i64) {
+        let spans = self.0.entry(node_id.to_owned()).or_default();
+        match (spans.last_mut(), cordoned) {
+            (Some(open), true) if open.until_ms.is_none() => {
+                open.from_ms = open.from_ms.min(at_ms);
+            }
+            (_, true) => spans.push(CordonSpan {
+                from_ms: at_ms,
+                until_ms: None,
+            }),
+            (Some(open), false) if open.until_ms.is_none() => {
+                open.until_ms = Some(at_ms.max(open.from_ms));
+            }
+            (_, false) => {}
+        }
+        if spans.is_empty() {
+            self.0.remove(node_id);
+        }
+    }
+
+    /// No node was ever seen cordoned.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// One instance start the sim recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartFact {
+    /// `<bundle>/<replica>/<job>`.
+    pub job_id: String,
+    pub node_id: String,
+    pub at_ms: i64,
+    /// Started as a migration's target (a handover or a migrate drain placed it).
+    pub migration_target: bool,
+}
+
+/// What [`check_cordons`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CordonCheck {
+    /// Starts later than the slack after their node's cordon, one line each.
+    pub violations: BTreeSet<String>,
+    /// How long after its node's cordon each start within the slack came (in flight when the
+    /// cordon landed), in milliseconds.
+    pub in_flight_ms: Vec<i64>,
+}
+
+/// Starts on a cordoned node: a start more than `slack` after the cordon and before the node was
+/// uncordoned is a violation; one within the slack was in flight. Any start counts, a
+/// migration's target included (a drain's targets must go elsewhere too).
+pub fn check_cordons(cordons: &CordonFacts, starts: &[StartFact], slack: Duration) -> CordonCheck {
+    let slack_ms = i64::try_from(slack.as_millis()).unwrap_or(i64::MAX);
+    let mut out = CordonCheck::default();
+    for s in starts {
+        let Some(spans) = cordons.0.get(&s.node_id) else {
+            continue;
+        };
+        let Some(span) = spans
+            .iter()
+            .find(|c| c.from_ms <= s.at_ms && c.until_ms.is_none_or(|u| s.at_ms < u))
+        else {
+            continue;
+        };
+        let after = s.at_ms - span.from_ms;
+        if after > slack_ms {
+            out.violations.insert(format!(
+                "{}: {}started on {} {:.1}s after its cordon",
+                s.job_id,
+                if s.migration_target {
+                    "migration target "
+                } else {
+                    ""
+                },
+                s.node_id,
+                after as f64 / 1000.0
+            ));
+        } else {
+            out.in_flight_ms.push(after);
+        }
+    }
+    out
+}
+
+/// A ManagerNode object's Manager node id (`status.nodeId`, else its name, as the operator
+/// reads it) and whether it is cordoned (`spec.cordoned`, or any `spec.drain`).
+pub fn node_cordon(name: &str, object: &serde_json::Value) -> (String, bool) {
+    let id = object["status"]["nodeId"]
+        .as_str()
+        .filter(|id| !id.is_empty())
+        .unwrap_or(name)
+        .to_owned();
+    let cordoned = object["spec"]["cordoned"] == true || object["spec"]["drain"].is_object();
+    (id, cordoned)
+}
+
+/// Wall-clock milliseconds since the epoch, the clock of the sim's start times.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// The cordons a [`Monitor`] knows of, shared by its ManagerNode watch and the test (which
+/// records the moment its own `kubectl patch` returned).
+#[derive(Clone, Default)]
+pub struct CordonLog(Arc<Mutex<CordonFacts>>);
+
+impl CordonLog {
+    /// See [`CordonFacts::note`].
+    pub fn note(&self, node_id: &str, cordoned: bool, at_ms: i64) {
+        if let Ok(mut f) = self.0.lock() {
+            f.note(node_id, cordoned, at_ms);
+        }
+    }
+
+    /// What is known now.
+    pub fn facts(&self) -> CordonFacts {
+        self.0.lock().map(|f| f.clone()).unwrap_or_default()
+    }
+}
+
+/// Watches every ManagerNode object and notes each change of its cordon at the moment the
+/// change arrives (the first sight of a cordoned object counts as a change). Objects are read
+/// untyped, so one the typed API could not decode does not stop the watch.
+fn watch_cordons(client: kube::Client, log: CordonLog) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let resource = ApiResource::erase::<automanager_api::node::ManagerNode>(&());
+        let api: Api<DynamicObject> = Api::all_with(client, &resource);
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+        // The last state seen of each node: only changes are noted, so a stale event that
+        // arrives after the test recorded its own cordon does not lift it.
+        let mut seen: BTreeMap<String, bool> = BTreeMap::new();
+        while let Some(event) = events.next().await {
+            let at = now_ms();
+            let (object, gone) = match event {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => (o, false),
+                Ok(watcher::Event::Delete(o)) => (o, true),
+                // A broken watch is retried with backoff; the re-list reports every object again.
+                Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => continue,
+            };
+            let name = object.metadata.name.clone().unwrap_or_default();
+            let (id, cordoned) = node_cordon(&name, &object.data);
+            // A deleted object takes its cordon with it.
+            let cordoned = cordoned && !gone;
+            if seen.insert(id.clone(), cordoned) != Some(cordoned) {
+                log.note(&id, cordoned, at);
+            }
+        }
+    })
+}
+
+/// Every start the sim recorded of `job_ids` (a job never started has none).
+async fn starts_of(
+    endpoint: &str,
+    job_ids: &BTreeSet<String>,
+) -> Result<Vec<StartFact>, SetupError> {
+    let mut admin = sim_admin(endpoint).await?;
+    let mut out = Vec::new();
+    for job_id in job_ids {
+        let h = match admin
+            .job_history(JobHistoryRequest {
+                job_id: job_id.clone(),
+            })
+            .await
+        {
+            Ok(h) => h.into_inner(),
+            Err(s) if s.code() == tonic::Code::NotFound => continue,
+            Err(s) => {
+                return Err(SetupError(format!(
+                    "job history of {job_id}: {}",
+                    s.message()
+                )));
+            }
+        };
+        out.extend(h.starts.iter().map(|s| StartFact {
+            job_id: job_id.clone(),
+            node_id: s.node_id.clone(),
+            at_ms: s.at_ms,
+            migration_target: s.role() == pb::JobRole::MigrationTarget,
+        }));
+    }
+    Ok(out)
+}
+
 // ───────────────────────────── reading the stack ─────────────────────────────
 
 fn instance_state(s: pb::JobState) -> InstanceState {
@@ -915,16 +1141,22 @@ impl Reservations {
 }
 
 /// Samples Manager's state in the background ([`check_manager`] on every revision, at most
-/// every 100 ms) and keeps every violation it saw.
+/// every 100 ms) and keeps every violation it saw; it also keeps the id of every job it saw, and
+/// when it stops, checks their starts against the cordons it knows of ([`check_cordons`]).
 pub struct Monitor {
     seen: Arc<Mutex<Violations>>,
     samples: Arc<Mutex<u64>>,
+    job_ids: Arc<Mutex<BTreeSet<String>>>,
     task: tokio::task::JoinHandle<()>,
+    cordon_watch: Option<tokio::task::JoinHandle<()>>,
+    cordons: CordonLog,
     client: ManagerClient,
+    endpoint: String,
 }
 
 impl Monitor {
-    /// Starts watching the sim at `endpoint`.
+    /// Starts watching the sim at `endpoint`. Cordons are checked only as far as the test
+    /// records them in [`Monitor::cordons`]; [`Monitor::start_on`] also watches for them.
     pub async fn start(endpoint: &str) -> Result<Monitor, SetupError> {
         let client = ManagerClient::connect(ClientConfig::new(endpoint))
             .await
@@ -935,8 +1167,9 @@ impl Monitor {
             .map_err(|e| SetupError(format!("the sim's Watch did not sync: {e}")))?;
         let seen = Arc::new(Mutex::new(Violations::default()));
         let samples = Arc::new(Mutex::new(0));
+        let job_ids = Arc::new(Mutex::new(BTreeSet::new()));
         let task = {
-            let (seen, samples) = (seen.clone(), samples.clone());
+            let (seen, samples, job_ids) = (seen.clone(), samples.clone(), job_ids.clone());
             let mirror = client.mirror().clone();
             let mut revisions = mirror.revisions();
             tokio::spawn(async move {
@@ -944,6 +1177,11 @@ impl Monitor {
                 loop {
                     let (nodes, mut jobs, manager_bundles) = mirror.read(manager_facts);
                     reservations.apply(&mut jobs);
+                    if let Ok(mut ids) = job_ids.lock() {
+                        for j in &jobs {
+                            ids.insert(format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name));
+                        }
+                    }
                     let v = check_manager(&World {
                         nodes,
                         jobs,
@@ -967,17 +1205,60 @@ impl Monitor {
         Ok(Monitor {
             seen,
             samples,
+            job_ids,
             task,
+            cordon_watch: None,
+            cordons: CordonLog::default(),
             client,
+            endpoint: endpoint.to_owned(),
         })
     }
 
-    /// Stops sampling; returns what was seen and how many samples were taken.
+    /// [`Monitor::start`] on the stack's sim, also watching the ManagerNode objects: a node
+    /// cordoned or drained by anyone is noted when the watch first shows it.
+    pub async fn start_on(stack: &Stack) -> Result<Monitor, SetupError> {
+        let mut monitor = Monitor::start(&stack.sim_endpoint).await?;
+        monitor.cordon_watch = Some(watch_cordons(stack.env.client(), monitor.cordons.clone()));
+        Ok(monitor)
+    }
+
+    /// The cordons this monitor checks against; a test that cordons a node notes when.
+    pub fn cordons(&self) -> CordonLog {
+        self.cordons.clone()
+    }
+
+    /// Stops sampling; returns what was seen and how many samples were taken. With cordons
+    /// known, the sim's start history of every job seen is read and checked against them; a
+    /// history that cannot be read is reported as a cordon violation (the check did not run).
     pub async fn stop(self) -> (Violations, u64) {
         self.task.abort();
+        if let Some(w) = &self.cordon_watch {
+            w.abort();
+        }
         self.client.close().await;
-        let seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
+        let mut seen = self.seen.lock().map(|s| s.clone()).unwrap_or_default();
         let samples = self.samples.lock().map(|n| *n).unwrap_or_default();
+        let cordons = self.cordons.facts();
+        if !cordons.is_empty() {
+            let ids = self.job_ids.lock().map(|i| i.clone()).unwrap_or_default();
+            match starts_of(&self.endpoint, &ids).await {
+                Ok(starts) => {
+                    let c = check_cordons(&cordons, &starts, CORDON_SLACK);
+                    eprintln!(
+                        "monitor: {} nodes cordoned; {} starts on them within {:?} of the cordon (the latest {} ms after it), {} later",
+                        cordons.0.len(),
+                        c.in_flight_ms.len(),
+                        CORDON_SLACK,
+                        c.in_flight_ms.iter().max().copied().unwrap_or(0),
+                        c.violations.len()
+                    );
+                    seen.placed_after_cordon.extend(c.violations);
+                }
+                Err(e) => {
+                    seen.placed_after_cordon.insert(format!("not checked: {e}"));
+                }
+            }
+        }
         (seen, samples)
     }
 }
@@ -1063,7 +1344,7 @@ mod tests {
         assert!(v.is_clean(), "{}", v.details());
         assert_eq!(
             v.line("x", Duration::from_millis(1500)),
-            "reliability scenario=x ok=true duplicates=0 lost=0 overcapacity=0 orphans=0 settle_s=1.5 rules=0 disagreements=0"
+            "reliability scenario=x ok=true duplicates=0 lost=0 overcapacity=0 orphans=0 settle_s=1.5 rules=0 disagreements=0 cordon=0"
         );
     }
 
@@ -1432,12 +1713,116 @@ mod tests {
         let mut b = Violations::default();
         b.lost.insert("x".into());
         b.orphans.insert("y".into());
+        b.placed_after_cordon.insert("z".into());
         a.merge(&b);
         assert!(!a.is_clean());
         assert_eq!(
             a.line("s", Duration::ZERO),
-            "reliability scenario=s ok=false duplicates=0 lost=1 overcapacity=0 orphans=1 settle_s=0.0 rules=0 disagreements=0"
+            "reliability scenario=s ok=false duplicates=0 lost=1 overcapacity=0 orphans=1 settle_s=0.0 rules=0 disagreements=0 cordon=1"
         );
         assert!(a.details().contains("lost: x"));
+        assert!(a.details().contains("cordon: z"));
+        assert!(!a.nothing_but_lost());
+    }
+
+    fn start(job: &str, node: &str, at_ms: i64) -> StartFact {
+        StartFact {
+            job_id: job.into(),
+            node_id: node.into(),
+            at_ms,
+            migration_target: false,
+        }
+    }
+
+    const SLACK: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_start_before_the_cordon_or_within_the_slack_is_fine_and_one_after_is_a_violation() {
+        let mut c = CordonFacts::default();
+        c.note("n1", true, 10_000);
+        let starts = [
+            start("ns.b/0/enc", "n1", 9_000),
+            start("ns.b/0/pkg", "n1", 11_500),
+            start("ns.b/1/enc", "n1", 12_001),
+            // Another node is not cordoned.
+            start("ns.c/0/enc", "n2", 50_000),
+        ];
+        let r = check_cordons(&c, &starts, SLACK);
+        assert_eq!(
+            r.violations.iter().collect::<Vec<_>>(),
+            ["ns.b/1/enc: started on n1 2.0s after its cordon"]
+        );
+        assert_eq!(r.in_flight_ms, [1_500]);
+        // At exactly the slack: still in flight.
+        let r = check_cordons(&c, &[start("ns.b/0/enc", "n1", 12_000)], SLACK);
+        assert!(r.violations.is_empty());
+    }
+
+    #[test]
+    fn a_start_after_the_uncordon_is_fine_and_a_second_cordon_counts_again() {
+        let mut c = CordonFacts::default();
+        c.note("n1", true, 10_000);
+        c.note("n1", false, 20_000);
+        c.note("n1", true, 30_000);
+        let starts = [
+            start("a", "n1", 15_000),
+            start("b", "n1", 20_000),
+            start("c", "n1", 25_000),
+            start("d", "n1", 40_000),
+        ];
+        let r = check_cordons(&c, &starts, SLACK);
+        assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
+        assert!(r.violations.iter().any(|v| v.starts_with("a:")));
+        assert!(r.violations.iter().any(|v| v.starts_with("d:")));
+    }
+
+    #[test]
+    fn cordon_notes_keep_the_earliest_time_and_ignore_an_uncordon_of_an_uncordoned_node() {
+        let mut c = CordonFacts::default();
+        c.note("n1", false, 1_000);
+        assert!(c.is_empty());
+        // The watch saw it at 5 s, the test's kubectl returned at 5.2 s.
+        c.note("n1", true, 5_000);
+        c.note("n1", true, 5_200);
+        assert_eq!(
+            c.0["n1"],
+            [CordonSpan {
+                from_ms: 5_000,
+                until_ms: None
+            }]
+        );
+        c.note("n1", false, 9_000);
+        c.note("n1", false, 9_500);
+        assert_eq!(c.0["n1"][0].until_ms, Some(9_000));
+    }
+
+    #[test]
+    fn a_drain_counts_as_a_cordon_and_a_migration_target_is_a_start() {
+        let object = serde_json::json!({
+            "spec": {"drain": {"mode": "migrate"}},
+            "status": {"nodeId": "aws-east-7"}
+        });
+        assert_eq!(
+            node_cordon("aws-east-7", &object),
+            ("aws-east-7".into(), true)
+        );
+        let plain = serde_json::json!({"spec": {"cordoned": false}, "status": {"nodeId": ""}});
+        assert_eq!(node_cordon("x", &plain), ("x".into(), false));
+        let cordoned = serde_json::json!({"spec": {"cordoned": true}});
+        assert!(node_cordon("x", &cordoned).1);
+
+        let mut c = CordonFacts::default();
+        c.note("aws-east-7", true, 0);
+        let target = StartFact {
+            migration_target: true,
+            ..start("ns.b/0/enc", "aws-east-7", 3_000)
+        };
+        assert_eq!(
+            check_cordons(&c, &[target], SLACK)
+                .violations
+                .iter()
+                .collect::<Vec<_>>(),
+            ["ns.b/0/enc: migration target started on aws-east-7 3.0s after its cordon"]
+        );
     }
 }

@@ -8,15 +8,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{
-    self, Monitor, Violations, check, manager_facts, manager_state, settle, sim_admin,
+    self, Monitor, Violations, check, manager_facts, manager_state, node_cordon, settle, sim_admin,
 };
 use automanager_e2e::stack::{Stack, free_port};
-use automanager_e2e::{apply, apply_example_pools, condition};
+use automanager_e2e::{apply, apply_example_pools, condition, patch_node};
 use manager_client::proto::{
     CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
 };
@@ -1361,6 +1361,158 @@ async fn apiserver_restart() {
     finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted).await;
 }
 
+/// A wave placed while a third of the nodes in use are cordoned (the first of them drained:
+/// its jobs are moved away by Migrations) and another busy node is killed, so its jobs recover
+/// elsewhere while the cordons hold. No instance may start on a cordoned node after its cordon
+/// (beyond the slack for a start already in flight), and the invariants hold.
+#[tokio::test]
+async fn cordon() {
+    let mut rng = Rng(0x0A11_0011);
+    let stack = suite_stack().await;
+    apply_example_pools(&stack).await.unwrap();
+    let monitor = Monitor::start_on(&stack).await.unwrap();
+    let cordons = monitor.cordons();
+    let n = wave_size();
+    apply_chunk(&stack, "cordon", 0, n, &mut rng).await;
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "before the cordons ({took:?}):\n{}",
+        v.details()
+    );
+    apply_chunk(&stack, "cordon", 1, n, &mut rng).await;
+    // Mid-reconcile: the second chunk is being placed when the cordons land.
+    tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
+
+    // The nodes that run jobs or are coming up for them, and have their ManagerNode object.
+    let state = manager_state(&stack.sim_endpoint).await.unwrap();
+    let (nodes, jobs, _) = manager_facts(&state);
+    let objects = stack.get_json(&["managernodes"]).await.unwrap();
+    let object_of: BTreeMap<String, String> = objects["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            let name = o["metadata"]["name"].as_str().unwrap_or_default();
+            (node_cordon(name, o).0, name.to_owned())
+        })
+        .collect();
+    let load = |id: &str| {
+        jobs.iter()
+            .filter(|j| {
+                j.instances
+                    .iter()
+                    .any(|i| i.node_id == id && i.state != reliability::InstanceState::Ended)
+            })
+            .count()
+    };
+    let mut candidates: Vec<&str> = nodes
+        .iter()
+        .filter(|n| !n.terminated && object_of.contains_key(&n.id))
+        .filter(|n| load(&n.id) > 0 || !n.started)
+        .map(|n| n.id.as_str())
+        .collect();
+    candidates.sort_unstable();
+    for i in (1..candidates.len()).rev() {
+        candidates.swap(i, rng.range(0, i as u64) as usize);
+    }
+    assert!(
+        candidates.len() >= 4,
+        "too few nodes in use to cordon some and kill another: {candidates:?}"
+    );
+    let (cordoned, rest) = candidates.split_at(candidates.len() / 3);
+    let victim = rest
+        .iter()
+        .copied()
+        .filter(|id| nodes.iter().any(|n| n.id == *id && n.started))
+        .max_by_key(|id| (load(id), *id))
+        .expect("a started node to kill")
+        .to_owned();
+    let drained = cordoned[0];
+    eprintln!(
+        "cordon: cordoning {cordoned:?} ({drained} drained with Migrations) of {} nodes in use; killing {victim} ({} jobs)",
+        candidates.len(),
+        load(&victim)
+    );
+    let patches = cordoned.iter().map(|id| {
+        let name = &object_of[*id];
+        let patch = if *id == drained {
+            r#"{"spec":{"drain":{"mode":"migrate"}}}"#
+        } else {
+            r#"{"spec":{"cordoned":true}}"#
+        };
+        let cordons = cordons.clone();
+        let stack = &stack;
+        async move {
+            patch_node(stack, name, patch).await;
+            // The cordon is surely in place once the apiserver answered.
+            cordons.note(id, true, reliability::now_ms());
+        }
+    });
+    futures::future::join_all(patches).await;
+
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    admin
+        .kill_node(KillNodeRequest {
+            node_id: victim.clone(),
+        })
+        .await
+        .unwrap();
+    let killed = Instant::now();
+    let killed_ms = reliability::now_ms();
+    // More work arrives while the cordons hold.
+    apply_chunk(&stack, "cordon", 2, n, &mut rng).await;
+    apply_chunk(&stack, "cordon", 3, n, &mut rng).await;
+    // The drain ends with the node emptied and terminated (its object may be gone by then).
+    stack
+        .wait_for(&format!("the drain of {drained}"), SETTLE, || async {
+            let done = match stack.get_json(&["managernode", &object_of[drained]]).await {
+                Ok(n) => {
+                    n["status"]["drain"]["completedAt"].is_string()
+                        && n["status"]["state"] != "started"
+                }
+                Err(_) => {
+                    let state = manager_state(&stack.sim_endpoint).await?;
+                    state
+                        .nodes
+                        .get(drained)
+                        .is_none_or(|n| n.state() == manager_client::proto::NodeState::Terminated)
+                }
+            };
+            Ok(done.then_some(()))
+        })
+        .await
+        .unwrap();
+
+    let v = finish(&stack, monitor, "cordon", killed).await;
+    assert!(v.placed_after_cordon.is_empty());
+    // The scenario placed something while the cordons held: the killed node's jobs started
+    // again on other nodes.
+    let mut recovered = 0;
+    for j in jobs.iter().filter(|j| {
+        j.instances
+            .iter()
+            .any(|i| i.node_id == victim && i.state != reliability::InstanceState::Ended)
+    }) {
+        let id = format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name);
+        if job_starts(&stack, &id)
+            .await
+            .iter()
+            .any(|s| s.at_ms >= killed_ms && s.node_id != victim)
+        {
+            recovered += 1;
+        }
+    }
+    eprintln!(
+        "cordon: {recovered} of {} jobs of the killed node started again elsewhere",
+        load(&victim)
+    );
+    assert!(
+        recovered > 0,
+        "no job of the killed node was placed again during the cordons"
+    );
+}
+
 /// How many migration targets Manager ever started for `job_id` (the sim's history).
 async fn migration_targets(stack: &Stack, job_id: &str) -> usize {
     job_starts(stack, job_id)
@@ -1661,7 +1813,8 @@ async fn hostile_objects() {
             .await
             .unwrap();
     }
-    let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
+    // It watches the ManagerNode objects: the node patches below cordon and uncordon one.
+    let monitor = Monitor::start_on(&stack).await.unwrap();
 
     let migration = serde_json::json!({
         "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Migration",
