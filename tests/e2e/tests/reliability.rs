@@ -18,7 +18,7 @@ use automanager_e2e::reliability::{
 use automanager_e2e::stack::{Stack, free_port};
 use automanager_e2e::{apply, apply_example_pools, condition, patch_node};
 use manager_client::proto::{
-    CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
+    CallCountsRequest, CutStreamsRequest, FailJobRequest, JobHistoryRequest, KillNodeRequest,
 };
 use serde_json::Value;
 
@@ -1243,13 +1243,14 @@ async fn apply_chunk(stack: &Stack, prefix: &str, c: usize, n: usize, rng: &mut 
 }
 
 /// The end of an apiserver scenario: settles, adds the monitor's samples and reports, failing
-/// also when the operator exited again or not all `n` Bundles of the wave exist.
+/// also on `failure`, when the operator exited again or not all `n` Bundles of the wave exist.
 async fn finish_wave(
     stack: &mut Stack,
     monitor: Monitor,
     scenario: &str,
     n: usize,
     since: Instant,
+    failure: Option<String>,
 ) {
     let (mut v, _) = settle(stack, SETTLE).await.unwrap();
     let took = since.elapsed();
@@ -1261,15 +1262,50 @@ async fn finish_wave(
         .exit_status()
         .map(|s| format!("the operator exited again ({s})"));
     let missing = (count != n).then(|| format!("{count} of {n} Bundles exist"));
-    report_with(scenario, &v, took, died_again.or(missing));
+    report_with(scenario, &v, took, failure.or(died_again).or(missing));
+}
+
+/// The sim's count of Manager calls served, per RPC, since it started.
+async fn manager_calls(stack: &Stack) -> BTreeMap<String, u64> {
+    let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
+    admin
+        .call_counts(CallCountsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .calls
+        .into_iter()
+        .collect()
+}
+
+/// The calls that asked Manager to change something between two counts, per RPC: every RPC but
+/// the reads (`ListNodes`, `ListPools`, `Watch`, and `MigrationGetState`, which the sim's own
+/// `mutating` sum counts but which changes nothing).
+fn mutating_between(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    const READS: [&str; 4] = ["ListNodes", "ListPools", "Watch", "MigrationGetState"];
+    after
+        .iter()
+        .filter(|(rpc, _)| !READS.contains(&rpc.as_str()))
+        .map(|(rpc, n)| {
+            (
+                rpc.clone(),
+                n.saturating_sub(*before.get(rpc).unwrap_or(&0)),
+            )
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// kube-apiserver paused (SIGSTOP) mid-wave for more than twice the operator's lease, then
 /// resumed (SIGCONT); etcd keeps running. The operator cannot renew its lease meanwhile: its
 /// write fence closes when the lease runs out, and once it sees it lost leadership it exits
 /// (status 1) for a fresh process to take over; the test restarts it as a Deployment would.
-/// The invariants hold throughout (Manager is never written twice for one job) and every
-/// Bundle settles.
+/// Once its lease has run out it asks Manager to change nothing (the sim's call counts, read
+/// twice in the pause), the invariants hold throughout (Manager is never written twice for one
+/// job) and every Bundle settles.
 #[tokio::test]
 async fn apiserver_pause() {
     const LEASE_S: u64 = 6;
@@ -1294,13 +1330,39 @@ async fn apiserver_pause() {
     tokio::time::sleep(Duration::from_millis(rng.range(200, 1500))).await;
     stack.env.pause_apiserver().unwrap();
     let paused = Instant::now();
-    tokio::time::sleep(PAUSE).await;
+    let at_pause = manager_calls(&stack).await;
+    // A fenced operator makes no Manager call that changes anything. Its fence closes at its
+    // last renewal (before the pause) plus the lease minus 1 s; 2 s more let a call it had
+    // already sent be served. From then until the resume it cannot be leader.
+    tokio::time::sleep(Duration::from_secs(LEASE_S + 2)).await;
+    let fence_closed = paused.elapsed();
+    let fenced_from = manager_calls(&stack).await;
+    tokio::time::sleep(PAUSE.saturating_sub(paused.elapsed())).await;
+    let fenced_until = manager_calls(&stack).await;
+    let fence_checked = paused.elapsed();
     stack.env.resume_apiserver().unwrap();
     let resumed = Instant::now();
     eprintln!(
         "apiserver-pause: the apiserver was paused {:.1}s (lease {LEASE_S}s)",
         resumed.duration_since(paused).as_secs_f64()
     );
+    let before_fence = mutating_between(&at_pause, &fenced_from);
+    let fenced = mutating_between(&fenced_from, &fenced_until);
+    let fenced_calls: u64 = fenced.values().sum();
+    eprintln!(
+        "apiserver-pause: mutating Manager calls in the pause before the lease ran out (0 to {:.1}s): {before_fence:?}; while it had run out ({:.1}s to {:.1}s): {fenced_calls} {fenced:?}",
+        fence_closed.as_secs_f64(),
+        fence_closed.as_secs_f64(),
+        fence_checked.as_secs_f64(),
+    );
+    println!("reliability apiserver-pause fenced_manager_calls={fenced_calls}");
+    let fence_broken = (fenced_calls > 0).then(|| {
+        format!(
+            "the operator made {fenced_calls} mutating Manager calls between {:.1}s and {:.1}s of the pause, after its {LEASE_S}s lease had run out: {fenced:?}",
+            fence_closed.as_secs_f64(),
+            fence_checked.as_secs_f64(),
+        )
+    });
     // The operator notices the lost lease at its next renewal after the resume.
     let mut exits = Vec::new();
     while resumed.elapsed() < Duration::from_secs(LEASE_S + 10) {
@@ -1322,7 +1384,15 @@ async fn apiserver_pause() {
     );
     apply_chunk(&stack, "pause", 2, n, &mut rng).await;
     apply_chunk(&stack, "pause", 3, n, &mut rng).await;
-    finish_wave(&mut stack, monitor, "apiserver-pause", n, resumed).await;
+    finish_wave(
+        &mut stack,
+        monitor,
+        "apiserver-pause",
+        n,
+        resumed,
+        fence_broken,
+    )
+    .await;
 }
 
 /// kube-apiserver killed (SIGKILL) mid-wave and started again on the same port and etcd: every
@@ -1358,7 +1428,7 @@ async fn apiserver_restart() {
         }
     );
     apply_chunk(&stack, "apirestart", 3, n, &mut rng).await;
-    finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted).await;
+    finish_wave(&mut stack, monitor, "apiserver-restart", n, restarted, None).await;
 }
 
 /// A wave placed while a third of the nodes in use are cordoned (the first of them drained:
