@@ -1,12 +1,12 @@
 # The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
 # Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
-.PHONY: test-reliability
+.PHONY: test-reliability test-soak
 
 RELIABILITY_LOG ?= .tmp/reliability.log
 # Extra libtest arguments, e.g. a scenario name.
 RELIABILITY_TEST_ARGS ?=
 
-test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input, leader pause, deep config, sim restart, apiserver pause and restart, cordon, migration race, kill mid-handover, hostile objects, hostile peers, fleet load; soak is ignored) with the invariant checker; one summary line per scenario
+test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input, leader pause, deep config, sim restart, apiserver pause and restart, cordon, migration race, kill mid-handover, hostile objects, hostile peers, fleet load; the soak is `make test-soak`) with the invariant checker; one summary line per scenario
 	@mkdir -p $(dir $(RELIABILITY_LOG))
 	@echo "==> cargo test -p automanager-e2e --features reliability --test reliability (RELIABILITY_BUNDLES=$${RELIABILITY_BUNDLES:-200}; log: $(RELIABILITY_LOG))"
 	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
@@ -16,3 +16,7 @@ test-reliability: control-plane ## fault scenarios (operator kill -9, zone outag
 	echo "$${lines:-no scenario reported}"; \
 	echo "reliability scenarios=$$(grep -c . <<<"$$lines" || true) failed=$$(grep -c ' ok=false' <<<"$$lines" || true)"; \
 	exit $$status
+
+test-soak: control-plane ## the memory soak: 7 minutes of create/delete churn to warm up, then 10 measured (RELIABILITY_SOAK_WARM_UP_S, RELIABILITY_SOAK_S); RSS within ±10 % and every invariant held
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
+	  --test reliability -- --test-threads=1 --nocapture --ignored soak
