@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use automanager_api as api;
 use automanager_placement as pl;
+use manager_client::MirrorState;
 use manager_proto as proto;
 
 pub use automanager_policy::tags::{
@@ -413,39 +414,26 @@ pub fn holds_capacity(state: i32) -> bool {
     )
 }
 
-/// Capacity and cores used on every node, from the mirror's jobs, in one pass.
-pub fn usage_by_node<'a>(
-    jobs: impl IntoIterator<Item = &'a proto::Job>,
-) -> std::collections::HashMap<String, (f64, i32)> {
-    usage_where(jobs, |_| true)
-}
-
-/// [`usage_by_node`] for the nodes in `nodes` only (cheaper when few nodes changed).
-pub fn usage_of_nodes<'a>(
-    jobs: impl IntoIterator<Item = &'a proto::Job>,
-    nodes: &std::collections::HashSet<String>,
-) -> std::collections::HashMap<String, (f64, i32)> {
-    usage_where(jobs, |n| nodes.contains(n))
-}
-
-fn usage_where<'a>(
-    jobs: impl IntoIterator<Item = &'a proto::Job>,
-    wanted: impl Fn(&str) -> bool,
-) -> std::collections::HashMap<String, (f64, i32)> {
-    let mut out: std::collections::HashMap<String, (f64, i32)> = std::collections::HashMap::new();
-    for job in jobs {
+/// Capacity and cores held on `node` by the jobs `keep` lets through, read through the
+/// mirror's node index (only the node's jobs). [`MirrorState::node_usage`] with a filter.
+pub fn usage_on_node(
+    mirror: &MirrorState,
+    node: &str,
+    keep: impl Fn(&proto::Job) -> bool,
+) -> (f64, i32) {
+    let mut used = (0.0, 0i32);
+    for job in mirror.jobs_on(node).filter(|j| keep(j)) {
         let Some(req) = &job.requirements else {
             continue;
         };
         for inst in &job.instances {
-            if holds_capacity(inst.state) && wanted(&inst.node_id) {
-                let e = out.entry(inst.node_id.clone()).or_default();
-                e.0 += req.required_capacity;
-                e.1 = e.1.saturating_add(req.required_cores);
+            if inst.node_id == node && holds_capacity(inst.state) {
+                used.0 += req.required_capacity;
+                used.1 = used.1.saturating_add(req.required_cores);
             }
         }
     }
-    out
+    used
 }
 
 /// The bounded trace summary the Bundle status keeps, from the engine's summary.
@@ -507,6 +495,45 @@ pub fn trace_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_on_a_node_counts_its_holding_instances_that_the_filter_keeps() {
+        let job = |id: &str, instances: &[(&str, proto::JobState)]| proto::Job {
+            job_id: id.into(),
+            bundle_id: "ns.b".into(),
+            node_id: instances.last().map_or("", |i| i.0).into(),
+            requirements: Some(proto::JobRequirements {
+                required_capacity: 2.5,
+                required_cores: 1,
+                ..Default::default()
+            }),
+            instances: instances
+                .iter()
+                .map(|(node, state)| proto::JobInstance {
+                    node_id: (*node).into(),
+                    state: *state as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut m = MirrorState::default();
+        m.insert_job(job("a", &[("n1", proto::JobState::Running)]));
+        // Moving: its stopping source on n1 still holds capacity there, its target on n2 too.
+        m.insert_job(job(
+            "b",
+            &[
+                ("n1", proto::JobState::Stopping),
+                ("n2", proto::JobState::Starting),
+            ],
+        ));
+        m.insert_job(job("c", &[("n1", proto::JobState::Failed)]));
+        assert_eq!(usage_on_node(&m, "n1", |_| true), (5.0, 2));
+        assert_eq!(usage_on_node(&m, "n2", |_| true), (2.5, 1));
+        assert_eq!(usage_on_node(&m, "n1", |j| j.job_id != "a"), (2.5, 1));
+        assert_eq!(usage_on_node(&m, "n3", |_| true), (0.0, 0));
+        assert_eq!(m.node_usage("n1"), usage_on_node(&m, "n1", |_| true));
+    }
 
     #[test]
     fn ids_longer_than_manager_accepts_are_named_before_anything_is_sent() {

@@ -143,13 +143,14 @@ impl ClusterModel {
             self.inflight.remove(&key);
             self.engine.release_job(&key);
         }
-        let usage = mapping::usage_of_nodes(mirror.jobs.values(), &ids);
         for id in ids {
             let Some(node) = mirror.nodes.get(&id) else {
                 self.engine.remove_node(&id);
                 continue;
             };
-            let used = usage.get(&id).copied().unwrap_or_default();
+            // Through the mirror's node index: a start's answer re-reads one node, and must
+            // not cost a pass over every job of the fleet.
+            let used = mirror.node_usage(&id);
             match self.node_spec(node, used) {
                 Some(spec) => {
                     if let Err(e) = self.engine.upsert_node(spec) {
@@ -191,15 +192,11 @@ impl ClusterModel {
             .map(|j| j.node_id.clone())
             .filter(|n| !n.is_empty())
             .collect();
-        let usage = mapping::usage_of_nodes(
-            mirror.jobs.values().filter(|j| !jobs.contains(&j.job_id)),
-            &nodes,
-        );
         for id in nodes {
             let Some(node) = mirror.nodes.get(&id) else {
                 continue;
             };
-            let used = usage.get(&id).copied().unwrap_or_default();
+            let used = mapping::usage_on_node(mirror, &id, |j| !jobs.contains(&j.job_id));
             if let Some(spec) = self.node_spec(node, used)
                 && let Err(e) = engine.upsert_node(spec)
             {

@@ -5,7 +5,7 @@
 //!
 //! | Manager change | wakes |
 //! |---|---|
-//! | a job changed | its Bundle (held until the end of a pass of it running now, then only if the pass did not see it), its Migration in progress; the PlacementPool of the node (its used capacity moved) and that pool's HotSpareTargets; when an instance stopped, the bundles waiting for capacity in that pool |
+//! | a job changed | its Bundle (held until the end of a pass of it running now, then unless it is that pass's own start coming up), its Migration in progress; the PlacementPool of the node (its used capacity moved) and that pool's HotSpareTargets; when an instance stopped, the bundles waiting for capacity in that pool |
 //! | a start was refused | the job's Bundle |
 //! | a node came, went or changed (inventory included) | bundles waiting on its pool, the pool's HotSpareTargets and PlacementPool, and the bundle or Migration it was provisioned for |
 //! | a migration changed | the Migration driving it |
@@ -210,8 +210,8 @@ fn deliver(ctx: &Context, w: &Wakes) {
         return;
     }
     {
-        // A bundle in a pass now gets the change when the pass ends, and only if the pass did
-        // not already see it (see `WakeIndex::hold_for_pass`).
+        // A bundle in a pass now gets the change when the pass ends, unless it is that pass's
+        // own start coming up (see `WakeIndex::hold_for_pass`).
         let mut state = ctx.state();
         for b in &w.bundles {
             if let Some(r) = bundle_ref(b)

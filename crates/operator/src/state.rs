@@ -75,8 +75,8 @@ pub struct WakeIndex {
     /// HotSpareTargets by pool.
     spare_targets_by_pool: HashMap<String, HashSet<ObjectRef<HotSpareTarget>>>,
     /// Bundles in a pass now, and whether a change of their jobs came during it. Such a change
-    /// is held back: the pass may already have seen it (its own starts, their `Running`), and
-    /// the pass's end wakes the bundle again only if Manager moved past what it recorded.
+    /// is held back: it may be the pass's own starts coming up, which its status already
+    /// shows; the pass's end wakes the bundle again if anything else changed.
     in_pass: HashMap<ObjectRef<Bundle>, bool>,
 }
 

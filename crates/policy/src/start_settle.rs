@@ -4,7 +4,7 @@
 //! If the pass records at once, its status says `Placing` (or skips the write) and the
 //! `Running` change wakes a second pass only to write `Ready`: two reconciles per placement, the
 //! second one a status echo. Waiting briefly for the starts lets one pass write the settled
-//! status, and the runtime then drops the wake-up for a change the pass already saw.
+//! status, and the runtime then drops the wake-up that its own starts coming up would cause.
 //!
 //! The wait holds one of the controller's reconcile slots, so it only pays while Manager starts
 //! jobs quickly. [`StartSettle`] keeps a moving average of how long recent waits took (a wait

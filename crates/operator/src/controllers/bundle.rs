@@ -131,6 +131,7 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         return Ok(done);
     }
     pass.register(ctx).await?;
+    mark.note_observed();
     let mut seen = pass.observe(ctx);
     pass.push_configs(ctx, &mut seen).await?;
     let plans = pass.plan(ctx, &seen);
@@ -139,14 +140,18 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
 }
 
 /// Marks a bundle as in a pass, so the mirror pump holds changes of its jobs until the pass
-/// ends; then wakes it again only if Manager moved past what the pass recorded (the jobs as
-/// they were just before its last look). A pass that ends early (an error, a stall) recorded
-/// nothing to compare with and is woken by any held change, as without the mark.
+/// ends; then wakes it again unless the only changes since the pass looked (just before it
+/// planned) are its own starts coming up (`Starting`, `Running`), which its status already
+/// shows. A pass that ends early (an error, a stall) looked at nothing to compare with and is
+/// woken by any held change, as without the mark.
 struct PassMark<'c> {
     ctx: &'c Context,
     bundle: ObjectRef<Bundle>,
     bundle_id: String,
-    recorded: Option<Vec<proto::Job>>,
+    /// The bundle's jobs just before the pass planned.
+    observed: Option<Vec<proto::Job>>,
+    /// Jobs this pass started.
+    started: Vec<String>,
 }
 
 impl<'c> PassMark<'c> {
@@ -156,31 +161,49 @@ impl<'c> PassMark<'c> {
             ctx,
             bundle: pass.bundle_ref.clone(),
             bundle_id: pass.bundle_id.clone(),
-            recorded: None,
+            observed: None,
+            started: Vec::new(),
         }
     }
 
-    /// The bundle's jobs as Manager shows them now; called just before the pass's last look,
-    /// so a change between the two wakes the bundle again.
-    fn note_recorded(&mut self) {
-        self.recorded = Some(
+    /// Called just before the pass's look that it plans on, so a change between the two wakes
+    /// the bundle again.
+    fn note_observed(&mut self) {
+        self.observed = Some(
             self.ctx
                 .manager
                 .mirror()
                 .read(|m| bundle_jobs(m, &self.bundle_id)),
         );
     }
+
+    /// Whether Manager moved past what the pass planned on and recorded.
+    fn moved_past(&self, m: &MirrorState) -> bool {
+        let Some(observed) = &self.observed else {
+            return true;
+        };
+        let now = bundle_jobs(m, &self.bundle_id);
+        now.len() != observed.len()
+            || now.iter().zip(observed).any(|(job, before)| {
+                if job.job_id != before.job_id {
+                    true
+                } else if self.started.contains(&job.job_id) {
+                    !matches!(
+                        job.state(),
+                        proto::JobState::Starting | proto::JobState::Running
+                    )
+                } else {
+                    job != before
+                }
+            })
+    }
 }
 
 impl Drop for PassMark<'_> {
     fn drop(&mut self) {
-        let again = self.ctx.with_mirror(|m, s| {
-            s.wake.end_pass(&self.bundle)
-                && self
-                    .recorded
-                    .as_ref()
-                    .is_none_or(|r| *r != bundle_jobs(m, &self.bundle_id))
-        });
+        let again = self
+            .ctx
+            .with_mirror(|m, s| s.wake.end_pass(&self.bundle) && self.moved_past(m));
         if again {
             let _ = self.ctx.wake.bundles.send(self.bundle.clone());
         }
@@ -1051,8 +1074,8 @@ impl<'a> Pass<'a> {
             .values()
             .flat_map(|o| o.started_jobs.iter().map(String::as_str))
             .collect();
+        mark.started = started.iter().map(|id| (*id).to_owned()).collect();
         settle_starts(ctx, &started).await;
-        mark.note_recorded();
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
         let mut status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
@@ -1124,12 +1147,28 @@ impl<'a> Pass<'a> {
         write_status(ctx, self.bundle, &self.prev, status).await?;
         // A replica whose restart count clears soon is looked at again then (not at the
         // settled interval), so status shows the cleared count when it happens.
+        // A replica this pass restarted has its count to clear once the new start has run
+        // for its band's `restartClearAfter`: the pass records it running, so no later pass
+        // would otherwise look before the settled interval.
+        let restarted = plans.iter().filter_map(|(r, p)| {
+            let restarted = matches!(p.intent, ReplicaIntent::Place { recovery: true, .. })
+                && outcomes.get(r).is_some_and(|o| o.started);
+            restarted.then(|| {
+                seen.get(r)
+                    .into_iter()
+                    .flatten()
+                    .map(|s| s.band.restart_clear_after_ms)
+                    .max()
+                    .unwrap_or(0)
+            })
+        });
         let clear_in = plans
             .values()
             .filter_map(|p| match p.intent {
                 ReplicaIntent::Settled { clear_in_ms, .. } => clear_in_ms,
                 _ => None,
             })
+            .chain(restarted)
             .min()
             .map(|ms| {
                 Duration::from_millis(u64::try_from(ms).unwrap_or(0)) + Duration::from_millis(50)

@@ -523,11 +523,10 @@ fn plan(
         let pool_nodes: Vec<&proto::Node> = m.nodes.values().filter(|n| n.pool == name).collect();
         let ids: std::collections::HashSet<String> =
             pool_nodes.iter().map(|n| n.node_id.clone()).collect();
-        let usage = mapping::usage_of_nodes(m.jobs.values(), &ids);
         let mut held: BTreeMap<String, String> = BTreeMap::new();
         let mut nodes = Vec::new();
         for n in &pool_nodes {
-            let used = usage.get(&n.node_id).copied().unwrap_or_default();
+            let used = m.node_usage(&n.node_id);
             let Some(spec) =
                 mapping::node(n, used, s.model.overlay(&n.node_id), s.model.pool(&name))
             else {
