@@ -334,17 +334,31 @@ impl Inner {
         self.wake_timers_if_needed();
     }
 
+    /// The periodic state write (only when something changed).
     fn persist(&self) -> Result<(), SimError> {
+        self.persist_as(false)
+    }
+
+    /// The last state write of a stopping sim: always written, and marked clean, so a restart
+    /// from it keeps the epoch.
+    fn persist_final(&self) -> Result<(), SimError> {
+        self.persist_as(true)
+    }
+
+    fn persist_as(&self, clean_shutdown: bool) -> Result<(), SimError> {
         let Some(path) = &self.state_file else {
             return Ok(());
         };
         let saved: PersistedWorld = {
             let mut g = lock(&self.shared);
-            if !g.dirty {
+            if !g.dirty && !clean_shutdown {
                 return Ok(());
             }
             g.dirty = false;
-            g.world.persisted()
+            PersistedWorld {
+                clean_shutdown,
+                ..g.world.persisted()
+            }
         };
         write_state(path, &saved)
     }
@@ -1112,12 +1126,19 @@ impl Sim {
                     what: format!("reading {}", path.display()),
                     source,
                 })?;
-                let saved: PersistedWorld =
+                let mut saved: PersistedWorld =
                     serde_json::from_slice(&text).map_err(|e| SimError::CorruptState {
                         path: path.clone(),
                         message: e.to_string(),
                     })?;
-                tracing::info!(path = %path.display(), revision = saved.revision, "restored world");
+                if !saved.clean_shutdown {
+                    // Written periodically: watchers may have seen revisions after it, which
+                    // this world would number again with other events. A new epoch makes them
+                    // take a snapshot instead of resuming.
+                    saved.epoch = new_epoch();
+                    tracing::warn!(path = %path.display(), revision = saved.revision, "restored a periodic state write: new epoch, watchers resync");
+                }
+                tracing::info!(path = %path.display(), revision = saved.revision, epoch = %saved.epoch, "restored world");
                 World::restore(&config.pools, config.timing, log_cap, saved, now)
             }
             None => World::new(&config.pools, config.timing, log_cap, new_epoch(), now),
@@ -1235,7 +1256,7 @@ impl Sim {
             }
             timers.abort();
             persister.abort();
-            if let Err(e) = serve_inner.persist() {
+            if let Err(e) = serve_inner.persist_final() {
                 tracing::error!(error = %e, "final state write failed");
             }
         });
@@ -1351,7 +1372,7 @@ impl Drop for SimHandle {
     fn drop(&mut self) {
         if self.task.is_some() {
             self.begin_shutdown();
-            if let Err(e) = self.inner.persist() {
+            if let Err(e) = self.inner.persist_final() {
                 tracing::error!(error = %e, "final state write failed");
             }
         }

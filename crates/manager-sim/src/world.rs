@@ -263,6 +263,11 @@ pub struct PersistedWorld {
     pub log: Vec<Event>,
     /// Provisioning delay per pool (changed by slow-provision).
     pub pool_delays: BTreeMap<String, u64>,
+    /// Written by a clean shutdown, after which nothing was published: the file is the whole
+    /// state. A periodic write may be behind what watchers saw (a `kill -9` loses the rest),
+    /// so a world restored from one takes a new epoch.
+    #[serde(default)]
+    pub clean_shutdown: bool,
 }
 
 /// A consistent copy of the world's objects at one revision.
@@ -622,6 +627,7 @@ impl World {
                 .iter()
                 .map(|(k, p)| (k.clone(), p.provision_delay_ms))
                 .collect(),
+            clean_shutdown: false,
         }
     }
 
