@@ -1152,6 +1152,9 @@ pub struct Monitor {
     cordons: CordonLog,
     client: ManagerClient,
     endpoint: String,
+    /// How the monitor's own Watch went: each connection state and snapshot, with the revision.
+    stream_log: Arc<Mutex<Vec<String>>>,
+    stream_watch: tokio::task::JoinHandle<()>,
 }
 
 impl Monitor {
@@ -1202,6 +1205,8 @@ impl Monitor {
                 }
             })
         };
+        let stream_log = Arc::new(Mutex::new(Vec::new()));
+        let stream_watch = watch_stream(&client, stream_log.clone());
         Ok(Monitor {
             seen,
             samples,
@@ -1211,7 +1216,78 @@ impl Monitor {
             cordons: CordonLog::default(),
             client,
             endpoint: endpoint.to_owned(),
+            stream_log,
+            stream_watch,
         })
+    }
+
+    /// How the monitor's Watch went so far: each state change of its connection and each
+    /// snapshot it was sent, with its mirror's revision and epoch then.
+    pub fn stream_log(&self) -> Vec<String> {
+        self.stream_log
+            .lock()
+            .map(|l| l.clone())
+            .unwrap_or_default()
+    }
+
+    /// Where the monitor's mirror (kept by resuming its Watch) differs from Manager's state as a
+    /// fresh Watch sees it: the instances holding capacity that only one of them has (by job,
+    /// node, start time and state), at most 20 each way. Empty when they agree; meaningful once
+    /// nothing moves (a settled system), when both should be at the same revision.
+    pub async fn drift(&self) -> Result<Vec<String>, SetupError> {
+        let fresh = mirror_of(&self.endpoint).await?;
+        let mine = self.client.mirror().state();
+        let holding = |s: &MirrorState| -> BTreeSet<String> {
+            let (_, jobs, _) = manager_facts(s);
+            jobs.iter()
+                .flat_map(|j| {
+                    j.instances
+                        .iter()
+                        .filter(|i| i.state.holds_capacity())
+                        .map(move |i| {
+                            format!(
+                                "{}/{}/{} on {} started_at_ms={} {:?}{}",
+                                j.bundle_id,
+                                j.replica,
+                                j.job_name,
+                                i.node_id,
+                                i.started_at_ms,
+                                i.state,
+                                if i.normal { "" } else { " (migration target)" }
+                            )
+                        })
+                })
+                .collect()
+        };
+        let (a, b) = (holding(&mine), holding(&fresh));
+        let mut out = Vec::new();
+        let only_mine: Vec<_> = a.difference(&b).collect();
+        let only_fresh: Vec<_> = b.difference(&a).collect();
+        if only_mine.is_empty() && only_fresh.is_empty() {
+            return Ok(out);
+        }
+        out.push(format!(
+            "the monitor's mirror is at revision {} (epoch {}), a fresh Watch at {} (epoch {}): {} instances only in the mirror, {} only in Manager",
+            mine.revision,
+            mine.epoch,
+            fresh.revision,
+            fresh.epoch,
+            only_mine.len(),
+            only_fresh.len()
+        ));
+        out.extend(
+            only_mine
+                .iter()
+                .take(20)
+                .map(|i| format!("only in the mirror: {i}")),
+        );
+        out.extend(
+            only_fresh
+                .iter()
+                .take(20)
+                .map(|i| format!("only in Manager: {i}")),
+        );
+        Ok(out)
     }
 
     /// [`Monitor::start`] on the stack's sim, also watching the ManagerNode objects: a node
@@ -1232,6 +1308,7 @@ impl Monitor {
     /// history that cannot be read is reported as a cordon violation (the check did not run).
     pub async fn stop(self) -> (Violations, u64) {
         self.task.abort();
+        self.stream_watch.abort();
         if let Some(w) = &self.cordon_watch {
             w.abort();
         }
@@ -1261,6 +1338,47 @@ impl Monitor {
         }
         (seen, samples)
     }
+}
+
+/// Notes in `log` every state change of `client`'s connection and every snapshot its Watch is
+/// sent, each with the time and the mirror's revision and epoch then.
+fn watch_stream(
+    client: &ManagerClient,
+    log: Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    let mut states = client.state();
+    let mut changes = client.subscribe();
+    let mirror = client.mirror().clone();
+    let started = Instant::now();
+    tokio::spawn(async move {
+        let note = |what: String| {
+            let (revision, epoch) = mirror.read(|s| (s.revision, s.epoch.clone()));
+            if let Ok(mut l) = log.lock() {
+                l.push(format!(
+                    "+{:.1}s {what}; mirror at revision {revision} (epoch {epoch})",
+                    started.elapsed().as_secs_f64()
+                ));
+            }
+        };
+        loop {
+            tokio::select! {
+                r = states.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let s = *states.borrow_and_update();
+                    note(format!("connection {}", s.as_str()));
+                }
+                c = changes.recv() => match c {
+                    Ok(manager_client::MirrorChange::Resynced { revision, reason }) => {
+                        note(format!("snapshot at revision {revision} ({reason:?})"));
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    })
 }
 
 #[cfg(test)]

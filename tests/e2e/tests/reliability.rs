@@ -1169,6 +1169,16 @@ async fn sim_restart(scenario: &str, seed: u64, wipe: bool) {
     }
     let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
     let took = restarted.elapsed();
+    // The monitor's Watch lived through the restart: how it resumed, and whether its mirror
+    // still agrees with Manager (what it judged while the faults ran came from that mirror).
+    for l in monitor.stream_log() {
+        eprintln!("{scenario}: monitor watch {l}");
+    }
+    match monitor.drift().await {
+        Ok(d) if d.is_empty() => eprintln!("{scenario}: the monitor's mirror agrees with Manager"),
+        Ok(d) => d.iter().for_each(|l| eprintln!("{scenario}: {l}")),
+        Err(e) => eprintln!("{scenario}: the monitor's mirror not compared: {e}"),
+    }
     v.merge(&monitor.stop().await.0);
     if let Some(job) = v.lost.iter().next() {
         print_log_lines(&stack, job.split(':').next().unwrap_or_default());
