@@ -206,9 +206,14 @@ pub fn next(
         (_, P::StartingTarget | P::PreparingTarget, M::StateReceived) => {
             prepare_due(machine, seen, r)
         }
-        (S::Handover, P::StartingTarget, M::TargetReady) => event(MigrationEvent::TargetReady {
-            payload: r.target_ready_payload.clone(),
-        }),
+        // Completed: an operator killed after it sent the cutover but before it wrote the
+        // phase resumes here; the record still holds the payload, and the steps that follow
+        // (a cutover Manager refuses as done, then Completed) finish the machine.
+        (S::Handover, P::StartingTarget, M::TargetReady | M::CuttingOver | M::Completed) => {
+            event(MigrationEvent::TargetReady {
+                payload: r.target_ready_payload.clone(),
+            })
+        }
         (S::Overlap, P::StartingTarget, M::TargetReady) => event(MigrationEvent::TargetRunning),
         (S::StopThenStart, P::PreparingTarget, M::TargetReady) => {
             event(MigrationEvent::TargetPrepared)

@@ -111,6 +111,10 @@ fn every_manager_phase_maps_to_the_machines_event_per_strategy_and_phase() {
         (S::Handover, P::StartingTarget, Some(M::PreparingTarget), source_running(), Next::Wait),
         (S::Handover, P::StartingTarget, Some(M::TargetReady), source_running(),
             ev(MigrationEvent::TargetReady { payload: b"\"ready\"".to_vec() })),
+        (S::Handover, P::StartingTarget, Some(M::CuttingOver), source_running(),
+            ev(MigrationEvent::TargetReady { payload: b"\"ready\"".to_vec() })),
+        (S::Handover, P::StartingTarget, Some(M::Completed), Vec::new(),
+            ev(MigrationEvent::TargetReady { payload: b"\"ready\"".to_vec() })),
         (S::Handover, P::CutoverReady, Some(M::TargetReady), source_running(),
             Next::Resend(ManagerCall::Cutover { payload: b"\"ready\"".to_vec() })),
         (S::Handover, P::CutoverReady, Some(M::CuttingOver), source_running(), Next::Wait),
@@ -143,6 +147,31 @@ fn every_manager_phase_maps_to_the_machines_event_per_strategy_and_phase() {
             "{strategy:?} {phase:?} with Manager in {manager:?}"
         );
     }
+}
+
+#[test]
+fn a_handover_resumed_in_starting_target_after_manager_completed_it_ends_completed() {
+    // The operator sent the cutover and was killed before it wrote the phase: Manager finished
+    // the handover alone, and the new operator resumes from the phase in status.
+    let mut machine = machine_in(S::Handover, P::StartingTarget);
+    let o = seen(Some(record(M::Completed)), Vec::new());
+    for look in 0..10 {
+        if machine.is_ended() {
+            break;
+        }
+        match next(&machine, &o, at(1 + look), &PhaseTimeouts::default()) {
+            Next::Event(e) => {
+                machine
+                    .apply(e, at(1 + look))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+            // A cutover resent to a finished migration: Manager refuses it, which changes
+            // nothing (see `answer`).
+            Next::Resend(_) => {}
+            other => panic!("look {look}: {other:?} in {:?}", machine.phase()),
+        }
+    }
+    assert_eq!(machine.phase(), P::Completed);
 }
 
 #[test]
