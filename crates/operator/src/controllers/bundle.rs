@@ -141,8 +141,7 @@ async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
 
 /// Marks a bundle as in a pass, so the mirror pump holds changes of its jobs until the pass
 /// ends; then wakes it again unless the only changes since the pass looked (just before it
-/// planned) are its own starts coming up (`Starting`, `Running`), which its status already
-/// shows. A pass that ends early (an error, a stall) looked at nothing to compare with and is
+/// planned) are its own starts, in the phase its status recorded for them. A pass that ends early (an error, a stall) looked at nothing to compare with and is
 /// woken by any held change, as without the mark.
 struct PassMark<'c> {
     ctx: &'c Context,
@@ -150,8 +149,8 @@ struct PassMark<'c> {
     bundle_id: String,
     /// The bundle's jobs just before the pass planned.
     observed: Option<Vec<proto::Job>>,
-    /// Jobs this pass started.
-    started: Vec<String>,
+    /// Jobs this pass started, with the phase its status recorded for each.
+    started: HashMap<String, JobPhase>,
 }
 
 impl<'c> PassMark<'c> {
@@ -162,7 +161,7 @@ impl<'c> PassMark<'c> {
             bundle: pass.bundle_ref.clone(),
             bundle_id: pass.bundle_id.clone(),
             observed: None,
-            started: Vec::new(),
+            started: HashMap::new(),
         }
     }
 
@@ -187,11 +186,8 @@ impl<'c> PassMark<'c> {
             || now.iter().zip(observed).any(|(job, before)| {
                 if job.job_id != before.job_id {
                     true
-                } else if self.started.contains(&job.job_id) {
-                    !matches!(
-                        job.state(),
-                        proto::JobState::Starting | proto::JobState::Running
-                    )
+                } else if let Some(recorded) = self.started.get(&job.job_id) {
+                    *recorded != mapping::job_phase(job.state())
                 } else {
                     job != before
                 }
@@ -1074,10 +1070,20 @@ impl<'a> Pass<'a> {
             .values()
             .flat_map(|o| o.started_jobs.iter().map(String::as_str))
             .collect();
-        mark.started = started.iter().map(|id| (*id).to_owned()).collect();
         settle_starts(ctx, &started).await;
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
+        mark.started = seen
+            .values()
+            .flatten()
+            .filter_map(|s| {
+                let id = s
+                    .job_id
+                    .as_ref()
+                    .filter(|id| started.contains(&id.as_str()))?;
+                Some((id.clone(), s.job.phase))
+            })
+            .collect();
         let mut status = self.status(ctx, &seen, plans, outcomes, broken.as_deref());
         let phase = status.phase;
         ctx.set_broken(&self.bundle_id, phase == BundlePhase::Broken);
