@@ -365,9 +365,15 @@ impl MirrorState {
     /// two differ only after a bundle changed a running job's requirements).
     /// Reads only the node's jobs (an index), not every job.
     pub fn node_usage(&self, node_id: &str) -> (f64, i32) {
+        self.node_usage_where(node_id, |_| true)
+    }
+
+    /// [`MirrorState::node_usage`] counting only the jobs `keep` lets through (what a node
+    /// would hold were the others stopped).
+    pub fn node_usage_where(&self, node_id: &str, keep: impl Fn(&Job) -> bool) -> (f64, i32) {
         let mut capacity = 0.0;
         let mut cores = 0i32;
-        for job in self.jobs_on(node_id) {
+        for job in self.jobs_on(node_id).filter(|j| keep(j)) {
             let Some(req) = &job.requirements else {
                 continue;
             };
@@ -493,6 +499,39 @@ impl Mirror {
 mod tests {
     use super::*;
     use manager_proto::{JobRemoved, JobUpdated, NodeStarted};
+
+    #[test]
+    fn node_usage_counts_the_holding_instances_on_the_node_that_the_filter_keeps() {
+        let job = |id: &str, instances: &[(&str, manager_proto::JobState)]| Job {
+            job_id: id.into(),
+            bundle_id: "ns.b".into(),
+            node_id: instances.last().map_or("", |i| i.0).into(),
+            requirements: Some(manager_proto::JobRequirements {
+                required_capacity: 2.5,
+                required_cores: 1,
+                ..Default::default()
+            }),
+            instances: instances
+                .iter()
+                .map(|(node, state)| manager_proto::JobInstance {
+                    node_id: (*node).into(),
+                    state: *state as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        use manager_proto::JobState as S;
+        let mut m = MirrorState::default();
+        m.insert_job(job("a", &[("n1", S::Running)]));
+        // Moving: its stopping source on n1 still holds capacity there, its target on n2 too.
+        m.insert_job(job("b", &[("n1", S::Stopping), ("n2", S::Starting)]));
+        m.insert_job(job("c", &[("n1", S::Failed)]));
+        assert_eq!(m.node_usage("n1"), (5.0, 2));
+        assert_eq!(m.node_usage("n2"), (2.5, 1));
+        assert_eq!(m.node_usage_where("n1", |j| j.job_id != "a"), (2.5, 1));
+        assert_eq!(m.node_usage("n3"), (0.0, 0));
+    }
 
     fn ev(revision: u64, kind: event::Kind) -> Event {
         Event {

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use automanager_api as api;
 use automanager_placement as pl;
-use manager_client::MirrorState;
 use manager_proto as proto;
 
 pub use automanager_policy::tags::{
@@ -414,28 +413,6 @@ pub fn holds_capacity(state: i32) -> bool {
     )
 }
 
-/// Capacity and cores held on `node` by the jobs `keep` lets through, read through the
-/// mirror's node index (only the node's jobs). [`MirrorState::node_usage`] with a filter.
-pub fn usage_on_node(
-    mirror: &MirrorState,
-    node: &str,
-    keep: impl Fn(&proto::Job) -> bool,
-) -> (f64, i32) {
-    let mut used = (0.0, 0i32);
-    for job in mirror.jobs_on(node).filter(|j| keep(j)) {
-        let Some(req) = &job.requirements else {
-            continue;
-        };
-        for inst in &job.instances {
-            if inst.node_id == node && holds_capacity(inst.state) {
-                used.0 += req.required_capacity;
-                used.1 = used.1.saturating_add(req.required_cores);
-            }
-        }
-    }
-    used
-}
-
 /// The bounded trace summary the Bundle status keeps, from the engine's summary.
 pub fn trace_summary(
     s: &pl::TraceSummary,
@@ -495,45 +472,6 @@ pub fn trace_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn usage_on_a_node_counts_its_holding_instances_that_the_filter_keeps() {
-        let job = |id: &str, instances: &[(&str, proto::JobState)]| proto::Job {
-            job_id: id.into(),
-            bundle_id: "ns.b".into(),
-            node_id: instances.last().map_or("", |i| i.0).into(),
-            requirements: Some(proto::JobRequirements {
-                required_capacity: 2.5,
-                required_cores: 1,
-                ..Default::default()
-            }),
-            instances: instances
-                .iter()
-                .map(|(node, state)| proto::JobInstance {
-                    node_id: (*node).into(),
-                    state: *state as i32,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        };
-        let mut m = MirrorState::default();
-        m.insert_job(job("a", &[("n1", proto::JobState::Running)]));
-        // Moving: its stopping source on n1 still holds capacity there, its target on n2 too.
-        m.insert_job(job(
-            "b",
-            &[
-                ("n1", proto::JobState::Stopping),
-                ("n2", proto::JobState::Starting),
-            ],
-        ));
-        m.insert_job(job("c", &[("n1", proto::JobState::Failed)]));
-        assert_eq!(usage_on_node(&m, "n1", |_| true), (5.0, 2));
-        assert_eq!(usage_on_node(&m, "n2", |_| true), (2.5, 1));
-        assert_eq!(usage_on_node(&m, "n1", |j| j.job_id != "a"), (2.5, 1));
-        assert_eq!(usage_on_node(&m, "n3", |_| true), (0.0, 0));
-        assert_eq!(m.node_usage("n1"), usage_on_node(&m, "n1", |_| true));
-    }
 
     #[test]
     fn ids_longer_than_manager_accepts_are_named_before_anything_is_sent() {

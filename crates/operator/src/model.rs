@@ -196,7 +196,7 @@ impl ClusterModel {
             let Some(node) = mirror.nodes.get(&id) else {
                 continue;
             };
-            let used = mapping::usage_on_node(mirror, &id, |j| !jobs.contains(&j.job_id));
+            let used = mirror.node_usage_where(&id, |j| !jobs.contains(&j.job_id));
             if let Some(spec) = self.node_spec(node, used)
                 && let Err(e) = engine.upsert_node(spec)
             {
