@@ -69,7 +69,7 @@ pub enum MirrorChange {
 }
 
 /// The mirrored objects at one revision.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct MirrorState {
     /// Identity of the Manager world this state came from.
     pub epoch: String,
@@ -88,6 +88,90 @@ pub struct MirrorState {
     jobs_by_bundle: Index,
     /// Job ids by the nodes their instances (or their current node) are on.
     jobs_by_node: Index,
+    /// What the holding instances use on each node, kept with `jobs_by_node`: a start's answer
+    /// re-reads its node's usage, and on a packed node summing its jobs each time costs more
+    /// than the rest of the answer.
+    usage_by_node: HashMap<String, NodeUsage>,
+    /// Counts job changes; [`MirrorState::node_jobs_version`] reads it.
+    job_changes: u64,
+    /// The value of `job_changes` when a job on each node last changed.
+    node_jobs_version: HashMap<String, u64>,
+}
+
+/// Two mirrors are equal when they hold the same objects at the same revision; the indexes
+/// follow from those, and the change counters only say how each mirror got there.
+impl PartialEq for MirrorState {
+    fn eq(&self, other: &Self) -> bool {
+        self.epoch == other.epoch
+            && self.revision == other.revision
+            && self.nodes == other.nodes
+            && self.jobs == other.jobs
+            && self.bundles == other.bundles
+            && self.migrations == other.migrations
+    }
+}
+
+/// Capacity and cores held on one node. Capacity is summed in millionths of a unit, so adding
+/// and later removing a job leaves exactly what was there (summed `f64`s would drift, and a
+/// node with exactly enough room could read as a hair short).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct NodeUsage {
+    capacity_micros: i128,
+    cores: i64,
+}
+
+impl NodeUsage {
+    fn as_pair(self) -> (f64, i32) {
+        (
+            self.capacity_micros as f64 / 1e6,
+            i32::try_from(self.cores).unwrap_or(if self.cores < 0 { i32::MIN } else { i32::MAX }),
+        )
+    }
+}
+
+/// A job's requirements in [`NodeUsage`] units, and the nodes each of its holding instances
+/// is on (an instance counts once per appearance, as Manager's worker reserves it).
+fn holdings(job: &Job) -> impl Iterator<Item = (&str, i128, i64)> + '_ {
+    let (capacity, cores) = job.requirements.as_ref().map_or((0, 0), |r| {
+        // `as` saturates (and maps NaN to 0): a peer's absurd value cannot overflow the sum.
+        ((r.required_capacity * 1e6).round() as i64, r.required_cores)
+    });
+    job.instances
+        .iter()
+        .filter(move |_| job.requirements.is_some())
+        .filter(|i| i.holds_capacity() && !i.node_id.is_empty())
+        .map(move |i| (i.node_id.as_str(), i128::from(capacity), i64::from(cores)))
+}
+
+fn mark_nodes(versions: &mut HashMap<String, u64>, version: u64, job: &Job) {
+    for node in nodes_of(job) {
+        match versions.get_mut(node) {
+            Some(v) => *v = version,
+            None => {
+                versions.insert(node.to_owned(), version);
+            }
+        }
+    }
+}
+
+fn add_usage(usage: &mut HashMap<String, NodeUsage>, job: &Job) {
+    for (node, capacity, cores) in holdings(job) {
+        let u = usage.entry(node.to_owned()).or_default();
+        u.capacity_micros += capacity;
+        u.cores += cores;
+    }
+}
+
+fn remove_usage(usage: &mut HashMap<String, NodeUsage>, job: &Job) {
+    for (node, capacity, cores) in holdings(job) {
+        if let Some(u) = usage.get_mut(node) {
+            u.capacity_micros -= capacity;
+            u.cores -= cores;
+            if *u == NodeUsage::default() {
+                usage.remove(node);
+            }
+        }
+    }
 }
 
 /// A full copy of Manager's objects, as assembled from snapshot chunks.
@@ -236,25 +320,38 @@ impl MirrorState {
     /// Adds or replaces a job, keeping the indexes. (Insert jobs through this, not into
     /// `jobs` directly, or the by-bundle and by-node queries miss them.)
     pub fn insert_job(&mut self, job: Job) {
+        self.job_changes += 1;
         if let Some(old) = self.jobs.get(&job.job_id) {
             unindex(&mut self.jobs_by_bundle, &mut self.jobs_by_node, old);
+            remove_usage(&mut self.usage_by_node, old);
+            mark_nodes(&mut self.node_jobs_version, self.job_changes, old);
         }
         index(&mut self.jobs_by_bundle, &mut self.jobs_by_node, &job);
+        add_usage(&mut self.usage_by_node, &job);
+        mark_nodes(&mut self.node_jobs_version, self.job_changes, &job);
         self.jobs.insert(job.job_id.clone(), job);
     }
 
     /// Removes a job, keeping the indexes.
     pub fn remove_job(&mut self, job_id: &str) -> Option<Job> {
         let old = self.jobs.remove(job_id)?;
+        self.job_changes += 1;
         unindex(&mut self.jobs_by_bundle, &mut self.jobs_by_node, &old);
+        remove_usage(&mut self.usage_by_node, &old);
+        mark_nodes(&mut self.node_jobs_version, self.job_changes, &old);
         Some(old)
     }
 
     fn rebuild_indexes(&mut self) {
         self.jobs_by_bundle.clear();
         self.jobs_by_node.clear();
+        self.usage_by_node.clear();
+        self.node_jobs_version.clear();
+        self.job_changes += 1;
         for job in self.jobs.values() {
             index(&mut self.jobs_by_bundle, &mut self.jobs_by_node, job);
+            add_usage(&mut self.usage_by_node, job);
+            mark_nodes(&mut self.node_jobs_version, self.job_changes, job);
         }
     }
 
@@ -321,6 +418,8 @@ impl MirrorState {
                 .into_iter()
                 .map(|m| (m.migration_id.clone(), m))
                 .collect(),
+            // Versions stay increasing across the swap, so none read before it repeats.
+            job_changes: self.job_changes,
             ..MirrorState::default()
         };
         new.rebuild_indexes();
@@ -363,28 +462,34 @@ impl MirrorState {
     /// STARTING, RUNNING or STOPPING, from the jobs' current requirements
     /// (the worker keeps what an instance reserved when it started, so the
     /// two differ only after a bundle changed a running job's requirements).
-    /// Reads only the node's jobs (an index), not every job.
+    /// Kept as jobs change, so reading it costs one lookup.
     pub fn node_usage(&self, node_id: &str) -> (f64, i32) {
-        self.node_usage_where(node_id, |_| true)
+        self.usage_by_node
+            .get(node_id)
+            .map_or((0.0, 0), |u| u.as_pair())
+    }
+
+    /// Changes whenever a job on `node_id` ([`MirrorState::jobs_on`]) is added, changed or
+    /// removed, and only then: a reader that kept what it derived from the node's jobs can
+    /// tell whether to derive it again. Never repeats a value for a node within one process,
+    /// across snapshots too; 0 for a node without jobs since the last snapshot.
+    pub fn node_jobs_version(&self, node_id: &str) -> u64 {
+        self.node_jobs_version.get(node_id).copied().unwrap_or(0)
     }
 
     /// [`MirrorState::node_usage`] counting only the jobs `keep` lets through (what a node
-    /// would hold were the others stopped).
+    /// would hold were the others stopped). Reads the node's jobs (an index), not every job.
     pub fn node_usage_where(&self, node_id: &str, keep: impl Fn(&Job) -> bool) -> (f64, i32) {
-        let mut capacity = 0.0;
-        let mut cores = 0i32;
+        let mut usage = NodeUsage::default();
         for job in self.jobs_on(node_id).filter(|j| keep(j)) {
-            let Some(req) = &job.requirements else {
-                continue;
-            };
-            for inst in &job.instances {
-                if inst.holds_capacity() && inst.node_id == node_id {
-                    capacity += req.required_capacity;
-                    cores = cores.saturating_add(req.required_cores);
+            for (node, capacity, cores) in holdings(job) {
+                if node == node_id {
+                    usage.capacity_micros += capacity;
+                    usage.cores += cores;
                 }
             }
         }
-        (capacity, cores)
+        usage.as_pair()
     }
 }
 
@@ -531,6 +636,94 @@ mod tests {
         assert_eq!(m.node_usage("n2"), (2.5, 1));
         assert_eq!(m.node_usage_where("n1", |j| j.job_id != "a"), (2.5, 1));
         assert_eq!(m.node_usage("n3"), (0.0, 0));
+    }
+
+    #[test]
+    fn node_usage_kept_as_jobs_change_equals_a_fresh_sum() {
+        use manager_proto::JobState as S;
+        let job = |id: &str, capacity: f64, instances: &[(&str, S)]| Job {
+            job_id: id.into(),
+            bundle_id: "ns.b".into(),
+            requirements: Some(manager_proto::JobRequirements {
+                required_capacity: capacity,
+                required_cores: 1,
+                ..Default::default()
+            }),
+            instances: instances
+                .iter()
+                .map(|(node, state)| manager_proto::JobInstance {
+                    node_id: (*node).into(),
+                    state: *state as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let mut m = MirrorState::default();
+        // Tenths do not add up exactly as floats; the kept sum still returns to zero.
+        for i in 0..10 {
+            m.insert_job(job(&format!("j{i}"), 0.1, &[("n1", S::Starting)]));
+        }
+        assert_eq!(m.node_usage("n1"), (1.0, 10));
+        for i in 0..10 {
+            m.insert_job(job(&format!("j{i}"), 0.1, &[("n1", S::Running)]));
+        }
+        assert_eq!(m.node_usage("n1"), (1.0, 10));
+        // A job moves: source stopping on n1, target starting on n2; then the source is gone.
+        m.insert_job(job("j0", 0.1, &[("n1", S::Stopping), ("n2", S::Starting)]));
+        assert_eq!(m.node_usage("n2"), (0.1, 1));
+        m.insert_job(job("j0", 0.1, &[("n1", S::Stopped), ("n2", S::Running)]));
+        assert_eq!(m.node_usage("n1"), (0.9, 9));
+        for i in 0..10 {
+            m.remove_job(&format!("j{i}"));
+        }
+        assert_eq!(m.node_usage("n1"), (0.0, 0));
+        assert_eq!(m.node_usage("n2"), (0.0, 0));
+        assert!(m.usage_by_node.is_empty());
+        // Absurd values from a peer saturate instead of overflowing.
+        m.insert_job(job("huge", f64::MAX, &[("n1", S::Running)]));
+        m.insert_job(job("nan", f64::NAN, &[("n1", S::Running)]));
+        assert!(m.node_usage("n1").0 > 1e12);
+        m.remove_job("huge");
+        assert_eq!(m.node_usage("n1"), (0.0, 1));
+    }
+
+    proptest::proptest! {
+        /// Whatever order jobs are inserted, replaced and removed in, the usage kept per node
+        /// is the sum over the node's jobs (the filtered read, which sums afresh).
+        #[test]
+        fn kept_node_usage_matches_a_fresh_sum(
+            ops in proptest::collection::vec((0u8..6, 0usize..3, 0usize..3, 0i32..4, 0u32..40), 1..60)
+        ) {
+            let nodes = ["n1", "n2", "n3"];
+            let mut m = MirrorState::default();
+            for (job, node_a, node_b, state, capacity) in ops {
+                let id = format!("j{job}");
+                if state == 0 {
+                    m.remove_job(&id);
+                    continue;
+                }
+                let st = [manager_proto::JobState::Running, manager_proto::JobState::Stopping, manager_proto::JobState::Failed][state as usize - 1];
+                m.insert_job(Job {
+                    job_id: id.clone(),
+                    bundle_id: "ns.b".into(),
+                    node_id: nodes[node_b].into(),
+                    requirements: Some(manager_proto::JobRequirements {
+                        required_capacity: f64::from(capacity) / 10.0,
+                        required_cores: 1,
+                        ..Default::default()
+                    }),
+                    instances: vec![
+                        manager_proto::JobInstance { node_id: nodes[node_a].into(), state: st as i32, ..Default::default() },
+                        manager_proto::JobInstance { node_id: nodes[node_b].into(), state: manager_proto::JobState::Starting as i32, ..Default::default() },
+                    ],
+                    ..Default::default()
+                });
+            }
+            for n in nodes {
+                proptest::prop_assert_eq!(m.node_usage(n), m.node_usage_where(n, |_| true));
+            }
+        }
     }
 
     fn ev(revision: u64, kind: event::Kind) -> Event {

@@ -108,7 +108,7 @@ fn node_state(n: &proto::Node) -> NodeState {
 
 /// What one node holds: its jobs (sorted by job id, at most 512, the schema's bound), how many
 /// there are, and the capacity and cores they use (all of them, past the bound too).
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct NodeLoad {
     jobs: Vec<NodeJob>,
     /// Every instance, past the bound too.
@@ -116,15 +116,14 @@ struct NodeLoad {
     used: (f64, i32),
 }
 
-/// Each node's load (instances that hold capacity), in one pass over the mirror's jobs.
-fn load_by_node(mirror: &MirrorState) -> HashMap<&str, NodeLoad> {
-    let mut out: HashMap<&str, NodeLoad> = HashMap::new();
-    for j in mirror.jobs.values() {
-        for i in &j.instances {
-            if !mapping::holds_capacity(i.state) {
+/// One node's load (its instances that hold capacity), from the mirror's node index.
+fn load_of(mirror: &MirrorState, node_id: &str) -> NodeLoad {
+    let mut load = NodeLoad::default();
+    for j in mirror.jobs_on(node_id) {
+        for i in j.instances.iter().filter(|i| i.node_id == node_id) {
+            if !i.holds_capacity() {
                 continue;
             }
-            let load = out.entry(i.node_id.as_str()).or_default();
             if let Some(r) = &j.requirements {
                 load.used.0 += r.required_capacity;
                 load.used.1 = load.used.1.saturating_add(r.required_cores);
@@ -147,12 +146,44 @@ fn load_by_node(mirror: &MirrorState) -> HashMap<&str, NodeLoad> {
             });
         }
     }
-    for load in out.values_mut() {
-        load.count = load.jobs.len();
-        load.jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
-        load.jobs.truncate(512);
+    load.count = load.jobs.len();
+    load.jobs.sort_by(|a, b| a.job_id.cmp(&b.job_id));
+    load.jobs.truncate(512);
+    load
+}
+
+/// Each node's load as of the last pass, with the mirror's version of the node's jobs
+/// ([`MirrorState::node_jobs_version`]): a pass derives again only the nodes whose jobs
+/// changed. The loop runs every `statusWriteInterval`; deriving every node's list each time
+/// cost a pass over the fleet's jobs four times a second.
+#[derive(Default)]
+struct LoadCache {
+    epoch: String,
+    loads: HashMap<String, (u64, NodeLoad)>,
+}
+
+impl LoadCache {
+    fn load(&mut self, mirror: &MirrorState, node_id: &str) -> NodeLoad {
+        if self.epoch != mirror.epoch {
+            self.loads.clear();
+            self.epoch.clone_from(&mirror.epoch);
+        }
+        let version = mirror.node_jobs_version(node_id);
+        match self.loads.get(node_id) {
+            Some((v, load)) if *v == version => load.clone(),
+            _ => {
+                let load = load_of(mirror, node_id);
+                self.loads
+                    .insert(node_id.to_owned(), (version, load.clone()));
+                load
+            }
+        }
     }
-    out
+
+    /// Forgets nodes the mirror no longer has.
+    fn retain_nodes(&mut self, mirror: &MirrorState) {
+        self.loads.retain(|id, _| mirror.nodes.contains_key(id));
+    }
 }
 
 /// The status a node's object should carry, from the mirror and the operator's own view.
@@ -250,6 +281,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
         .status_write_interval
         .max(Duration::from_millis(50));
     let mut last_pass = tokio::time::Instant::now();
+    let mut loads = LoadCache::default();
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
@@ -269,11 +301,9 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
         // Without the cluster scope no object is written: only the health overlay is kept.
         let owns = ctx.settings.owns_cluster_scope;
         let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
-            let mut by_node = if owns {
-                load_by_node(m)
-            } else {
-                Default::default()
-            };
+            if owns {
+                loads.retain_nodes(m);
+            }
             let mut desired = Vec::with_capacity(m.nodes.len());
             for n in m.nodes.values() {
                 let unhealthy = unhealthy_now.contains(&n.node_id);
@@ -309,7 +339,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                 };
                 let mut status = desired_status(
                     n,
-                    by_node.remove(n.node_id.as_str()).unwrap_or_default(),
+                    loads.load(m, &n.node_id),
                     overlay,
                     rejections,
                     blocked,
@@ -747,24 +777,32 @@ mod tests {
         ] {
             m.insert_job(j);
         }
-        let by_node = load_by_node(&m);
-        let ids = |n: &str| -> Vec<String> {
-            by_node
-                .get(n)
-                .map(|l| l.jobs.iter().map(|j| j.job_id.clone()).collect())
-                .unwrap_or_default()
-        };
-        assert_eq!(ids("n1"), ["ns.b/0/enc", "ns.b/1/enc"]);
+        let mut cache = LoadCache::default();
+        let ids =
+            |l: &NodeLoad| -> Vec<String> { l.jobs.iter().map(|j| j.job_id.clone()).collect() };
+        let (n1, n2) = (cache.load(&m, "n1"), cache.load(&m, "n2"));
+        assert_eq!(ids(&n1), ["ns.b/0/enc", "ns.b/1/enc"]);
         assert_eq!(
-            ids("n2"),
+            ids(&n2),
             ["ns.b/0/enc"],
             "the stopped instance holds nothing"
         );
-        assert!((by_node["n1"].used.0 - 20.8).abs() < 1e-9);
-        assert!((by_node["n2"].used.0 - 10.4).abs() < 1e-9);
-        let target = &by_node["n2"].jobs[0];
+        assert!((n1.used.0 - 20.8).abs() < 1e-9);
+        assert!((n2.used.0 - 10.4).abs() < 1e-9);
+        let target = &n2.jobs[0];
         assert_eq!(target.role, "migrationTarget");
         assert_eq!(target.bundle.as_deref(), Some("ns/b"));
         assert_eq!(target.capacity, 10);
+
+        // A job starting on n2 is seen on the next read; n1's jobs did not change.
+        m.insert_job(job("ns.d/0/enc", "ns.d", &[("n2", S::Running, R::Normal)]));
+        assert_eq!(ids(&cache.load(&m, "n2")), ["ns.b/0/enc", "ns.d/0/enc"]);
+        assert_eq!(ids(&cache.load(&m, "n1")), ["ns.b/0/enc", "ns.b/1/enc"]);
+        // The migration ends: the source on n1 is gone, the target on n2 is the job now.
+        m.insert_job(job("ns.b/0/enc", "ns.b", &[("n2", S::Running, R::Normal)]));
+        assert_eq!(ids(&cache.load(&m, "n1")), ["ns.b/1/enc"]);
+        assert_eq!(cache.load(&m, "n2").jobs[0].role, "");
+        m.remove_job("ns.b/1/enc");
+        assert_eq!(cache.load(&m, "n1").count, 0);
     }
 }
