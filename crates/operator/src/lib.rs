@@ -9,6 +9,7 @@ pub mod controllers;
 pub mod fence;
 pub mod http;
 pub mod leader;
+pub mod lean;
 pub mod mapping;
 pub mod metrics;
 pub mod model;

@@ -23,7 +23,7 @@ use std::time::Duration;
 use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
 use automanager_placement as pl;
 use automanager_policy::ids::BundleId;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,6 +33,7 @@ use tokio::sync::broadcast;
 use tokio_stream::wrappers::{BroadcastStream, UnboundedReceiverStream};
 
 use crate::controllers::{self, Context};
+use crate::lean::Lean;
 use crate::mapping;
 use crate::state::SNAPSHOT_EVERY;
 
@@ -271,9 +272,10 @@ fn trim_for_store<K: Resource>(obj: &mut K) {
 }
 
 /// A watch of `api` that reflects every change into a store and passes on only spec changes
-/// ([`spec_changes`]): a controller built on it is not woken by status echoes.
+/// ([`spec_changes`]): a controller built on it is not woken by status echoes. Objects are
+/// decoded [`Lean`]: their field-ownership records are skipped, not built and dropped.
 fn spec_watch<K>(
-    api: Api<K>,
+    api: Api<Lean<K>>,
 ) -> (
     reflector::Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -289,12 +291,24 @@ where
 {
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
+        .map_ok(unwrap_lean)
         .default_backoff()
         .modify(trim_for_store)
         .reflect(writer)
         .applied_objects()
         .predicate_filter(spec_changes::<K>, Default::default());
     (reader, stream)
+}
+
+fn unwrap_lean<K>(event: watcher::Event<Lean<K>>) -> watcher::Event<K> {
+    use watcher::Event as E;
+    match event {
+        E::Apply(Lean(k)) => E::Apply(k),
+        E::Delete(Lean(k)) => E::Delete(k),
+        E::Init => E::Init,
+        E::InitApply(Lean(k)) => E::InitApply(k),
+        E::InitDone => E::InitDone,
+    }
 }
 
 fn everything(ctx: &Context) -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -321,7 +335,7 @@ pub async fn run_controllers(
         return;
     };
 
-    let (bundle_store, bundle_events) = spec_watch(scoped::<Bundle>(&ctx));
+    let (bundle_store, bundle_events) = spec_watch(scoped::<Lean<Bundle>>(&ctx));
     let bundles_known = bundle_store.clone();
     let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
         .with_config(
@@ -354,7 +368,7 @@ pub async fn run_controllers(
         )
         .for_each(|_| futures::future::ready(()));
 
-    let (pool_store, pool_events) = spec_watch(Api::<PlacementPool>::all(ctx.client.clone()));
+    let (pool_store, pool_events) = spec_watch(Api::<Lean<PlacementPool>>::all(ctx.client.clone()));
     let pools_known = pool_store.clone();
     let pool_controller = Controller::for_stream(pool_events, pool_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
@@ -376,7 +390,7 @@ pub async fn run_controllers(
         .for_each(|_| futures::future::ready(()));
 
     // A migrate drain steps when one of its Migrations changes.
-    let (node_store, node_events) = spec_watch(Api::<ManagerNode>::all(ctx.client.clone()));
+    let (node_store, node_events) = spec_watch(Api::<Lean<ManagerNode>>::all(ctx.client.clone()));
     let node_controller = Controller::for_stream(node_events, node_store)
         .watches(
             scoped::<Migration>(&ctx),
@@ -395,7 +409,8 @@ pub async fn run_controllers(
         )
         .for_each(|_| futures::future::ready(()));
 
-    let (spare_store, spare_events) = spec_watch(Api::<HotSpareTarget>::all(ctx.client.clone()));
+    let (spare_store, spare_events) =
+        spec_watch(Api::<Lean<HotSpareTarget>>::all(ctx.client.clone()));
     let spare_targets_known = spare_store.clone();
     let spare_controller = Controller::for_stream(spare_events, spare_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
@@ -409,7 +424,7 @@ pub async fn run_controllers(
         )
         .for_each(|_| futures::future::ready(()));
 
-    let (migration_store, migration_events) = spec_watch(scoped::<Migration>(&ctx));
+    let (migration_store, migration_events) = spec_watch(scoped::<Lean<Migration>>(&ctx));
     let migrations_known = migration_store.clone();
     let migration_controller = Controller::for_stream(migration_events, migration_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
