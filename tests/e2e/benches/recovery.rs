@@ -416,6 +416,15 @@ async fn run() -> Result<(), SetupError> {
             "bands".into(),
             serde_json::json!({"gold": {"maxRestartsPerHour": 1000}}),
         );
+        // Each kill measures one node's recovery; a hundred of them back to back is, to the
+        // fleet brakes, a zone going down and a provisioning storm, which they rightly stop
+        // (docs/fleet-safety-brakes.md). Off here, so every kill is the single failure it
+        // stands for.
+        c.insert("zoneBrake".into(), serde_json::json!({"enabled": false}));
+        c.insert(
+            "provisioning".into(),
+            serde_json::json!({"perPoolPerMinute": 10000}),
+        );
     })
     .await?;
     measure(&stack, kills, handovers).await.map_err(|e| {
