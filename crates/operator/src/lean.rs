@@ -215,6 +215,23 @@ mod tests {
     }
 
     #[test]
+    fn a_job_config_nested_past_the_decoders_depth_limit_still_decodes() {
+        // The operator answers such a Bundle itself (docs/api.md); the watch must deliver it.
+        let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+        let mut v = bundle_json();
+        v["spec"]["jobs"][0]["config"] = serde_json::json!({});
+        let text = v
+            .to_string()
+            .replace(r#""config":{}"#, &format!(r#""config":{{"deep":{deep}}}"#));
+        let full: Bundle = serde_json::from_str(&text).expect("full decode");
+        let Lean(lean) = serde_json::from_str::<Lean<Bundle>>(&text).expect("lean decode");
+        assert_eq!(
+            serde_json::to_string(&lean.spec).expect("encode"),
+            serde_json::to_string(&full.spec).expect("encode")
+        );
+    }
+
+    #[test]
     fn a_malformed_object_is_an_error_naming_what_failed() {
         for bad in [
             r#"{"metadata": {"name": 5}}"#,
