@@ -469,37 +469,17 @@ pub async fn apply_status_if<K>(
 where
     K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    /// The apply body, serialized straight from `status` (no `serde_json::Value` in between).
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct StatusApply<'a, S> {
-        api_version: std::borrow::Cow<'a, str>,
-        kind: std::borrow::Cow<'a, str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        metadata: Option<Version<'a>>,
-        status: &'a S,
+    let mut patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    if let Some(rv) = resource_version {
+        patch["metadata"] = serde_json::json!({ "resourceVersion": rv });
     }
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Version<'a> {
-        resource_version: &'a str,
-    }
-    let patch = StatusApply {
-        api_version: K::api_version(&()),
-        kind: K::kind(&()),
-        metadata: resource_version.map(|rv| Version {
-            resource_version: rv,
-        }),
-        status,
-    };
     let params = kube::api::PatchParams::apply(api::FIELD_MANAGER).force();
-    // The answer (the whole object, field-ownership records included) is not read: the watch
-    // brings the written object to the store, so decoding it here would be work thrown away.
-    let mut req = kube::core::Request::new(api.resource_url())
-        .patch_subresource("status", name, &params, &kube::api::Patch::Apply(&patch))
-        .map_err(kube::Error::BuildRequest)?;
-    req.extensions_mut().insert("patch_status");
-    api.clone().into_client().request_text(req).await?;
+    api.patch_status(name, &params, &kube::api::Patch::Apply(&patch))
+        .await?;
     Ok(())
 }
 
