@@ -605,14 +605,15 @@ mod tests {
     use super::*;
     use manager_proto::{JobRemoved, JobUpdated, NodeStarted};
 
-    #[test]
-    fn node_usage_counts_the_holding_instances_on_the_node_that_the_filter_keeps() {
-        let job = |id: &str, instances: &[(&str, manager_proto::JobState)]| Job {
+    /// A job of bundle `ns.b` needing `capacity` and one core, with `instances` (node, state);
+    /// its current node is the last instance's.
+    fn job_on(id: &str, capacity: f64, instances: &[(&str, manager_proto::JobState)]) -> Job {
+        Job {
             job_id: id.into(),
             bundle_id: "ns.b".into(),
             node_id: instances.last().map_or("", |i| i.0).into(),
             requirements: Some(manager_proto::JobRequirements {
-                required_capacity: 2.5,
+                required_capacity: capacity,
                 required_cores: 1,
                 ..Default::default()
             }),
@@ -625,7 +626,13 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn node_usage_counts_the_holding_instances_on_the_node_that_the_filter_keeps() {
+        let job =
+            |id: &str, instances: &[(&str, manager_proto::JobState)]| job_on(id, 2.5, instances);
         use manager_proto::JobState as S;
         let mut m = MirrorState::default();
         m.insert_job(job("a", &[("n1", S::Running)]));
@@ -641,24 +648,7 @@ mod tests {
     #[test]
     fn node_usage_kept_as_jobs_change_equals_a_fresh_sum() {
         use manager_proto::JobState as S;
-        let job = |id: &str, capacity: f64, instances: &[(&str, S)]| Job {
-            job_id: id.into(),
-            bundle_id: "ns.b".into(),
-            requirements: Some(manager_proto::JobRequirements {
-                required_capacity: capacity,
-                required_cores: 1,
-                ..Default::default()
-            }),
-            instances: instances
-                .iter()
-                .map(|(node, state)| manager_proto::JobInstance {
-                    node_id: (*node).into(),
-                    state: *state as i32,
-                    ..Default::default()
-                })
-                .collect(),
-            ..Default::default()
-        };
+        let job = job_on;
         let mut m = MirrorState::default();
         // Tenths do not add up exactly as floats; the kept sum still returns to zero.
         for i in 0..10 {
