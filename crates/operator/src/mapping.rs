@@ -405,14 +405,6 @@ pub fn node(
     })
 }
 
-/// Whether a job instance holds capacity on its node.
-pub fn holds_capacity(state: i32) -> bool {
-    matches!(
-        proto::JobState::try_from(state),
-        Ok(proto::JobState::Starting | proto::JobState::Running | proto::JobState::Stopping)
-    )
-}
-
 /// The bounded trace summary the Bundle status keeps, from the engine's summary.
 pub fn trace_summary(
     s: &pl::TraceSummary,

@@ -338,7 +338,7 @@ async fn follow(
             .filter(|j| {
                 j.instances
                     .iter()
-                    .any(|i| i.node_id == node && mapping::holds_capacity(i.state))
+                    .any(|i| i.node_id == node && i.holds_capacity())
             })
             .map(|j| j.job_id.clone())
             .collect();
@@ -555,7 +555,7 @@ fn plan(
         for j in m.jobs.values() {
             // A job starting, stopping or moving holds both its nodes still.
             let busy = j.instances.iter().any(|i| {
-                mapping::holds_capacity(i.state)
+                i.holds_capacity()
                     && (i.state != proto::JobState::Running as i32
                         || i.role == proto::JobRole::MigrationTarget as i32)
             });
