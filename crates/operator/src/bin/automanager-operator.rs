@@ -247,6 +247,26 @@ async fn shutdown_signal() {
     ctrl_c.await;
 }
 
+/// How long the graceful shutdown may take after the first SIGTERM before the process exits
+/// anyway: under the Pod's default `terminationGracePeriodSeconds` (30 s), so the operator, not
+/// the kubelet's SIGKILL, says why it stopped.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(25);
+/// The exit code when a second signal or [`SHUTDOWN_DEADLINE`] cut the graceful shutdown short.
+const EXIT_SHUTDOWN_FORCED: i32 = 3;
+
+/// `work`'s output, or `None` when `stopped` resolves first (a start-up stage must not outlive
+/// a shutdown request).
+async fn unless_stopped<T>(
+    stopped: impl std::future::Future<Output = ()>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        _ = stopped => None,
+        out = work => Some(out),
+    }
+}
+
 async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result<ExitCode> {
     let identity = identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -268,11 +288,23 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         shutdown_signal().await;
         tracing::info!("shutdown requested");
         let _ = stop_tx.send(true);
+        // The graceful path waits for in-flight reconciles and calls; it must not hold the
+        // process past the Pod's grace period (30 s by default), and a second signal means now.
+        tokio::select! {
+            _ = shutdown_signal() => {
+                tracing::warn!("second shutdown signal: exiting at once");
+            }
+            _ = tokio::time::sleep(SHUTDOWN_DEADLINE) => {
+                tracing::error!(deadline = ?SHUTDOWN_DEADLINE, "graceful shutdown did not finish in time: exiting");
+            }
+        }
+        std::process::exit(EXIT_SHUTDOWN_FORCED);
     });
 
-    let kube_config = kube::Config::infer()
-        .await
-        .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    let Some(kube_config) = unless_stopped(stopped(), kube::Config::infer()).await else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let kube_config = kube_config.map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
     // The election's client: it must renew the Lease whatever the fence says.
     let election_client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
@@ -292,9 +324,16 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         .manager
         .client_config()
         .map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
-    let manager = manager_client::ManagerClient::connect(manager_config)
-        .await
-        .map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
+    let Some(manager) = unless_stopped(
+        stopped(),
+        manager_client::ManagerClient::connect(manager_config),
+    )
+    .await
+    else {
+        let _ = election.task.await;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let manager = manager.map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
     manager.fence_writes(election.fence.for_manager());
     let metrics = Metrics::new();
     let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
@@ -357,10 +396,17 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     readiness.set_leader(true);
     metrics.set_leader(true);
     tracing::info!(identity = %identity, "leading: starting controllers");
-    if manager.wait_ready(Duration::from_secs(30)).await.is_err() {
-        tracing::warn!(
+    match unless_stopped(stopped(), manager.wait_ready(Duration::from_secs(30))).await {
+        None => {
+            tracing::info!("shutdown while waiting for Manager: controllers not started");
+            manager.close().await;
+            let _ = election.task.await;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(Err(_)) => tracing::warn!(
             "Manager is not reachable yet; controllers start and report Stalled until it is"
-        );
+        ),
+        Some(Ok(())) => {}
     }
 
     // Stop when asked, or when leadership is lost.
