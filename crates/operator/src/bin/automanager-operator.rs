@@ -229,22 +229,48 @@ fn main() -> ExitCode {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c().map(|_| ());
+/// SIGTERM and SIGINT, registered when this is called (not when first awaited), so a signal
+/// that arrives before the listening task first runs is not lost to the default action.
+struct ShutdownSignals {
     #[cfg(unix)]
-    {
-        let term = async {
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(mut s) => {
-                    s.recv().await;
-                }
-                Err(_) => std::future::pending::<()>().await,
+    term: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl ShutdownSignals {
+    fn register() -> ShutdownSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            ShutdownSignals {
+                term: signal(SignalKind::terminate()).ok(),
+                int: signal(SignalKind::interrupt()).ok(),
             }
-        };
-        tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+        }
+        #[cfg(not(unix))]
+        ShutdownSignals {}
     }
-    #[cfg(not(unix))]
-    ctrl_c.await;
+
+    /// Resolves on the next SIGTERM or SIGINT.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+                match s {
+                    Some(s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+            tokio::select! { _ = recv(&mut self.term) => {}, _ = recv(&mut self.int) => {} }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
 }
 
 /// How long the graceful shutdown may take after the first SIGTERM before the process exits
@@ -284,14 +310,15 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
             }
         }
     };
+    let mut signals = ShutdownSignals::register();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        signals.next().await;
         tracing::info!("shutdown requested");
         let _ = stop_tx.send(true);
         // The graceful path waits for in-flight reconciles and calls; it must not hold the
         // process past the Pod's grace period (30 s by default), and a second signal means now.
         tokio::select! {
-            _ = shutdown_signal() => {
+            _ = signals.next() => {
                 tracing::warn!("second shutdown signal: exiting at once");
             }
             _ = tokio::time::sleep(SHUTDOWN_DEADLINE) => {
