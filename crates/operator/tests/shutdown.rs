@@ -42,8 +42,13 @@ impl HungPeer {
         self.listener.local_addr().unwrap().port()
     }
 
-    fn connections(&self) -> usize {
-        self.held.lock().unwrap().len()
+    /// Waits until someone has connected (`who` names the caller in the failure).
+    fn wait_for_a_connection(&self, who: &str) {
+        let deadline = Instant::now() + BOUND;
+        while self.held.lock().unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "{who} never called this peer");
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -197,14 +202,7 @@ fn sigterm_while_waiting_for_the_apiserver_and_the_lease_stops_the_operator() {
     );
     operator.wait_for_line("waiting for leadership");
     // The election is asking the apiserver, which holds the request unanswered.
-    let deadline = Instant::now() + BOUND;
-    while apiserver.connections() == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the election never called the apiserver"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    apiserver.wait_for_a_connection("the election");
     operator.sigterm();
     assert_stopped_cleanly(&mut operator);
 }
@@ -239,14 +237,7 @@ async fn sigterm_while_the_controllers_wait_for_their_first_sync_stops_the_opera
         // Manager answers, so the controllers start; their watches wait on the hung
         // apiserver for a first list that never comes.
         operator.wait_for_line("leading: starting controllers");
-        let deadline = Instant::now() + BOUND;
-        while apiserver.connections() == 0 {
-            assert!(
-                Instant::now() < deadline,
-                "no controller called the apiserver"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        apiserver.wait_for_a_connection("the controllers");
         (operator, apiserver)
     })
     .await
