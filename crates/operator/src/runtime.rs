@@ -23,7 +23,7 @@ use std::time::Duration;
 use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
 use automanager_placement as pl;
 use automanager_policy::ids::BundleId;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -179,7 +179,7 @@ pub async fn run_mirror_pump(ctx: Arc<Context>) {
                 m,
                 s,
                 |n| ctx.manager.asked_to_terminate(n),
-                chrono::Utc::now(),
+                ctx.clock.now(),
             );
             let pool_of = |node: &str| {
                 m.nodes
@@ -325,6 +325,27 @@ where
     }
 }
 
+/// Resolves once `shutdown` has and `store` has never synced; otherwise never. kube-runtime
+/// holds a controller's runner until its store's first list is in, and a runner so held does not
+/// end when its triggers do (kube-runtime 5, `Runner::poll_next`), so a graceful stop with a
+/// hung apiserver would wait forever. A controller that never synced has no reconcile in flight:
+/// ending its stream at once loses nothing.
+async fn ended_if_never_synced<K>(
+    shutdown: impl std::future::Future<Output = ()>,
+    store: reflector::Store<K>,
+) where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    shutdown.await;
+    if matches!(store.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        std::future::pending::<()>().await;
+    }
+    tracing::info!(
+        kind = %K::kind(&()),
+        "stopping a controller whose first list never came back"
+    );
+}
+
 /// Runs every controller until `shutdown` resolves.
 pub async fn run_controllers(
     ctx: Arc<Context>,
@@ -337,6 +358,7 @@ pub async fn run_controllers(
 
     let (bundle_store, bundle_events) = spec_watch(scoped::<Lean<Bundle>>(&ctx));
     let bundles_known = bundle_store.clone();
+    let bundle_store_synced = bundle_store.clone();
     let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
         .with_config(
             ControllerConfig::default()
@@ -366,10 +388,12 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
+        .take_until(ended_if_never_synced(shutdown.clone(), bundle_store_synced))
         .for_each(|_| futures::future::ready(()));
 
     let (pool_store, pool_events) = spec_watch(Api::<Lean<PlacementPool>>::all(ctx.client.clone()));
     let pools_known = pool_store.clone();
+    let pool_store_synced = pool_store.clone();
     let pool_controller = Controller::for_stream(pool_events, pool_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
         .reconcile_on(UnboundedReceiverStream::new(rx.pools))
@@ -387,10 +411,12 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
+        .take_until(ended_if_never_synced(shutdown.clone(), pool_store_synced))
         .for_each(|_| futures::future::ready(()));
 
     // A migrate drain steps when one of its Migrations changes.
     let (node_store, node_events) = spec_watch(Api::<Lean<ManagerNode>>::all(ctx.client.clone()));
+    let node_store_synced = node_store.clone();
     let node_controller = Controller::for_stream(node_events, node_store)
         .watches(
             scoped::<Migration>(&ctx),
@@ -407,11 +433,13 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
+        .take_until(ended_if_never_synced(shutdown.clone(), node_store_synced))
         .for_each(|_| futures::future::ready(()));
 
     let (spare_store, spare_events) =
         spec_watch(Api::<Lean<HotSpareTarget>>::all(ctx.client.clone()));
     let spare_targets_known = spare_store.clone();
+    let spare_store_synced = spare_store.clone();
     let spare_controller = Controller::for_stream(spare_events, spare_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
         .reconcile_on(UnboundedReceiverStream::new(rx.spare_targets))
@@ -422,10 +450,12 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
+        .take_until(ended_if_never_synced(shutdown.clone(), spare_store_synced))
         .for_each(|_| futures::future::ready(()));
 
     let (migration_store, migration_events) = spec_watch(scoped::<Lean<Migration>>(&ctx));
     let migrations_known = migration_store.clone();
+    let migration_store_synced = migration_store.clone();
     let migration_controller = Controller::for_stream(migration_events, migration_store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
         .reconcile_on(UnboundedReceiverStream::new(rx.migrations))
@@ -436,6 +466,10 @@ pub async fn run_controllers(
             controllers::migration::error_policy,
             ctx.clone(),
         )
+        .take_until(ended_if_never_synced(
+            shutdown.clone(),
+            migration_store_synced,
+        ))
         .for_each(|_| futures::future::ready(()));
 
     let pump = tokio::spawn(run_mirror_pump(ctx.clone()));
@@ -549,7 +583,7 @@ impl crate::http::DebugApi for DebugState {
             .clone()
             .unwrap_or_else(|| "what-if".into());
         let spec = mapping::bundle(&mapping::bundle_id(&ns, &name), &bundle.spec);
-        let now = crate::controllers::now_ms(chrono::Utc::now());
+        let now = crate::controllers::now_ms(self.0.clock.now());
         // The dry run reads the published snapshot: it never holds the state lock.
         let engine = match self.0.snapshot.get() {
             Some(e) => e,
