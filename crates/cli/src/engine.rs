@@ -5,7 +5,7 @@
 //! conversion moves, only the `use` below changes.
 
 use automanager_api as api;
-use automanager_operator::mapping;
+use automanager_mapping as mapping;
 use automanager_placement as pl;
 
 /// Manager's bundle id of a Bundle object (`<namespace>.<name>`).

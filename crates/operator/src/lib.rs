@@ -10,7 +10,9 @@ pub mod fence;
 pub mod http;
 pub mod leader;
 pub mod lean;
-pub mod mapping;
+/// The CRD ↔ engine ↔ Manager translations live in their own pure crate; re-exported so the
+/// controllers keep saying `mapping::`.
+pub use automanager_mapping as mapping;
 pub mod metrics;
 pub mod model;
 pub mod runtime;
