@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use tower::{BoxError, Layer, Service};
 
+use crate::clock::{SharedClock, SystemClock};
+
 /// Taken off the Lease's expiry: clock skew between this replica and the apiserver, and the
 /// time a write spends in flight.
 pub const MARGIN: Duration = Duration::from_secs(1);
@@ -35,24 +37,27 @@ enum State {
 
 /// Whether this replica may write now. Cheap to clone; clones share the state.
 #[derive(Clone, Debug)]
-pub struct Fence(Arc<Mutex<State>>);
+pub struct Fence(Arc<Mutex<State>>, SharedClock);
 
 impl Fence {
     /// A fence that never closes (leader election disabled).
     pub fn always_open() -> Fence {
-        Fence(Arc::new(Mutex::new(State::AlwaysOpen)))
+        Fence(
+            Arc::new(Mutex::new(State::AlwaysOpen)),
+            SystemClock::shared(),
+        )
     }
 
-    /// A closed fence, opened by [`Fence::hold_until`].
-    pub fn closed() -> Fence {
-        Fence(Arc::new(Mutex::new(State::Until(None))))
+    /// A closed fence, opened by [`Fence::hold_for`]; its deadlines are on `clock`.
+    pub fn closed(clock: SharedClock) -> Fence {
+        Fence(Arc::new(Mutex::new(State::Until(None))), clock)
     }
 
     /// Whether writes are allowed at this instant.
     pub fn allows_writes(&self) -> bool {
         match &*self.0.lock().unwrap_or_else(PoisonError::into_inner) {
             State::AlwaysOpen => true,
-            State::Until(until) => until.is_some_and(|u| Instant::now() < u),
+            State::Until(until) => until.is_some_and(|u| self.1.instant() < u),
         }
     }
 
@@ -63,7 +68,7 @@ impl Fence {
         if let State::Until(until) = &mut *state {
             *until = remaining
                 .checked_sub(MARGIN)
-                .and_then(|r| Instant::now().checked_add(r));
+                .and_then(|r| self.1.instant().checked_add(r));
         }
     }
 
@@ -154,10 +159,12 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
+    use crate::clock::FakeClock;
 
     #[test]
     fn a_closed_fence_refuses_until_held_and_a_held_one_closes_at_its_deadline() {
-        let f = Fence::closed();
+        let clock = FakeClock::at(chrono::DateTime::UNIX_EPOCH);
+        let f = Fence::closed(clock.shared());
         assert!(!f.allows_writes());
         f.hold_for(Duration::from_secs(10));
         assert!(f.allows_writes());
@@ -166,7 +173,9 @@ mod tests {
         assert!(!f.allows_writes());
         f.hold_for(MARGIN + Duration::from_millis(30));
         assert!(f.allows_writes());
-        std::thread::sleep(Duration::from_millis(60));
+        clock.advance(Duration::from_millis(29));
+        assert!(f.allows_writes());
+        clock.advance(Duration::from_millis(1));
         assert!(!f.allows_writes(), "the deadline passed without a renewal");
         f.hold_for(Duration::from_secs(10));
         f.close();
@@ -183,7 +192,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_layer_lets_reads_through_and_refuses_writes_while_closed() {
-        let fence = Fence::closed();
+        let fence = Fence::closed(SystemClock::shared());
         let svc = fence
             .layer()
             .layer(tower::service_fn(|_: http::Request<()>| async {

@@ -29,6 +29,7 @@ use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::clock::{Clock, SharedClock};
 use crate::config::LeaderElectionConfig;
 use crate::fence::Fence;
 
@@ -40,10 +41,6 @@ const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often the holder re-reads the Lease to confirm it still holds it.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
-
-fn now_unix() -> i64 {
-    chrono::Utc::now().timestamp()
-}
 
 /// Reads the Lease: `Some(until)` (unix seconds: `renewTime + leaseDurationSeconds`) while
 /// `identity` holds it, `Some(0)` when someone else does or it is gone, `None` when it could
@@ -102,6 +99,7 @@ pub async fn run_leader_election(
     client: kube::Client,
     settings: &LeaderElectionConfig,
     identity: String,
+    clock: SharedClock,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> LeaderElection {
     if !settings.enabled {
@@ -119,11 +117,11 @@ pub async fn run_leader_election(
     }
     let (tx, rx) = watch::channel(false);
     let settings = settings.clone();
-    let fence = Fence::closed();
+    let fence = Fence::closed(clock.clone());
     let held = fence.clone();
     let task = tokio::spawn(async move {
         let shutdown = std::pin::pin!(shutdown);
-        elect(client, &settings, &identity, &tx, &held, shutdown).await;
+        elect(client, &settings, &identity, &tx, &held, &*clock, shutdown).await;
         held.close();
         let _ = tx.send(false);
     });
@@ -141,6 +139,7 @@ async fn elect<F: Future<Output = ()>>(
     identity: &str,
     tx: &watch::Sender<bool>,
     fence: &Fence,
+    clock: &dyn Clock,
     mut shutdown: Pin<&mut F>,
 ) {
     let mut delay = Duration::from_millis(500);
@@ -165,10 +164,10 @@ async fn elect<F: Future<Output = ()>>(
                 let mut valid_until: Option<i64> = None;
                 let stopping = loop {
                     let held = *inner_rx.borrow_and_update();
-                    let leader = held && valid_until.is_some_and(|t| now_unix() < t);
+                    let leader = held && valid_until.is_some_and(|t| clock.now().timestamp() < t);
                     match valid_until.filter(|_| leader) {
                         Some(t) => fence.hold_for(Duration::from_secs(
-                            u64::try_from(t.saturating_sub(now_unix())).unwrap_or(0),
+                            u64::try_from(t.saturating_sub(clock.now().timestamp())).unwrap_or(0),
                         )),
                         None => fence.close(),
                     }

@@ -4,6 +4,7 @@
 //! desired state against Manager's state as mirrored by `manager-client`, with placement
 //! decided by `automanager-placement`.
 
+pub mod clock;
 pub mod config;
 pub mod controllers;
 pub mod fence;

@@ -57,7 +57,14 @@ async fn start_operator(
         .await
         .expect("Manager client");
     manager.wait_ready(BOUND).await.expect("mirror synced");
-    let ctx = Context::new(client, manager, settings, Metrics::new(), identity);
+    let ctx = Context::new(
+        client,
+        manager,
+        settings,
+        Metrics::new(),
+        automanager_operator::clock::SystemClock::shared(),
+        identity,
+    );
     let (stop, stopped) = oneshot::channel::<()>();
     let shutdown = async move {
         let _ = stopped.await;

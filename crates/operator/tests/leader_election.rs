@@ -27,9 +27,15 @@ async fn start(
     identity: &str,
 ) -> (LeaderElection, oneshot::Sender<()>) {
     let (tx, rx) = oneshot::channel::<()>();
-    let election = run_leader_election(client, &settings(enabled), identity.to_owned(), async {
-        let _ = rx.await;
-    })
+    let election = run_leader_election(
+        client,
+        &settings(enabled),
+        identity.to_owned(),
+        automanager_operator::clock::SystemClock::shared(),
+        async {
+            let _ = rx.await;
+        },
+    )
     .await;
     (election, tx)
 }

@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use automanager_operator::clock::SystemClock;
 use automanager_operator::config::{ConfigOverrides, FileChecks, OperatorConfig, reference};
 use automanager_operator::controllers::Context;
 use automanager_operator::http::{self, Readiness};
@@ -328,6 +329,8 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         std::process::exit(EXIT_SHUTDOWN_FORCED);
     });
 
+    // The one clock every decision reads (automanager_operator::clock).
+    let clock = SystemClock::shared();
     let Some(kube_config) = unless_stopped(stopped(), kube::Config::infer()).await else {
         return Ok(ExitCode::SUCCESS);
     };
@@ -339,6 +342,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         election_client,
         &config.leader_election,
         identity.clone(),
+        clock.clone(),
         stopped(),
     )
     .await;
@@ -370,6 +374,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         manager.clone(),
         settings,
         metrics.clone(),
+        clock,
         &identity,
     );
 

@@ -125,7 +125,7 @@ struct Outcome {
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
-    let pass = Pass::new(bundle)?;
+    let pass = Pass::new(bundle, ctx.clock.now())?;
     let mut mark = PassMark::begin(ctx, &pass);
     if let Some(done) = pass.preflight(ctx).await? {
         return Ok(done);
@@ -214,7 +214,7 @@ fn bundle_jobs(m: &MirrorState, bundle_id: &str) -> Vec<proto::Job> {
 }
 
 impl<'a> Pass<'a> {
-    fn new(bundle: &'a Bundle) -> Result<Self, Error> {
+    fn new(bundle: &'a Bundle, now: DateTime<Utc>) -> Result<Self, Error> {
         let (ns, name) = ns_name(bundle)?;
         let bundle_id = mapping::bundle_id(&ns, &name);
         let prev = bundle.status.clone().unwrap_or_default();
@@ -232,7 +232,7 @@ impl<'a> Pass<'a> {
             bundle_id,
             generation: bundle.metadata.generation,
             prev,
-            now: Utc::now(),
+            now,
             retry,
             retried,
         })
@@ -1450,7 +1450,7 @@ async fn settle_starts(ctx: &Context, started: &[&str]) {
         return;
     }
     let bound = ctx.state().start_settle.bound();
-    let began = std::time::Instant::now();
+    let began = ctx.clock.instant();
     let running = |m: &MirrorState| {
         started.iter().all(|id| {
             m.jobs.get(*id).is_some_and(|j| {
@@ -1533,7 +1533,7 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
             "ManagerUnavailable",
             format!("waiting for Manager to stop this bundle's jobs before deletion: {err}"),
             bundle.metadata.generation,
-            Utc::now(),
+            ctx.clock.now(),
         );
         write_status(ctx, bundle, &prev, status).await?;
         return Err(err);

@@ -56,7 +56,7 @@ pub fn migration_name(node_id: &str, job_id: &str) -> String {
 pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Error> {
     let name = pool.name_any();
     let generation = pool.metadata.generation;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let spec = pool.spec.consolidation.unwrap_or_default();
     let prev = pool
         .status
@@ -116,7 +116,7 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
     let planned = plan(pool, ctx, &spec, &bundles, now);
     ctx.state()
         .consolidation_planned
-        .insert(name.clone(), (std::time::Instant::now(), generation));
+        .insert(name.clone(), (ctx.clock.instant(), generation));
     let nodes = bounded_plan(&planned);
     if nodes != status.plan || status.planned_at.is_none() {
         status.planned_at = Some(now);

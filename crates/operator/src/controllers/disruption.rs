@@ -56,12 +56,13 @@ fn key(ns: &str, name: &str) -> String {
     format!("{ns}/{name}")
 }
 
-fn created(m: &Migration) -> DateTime<Utc> {
+/// `now` stands in for a creation time the object does not have yet.
+fn created(m: &Migration, now: DateTime<Utc>) -> DateTime<Utc> {
     m.metadata
         .creation_timestamp
         .as_ref()
         .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
-        .unwrap_or_else(Utc::now)
+        .unwrap_or(now)
 }
 
 fn phase(m: &Migration) -> MigrationPhase {
@@ -237,6 +238,7 @@ pub(crate) fn decide_migration(
 ) -> (Admission<String>, usize) {
     let ns = mig.namespace().unwrap_or_default();
     let me = key(&ns, &mig.name_any());
+    let now = ctx.clock.now();
     ctx.with_mirror(|mirror, state| {
         let running = fleet.running(state);
         if running.contains_key(&me) {
@@ -256,9 +258,9 @@ pub(crate) fn decide_migration(
             .iter()
             .filter(|m| waits(m))
             .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != me)
-            .map(|m| waiting_entry(mirror, m, None))
+            .map(|m| waiting_entry(mirror, m, None, now))
             .collect();
-        waiting.push(waiting_entry(mirror, mig, Some(source)));
+        waiting.push(waiting_entry(mirror, mig, Some(source), now));
         let answers = queue::admit(&held, &waiting, ctx.settings.migration_limits, &mut ledger);
         let queued = answers
             .iter()
@@ -289,6 +291,7 @@ fn waiting_entry(
     mirror: &MirrorState,
     m: &Migration,
     source: Option<&str>,
+    now: DateTime<Utc>,
 ) -> queue::Waiting<String> {
     let ns = m.namespace().unwrap_or_default();
     let job = &m.spec.job;
@@ -303,7 +306,7 @@ fn waiting_entry(
     queue::Waiting {
         key: key(&ns, &m.name_any()),
         purpose,
-        created: created(m).timestamp_millis(),
+        created: created(m, now).timestamp_millis(),
         source_node: source
             .map(str::to_owned)
             .unwrap_or_else(|| source_of(mirror, &bundle_id, replica, &job.job_name)),

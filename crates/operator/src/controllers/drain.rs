@@ -15,7 +15,6 @@ use automanager_api::{
     self as api, Bundle, DrainStatus, ManagerNode, Migration, MigrationJobRef, MigrationPhase,
     MigrationSpec,
 };
-use chrono::Utc;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -147,7 +146,7 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         .as_ref()
         .and_then(|s| s.drain.as_ref())
         .and_then(|d| d.started_at)
-        .unwrap_or_else(Utc::now);
+        .unwrap_or_else(|| ctx.clock.now());
     ctx.state()
         .drains
         .entry(node_id.to_owned())

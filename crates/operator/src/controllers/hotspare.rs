@@ -7,7 +7,7 @@
 //! every target at once, so a spare that takes a job is replaced without waiting for a poll.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, HotSpareTargetStatus, PlacementPool};
 use chrono::{TimeZone, Utc};
@@ -123,7 +123,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         Some(&target.spec.pool),
     );
     let generation = target.metadata.generation;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let prev = target.status.clone().unwrap_or_default();
     let spec = &target.spec;
     let mut status = HotSpareTargetStatus {
@@ -318,7 +318,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
                 .spares_created
                 .entry(name.clone())
                 .or_default()
-                .push((node.clone(), Instant::now()));
+                .push((node.clone(), ctx.clock.instant()));
         }
         ctx.event(
             target,

@@ -59,7 +59,7 @@ const MAX_STEPS: usize = 32;
 const MAX_PHASES: usize = 32;
 
 pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue, Error> {
-    let started = std::time::Instant::now();
+    let started = ctx.clock.instant();
     let (ns, _) = ns_name(mig.as_ref())?;
     let api: Api<Migration> = Api::namespaced(ctx.client.clone(), &ns);
     // Status is this controller's state store, and the cache can lag behind the last write
@@ -177,7 +177,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         Begin::Queued => return Ok(Requeue::requeue(QUEUED_POLL)),
     };
     let result = run.drive(deleting).await;
-    run.record_conditions(Utc::now());
+    run.record_conditions(ctx.clock.now());
     let requeue = run.requeue();
     write_status(ctx, mig, &prev, run.status).await?;
     result?;
@@ -186,7 +186,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
 
 /// Status while Manager is unreachable: nothing can move.
 fn stalled_on_manager(ctx: &Context, mig: &Migration, status: &mut MigrationStatus) {
-    let (generation, now) = (mig.metadata.generation, Utc::now());
+    let (generation, now) = (mig.metadata.generation, ctx.clock.now());
     let message = ctx.manager_unavailable().to_string();
     api::set_condition(
         &mut status.conditions,
@@ -367,16 +367,20 @@ impl<'a> Run<'a> {
                     status.job_id = Some(job_id.clone());
                     status.migration_id = Some(migration_id.clone());
                     status.source_node = Some(source.clone());
-                    MigrationMachine::new(strategy, Some(source), Utc::now())
+                    MigrationMachine::new(strategy, Some(source), ctx.clock.now())
                 }
                 Err((reason, message)) => {
                     let prev = mig.status.clone().unwrap_or_default();
-                    admit::reject(ctx, mig, &prev, status, reason, message, Utc::now()).await?;
+                    admit::reject(ctx, mig, &prev, status, reason, message, ctx.clock.now())
+                        .await?;
                     return Ok(Begin::Ended);
                 }
             }
         } else {
-            let entered = status.phases.last().map_or_else(Utc::now, |p| p.entered_at);
+            let entered = status
+                .phases
+                .last()
+                .map_or_else(|| ctx.clock.now(), |p| p.entered_at);
             let record = ctx
                 .manager
                 .mirror()
@@ -424,7 +428,12 @@ impl<'a> Run<'a> {
                 Some(e) => e,
                 None => {
                     let seen = self.observe(user_abort.take());
-                    match observe::next(&self.machine, &seen, Utc::now(), &timeouts(self.ctx)) {
+                    match observe::next(
+                        &self.machine,
+                        &seen,
+                        self.ctx.clock.now(),
+                        &timeouts(self.ctx),
+                    ) {
                         Next::Event(e) => e,
                         Next::PlaceTarget => match self.place_target().await? {
                             Some(e) => e,
@@ -479,7 +488,7 @@ impl<'a> Run<'a> {
     /// The machine's answer to `event`; a refused abort past the point of no return is recorded.
     fn decide(&mut self, event: MigrationEvent) -> Option<plan::Transition> {
         let name = event.name();
-        match self.machine.next(event, Utc::now()) {
+        match self.machine.next(event, self.ctx.clock.now()) {
             Ok(t) => Some(t),
             Err(plan::MigrationError::NotAbortable { phase }) => {
                 let msg = format!(
@@ -493,7 +502,7 @@ impl<'a> Run<'a> {
                         "AbortRefused",
                         msg,
                         self.mig.metadata.generation,
-                        Utc::now(),
+                        self.ctx.clock.now(),
                     ),
                 );
                 None
@@ -608,14 +617,18 @@ impl<'a> Run<'a> {
         let until_deadline = self
             .machine
             .deadline(&timeouts(self.ctx))
-            .map(|d| (d - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+            .map(|d| {
+                (d - self.ctx.clock.now())
+                    .to_std()
+                    .unwrap_or(Duration::ZERO)
+            })
             .unwrap_or(POLL);
         Requeue::requeue(until_deadline.clamp(Duration::from_millis(50), POLL))
     }
 
     /// Records a transition in status and tells the user about the notable ones.
     async fn commit(&mut self, t: plan::Transition) {
-        let now = Utc::now();
+        let now = self.ctx.clock.now();
         if let Some(entered) = &t.entered {
             push_phase(&mut self.status, entered.phase, entered.entered_at);
         }
@@ -875,7 +888,7 @@ mod tests {
             phase: MigrationPhase::CutoverReady,
             ..Default::default()
         });
-        let r = admit::record(&m);
+        let r = admit::record(&m, Utc::now());
         assert_eq!(r.phase, MigrationPhase::CutoverReady);
         assert_eq!(r.job.namespace, "live");
         assert_eq!(r.job.job_name, "encode");

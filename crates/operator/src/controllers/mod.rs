@@ -19,7 +19,7 @@ pub mod sweep;
 pub mod zones;
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use automanager_api as api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -27,6 +27,7 @@ use kube::{Client, Resource, ResourceExt};
 use manager_client::{ClientError, ManagerClient};
 use manager_proto as proto;
 
+use crate::clock::SharedClock;
 use crate::mapping;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -150,6 +151,8 @@ pub struct Context {
     pub manager: ManagerClient,
     pub settings: Settings,
     pub metrics: Metrics,
+    /// Where every reconcile reads the time ([`crate::clock`]).
+    pub clock: SharedClock,
     /// Events go through this queue, off the reconcile path ([`events`]).
     pub events: events::EventQueue,
     state: Mutex<OperatorState>,
@@ -164,6 +167,7 @@ impl Context {
         manager: ManagerClient,
         settings: Settings,
         metrics: Metrics,
+        clock: SharedClock,
         identity: &str,
     ) -> Arc<Self> {
         let recorder = Recorder::new(
@@ -201,6 +205,7 @@ impl Context {
             snapshot: EngineSnapshot::default(),
             settings,
             metrics,
+            clock,
             events: events::EventQueue::new(recorder),
             wake,
             receivers: Mutex::new(Some(receivers)),
@@ -372,7 +377,7 @@ pub async fn timed<T>(
     ctx: &Context,
     work: impl std::future::Future<Output = Result<T, Error>>,
 ) -> Result<T, Error> {
-    let started = std::time::Instant::now();
+    let started = ctx.clock.instant();
     let result = work.await;
     ctx.metrics
         .observe_reconcile(controller, result.is_ok(), started.elapsed().as_secs_f64());
@@ -511,7 +516,7 @@ pub async fn request_node(
         tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
         return Ok(None);
     }
-    if !ctx.state().provision_budget.take(pool, chrono::Utc::now()) {
+    if !ctx.state().provision_budget.take(pool, ctx.clock.now()) {
         tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
         return Ok(None);
     }
@@ -542,7 +547,7 @@ pub async fn create_node(
     req.zone = ctx
         .with_mirror(|m, s| zones::provision_zone(m, s, &req.pool, &req.zone))
         .map_err(Error::ProvisioningPaused)?;
-    let now = Instant::now();
+    let now = ctx.clock.instant();
     let key = ctx.with_mirror(|m, state| {
         state.provision_keys.take(
             intent,

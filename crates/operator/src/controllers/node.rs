@@ -275,7 +275,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
     let api: Api<ManagerNode> = Api::all(ctx.client.clone());
     let mut written = current_statuses(&api).await;
     let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
-    let mut last_sweep = std::time::Instant::now() - ORPHAN_SWEEP;
+    let mut last_sweep = ctx.clock.instant() - ORPHAN_SWEEP;
     let interval = ctx
         .settings
         .status_write_interval
@@ -293,7 +293,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
         if !ctx.manager_ready() {
             continue;
         }
-        let now = Utc::now();
+        let now = ctx.clock.now();
         let unhealthy_now = ctx.state().health.unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
         // One pass over the mirror; the model, drain and health locks are each held only for a
@@ -413,7 +413,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                         lifecycle_event(&ctx, name, status).await;
                     }
                     written.insert(name.clone(), status.clone());
-                    written_at.insert(name.clone(), std::time::Instant::now());
+                    written_at.insert(name.clone(), ctx.clock.instant());
                 }
                 Err(e) => {
                     tracing::warn!(node = %name, error = %e, "could not write ManagerNode status")
@@ -431,7 +431,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             written.remove(&name);
         }
         if last_sweep.elapsed() >= ORPHAN_SWEEP {
-            last_sweep = std::time::Instant::now();
+            last_sweep = ctx.clock.instant();
             if let Ok(list) = api.list(&ListParams::default()).await {
                 let existing: std::collections::HashSet<String> =
                     list.items.iter().map(|o| o.name_any()).collect();
@@ -496,7 +496,10 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
 /// rejection rate trips the threshold is marked unhealthy (placement avoids it), with a
 /// `NodeUnhealthy` Event on its ManagerNode (the library's `onNodeUnhealthy`).
 pub async fn record_rejection(ctx: &Context, node_id: &str) {
-    let change = ctx.state().health.record_rejection(node_id, Utc::now());
+    let change = ctx
+        .state()
+        .health
+        .record_rejection(node_id, ctx.clock.now());
     if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
         return;
     }
@@ -636,7 +639,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         node_id.clone(),
         DrainStatus {
             jobs_remaining: i32::try_from(jobs).unwrap_or(0),
-            started_at: Some(Utc::now()),
+            started_at: Some(ctx.clock.now()),
             ..Default::default()
         },
     );

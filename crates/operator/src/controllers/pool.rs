@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use automanager_policy::bounded;
-use chrono::Utc;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -151,7 +150,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let name = pool.name_any();
     let generation = pool.metadata.generation;
-    let now = Utc::now();
+    let now = ctx.clock.now();
     let prev = pool.status.clone().unwrap_or_default();
     let spec = mapping::pool(&name, &pool.spec);
 

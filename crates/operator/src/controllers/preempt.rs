@@ -22,7 +22,7 @@
 //!   recovering job's placement trace (`lastPlacement.preempted`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use automanager_api::{self as api, Bundle, OnFailure, PriorityBand};
 use automanager_placement as pl;
@@ -297,7 +297,7 @@ async fn act(
         (rec.bundle_id.to_owned(), rec.replica),
         PendingPreemption {
             record: record.clone(),
-            since: Instant::now(),
+            since: ctx.clock.instant(),
         },
     );
     let recovering = format!(

@@ -99,7 +99,7 @@ pub async fn sweep_once(
             ctx.settings.owns_cluster_scope,
         )
     });
-    let now_ms = chrono::Utc::now().timestamp_millis();
+    let now_ms = ctx.clock.now().timestamp_millis();
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let mut removed = 0;
     for orphan in tracker.observe(candidates, now_ms, grace_ms) {

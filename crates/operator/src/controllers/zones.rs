@@ -196,7 +196,7 @@ pub async fn run_zone_clock(ctx: Arc<Context>) {
         tick.tick().await;
         let changes = {
             let mut s = ctx.state();
-            let changes = s.zone_brake.tick(Utc::now());
+            let changes = s.zone_brake.tick(ctx.clock.now());
             for c in &changes {
                 if let ZoneChange::Cleared { pool, zone } = c {
                     s.model_mut().set_provisioning_paused(pool, zone, false);

@@ -60,9 +60,9 @@ pub(super) async fn admit(
         .await?
         .items
         .iter()
-        .map(record)
+        .map(|m| record(m, ctx.clock.now()))
         .collect();
-    let me = record(mig);
+    let me = record(mig, ctx.clock.now());
     if let Err(e) = plan::one_at_a_time(&records, &me) {
         return Ok(Err(("ConcurrentMigration", e.to_string())));
     }
@@ -137,7 +137,7 @@ pub(super) async fn queue(
     let fleet = disruption::Fleet::gather(ctx, &[own]).await?;
     let (answer, queued) = disruption::decide_migration(ctx, &fleet, mig, source);
     ctx.metrics.set_migrations_queued(queued);
-    let (generation, now) = (mig.metadata.generation, Utc::now());
+    let (generation, now) = (mig.metadata.generation, ctx.clock.now());
     let Admission::Wait { position, reason } = answer else {
         status.queue_position = None;
         if api::find_condition(&status.conditions, "Queued").is_some() {
@@ -208,7 +208,8 @@ pub(super) async fn queue(
     Ok(false)
 }
 
-pub(super) fn record(m: &Migration) -> MigrationRecord {
+/// `now` stands in for a creation time the object does not have yet.
+pub(super) fn record(m: &Migration, now: DateTime<Utc>) -> MigrationRecord {
     MigrationRecord {
         name: m.name_any(),
         job: SourceJob {
@@ -223,7 +224,7 @@ pub(super) fn record(m: &Migration) -> MigrationRecord {
             .creation_timestamp
             .as_ref()
             .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
-            .unwrap_or_else(Utc::now),
+            .unwrap_or(now),
     }
 }
 

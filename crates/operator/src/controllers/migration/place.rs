@@ -6,7 +6,6 @@
 use automanager_api::Bundle;
 use automanager_placement as pl;
 use automanager_policy::migration::{self as plan, MigrationEvent};
-use chrono::Utc;
 use kube::api::Api;
 use kube::runtime::events::EventType;
 
@@ -118,7 +117,11 @@ impl Run<'_> {
             tracing::debug!(pools = ?unknown, "a pool of the job is not loaded yet; the target waits");
             return Ok(TargetChoice::Wait);
         }
-        let decision = self.ctx.state().model.place(&request, now_ms(Utc::now()));
+        let decision = self
+            .ctx
+            .state()
+            .model
+            .place(&request, now_ms(self.ctx.clock.now()));
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
