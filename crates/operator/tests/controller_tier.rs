@@ -1,0 +1,294 @@
+//! The controller tier without an apiserver: each controller's pass called directly, on a context
+//! whose Kubernetes client is an in-memory apiserver ([`tier::apiserver`]) that records every call
+//! and refuses the ones a test scripts, with the in-process manager-sim as Manager and a fake
+//! clock. Each test reads as: given these objects, one pass observed this, wrote these calls,
+//! and left this status. The apiserver-backed suite (`controllers.rs`) stays for what only the
+//! real apiserver shows (watches, admission, field ownership).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod tier;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use automanager_api::condition::find_condition;
+use automanager_api::{self as api, Bundle, PlacementPool};
+use automanager_operator::clock::FakeClock;
+use automanager_operator::config::OperatorConfig;
+use automanager_operator::controllers::{self, Context};
+use automanager_operator::metrics::Metrics;
+use automanager_operator::settings::Settings;
+use http::Method;
+use kube::ResourceExt;
+use manager_client::{ClientConfig, ManagerClient};
+use manager_sim::config::SimConfig;
+use manager_sim::server::{Sim, SimHandle};
+use tier::apiserver::MemoryApiserver;
+
+const BOUND: Duration = Duration::from_secs(60);
+const POOLS: &str = "/apis/automanager.norsk.io/v1alpha1/placementpools";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The in-memory apiserver, Manager (the demo's simulator) and a context on both.
+struct Tier {
+    api: MemoryApiserver,
+    ctx: Arc<Context>,
+    clock: FakeClock,
+    _sim: SimHandle,
+}
+
+impl Tier {
+    async fn start(config: impl FnOnce(&mut OperatorConfig)) -> Tier {
+        let sim_yaml =
+            std::fs::read_to_string(repo().join("deploy/demo/manager-sim.yaml")).unwrap();
+        let sim = Sim::start(SimConfig::from_yaml(&sim_yaml).unwrap())
+            .await
+            .expect("manager-sim");
+        let mut cfg = OperatorConfig::default();
+        cfg.manager.url = sim.endpoint();
+        config(&mut cfg);
+        let manager = ManagerClient::connect(ClientConfig::new(sim.endpoint()))
+            .await
+            .expect("Manager client");
+        manager.wait_ready(BOUND).await.expect("mirror synced");
+        let api = MemoryApiserver::default();
+        let clock = FakeClock::at(
+            chrono::DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z")
+                .unwrap()
+                .to_utc(),
+        );
+        let ctx = Context::new(
+            api.client(),
+            manager,
+            Settings::from_config(&cfg),
+            Metrics::new(),
+            clock.shared(),
+            "tier",
+        );
+        Tier {
+            api,
+            ctx,
+            clock,
+            _sim: sim,
+        }
+    }
+
+    /// The example pool `name`, stored as a user's `kubectl apply` would.
+    fn pool(&self, name: &str) -> PlacementPool {
+        let pools: Vec<PlacementPool> = serde_saphyr::from_multiple(
+            &std::fs::read_to_string(repo().join("examples/pools.yaml")).unwrap(),
+        )
+        .unwrap();
+        let pool = pools.into_iter().find(|p| p.name_any() == name).unwrap();
+        self.api.insert(&pool)
+    }
+
+    fn stored_pool(&self, name: &str) -> Option<PlacementPool> {
+        self.api.get::<PlacementPool>(None, name)
+    }
+
+    /// One PlacementPool pass over the pool as stored now.
+    async fn pool_pass(
+        &self,
+        name: &str,
+    ) -> Result<kube::runtime::controller::Action, controllers::Error> {
+        let pool = self.stored_pool(name).expect("the pool is stored");
+        controllers::pool::reconcile(Arc::new(pool), self.ctx.clone()).await
+    }
+
+    /// The pool `name` marked for deletion (its finalizer holds it).
+    fn delete_pool(&self, name: &str) {
+        self.api.delete_path(&format!("{POOLS}/{name}"));
+    }
+
+    fn bundle_naming(&self, pool: &str) {
+        let mut b = Bundle::new(
+            "encode",
+            serde_json::from_value(serde_json::json!({
+                "replicas": 1,
+                "pools": [pool],
+                "jobs": [{"jobName": "enc", "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "silver"}}],
+            }))
+            .unwrap(),
+        );
+        b.metadata.namespace = Some("live".into());
+        self.api.insert(&b);
+    }
+}
+
+fn condition(p: &PlacementPool, type_: &str) -> (String, String, String) {
+    let c = find_condition(&p.status.as_ref().unwrap().conditions, type_)
+        .unwrap_or_else(|| panic!("no {type_} condition on {p:?}"));
+    (
+        format!("{:?}", c.status),
+        c.reason.clone(),
+        c.message.clone(),
+    )
+}
+
+#[tokio::test]
+async fn a_new_pool_gains_its_finalizer_and_a_ready_status_with_managers_node_count() {
+    let t = Tier::start(|_| {}).await;
+    t.pool("aws-east");
+    let nodes = t
+        .ctx
+        .manager
+        .mirror()
+        .read(|m| m.nodes.values().filter(|n| n.pool == "aws-east").count());
+
+    t.pool_pass("aws-east").await.expect("the pass");
+
+    assert_eq!(
+        t.api.writes(),
+        [
+            format!("PATCH {POOLS}/aws-east"),
+            format!("PATCH {POOLS}/aws-east/status"),
+        ],
+        "the finalizer, then the status"
+    );
+    let pool = t.stored_pool("aws-east").unwrap();
+    assert!(pool.finalizers().iter().any(|f| f == api::POOL_FINALIZER));
+    let status = pool.status.clone().unwrap();
+    assert_eq!(status.node_count, i64::try_from(nodes).unwrap());
+    assert_eq!(status.observed_generation, pool.metadata.generation);
+    assert_eq!(condition(&pool, "Ready").0, "True");
+    let ready = find_condition(&status.conditions, "Ready").unwrap();
+    assert_eq!(
+        ready.last_transition_time.to_rfc3339(),
+        "2026-03-01T12:00:00+00:00",
+        "the fake clock's time"
+    );
+}
+
+#[tokio::test]
+async fn a_second_pass_with_nothing_changed_writes_nothing() {
+    let t = Tier::start(|_| {}).await;
+    t.pool("aws-east");
+    t.pool_pass("aws-east").await.expect("the first pass");
+    t.api.clear_calls();
+    t.clock.advance(Duration::from_secs(30));
+
+    t.pool_pass("aws-east").await.expect("the second pass");
+
+    assert_eq!(t.api.writes(), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_pool_manager_does_not_know_is_stalled_and_says_so() {
+    let t = Tier::start(|_| {}).await;
+    let mut pool = t.pool("aws-east");
+    pool.metadata.name = Some("aws-nowhere".into());
+    pool.metadata.resource_version = None;
+    t.api.insert(&pool);
+
+    t.pool_pass("aws-nowhere").await.expect("the pass");
+
+    let (status, reason, message) = condition(&t.stored_pool("aws-nowhere").unwrap(), "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "UnknownToManager")
+    );
+    assert!(message.contains("aws-nowhere"), "{message}");
+}
+
+#[tokio::test]
+async fn a_deleted_pool_a_bundle_names_stays_and_names_the_bundle_then_goes_when_it_is_free() {
+    let t = Tier::start(|_| {}).await;
+    t.pool("aws-east");
+    t.pool_pass("aws-east").await.expect("the first pass");
+    t.bundle_naming("aws-east");
+    t.delete_pool("aws-east");
+    t.api.clear_calls();
+
+    t.pool_pass("aws-east")
+        .await
+        .expect("the pass while in use");
+
+    let pool = t.stored_pool("aws-east").expect("held by its finalizer");
+    let (status, reason, message) = condition(&pool, "Stalled");
+    assert_eq!((status.as_str(), reason.as_str()), ("True", "InUse"));
+    assert!(message.contains("Bundle live/encode"), "{message}");
+    assert_eq!(t.api.writes(), [format!("PATCH {POOLS}/aws-east/status")]);
+    assert!(
+        t.ctx.events.flush(BOUND).await,
+        "the DeletionBlocked Event is published"
+    );
+    assert!(
+        t.api
+            .calls()
+            .iter()
+            .any(|c| c.method == Method::POST && c.path.ends_with("/events")),
+        "{:?}",
+        t.api.calls()
+    );
+
+    t.api
+        .delete_path("/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundles/encode");
+    t.api.clear_calls();
+    t.pool_pass("aws-east").await.expect("the pass once free");
+
+    assert_eq!(
+        t.api.writes(),
+        [format!("PATCH {POOLS}/aws-east")],
+        "only the finalizer goes"
+    );
+    assert!(t.stored_pool("aws-east").is_none(), "the pool is gone");
+}
+
+#[tokio::test]
+async fn a_refused_finalizer_write_fails_the_pass_before_any_status_is_written() {
+    let t = Tier::start(|_| {}).await;
+    t.pool("aws-east");
+    t.api
+        .refuse_next(Method::PATCH, "/placementpools/aws-east", 409);
+
+    let err = t
+        .pool_pass("aws-east")
+        .await
+        .expect_err("a 409 is the pass's error");
+
+    assert!(controllers::is_conflict(&err), "{err}");
+    assert_eq!(t.api.writes(), [format!("PATCH {POOLS}/aws-east")]);
+    assert_eq!(t.api.refused(), [format!("PATCH {POOLS}/aws-east 409")]);
+    assert!(t.stored_pool("aws-east").unwrap().status.is_none());
+}
+
+#[tokio::test]
+async fn a_status_write_refused_as_invalid_is_the_passs_error_and_the_next_pass_writes_it() {
+    let t = Tier::start(|_| {}).await;
+    t.pool("aws-east");
+    t.api
+        .refuse_next(Method::PATCH, "/placementpools/aws-east/status", 422);
+
+    let err = t
+        .pool_pass("aws-east")
+        .await
+        .expect_err("a 422 is the pass's error");
+
+    assert!(
+        matches!(&err, controllers::Error::Kube(kube::Error::Api(s)) if s.code == 422),
+        "{err}"
+    );
+    assert!(t.stored_pool("aws-east").unwrap().status.is_none());
+    t.pool_pass("aws-east").await.expect("the retry");
+    assert!(t.stored_pool("aws-east").unwrap().status.is_some());
+}
+
+#[tokio::test]
+async fn without_the_cluster_scope_a_pool_is_placed_into_and_never_written() {
+    let t = Tier::start(|c| c.cluster_scope = false).await;
+    t.pool("aws-east");
+
+    t.pool_pass("aws-east").await.expect("the pass");
+
+    assert_eq!(t.api.writes(), Vec::<String>::new());
+    assert!(
+        t.ctx.state().model.pool("aws-east").is_some(),
+        "loaded for placement"
+    );
+}

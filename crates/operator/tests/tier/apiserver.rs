@@ -1,0 +1,495 @@
+//! An in-memory apiserver for the controller tier: a `tower` service a `kube::Client` is built
+//! on, holding objects as JSON and answering the calls a reconcile makes (get, list, create,
+//! merge patch, apply, replace, delete), recording each one, and refusing the ones a test scripts
+//! (409, 422, 500, …). It is not an apiserver: no watch, no admission, no schema. What it does
+//! keep is what a pass's outcome depends on: resourceVersion preconditions (409 on a stale
+//! write), the status subresource (a status write changes only `status`, a main write keeps
+//! it), generation bumps on spec changes, and deletion that waits for finalizers.
+//!
+//! Server-side apply is taken as "the applied fields replace the ones there": for a status,
+//! which the operator's one field manager owns whole, that is what the apiserver does; for other
+//! writes the operator uses merge patches.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use http::{Method, Request, Response, StatusCode};
+use kube::client::Body;
+use serde_json::{Value, json};
+
+/// One request the apiserver answered (or refused).
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub method: Method,
+    /// The path without the query, e.g. `/apis/automanager.norsk.io/v1alpha1/placementpools/a`.
+    pub path: String,
+    /// The HTTP status it was answered with.
+    pub code: u16,
+}
+
+impl Call {
+    /// Whether this is a write (anything but GET).
+    pub fn is_write(&self) -> bool {
+        self.method != Method::GET
+    }
+}
+
+#[derive(Debug)]
+struct Fault {
+    method: Method,
+    path_ends_with: String,
+    code: u16,
+}
+
+#[derive(Debug, Default)]
+struct Store {
+    /// (collection prefix, plural) → (namespace, name) → object.
+    objects: BTreeMap<(String, String), BTreeMap<(String, String), Value>>,
+    resource_version: u64,
+    calls: Vec<Call>,
+    faults: Vec<Fault>,
+}
+
+/// Cheap to clone; clones share the objects.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryApiserver(Arc<Mutex<Store>>);
+
+/// Where a request points.
+struct Target {
+    collection: (String, String),
+    namespace: Option<String>,
+    name: Option<String>,
+    status: bool,
+}
+
+fn parse(path: &str) -> Option<Target> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (prefix, rest) = match segs.as_slice() {
+        ["api", v, rest @ ..] => (format!("/api/{v}"), rest),
+        ["apis", g, v, rest @ ..] => (format!("/apis/{g}/{v}"), rest),
+        _ => return None,
+    };
+    let (namespace, rest) = match rest {
+        ["namespaces", ns, rest @ ..] if !rest.is_empty() => (Some((*ns).to_owned()), rest),
+        _ => (None, rest),
+    };
+    let (plural, name, status) = match rest {
+        [plural] => (*plural, None, false),
+        [plural, name] => (*plural, Some((*name).to_owned()), false),
+        [plural, name, "status"] => (*plural, Some((*name).to_owned()), true),
+        _ => return None,
+    };
+    Some(Target {
+        collection: (prefix, plural.to_owned()),
+        namespace,
+        name,
+        status,
+    })
+}
+
+fn status_body(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Status",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+        "metadata": {},
+    })
+}
+
+fn reason_of(code: u16) -> &'static str {
+    match code {
+        404 => "NotFound",
+        409 => "Conflict",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        _ => "InternalError",
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+impl MemoryApiserver {
+    fn store(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A `kube::Client` whose every request this apiserver answers.
+    pub fn client(&self) -> kube::Client {
+        let me = self.clone();
+        let service = tower::service_fn(move |req: Request<Body>| {
+            let me = me.clone();
+            async move { Ok::<_, std::convert::Infallible>(me.handle(req).await) }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    /// Stores `object` as a client's create would (a test's given state); returns it as stored.
+    pub fn insert<K>(&self, object: &K) -> K
+    where
+        K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let path = collection_path::<K>(object.meta().namespace.as_deref());
+        let body = serde_json::to_value(object).unwrap_or_default();
+        let (code, stored) = self.create(&path, body);
+        assert_eq!(code, 201, "insert {path}: {stored}");
+        serde_json::from_value(stored).unwrap_or_else(|e| panic!("insert {path}: {e}"))
+    }
+
+    /// The object as the apiserver holds it now.
+    pub fn get<K>(&self, namespace: Option<&str>, name: &str) -> Option<K>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        let t = parse(&format!("{}/{name}", collection_path::<K>(namespace)))?;
+        let store = self.store();
+        let obj = store
+            .objects
+            .get(&t.collection)?
+            .get(&(t.namespace.unwrap_or_default(), name.to_owned()))?;
+        serde_json::from_value(obj.clone()).ok()
+    }
+
+    /// The next request of `method` whose path ends with `path_ends_with` is refused with
+    /// `code`, once.
+    pub fn refuse_next(&self, method: Method, path_ends_with: &str, code: u16) {
+        self.store().faults.push(Fault {
+            method,
+            path_ends_with: path_ends_with.to_owned(),
+            code,
+        });
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        self.store().calls.clone()
+    }
+
+    /// The calls refused so far (status 400 and above), as `METHOD path code`.
+    pub fn refused(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.code >= 400)
+            .map(|c| format!("{} {} {}", c.method, c.path, c.code))
+            .collect()
+    }
+
+    /// The writes so far as `METHOD path` (events left out: they are published off the pass).
+    pub fn writes(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.is_write() && !c.path.contains("/events"))
+            .map(|c| format!("{} {}", c.method, c.path))
+            .collect()
+    }
+
+    /// Deletes the object at `path` as a client's delete would: marked while finalizers hold it,
+    /// gone otherwise. Not recorded as a call of the pass.
+    pub fn delete_path(&self, path: &str) {
+        let t = parse(path).unwrap_or_else(|| panic!("not an object path: {path}"));
+        let (code, body) = self.delete(&t);
+        assert_eq!(code, 200, "delete {path}: {body}");
+    }
+
+    /// Forgets the calls so far.
+    pub fn clear_calls(&self) {
+        self.store().calls.clear();
+    }
+
+    async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let content_type = req
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let body = req.into_body().collect_bytes().await.unwrap_or_default();
+        let body: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).unwrap_or(Value::Null)
+        };
+        let (code, out) = self.answer(&method, &path, &content_type, body);
+        self.store().calls.push(Call { method, path, code });
+        let mut resp = Response::new(Body::from(serde_json::to_vec(&out).unwrap_or_default()));
+        *resp.status_mut() =
+            StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        resp
+    }
+
+    fn answer(&self, method: &Method, path: &str, content_type: &str, body: Value) -> (u16, Value) {
+        {
+            let mut store = self.store();
+            if let Some(i) = store
+                .faults
+                .iter()
+                .position(|f| f.method == *method && path.ends_with(&f.path_ends_with))
+            {
+                let f = store.faults.remove(i);
+                return (
+                    f.code,
+                    status_body(f.code, reason_of(f.code), "refused by the test"),
+                );
+            }
+        }
+        let Some(t) = parse(path) else {
+            return (404, status_body(404, "NotFound", "no such path"));
+        };
+        match (method.clone(), &t.name) {
+            (Method::GET, Some(_)) => self.read(&t),
+            (Method::GET, None) => self.list(&t),
+            (Method::POST, None) => self.create(path, body),
+            (Method::PATCH, Some(_)) => self.write(&t, |obj| {
+                if content_type.contains("apply-patch") {
+                    apply(obj, &body, t.status);
+                } else {
+                    merge(obj, &body);
+                }
+                body.pointer("/metadata/resourceVersion").cloned()
+            }),
+            (Method::PUT, Some(_)) => self.write(&t, |obj| {
+                let rv = body.pointer("/metadata/resourceVersion").cloned();
+                *obj = body.clone();
+                rv
+            }),
+            (Method::DELETE, Some(_)) => self.delete(&t),
+            _ => (
+                405,
+                status_body(405, "MethodNotAllowed", "not answered here"),
+            ),
+        }
+    }
+
+    fn read(&self, t: &Target) -> (u16, Value) {
+        let key = (
+            t.namespace.clone().unwrap_or_default(),
+            t.name.clone().unwrap_or_default(),
+        );
+        match self
+            .store()
+            .objects
+            .get(&t.collection)
+            .and_then(|c| c.get(&key))
+        {
+            Some(obj) => (200, obj.clone()),
+            None => (404, status_body(404, "NotFound", "not found")),
+        }
+    }
+
+    fn list(&self, t: &Target) -> (u16, Value) {
+        let store = self.store();
+        let items: Vec<Value> = store
+            .objects
+            .get(&t.collection)
+            .into_iter()
+            .flatten()
+            .filter(|((ns, _), _)| t.namespace.as_ref().is_none_or(|want| want == ns))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (
+            200,
+            json!({
+                "apiVersion": "v1",
+                "kind": "List",
+                "metadata": { "resourceVersion": store.resource_version.to_string() },
+                "items": items,
+            }),
+        )
+    }
+
+    fn create(&self, path: &str, mut body: Value) -> (u16, Value) {
+        let Some(t) = parse(path) else {
+            return (404, status_body(404, "NotFound", "no such path"));
+        };
+        let mut store = self.store();
+        store.resource_version += 1;
+        let rv = store.resource_version;
+        let namespace = t.namespace.clone().or_else(|| {
+            body.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        });
+        let name = match body.pointer("/metadata/name").and_then(Value::as_str) {
+            Some(n) => n.to_owned(),
+            None => format!(
+                "{}{rv}",
+                body.pointer("/metadata/generateName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("object-")
+            ),
+        };
+        let key = (namespace.clone().unwrap_or_default(), name.clone());
+        let collection = store.objects.entry(t.collection).or_default();
+        if collection.contains_key(&key) {
+            return (
+                409,
+                status_body(409, "AlreadyExists", &format!("{name} already exists")),
+            );
+        }
+        merge(
+            &mut body,
+            &json!({ "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": format!("uid-{rv}"),
+                "resourceVersion": rv.to_string(),
+                "generation": 1,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+            }}),
+        );
+        collection.insert(key, body.clone());
+        (201, body)
+    }
+
+    /// A patch or replace: `change` edits the object and returns the resourceVersion the
+    /// writer asked to be current, if any.
+    fn write(&self, t: &Target, change: impl FnOnce(&mut Value) -> Option<Value>) -> (u16, Value) {
+        let key = (
+            t.namespace.clone().unwrap_or_default(),
+            t.name.clone().unwrap_or_default(),
+        );
+        let mut store = self.store();
+        store.resource_version += 1;
+        let rv = store.resource_version;
+        let Some(current) = store
+            .objects
+            .get_mut(&t.collection)
+            .and_then(|c| c.get_mut(&key))
+        else {
+            return (404, status_body(404, "NotFound", "not found"));
+        };
+        let mut next = current.clone();
+        let precondition = change(&mut next);
+        if let Some(want) = precondition.filter(|v| !v.is_null())
+            && Some(&want) != current.pointer("/metadata/resourceVersion")
+        {
+            return (
+                409,
+                status_body(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                ),
+            );
+        }
+        // The status subresource changes only status; the main resource never does.
+        let mut stored = current.clone();
+        if t.status {
+            stored["status"] = next.get("status").cloned().unwrap_or(Value::Null);
+        } else {
+            let status = current.get("status").cloned();
+            let spec_changed = next.get("spec") != current.get("spec");
+            stored = next;
+            match status {
+                Some(s) => stored["status"] = s,
+                None => {
+                    if let Some(o) = stored.as_object_mut() {
+                        o.remove("status");
+                    }
+                }
+            }
+            stored["metadata"]["uid"] = current["metadata"]["uid"].clone();
+            stored["metadata"]["creationTimestamp"] =
+                current["metadata"]["creationTimestamp"].clone();
+            let generation = current
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            stored["metadata"]["generation"] = json!(generation + i64::from(spec_changed));
+        }
+        stored["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let gone = stored.pointer("/metadata/deletionTimestamp").is_some()
+            && stored
+                .pointer("/metadata/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty);
+        if gone {
+            if let Some(c) = store.objects.get_mut(&t.collection) {
+                c.remove(&key);
+            }
+        } else if let Some(c) = store.objects.get_mut(&t.collection) {
+            c.insert(key, stored.clone());
+        }
+        (200, stored)
+    }
+
+    fn delete(&self, t: &Target) -> (u16, Value) {
+        let key = (
+            t.namespace.clone().unwrap_or_default(),
+            t.name.clone().unwrap_or_default(),
+        );
+        let mut store = self.store();
+        store.resource_version += 1;
+        let rv = store.resource_version.to_string();
+        let Some(collection) = store.objects.get_mut(&t.collection) else {
+            return (404, status_body(404, "NotFound", "not found"));
+        };
+        let Some(obj) = collection.get_mut(&key) else {
+            return (404, status_body(404, "NotFound", "not found"));
+        };
+        let held = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if held {
+            obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
+            obj["metadata"]["resourceVersion"] = json!(rv);
+            return (200, obj.clone());
+        }
+        let obj = collection.remove(&key).unwrap_or_default();
+        (200, obj)
+    }
+}
+
+/// Server-side apply of `patch` (one field manager, forced): its fields replace those there;
+/// on the status subresource, its status replaces the status.
+fn apply(obj: &mut Value, patch: &Value, status: bool) {
+    if status {
+        obj["status"] = patch.get("status").cloned().unwrap_or(Value::Null);
+    } else {
+        merge(obj, patch);
+    }
+}
+
+/// `/apis/<group>/<version>[/namespaces/<ns>]/<plural>` of `K`.
+fn collection_path<K: kube::Resource<DynamicType = ()>>(namespace: Option<&str>) -> String {
+    let group = K::group(&());
+    let prefix = if group.is_empty() {
+        format!("/api/{}", K::version(&()))
+    } else {
+        format!("/apis/{group}/{}", K::version(&()))
+    };
+    match namespace {
+        Some(ns) => format!("{prefix}/namespaces/{ns}/{}", K::plural(&())),
+        None => format!("{prefix}/{}", K::plural(&())),
+    }
+}
+
+#[test]
+fn a_merge_patch_removes_nulls_and_replaces_the_rest() {
+    let mut v = json!({"a": 1, "b": {"c": 2, "d": 3}});
+    merge(&mut v, &json!({"a": null, "b": {"c": 5}, "e": [1]}));
+    assert_eq!(v, json!({"b": {"c": 5, "d": 3}, "e": [1]}));
+}
