@@ -232,6 +232,112 @@ fn the_rendered_config_passes_the_operators_own_validation() {
     }
 }
 
+/// The keys of `config` the chart writes itself, from other values: where Manager is, the
+/// listeners, and the Lease's name and namespace (the release's).
+const CHART_OWNED: &[&str] = &["manager", "http"];
+
+/// The rendered `operator.yaml` and the Deployment's config checksum for `args`.
+fn rendered_config(helm: &Helm, args: &[&str]) -> (Value, String) {
+    let docs = documents(&helm.template(&chart_dir(), args).unwrap()).unwrap();
+    let cm = find(&docs, "ConfigMap", Some(FULLNAME)).unwrap();
+    let config: Value =
+        serde_saphyr::from_str(cm["data"]["operator.yaml"].as_str().unwrap()).unwrap();
+    let deployment = find(&docs, "Deployment", Some(FULLNAME)).unwrap();
+    let checksum = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (config, checksum)
+}
+
+/// Every key the operator's settings file takes, at the top level and one level down, is
+/// either in `values.yaml`'s `config` and rendered as written, or one the chart owns; and a
+/// changed value changes the rendered file and so the Pods' checksum (they roll).
+#[test]
+fn every_config_value_reaches_the_operator_and_rolls_the_pods() {
+    let bins = stack::binaries().unwrap();
+    let helm = Helm::offline().unwrap();
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    let values = &values["config"];
+    let mut cmd = std::process::Command::new(&bins.operator);
+    cmd.args(["config", "schema"]);
+    let out = run(cmd, None).unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let schema: Value = serde_json::from_str(&out.stdout).unwrap();
+    let properties = schema["properties"]
+        .as_object()
+        .expect("the schema's properties");
+    let (rendered, checksum) = rendered_config(&helm, &[]);
+
+    let mut problems = Vec::new();
+    for key in properties.keys() {
+        if CHART_OWNED.contains(&key.as_str()) {
+            assert!(rendered.get(key).is_some(), "the chart writes {key}");
+            continue;
+        }
+        let (Some(given), Some(written)) = (values.get(key), rendered.get(key)) else {
+            problems.push(format!(
+                "config.{key}: in values.yaml {}, in the rendered file {}",
+                values.get(key).is_some(),
+                rendered.get(key).is_some()
+            ));
+            continue;
+        };
+        match (given.as_object(), written.as_object()) {
+            (Some(given), Some(written)) => {
+                for (inner, v) in given {
+                    if written.get(inner) != Some(v) {
+                        problems.push(format!(
+                            "config.{key}.{inner}: {v} rendered as {:?}",
+                            written.get(inner)
+                        ));
+                    }
+                }
+            }
+            _ if given != written => {
+                problems.push(format!("config.{key}: {given} rendered as {written}"))
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "values that do not reach the operator:\n{}",
+        problems.join("\n")
+    );
+    assert_eq!(rendered["leaderElection"]["leaseName"], FULLNAME);
+
+    // The four that were once dropped, each changed alone: the file says so and the Pods roll.
+    for (set, path) in [
+        ("config.clusterScope=false", &["clusterScope"][..]),
+        ("config.zoneBrake.enabled=false", &["zoneBrake", "enabled"]),
+        (
+            "config.provisioning.perPoolPerMinute=3",
+            &["provisioning", "perPoolPerMinute"],
+        ),
+        (
+            "config.rebalance.maxPerMinute=2",
+            &["rebalance", "maxPerMinute"],
+        ),
+        (
+            "config.leaderElection.leaseDuration=20s",
+            &["leaderElection", "leaseDuration"],
+        ),
+    ] {
+        let (changed, changed_checksum) = rendered_config(&helm, &["--set", set]);
+        let value = path.iter().fold(&changed, |v, k| &v[*k]);
+        let wanted = set.split_once('=').unwrap().1;
+        assert_eq!(
+            value.to_string().trim_matches('"'),
+            wanted,
+            "{set}: rendered {changed}"
+        );
+        assert_ne!(changed_checksum, checksum, "{set} does not roll the Pods");
+    }
+}
+
 #[test]
 fn the_values_schema_refuses_bad_values_naming_them() {
     let helm = Helm::offline().unwrap();

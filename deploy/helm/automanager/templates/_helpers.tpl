@@ -105,7 +105,14 @@ app.kubernetes.io/component: manager-sim
 {{- $host := ternary (printf "[%s]" .Values.debug.address) .Values.debug.address (contains ":" .Values.debug.address) -}}
 {{- $_ := set $http "debugBindAddress" (printf "%s:%d" $host (int .Values.debug.port)) -}}
 {{- end -}}
-{{- $le := dict "enabled" $c.leaderElection.enabled "leaseName" (include "automanager.fullname" .) "leaseNamespace" .Release.Namespace "leaseDuration" $c.leaderElection.leaseDuration -}}
-{{- $out := dict "manager" $manager "pendingWindow" $c.pendingWindow "removeStoppedNodesAfter" $c.removeStoppedNodesAfter "bands" $c.bands "nodeHealth" $c.nodeHealth "watchNamespaces" $c.watchNamespaces "leaderElection" $le "http" $http "concurrency" $c.concurrency "statusWriteInterval" $c.statusWriteInterval "migration" $c.migration "orphanSweep" $c.orphanSweep -}}
+{{- /* Every key under `config` reaches the operator as written; the chart owns only the
+keys it derives from other values (where Manager is, the ports, the Lease's name). */ -}}
+{{- $out := deepCopy $c -}}
+{{- $le := deepCopy ($c.leaderElection | default dict) -}}
+{{- $_ := set $le "leaseName" (include "automanager.fullname" .) -}}
+{{- $_ := set $le "leaseNamespace" .Release.Namespace -}}
+{{- $_ := set $out "leaderElection" $le -}}
+{{- $_ := set $out "manager" $manager -}}
+{{- $_ := set $out "http" $http -}}
 {{- toYaml $out -}}
 {{- end -}}
