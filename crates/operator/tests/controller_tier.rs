@@ -292,3 +292,131 @@ async fn without_the_cluster_scope_a_pool_is_placed_into_and_never_written() {
         "loaded for placement"
     );
 }
+
+const BUNDLES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundles";
+
+impl Tier {
+    /// Every example pool stored and passed once, so the placement model knows them.
+    async fn with_example_pools(self) -> Tier {
+        for name in ["aws-east", "aws-west", "oci-fra", "onprem"] {
+            self.pool(name);
+            self.pool_pass(name).await.expect("the pool pass");
+        }
+        self.api.clear_calls();
+        self
+    }
+
+    fn bundle(&self, name: &str, replicas: i32, pools: &[&str]) -> Bundle {
+        let mut b = Bundle::new(
+            name,
+            serde_json::from_value(serde_json::json!({
+                "replicas": replicas,
+                "pools": pools,
+                "jobs": [{"jobName": "enc", "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "gold"}}],
+            }))
+            .unwrap(),
+        );
+        b.metadata.namespace = Some("live".into());
+        self.api.insert(&b)
+    }
+
+    fn stored_bundle(&self, name: &str) -> Bundle {
+        self.api
+            .get::<Bundle>(Some("live"), name)
+            .expect("the bundle is stored")
+    }
+
+    /// One Bundle pass over the bundle as stored now.
+    async fn bundle_pass(
+        &self,
+        name: &str,
+    ) -> Result<kube::runtime::controller::Action, controllers::Error> {
+        let b = self.stored_bundle(name);
+        controllers::bundle::reconcile(Arc::new(b), self.ctx.clone()).await
+    }
+
+    /// Manager's jobs of the bundle `live/<name>`.
+    fn manager_jobs(&self, name: &str) -> Vec<String> {
+        let id = automanager_operator::mapping::bundle_id("live", name);
+        self._sim
+            .snapshot()
+            .jobs
+            .into_iter()
+            .filter(|j| j.bundle_id == id)
+            .map(|j| j.job_id)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn a_bundle_gains_its_finalizer_then_starts_on_manager_and_records_managers_job_ids() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 2, &["onprem"]);
+
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news")]);
+    assert!(
+        t.manager_jobs("news").is_empty(),
+        "nothing started before the finalizer"
+    );
+    t.api.clear_calls();
+
+    t.bundle_pass("news").await.expect("the placing pass");
+
+    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news/status")]);
+    let status = t.stored_bundle("news").status.expect("a status");
+    assert_eq!(status.placed_replicas, 2);
+    let mut recorded: Vec<String> = status
+        .replicas
+        .iter()
+        .flat_map(|r| r.jobs.iter().filter_map(|j| j.job_id.clone()))
+        .collect();
+    let mut started = t.manager_jobs("news");
+    recorded.sort();
+    started.sort();
+    assert_eq!(
+        recorded, started,
+        "the status names the jobs Manager started"
+    );
+    let nodes: std::collections::BTreeSet<_> = status
+        .replicas
+        .iter()
+        .filter_map(|r| r.jobs.first().and_then(|j| j.node_id.clone()))
+        .collect();
+    assert_eq!(nodes.len(), 2, "replicas on different nodes (hard rule)");
+}
+
+#[tokio::test]
+async fn a_bundle_whose_pools_are_unknown_starts_nothing_and_says_it_cannot_be_placed() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("lost", 1, &["nowhere"]);
+
+    t.bundle_pass("lost").await.expect("the finalizer pass");
+    t.bundle_pass("lost").await.expect("the pass");
+
+    assert!(t.manager_jobs("lost").is_empty());
+    let status = t.stored_bundle("lost").status.expect("a status");
+    assert_eq!(status.placed_replicas, 0);
+    assert_ne!(status.phase, api::BundlePhase::Ready);
+}
+
+#[tokio::test]
+async fn a_bundle_status_write_refused_as_stale_fails_the_pass_as_a_conflict() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 1, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.api
+        .refuse_next(Method::PATCH, "/bundles/news/status", 409);
+
+    let err = t.bundle_pass("news").await.expect_err("the conflict");
+
+    assert!(controllers::is_conflict(&err), "{err}");
+    assert!(t.stored_bundle("news").status.is_none(), "nothing recorded");
+    t.bundle_pass("news").await.expect("the next pass");
+    assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
+    assert_eq!(
+        t.manager_jobs("news").len(),
+        1,
+        "the retry started no second job"
+    );
+}
