@@ -194,6 +194,15 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
                 check_file(&mut errors, path, file);
             }
         }
+        // The token as the operator will send it, when the file is there to read.
+        if let Some(file) = m.token_file.as_deref().filter(|f| f.is_file())
+            && let Err(problem) = super::read_token(file)
+        {
+            errors.push(err(
+                "manager.tokenFile",
+                format!("{}: {problem}", file.display()),
+            ));
+        }
     }
     if let Some(debug) = c.http.debug_bind_address
         && same_listener(debug, c.http.bind_address)

@@ -73,8 +73,19 @@ pub struct ConfigErrors {
     pub errors: Vec<ConfigError>,
 }
 
+/// At most this many problems are printed; the rest are counted ("and N more"), so a file of
+/// 45,000 unknown keys gives a screenful, not megabytes.
+pub const MAX_SHOWN_ERRORS: usize = 50;
+
 fn render(errors: &[ConfigError]) -> String {
-    let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    let mut lines: Vec<String> = errors
+        .iter()
+        .take(MAX_SHOWN_ERRORS)
+        .map(ToString::to_string)
+        .collect();
+    if errors.len() > MAX_SHOWN_ERRORS {
+        lines.push(format!("... and {} more", errors.len() - MAX_SHOWN_ERRORS));
+    }
     lines.join("\n")
 }
 
@@ -1043,9 +1054,63 @@ pub enum ManagerConfigError {
         #[source]
         source: std::io::Error,
     },
-    /// The token file is empty (after trimming whitespace).
-    #[error("the token file {0} is empty")]
-    EmptyToken(PathBuf),
+    /// The token file does not hold one bearer token.
+    #[error("the token file {path}: {problem}")]
+    Token {
+        path: PathBuf,
+        problem: TokenProblem,
+    },
+}
+
+/// The longest token file read: a Kubernetes service account token is 1 to 2 KiB, an OIDC
+/// JWT rarely over 8 KiB; anything larger is the wrong file.
+pub const MAX_TOKEN_BYTES: u64 = 16 * 1024;
+
+/// Why a token file does not hold a usable bearer token.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenProblem {
+    #[error("cannot read it: {0}")]
+    Read(#[source] std::io::Error),
+    #[error("is over {MAX_TOKEN_BYTES} bytes; a bearer token is one short line")]
+    TooLarge,
+    #[error("is not UTF-8 text")]
+    NotText,
+    #[error("is empty (after trimming surrounding whitespace)")]
+    Empty,
+    /// CR, LF, NUL or another control character inside the token: not a valid HTTP header
+    /// value, so every call would fail.
+    #[error(
+        "has a control character ({0}) inside the token; it must be one line of printable text"
+    )]
+    ControlCharacter(String),
+}
+
+/// Reads the bearer token at `path` as the Manager client sends it: one line, surrounding
+/// whitespace (a trailing newline) trimmed. `config check` and the operator read it alike.
+pub fn read_token(path: &Path) -> Result<String, TokenProblem> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TOKEN_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(TokenProblem::Read)?;
+    if bytes.len() as u64 > MAX_TOKEN_BYTES {
+        return Err(TokenProblem::TooLarge);
+    }
+    let text = String::from_utf8(bytes).map_err(|_| TokenProblem::NotText)?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(TokenProblem::Empty);
+    }
+    if let Some(c) = token.chars().find(|c| c.is_control()) {
+        let name = match c {
+            '\r' => "CR".to_owned(),
+            '\n' => "LF".to_owned(),
+            '\0' => "NUL".to_owned(),
+            other => format!("U+{:04X}", u32::from(other)),
+        };
+        return Err(TokenProblem::ControlCharacter(name));
+    }
+    Ok(token.to_owned())
 }
 
 impl ManagerConfig {
@@ -1065,12 +1130,10 @@ impl ManagerConfig {
         config.heartbeat_interval = self.heartbeat_interval;
         config.idle_timeout = self.idle_timeout;
         if let Some(path) = &self.token_file {
-            let token = String::from_utf8_lossy(&read("token file", path)?)
-                .trim()
-                .to_owned();
-            if token.is_empty() {
-                return Err(ManagerConfigError::EmptyToken(path.clone()));
-            }
+            let token = read_token(path).map_err(|problem| ManagerConfigError::Token {
+                path: path.clone(),
+                problem,
+            })?;
             config = config.with_token(token);
         }
         if let Some(tls) = &self.tls {

@@ -931,8 +931,65 @@ fn client_config_reads_the_token_and_pem_files() {
     std::fs::write(&token, "\n").unwrap_or_else(|e| panic!("{e}"));
     assert!(matches!(
         c.manager.client_config(),
-        Err(ManagerConfigError::EmptyToken(_))
+        Err(ManagerConfigError::Token {
+            problem: TokenProblem::Empty,
+            ..
+        })
     ));
+}
+
+#[test]
+fn a_token_file_is_checked_as_the_operator_reads_it() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let token = dir.path().join("token");
+    let config = format!(
+        "manager: {{ url: \"http://h:1\", tokenFile: {} }}\n",
+        token.display()
+    );
+    // (what the file holds, what the check says)
+    let cases: [(&[u8], &str); 6] = [
+        (&[b'a'; 5 * 1024 * 1024], "is over 16384 bytes"),
+        (b"abc\r\ndef\n", "control character (CR)"),
+        (b"abc\ndef", "control character (LF)"),
+        (b"abc\0def", "control character (NUL)"),
+        (&[0xff, 0xfe, b'a'], "is not UTF-8"),
+        (b" \n\t\n", "is empty"),
+    ];
+    for (contents, says) in cases {
+        std::fs::write(&token, contents).unwrap_or_else(|e| panic!("{e}"));
+        let e = errors(&config);
+        let message = &error_at(&e, "manager.tokenFile").message;
+        assert!(message.contains(says), "{says}: {message}");
+        // The operator refuses the same file the same way, and connects with nothing.
+        let mut c = ok(URL);
+        c.manager.token_file = Some(token.clone());
+        let refused = c.manager.client_config().err().map(|e| e.to_string());
+        assert!(
+            refused.as_deref().is_some_and(|r| r.contains(says)),
+            "{says}: {refused:?}"
+        );
+    }
+    // A token and its trailing newline, as `kubectl create token > file` writes it, is fine.
+    std::fs::write(&token, "eyJhbGciOi.payload.sig\n").unwrap_or_else(|e| panic!("{e}"));
+    ok(&config);
+}
+
+#[test]
+fn the_printed_error_list_is_bounded_and_counts_the_rest() {
+    let mut yaml = String::from(URL);
+    for i in 0..5_000 {
+        yaml.push_str(&format!("unknownKey{i}: 1\n"));
+    }
+    let e = errors(&yaml);
+    assert!(e.errors.len() > MAX_SHOWN_ERRORS, "{}", e.errors.len());
+    let printed = e.to_string();
+    let lines: Vec<&str> = printed.lines().collect();
+    assert_eq!(lines.len(), MAX_SHOWN_ERRORS + 1, "{printed}");
+    assert_eq!(
+        lines[MAX_SHOWN_ERRORS],
+        format!("... and {} more", e.errors.len() - MAX_SHOWN_ERRORS)
+    );
+    assert!(printed.len() < 64 * 1024, "{} bytes printed", printed.len());
 }
 
 #[test]
