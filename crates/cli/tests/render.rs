@@ -26,6 +26,7 @@ fn pool(name: &str, scale: pl::ScaleOut, zones: &[&str]) -> pl::PoolSpec {
             capabilities: vec![],
         }],
         max_nodes: Some(4),
+        terminating: false,
     }
 }
 

@@ -322,6 +322,7 @@ pub fn pool(name: &str, spec: &api::PlacementPoolSpec) -> pl::PoolSpec {
             })
             .collect(),
         max_nodes: spec.max_nodes.and_then(|m| u32::try_from(m).ok()),
+        terminating: false,
     }
 }
 

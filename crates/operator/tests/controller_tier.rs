@@ -336,13 +336,15 @@ impl Tier {
     }
 
     /// Manager's jobs of the bundle `live/<name>`.
+    /// Manager's jobs of bundle `live/name` that sit on a node (a registered job waiting for
+    /// a placement has none).
     fn manager_jobs(&self, name: &str) -> Vec<String> {
         let id = automanager_operator::mapping::bundle_id("live", name);
         self._sim
             .snapshot()
             .jobs
             .into_iter()
-            .filter(|j| j.bundle_id == id)
+            .filter(|j| j.bundle_id == id && !j.node_id.is_empty())
             .map(|j| j.job_id)
             .collect()
     }
@@ -419,4 +421,49 @@ async fn a_bundle_status_write_refused_as_stale_fails_the_pass_as_a_conflict() {
         1,
         "the retry started no second job"
     );
+}
+
+#[tokio::test]
+async fn a_pool_being_deleted_keeps_what_runs_there_and_takes_no_new_bundle() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 1, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    assert_eq!(t.manager_jobs("news").len(), 1);
+    t.delete_pool("onprem");
+    t.pool_pass("onprem").await.expect("the pool pass");
+    assert_eq!(
+        condition(&t.stored_pool("onprem").unwrap(), "Stalled").1,
+        "InUse"
+    );
+
+    t.bundle("late", 1, &["onprem"]);
+    t.bundle_pass("late").await.expect("the finalizer pass");
+    t.bundle_pass("late").await.expect("the pass");
+
+    assert!(
+        t.manager_jobs("late").is_empty(),
+        "nothing new in a terminating pool: {:?}",
+        t.stored_bundle("late").status
+    );
+    let late = t.stored_bundle("late").status.expect("a status");
+    assert_eq!(late.placed_replicas, 0);
+    let reasons: Vec<String> = late
+        .replicas
+        .iter()
+        .flat_map(|r| &r.jobs)
+        .filter_map(|j| j.last_placement.as_ref())
+        .flat_map(|p| {
+            p.pools_tried
+                .iter()
+                .map(|a| format!("{}:{}", a.pool, a.reason))
+        })
+        .collect();
+    assert_eq!(reasons, ["onprem:terminating"], "{late:?}");
+    // What ran there stays.
+    t.bundle_pass("news")
+        .await
+        .expect("a pass of the running bundle");
+    assert_eq!(t.manager_jobs("news").len(), 1);
+    assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
 }

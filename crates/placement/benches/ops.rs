@@ -19,6 +19,7 @@ fn engine() -> Engine {
         scale_out: ScaleOut::Fixed,
         candidate_instance_types: Vec::new(),
         max_nodes: None,
+        terminating: false,
     };
     let mut spread = pool.clone();
     spread.name = "oci".into();

@@ -53,6 +53,7 @@ fn pool(name: &str, strategy: PackingStrategy, scale: ScaleOut, caps: &[&str]) -
             capabilities: caps.iter().map(|c| (*c).to_owned()).collect(),
         }],
         max_nodes: None,
+        terminating: false,
     }
 }
 

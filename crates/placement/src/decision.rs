@@ -287,6 +287,8 @@ pub enum PoolLeftReason {
     /// An elastic pool whose nodes cannot take the replica, and no single new node of any
     /// candidate instance type would make it fit.
     NoInstanceTypeFits,
+    /// The pool is being deleted and takes no new work.
+    Terminating,
 }
 
 impl PoolLeftReason {
@@ -297,6 +299,7 @@ impl PoolLeftReason {
             PoolLeftReason::NoNodeFits => "noNodeFits",
             PoolLeftReason::MaxNodesReached => "maxNodesReached",
             PoolLeftReason::NoInstanceTypeFits => "noInstanceTypeFits",
+            PoolLeftReason::Terminating => "terminating",
         }
     }
 }

@@ -19,6 +19,7 @@
 //!         instance_type: "m5.xlarge".into(), total_capacity: 100.0, total_cores: 16, capabilities: vec![],
 //!     }],
 //!     max_nodes: None,
+//!     terminating: false,
 //! };
 //! let snapshot = ClusterSnapshot {
 //!     pools: vec![pool],

@@ -87,6 +87,10 @@ pub struct PoolSpec {
     /// Upper bound on the pool's node count (all nodes, spares and starting ones included).
     #[serde(default)]
     pub max_nodes: Option<u32>,
+    /// The pool is being deleted: what runs there stays until it moves, but nothing new is
+    /// placed or provisioned there.
+    #[serde(default)]
+    pub terminating: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

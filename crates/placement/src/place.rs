@@ -167,6 +167,10 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
             pools_tried.push(left(PoolLeftReason::UnknownPool));
             continue;
         };
+        if pool.spec.terminating {
+            pools_tried.push(left(PoolLeftReason::Terminating));
+            continue;
+        }
         let failure = match attempt(e, s, req, &prepared, pidx, None, now) {
             Ok(a) => {
                 pools_tried.push(PoolAttempt {

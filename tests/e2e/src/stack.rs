@@ -185,10 +185,26 @@ pub struct Stack {
 
 /// A free loopback port (free when asked; another process may take it before it is bound).
 pub fn free_port() -> Result<u16, SetupError> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| SetupError(e.to_string()))?;
-    Ok(l.local_addr()
-        .map_err(|e| SetupError(e.to_string()))?
-        .port())
+    let [port] = free_ports::<1>()?;
+    Ok(port)
+}
+
+/// `N` distinct free loopback ports. Every listener is held until all are picked: two ports
+/// asked for one after the other can be the same one, since the kernel may hand a port it just
+/// got back to the next `bind(0)`.
+pub fn free_ports<const N: usize>() -> Result<[u16; N], SetupError> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| SetupError(e.to_string()))?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener
+            .local_addr()
+            .map_err(|e| SetupError(e.to_string()))?
+            .port();
+    }
+    Ok(ports)
 }
 
 /// The demo's manager-sim config (deploy/demo/manager-sim.yaml) with simulated jobs that wait
@@ -302,8 +318,7 @@ impl Stack {
             .tempdir()
             .map_err(|e| SetupError(e.to_string()))?;
         let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, sim_args)?;
-        let http_port = free_port()?;
-        let debug_port = free_port()?;
+        let [http_port, debug_port] = free_ports()?;
         let mut config: serde_json::Map<String, serde_json::Value> = serde_saphyr::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\", debugBindAddress: \"127.0.0.1:{debug_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
         ))
@@ -361,10 +376,11 @@ impl Stack {
             .map_err(|e| SetupError(format!("reading the operator config: {e}")))?;
         let mut config: serde_json::Map<String, serde_json::Value> =
             serde_saphyr::from_str(&text).map_err(|e| SetupError(e.to_string()))?;
-        let http = format!("127.0.0.1:{}", free_port()?);
+        let [http_port, debug_port] = free_ports()?;
+        let http = format!("127.0.0.1:{http_port}");
         config.insert(
             "http".into(),
-            serde_json::json!({"bindAddress": http, "debugBindAddress": format!("127.0.0.1:{}", free_port()?)}),
+            serde_json::json!({"bindAddress": http, "debugBindAddress": format!("127.0.0.1:{debug_port}")}),
         );
         let path = self.dir.path().join(format!("operator-{name}.yaml"));
         std::fs::write(

@@ -305,5 +305,8 @@ pub fn left_reason(r: pl::PoolLeftReason) -> &'static str {
         pl::PoolLeftReason::NoInstanceTypeFits => {
             "no node can take the whole replica and no candidate instance type would"
         }
+        pl::PoolLeftReason::Terminating => {
+            "the PlacementPool is being deleted: what runs there stays, nothing new goes there"
+        }
     }
 }

@@ -544,6 +544,18 @@ pub async fn create_node(
     intent: &str,
     mut req: proto::CreateNodeRequest,
 ) -> Result<proto::Node, Error> {
+    // A pool being deleted gets no new node, for a replica or a spare.
+    if ctx
+        .state()
+        .model
+        .pool(&req.pool)
+        .is_some_and(|p| p.terminating)
+    {
+        return Err(Error::ProvisioningPaused(format!(
+            "PlacementPool {} is being deleted: no new node is made in it",
+            req.pool
+        )));
+    }
     req.zone = ctx
         .with_mirror(|m, s| zones::provision_zone(m, s, &req.pool, &req.zone))
         .map_err(Error::ProvisioningPaused)?;

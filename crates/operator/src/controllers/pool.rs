@@ -46,12 +46,20 @@ pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Ac
 /// Loads the pool into the placement model, and wakes the bundles waiting for it when it changed.
 fn observe(pool: &PlacementPool, ctx: &Context) {
     let name = pool.name_any();
-    let spec = mapping::pool(&name, &pool.spec);
+    let spec = engine_pool(pool);
     match ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m)) {
         Ok(true) => ctx.wake_pool(&name),
         Ok(false) => {}
         Err(e) => tracing::debug!(pool = %name, error = %e, "pool not loaded"),
     }
+}
+
+/// The pool as the placement model holds it: a pool being deleted keeps what runs there
+/// until it moves and takes no new placement or provisioning.
+fn engine_pool(pool: &PlacementPool) -> automanager_placement::PoolSpec {
+    let mut spec = mapping::pool(&pool.name_any(), &pool.spec);
+    spec.terminating = pool.metadata.deletion_timestamp.is_some();
+    spec
 }
 
 /// Writes the pool's finalizers, failing (409) if the object changed since it was read.
@@ -152,7 +160,7 @@ async fn apply(
     let generation = pool.metadata.generation;
     let now = ctx.clock.now();
     let prev = pool.status.clone().unwrap_or_default();
-    let spec = mapping::pool(&name, &pool.spec);
+    let spec = engine_pool(pool);
 
     let loaded = ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m));
     let mut ready = match &loaded {

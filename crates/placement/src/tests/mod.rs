@@ -21,6 +21,7 @@ pub(crate) fn pool(name: &str, strategy: PackingStrategy, scale: ScaleOut) -> Po
         scale_out: scale,
         candidate_instance_types: Vec::new(),
         max_nodes: None,
+        terminating: false,
     }
 }
 

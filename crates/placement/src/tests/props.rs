@@ -72,6 +72,7 @@ fn pool_spec(name: &'static str) -> impl Strategy<Value = PoolSpec> {
                 })
                 .collect(),
             max_nodes,
+            terminating: false,
         })
 }
 
@@ -634,6 +635,7 @@ fn wild_pool() -> impl Strategy<Value = PoolSpec> {
                     )
                     .collect(),
                 max_nodes,
+                terminating: false,
             },
         )
 }

@@ -574,6 +574,30 @@ fn a_replica_override_puts_its_pools_first() {
 }
 
 #[test]
+fn a_terminating_pool_takes_no_new_placement_or_provisioning() {
+    let mut fixed = binpack_pool();
+    fixed.terminating = true;
+    let e = engine(vec![fixed], vec![node("n1", "p", "a", 100.0, 0.0)]);
+    let d = e.place(&request(vec![job("j", 10.0)], &["p"]), 0);
+    assert!(matches!(d.outcome, Outcome::Unplaceable { .. }), "{d:?}");
+    assert_eq!(d.trace.pools[0].reason, Some(PoolLeftReason::Terminating));
+    // Next in the list takes it.
+    let mut other = binpack_pool();
+    other.name = "q".into();
+    let mut gone = binpack_pool();
+    gone.terminating = true;
+    let e = engine(
+        vec![gone, other],
+        vec![
+            node("n1", "p", "a", 100.0, 0.0),
+            node("n2", "q", "a", 100.0, 0.0),
+        ],
+    );
+    let d = e.place(&request(vec![job("j", 10.0)], &["p", "q"]), 0);
+    assert_eq!(node_of(&d, "j"), "n2");
+}
+
+#[test]
 fn an_unknown_pool_is_skipped_with_a_reason() {
     let e = engine(vec![binpack_pool()], vec![node("n1", "p", "a", 100.0, 0.0)]);
     let d = e.place(&request(vec![job("j", 10.0)], &["nope", "p"]), 0);

@@ -22,6 +22,7 @@ fn pool() -> pl::PoolSpec {
             capabilities: vec![SOCKET.into()],
         }],
         max_nodes: None,
+        terminating: false,
     }
 }
 
