@@ -7,12 +7,26 @@
 // Usage:
 //
 //	argo-health --argocd-cm CM.yaml OBJECTS.json...
+//	argo-health test DIR...
 //
 // CM.yaml is an argocd-cm ConfigMap (YAML or JSON) holding keys
 // resource.customizations.health.<group>_<Kind>. Each OBJECTS file holds one object or a List
 // (kubectl get -o json); "-" reads stdin. For every object the script of its group and kind is
 // run and one JSON line is printed: {"kind","namespace","name","status","message"}. An object
 // with no script, a script error or an invalid answer is an error (exit 1); bad input exits 2.
+//
+// `test` runs health scripts kept in Argo CD's own layout,
+// <DIR>/<group>/<Kind>/health.lua beside a health_test.yaml:
+//
+//	tests:
+//	  - healthStatus: {status: Healthy, message: "..."}
+//	    inputPath: testdata/ready.yaml
+//
+// the way Argo CD's resource_customizations tests do: every script is loaded, run on each
+// inputPath and its status and message compared with healthStatus, exactly. It also refuses a
+// script without tests, a fixture of another group or kind than its directory names (Argo CD
+// would run another script on it) and a testdata file no test uses. It prints one line per test
+// and the differences; exit 1 when a test fails, 2 when the tree is malformed.
 package main
 
 import (
@@ -47,10 +61,13 @@ type result struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "test" {
+		os.Exit(runTests(os.Args[2:], os.Stdout))
+	}
 	cmPath := flag.String("argocd-cm", "", "the argocd-cm ConfigMap holding the health scripts (YAML or JSON)")
 	flag.Parse()
 	if *cmPath == "" || flag.NArg() == 0 {
-		fmt.Fprintln(os.Stderr, "usage: argo-health --argocd-cm CM.yaml OBJECTS.json...")
+		fmt.Fprintln(os.Stderr, "usage: argo-health --argocd-cm CM.yaml OBJECTS.json...\n       argo-health test DIR...")
 		os.Exit(2)
 	}
 	scripts, err := loadScripts(*cmPath)
@@ -181,6 +198,11 @@ func health(scripts map[string]string, obj map[string]any) (*result, error) {
 	if !ok {
 		return nil, fmt.Errorf("no health script %s%s", keyPrefix, scriptKey(obj))
 	}
+	return runScript(script, obj)
+}
+
+// runScript runs one health script on obj in the environment Argo CD gives a configured script.
+func runScript(script string, obj map[string]any) (*result, error) {
 	L := lua.NewState(lua.Options{SkipOpenLibs: true})
 	defer L.Close()
 	// The libraries Argo CD opens for a configured script (its "safe" os library is left out:
