@@ -19,8 +19,11 @@
 //! # Strategy in effect and the safety order
 //!
 //! A job declares the strongest promise it keeps (absent: `stopThenStart`); a Migration may ask
-//! for that strategy or a *safer* one, never a stronger one ([`strategy_in_effect`]). Safest
-//! first, as `@norskvideo/norsk-auto-manager` defines them:
+//! for that strategy or a *safer* one, never a stronger one ([`strategy_in_effect`]). The three
+//! strategies, the `stopThenStart` default and the rule that a request may only down-grade to a
+//! safer strategy come from `@norskvideo/ctl-product-template-schema` (0.1.21); the schema
+//! ranks none of them against another beyond calling `stopThenStart` safe for any product. The
+//! order below is this project's, and so is every refusal that follows from it. Safest first:
 //!
 //! 1. `stopThenStart` — the target is prepared, the source stopped, then the target started. It
 //!    asks nothing of the job (one instance at a time, at the cost of a gap), so any job can take it.
