@@ -3,7 +3,7 @@
 # cache outside the checkout, keyed by a hash of the module's files, and prints the binary's path.
 # A warm cache is reused as-is; a change to go.mod, go.sum, a source file or this script rebuilds.
 #
-# Usage: tools/go-tool.sh NAME      # helm | oci-image | kstatus | argo-health | flux-health
+# Usage: tools/go-tool.sh NAME      # helm | oci-image | kstatus | argo-health
 #
 # What each tool builds is tools/<name>/tool.env: PKG (the main package), VERSION_LDFLAGS
 # (optional -X flags). Progress goes to stderr; stdout is only the path.
