@@ -635,19 +635,35 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
     let before: Value = serde_json::from_str(&before.stdout).unwrap();
     assert!(before["spec"]["description"].is_null(), "{before:#}");
 
-    // Upgrade to a chart whose CRD gained a field: the CRD is updated.
+    // Upgrade to a chart whose CRD gained a field, as docs/install.md says to upgrade: the
+    // new chart's defaults, then the release's own values (managerSim.enabled here). The CRD is
+    // updated and the values are kept.
     let tmp = tempfile::tempdir().unwrap();
     let upgraded = chart_with_a_new_crd_field(tmp.path());
-    let mut args = vec![
-        "upgrade",
-        RELEASE,
-        upgraded.to_str().unwrap(),
-        "--namespace",
-        RELEASE_NAMESPACE,
-    ];
-    args.extend_from_slice(&sim);
-    let out = helm.run(&args).unwrap();
+    let out = helm
+        .run([
+            "upgrade",
+            RELEASE,
+            upgraded.to_str().unwrap(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--reset-then-reuse-values",
+        ])
+        .unwrap();
     assert!(out.success(), "helm upgrade: {}", out.stderr);
+    assert!(
+        exists(
+            &env,
+            &[
+                "deployment",
+                "am-automanager-manager-sim",
+                "-n",
+                RELEASE_NAMESPACE
+            ]
+        )
+        .await,
+        "--reset-then-reuse-values lost managerSim.enabled"
+    );
     let crd = get_json(&env, &["crd", "placementpools.automanager.norsk.io"]).await;
     assert_eq!(
         crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
