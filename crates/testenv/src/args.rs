@@ -23,6 +23,15 @@ impl Layout {
     pub(crate) fn ca_cert(&self) -> PathBuf {
         self.pki().join("ca.crt")
     }
+    pub(crate) fn ca_key(&self) -> PathBuf {
+        self.pki().join("ca.key")
+    }
+    pub(crate) fn kubelet_client_cert(&self) -> PathBuf {
+        self.pki().join("apiserver-kubelet-client.crt")
+    }
+    pub(crate) fn kubelet_client_key(&self) -> PathBuf {
+        self.pki().join("apiserver-kubelet-client.key")
+    }
     pub(crate) fn serving_cert(&self) -> PathBuf {
         self.pki().join("apiserver.crt")
     }
@@ -87,7 +96,7 @@ pub(crate) fn etcd_args(layout: &Layout, ports: Ports) -> Vec<String> {
 
 /// Flags testenv sets itself and will not let a caller override: they decide what is bound,
 /// where, and with which credentials.
-const MANAGED_FLAGS: [&str; 12] = [
+const MANAGED_FLAGS: [&str; 14] = [
     "--bind-address",
     "--advertise-address",
     "--secure-port",
@@ -100,6 +109,8 @@ const MANAGED_FLAGS: [&str; 12] = [
     "--cert-dir",
     "--insecure-port",
     "--insecure-bind-address",
+    "--kubelet-client-certificate",
+    "--kubelet-client-key",
 ];
 
 /// Checks one extra apiserver flag: `--name` or `--name=value`, not one testenv manages.
@@ -129,8 +140,15 @@ pub(crate) fn validate_extra_flag(flag: &str) -> Result<(), Error> {
 /// kube-apiserver: loopback only, TLS with the generated certs, RBAC, no endpoint reconciler
 /// (it would loop on errors about the loopback address). The ServiceAccount admission plugin
 /// is off because no controller-manager creates the `default` ServiceAccount, so Pods could
-/// not be created otherwise (controller-runtime's envtest does the same). `extra` comes last so
-/// a caller can override any other default.
+/// not be created otherwise (controller-runtime's envtest does the same); a caller that runs a
+/// controller-manager (tools/node) turns it back on with
+/// `--enable-admission-plugins=ServiceAccount`, and then testenv's own disabling is left out
+/// (the apiserver refuses a plugin named in both lists). `extra` comes last so a caller can
+/// override any other default.
+///
+/// For a kubelet joined to this control plane (tools/node): the apiserver presents its own
+/// client certificate (O=system:masters) to kubelets, and reaches them by their InternalIP
+/// first, since a node's hostname need not resolve here.
 pub(crate) fn apiserver_args(layout: &Layout, ports: Ports, extra: &[String]) -> Vec<String> {
     let mut args = vec![
         "--bind-address=127.0.0.1".into(),
@@ -150,11 +168,31 @@ pub(crate) fn apiserver_args(layout: &Layout, ports: Ports, extra: &[String]) ->
         "--service-cluster-ip-range=10.0.0.0/24".into(),
         "--endpoint-reconciler-type=none".into(),
         "--authorization-mode=RBAC".into(),
-        "--disable-admission-plugins=ServiceAccount".into(),
-        "--allow-privileged=true".into(),
+        format!(
+            "--kubelet-client-certificate={}",
+            layout.kubelet_client_cert().display()
+        ),
+        format!(
+            "--kubelet-client-key={}",
+            layout.kubelet_client_key().display()
+        ),
+        "--kubelet-preferred-address-types=InternalIP,Hostname,InternalDNS,ExternalDNS,ExternalIP"
+            .into(),
     ];
+    if !enables_admission_plugin(extra, "ServiceAccount") {
+        args.push("--disable-admission-plugins=ServiceAccount".into());
+    }
+    args.push("--allow-privileged=true".into());
     args.extend(extra.iter().cloned());
     args
+}
+
+/// Whether one of `extra` is `--enable-admission-plugins=...` naming `plugin`.
+fn enables_admission_plugin(extra: &[String], plugin: &str) -> bool {
+    extra.iter().any(|flag| {
+        flag.strip_prefix("--enable-admission-plugins=")
+            .is_some_and(|list| list.split(',').any(|p| p.trim() == plugin))
+    })
 }
 
 /// Whether `path` is inside `root` (used to assert nothing is written elsewhere).
@@ -223,6 +261,34 @@ mod tests {
     }
 
     #[test]
+    fn the_apiserver_reaches_kubelets_with_its_own_client_cert_by_internal_ip() {
+        let args = apiserver_args(&layout(), PORTS, &[]);
+        for want in [
+            "--kubelet-client-certificate=/tmp/te/pki/apiserver-kubelet-client.crt",
+            "--kubelet-client-key=/tmp/te/pki/apiserver-kubelet-client.key",
+        ] {
+            assert!(args.contains(&want.to_owned()), "missing {want}");
+        }
+        let types = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--kubelet-preferred-address-types="))
+            .unwrap();
+        assert!(types.starts_with("InternalIP,"), "{types}");
+    }
+
+    #[test]
+    fn service_account_admission_is_off_unless_a_caller_enables_it() {
+        let disabled = "--disable-admission-plugins=ServiceAccount".to_owned();
+        assert!(apiserver_args(&layout(), PORTS, &[]).contains(&disabled));
+        let other = ["--enable-admission-plugins=NodeRestriction".to_owned()];
+        assert!(apiserver_args(&layout(), PORTS, &other).contains(&disabled));
+        let on = ["--enable-admission-plugins=NodeRestriction,ServiceAccount".to_owned()];
+        let args = apiserver_args(&layout(), PORTS, &on);
+        assert!(!args.iter().any(|a| a.starts_with("--disable-admission-plugins")));
+        assert_eq!(args.last(), Some(&on[0]));
+    }
+
+    #[test]
     fn extra_flags_come_last_so_they_override_defaults() {
         let args = apiserver_args(&layout(), PORTS, &["--v=4".to_owned()]);
         assert_eq!(args.last().map(String::as_str), Some("--v=4"));
@@ -246,6 +312,7 @@ mod tests {
             "--etcd-servers=http://10.1.1.1:2379",
             "--tls-cert-file=/x",
             "--client-ca-file",
+            "--kubelet-client-key=/x",
         ] {
             let err = validate_extra_flag(bad).unwrap_err().to_string();
             assert!(err.contains("testenv sets this flag itself"), "{err}");

@@ -26,10 +26,16 @@ pub(crate) const SERVING_NAMES: [&str; 7] = [
 /// PEM texts for one control plane.
 pub(crate) struct Pki {
     pub(crate) ca_cert: String,
+    /// The CA's private key, written so a local node (tools/node) can sign its own
+    /// certificates (kubelet, kube-proxy, scheduler, controller-manager) with the same CA.
+    pub(crate) ca_key: String,
     pub(crate) serving_cert: String,
     pub(crate) serving_key: String,
     pub(crate) admin_cert: String,
     pub(crate) admin_key: String,
+    /// The client certificate kube-apiserver presents to kubelets (logs, exec, port-forward).
+    pub(crate) kubelet_client_cert: String,
+    pub(crate) kubelet_client_key: String,
     /// PKCS#8 private key for `--service-account-signing-key-file`.
     pub(crate) service_account_key: String,
     /// SPKI public key for `--service-account-key-file`.
@@ -48,7 +54,9 @@ impl Pki {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+        let ca_key = KeyPair::generate()?;
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca = CertifiedIssuer::self_signed(ca_params, ca_key)?;
 
         let mut serving_params = CertificateParams::new(SERVING_NAMES.map(String::from).to_vec())?;
         serving_params.distinguished_name = rcgen::DistinguishedName::new();
@@ -76,14 +84,33 @@ impl Pki {
         let admin_key = KeyPair::generate()?;
         let admin_cert = admin_params.signed_by(&admin_key, &ca)?;
 
+        // What kubeadm gives the apiserver for its calls to kubelets: system:masters, so a
+        // kubelet's webhook authorizer allows nodes/proxy, nodes/log and the like.
+        let mut kubelet_client_params = CertificateParams::default();
+        kubelet_client_params.distinguished_name = rcgen::DistinguishedName::new();
+        kubelet_client_params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-apiserver-kubelet-client");
+        kubelet_client_params
+            .distinguished_name
+            .push(DnType::OrganizationName, "system:masters");
+        kubelet_client_params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        kubelet_client_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        kubelet_client_params.use_authority_key_identifier_extension = true;
+        let kubelet_client_key = KeyPair::generate()?;
+        let kubelet_client_cert = kubelet_client_params.signed_by(&kubelet_client_key, &ca)?;
+
         let sa_key = KeyPair::generate()?;
 
         Ok(Pki {
             ca_cert: ca.pem(),
+            ca_key: ca_key_pem,
             serving_cert: serving_cert.pem(),
             serving_key: serving_key.serialize_pem(),
             admin_cert: admin_cert.pem(),
             admin_key: admin_key.serialize_pem(),
+            kubelet_client_cert: kubelet_client_cert.pem(),
+            kubelet_client_key: kubelet_client_key.serialize_pem(),
             service_account_key: sa_key.serialize_pem(),
             service_account_pub: sa_key.public_key_pem(),
         })
@@ -107,6 +134,9 @@ mod tests {
         assert!(one_block(&pki.admin_cert, "CERTIFICATE"));
         assert!(one_block(&pki.serving_key, "PRIVATE KEY"));
         assert!(one_block(&pki.admin_key, "PRIVATE KEY"));
+        assert!(one_block(&pki.ca_key, "PRIVATE KEY"));
+        assert!(one_block(&pki.kubelet_client_cert, "CERTIFICATE"));
+        assert!(one_block(&pki.kubelet_client_key, "PRIVATE KEY"));
         assert!(one_block(&pki.service_account_key, "PRIVATE KEY"));
         assert!(one_block(&pki.service_account_pub, "PUBLIC KEY"));
     }
