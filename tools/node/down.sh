@@ -30,25 +30,31 @@ if [ ! -d "$dir" ] && ! ip link show "$BRIDGE" >/dev/null 2>&1; then
 fi
 bin=$(cat "$dir/bin-dir" 2>/dev/null || true)
 
-stop() { # NAME [SECONDS]: SIGTERM, then SIGKILL after the grace period
-  local name=$1 grace=${2:-10} pidf="$dir/pids/$1.pid" pid
-  [ -f "$pidf" ] || return 0
-  pid=$(cat "$pidf")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid" 2>/dev/null
-    local end=$(( $(date +%s) + grace ))
-    while kill -0 "$pid" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+stop() { # [-g SECONDS] NAME...: SIGTERM to all, then SIGKILL to those left after the grace period
+  local grace=10
+  if [ "$1" = -g ]; then grace=$2; shift 2; fi
+  local name pid pids=() names=()
+  for name in "$@"; do
+    [ -f "$dir/pids/$name.pid" ] || continue
+    pid=$(cat "$dir/pids/$name.pid")
     if kill -0 "$pid" 2>/dev/null; then
-      say "$name did not stop within ${grace}s: SIGKILL"
-      kill -KILL "$pid" 2>/dev/null
-      sleep 0.2
+      kill -TERM "$pid" 2>/dev/null
+      pids+=("$pid") names+=("$name")
     fi
-  fi
-  rm -f "$pidf"
+  done
+  local end=$(( $(date +%s) + grace )) i
+  for i in "${!pids[@]}"; do
+    while kill -0 "${pids[$i]}" 2>/dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+    if kill -0 "${pids[$i]}" 2>/dev/null; then
+      say "${names[$i]} did not stop within ${grace}s: SIGKILL"
+      kill -KILL "${pids[$i]}" 2>/dev/null
+    fi
+  done
+  for name in "$@"; do rm -f "$dir/pids/$name.pid"; done
 }
 
 say "stopping the control loops and the kubelet"
-for d in kube-scheduler kube-controller-manager kube-proxy kubelet; do stop "$d"; done
+stop kube-scheduler kube-controller-manager kube-proxy kubelet
 
 sock=$dir/containerd/containerd.sock
 if [ -n "$bin" ] && [ -S "$sock" ] && [ -f "$dir/pids/containerd.pid" ] && kill -0 "$(cat "$dir/pids/containerd.pid")" 2>/dev/null; then
@@ -59,11 +65,10 @@ if [ -n "$bin" ] && [ -S "$sock" ] && [ -f "$dir/pids/containerd.pid" ] && kill 
   for t in $(ctr tasks ls -q 2>/dev/null); do ctr tasks delete -f "$t" >/dev/null 2>&1; done
   for c in $(ctr containers ls -q 2>/dev/null); do ctr containers delete "$c" >/dev/null 2>&1; done
 fi
-stop containerd 15
+stop -g 15 containerd
 # Shims outlive containerd by design; ours name our socket on their command line.
 for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-stop forward
-stop registry
+stop forward registry
 
 # Whatever still runs in the pods' cgroups (kubelet's /kubepods in every v1 hierarchy).
 for pass in 1 2 3; do

@@ -268,6 +268,10 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
 
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # This machine withholds CAP_SYS_RESOURCE, so no process may lower its oom_score_adj below
+  # containerd's (0): the kubelet's -998 for sandboxes and -997 for Guaranteed Pods are raised
+  # to 0 instead of failing every container start (docs/node.md).
+  restrict_oom_score_adj = true
   cdi_spec_dirs = []
   [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
@@ -364,6 +368,12 @@ evictionHard:
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 EOF
+# A Node left from an earlier run still says Ready: it goes, and this kubelet registers anew
+# (Pods bound to the old one are collected and their controllers make new ones).
+if kubectl get node "$node" >/dev/null 2>&1; then
+  say "deleting node/$node left from an earlier run"
+  kubectl delete node "$node" --wait=true >/dev/null
+fi
 say "kubelet $node (node IP $NODE_IP, root $dir/kubelet)"
 start_daemon kubelet "$bin/kubelet" --config "$dir/kubelet.yaml" --kubeconfig "$dir/kubelet.kubeconfig" \
   --root-dir "$dir/kubelet" --cert-dir "$dir/kubelet/pki" --hostname-override "$node" --node-ip "$NODE_IP" --v=2
