@@ -69,6 +69,8 @@ stop -g 15 containerd
 # Shims outlive containerd by design; ours name our socket on their command line.
 for p in $(pgrep -f "containerd-shim-runc-v2 .*-address $sock" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
 stop forward registry
+# The shims' socket directory is fixed (/run/containerd/s); leave it only if someone else uses it.
+rmdir /run/containerd/s /run/containerd 2>/dev/null || true
 
 # Whatever still runs in the pods' cgroups (kubelet's /kubepods in every v1 hierarchy).
 for pass in 1 2 3; do

@@ -36,7 +36,7 @@ teardown() {
     cp -r "$node_dir/logs" "$repo/.tmp/node-smoke-logs" 2>/dev/null && say "logs kept in .tmp/node-smoke-logs"
   fi
   "$here/down.sh" --dir "$node_dir" >&2 || true
-  testenv down --dir "$te_dir" >&2 || true
+  testenv down --dir "$te_dir" >&2 && rm -rf "$te_dir"
 }
 trap teardown EXIT
 

@@ -279,6 +279,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
       runtime_type = "io.containerd.runc.v2"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "$bin/runc"
+        Root = "$dir/containerd/runc"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["$bin/cni"]

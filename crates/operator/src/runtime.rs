@@ -185,7 +185,7 @@ pub async fn run_mirror_pump(ctx: Arc<Context>) {
                 m.nodes
                     .get(node)
                     .map(|n| n.pool.clone())
-                    .or_else(|| s.model.engine().node_view(node).map(|v| v.pool))
+                    .or_else(|| s.model().engine().node_view(node).map(|v| v.pool))
             };
             let wakes = classify(&batch, m, pool_of);
             if wakes.everything || lagged {
@@ -216,7 +216,7 @@ fn deliver(ctx: &Context, w: &Wakes) {
         let mut state = ctx.state();
         for b in &w.bundles {
             if let Some(r) = bundle_ref(b)
-                && !state.wake.hold_for_pass(&r)
+                && !state.wake_mut().hold_for_pass(&r)
             {
                 let _ = ctx.wake.bundles.send(r);
             }
@@ -225,7 +225,7 @@ fn deliver(ctx: &Context, w: &Wakes) {
     for tag in &w.provisioned_for {
         // `<bundle id>.r<replica>` or `migration.<id>`: whoever waits for that node.
         if let Some(id) = tag.strip_prefix("migration.") {
-            if let Some(m) = ctx.state().wake.migration_by_manager_id(id) {
+            if let Some(m) = ctx.state().wake().migration_by_manager_id(id) {
                 let _ = ctx.wake.migrations.send(m.clone());
             }
         } else if let Some((bundle, _)) = tag.rsplit_once(".r")
@@ -240,19 +240,19 @@ fn deliver(ctx: &Context, w: &Wakes) {
     {
         let state = ctx.state();
         for pool in w.pools_jobs.difference(&w.pools_capacity) {
-            for t in state.wake.spare_targets_of(pool) {
+            for t in state.wake().spare_targets_of(pool) {
                 let _ = ctx.wake.spare_targets.send(t.clone());
             }
             // The pool's used capacity moved; its controller debounces a burst into one pass.
             ctx.wake_pool_controller(pool);
         }
         for id in &w.migrations {
-            if let Some(m) = state.wake.migration_by_manager_id(id) {
+            if let Some(m) = state.wake().migration_by_manager_id(id) {
                 let _ = ctx.wake.migrations.send(m.clone());
             }
         }
         for job in &w.jobs {
-            if let Some(m) = state.wake.migration_of_job(job) {
+            if let Some(m) = state.wake().migration_of_job(job) {
                 let _ = ctx.wake.migrations.send(m.clone());
             }
         }
@@ -554,9 +554,8 @@ impl crate::http::DebugApi for DebugState {
         let per_replica = self
             .0
             .state()
-            .traces
-            .get(&(namespace.to_owned(), bundle.to_owned()))
-            .cloned()?;
+            .bundles()
+            .trace(&(namespace.to_owned(), bundle.to_owned()))?;
         Some(serde_json::json!({
             "namespace": namespace,
             "bundle": bundle,

@@ -288,7 +288,7 @@ async fn without_the_cluster_scope_a_pool_is_placed_into_and_never_written() {
 
     assert_eq!(t.api.writes(), Vec::<String>::new());
     assert!(
-        t.ctx.state().model.pool("aws-east").is_some(),
+        t.ctx.state().model().pool("aws-east").is_some(),
         "loaded for placement"
     );
 }

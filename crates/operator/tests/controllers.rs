@@ -389,7 +389,11 @@ async fn refused_starts_mark_the_node_unhealthy_and_placement_goes_elsewhere() {
         .node_id
         .clone()
         .unwrap();
-    let unhealthy: Vec<String> = h.ctx.state().health.unhealthy_nodes(chrono::Utc::now());
+    let unhealthy: Vec<String> = h
+        .ctx
+        .state()
+        .nodes_mut()
+        .unhealthy_nodes(chrono::Utc::now());
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
     assert_ne!(unhealthy[0], node, "placement avoided the unhealthy node");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());
@@ -788,7 +792,7 @@ async fn a_pool_in_use_is_not_deleted_until_its_bundles_and_spare_targets_are_go
     assert!(
         h.ctx
             .state()
-            .model
+            .model()
             .pools()
             .iter()
             .any(|p| p.name == "aws-east")

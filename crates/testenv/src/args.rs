@@ -284,7 +284,11 @@ mod tests {
         assert!(apiserver_args(&layout(), PORTS, &other).contains(&disabled));
         let on = ["--enable-admission-plugins=NodeRestriction,ServiceAccount".to_owned()];
         let args = apiserver_args(&layout(), PORTS, &on);
-        assert!(!args.iter().any(|a| a.starts_with("--disable-admission-plugins")));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--disable-admission-plugins"))
+        );
         assert_eq!(args.last(), Some(&on[0]));
     }
 

@@ -613,7 +613,11 @@ fn write_pki(layout: &Layout, pki: &pki::Pki) -> Result<(), Error> {
     std::fs::create_dir(&dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
     write_file(&layout.ca_cert(), &pki.ca_cert, 0o644)?;
     write_file(&layout.ca_key(), &pki.ca_key, 0o600)?;
-    write_file(&layout.kubelet_client_cert(), &pki.kubelet_client_cert, 0o644)?;
+    write_file(
+        &layout.kubelet_client_cert(),
+        &pki.kubelet_client_cert,
+        0o644,
+    )?;
     write_file(&layout.kubelet_client_key(), &pki.kubelet_client_key, 0o600)?;
     write_file(&layout.serving_cert(), &pki.serving_cert, 0o644)?;
     write_file(&layout.serving_key(), &pki.serving_key, 0o600)?;

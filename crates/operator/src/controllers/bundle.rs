@@ -155,7 +155,7 @@ struct PassMark<'c> {
 
 impl<'c> PassMark<'c> {
     fn begin(ctx: &'c Context, pass: &Pass<'_>) -> Self {
-        ctx.state().wake.begin_pass(&pass.bundle_ref);
+        ctx.state().wake_mut().begin_pass(&pass.bundle_ref);
         PassMark {
             ctx,
             bundle: pass.bundle_ref.clone(),
@@ -199,7 +199,7 @@ impl Drop for PassMark<'_> {
     fn drop(&mut self) {
         let again = self
             .ctx
-            .with_mirror(|m, s| s.wake.end_pass(&self.bundle) && self.moved_past(m));
+            .with_mirror(|m, s| s.wake_mut().end_pass(&self.bundle) && self.moved_past(m));
         if again {
             let _ = self.ctx.wake.bundles.send(self.bundle.clone());
         }
@@ -238,6 +238,14 @@ impl<'a> Pass<'a> {
         })
     }
 
+    /// The bundle's `(namespace, name)`, as the operator's per-bundle records key it.
+    fn name(&self) -> (String, String) {
+        (
+            self.bundle_ref.namespace.clone().unwrap_or_default(),
+            self.bundle_ref.name.clone(),
+        )
+    }
+
     fn replicas(&self) -> u32 {
         u32::try_from(self.bundle.spec.replicas).unwrap_or(0)
     }
@@ -263,7 +271,7 @@ impl<'a> Pass<'a> {
         }
         // Static validation against the pools we know (pool references, capabilities, rules).
         let errors = {
-            let pools = ctx.state().model.pools();
+            let pools = ctx.state().model().pools();
             pl::validate_bundle(&self.engine_bundle, &pools, &[])
         };
         if !errors.is_empty() {
@@ -291,8 +299,8 @@ impl<'a> Pass<'a> {
             // A retry clears the ceiling (and, below, un-drops dropped jobs).
             for r in 0..self.replicas() {
                 ctx.state()
-                    .ledger
-                    .clear(&ReplicaKey::new(&self.bundle_id, r), self.now);
+                    .bundles_mut()
+                    .clear_restarts(&ReplicaKey::new(&self.bundle_id, r), self.now);
             }
             ctx.event(
                 self.bundle,
@@ -395,7 +403,7 @@ impl<'a> Pass<'a> {
             let Ok(r) = u32::try_from(rs.replica) else {
                 continue;
             };
-            ctx.state().ledger.merge(
+            ctx.state().bundles_mut().merge_restarts(
                 &ReplicaKey::new(&self.bundle_id, r),
                 rs.restart_times.iter().copied(),
                 self.now,
@@ -430,7 +438,7 @@ impl<'a> Pass<'a> {
                             );
                             seen.job.dropped_before = dropped_before(r, &j.job_name);
                             // Manager accepted a start the mirror does not show yet.
-                            if let Some(node) = state.model.started_not_mirrored(&key) {
+                            if let Some(node) = state.model().started_not_mirrored(&key) {
                                 seen.job.start_in_flight = true;
                                 seen.node_id = node.to_owned();
                             }
@@ -511,8 +519,8 @@ impl<'a> Pass<'a> {
                     jobs.iter().map(|s| (s.job.clone(), s.band)).collect();
                 let restarts = ctx
                     .state()
-                    .ledger
-                    .count(&ReplicaKey::new(&self.bundle_id, *r), self.now);
+                    .bundles()
+                    .restarts(&ReplicaKey::new(&self.bundle_id, *r), self.now);
                 let input = plan::ReplicaInput {
                     replica: *r,
                     jobs: &jobs,
@@ -552,8 +560,8 @@ impl<'a> Pass<'a> {
                 ReplicaIntent::Settled { clear_restarts, .. } => {
                     if *clear_restarts {
                         ctx.state()
-                            .ledger
-                            .clear(&ReplicaKey::new(&self.bundle_id, *r), self.now);
+                            .bundles_mut()
+                            .clear_restarts(&ReplicaKey::new(&self.bundle_id, *r), self.now);
                     }
                 }
                 ReplicaIntent::Wait | ReplicaIntent::Broken { .. } => {}
@@ -573,7 +581,7 @@ impl<'a> Pass<'a> {
                         ctx.metrics.involuntary_disruption(cause);
                     }
                     if outcome.started && *recovery {
-                        ctx.state().ledger.record_restart(
+                        ctx.state().bundles_mut().record_restart(
                             &ReplicaKey::new(&self.bundle_id, *r),
                             self.now,
                             *max_restarts,
@@ -683,22 +691,16 @@ impl<'a> Pass<'a> {
             decision
         });
         ctx.metrics.placement_attempted();
-        ctx.state()
-            .traces
-            .entry((
-                self.bundle.namespace().unwrap_or_default(),
-                self.bundle.name_any(),
-            ))
-            .or_default()
-            .insert(
-                r,
-                super::LastDecision {
-                    decision: decision.clone(),
-                    recovery,
-                    at: self.now,
-                    preempted: None,
-                },
-            );
+        ctx.state().bundles_mut().record_decision(
+            self.name(),
+            r,
+            super::LastDecision {
+                decision: decision.clone(),
+                recovery,
+                at: self.now,
+                preempted: None,
+            },
+        );
         match &decision.outcome {
             pl::Outcome::Placed { pool, assignments } => {
                 if assignments.iter().any(|a| a.node_pending) {
@@ -750,17 +752,10 @@ impl<'a> Pass<'a> {
         } else if outcome.preempted.is_none() {
             outcome.preempted = super::preempt::pending(ctx, &self.bundle_id, r);
         }
-        if outcome.preempted.is_some()
-            && let Some(last) = ctx
-                .state()
-                .traces
-                .get_mut(&(
-                    self.bundle.namespace().unwrap_or_default(),
-                    self.bundle.name_any(),
-                ))
-                .and_then(|t| t.get_mut(&r))
-        {
-            last.preempted = outcome.preempted.clone();
+        if outcome.preempted.is_some() {
+            ctx.state()
+                .bundles_mut()
+                .note_preempted(&self.name(), r, outcome.preempted.clone());
         }
         outcome.decision = Some((decision, recovery));
         Ok(outcome)
@@ -1101,7 +1096,9 @@ impl<'a> Pass<'a> {
             waiting_on.sort();
             waiting_on.dedup();
         }
-        ctx.state().wake.set_waiting(&self.bundle_ref, waiting_on);
+        ctx.state()
+            .wake_mut()
+            .set_waiting(&self.bundle_ref, waiting_on);
         let placed: Vec<&str> = outcomes
             .values()
             .filter_map(|o| o.placed_note.as_deref())
@@ -1254,12 +1251,8 @@ impl<'a> Pass<'a> {
         };
         let remembered: BTreeMap<u32, super::LastDecision> = ctx
             .state()
-            .traces
-            .get(&(
-                self.bundle.namespace().unwrap_or_default(),
-                self.bundle.name_any(),
-            ))
-            .cloned()
+            .bundles()
+            .trace(&self.name())
             .unwrap_or_default();
         let mut status = BundleStatus {
             last_retry: self.retry.clone().or_else(|| self.prev.last_retry.clone()),
@@ -1274,8 +1267,8 @@ impl<'a> Pass<'a> {
             let (restarts, restart_times) = {
                 let state = ctx.state();
                 (
-                    state.ledger.count(&key, self.now),
-                    state.ledger.times(&key, self.now),
+                    state.bundles().restarts(&key, self.now),
+                    state.bundles().restart_times(&key, self.now),
                 )
             };
             let mut rs = ReplicaStatus {
@@ -1446,10 +1439,12 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
 /// Waits (see [`automanager_policy::start_settle`]) until the jobs this pass started run, so
 /// the pass records them running instead of leaving that to a second pass.
 async fn settle_starts(ctx: &Context, started: &[&str]) {
-    if started.is_empty() || !ctx.state().start_settle.should_wait() {
+    if started.is_empty() {
         return;
     }
-    let bound = ctx.state().start_settle.bound();
+    let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
+        return;
+    };
     let began = ctx.clock.instant();
     let running = |m: &MirrorState| {
         started.iter().all(|id| {
@@ -1466,8 +1461,8 @@ async fn settle_starts(ctx: &Context, started: &[&str]) {
         .wait_until(bound, running)
         .await
         .ok()
-        .map(|()| began.elapsed());
-    ctx.state().start_settle.record(took);
+        .map(|()| ctx.clock.instant().saturating_duration_since(began));
+    ctx.state().bundles_mut().record_settle(took);
 }
 
 /// A job's band as it applies to this bundle.
@@ -1551,10 +1546,11 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     }
     ctx.with_mirror(|m, state| {
         state.model_mut().forget_bundle(&bundle_id, m);
-        state.ledger.forget_bundle(&bundle_id);
-        state.traces.remove(&(ns.clone(), name.clone()));
         state
-            .wake
+            .bundles_mut()
+            .forget(&(ns.clone(), name.clone()), &bundle_id);
+        state
+            .wake_mut()
             .set_waiting(&ObjectRef::new(&name).within(&ns), Vec::new());
     });
     ctx.set_broken(&bundle_id, false);

@@ -72,7 +72,7 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
             release(ctx, node);
         }
         ctx.metrics.set_consolidation_planned(&name, None);
-        ctx.state().consolidation_planned.remove(&name);
+        ctx.state().disruptions_mut().forget_consolidation(&name);
         return Ok(Pass {
             status: None,
             condition: cond(false, "Off", String::new()),
@@ -115,8 +115,8 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
     let bundles = list_bundles(ctx).await?;
     let planned = plan(pool, ctx, &spec, &bundles, now);
     ctx.state()
-        .consolidation_planned
-        .insert(name.clone(), (ctx.clock.instant(), generation));
+        .disruptions_mut()
+        .record_consolidation_plan(&name, ctx.clock.instant(), generation);
     let nodes = bounded_plan(&planned);
     if nodes != status.plan || status.planned_at.is_none() {
         status.planned_at = Some(now);
@@ -234,8 +234,11 @@ fn recent_plan(pool: &PlacementPool, ctx: &Context, status: &ConsolidationStatus
     if status.current_node.is_some() {
         return None;
     }
-    let (at, generation) = *ctx.state().consolidation_planned.get(&pool.name_any())?;
-    let age = at.elapsed();
+    let (at, generation) = ctx
+        .state()
+        .disruptions()
+        .consolidation_planned(&pool.name_any())?;
+    let age = ctx.clock.instant().saturating_duration_since(at);
     if generation != pool.metadata.generation || age >= PLAN_EVERY {
         return None;
     }
@@ -343,7 +346,7 @@ async fn follow(
             .map(|j| j.job_id.clone())
             .collect();
         if left.is_empty()
-            && s.model
+            && s.model()
                 .engine()
                 .node_view(node)
                 .is_some_and(|v| v.used_capacity > 0.0 || v.used_cores > 0)
@@ -466,7 +469,7 @@ fn release(ctx: &Context, node: &str) {
 
 fn set_consolidating(ctx: &Context, node: &str, consolidating: bool) {
     let changed = ctx.with_mirror(|m, s| {
-        let was = s.model.overlay(node);
+        let was = s.model().overlay(node);
         if was.consolidating == consolidating {
             return false;
         }
@@ -527,9 +530,12 @@ fn plan(
         let mut nodes = Vec::new();
         for n in &pool_nodes {
             let used = m.node_usage(&n.node_id);
-            let Some(spec) =
-                mapping::node(n, used, s.model.overlay(&n.node_id), s.model.pool(&name))
-            else {
+            let Some(spec) = mapping::node(
+                n,
+                used,
+                s.model().overlay(&n.node_id),
+                s.model().pool(&name),
+            ) else {
                 continue;
             };
             if now_ms.saturating_sub(n.created_at_ms) < min_age_ms {
@@ -539,7 +545,7 @@ fn plan(
                 );
             }
             // The engine holds what the mirror shows plus starts in flight.
-            if let Some(v) = s.model.engine().node_view(&n.node_id)
+            if let Some(v) = s.model().engine().node_view(&n.node_id)
                 && (v.used_capacity > spec.used_capacity + 1e-6 || v.used_cores > spec.used_cores)
             {
                 held.insert(n.node_id.clone(), "a start is in flight there".into());

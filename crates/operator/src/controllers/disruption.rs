@@ -113,18 +113,17 @@ impl Fleet {
             .collect();
         wanted.extend(extra.iter().cloned());
         wanted.extend(ctx.with_mirror(|m, s| {
-            s.disruptions
-                .terminating
-                .iter()
+            s.disruptions()
+                .terminating()
                 .flat_map(|node| m.jobs_on(node).map(|j| j.bundle_id.clone()))
                 .collect::<Vec<_>>()
         }));
         wanted.extend(
             ctx.state()
-                .disruptions
-                .migrations
-                .values()
-                .map(|a| a.bundle_id.clone()),
+                .disruptions()
+                .admitted()
+                .map(|(_, a)| a.bundle_id.clone())
+                .collect::<Vec<_>>(),
         );
         wanted.sort();
         wanted.dedup();
@@ -149,9 +148,8 @@ impl Fleet {
     /// this process admitted that the list does not show yet.
     fn running(&self, state: &OperatorState) -> BTreeMap<String, AdmittedMigration> {
         let mut out: BTreeMap<String, AdmittedMigration> = state
-            .disruptions
-            .migrations
-            .iter()
+            .disruptions()
+            .admitted()
             .map(|(k, a)| (k.clone(), a.clone()))
             .collect();
         for m in &self.migrations {
@@ -202,7 +200,7 @@ impl Fleet {
                             mirror.job_of(id, r, name).is_some_and(|j| {
                                 j.instances.iter().any(|i| {
                                     i.holds_capacity()
-                                        && state.disruptions.terminating.contains(&i.node_id)
+                                        && state.disruptions().is_terminating(&i.node_id)
                                 })
                             })
                         }),
@@ -273,7 +271,7 @@ pub(crate) fn decide_migration(
             .unwrap_or(Admission::Begin);
         if mine == Admission::Begin {
             let job = &mig.spec.job;
-            state.disruptions.migrations.insert(
+            state.disruptions_mut().admit(
                 me.clone(),
                 AdmittedMigration {
                     bundle_id: mapping::bundle_id(&ns, &job.bundle),
@@ -317,7 +315,9 @@ fn waiting_entry(
 
 /// A Migration ended or went away: it holds no slot and takes no replica down any more.
 pub(crate) fn forget_migration(ctx: &Context, ns: &str, name: &str) {
-    ctx.state().disruptions.migrations.remove(&key(ns, name));
+    ctx.state()
+        .disruptions_mut()
+        .forget_migration(&key(ns, name));
 }
 
 /// The words for a wait: the `Queued` condition's reason and message, and the blocking
@@ -423,7 +423,7 @@ pub(crate) async fn allow_node_terminate(
     });
     let fleet = Fleet::gather(ctx, &on_node).await?;
     Ok(ctx.with_mirror(|mirror, state| {
-        if state.disruptions.terminating.contains(node_id) {
+        if state.disruptions().is_terminating(node_id) {
             return Ok(());
         }
         let running = fleet.running(state);
@@ -439,7 +439,7 @@ pub(crate) async fn allow_node_terminate(
             .collect();
         match ledger.take_all(&wanted) {
             Ok(()) => {
-                state.disruptions.terminating.insert(node_id.to_owned());
+                state.disruptions_mut().allow_terminate(node_id);
                 Ok(())
             }
             Err((bundle, verdict)) => Err(match verdict {

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
-    self as api, Bundle, DrainStatus, ManagerNode, Migration, MigrationJobRef, MigrationPhase,
-    MigrationSpec,
+    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, MigrationSpec,
 };
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
@@ -25,6 +24,7 @@ use manager_proto as proto;
 
 use super::{Context, Error};
 use crate::mapping;
+use crate::state::DrainProgress;
 use automanager_policy::drain::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
 
 /// How often a drain in progress is looked at when no Migration change wakes it.
@@ -147,13 +147,7 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         .and_then(|s| s.drain.as_ref())
         .and_then(|d| d.started_at)
         .unwrap_or_else(|| ctx.clock.now());
-    ctx.state()
-        .drains
-        .entry(node_id.to_owned())
-        .or_insert(DrainStatus {
-            started_at: Some(started_at),
-            ..Default::default()
-        });
+    ctx.state().nodes_mut().begin_drain(node_id, 0, started_at);
 
     // The node is gone already: its jobs recover by band (Manager reports them lost).
     let state = ctx.manager.mirror().read(|m| {
@@ -312,12 +306,14 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
             dropped += 1;
         }
     }
-    if let Some(d) = ctx.state().drains.get_mut(node_id) {
-        d.jobs_migrated = i32::try_from(plan.migrated).unwrap_or(i32::MAX);
-        d.jobs_dropped = i32::try_from(dropped).unwrap_or(i32::MAX);
-        d.jobs_recovered =
-            i32::try_from(plan.fell_back.saturating_sub(dropped)).unwrap_or(i32::MAX);
-    }
+    ctx.state().nodes_mut().record_drain_progress(
+        node_id,
+        DrainProgress {
+            migrated: plan.migrated,
+            dropped,
+            recovered: plan.fell_back.saturating_sub(dropped),
+        },
+    );
 
     if plan.done {
         match ctx.manager.terminate_node(node_id).await {

@@ -58,9 +58,9 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
     // A pool waiting to be deleted no longer counts this target as a user.
     ctx.wake_pool_controller(&target.spec.pool);
     ctx.state()
-        .wake
+        .wake_mut()
         .set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);
-    ctx.state().spares_created.remove(&name);
+    ctx.state().provisioning_mut().forget_spares(&name);
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
@@ -118,7 +118,7 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
 
 async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
     let name = target.name_any();
-    ctx.state().wake.set_spare_target(
+    ctx.state().wake_mut().set_spare_target(
         &kube::runtime::reflector::ObjectRef::from(target),
         Some(&target.spec.pool),
     );
@@ -211,14 +211,13 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             })
             .collect()
     });
-    {
-        let mut state = ctx.state();
-        let mine = state.spares_created.entry(name.clone()).or_default();
-        mine.retain(|(n, at)| {
-            at.elapsed() < CREATED_GRACE && !nodes.iter().any(|s| s.node_id == n.node_id)
-        });
-        nodes.extend(mine.iter().map(|(n, _)| spare_node(n, false)));
-    }
+    let asked = ctx.state().provisioning_mut().spares_not_shown(
+        &name,
+        ctx.clock.instant(),
+        CREATED_GRACE,
+        |id| nodes.iter().any(|s| s.node_id == id),
+    );
+    nodes.extend(asked.iter().map(|n| spare_node(n, false)));
 
     // The brake: spares count against the pool's maxNodes like any node, and the pool's
     // request rate bounds how many are asked for at once.
@@ -248,7 +247,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         max_nodes,
         u32::try_from(pool_nodes).unwrap_or(u32::MAX),
     );
-    let allowance = ctx.state().provision_budget.allowance(&spec.pool, now);
+    let allowance = ctx.state().provisioning_mut().allowance(&spec.pool, now);
     let wanted = mapping::spare_target(spec);
     let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
         Ok(p) => p.brake(max_nodes, room, allowance),
@@ -269,7 +268,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
     let req = spares::spare_provision_request(&name, &wanted);
     for _ in 0..plan.provision {
-        if !ctx.state().provision_budget.take(&spec.pool, now) {
+        if !ctx.state().provisioning_mut().take_request(&spec.pool, now) {
             break;
         }
         let create = proto::CreateNodeRequest {
@@ -315,10 +314,8 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             let mut state = ctx.state();
             state.model_mut().add_provisioned(&node);
             state
-                .spares_created
-                .entry(name.clone())
-                .or_default()
-                .push((node.clone(), ctx.clock.instant()));
+                .provisioning_mut()
+                .spare_asked(&name, node.clone(), ctx.clock.instant());
         }
         ctx.event(
             target,

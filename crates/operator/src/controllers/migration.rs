@@ -159,7 +159,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
     };
     if plan::is_terminal(prev.phase) {
         ctx.state()
-            .wake
+            .wake_mut()
             .set_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
         super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
         api::kstatus::observe_generation(&mut status.conditions, mig.metadata.generation);
@@ -346,7 +346,7 @@ impl<'a> Run<'a> {
             .clone()
             .unwrap_or_else(|| manager_migration_id(mig));
         // Manager's changes to this migration and its job wake this object (and only it).
-        ctx.state().wake.set_migration(
+        ctx.state().wake_mut().set_migration(
             &kube::runtime::reflector::ObjectRef::from(mig),
             Some((migration_id.clone(), job_id.clone())),
         );

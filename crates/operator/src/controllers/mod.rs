@@ -178,26 +178,7 @@ impl Context {
             },
         );
         let (wake, receivers) = wake_channels();
-        let mut state = OperatorState::new(
-            settings.pending_window,
-            settings.rejection_threshold,
-            settings.rejection_window,
-        );
-        state.health = automanager_policy::node_health::NodeHealth::with_flap(
-            settings.rejection_threshold,
-            settings.rejection_window,
-            settings.flap,
-        );
-        state.provision_budget = automanager_policy::provision_budget::ProvisionBudget::new(
-            settings.provision_per_minute,
-        );
-        state.rebalance_budget = automanager_policy::provision_budget::ProvisionBudget::new(
-            settings.rebalance_per_minute,
-        );
-        if let Some(brake) = settings.zone_brake {
-            state.zone_brake = automanager_policy::zone_brake::ZoneBrake::new(brake);
-            state.zone_brake_enabled = true;
-        }
+        let state = OperatorState::new(&settings);
         Arc::new(Context {
             client,
             manager,
@@ -239,10 +220,10 @@ impl Context {
     /// its PlacementPool (its figures).
     pub fn wake_pool(&self, pool: &str) {
         let state = self.state();
-        for b in state.wake.waiting_on(pool) {
+        for b in state.wake().waiting_on(pool) {
             let _ = self.wake.bundles.send(b.clone());
         }
-        for t in state.wake.spare_targets_of(pool) {
+        for t in state.wake().spare_targets_of(pool) {
             let _ = self.wake.spare_targets.send(t.clone());
         }
         let _ = self.wake.pools.send(ObjectRef::new(pool));
@@ -256,15 +237,7 @@ impl Context {
 
     /// Records whether a bundle is Broken and updates the gauges.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
-        let count = {
-            let mut state = self.state();
-            let changed = if broken {
-                state.broken.insert(bundle_id.to_owned())
-            } else {
-                state.broken.remove(bundle_id)
-            };
-            changed.then(|| state.broken.len())
-        };
+        let count = self.state().bundles_mut().set_broken(bundle_id, broken);
         if let Some(count) = count {
             self.metrics
                 .set_broken_bundles(i64::try_from(count).unwrap_or(i64::MAX));
@@ -507,16 +480,20 @@ pub async fn request_node(
     if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
         return Ok(None);
     }
-    let Some(spec) = ctx.state().model.pool(pool).cloned() else {
+    let Some(spec) = ctx.state().model().pool(pool).cloned() else {
         return Ok(None);
     };
     if let Some(z) = zone
-        && ctx.state().zone_brake.is_degraded(pool, z)
+        && ctx.state().provisioning().zone_brake().is_degraded(pool, z)
     {
         tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
         return Ok(None);
     }
-    if !ctx.state().provision_budget.take(pool, ctx.clock.now()) {
+    if !ctx
+        .state()
+        .provisioning_mut()
+        .take_request(pool, ctx.clock.now())
+    {
         tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
         return Ok(None);
     }
@@ -532,7 +509,7 @@ pub async fn request_node(
         request_id: String::new(),
     };
     let node = create_node(ctx, &tag, req).await?;
-    ctx.state().model.add_provisioned(&node);
+    ctx.state().model_mut().add_provisioned(&node);
     Ok(Some(node))
 }
 
@@ -547,7 +524,7 @@ pub async fn create_node(
     // A pool being deleted gets no new node, for a replica or a spare.
     if ctx
         .state()
-        .model
+        .model()
         .pool(&req.pool)
         .is_some_and(|p| p.terminating)
     {
@@ -561,7 +538,7 @@ pub async fn create_node(
         .map_err(Error::ProvisioningPaused)?;
     let now = ctx.clock.instant();
     let key = ctx.with_mirror(|m, state| {
-        state.provision_keys.take(
+        state.provisioning_mut().request_key(
             intent,
             |key| m.nodes.values().any(|n| n.request_id == key),
             now,
@@ -574,7 +551,7 @@ pub async fn create_node(
         Err(e) => {
             if outcome_unknown(&e) {
                 tracing::info!(intent, request_id = %key, error = %e, "CreateNode got no answer; the next ask repeats its key");
-                ctx.state().provision_keys.unanswered(intent, key, now);
+                ctx.state().provisioning_mut().unanswered(intent, key, now);
             }
             Err(e.into())
         }

@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
-    self as api, DrainMode, DrainStatus, ManagerNode, ManagerNodeSpec, ManagerNodeStatus, NodeJob,
-    NodeState,
+    self as api, DrainMode, ManagerNode, ManagerNodeSpec, ManagerNodeStatus, NodeJob, NodeState,
 };
 use chrono::{DateTime, TimeZone, Utc};
 use kube::ResourceExt;
@@ -294,7 +293,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             continue;
         }
         let now = ctx.clock.now();
-        let unhealthy_now = ctx.state().health.unhealthy_nodes(now);
+        let unhealthy_now = ctx.state().nodes_mut().unhealthy_nodes(now);
         // Health verdicts expire: clear the overlay of nodes that are healthy again.
         // One pass over the mirror; the model, drain and health locks are each held only for a
         // node's own lookups, so placement is never held up behind this loop.
@@ -309,7 +308,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                 let unhealthy = unhealthy_now.contains(&n.node_id);
                 let overlay = {
                     let mut state = ctx.state();
-                    let mut overlay = state.model.overlay(&n.node_id);
+                    let mut overlay = state.model().overlay(&n.node_id);
                     if overlay.unhealthy != unhealthy {
                         overlay.unhealthy = unhealthy;
                         state.model_mut().set_overlay(&n.node_id, overlay, m);
@@ -333,8 +332,8 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                 let (rejections, blocked) = {
                     let state = ctx.state();
                     (
-                        state.health.count(&n.node_id),
-                        state.drain_blocked.get(&n.node_id).cloned(),
+                        state.nodes().rejections(&n.node_id),
+                        state.nodes().drain_blocked(&n.node_id),
                     )
                 };
                 let mut status = desired_status(
@@ -346,20 +345,17 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                     written.get(&name),
                     now,
                 );
-                if let Some(e) = ctx.state().health.episodes(&n.node_id) {
+                if let Some(e) = ctx.state().nodes().episodes(&n.node_id) {
                     status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
                     status.held_out_until = (e.held_until > now).then_some(e.held_until);
                 }
-                status.drain = ctx.state().drains.get_mut(&n.node_id).map(|d| {
-                    d.jobs_remaining = i32::try_from(status.jobs.len()).unwrap_or(i32::MAX);
-                    if matches!(state, NodeState::Stopped | NodeState::Terminated)
-                        && d.completed_at.is_none()
-                    {
-                        d.completed_at = Some(now);
-                    }
-                    d.clone()
-                });
-                let generation = ctx.state().drain_generations.get(&n.node_id).copied();
+                status.drain = ctx.state().nodes_mut().drain_status(
+                    &n.node_id,
+                    status.jobs.len(),
+                    matches!(state, NodeState::Stopped | NodeState::Terminated),
+                    now,
+                );
+                let generation = ctx.state().nodes().generation(&n.node_id);
                 status.observed_generation = generation;
                 api::kstatus::observe_generation(&mut status.conditions, generation);
                 let (standing, reason, message) = node_standing(&status);
@@ -390,9 +386,9 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             // health, drain) at once.
             let usage_only = last.is_some_and(|l| same_but_usage(l, status));
             if usage_only
-                && written_at
-                    .get(name)
-                    .is_some_and(|t| t.elapsed() < USAGE_WRITE_INTERVAL)
+                && written_at.get(name).is_some_and(|t| {
+                    ctx.clock.instant().saturating_duration_since(*t) < USAGE_WRITE_INTERVAL
+                })
             {
                 continue;
             }
@@ -430,7 +426,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
             delete(&api, &name).await;
             written.remove(&name);
         }
-        if last_sweep.elapsed() >= ORPHAN_SWEEP {
+        if ctx.clock.instant().saturating_duration_since(last_sweep) >= ORPHAN_SWEEP {
             last_sweep = ctx.clock.instant();
             if let Ok(list) = api.list(&ListParams::default()).await {
                 let existing: std::collections::HashSet<String> =
@@ -498,7 +494,7 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
 pub async fn record_rejection(ctx: &Context, node_id: &str) {
     let change = ctx
         .state()
-        .health
+        .nodes_mut()
         .record_rejection(node_id, ctx.clock.now());
     if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
         return;
@@ -506,7 +502,7 @@ pub async fn record_rejection(ctx: &Context, node_id: &str) {
     ctx.with_mirror(|m, s| {
         let overlay = NodeOverlay {
             unhealthy: true,
-            ..s.model.overlay(node_id)
+            ..s.model().overlay(node_id)
         };
         s.model_mut().set_overlay(node_id, overlay, m);
     });
@@ -544,11 +540,7 @@ const BLOCKED_POLL: Duration = Duration::from_secs(1);
 /// condition says why (written by the status sync), and an Event and the metric count it once
 /// per wait and blocking bundle.
 pub(crate) async fn drain_blocked(ctx: &Context, node: &ManagerNode, node_id: &str, why: String) {
-    let before = ctx
-        .state()
-        .drain_blocked
-        .insert(node_id.to_owned(), why.clone());
-    if before.as_deref() == Some(why.as_str()) {
+    if !ctx.state().nodes_mut().block_drain(node_id, why.clone()) {
         return;
     }
     tracing::info!(node = %node_id, reason = %why, "drain waits for a disruption budget");
@@ -560,7 +552,7 @@ pub(crate) async fn drain_blocked(ctx: &Context, node: &ManagerNode, node_id: &s
 
 /// The drain of `node_id` no longer waits for a budget.
 pub(crate) fn drain_unblocked(ctx: &Context, node_id: &str) {
-    if ctx.state().drain_blocked.remove(node_id).is_some() {
+    if ctx.state().nodes_mut().unblock_drain(node_id) {
         let _ = ctx.wake.node_sync.try_send(());
     }
 }
@@ -579,13 +571,11 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         .unwrap_or_else(|| node.name_any());
     let cordoned = node.spec.cordoned || node.spec.drain.is_some();
     let was = ctx.with_mirror(|m, s| {
-        let was = s.model.overlay(&node_id);
+        let was = s.model().overlay(&node_id);
         s.model_mut()
             .set_overlay(&node_id, NodeOverlay { cordoned, ..was }, m);
-        match node.metadata.generation {
-            Some(g) => s.drain_generations.insert(node_id.clone(), g),
-            None => s.drain_generations.remove(&node_id),
-        };
+        s.nodes_mut()
+            .set_generation(&node_id, node.metadata.generation);
         was
     });
     if !ctx.settings.owns_cluster_scope {
@@ -621,7 +611,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     if drain.mode == DrainMode::Migrate {
         return super::drain::step(node, &node_id, ctx).await;
     }
-    if ctx.state().drains.contains_key(&node_id) {
+    if ctx.state().nodes().is_draining(&node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
     if !ctx.manager_ready() {
@@ -635,14 +625,9 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     }
     drain_unblocked(ctx, &node_id);
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
-    ctx.state().drains.insert(
-        node_id.clone(),
-        DrainStatus {
-            jobs_remaining: i32::try_from(jobs).unwrap_or(0),
-            started_at: Some(ctx.clock.now()),
-            ..Default::default()
-        },
-    );
+    ctx.state()
+        .nodes_mut()
+        .begin_drain(&node_id, jobs, ctx.clock.now());
     let gone = ctx
         .manager
         .mirror()
@@ -665,6 +650,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use automanager_api::DrainStatus;
 
     fn job(
         id: &str,

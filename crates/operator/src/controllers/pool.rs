@@ -199,7 +199,7 @@ async fn apply(
         ctx.wake_pool(&name);
     }
 
-    let usage = ctx.state().model.engine().pool_usage(&name);
+    let usage = ctx.state().model().engine().pool_usage(&name);
     let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
     let spare_target: i64 = match targets.list(&ListParams::default()).await {
         Ok(list) => {
@@ -250,7 +250,8 @@ async fn apply(
     let degraded: Vec<String> = {
         let s = ctx.state();
         let window = ctx.settings.zone_brake.map(|b| b.window);
-        s.zone_brake
+        s.provisioning()
+            .zone_brake()
             .degraded_in(&name)
             .into_iter()
             .map(|d| super::zones::degraded_message(d, window))
@@ -322,7 +323,7 @@ pub fn prune(ctx: &Context, existing: &[String]) {
     let gone: Vec<String> = {
         let mut state = ctx.state();
         let gone: Vec<String> = state
-            .model
+            .model()
             .pools()
             .into_iter()
             .map(|p| p.name)
@@ -330,7 +331,7 @@ pub fn prune(ctx: &Context, existing: &[String]) {
             .collect();
         for p in &gone {
             state.model_mut().remove_pool(p);
-            state.consolidation_planned.remove(p);
+            state.disruptions_mut().forget_consolidation(p);
         }
         gone
     };

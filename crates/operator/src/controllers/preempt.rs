@@ -35,7 +35,6 @@ use kube::runtime::events::EventType;
 
 use super::{Context, Error, is_final_answer, now_ms};
 use crate::mapping;
-use crate::state::PendingPreemption;
 
 /// How long a preemption made for a replica holds off another one for it: its victims' capacity
 /// is on its way. Past it (someone else took the room), the replica may preempt again.
@@ -67,24 +66,16 @@ pub fn recovering_band(spec: &api::BundleSpec, jobs: &[String]) -> Option<Priori
 
 /// The preemption under way for this replica, if one is (made before and not yet placed).
 pub fn pending(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
-    let key = (bundle_id.to_owned(), replica);
-    let mut state = ctx.state();
-    match state.preemptions.get(&key) {
-        Some(p) if p.since.elapsed() < HOLD => Some(p.record.clone()),
-        Some(_) => {
-            state.preemptions.remove(&key);
-            None
-        }
-        None => None,
-    }
+    ctx.state()
+        .bundles_mut()
+        .pending_preemption(bundle_id, replica, ctx.clock.instant(), HOLD)
 }
 
 /// The replica was placed: its preemption is done. Returns it, for the trace.
 pub fn placed(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
     ctx.state()
-        .preemptions
-        .remove(&(bundle_id.to_owned(), replica))
-        .map(|p| p.record)
+        .bundles_mut()
+        .preemption_placed(bundle_id, replica)
 }
 
 /// Preempts for `rec` when its band may and some node can be freed: `Some` is the preemption
@@ -219,7 +210,7 @@ fn choose(
             return None;
         }
         let all: HashSet<String> = bundle_of.keys().cloned().collect();
-        let mut dry = state.model.without_jobs(m, &all);
+        let mut dry = state.model().without_jobs(m, &all);
         let mut candidates = Vec::new();
         while candidates.len() < MAX_CANDIDATE_NODES {
             let d = dry.place(rec.request, now);
@@ -240,7 +231,7 @@ fn choose(
                 continue;
             };
             let (Some(jobs), Some(view)) =
-                (by_node.get(*node), state.model.engine().node_view(node))
+                (by_node.get(*node), state.model().engine().node_view(node))
             else {
                 continue;
             };
@@ -293,12 +284,11 @@ async fn act(
     record: &api::Preemption,
 ) -> Result<(), Error> {
     // Recorded first: a pass that fails half-way still holds off a second preemption.
-    ctx.state().preemptions.insert(
-        (rec.bundle_id.to_owned(), rec.replica),
-        PendingPreemption {
-            record: record.clone(),
-            since: ctx.clock.instant(),
-        },
+    ctx.state().bundles_mut().record_preemption(
+        rec.bundle_id,
+        rec.replica,
+        record.clone(),
+        ctx.clock.instant(),
     );
     let recovering = format!(
         "{}/{}",

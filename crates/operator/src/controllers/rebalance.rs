@@ -28,8 +28,6 @@ use crate::mapping;
 
 /// The Bundle condition the rebalancer keeps.
 pub const CONDITION: &str = "RebalanceNeeded";
-/// The key the fleet-wide rate is counted under.
-const RATE_KEY: &str = "rebalance";
 
 /// What one look found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,7 +172,7 @@ pub async fn look(
                 .collect(),
             placed_siblings: Vec::new(),
         };
-        let decision = ctx.state().model.place(&request, now_ms(now));
+        let decision = ctx.state().model().place(&request, now_ms(now));
         let proposal = match &decision.outcome {
             pl::Outcome::Placed { assignments, .. } => Some(Proposal {
                 assignments: assignments
@@ -203,18 +201,10 @@ pub async fn look(
                 });
             }
             Verdict::Move(moves) => {
-                let allowed = {
-                    let mut state = ctx.state();
-                    let n = u32::try_from(moves.len()).unwrap_or(u32::MAX);
-                    if state.rebalance_budget.allowance(RATE_KEY, now) < n {
-                        false
-                    } else {
-                        for _ in &moves {
-                            state.rebalance_budget.take(RATE_KEY, now);
-                        }
-                        true
-                    }
-                };
+                let allowed = ctx
+                    .state()
+                    .disruptions_mut()
+                    .take_rebalance_moves(u32::try_from(moves.len()).unwrap_or(u32::MAX), now);
                 if !allowed {
                     return Ok(Look {
                         condition: (

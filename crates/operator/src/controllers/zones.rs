@@ -46,7 +46,7 @@ pub fn observe_losses(
     now: DateTime<Utc>,
 ) -> Vec<ZoneChange> {
     let mut changes = Vec::new();
-    if !s.zone_brake_enabled {
+    if !s.provisioning().zone_brake_enabled() {
         return changes;
     }
     for c in batch {
@@ -54,7 +54,7 @@ pub fn observe_losses(
             continue;
         };
         if live(n.state)
-            || s.model.engine().node_view(&n.node_id).is_none()
+            || s.model().engine().node_view(&n.node_id).is_none()
             || asked_to_terminate(&n.node_id)
         {
             continue;
@@ -70,7 +70,10 @@ pub fn observe_losses(
             .count();
         let up = u32::try_from(up).unwrap_or(u32::MAX);
         tracing::info!(node = %n.node_id, pool = %n.pool, zone, up, "node lost");
-        if let Some(change) = s.zone_brake.record_loss(&n.pool, zone, up, now) {
+        if let Some(change) = s
+            .provisioning_mut()
+            .record_zone_loss(&n.pool, zone, up, now)
+        {
             if let ZoneChange::Degraded(d) = &change {
                 s.model_mut()
                     .set_provisioning_paused(&d.pool, &d.zone, true);
@@ -152,7 +155,7 @@ pub fn provision_zone(
     pool: &str,
     requested: &str,
 ) -> Result<String, String> {
-    let b = &s.zone_brake;
+    let b = s.provisioning().zone_brake();
     if !requested.is_empty() {
         return match b.degraded_in(pool).iter().find(|d| d.zone == requested) {
             Some(d) => Err(degraded_message(d, Some(b.settings().window))),
@@ -160,7 +163,7 @@ pub fn provision_zone(
         };
     }
     let zones = s
-        .model
+        .model()
         .pool(pool)
         .map(|p| p.zones.clone())
         .unwrap_or_default();
@@ -196,7 +199,7 @@ pub async fn run_zone_clock(ctx: Arc<Context>) {
         tick.tick().await;
         let changes = {
             let mut s = ctx.state();
-            let changes = s.zone_brake.tick(ctx.clock.now());
+            let changes = s.provisioning_mut().tick_zone_brake(ctx.clock.now());
             for c in &changes {
                 if let ZoneChange::Cleared { pool, zone } = c {
                     s.model_mut().set_provisioning_paused(pool, zone, false);

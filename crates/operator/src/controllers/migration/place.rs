@@ -105,7 +105,7 @@ impl Run<'_> {
         // abort, as for a Bundle: wait for it. A pool that does not exist still aborts.
         let unknown: Vec<String> = {
             let state = self.ctx.state();
-            let engine = state.model.engine();
+            let engine = state.model().engine();
             request
                 .pools
                 .iter()
@@ -120,7 +120,7 @@ impl Run<'_> {
         let decision = self
             .ctx
             .state()
-            .model
+            .model()
             .place(&request, now_ms(self.ctx.clock.now()));
         let summary = decision.summary();
         Ok(match decision.outcome {

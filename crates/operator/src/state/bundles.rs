@@ -1,0 +1,222 @@
+//! What the operator remembers per bundle between passes: restarts, the last decision per
+//! replica, which bundles are Broken, preemptions on their way, and how long starts settle.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use automanager_api as api;
+use automanager_policy::ledger::{ReplicaKey, RestartLedger};
+use automanager_policy::start_settle::StartSettle;
+use chrono::{DateTime, Utc};
+
+use super::LastDecision;
+
+/// A bundle's `(namespace, name)`.
+type BundleName = (String, String);
+
+/// A preemption made for one replica whose recovery has not been placed yet: while it is
+/// pending, no second one is made for the replica (its victims' capacity is on its way).
+#[derive(Debug, Clone)]
+struct PendingPreemption {
+    record: api::Preemption,
+    since: Instant,
+}
+
+/// The per-bundle records. Every change goes through a named operation.
+#[derive(Debug)]
+pub struct BundleBook {
+    /// Restarts per replica in the last hour (merged with each Bundle's status).
+    ledger: RestartLedger,
+    /// The full trace of each bundle's last decision per replica.
+    traces: HashMap<BundleName, BTreeMap<u32, LastDecision>>,
+    /// Manager bundle ids currently Broken.
+    broken: HashSet<String>,
+    /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
+    /// replica is placed.
+    preemptions: HashMap<(String, u32), PendingPreemption>,
+    /// How long recent passes waited for the jobs they started to run.
+    start_settle: StartSettle,
+}
+
+impl BundleBook {
+    pub(super) fn new(start_settle: Duration) -> Self {
+        BundleBook {
+            ledger: RestartLedger::default(),
+            traces: HashMap::new(),
+            broken: HashSet::new(),
+            preemptions: HashMap::new(),
+            start_settle: StartSettle::new(start_settle),
+        }
+    }
+
+    /// Takes in the restart times a replica's status recorded (an operator restart loses none).
+    pub fn merge_restarts(
+        &mut self,
+        key: &ReplicaKey,
+        times: impl IntoIterator<Item = DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) {
+        self.ledger.merge(key, times, now);
+    }
+
+    /// A recovery of the replica started.
+    pub fn record_restart(&mut self, key: &ReplicaKey, now: DateTime<Utc>, max_restarts: u32) {
+        self.ledger.record_restart(key, now, max_restarts);
+    }
+
+    /// The replica's restart count is cleared (a retry, or it ran long enough).
+    pub fn clear_restarts(&mut self, key: &ReplicaKey, now: DateTime<Utc>) {
+        self.ledger.clear(key, now);
+    }
+
+    /// Restarts of the replica within the window.
+    pub fn restarts(&self, key: &ReplicaKey, now: DateTime<Utc>) -> u32 {
+        self.ledger.count(key, now)
+    }
+
+    /// When the replica restarted within the window.
+    pub fn restart_times(&self, key: &ReplicaKey, now: DateTime<Utc>) -> Vec<DateTime<Utc>> {
+        self.ledger.times(key, now)
+    }
+
+    /// Records the latest decision for one replica of `bundle`.
+    pub fn record_decision(&mut self, bundle: BundleName, replica: u32, decision: LastDecision) {
+        self.traces
+            .entry(bundle)
+            .or_default()
+            .insert(replica, decision);
+    }
+
+    /// Notes on a replica's last decision which bronze jobs were stopped to make room for it.
+    pub fn note_preempted(
+        &mut self,
+        bundle: &BundleName,
+        replica: u32,
+        preempted: Option<api::Preemption>,
+    ) {
+        if let Some(last) = self
+            .traces
+            .get_mut(bundle)
+            .and_then(|t| t.get_mut(&replica))
+        {
+            last.preempted = preempted;
+        }
+    }
+
+    /// The last decision per replica of `bundle`, copied out of the lock.
+    pub fn trace(&self, bundle: &BundleName) -> Option<BTreeMap<u32, LastDecision>> {
+        self.traces.get(bundle).cloned()
+    }
+
+    /// Records whether a bundle is Broken; `Some(count of Broken bundles)` when that changed.
+    pub fn set_broken(&mut self, bundle_id: &str, broken: bool) -> Option<usize> {
+        let changed = if broken {
+            self.broken.insert(bundle_id.to_owned())
+        } else {
+            self.broken.remove(bundle_id)
+        };
+        changed.then_some(self.broken.len())
+    }
+
+    /// The preemption made for this replica if it is still on its way (younger than `hold` at
+    /// `now`); an older one is forgotten.
+    pub fn pending_preemption(
+        &mut self,
+        bundle_id: &str,
+        replica: u32,
+        now: Instant,
+        hold: Duration,
+    ) -> Option<api::Preemption> {
+        let key = (bundle_id.to_owned(), replica);
+        let p = self.preemptions.get(&key)?;
+        if now.saturating_duration_since(p.since) < hold {
+            return Some(p.record.clone());
+        }
+        self.preemptions.remove(&key);
+        None
+    }
+
+    /// A preemption was made for this replica at `now`.
+    pub fn record_preemption(
+        &mut self,
+        bundle_id: &str,
+        replica: u32,
+        record: api::Preemption,
+        now: Instant,
+    ) {
+        self.preemptions.insert(
+            (bundle_id.to_owned(), replica),
+            PendingPreemption { record, since: now },
+        );
+    }
+
+    /// The replica was placed: its preemption, if any, is done and handed back.
+    pub fn preemption_placed(&mut self, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
+        self.preemptions
+            .remove(&(bundle_id.to_owned(), replica))
+            .map(|p| p.record)
+    }
+
+    /// How long a pass should wait for the jobs it started, or `None` when recent passes show
+    /// waiting does not pay (see [`automanager_policy::start_settle`]).
+    pub fn settle_bound(&mut self) -> Option<Duration> {
+        self.start_settle
+            .should_wait()
+            .then(|| self.start_settle.bound())
+    }
+
+    /// How long a pass's starts took to run (`None`: not within the bound).
+    pub fn record_settle(&mut self, took: Option<Duration>) {
+        self.start_settle.record(took);
+    }
+
+    /// A bundle is gone: its restarts and traces with it.
+    pub fn forget(&mut self, bundle: &BundleName, bundle_id: &str) {
+        self.ledger.forget_bundle(bundle_id);
+        self.traces.remove(bundle);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn preemption() -> api::Preemption {
+        api::Preemption {
+            at: chrono::DateTime::UNIX_EPOCH,
+            node: "n".into(),
+            victims: vec!["ns.v/0/j".into()],
+        }
+    }
+
+    #[test]
+    fn a_preemption_holds_for_its_window_then_is_forgotten() {
+        let mut b = BundleBook::new(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let hold = Duration::from_secs(30);
+        b.record_preemption("ns.b", 0, preemption(), t0);
+        assert!(
+            b.pending_preemption("ns.b", 0, t0 + hold / 2, hold)
+                .is_some()
+        );
+        assert!(
+            b.pending_preemption("ns.b", 1, t0, hold).is_none(),
+            "another replica"
+        );
+        assert!(b.pending_preemption("ns.b", 0, t0 + hold, hold).is_none());
+        assert!(
+            b.preemption_placed("ns.b", 0).is_none(),
+            "an expired one is gone"
+        );
+    }
+
+    #[test]
+    fn broken_counts_change_only_when_a_bundle_changes() {
+        let mut b = BundleBook::new(Duration::from_millis(300));
+        assert_eq!(b.set_broken("a", true), Some(1));
+        assert_eq!(b.set_broken("a", true), None);
+        assert_eq!(b.set_broken("b", true), Some(2));
+        assert_eq!(b.set_broken("a", false), Some(1));
+        assert_eq!(b.set_broken("a", false), None);
+    }
+}

@@ -1,0 +1,180 @@
+//! What the operator remembers per Manager node: its health verdicts, its drain, the
+//! ManagerNode generation acted on, and why a drain waits.
+
+use std::collections::HashMap;
+
+use automanager_api::DrainStatus;
+use automanager_policy::node_health::{Episodes, HealthChange, NodeHealth};
+use chrono::{DateTime, Utc};
+
+/// The per-node records, by Manager node id. Every change goes through a named operation.
+#[derive(Debug)]
+pub struct NodeBook {
+    /// Nodes whose workers refuse too many starts.
+    health: NodeHealth,
+    /// Drains in progress.
+    drains: HashMap<String, DrainStatus>,
+    /// The ManagerNode generation the node controller last acted on.
+    generations: HashMap<String, i64>,
+    /// Why a node's drain waits for a disruption budget (the `DisruptionBlocked` condition).
+    drain_blocked: HashMap<String, String>,
+}
+
+/// What a drain did so far, as its status counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainProgress {
+    pub migrated: usize,
+    pub dropped: usize,
+    pub recovered: usize,
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+impl NodeBook {
+    pub(super) fn new(health: NodeHealth) -> Self {
+        NodeBook {
+            health,
+            drains: HashMap::new(),
+            generations: HashMap::new(),
+            drain_blocked: HashMap::new(),
+        }
+    }
+
+    /// A worker on `node` refused a start at `now`.
+    pub fn record_rejection(&mut self, node: &str, now: DateTime<Utc>) -> HealthChange {
+        self.health.record_rejection(node, now)
+    }
+
+    /// The nodes unhealthy at `now` (verdicts that expired are dropped).
+    pub fn unhealthy_nodes(&mut self, now: DateTime<Utc>) -> Vec<String> {
+        self.health.unhealthy_nodes(now)
+    }
+
+    /// Recent refused starts on `node`.
+    pub fn rejections(&self, node: &str) -> u32 {
+        self.health.count(node)
+    }
+
+    /// The node's unhealthy episodes, if it had any.
+    pub fn episodes(&self, node: &str) -> Option<Episodes> {
+        self.health.episodes(node)
+    }
+
+    /// Records the ManagerNode generation acted on (`None`: the object has none).
+    pub fn set_generation(&mut self, node: &str, generation: Option<i64>) {
+        match generation {
+            Some(g) => self.generations.insert(node.to_owned(), g),
+            None => self.generations.remove(node),
+        };
+    }
+
+    /// The ManagerNode generation last acted on.
+    pub fn generation(&self, node: &str) -> Option<i64> {
+        self.generations.get(node).copied()
+    }
+
+    /// The drain of `node` waits for a budget, for `why`: true when that is news (not the
+    /// reason already recorded).
+    pub fn block_drain(&mut self, node: &str, why: String) -> bool {
+        let before = self.drain_blocked.insert(node.to_owned(), why);
+        before != self.drain_blocked.get(node).cloned()
+    }
+
+    /// The drain of `node` no longer waits: true when it did.
+    pub fn unblock_drain(&mut self, node: &str) -> bool {
+        self.drain_blocked.remove(node).is_some()
+    }
+
+    /// Why the drain of `node` waits, if it does.
+    pub fn drain_blocked(&self, node: &str) -> Option<String> {
+        self.drain_blocked.get(node).cloned()
+    }
+
+    /// Whether a drain of `node` is under way.
+    pub fn is_draining(&self, node: &str) -> bool {
+        self.drains.contains_key(node)
+    }
+
+    /// A drain of `node` begins now with `jobs` on it (a drain already begun keeps its record).
+    pub fn begin_drain(&mut self, node: &str, jobs: usize, started_at: DateTime<Utc>) {
+        self.drains
+            .entry(node.to_owned())
+            .or_insert_with(|| DrainStatus {
+                jobs_remaining: count(jobs),
+                started_at: Some(started_at),
+                ..Default::default()
+            });
+    }
+
+    /// What the drain of `node` has done so far.
+    pub fn record_drain_progress(&mut self, node: &str, progress: DrainProgress) {
+        if let Some(d) = self.drains.get_mut(node) {
+            d.jobs_migrated = count(progress.migrated);
+            d.jobs_dropped = count(progress.dropped);
+            d.jobs_recovered = count(progress.recovered);
+        }
+    }
+
+    /// The drain of `node` as its status shows it: `jobs_remaining` on it now, and complete
+    /// from `now` once the node has `ended`.
+    pub fn drain_status(
+        &mut self,
+        node: &str,
+        jobs_remaining: usize,
+        ended: bool,
+        now: DateTime<Utc>,
+    ) -> Option<DrainStatus> {
+        let d = self.drains.get_mut(node)?;
+        d.jobs_remaining = count(jobs_remaining);
+        if ended && d.completed_at.is_none() {
+            d.completed_at = Some(now);
+        }
+        Some(d.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn book() -> NodeBook {
+        NodeBook::new(NodeHealth::new(3, Duration::from_secs(60)))
+    }
+
+    #[test]
+    fn a_drain_keeps_when_it_began_and_completes_once() {
+        let mut b = book();
+        let t0 = DateTime::UNIX_EPOCH;
+        let t1 = t0 + chrono::Duration::seconds(5);
+        b.begin_drain("n", 2, t0);
+        b.begin_drain("n", 9, t1);
+        let d = b.drain_status("n", 1, false, t1).expect("draining");
+        assert_eq!(
+            (d.started_at, d.jobs_remaining, d.completed_at),
+            (Some(t0), 1, None)
+        );
+        let d = b.drain_status("n", 0, true, t1).expect("draining");
+        assert_eq!(d.completed_at, Some(t1));
+        let later = t1 + chrono::Duration::seconds(5);
+        assert_eq!(
+            b.drain_status("n", 0, true, later)
+                .expect("draining")
+                .completed_at,
+            Some(t1)
+        );
+        assert!(b.drain_status("m", 0, true, later).is_none());
+    }
+
+    #[test]
+    fn a_blocked_drain_is_news_once_per_reason() {
+        let mut b = book();
+        assert!(b.block_drain("n", "budget of a".into()));
+        assert!(!b.block_drain("n", "budget of a".into()));
+        assert!(b.block_drain("n", "budget of b".into()));
+        assert!(b.unblock_drain("n"));
+        assert!(!b.unblock_drain("n"));
+    }
+}

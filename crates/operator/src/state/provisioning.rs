@@ -1,0 +1,173 @@
+//! What the operator remembers about asking Manager for nodes: the per-pool request rate,
+//! idempotency keys of asks without an answer, spares asked for that the mirror does not show
+//! yet, and the zone brake.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use automanager_policy::provision_budget::ProvisionBudget;
+use automanager_policy::provision_keys::ProvisionKeys;
+use automanager_policy::zone_brake::{ZoneBrake, ZoneChange};
+use chrono::{DateTime, Utc};
+use manager_proto as proto;
+
+/// The provisioning records. Every change goes through a named operation.
+#[derive(Debug)]
+pub struct Provisioning {
+    /// Node requests per pool in the last minute.
+    budget: ProvisionBudget,
+    /// CreateNode idempotency keys sent without an answer, repeated by the next ask.
+    keys: ProvisionKeys,
+    /// Spares asked for per HotSpareTarget, and when.
+    spares_asked: HashMap<String, Vec<(proto::Node, Instant)>>,
+    /// Nodes lost per pool and zone, and the zones whose provisioning is paused; `None` when
+    /// losses are not counted (`zoneBrake.enabled: false`).
+    zone_brake: Option<ZoneBrake>,
+    /// What a disabled brake answers: nothing is degraded.
+    no_brake: ZoneBrake,
+}
+
+impl Provisioning {
+    pub(super) fn new(budget: ProvisionBudget, zone_brake: Option<ZoneBrake>) -> Self {
+        Provisioning {
+            budget,
+            keys: ProvisionKeys::default(),
+            spares_asked: HashMap::new(),
+            zone_brake,
+            no_brake: ZoneBrake::default(),
+        }
+    }
+
+    /// How many nodes `pool` may still ask for this minute.
+    pub fn allowance(&mut self, pool: &str, now: DateTime<Utc>) -> u32 {
+        self.budget.allowance(pool, now)
+    }
+
+    /// Takes one node request of `pool`'s rate: false when this minute's are used up.
+    pub fn take_request(&mut self, pool: &str, now: DateTime<Utc>) -> bool {
+        self.budget.take(pool, now)
+    }
+
+    /// The idempotency key for the next CreateNode of `intent` (see
+    /// [`ProvisionKeys::take`]).
+    pub fn request_key(
+        &mut self,
+        intent: &str,
+        known: impl Fn(&str) -> bool,
+        now: Instant,
+        fresh: impl FnOnce() -> String,
+    ) -> String {
+        self.keys.take(intent, known, now, fresh)
+    }
+
+    /// A CreateNode with `key` got no definite answer: the next ask of `intent` repeats it.
+    pub fn unanswered(&mut self, intent: &str, key: String, now: Instant) {
+        self.keys.unanswered(intent, key, now);
+    }
+
+    /// A spare was asked for `target` at `now`.
+    pub fn spare_asked(&mut self, target: &str, node: proto::Node, now: Instant) {
+        self.spares_asked
+            .entry(target.to_owned())
+            .or_default()
+            .push((node, now));
+    }
+
+    /// Spares asked for `target` within `grace` of `now` that `shown` does not know yet (the
+    /// others are forgotten).
+    pub fn spares_not_shown(
+        &mut self,
+        target: &str,
+        now: Instant,
+        grace: Duration,
+        shown: impl Fn(&str) -> bool,
+    ) -> Vec<proto::Node> {
+        let Some(asked) = self.spares_asked.get_mut(target) else {
+            return Vec::new();
+        };
+        asked.retain(|(n, at)| now.saturating_duration_since(*at) < grace && !shown(&n.node_id));
+        let out = asked.iter().map(|(n, _)| n.clone()).collect();
+        if asked.is_empty() {
+            self.spares_asked.remove(target);
+        }
+        out
+    }
+
+    /// `target` is gone: its asks with it.
+    pub fn forget_spares(&mut self, target: &str) {
+        self.spares_asked.remove(target);
+    }
+
+    /// The zone brake, to ask which zones are degraded (a disabled brake holds none).
+    pub fn zone_brake(&self) -> &ZoneBrake {
+        self.zone_brake.as_ref().unwrap_or(&self.no_brake)
+    }
+
+    /// Whether node losses are counted at all.
+    pub fn zone_brake_enabled(&self) -> bool {
+        self.zone_brake.is_some()
+    }
+
+    /// A node of `pool` in `zone` was lost with `up` nodes left there.
+    pub fn record_zone_loss(
+        &mut self,
+        pool: &str,
+        zone: &str,
+        up: u32,
+        now: DateTime<Utc>,
+    ) -> Option<ZoneChange> {
+        self.zone_brake.as_mut()?.record_loss(pool, zone, up, now)
+    }
+
+    /// Zones whose brake window passed quietly are released.
+    pub fn tick_zone_brake(&mut self, now: DateTime<Utc>) -> Vec<ZoneChange> {
+        self.zone_brake
+            .as_mut()
+            .map(|b| b.tick(now))
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str) -> proto::Node {
+        proto::Node {
+            node_id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_spare_asked_for_is_counted_until_shown_or_its_grace_passes() {
+        let mut p = Provisioning::new(ProvisionBudget::new(10), None);
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(60);
+        p.spare_asked("t", node("a"), t0);
+        p.spare_asked("t", node("b"), t0);
+        let ids = |v: Vec<proto::Node>| v.into_iter().map(|n| n.node_id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(p.spares_not_shown("t", t0, grace, |_| false)),
+            ["a", "b"]
+        );
+        assert_eq!(ids(p.spares_not_shown("t", t0, grace, |n| n == "a")), ["b"]);
+        assert!(
+            p.spares_not_shown("t", t0 + grace, grace, |_| false)
+                .is_empty()
+        );
+        assert!(p.spares_not_shown("other", t0, grace, |_| false).is_empty());
+    }
+
+    #[test]
+    fn a_disabled_zone_brake_counts_nothing_and_degrades_nothing() {
+        let mut p = Provisioning::new(ProvisionBudget::new(10), None);
+        assert!(!p.zone_brake_enabled());
+        assert!(
+            p.record_zone_loss("p", "z", 0, DateTime::UNIX_EPOCH)
+                .is_none()
+        );
+        assert!(!p.zone_brake().is_degraded("p", "z"));
+        assert!(p.tick_zone_brake(DateTime::UNIX_EPOCH).is_empty());
+    }
+}
