@@ -19,10 +19,11 @@ use rand::Rng;
 use tokio::sync::{broadcast, watch};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
-use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::mirror::{Mirror, MirrorChange, SnapshotData};
+use crate::port::{GrpcPort, ManagerPort};
+use futures::StreamExt;
 
 /// Errors of the client. Command errors keep the gRPC meaning so callers
 /// can tell "fix the request" from "try again".
@@ -254,7 +255,7 @@ impl Interceptor for AuthInterceptor {
     }
 }
 
-type Rpc = GrpcClient<InterceptedService<Channel, AuthInterceptor>>;
+type Rpc = Arc<dyn ManagerPort>;
 
 /// Full-jitter exponential backoff: attempt n sleeps a uniform random time
 /// in `[0, min(max, initial * 2^n)]`.
@@ -329,6 +330,24 @@ impl std::fmt::Debug for ManagerClient {
     }
 }
 
+/// The settings every port shares: buffers, back-off and deadlines.
+fn validate(config: &ClientConfig) -> Result<(), ClientError> {
+    if config.change_buffer == 0 {
+        return Err(ClientError::Config(
+            "change_buffer must be at least 1".to_owned(),
+        ));
+    }
+    if config.backoff_initial.is_zero() || config.backoff_max < config.backoff_initial {
+        return Err(ClientError::Config(
+            "backoff_initial must be > 0 and <= backoff_max".to_owned(),
+        ));
+    }
+    match config.deadline_problem() {
+        Some(problem) => Err(ClientError::Config(problem)),
+        None => Ok(()),
+    }
+}
+
 fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
     let bad = |e: &dyn std::fmt::Display| {
         ClientError::Config(format!("endpoint {:?}: {e}", cfg.endpoint))
@@ -370,19 +389,7 @@ impl ManagerClient {
     /// Returns at once (state `connecting`); use [`ManagerClient::wait_ready`]
     /// to wait for the first sync. Must be called inside a tokio runtime.
     pub async fn connect(config: ClientConfig) -> Result<ManagerClient, ClientError> {
-        if config.change_buffer == 0 {
-            return Err(ClientError::Config(
-                "change_buffer must be at least 1".to_owned(),
-            ));
-        }
-        if config.backoff_initial.is_zero() || config.backoff_max < config.backoff_initial {
-            return Err(ClientError::Config(
-                "backoff_initial must be > 0 and <= backoff_max".to_owned(),
-            ));
-        }
-        if let Some(problem) = config.deadline_problem() {
-            return Err(ClientError::Config(problem));
-        }
+        validate(&config)?;
         let header = match &config.token {
             Some(t) => Some(
                 format!("Bearer {t}")
@@ -399,6 +406,21 @@ impl ManagerClient {
         let rpc = GrpcClient::with_interceptor(channel, AuthInterceptor { header })
             .max_decoding_message_size(config.max_message_bytes)
             .max_encoding_message_size(config.max_message_bytes);
+        Ok(ManagerClient::start(Arc::new(GrpcPort::new(rpc)), &config))
+    }
+
+    /// As [`ManagerClient::connect`], over any [`ManagerPort`] (an in-process Manager, another
+    /// transport). `config`'s endpoint, token, TLS and message size belong to the gRPC port
+    /// and are not read here; its timeouts, back-off and buffers are.
+    pub fn over(
+        port: Arc<dyn ManagerPort>,
+        config: &ClientConfig,
+    ) -> Result<ManagerClient, ClientError> {
+        validate(config)?;
+        Ok(ManagerClient::start(port, config))
+    }
+
+    fn start(rpc: Arc<dyn ManagerPort>, config: &ClientConfig) -> ManagerClient {
         let (changes, _) = broadcast::channel(config.change_buffer);
         let shared = Arc::new(Shared {
             rpc,
@@ -421,12 +443,12 @@ impl ManagerClient {
             config.backoff_initial,
             config.backoff_max,
         ));
-        Ok(ManagerClient {
+        ManagerClient {
             inner: Arc::new(Inner {
                 shared,
                 task: tokio::sync::Mutex::new(Some(task)),
             }),
-        })
+        }
     }
 
     /// The mirror (read handle).
@@ -571,7 +593,7 @@ impl ManagerClient {
     /// CreateNode: returns the node in state STARTING.
     pub async fn create_node(&self, req: CreateNodeRequest) -> Result<Node, ClientError> {
         let r = self
-            .mutate(|mut c, d| async move { c.create_node(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.create_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -598,7 +620,7 @@ impl ManagerClient {
             node_id: node_id.to_owned(),
         };
         let r = self
-            .mutate(|mut c, d| async move { c.terminate_node(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.terminate_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -624,7 +646,7 @@ impl ManagerClient {
             pool: pool.unwrap_or_default().to_owned(),
         };
         Ok(self
-            .call(|mut c, d| async move { c.list_nodes(req_with(req, d)).await })
+            .call(|c, d| async move { c.list_nodes(req_with(req, d)).await })
             .await?
             .nodes)
     }
@@ -632,7 +654,7 @@ impl ManagerClient {
     /// ListPools.
     pub async fn list_pools(&self) -> Result<Vec<Pool>, ClientError> {
         Ok(self
-            .call(|mut c, d| async move { c.list_pools(req_with(ListPoolsRequest {}, d)).await })
+            .call(|c, d| async move { c.list_pools(req_with(ListPoolsRequest {}, d)).await })
             .await?
             .pools)
     }
@@ -645,7 +667,7 @@ impl ManagerClient {
         let req = RegisterBundleRequest {
             bundle: Some(bundle),
         };
-        self.mutate(|mut c, d| async move { c.register_bundle(req_with(req, d)).await })
+        self.mutate(|c, d| async move { c.register_bundle(req_with(req, d)).await })
             .await
     }
 
@@ -658,7 +680,7 @@ impl ManagerClient {
         let req = RegisterBundleRequest {
             bundle: Some(bundle),
         };
-        self.mutate(|mut c, d| async move { c.update_bundle(req_with(req, d)).await })
+        self.mutate(|c, d| async move { c.update_bundle(req_with(req, d)).await })
             .await
     }
 
@@ -668,7 +690,7 @@ impl ManagerClient {
             bundle_id: bundle_id.to_owned(),
         };
         Ok(self
-            .mutate(|mut c, d| async move { c.delete_bundle(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.delete_bundle(req_with(req, d)).await })
             .await?
             .removed_job_ids)
     }
@@ -686,7 +708,7 @@ impl ManagerClient {
             role: role as i32,
         };
         let r = self
-            .mutate(|mut c, d| async move { c.start_job(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.start_job(req_with(req, d)).await })
             .await?;
         if !r.accepted {
             return Err(ClientError::Rejected {
@@ -729,7 +751,7 @@ impl ManagerClient {
             reason: reason as i32,
         };
         let r = self
-            .mutate(|mut c, d| async move { c.stop_job(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.stop_job(req_with(req, d)).await })
             .await?;
         r.job.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -748,7 +770,7 @@ impl ManagerClient {
             config,
         };
         let r = self
-            .mutate(|mut c, d| async move { c.update_job_config(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.update_job_config(req_with(req, d)).await })
             .await?;
         r.job.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -771,7 +793,7 @@ impl ManagerClient {
             strategy: strategy as i32,
         };
         migration_of(
-            self.mutate(|mut c, d| async move { c.migration_get_state(req_with(req, d)).await })
+            self.mutate(|c, d| async move { c.migration_get_state(req_with(req, d)).await })
                 .await?,
         )
     }
@@ -790,7 +812,7 @@ impl ManagerClient {
             initial_state,
         };
         let r = self
-            .mutate(|mut c, d| async move { c.migration_prepare_target(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.migration_prepare_target(req_with(req, d)).await })
             .await?;
         if r.target_rejected {
             let job_id = r
@@ -820,7 +842,7 @@ impl ManagerClient {
             payload,
         };
         migration_of(
-            self.mutate(|mut c, d| async move { c.migration_cutover(req_with(req, d)).await })
+            self.mutate(|c, d| async move { c.migration_cutover(req_with(req, d)).await })
                 .await?,
         )
     }
@@ -836,7 +858,7 @@ impl ManagerClient {
             reason: reason.to_owned(),
         };
         migration_of(
-            self.mutate(|mut c, d| async move { c.migration_abort(req_with(req, d)).await })
+            self.mutate(|c, d| async move { c.migration_abort(req_with(req, d)).await })
                 .await?,
         )
     }
@@ -930,7 +952,7 @@ impl StreamDeadlines {
 
 async fn one_stream(shared: &Shared) -> StreamEnd {
     let (resume_revision, epoch) = shared.mirror.read(|s| (s.revision, s.epoch.clone()));
-    let mut rpc = shared.rpc.clone();
+    let rpc = shared.rpc.clone();
     let mut reached_ready = false;
     let deadlines = shared.deadlines;
     let sync_by = tokio::time::Instant::now() + deadlines.sync;
@@ -941,7 +963,11 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
     };
     // A Manager that accepts the call and never answers is caught here and below: TCP and
     // HTTP/2 keepalives only prove the peer's kernel and transport are alive.
-    let opened = tokio::time::timeout_at(deadlines.next(false, sync_by), rpc.watch(req)).await;
+    let opened = tokio::time::timeout_at(
+        deadlines.next(false, sync_by),
+        rpc.watch(tonic::Request::new(req)),
+    )
+    .await;
     let mut stream = match opened {
         Ok(Ok(r)) => r.into_inner(),
         Ok(Err(s)) => {
@@ -960,21 +986,21 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
     let mut pending: Option<SnapshotData> = None;
     loop {
         let next = deadlines.next(reached_ready, sync_by);
-        let Ok(received) = tokio::time::timeout_at(next, stream.message()).await else {
+        let Ok(received) = tokio::time::timeout_at(next, stream.next()).await else {
             return StreamEnd {
                 reached_ready,
                 error: deadlines.silence(reached_ready, sync_by),
             };
         };
         let msg = match received {
-            Ok(Some(m)) => m,
-            Ok(None) => {
+            Some(Ok(m)) => m,
+            None => {
                 return StreamEnd {
                     reached_ready,
                     error: "stream closed by manager".into(),
                 };
             }
-            Err(s) => {
+            Some(Err(s)) => {
                 return StreamEnd {
                     reached_ready,
                     error: format!("{:?}: {}", s.code(), s.message()),

@@ -26,6 +26,9 @@
 //!   (200 ms doubling to 30 s by default, reset after a successful sync).
 //! - Changes go to a `tokio::sync::broadcast` ([`ManagerClient::subscribe`]);
 //!   a receiver that lags should re-read the whole mirror.
+//! - Below the client sits one [`ManagerPort`]: [`GrpcPort`] for Manager's gRPC API
+//!   ([`ManagerClient::connect`]), [`InProcess`] for a Manager service called in this process
+//!   ([`ManagerClient::over`]), or an adapter of another transport.
 //! - Commands wrap the unary RPCs with a per-call deadline and return typed
 //!   [`ClientError`]s; a worker refusing a start is [`ClientError::Rejected`].
 //! - [`ManagerClient::close`] is idempotent; commands after it fail with
@@ -89,6 +92,7 @@
 
 mod client;
 pub mod mirror;
+pub mod port;
 
 pub use client::{
     AuthInterceptor, ClientConfig, ClientError, ConnectionState, ManagerClient, TlsOptions,
@@ -96,3 +100,4 @@ pub use client::{
 };
 pub use manager_proto as proto;
 pub use mirror::{Mirror, MirrorChange, MirrorState, SnapshotData};
+pub use port::{GrpcPort, InProcess, ManagerPort, WatchStream};

@@ -103,7 +103,7 @@ async fn snapshot_then_deltas_keep_the_mirror_equal_to_the_sim() {
 #[tokio::test]
 async fn a_disconnect_mid_stream_resumes_without_missing_or_duplicating_events() {
     let sim = Sim::start(config()).await.unwrap();
-    let proxy = Proxy::start(sim.addr()).await;
+    let proxy = Proxy::start(sim.addr().expect("served")).await;
     let client = connect(proxy.endpoint()).await;
     client
         .register_bundle(bundle("ch", 3, 10.0, 1))
@@ -166,7 +166,7 @@ async fn a_revision_older_than_the_log_resyncs_and_emits_the_differences() {
     let mut cfg = config();
     cfg.limits.event_log_capacity = 4;
     let sim = Sim::start(cfg).await.unwrap();
-    let proxy = Proxy::start(sim.addr()).await;
+    let proxy = Proxy::start(sim.addr().expect("served")).await;
     let client = connect(proxy.endpoint()).await;
     client
         .register_bundle(bundle("gone", 1, 1.0, 0))
@@ -233,7 +233,7 @@ async fn the_world_survives_a_sim_restart_with_a_state_dir() {
     let mut cfg = config();
     cfg.state_dir = Some(dir.path().to_owned());
     let sim = Sim::start(cfg.clone()).await.unwrap();
-    let addr = sim.addr();
+    let addr = sim.addr().expect("served");
     let client = connect(sim.endpoint()).await;
     client
         .register_bundle(bundle("ch", 1, 10.0, 1))

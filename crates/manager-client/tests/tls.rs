@@ -36,7 +36,7 @@ async fn a_client_trusting_the_ca_syncs_over_tls_and_a_plaintext_client_does_not
     client.wait_ready(WAIT).await.unwrap();
     assert_eq!(client.mirror().nodes().len(), 3);
 
-    let plain = ManagerClient::connect(fast(format!("http://{}", sim.addr())))
+    let plain = ManagerClient::connect(fast(format!("http://{}", sim.addr().expect("served"))))
         .await
         .unwrap();
     let err = plain.list_pools().await.unwrap_err();

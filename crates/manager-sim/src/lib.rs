@@ -81,5 +81,7 @@ pub mod world;
 
 pub use behaviour::{AbortAt, BehaviourError, JobBehaviour, JobSocketConfig};
 pub use config::{SimConfig, SimSetup};
-pub use server::{DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, now_ms};
+pub use server::{
+    DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, SimService, now_ms,
+};
 pub use socket_agent::{SocketAgent, SocketAgentError};

@@ -687,13 +687,21 @@ async fn run_watch(
     }
 }
 
+/// The sim's Manager service: what its gRPC server serves, and what a test calls in process
+/// ([`SimHandle::service`], with `manager_client::InProcess`). Calls are counted either way.
 #[derive(Clone)]
-struct ManagerSvc(Arc<Inner>);
+pub struct SimService(Arc<Inner>);
+
+impl std::fmt::Debug for SimService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimService").finish_non_exhaustive()
+    }
+}
 
 type WatchStream = Pin<Box<dyn futures::Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl Manager for ManagerSvc {
+impl Manager for SimService {
     async fn create_node(
         &self,
         req: Request<CreateNodeRequest>,
@@ -1060,7 +1068,8 @@ pub struct Sim;
 /// A running sim. Dropping it shuts the server down (and writes the state
 /// dir); [`SimHandle::shutdown`] does the same and waits for it.
 pub struct SimHandle {
-    addr: SocketAddr,
+    /// `None` when started in process ([`Sim::start_in_process`]).
+    addr: Option<SocketAddr>,
     tls: bool,
     inner: Arc<Inner>,
     task: Option<tokio::task::JoinHandle<()>>,
@@ -1107,6 +1116,112 @@ impl Sim {
         config: SimConfig,
         agent: Arc<dyn JobAgent>,
     ) -> Result<SimHandle, SimError> {
+        let inner = Sim::build(&config, agent)?;
+        let tls = match &config.tls {
+            Some(files) => {
+                let read = |p: &PathBuf| {
+                    std::fs::read(p).map_err(|source| SimError::Io {
+                        what: format!("reading {}", p.display()),
+                        source,
+                    })
+                };
+                Some(ServerTlsConfig::new().identity(Identity::from_pem(
+                    read(&files.cert_file)?,
+                    read(&files.key_file)?,
+                )))
+            }
+            None => None,
+        };
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| SimError::Io {
+                what: format!("binding {}", config.listen),
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| SimError::Io {
+            what: "reading the bound address".to_owned(),
+            source,
+        })?;
+        let token: Option<Arc<str>> = config.token.as_deref().map(Arc::from);
+        let t1 = token.clone();
+        let manager = InterceptedService::new(
+            ManagerServer::new(SimService(inner.clone()))
+                .max_decoding_message_size(config.limits.max_request_bytes)
+                .max_encoding_message_size(64 * 1024 * 1024),
+            move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
+        );
+        let t2 = token;
+        let admin = InterceptedService::new(
+            SimAdminServer::new(AdminSvc(inner.clone()))
+                .max_decoding_message_size(config.limits.max_request_bytes),
+            move |r: Request<()>| authorize(t2.as_ref(), &r).map(|()| r),
+        );
+        let mut builder = Server::builder();
+        let is_tls = tls.is_some();
+        if let Some(tls) = tls {
+            builder = builder
+                .tls_config(tls)
+                .map_err(|e| SimError::Tls(e.to_string()))?;
+        }
+        let router = builder
+            .http2_keepalive_interval(Some(Duration::from_secs(20)))
+            .add_service(manager)
+            .add_service(admin);
+        let mut stop = inner.shutdown.subscribe();
+        let serve_inner = inner.clone();
+        let task = tokio::spawn(async move {
+            let timers = tokio::spawn(run_timers(serve_inner.clone()));
+            let persister = tokio::spawn(run_persist(serve_inner.clone()));
+            let result = router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = result {
+                tracing::error!(error = %e, "manager-sim server failed");
+            }
+            timers.abort();
+            persister.abort();
+            if let Err(e) = serve_inner.persist_final() {
+                tracing::error!(error = %e, "final state write failed");
+            }
+        });
+        tracing::info!(%addr, "manager-sim serving");
+        Ok(SimHandle {
+            addr: Some(addr),
+            tls: is_tls,
+            inner,
+            task: Some(task),
+        })
+    }
+
+    /// As [`Sim::start`], served in this process only: no listener, no socket. Reach it with
+    /// [`SimHandle::service`]; the admin calls are the handle's methods.
+    pub async fn start_in_process(config: SimConfig) -> Result<SimHandle, SimError> {
+        let inner = Sim::build(&config, Arc::new(DefaultAgent))?;
+        let mut stop = inner.shutdown.subscribe();
+        let run = inner.clone();
+        let task = tokio::spawn(async move {
+            let timers = tokio::spawn(run_timers(run.clone()));
+            let persister = tokio::spawn(run_persist(run.clone()));
+            let _ = stop.wait_for(|s| *s).await;
+            timers.abort();
+            persister.abort();
+            if let Err(e) = run.persist_final() {
+                tracing::error!(error = %e, "final state write failed");
+            }
+        });
+        Ok(SimHandle {
+            addr: None,
+            tls: false,
+            inner,
+            task: Some(task),
+        })
+    }
+
+    /// The world (loaded from `state_dir` if any) and everything the service shares, with the
+    /// agent told the starting world.
+    fn build(config: &SimConfig, agent: Arc<dyn JobAgent>) -> Result<Arc<Inner>, SimError> {
         config.validate()?;
         let now = now_ms();
         let state_file = match &config.state_dir {
@@ -1143,31 +1258,6 @@ impl Sim {
             }
             None => World::new(&config.pools, config.timing, log_cap, new_epoch(), now),
         };
-        let tls = match &config.tls {
-            Some(files) => {
-                let read = |p: &PathBuf| {
-                    std::fs::read(p).map_err(|source| SimError::Io {
-                        what: format!("reading {}", p.display()),
-                        source,
-                    })
-                };
-                Some(ServerTlsConfig::new().identity(Identity::from_pem(
-                    read(&files.cert_file)?,
-                    read(&files.key_file)?,
-                )))
-            }
-            None => None,
-        };
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| SimError::Io {
-                what: format!("binding {}", config.listen),
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| SimError::Io {
-            what: "reading the bound address".to_owned(),
-            source,
-        })?;
         let (shutdown, _) = watch::channel(false);
         let inner = Arc::new(Inner {
             shared: Mutex::new(Shared {
@@ -1216,57 +1306,7 @@ impl Sim {
         }
         inner.agent.attach(JobEvents(Arc::downgrade(&inner)));
 
-        let token: Option<Arc<str>> = config.token.as_deref().map(Arc::from);
-        let t1 = token.clone();
-        let manager = InterceptedService::new(
-            ManagerServer::new(ManagerSvc(inner.clone()))
-                .max_decoding_message_size(config.limits.max_request_bytes)
-                .max_encoding_message_size(64 * 1024 * 1024),
-            move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
-        );
-        let t2 = token;
-        let admin = InterceptedService::new(
-            SimAdminServer::new(AdminSvc(inner.clone()))
-                .max_decoding_message_size(config.limits.max_request_bytes),
-            move |r: Request<()>| authorize(t2.as_ref(), &r).map(|()| r),
-        );
-        let mut builder = Server::builder();
-        let is_tls = tls.is_some();
-        if let Some(tls) = tls {
-            builder = builder
-                .tls_config(tls)
-                .map_err(|e| SimError::Tls(e.to_string()))?;
-        }
-        let router = builder
-            .http2_keepalive_interval(Some(Duration::from_secs(20)))
-            .add_service(manager)
-            .add_service(admin);
-        let mut stop = inner.shutdown.subscribe();
-        let serve_inner = inner.clone();
-        let task = tokio::spawn(async move {
-            let timers = tokio::spawn(run_timers(serve_inner.clone()));
-            let persister = tokio::spawn(run_persist(serve_inner.clone()));
-            let result = router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await;
-            if let Err(e) = result {
-                tracing::error!(error = %e, "manager-sim server failed");
-            }
-            timers.abort();
-            persister.abort();
-            if let Err(e) = serve_inner.persist_final() {
-                tracing::error!(error = %e, "final state write failed");
-            }
-        });
-        tracing::info!(%addr, "manager-sim serving");
-        Ok(SimHandle {
-            addr,
-            tls: is_tls,
-            inner,
-            task: Some(task),
-        })
+        Ok(inner)
     }
 }
 
@@ -1309,15 +1349,25 @@ async fn run_persist(inner: Arc<Inner>) {
 }
 
 impl SimHandle {
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
+    /// The bound address (`None` for a sim started in process).
+    pub fn addr(&self) -> Option<SocketAddr> {
         self.addr
     }
 
-    /// `http://ADDR` (or `https://` with TLS): what a client connects to.
+    /// `http://ADDR` (or `https://` with TLS): what a client connects to. A sim started in
+    /// process has no address: `in-process:manager-sim`, which no client dials; use
+    /// [`SimHandle::service`].
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        match self.addr {
+            Some(addr) => format!("{scheme}://{addr}"),
+            None => "in-process:manager-sim".to_owned(),
+        }
+    }
+
+    /// The Manager service itself, to call in this process (`manager_client::InProcess`).
+    pub fn service(&self) -> SimService {
+        SimService(self.inner.clone())
     }
 
     /// Runs `f` on the world as a command would, publishing its events to

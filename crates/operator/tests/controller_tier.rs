@@ -22,7 +22,7 @@ use automanager_operator::metrics::Metrics;
 use automanager_operator::settings::Settings;
 use http::Method;
 use kube::ResourceExt;
-use manager_client::{ClientConfig, ManagerClient};
+use manager_client::{ClientConfig, InProcess, ManagerClient};
 use manager_sim::config::SimConfig;
 use manager_sim::server::{Sim, SimHandle};
 use tier::apiserver::MemoryApiserver;
@@ -46,15 +46,17 @@ impl Tier {
     async fn start(config: impl FnOnce(&mut OperatorConfig)) -> Tier {
         let sim_yaml =
             std::fs::read_to_string(repo().join("deploy/demo/manager-sim.yaml")).unwrap();
-        let sim = Sim::start(SimConfig::from_yaml(&sim_yaml).unwrap())
+        let sim = Sim::start_in_process(SimConfig::from_yaml(&sim_yaml).unwrap())
             .await
             .expect("manager-sim");
         let mut cfg = OperatorConfig::default();
-        cfg.manager.url = sim.endpoint();
         config(&mut cfg);
-        let manager = ManagerClient::connect(ClientConfig::new(sim.endpoint()))
-            .await
-            .expect("Manager client");
+        // Manager through its port, in this process: no socket anywhere in this tier.
+        let manager = ManagerClient::over(
+            InProcess::shared(sim.service()),
+            &ClientConfig::new(sim.endpoint()),
+        )
+        .expect("Manager client");
         manager.wait_ready(BOUND).await.expect("mirror synced");
         let api = MemoryApiserver::default();
         let clock = FakeClock::at(

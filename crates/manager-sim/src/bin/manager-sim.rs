@@ -303,7 +303,9 @@ async fn run(cli: Cli) -> Result<(), String> {
                 Sim::start_with_job_socket(cfg, job_socket).await
             }
             .map_err(|e| e.to_string())?;
-            println!("manager-sim listening on {}", sim.addr());
+            if let Some(addr) = sim.addr() {
+                println!("manager-sim listening on {addr}");
+            }
             let sigterm = async {
                 #[cfg(unix)]
                 {
