@@ -386,6 +386,7 @@ fn status(e: CommandError) -> Status {
         CommandError::NotFound(m) => Status::not_found(m),
         CommandError::FailedPrecondition(m) => Status::failed_precondition(m),
         CommandError::AlreadyExists(m) => Status::already_exists(m),
+        CommandError::Unavailable(m) => Status::unavailable(m),
     }
 }
 

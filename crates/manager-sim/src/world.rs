@@ -51,6 +51,9 @@ pub enum CommandError {
     /// The id is taken (`ALREADY_EXISTS`).
     #[error("already exists: {0}")]
     AlreadyExists(String),
+    /// Manager cannot serve the request now (`UNAVAILABLE`); only injected by chaos.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// The outcome of a start that reached the worker.
@@ -321,6 +324,8 @@ pub struct World {
     asks: Vec<JobAsk>,
     next_node_seq: u64,
     reject_next: u32,
+    /// Chaos: CreateNode calls still to answer `UNAVAILABLE`.
+    unavailable_creates: u32,
     partitioned: BTreeSet<String>,
     history: BTreeMap<String, JobRecord>,
     /// CreateNode idempotency keys: `request_id` → the node it created (every node that has
@@ -437,6 +442,7 @@ impl World {
             asks: Vec::new(),
             next_node_seq: 1,
             reject_next: 0,
+            unavailable_creates: 0,
             partitioned: BTreeSet::new(),
             history: BTreeMap::new(),
             node_by_request: BTreeMap::new(),
@@ -1147,6 +1153,12 @@ impl World {
         req: &CreateNodeRequest,
         now_ms: i64,
     ) -> Result<Node, CommandError> {
+        if self.unavailable_creates > 0 {
+            self.unavailable_creates -= 1;
+            return Err(CommandError::Unavailable(
+                "the provider's API did not answer (injected)".into(),
+            ));
+        }
         validate::id("pool", &req.pool)?;
         validate::tags("tags", &req.tags)?;
         validate::reason("region", &req.region)?;
@@ -2266,6 +2278,12 @@ impl World {
     /// Chaos: refuse the next `count` starts.
     pub fn reject_next(&mut self, count: u32) {
         self.reject_next = count;
+    }
+
+    /// Chaos: answer the next `count` CreateNode calls `UNAVAILABLE` (a cloud API that is down),
+    /// before looking at them.
+    pub fn unavailable_creates(&mut self, count: u32) {
+        self.unavailable_creates = count;
     }
 
     /// Chaos: set every elastic pool's provisioning delay.

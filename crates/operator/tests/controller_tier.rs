@@ -469,3 +469,280 @@ async fn a_pool_being_deleted_keeps_what_runs_there_and_takes_no_new_bundle() {
     assert_eq!(t.manager_jobs("news").len(), 1);
     assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
 }
+
+impl Tier {
+    /// CreateNode calls Manager served so far.
+    fn creates(&self) -> u64 {
+        self._sim
+            .call_counts()
+            .calls
+            .get("CreateNode")
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The stored pool `name` with `spec` merged in, as a user's edit (a new generation).
+    async fn edit_pool(&self, name: &str, spec: serde_json::Value) {
+        kube::Api::<PlacementPool>::all(self.api.client())
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({ "spec": spec })),
+            )
+            .await
+            .expect("the edit");
+    }
+
+    /// A one-replica bundle of one silver job of `capacity` on `pools`.
+    fn bundle_of(&self, name: &str, capacity: u32, pools: &[&str]) -> Bundle {
+        let mut b = Bundle::new(
+            name,
+            serde_json::from_value(serde_json::json!({
+                "replicas": 1,
+                "pools": pools,
+                "jobs": [{"jobName": "enc", "requirements": {"requiredCapacity": capacity, "requiredCores": 1, "priorityBand": "silver"}}],
+            }))
+            .unwrap(),
+        );
+        b.metadata.namespace = Some("live".into());
+        self.api.insert(&b)
+    }
+
+    fn events_for(&self, name: &str, reason: &str) -> Vec<String> {
+        self.api
+            .events()
+            .into_iter()
+            .filter(|(n, r, _)| n == name && r == reason)
+            .map(|(_, _, note)| note)
+            .collect()
+    }
+}
+
+fn bundle_condition(b: &Bundle, type_: &str) -> (String, String, String) {
+    let c = find_condition(&b.status.as_ref().unwrap().conditions, type_)
+        .unwrap_or_else(|| panic!("no {type_} condition on {b:?}"));
+    (
+        format!("{:?}", c.status),
+        c.reason.clone(),
+        c.message.clone(),
+    )
+}
+
+/// aws-east with one candidate type Manager does not offer.
+async fn aws_east_offering_a_type_manager_lacks(t: &Tier) {
+    t.pool("aws-east");
+    t.edit_pool(
+        "aws-east",
+        serde_json::json!({"candidateInstanceTypes": [
+            {"instanceType": "m5.nonexistent", "totalCapacity": 100, "totalCores": 16}
+        ]}),
+    )
+    .await;
+    t.pool_pass("aws-east").await.expect("the pool pass");
+    t.api.clear_calls();
+}
+
+#[tokio::test]
+async fn a_node_manager_refuses_is_asked_for_once_and_the_bundle_and_the_pool_say_so_in_managers_words()
+ {
+    let t = Tier::start(|_| {}).await;
+    aws_east_offering_a_type_manager_lacks(&t).await;
+    t.bundle_of("news", 10, &["aws-east"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+
+    t.bundle_pass("news")
+        .await
+        .expect("a refusal is the bundle's state, not the pass's error");
+
+    assert_eq!(t.creates(), 1);
+    let b = t.stored_bundle("news");
+    assert_eq!(b.status.as_ref().unwrap().phase, api::BundlePhase::Pending);
+    let (status, reason, message) = bundle_condition(&b, "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ProvisioningRefused")
+    );
+    assert!(
+        message.contains("has no instance type \"m5.nonexistent\""),
+        "Manager's own words: {message}"
+    );
+    assert_eq!(
+        b.status.as_ref().unwrap().replicas[0].jobs[0].state,
+        api::JobState::Unplaceable
+    );
+
+    // Passes long after: the refusal stands, nothing is asked, the Event is not repeated.
+    for _ in 0..3 {
+        t.clock.advance(Duration::from_secs(600));
+        t.bundle_pass("news").await.expect("a later pass");
+    }
+    assert_eq!(t.creates(), 1, "a refusal is not asked again");
+    assert!(t.ctx.events.flush(BOUND).await);
+    let events = t.events_for("news", "ProvisioningRefused");
+    assert_eq!(events.len(), 1, "{:?}", t.api.events());
+    assert!(events[0].contains("m5.nonexistent"), "{events:?}");
+
+    // The pool says so too.
+    t.pool_pass("aws-east").await.expect("the pool pass");
+    let pool = t.stored_pool("aws-east").unwrap();
+    let (status, reason, message) = condition(&pool, "ProvisioningRefused");
+    assert_eq!(status, "True");
+    assert_eq!(reason, "ProvisioningRefused");
+    assert!(message.contains("has no instance type"), "{message}");
+    assert_eq!(condition(&pool, "Stalled").1, "ProvisioningRefused");
+    assert!(t.ctx.events.flush(BOUND).await);
+    assert_eq!(t.events_for("aws-east", "ProvisioningRefused").len(), 1);
+
+    // The spec changes: the refusal no longer stands and the node is asked for again.
+    t.edit_pool(
+        "aws-east",
+        serde_json::json!({"candidateInstanceTypes": [
+            {"instanceType": "m5.xlarge", "totalCapacity": 100, "totalCores": 16}
+        ]}),
+    )
+    .await;
+    t.pool_pass("aws-east").await.expect("the pool pass");
+    let pool = t.stored_pool("aws-east").unwrap();
+    assert_eq!(condition(&pool, "ProvisioningRefused").0, "False");
+    assert_eq!(condition(&pool, "Ready").0, "True");
+    t.bundle_pass("news")
+        .await
+        .expect("the pass after the edit");
+    assert_eq!(t.creates(), 2);
+    let (_, reason, _) = bundle_condition(&t.stored_bundle("news"), "Reconciling");
+    assert_eq!(reason, "Provisioning");
+}
+
+#[tokio::test]
+async fn a_node_ask_that_fails_is_repeated_only_after_a_back_off_that_grows_and_says_why() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t._sim.with_world(|w, _| w.unavailable_creates(3));
+    t.bundle_of("news", 10, &["aws-east"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+
+    t.bundle_pass("news")
+        .await
+        .expect("a failed ask is the bundle's state, not the pass's error");
+    assert_eq!(t.creates(), 1);
+    let (status, reason, message) = bundle_condition(&t.stored_bundle("news"), "Reconciling");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "ProvisioningRetrying")
+    );
+    assert!(
+        message.contains("did not answer") && message.contains("asked again in"),
+        "{message}"
+    );
+
+    // The first wait is 2-4 s (jitter), the second 4-8 s, the third 8-16 s.
+    t.bundle_pass("news").await.expect("a pass at once");
+    assert_eq!(t.creates(), 1, "not before the back-off ends");
+    t.clock.advance(Duration::from_secs(4));
+    t.bundle_pass("news").await.expect("after the first wait");
+    assert_eq!(t.creates(), 2);
+    t.clock.advance(Duration::from_secs(3));
+    t.bundle_pass("news").await.expect("within the second wait");
+    assert_eq!(t.creates(), 2, "the second wait is longer than the first");
+    t.clock.advance(Duration::from_secs(5));
+    t.bundle_pass("news").await.expect("after the second wait");
+    assert_eq!(t.creates(), 3);
+    t.clock.advance(Duration::from_secs(16));
+    t.bundle_pass("news").await.expect("after the third wait");
+    assert_eq!(t.creates(), 4, "Manager answers the fourth");
+    let (_, reason, _) = bundle_condition(&t.stored_bundle("news"), "Reconciling");
+    assert_eq!(reason, "Provisioning");
+}
+
+#[tokio::test]
+async fn a_pool_whose_max_nodes_is_lowered_below_its_nodes_says_so_and_a_bundle_it_holds_back_names_max_nodes()
+ {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    // Two bundles that cannot share an m5.xlarge (100): a node each.
+    for name in ["a", "b"] {
+        t.bundle_of(name, 60, &["aws-east"]);
+        t.bundle_pass(name).await.expect("the finalizer pass");
+        t.bundle_pass(name).await.expect("the provisioning pass");
+        t.bundle_pass(name).await.expect("the pass onto its node");
+    }
+    assert_eq!(t.creates(), 2);
+
+    t.edit_pool("aws-east", serde_json::json!({"maxNodes": 1}))
+        .await;
+    t.pool_pass("aws-east").await.expect("the pool pass");
+
+    let pool = t.stored_pool("aws-east").unwrap();
+    let (status, reason, message) = condition(&pool, "AtMaxNodes");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "AboveMaxNodes")
+    );
+    assert!(
+        message.contains("2 nodes") && message.contains("maxNodes (1)"),
+        "{message}"
+    );
+    assert_eq!(condition(&pool, "Stalled").1, "AboveMaxNodes");
+    assert!(t.ctx.events.flush(BOUND).await);
+    assert_eq!(t.events_for("aws-east", "AboveMaxNodes").len(), 1);
+
+    t.bundle_of("c", 60, &["aws-east"]);
+    t.bundle_pass("c").await.expect("the finalizer pass");
+    t.bundle_pass("c").await.expect("the pass");
+
+    assert_eq!(t.creates(), 2, "no node beyond maxNodes");
+    let (status, reason, message) = bundle_condition(&t.stored_bundle("c"), "Stalled");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "MaxNodesReached")
+    );
+    assert!(message.contains("maxNodes (1)"), "{message}");
+    assert!(!message.contains("insufficientCapacity"), "{message}");
+    assert!(t.ctx.events.flush(BOUND).await);
+    let failed = t.events_for("c", "PlacementFailed");
+    assert!(
+        failed.len() == 1 && failed[0].contains("maxNodes"),
+        "{failed:?}"
+    );
+
+    // A second pool pass says nothing new.
+    t.pool_pass("aws-east").await.expect("the pool pass");
+    assert!(t.ctx.events.flush(BOUND).await);
+    assert_eq!(t.events_for("aws-east", "AboveMaxNodes").len(), 1);
+}
+
+#[tokio::test]
+async fn a_pass_that_fails_says_why_in_the_bundles_conditions_and_waits_longer_each_time() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 1, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.api
+        .refuse_next(Method::PATCH, "/bundles/news/status", 500);
+
+    let err = t
+        .bundle_pass("news")
+        .await
+        .expect_err("the status write failed");
+
+    let b = t.stored_bundle("news");
+    let (status, reason, message) = bundle_condition(&b, "Reconciling");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", "RetryingAfterError")
+    );
+    assert!(message.contains("refused by the test"), "{message}");
+
+    let waits: Vec<Duration> = (0..4)
+        .map(|_| controllers::retry_delay(&t.ctx, &b, &err))
+        .collect();
+    assert!(waits.windows(2).all(|w| w[1] > w[0]), "{waits:?}");
+    controllers::pass_succeeded(&t.ctx, &b);
+    assert!(
+        controllers::retry_delay(&t.ctx, &b, &err) < waits[1],
+        "a success starts the back-off afresh"
+    );
+
+    t.bundle_pass("news").await.expect("the next pass");
+    assert_eq!(
+        t.stored_bundle("news").status.unwrap().phase,
+        api::BundlePhase::Ready
+    );
+}

@@ -272,10 +272,86 @@ pub fn plan_replica(input: &ReplicaInput<'_>) -> ReplicaPlan {
 /// How a replica's placement in this pass went, for the status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PlacementResult {
-    /// No pool can take the replica now (the message says why, per job).
-    pub unplaceable: Option<String>,
+    /// The replica cannot be placed now, and why.
+    pub unplaceable: Option<Blocked>,
     /// Waiting for a node being provisioned.
     pub provisioning: bool,
+    /// The node it waits for could not be had yet and is asked for again later: why, and when.
+    pub provisioning_retry: Option<String>,
+}
+
+/// A replica no pool can take now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub cause: BlockedCause,
+    /// Per job (and pool), why; bounded by the caller.
+    pub message: String,
+}
+
+/// What holds a replica back, most actionable first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BlockedCause {
+    /// Manager refused the node it needs, for good: the pool's spec or Manager must change.
+    ProvisioningRefused,
+    /// An elastic pool would make a node for it but is at its `maxNodes`.
+    MaxNodes,
+    /// No node fits and none can be made.
+    NoCapacity,
+}
+
+impl BlockedCause {
+    /// The conditions' reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            BlockedCause::ProvisioningRefused => "ProvisioningRefused",
+            BlockedCause::MaxNodes => "MaxNodesReached",
+            BlockedCause::NoCapacity => "NoCapacity",
+        }
+    }
+}
+
+/// Why replica `r` cannot be placed, from the engine's unplaceable decision: its jobs' reasons
+/// and the pools it tried. A pool left because it is at its `maxNodes` is named first, with the
+/// bound (`max_nodes` answers it per pool): raising it, or freeing nodes there, is what places
+/// the replica, whatever the rejections of the nodes it has.
+pub fn unplaceable(
+    r: u32,
+    jobs: &[automanager_placement::JobUnplaceable],
+    pools: &[automanager_placement::PoolAttempt],
+    max_nodes: impl Fn(&str) -> Option<u32>,
+) -> Blocked {
+    use automanager_placement::PoolLeftReason;
+    let at_max: Vec<String> = pools
+        .iter()
+        .filter(|p| p.reason == Some(PoolLeftReason::MaxNodesReached))
+        .map(|p| {
+            let bound = max_nodes(&p.pool).map_or(String::new(), |m| format!(" ({m})"));
+            match &p.failed_job {
+                Some(job) => format!(
+                    "pool {} is at its maxNodes{bound} and none of its nodes can take job {job}",
+                    p.pool
+                ),
+                None => format!("pool {} is at its maxNodes{bound}", p.pool),
+            }
+        })
+        .collect();
+    if !at_max.is_empty() {
+        return Blocked {
+            cause: BlockedCause::MaxNodes,
+            message: format!(
+                "replica {r} cannot be placed: {}; no new node is made there until nodes go or maxNodes is raised",
+                at_max.join("; ")
+            ),
+        };
+    }
+    let reasons: Vec<String> = jobs
+        .iter()
+        .map(|j| format!("{}: {}", j.job_name, j.reason))
+        .collect();
+    Blocked {
+        cause: BlockedCause::NoCapacity,
+        message: format!("replica {r} cannot be placed: {}", reasons.join("; ")),
+    }
 }
 
 /// The state status shows for a job.
@@ -317,14 +393,24 @@ pub struct Verdict {
     pub message: String,
 }
 
-/// The verdict over every replica's job states. `unplaceable` holds each unplaceable replica's
-/// message; `provisioning` whether any replica waits for a node; `broken` the Broken reason.
+/// The verdict over every replica's job states and how each replica's placement went in this
+/// pass (`results`); `broken` the Broken reason.
 pub fn verdict(
     replicas: &[Vec<JobState>],
-    unplaceable: &[String],
-    provisioning: bool,
+    results: &[&PlacementResult],
     broken: Option<&str>,
 ) -> Verdict {
+    let blocked: Vec<&Blocked> = results
+        .iter()
+        .filter_map(|r| r.unplaceable.as_ref())
+        .collect();
+    let unplaceable: Vec<String> = blocked.iter().map(|b| b.message.clone()).collect();
+    let blocked_by = blocked.iter().map(|b| b.cause).min();
+    let provisioning = results.iter().any(|r| r.provisioning);
+    let retrying: Vec<String> = results
+        .iter()
+        .filter_map(|r| r.provisioning_retry.clone())
+        .collect();
     let total = u32::try_from(replicas.len()).unwrap_or(u32::MAX);
     let placed = replicas
         .iter()
@@ -368,17 +454,23 @@ pub fn verdict(
             broken.unwrap_or_default().to_owned(),
         ),
         // Some job fits nowhere: no Ready until capacity or the spec changes, even if other
-        // jobs are still being placed.
+        // jobs are still being placed. The reason names what holds it back: a refusal from
+        // Manager, a pool's maxNodes, or capacity.
         _ if !unplaceable.is_empty() => (
             Standing::Stalled,
-            "NoCapacity",
-            join_bounded(unplaceable, "; ", MAX_CONDITION_MESSAGE),
+            blocked_by.unwrap_or(BlockedCause::NoCapacity).reason(),
+            join_bounded(&unplaceable, "; ", MAX_CONDITION_MESSAGE),
         ),
         // Dropped jobs stay down until a retry or a spec change.
         BundlePhase::Degraded => (
             Standing::Stalled,
             "JobsDropped",
             "some jobs were dropped after failing (bronze band); retry with the automanager.norsk.io/retry annotation".to_owned(),
+        ),
+        _ if !retrying.is_empty() => (
+            Standing::Reconciling,
+            "ProvisioningRetrying",
+            join_bounded(&retrying, "; ", MAX_CONDITION_MESSAGE),
         ),
         _ => (
             Standing::Reconciling,
@@ -623,13 +715,10 @@ mod tests {
 
     #[test]
     fn job_states_show_unplaceable_and_provisioning_for_jobs_waiting_to_be_placed() {
-        let unplaceable = PlacementResult {
-            unplaceable: Some("no room".into()),
-            provisioning: false,
-        };
+        let unplaceable = blocked(BlockedCause::NoCapacity, "no room");
         let provisioning = PlacementResult {
-            unplaceable: None,
             provisioning: true,
+            ..Default::default()
         };
         let none = PlacementResult::default();
         assert_eq!(
@@ -650,45 +739,59 @@ mod tests {
         );
     }
 
+    fn blocked(cause: BlockedCause, message: &str) -> PlacementResult {
+        PlacementResult {
+            unplaceable: Some(Blocked {
+                cause,
+                message: message.into(),
+            }),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn the_verdict_table() {
         use JobState as S;
         let run = vec![S::Running];
-        let v = verdict(&[run.clone(), run.clone()], &[], false, None);
+        let none = PlacementResult::default();
+        let v = verdict(&[run.clone(), run.clone()], &[], None);
         assert_eq!(
             (v.phase, v.standing, v.placed_replicas),
             (BundlePhase::Ready, Standing::Ready, 2)
         );
-        let v = verdict(&[run.clone(), vec![S::Starting]], &[], false, None);
+        let v = verdict(&[run.clone(), vec![S::Starting]], &[&none], None);
         assert_eq!(
             (v.phase, v.standing),
             (BundlePhase::Placing, Standing::Reconciling)
         );
-        let v = verdict(&[run.clone(), vec![S::Provisioning]], &[], true, None);
+        let provisioning = PlacementResult {
+            provisioning: true,
+            ..Default::default()
+        };
+        let v = verdict(
+            &[run.clone(), vec![S::Provisioning]],
+            &[&provisioning],
+            None,
+        );
         assert_eq!(v.reason, "Provisioning");
-        let v = verdict(&[run.clone(), vec![S::Dropped]], &[], false, None);
+        let v = verdict(&[run.clone(), vec![S::Dropped]], &[], None);
         assert_eq!(
             (v.phase, v.standing, v.reason),
             (BundlePhase::Degraded, Standing::Stalled, "JobsDropped")
         );
-        let v = verdict(
-            &[vec![S::Unplaceable]],
-            &["replica 0 cannot be placed".into()],
-            false,
-            None,
-        );
+        let no_room = blocked(BlockedCause::NoCapacity, "replica 0 cannot be placed");
+        let v = verdict(&[vec![S::Unplaceable]], &[&no_room], None);
         assert_eq!(
             (v.phase, v.standing, v.reason),
             (BundlePhase::Pending, Standing::Stalled, "NoCapacity")
         );
         let v = verdict(
             &[run.clone(), vec![S::Unplaceable]],
-            &["r1".into()],
-            false,
+            &[&none, &no_room],
             None,
         );
         assert_eq!((v.phase, v.reason), (BundlePhase::Degraded, "NoCapacity"));
-        let v = verdict(&[run], &[], false, Some("replica 0 failed again"));
+        let v = verdict(&[run], &[], Some("replica 0 failed again"));
         assert_eq!(
             (v.phase, v.standing, v.reason),
             (
@@ -700,11 +803,105 @@ mod tests {
     }
 
     #[test]
+    fn a_replica_held_back_by_a_pools_max_nodes_says_max_nodes_not_capacity() {
+        use automanager_placement::{
+            JobUnplaceable, PoolAttempt, PoolLeftReason, PoolOutcome, RejectReason,
+            UnplaceableReason,
+        };
+        let jobs = [JobUnplaceable {
+            job_name: "enc".into(),
+            reason: UnplaceableReason::NoNodeFits {
+                reason: Some(RejectReason::InsufficientCapacity),
+            },
+        }];
+        let left = |pool: &str, reason| PoolAttempt {
+            pool: pool.into(),
+            outcome: PoolOutcome::Left,
+            reason: Some(reason),
+            failed_job: Some("enc".into()),
+            rejections: Vec::new(),
+        };
+        let bound = |p: &str| (p == "aws").then_some(2);
+        let b = unplaceable(
+            1,
+            &jobs,
+            &[
+                left("onprem", PoolLeftReason::NoNodeFits),
+                left("aws", PoolLeftReason::MaxNodesReached),
+            ],
+            bound,
+        );
+        assert_eq!(b.cause, BlockedCause::MaxNodes);
+        assert_eq!(
+            b.message,
+            "replica 1 cannot be placed: pool aws is at its maxNodes (2) and none of its nodes can take job enc; no new node is made there until nodes go or maxNodes is raised"
+        );
+        let b = unplaceable(
+            1,
+            &jobs,
+            &[left("onprem", PoolLeftReason::NoNodeFits)],
+            bound,
+        );
+        assert_eq!(b.cause, BlockedCause::NoCapacity);
+        assert_eq!(
+            b.message,
+            "replica 1 cannot be placed: enc: no node fits (mostly: insufficientCapacity)"
+        );
+    }
+
+    #[test]
+    fn the_reason_names_what_holds_a_replica_back_most_actionable_first() {
+        use JobState as S;
+        let states = [
+            vec![S::Unplaceable],
+            vec![S::Unplaceable],
+            vec![S::Unplaceable],
+        ];
+        let no_room = blocked(BlockedCause::NoCapacity, "r0: no room");
+        let max = blocked(BlockedCause::MaxNodes, "r1: pool p is at its maxNodes (2)");
+        let refused = blocked(BlockedCause::ProvisioningRefused, "r2: Manager refused");
+        let v = verdict(&states, &[&no_room, &max], None);
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Stalled, "MaxNodesReached")
+        );
+        assert!(v.message.contains("r0: no room") && v.message.contains("maxNodes (2)"));
+        let v = verdict(&states, &[&no_room, &max, &refused], None);
+        assert_eq!(v.reason, "ProvisioningRefused");
+        assert!(v.message.contains("Manager refused"), "{}", v.message);
+    }
+
+    #[test]
+    fn a_node_asked_for_again_later_is_in_progress_and_says_why() {
+        let retry = PlacementResult {
+            provisioning: true,
+            provisioning_retry: Some("CreateNode failed (unavailable); asked again in 4s".into()),
+            ..Default::default()
+        };
+        let v = verdict(&[vec![JobState::Provisioning]], &[&retry], None);
+        assert_eq!(
+            (v.phase, v.standing, v.reason),
+            (
+                BundlePhase::Placing,
+                Standing::Reconciling,
+                "ProvisioningRetrying"
+            )
+        );
+        assert!(v.message.contains("asked again in 4s"), "{}", v.message);
+    }
+
+    #[test]
     fn the_no_capacity_message_is_bounded() {
-        let reasons: Vec<String> = (0..500)
-            .map(|i| format!("replica {i} cannot be placed: job-{i}: no node of pool p has room"))
+        let results: Vec<PlacementResult> = (0..500)
+            .map(|i| {
+                blocked(
+                    BlockedCause::NoCapacity,
+                    &format!("replica {i} cannot be placed: job-{i}: no node of pool p has room"),
+                )
+            })
             .collect();
-        let v = verdict(&[vec![JobState::Unplaceable]], &reasons, false, None);
+        let refs: Vec<&PlacementResult> = results.iter().collect();
+        let v = verdict(&[vec![JobState::Unplaceable]], &refs, None);
         assert!(v.message.len() <= MAX_CONDITION_MESSAGE);
     }
 

@@ -16,6 +16,8 @@
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
+//! | [`provision_refusals`] | which CreateNode asks are held: a refusal Manager gives for good, a failed ask's growing back-off |
+//! | [`pass_failure`] | what a failed reconcile pass says in its object's conditions, and when it is tried again |
 //! | [`consolidation`] | which nodes of an elastic binpack pool can be emptied without dropping output, and where their jobs go |
 //! | [`drain`] | the next step of a `migrate` drain |
 //! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
@@ -41,9 +43,11 @@ pub mod migration;
 pub mod migration_queue;
 pub mod node_health;
 pub mod orphans;
+pub mod pass_failure;
 pub mod preempt;
 pub mod provision_budget;
 pub mod provision_keys;
+pub mod provision_refusals;
 pub mod rebalance;
 pub mod spares;
 pub mod start_settle;

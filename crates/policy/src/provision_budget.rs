@@ -82,6 +82,74 @@ pub fn room_under_max_nodes(max_nodes: Option<u32>, nodes: u32) -> Option<u32> {
     max_nodes.map(|m| m.saturating_sub(nodes))
 }
 
+/// Where a pool stands against its `maxNodes`, for its `AtMaxNodes` condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaxNodesStanding {
+    /// No bound.
+    Unbounded,
+    /// Room for more nodes.
+    Below { nodes: u32, max_nodes: u32 },
+    /// At the bound: no new node, which bundles that need one say.
+    Reached { max_nodes: u32 },
+    /// More nodes than the bound (it was lowered below the count): no new node until enough
+    /// go; the operator stops none of them to meet it.
+    Above { nodes: u32, max_nodes: u32 },
+}
+
+impl MaxNodesStanding {
+    /// The standing of a pool of `nodes` nodes (starting or started, spares included).
+    pub fn of(max_nodes: Option<u32>, nodes: u32) -> Self {
+        match max_nodes {
+            None => MaxNodesStanding::Unbounded,
+            Some(m) if nodes < m => MaxNodesStanding::Below {
+                nodes,
+                max_nodes: m,
+            },
+            Some(m) if nodes == m => MaxNodesStanding::Reached { max_nodes: m },
+            Some(m) => MaxNodesStanding::Above {
+                nodes,
+                max_nodes: m,
+            },
+        }
+    }
+
+    /// `AtMaxNodes` is True at or above the bound.
+    pub fn at_max(self) -> bool {
+        matches!(
+            self,
+            MaxNodesStanding::Reached { .. } | MaxNodesStanding::Above { .. }
+        )
+    }
+
+    /// The condition's reason.
+    pub fn reason(self) -> &'static str {
+        match self {
+            MaxNodesStanding::Unbounded => "NoMaxNodes",
+            MaxNodesStanding::Below { .. } => "BelowMaxNodes",
+            MaxNodesStanding::Reached { .. } => "MaxNodesReached",
+            MaxNodesStanding::Above { .. } => "AboveMaxNodes",
+        }
+    }
+
+    /// The condition's message.
+    pub fn message(self) -> String {
+        match self {
+            MaxNodesStanding::Unbounded => String::new(),
+            MaxNodesStanding::Below { nodes, max_nodes } => {
+                format!("{nodes} nodes of at most {max_nodes}")
+            }
+            MaxNodesStanding::Reached { max_nodes } => format!(
+                "the pool has {max_nodes} nodes, its maxNodes: no new node is made in it until one goes or maxNodes is raised"
+            ),
+            MaxNodesStanding::Above { nodes, max_nodes } => format!(
+                "the pool has {nodes} nodes, {} more than its maxNodes ({max_nodes}): no new node is made in it until {} go or maxNodes is raised; the operator stops none of them to meet the bound",
+                nodes - max_nodes,
+                nodes - max_nodes + 1,
+            ),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,6 +190,24 @@ mod tests {
         assert_eq!(room_under_max_nodes(None, 10_000), None);
         assert_eq!(room_under_max_nodes(Some(20), 5), Some(15));
         assert_eq!(room_under_max_nodes(Some(20), 25), Some(0));
+    }
+
+    #[test]
+    fn a_pool_above_its_max_nodes_says_by_how_much_and_what_comes_next() {
+        assert_eq!(MaxNodesStanding::of(None, 7), MaxNodesStanding::Unbounded);
+        let below = MaxNodesStanding::of(Some(10), 3);
+        assert_eq!((below.at_max(), below.reason()), (false, "BelowMaxNodes"));
+        let reached = MaxNodesStanding::of(Some(3), 3);
+        assert_eq!(
+            (reached.at_max(), reached.reason()),
+            (true, "MaxNodesReached")
+        );
+        let above = MaxNodesStanding::of(Some(2), 5);
+        assert_eq!((above.at_max(), above.reason()), (true, "AboveMaxNodes"));
+        assert_eq!(
+            above.message(),
+            "the pool has 5 nodes, 3 more than its maxNodes (2): no new node is made in it until 4 go or maxNodes is raised; the operator stops none of them to meet the bound"
+        );
     }
 
     proptest! {

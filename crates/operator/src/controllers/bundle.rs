@@ -122,9 +122,46 @@ struct Outcome {
     /// Bronze jobs stopped to make room for this replica's recovery (made in this pass or an
     /// earlier one), for the trace.
     preempted: Option<api::Preemption>,
+    /// The node this replica waits for is asked for again after this back-off.
+    retry_in: Option<Duration>,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let result = pass(bundle, ctx).await;
+    if let Err(e) = &result {
+        record_failure(bundle, ctx, e).await;
+    }
+    result
+}
+
+/// A pass that failed says why in the bundle's conditions, so no bundle is left without a word
+/// (a bundle whose object changed under the pass is looked at again instead).
+async fn record_failure(bundle: &Bundle, ctx: &Context, error: &Error) {
+    let Some((standing, reason)) = error.failure_kind().standing() else {
+        return;
+    };
+    let prev = bundle.status.clone().unwrap_or_default();
+    let mut status = prev.clone();
+    let generation = bundle.metadata.generation;
+    status.observed_generation = generation;
+    api::set_standing(
+        &mut status.conditions,
+        standing,
+        reason,
+        api::bounded::clip(
+            &format!("the last pass failed and is tried again: {error}"),
+            api::bounded::MAX_CONDITION_MESSAGE,
+        )
+        .into_owned(),
+        generation,
+        ctx.clock.now(),
+    );
+    if let Err(e) = write_status(ctx, bundle, &prev, status).await {
+        tracing::debug!(bundle = %bundle.name_any(), error = %e, "could not record the failed pass");
+    }
+}
+
+async fn pass(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
     let pass = Pass::new(bundle, ctx.clock.now())?;
     let mut mark = PassMark::begin(ctx, &pass);
     if let Some(done) = pass.preflight(ctx).await? {
@@ -728,7 +765,7 @@ impl<'a> Pass<'a> {
             } => {
                 outcome.result.provisioning = true;
                 outcome.waiting_on = vec![pool.clone()];
-                self.provision(ctx, r, pool, instance_type, zone.as_deref())
+                self.provision(ctx, r, pool, instance_type, zone.as_deref(), &mut outcome)
                     .await?;
             }
             pl::Outcome::Unplaceable { .. } if recovery => {
@@ -798,22 +835,23 @@ impl<'a> Pass<'a> {
     ) {
         if let pl::Outcome::Unplaceable { jobs } = &decision.outcome {
             ctx.metrics.placement_failed();
-            let reasons: Vec<String> = jobs
-                .iter()
-                .map(|j| format!("{}: {}", j.job_name, j.reason))
-                .collect();
-            let message = format!("replica {r} cannot be placed: {}", reasons.join("; "));
-            if !is_condition(&self.prev, api::kstatus::STALLED, "NoCapacity") {
+            let blocked = {
+                let state = ctx.state();
+                plan::unplaceable(r, jobs, &decision.trace.pools, |pool| {
+                    state.model().pool(pool).and_then(|p| p.max_nodes)
+                })
+            };
+            if !is_condition(&self.prev, api::kstatus::STALLED, blocked.cause.reason()) {
                 ctx.event(
                     self.bundle,
                     EventType::Warning,
                     "PlacementFailed",
                     "Place",
-                    message.clone(),
+                    blocked.message.clone(),
                 )
                 .await;
             }
-            outcome.result.unplaceable = Some(message);
+            outcome.result.unplaceable = Some(blocked);
             outcome.waiting_on = request.pools.clone();
         }
     }
@@ -1014,7 +1052,8 @@ impl<'a> Pass<'a> {
     }
 
     /// Asks Manager for a node in an elastic pool, unless one asked for this replica is still
-    /// on its way.
+    /// on its way. A refusal or a failed ask is the replica's outcome, not the pass's error:
+    /// the status says why, and the ask is not repeated before its time.
     async fn provision(
         &self,
         ctx: &Arc<Context>,
@@ -1022,14 +1061,17 @@ impl<'a> Pass<'a> {
         pool: &str,
         instance_type: &str,
         zone: Option<&str>,
+        outcome: &mut Outcome,
     ) -> Result<(), Error> {
         let tag = mapping::BundleId::of(
             self.bundle_ref.namespace.as_deref().unwrap_or_default(),
             &self.bundle_ref.name,
         )
         .provisioned_for(r);
-        let Some(node) = super::request_node(ctx, pool, instance_type, zone, tag).await? else {
-            return Ok(());
+        let node = match super::request_node(ctx, pool, instance_type, zone, tag).await {
+            Ok(Some(node)) => node,
+            Ok(None) => return Ok(()),
+            Err(e) => return self.provision_failed(ctx, r, pool, e, outcome).await,
         };
         ctx.event(
             self.bundle,
@@ -1042,6 +1084,54 @@ impl<'a> Pass<'a> {
             ),
         )
         .await;
+        Ok(())
+    }
+
+    /// The node replica `r` needs could not be asked for: Manager refused it for good (the
+    /// replica is held, with Manager's message, and a Warning Event once), the last ask failed
+    /// and waits its back-off, or provisioning in the pool is paused. Any other error is the
+    /// pass's.
+    async fn provision_failed(
+        &self,
+        ctx: &Context,
+        r: u32,
+        pool: &str,
+        error: Error,
+        outcome: &mut Outcome,
+    ) -> Result<(), Error> {
+        match error {
+            Error::ProvisioningRefused(refusal) => {
+                let message = format!("replica {r} cannot be placed: {}", refusal.describe());
+                if !is_condition(&self.prev, api::kstatus::STALLED, "ProvisioningRefused") {
+                    ctx.event(
+                        self.bundle,
+                        EventType::Warning,
+                        "ProvisioningRefused",
+                        "Provision",
+                        message.clone(),
+                    )
+                    .await;
+                }
+                outcome.result.provisioning = false;
+                outcome.result.unplaceable = Some(plan::Blocked {
+                    cause: plan::BlockedCause::ProvisioningRefused,
+                    message,
+                });
+            }
+            Error::ProvisioningRetry { message, retry_in } => {
+                outcome.result.provisioning_retry = Some(format!(
+                    "replica {r}: no node from pool {pool} yet ({message}); asked again in {}s",
+                    retry_in.as_secs().max(1)
+                ));
+                outcome.retry_in = Some(retry_in);
+            }
+            Error::ProvisioningPaused(message) => {
+                outcome.result.provisioning_retry = Some(format!(
+                    "replica {r}: provisioning in pool {pool} paused: {message}"
+                ));
+            }
+            other => return Err(other),
+        }
         Ok(())
     }
 
@@ -1136,10 +1226,11 @@ impl<'a> Pass<'a> {
                 || (s.job.phase == JobPhase::Starting
                     && now_ms.saturating_sub(s.job.started_at_ms) < TRANSIENT_START_MS)
         };
-        let busy = outcomes
-            .values()
-            .any(|o| o.result.unplaceable.is_some() || o.result.provisioning)
-            || plans.values().any(|p| p.intent == ReplicaIntent::Wait);
+        let busy = outcomes.values().any(|o| {
+            o.result.unplaceable.is_some()
+                || o.result.provisioning
+                || o.result.provisioning_retry.is_some()
+        }) || plans.values().any(|p| p.intent == ReplicaIntent::Wait);
         let transient = phase == BundlePhase::Placing
             && !self.retried
             && !busy
@@ -1189,7 +1280,14 @@ impl<'a> Pass<'a> {
             _ if outcomes.values().any(|o| o.result.unplaceable.is_some()) => {
                 Action::requeue(REQUEUE_STALLED)
             }
-            _ => Action::requeue(REQUEUE_BUSY),
+            // A node ask that failed is looked at again when its back-off ends, not before.
+            _ => Action::requeue(
+                outcomes
+                    .values()
+                    .filter_map(|o| o.retry_in)
+                    .min()
+                    .map_or(REQUEUE_BUSY, |d| d.max(REQUEUE_BUSY)),
+            ),
         })
     }
 
@@ -1351,12 +1449,8 @@ impl<'a> Pass<'a> {
             states.push(replica_states);
             status.replicas.push(rs);
         }
-        let unplaceable: Vec<String> = outcomes
-            .values()
-            .filter_map(|o| o.result.unplaceable.clone())
-            .collect();
-        let provisioning = outcomes.values().any(|o| o.result.provisioning);
-        let v = plan::verdict(&states, &unplaceable, provisioning, broken);
+        let results: Vec<&PlacementResult> = outcomes.values().map(|o| &o.result).collect();
+        let v = plan::verdict(&states, &results, broken);
         status.phase = v.phase;
         status.placed_replicas = i32::try_from(v.placed_replicas).unwrap_or(i32::MAX);
         status.observed_generation = self.generation;

@@ -267,6 +267,8 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
 
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
     let req = spares::spare_provision_request(&name, &wanted);
+    // A failed ask (not a refusal) waits its back-off: why, and for how long.
+    let mut retrying: Option<(String, Duration)> = None;
     for _ in 0..plan.provision {
         if !ctx.state().provisioning_mut().take_request(&spec.pool, now) {
             break;
@@ -283,8 +285,8 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         let node = match super::create_node(ctx, &format!("hotspare/{name}"), create).await {
             Ok(node) => node,
             // Manager's refusal is final for this spec: say so where the person looks.
-            Err(Error::Manager(e)) if super::is_final_answer(&e) => {
-                let message = format!("Manager refused to provision a spare: {e}");
+            Err(Error::ProvisioningRefused(refusal)) => {
+                let message = refusal.describe();
                 if !api::find_condition(&prev.conditions, "Stalled")
                     .is_some_and(|c| c.is_true() && c.reason == "ProvisioningRefused")
                 {
@@ -307,6 +309,10 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
                 );
                 write_status(ctx, target, &prev, status).await?;
                 return Ok(Action::requeue(REFRESH));
+            }
+            Err(Error::ProvisioningRetry { message, retry_in }) => {
+                retrying = Some((message, retry_in));
+                break;
             }
             Err(e) => return Err(e),
         };
@@ -425,6 +431,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         .filter(|b| matches!(b, spares::Brake::MaxNodes { .. }));
     let (standing, reason) = match &plan.underflow {
         Some(_) if at_max_nodes.is_some() => (api::Standing::Stalled, "PoolAtMaxNodes"),
+        Some(_) if retrying.is_some() => (api::Standing::Reconciling, "ProvisioningRetrying"),
         Some(_) if plan.pending + plan.provision > 0 => {
             (api::Standing::Reconciling, "Provisioning")
         }
@@ -435,6 +442,17 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     };
     let message = match (&plan.underflow, at_max_nodes) {
         (Some(_), Some(brake)) => format!("{}; {counts}", brake.message(&spec.pool, plan.target)),
+        (Some(_), None) if retrying.is_some() => {
+            let (why, after) = retrying
+                .as_ref()
+                .map(|(m, d)| (m.as_str(), d.as_secs()))
+                .unwrap_or_default();
+            format!(
+                "no spare node from pool {} yet ({why}); asked again in {}s; {counts}",
+                spec.pool,
+                after.max(1)
+            )
+        }
         (Some(u), None) => format!("{}; {counts}", u.message()),
         (None, _) => counts,
     };
@@ -461,15 +479,15 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         now,
     );
     write_status(ctx, target, &prev, status).await?;
-    Ok(Action::requeue(
-        if plan.provision > 0 || plan.rotate.is_some() {
-            Duration::from_secs(1)
-        } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
-            Duration::from_secs(5)
-        } else {
-            REFRESH
-        },
-    ))
+    Ok(Action::requeue(if let Some((_, after)) = retrying {
+        after.max(Duration::from_secs(1))
+    } else if plan.provision > 0 || plan.rotate.is_some() {
+        Duration::from_secs(1)
+    } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
+        Duration::from_secs(5)
+    } else {
+        REFRESH
+    }))
 }
 
 /// Whether a spare may be terminated now. The planner only retires spares that hold no job,

@@ -71,6 +71,7 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
         return Ok(Requeue::await_change());
     };
     observe(&ctx, &mig, &mig.status.clone().unwrap_or_default());
+    let looked_at = mig.clone();
     let result = finalizer(&api, api::MIGRATION_FINALIZER, mig, |event| async {
         match event {
             Finalizer::Apply(m) => apply(&m, &ctx, false).await,
@@ -85,17 +86,20 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
     });
     ctx.metrics
         .observe_reconcile("migration", result.is_ok(), started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        super::pass_succeeded(&ctx, looked_at.as_ref());
+    }
     result
 }
 
-pub fn error_policy(mig: Arc<Migration>, error: &Error, _ctx: Arc<Context>) -> Requeue {
+pub fn error_policy(mig: Arc<Migration>, error: &Error, ctx: Arc<Context>) -> Requeue {
     if super::is_conflict(error) {
         // Another pass wrote first (status is written at the version read): look again.
         tracing::debug!(migration = %mig.name_any(), error = %error, "migration changed during reconcile; retrying");
     } else {
         tracing::warn!(migration = %mig.name_any(), error = %error, "migration reconcile failed");
     }
-    Requeue::requeue(super::backoff_for(error))
+    Requeue::requeue(super::retry_delay(&ctx, mig.as_ref(), error))
 }
 
 /// Deletion: abort while abortable; past the point of no return, finish first.

@@ -27,6 +27,9 @@ use kube::{Client, Resource, ResourceExt};
 use manager_client::{ClientError, ManagerClient};
 use manager_proto as proto;
 
+use automanager_policy::pass_failure::FailureKind;
+use automanager_policy::provision_refusals::{Hold, Refusal};
+
 use crate::clock::SharedClock;
 use crate::mapping;
 use crate::metrics::Metrics;
@@ -67,6 +70,13 @@ pub enum Error {
     NoNamespace,
     #[error("provisioning paused: {0}")]
     ProvisioningPaused(String),
+    /// Manager refused a node for good; it is not asked for again until the pool's spec or
+    /// Manager changes ([`automanager_policy::provision_refusals`]).
+    #[error("{}", .0.describe())]
+    ProvisioningRefused(Refusal),
+    /// A node ask failed, or the last one did and its back-off has not passed.
+    #[error("no node yet ({message}); asked again in {}s", .retry_in.as_secs().max(1))]
+    ProvisioningRetry { message: String, retry_in: Duration },
 }
 
 /// Whether one of `pools`, which the placement model does not know, has a PlacementPool
@@ -92,6 +102,22 @@ impl Error {
             Error::Finalizer(_) => "finalizer",
             Error::NoNamespace => "noNamespace",
             Error::ProvisioningPaused(_) => "provisioningPaused",
+            Error::ProvisioningRefused(_) => "provisioningRefused",
+            Error::ProvisioningRetry { .. } => "provisioningRetry",
+        }
+    }
+
+    /// Why the pass failed, as the retry and the object's conditions care.
+    pub fn failure_kind(&self) -> FailureKind {
+        match self {
+            e if is_conflict(e) => FailureKind::Conflict,
+            Error::ManagerUnavailable(_) => FailureKind::Unavailable,
+            Error::Manager(e) if e.is_retryable() || matches!(e, ClientError::Closed) => {
+                FailureKind::Unavailable
+            }
+            Error::Manager(e) if is_final_answer(e) => FailureKind::Refused,
+            Error::ProvisioningRefused(_) => FailureKind::Refused,
+            _ => FailureKind::Other,
         }
     }
 }
@@ -327,7 +353,8 @@ where
     CFut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
 {
     use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-    timed(controller, ctx, async {
+    let name = (obj.namespace(), obj.name_any());
+    let result = timed(controller, ctx, async {
         finalizer(&api, finalizer_name, obj, |event| async {
             match event {
                 Finalizer::Apply(o) => apply(o).await,
@@ -341,7 +368,15 @@ where
             other => Error::Finalizer(other.to_string()),
         })
     })
-    .await
+    .await;
+    if result.is_ok() {
+        ctx.state().retries_mut().succeeded(&retry_key(
+            name.0,
+            &name.1,
+            std::any::type_name::<K>(),
+        ));
+    }
+    result
 }
 
 /// Runs one reconcile and records its duration and result under `controller`.
@@ -358,16 +393,18 @@ pub async fn timed<T>(
 }
 
 /// The error policy every controller shares: log with the object and the error's kind, and
-/// retry after a delay suited to the error.
+/// retry after a delay suited to the error that grows while the object's passes keep failing
+/// ([`automanager_policy::pass_failure`]).
 pub fn error_policy<K: ResourceExt>(
     obj: Arc<K>,
     error: &Error,
-    _ctx: Arc<Context>,
+    ctx: Arc<Context>,
 ) -> kube::runtime::controller::Action {
     let kind = std::any::type_name::<K>()
         .rsplit("::")
         .next()
         .unwrap_or_default();
+    let delay = retry_delay(&ctx, obj.as_ref(), error);
     if is_conflict(error) {
         // Optimistic concurrency at work: the object changed under the pass; it looks again.
         tracing::debug!(kind, name = %obj.name_any(), namespace = ?obj.namespace(), error = %error, "object changed during reconcile; retrying");
@@ -378,19 +415,36 @@ pub fn error_policy<K: ResourceExt>(
             namespace = ?obj.namespace(),
             error = %error,
             error_kind = error.metric_label(),
+            retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
             "reconcile failed"
         );
     }
-    kube::runtime::controller::Action::requeue(backoff_for(error))
+    kube::runtime::controller::Action::requeue(delay)
 }
 
-/// How long to wait before retrying after an error.
-pub fn backoff_for(error: &Error) -> Duration {
-    match error {
-        Error::ManagerUnavailable(_) => Duration::from_secs(3),
-        e if is_conflict(e) => Duration::from_millis(200),
-        _ => Duration::from_secs(5),
-    }
+/// How long until a pass over `obj` that failed with `error` is tried again: its kind's
+/// back-off, grown by the object's failures in a row.
+pub fn retry_delay<K: ResourceExt>(ctx: &Context, obj: &K, error: &Error) -> Duration {
+    ctx.state().retries_mut().failed(
+        &retry_key(obj.namespace(), &obj.name_any(), std::any::type_name::<K>()),
+        error.failure_kind(),
+        ctx.clock.instant(),
+    )
+}
+
+/// The key of an object's failed passes: its kind, namespace and name.
+fn retry_key(namespace: Option<String>, name: &str, type_name: &str) -> String {
+    let kind = type_name.rsplit("::").next().unwrap_or_default();
+    format!("{kind}/{}/{name}", namespace.unwrap_or_default())
+}
+
+/// A pass over `obj` succeeded: a later failure starts its back-off afresh.
+pub fn pass_succeeded<K: ResourceExt>(ctx: &Context, obj: &K) {
+    ctx.state().retries_mut().succeeded(&retry_key(
+        obj.namespace(),
+        &obj.name_any(),
+        std::any::type_name::<K>(),
+    ));
 }
 
 /// The namespace and name of a namespaced object.
@@ -483,6 +537,10 @@ pub async fn request_node(
     let Some(spec) = ctx.state().model().pool(pool).cloned() else {
         return Ok(None);
     };
+    // A refused or backed-off ask takes nothing of the pool's rate.
+    if let Some(held) = provision_held(ctx, &tag, pool, instance_type) {
+        return Err(held);
+    }
     if let Some(z) = zone
         && ctx.state().provisioning().zone_brake().is_degraded(pool, z)
     {
@@ -533,6 +591,9 @@ pub async fn create_node(
             req.pool
         )));
     }
+    if let Some(held) = provision_held(ctx, intent, &req.pool, &req.instance_type) {
+        return Err(held);
+    }
     req.zone = ctx
         .with_mirror(|m, s| zones::provision_zone(m, s, &req.pool, &req.zone))
         .map_err(Error::ProvisioningPaused)?;
@@ -546,15 +607,87 @@ pub async fn create_node(
         )
     });
     req.request_id.clone_from(&key);
+    let (pool, instance_type) = (req.pool.clone(), req.instance_type.clone());
     match ctx.manager.create_node(req).await {
-        Ok(node) => Ok(node),
+        Ok(node) => {
+            ctx.state().provisioning_mut().ask_answered(intent);
+            Ok(node)
+        }
         Err(e) => {
+            if let Some(code) = refused_for_good(&e) {
+                let refusal = Refusal {
+                    pool: pool.clone(),
+                    instance_type,
+                    code: code.to_owned(),
+                    message: refusal_message(&e),
+                };
+                tracing::warn!(intent, pool = %pool, instance_type = %refusal.instance_type, error = %e, "Manager refused CreateNode; not asking again until the pool or Manager changes");
+                let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
+                ctx.state()
+                    .provisioning_mut()
+                    .refused(refusal.clone(), &epoch);
+                // The pool's status says so too.
+                ctx.wake_pool_controller(&pool);
+                return Err(Error::ProvisioningRefused(refusal));
+            }
             if outcome_unknown(&e) {
                 tracing::info!(intent, request_id = %key, error = %e, "CreateNode got no answer; the next ask repeats its key");
                 ctx.state().provisioning_mut().unanswered(intent, key, now);
             }
-            Err(e.into())
+            if matches!(e, ClientError::Fenced(_) | ClientError::Closed) {
+                // Not Manager's answer: this operator may not write now.
+                return Err(e.into());
+            }
+            let message = e.to_string();
+            let retry_in = ctx
+                .state()
+                .provisioning_mut()
+                .ask_failed(intent, message.clone(), now);
+            tracing::info!(intent, pool = %pool, error = %e, retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX), "CreateNode failed; asking again after a back-off");
+            Err(Error::ProvisioningRetry { message, retry_in })
         }
+    }
+}
+
+/// Why `intent` may not ask for a node of `instance_type` in `pool` now, as the error its
+/// caller reports: a refusal that stands, or the back-off of its last failed ask.
+fn provision_held(ctx: &Context, intent: &str, pool: &str, instance_type: &str) -> Option<Error> {
+    let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
+    let now = ctx.clock.instant();
+    let hold = ctx
+        .state()
+        .provisioning_mut()
+        .hold(intent, pool, instance_type, &epoch, now)?;
+    Some(match hold {
+        Hold::Refused(r) => Error::ProvisioningRefused(r),
+        Hold::BackingOff {
+            remaining, message, ..
+        } => Error::ProvisioningRetry {
+            message,
+            retry_in: remaining,
+        },
+    })
+}
+
+/// Manager's answers to CreateNode that no retry changes, as the code's CamelCase word: the
+/// request is wrong for this pool (an instance type or zone it does not offer, a fixed pool, an
+/// unknown pool).
+fn refused_for_good(e: &ClientError) -> Option<&'static str> {
+    match e {
+        ClientError::InvalidArgument(_) => Some("InvalidArgument"),
+        ClientError::FailedPrecondition(_) => Some("FailedPrecondition"),
+        ClientError::NotFound(_) => Some("NotFound"),
+        _ => None,
+    }
+}
+
+/// Manager's own words of a refusal, without the client's prefix.
+fn refusal_message(e: &ClientError) -> String {
+    match e {
+        ClientError::InvalidArgument(m)
+        | ClientError::FailedPrecondition(m)
+        | ClientError::NotFound(m) => m.clone(),
+        other => other.to_string(),
     }
 }
 

@@ -559,7 +559,11 @@ pub(crate) fn drain_unblocked(ctx: &Context, node_id: &str) {
 
 /// Applies a ManagerNode's spec: cordon, drain.
 pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>) -> Result<Action, Error> {
-    super::timed("managernode", &ctx, apply(&node, &ctx)).await
+    let result = super::timed("managernode", &ctx, apply(&node, &ctx)).await;
+    if result.is_ok() {
+        super::pass_succeeded(&ctx, node.as_ref());
+    }
+    result
 }
 
 async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> {

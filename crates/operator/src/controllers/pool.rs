@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use automanager_policy::bounded;
+use automanager_policy::provision_budget::MaxNodesStanding;
+use automanager_policy::provision_refusals::Refusal;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -24,6 +26,15 @@ use crate::mapping;
 const REFRESH: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = pass(&pool, &ctx).await;
+    if result.is_ok() {
+        super::pass_succeeded(&ctx, pool.as_ref());
+    }
+    result
+}
+
+async fn pass(pool: &Arc<PlacementPool>, ctx: &Arc<Context>) -> Result<Action, Error> {
+    let (pool, ctx) = (pool.clone(), ctx.clone());
     super::timed("placementpool", &ctx, async {
         if !ctx.settings.owns_cluster_scope {
             // Another operator owns the pool's status and finalizer; this one only places into it.
@@ -48,7 +59,11 @@ fn observe(pool: &PlacementPool, ctx: &Context) {
     let name = pool.name_any();
     let spec = engine_pool(pool);
     match ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m)) {
-        Ok(true) => ctx.wake_pool(&name),
+        Ok(true) => {
+            // A changed spec may make what Manager refused acceptable: ask again.
+            ctx.state().provisioning_mut().pool_changed(&name);
+            ctx.wake_pool(&name);
+        }
         Ok(false) => {}
         Err(e) => tracing::debug!(pool = %name, error = %e, "pool not loaded"),
     }
@@ -163,6 +178,10 @@ async fn apply(
     let spec = engine_pool(pool);
 
     let loaded = ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m));
+    if let Ok(true) = loaded {
+        // A changed spec may make what Manager refused acceptable: ask again.
+        ctx.state().provisioning_mut().pool_changed(&name);
+    }
     let mut ready = match &loaded {
         Ok(_) => (true, "Valid", String::new()),
         Err(e) => (false, "InvalidPool", e.to_string()),
@@ -171,6 +190,7 @@ async fn apply(
         // Manager must know the pool, or nothing can ever be provisioned or found in it.
         match ctx.manager.list_pools().await {
             Ok(pools) => match pools.iter().find(|p| p.name == name) {
+                Some(p) if manager_offer_changed(ctx, p) => ctx.wake_pool(&name),
                 None => {
                     ready = (
                         false,
@@ -193,6 +213,7 @@ async fn apply(
     if !users.is_empty() {
         ready = (false, "InUse", in_use_message(users));
     }
+    let provisioning = provisioning_standing(ctx, pool);
     if let Ok(true) = loaded {
         // Bundles waiting for this pool may now place. Only on a change: the pool itself is
         // woken too, and an unconditional wake would loop.
@@ -232,6 +253,14 @@ async fn apply(
         consolidation: prev.consolidation.clone(),
         conditions: prev.conditions.clone(),
     };
+    // What holds back new nodes: a refusal from Manager, or the pool above its maxNodes (a
+    // stall, after the pool's own faults and its deletion).
+    let blocked = provisioning.stall();
+    if ready.0
+        && let Some((reason, message)) = blocked.clone()
+    {
+        ready = (false, reason, message);
+    }
     // A pool that is invalid or unknown to Manager stays so until its spec or Manager changes.
     let standing = if ready.0 {
         api::Standing::Ready
@@ -272,6 +301,9 @@ async fn apply(
             now,
         ),
     );
+    for c in provisioning.conditions(generation, now) {
+        api::set_condition(&mut status.conditions, c);
+    }
     // Consolidation (off unless the spec asks): its plan, progress and condition.
     let mut requeue = REFRESH;
     if pool.metadata.deletion_timestamp.is_none() {
@@ -305,6 +337,7 @@ async fn apply(
             .find(|c| was(c))
             .map(|c| c.message.clone())
     };
+    provisioning.announce(pool, ctx, &prev.conditions).await;
     if !users.is_empty() && message(&prev.conditions) != message(&status.conditions) {
         ctx.event(
             pool,
@@ -316,6 +349,123 @@ async fn apply(
         .await;
     }
     Ok(Action::requeue(requeue))
+}
+
+/// Tells the refusals what Manager offers for the pool now; `true` when refusals were dropped
+/// because that changed (the bundles waiting on the pool may ask again).
+fn manager_offer_changed(ctx: &Context, pool: &manager_client::proto::Pool) -> bool {
+    let offered = pool
+        .instance_types
+        .iter()
+        .map(|t| t.instance_type.clone())
+        .collect();
+    ctx.state()
+        .provisioning_mut()
+        .manager_offers(&pool.name, offered)
+}
+
+/// What the pool says about making new nodes: Manager's refusals that stand, and where it is
+/// against its `maxNodes`.
+struct ProvisioningStanding {
+    refusals: Vec<Refusal>,
+    max_nodes: MaxNodesStanding,
+}
+
+const REFUSED: &str = "ProvisioningRefused";
+const AT_MAX_NODES: &str = "AtMaxNodes";
+
+fn provisioning_standing(ctx: &Context, pool: &PlacementPool) -> ProvisioningStanding {
+    let name = pool.name_any();
+    let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
+    let state = ctx.state();
+    let nodes = state
+        .model()
+        .engine()
+        .pool_usage(&name)
+        .map_or(0, |u| u.node_count);
+    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
+    ProvisioningStanding {
+        refusals: state.provisioning().refusals_of(&name, &epoch),
+        max_nodes: MaxNodesStanding::of(max_nodes, nodes),
+    }
+}
+
+impl ProvisioningStanding {
+    fn refusal_message(&self) -> Option<String> {
+        (!self.refusals.is_empty()).then(|| {
+            let each: Vec<String> = self.refusals.iter().map(Refusal::describe).collect();
+            bounded::join_bounded(&each, "; ", bounded::MAX_CONDITION_MESSAGE)
+        })
+    }
+
+    /// The stall's reason and message, when new nodes are held back.
+    fn stall(&self) -> Option<(&'static str, String)> {
+        if let Some(message) = self.refusal_message() {
+            return Some((REFUSED, message));
+        }
+        matches!(self.max_nodes, MaxNodesStanding::Above { .. })
+            .then(|| (self.max_nodes.reason(), self.max_nodes.message()))
+    }
+
+    /// The `ProvisioningRefused` and `AtMaxNodes` conditions.
+    fn conditions(
+        &self,
+        generation: Option<i64>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> [api::condition::Condition; 2] {
+        let refused = match self.refusal_message() {
+            Some(message) => super::condition(REFUSED, true, REFUSED, message, generation, now),
+            None => super::condition(REFUSED, false, "NoRefusal", "", generation, now),
+        };
+        let at_max = super::condition(
+            AT_MAX_NODES,
+            self.max_nodes.at_max(),
+            self.max_nodes.reason(),
+            self.max_nodes.message(),
+            generation,
+            now,
+        );
+        [refused, at_max]
+    }
+
+    /// A Warning Event when a refusal or the pool's excess over `maxNodes` is new (or says
+    /// something new) since the status before.
+    async fn announce(
+        &self,
+        pool: &PlacementPool,
+        ctx: &Context,
+        before: &[api::condition::Condition],
+    ) {
+        let was = |type_: &str| {
+            api::find_condition(before, type_)
+                .filter(|c| c.is_true())
+                .map(|c| (c.reason.clone(), c.message.clone()))
+        };
+        if let Some(message) = self.refusal_message()
+            && was(REFUSED).is_none_or(|(_, m)| m != message)
+        {
+            ctx.event(
+                pool,
+                EventType::Warning,
+                REFUSED,
+                "Provision",
+                bounded::clip(&message, 1024).into_owned(),
+            )
+            .await;
+        }
+        if let MaxNodesStanding::Above { .. } = self.max_nodes
+            && was(AT_MAX_NODES).is_none_or(|(r, _)| r != self.max_nodes.reason())
+        {
+            ctx.event(
+                pool,
+                EventType::Warning,
+                self.max_nodes.reason(),
+                "Provision",
+                self.max_nodes.message(),
+            )
+            .await;
+        }
+    }
 }
 
 /// Forgets pools whose objects are gone (the store is the controller's cache).
@@ -332,6 +482,7 @@ pub fn prune(ctx: &Context, existing: &[String]) {
         for p in &gone {
             state.model_mut().remove_pool(p);
             state.disruptions_mut().forget_consolidation(p);
+            state.provisioning_mut().pool_changed(p);
         }
         gone
     };

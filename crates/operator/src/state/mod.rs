@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use automanager_placement as pl;
 use automanager_policy::node_health::NodeHealth;
+use automanager_policy::pass_failure::Retries;
 use automanager_policy::provision_budget::ProvisionBudget;
 use automanager_policy::zone_brake::ZoneBrake;
 
@@ -76,6 +77,8 @@ pub struct OperatorState {
     provisioning: Provisioning,
     disruptions: Disruptions,
     wake: WakeIndex,
+    /// Objects whose passes failed, and their growing back-off.
+    retries: Retries,
 }
 
 impl OperatorState {
@@ -97,6 +100,7 @@ impl OperatorState {
             ),
             disruptions: Disruptions::new(ProvisionBudget::new(settings.rebalance_per_minute)),
             wake: WakeIndex::default(),
+            retries: Retries::default(),
         }
     }
 
@@ -154,6 +158,11 @@ impl OperatorState {
 
     pub fn wake_mut(&mut self) -> &mut WakeIndex {
         &mut self.wake
+    }
+
+    /// Failed passes per object (the error policy's back-off).
+    pub fn retries_mut(&mut self) -> &mut Retries {
+        &mut self.retries
     }
 }
 

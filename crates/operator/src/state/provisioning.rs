@@ -1,12 +1,13 @@
 //! What the operator remembers about asking Manager for nodes: the per-pool request rate,
 //! idempotency keys of asks without an answer, spares asked for that the mirror does not show
-//! yet, and the zone brake.
+//! yet, the zone brake, and refused or failed asks.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use automanager_policy::provision_budget::ProvisionBudget;
 use automanager_policy::provision_keys::ProvisionKeys;
+use automanager_policy::provision_refusals::{Hold, ProvisionRefusals, Refusal};
 use automanager_policy::zone_brake::{ZoneBrake, ZoneChange};
 use chrono::{DateTime, Utc};
 use manager_proto as proto;
@@ -25,6 +26,8 @@ pub struct Provisioning {
     zone_brake: Option<ZoneBrake>,
     /// What a disabled brake answers: nothing is degraded.
     no_brake: ZoneBrake,
+    /// Asks Manager refused for good, and the back-off of asks that failed.
+    refusals: ProvisionRefusals,
 }
 
 impl Provisioning {
@@ -35,7 +38,55 @@ impl Provisioning {
             spares_asked: HashMap::new(),
             zone_brake,
             no_brake: ZoneBrake::default(),
+            refusals: ProvisionRefusals::default(),
         }
+    }
+
+    /// Whether `intent` may ask for a node of `instance_type` in `pool` now (see
+    /// [`ProvisionRefusals::hold`]).
+    pub fn hold(
+        &mut self,
+        intent: &str,
+        pool: &str,
+        instance_type: &str,
+        epoch: &str,
+        now: Instant,
+    ) -> Option<Hold> {
+        self.refusals.hold(intent, pool, instance_type, epoch, now)
+    }
+
+    /// Manager refused a node for good: no ask for it until the pool or Manager changes.
+    pub fn refused(&mut self, refusal: Refusal, epoch: &str) {
+        self.refusals.refused(refusal, epoch);
+    }
+
+    /// `intent`'s ask failed otherwise: how long it waits before the next.
+    pub fn ask_failed(&mut self, intent: &str, message: String, now: Instant) -> Duration {
+        self.refusals.failed(intent, message, now)
+    }
+
+    /// `intent`'s ask got a node.
+    pub fn ask_answered(&mut self, intent: &str) {
+        self.refusals.succeeded(intent);
+    }
+
+    /// `pool`'s spec changed or it is gone: its refusals no longer stand.
+    pub fn pool_changed(&mut self, pool: &str) -> bool {
+        self.refusals.pool_changed(pool)
+    }
+
+    /// What Manager offers for `pool` now; `true` when refusals of the pool were dropped.
+    pub fn manager_offers(&mut self, pool: &str, instance_types: Vec<String>) -> bool {
+        self.refusals.offers(pool, instance_types)
+    }
+
+    /// The refusals that stand for `pool` under Manager's `epoch`.
+    pub fn refusals_of(&self, pool: &str, epoch: &str) -> Vec<Refusal> {
+        self.refusals
+            .refusals_of(pool, epoch)
+            .into_iter()
+            .cloned()
+            .collect()
     }
 
     /// How many nodes `pool` may still ask for this minute.

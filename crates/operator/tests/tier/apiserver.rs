@@ -207,6 +207,24 @@ impl MemoryApiserver {
         assert_eq!(code, 200, "delete {path}: {body}");
     }
 
+    /// The Events stored so far, as `(regarding's name, reason, note)`.
+    pub fn events(&self) -> Vec<(String, String, String)> {
+        let store = self.store();
+        let s = |v: &Value, p: &str| {
+            v.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        store
+            .objects
+            .iter()
+            .filter(|((_, plural), _)| plural == "events")
+            .flat_map(|(_, objects)| objects.values())
+            .map(|e| (s(e, "/regarding/name"), s(e, "/reason"), s(e, "/note")))
+            .collect()
+    }
+
     /// Forgets the calls so far.
     pub fn clear_calls(&self) {
         self.store().calls.clear();

@@ -139,8 +139,7 @@ impl Run<'_> {
                 zone,
             } => {
                 self.provision_target(&pool, &instance_type, zone.as_deref())
-                    .await?;
-                TargetChoice::Wait
+                    .await?
             }
             pl::Outcome::Unplaceable { .. } => TargetChoice::Fail(format!(
                 "no node can take the job: {}",
@@ -150,18 +149,28 @@ impl Run<'_> {
     }
 
     /// Asks Manager for a node for the target (once per migration: a node tagged for it that is
-    /// on its way is not asked for again).
+    /// on its way is not asked for again). A node Manager refuses for good fails the placement
+    /// with Manager's message; a failed ask is waited out (the phase's timeout bounds it).
     async fn provision_target(
         &self,
         pool: &str,
         instance_type: &str,
         zone: Option<&str>,
-    ) -> Result<(), Error> {
+    ) -> Result<TargetChoice, Error> {
         let tag = format!("migration.{}", self.migration_id);
-        let Some(node) =
-            crate::controllers::request_node(self.ctx, pool, instance_type, zone, tag).await?
-        else {
-            return Ok(());
+        let node = match crate::controllers::request_node(self.ctx, pool, instance_type, zone, tag)
+            .await
+        {
+            Ok(Some(node)) => node,
+            Ok(None) => return Ok(TargetChoice::Wait),
+            Err(Error::ProvisioningRefused(refusal)) => {
+                return Ok(TargetChoice::Fail(refusal.describe()));
+            }
+            Err(e @ (Error::ProvisioningRetry { .. } | Error::ProvisioningPaused(_))) => {
+                tracing::info!(migration = %self.migration_id, error = %e, "no target node yet");
+                return Ok(TargetChoice::Wait);
+            }
+            Err(e) => return Err(e),
         };
         self.ctx
             .event(
@@ -175,6 +184,6 @@ impl Run<'_> {
                 ),
             )
             .await;
-        Ok(())
+        Ok(TargetChoice::Wait)
     }
 }
