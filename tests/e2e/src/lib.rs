@@ -9,6 +9,7 @@ pub mod hostile_peers;
 pub mod install;
 pub mod plugin;
 pub mod reliability;
+pub mod rng;
 pub mod sampler;
 pub mod stack;
 

@@ -843,6 +843,69 @@ async fn starts_of(
     Ok(out)
 }
 
+// ───────────────────────────── suite helpers ─────────────────────────────
+
+/// The suite's operator settings: the orphan sweep looks every 2 s with a 10 s grace (the
+/// default is 1 min and 5 min), so what a deletion or a fault left behind is removed within a
+/// scenario's settle and the checker can hold it to "no orphans once settled".
+pub fn suite_settings(c: &mut serde_json::Map<String, serde_json::Value>) {
+    c.insert(
+        "orphanSweep".into(),
+        serde_json::json!({"enabled": true, "grace": "10s", "interval": "2s"}),
+    );
+}
+
+/// Prints the lines of every log of the stack (operator, sim runs) that mention `needle`, at
+/// most 40 per log: what a failure message needs to say what happened to one job.
+pub fn print_log_lines(stack: &Stack, needle: &str) {
+    let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+        eprintln!(
+            "--- {} ({} lines mention {needle})",
+            path.display(),
+            lines.len()
+        );
+        for l in lines.iter().rev().take(40).rev() {
+            let cut = (0..=l.len().min(400))
+                .rev()
+                .find(|i| l.is_char_boundary(*i))
+                .unwrap_or(0);
+            eprintln!("{}", &l[..cut]);
+        }
+    }
+}
+
+/// For the first lost job's Bundle: its status, and what the logs say of it.
+pub async fn explain_lost(stack: &Stack, v: &Violations) {
+    let Some((ns, name)) = v
+        .lost
+        .iter()
+        .next()
+        .and_then(|l| l.split('/').next())
+        .and_then(|id| id.split_once('.'))
+    else {
+        return;
+    };
+    let b = stack
+        .get_json(&["bundle", name, "-n", ns])
+        .await
+        .unwrap_or_default();
+    eprintln!(
+        "lost {ns}/{name}: generation {}, uid {}, status {}",
+        b["metadata"]["generation"],
+        b["metadata"]["uid"],
+        serde_json::to_string(&b["status"]).unwrap_or_default()
+    );
+    print_log_lines(stack, name);
+}
+
 // ───────────────────────────── reading the stack ─────────────────────────────
 
 fn instance_state(s: pb::JobState) -> InstanceState {

@@ -13,8 +13,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use automanager_e2e::reliability::{
-    self, Monitor, Violations, check, manager_facts, manager_state, node_cordon, settle, sim_admin,
+    self, Monitor, Violations, check, explain_lost, manager_facts, manager_state, node_cordon,
+    print_log_lines, settle, sim_admin, suite_settings,
 };
+use automanager_e2e::rng::Rng;
 use automanager_e2e::stack::{Stack, free_port};
 use automanager_e2e::{apply, apply_example_pools, condition, patch_node};
 use manager_client::proto::{
@@ -30,28 +32,6 @@ const WAIT: Duration = Duration::from_secs(180);
 /// The size of a wave: `RELIABILITY_BUNDLES`, default 200.
 fn wave_size() -> usize {
     env_or("RELIABILITY_BUNDLES", 200)
-}
-
-/// splitmix64: a fixed seed gives the same wave on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// In `lo..=hi`.
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
-        from[(self.next() % from.len() as u64) as usize]
-    }
 }
 
 /// One generated Bundle: 1-2 replicas of 1-2 jobs, 5-20 capacity each, a band, elastic pools.
@@ -76,16 +56,6 @@ fn wave(prefix: &str, start: usize, count: usize, rng: &mut Rng, bands: &[&str])
     (start..start + count)
         .map(|i| wave_bundle(&format!("{prefix}-{i:04}"), rng, bands))
         .collect()
-}
-
-/// The suite's operator settings: the orphan sweep looks every 2 s with a 10 s grace (the
-/// default is 1 min and 5 min), so what a deletion or a fault left behind is removed within a
-/// scenario's settle and the checker can hold it to "no orphans once settled".
-fn suite_settings(c: &mut serde_json::Map<String, serde_json::Value>) {
-    c.insert(
-        "orphanSweep".into(),
-        serde_json::json!({"enabled": true, "grace": "10s", "interval": "2s"}),
-    );
 }
 
 async fn suite_stack() -> Stack {
@@ -1066,29 +1036,6 @@ async fn stack_with_restartable_sim(state_dir: &Path) -> Stack {
     )
     .await
     .expect("stack")
-}
-
-/// Prints the lines of every log of the stack (operator, sim runs) that mention `needle`, at
-/// most 40 per log: what a failure message needs to say what happened to one job.
-fn print_log_lines(stack: &Stack, needle: &str) {
-    let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
-        return;
-    };
-    for path in entries.flatten().map(|e| e.path()) {
-        if path.extension().is_none_or(|e| e != "log") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
-        eprintln!(
-            "--- {} ({} lines mention {needle})",
-            path.display(),
-            lines.len()
-        );
-        for l in lines.iter().rev().take(40).rev() {
-            eprintln!("{}", &l[..l.len().min(400)]);
-        }
-    }
 }
 
 /// The job ids (`<bundle>/<replica>/<job>`) with a running normal instance in Manager now.
@@ -2636,28 +2583,4 @@ async fn load() {
     v.merge(&monitor.stop().await.0);
     explain_lost(&stack, &v).await;
     report("load", &v, took);
-}
-
-/// For the first lost job's Bundle: its status, and what the logs say of it.
-async fn explain_lost(stack: &Stack, v: &Violations) {
-    let Some((ns, name)) = v
-        .lost
-        .iter()
-        .next()
-        .and_then(|l| l.split('/').next())
-        .and_then(|id| id.split_once('.'))
-    else {
-        return;
-    };
-    let b = stack
-        .get_json(&["bundle", name, "-n", ns])
-        .await
-        .unwrap_or_default();
-    eprintln!(
-        "lost {ns}/{name}: generation {}, uid {}, status {}",
-        b["metadata"]["generation"],
-        b["metadata"]["uid"],
-        serde_json::to_string(&b["status"]).unwrap_or_default()
-    );
-    print_log_lines(stack, name);
 }
