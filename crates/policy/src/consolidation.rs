@@ -27,10 +27,14 @@
 //! Pure and deterministic: the same input, in any order, gives the same plan.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use automanager_placement as pl;
+use chrono::{DateTime, TimeDelta, Utc};
 
 use crate::MigrationStrategy;
+use crate::bounded::join_bounded;
+use crate::drain::MigrationOutcome;
 
 /// A job running on a node, as consolidation sees it. Jobs of the pool's nodes are the
 /// candidates for moves; jobs of the same bundles elsewhere (other pools) are only positions
@@ -145,6 +149,114 @@ impl std::fmt::Display for KeepReason {
 pub struct Plan {
     pub nodes: Vec<PlannedNode>,
     pub kept: Vec<(String, KeepReason)>,
+}
+
+impl Plan {
+    /// One line about the plan: the nodes it empties, and how many nodes are kept for which
+    /// reason.
+    pub fn summary(&self) -> String {
+        let nodes: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("{} ({} moves)", n.node, n.moves.len()))
+            .collect();
+        let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+        for (_, why) in &self.kept {
+            let key = match why {
+                KeepReason::Immovable { .. } => "a job that may not move".to_owned(),
+                KeepReason::NoRoom { .. } => "no room elsewhere".to_owned(),
+                KeepReason::Held(_) => "busy or too young".to_owned(),
+                other => other.to_string(),
+            };
+            *kept.entry(key).or_default() += 1;
+        }
+        let kept: Vec<String> = kept.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let head = if nodes.is_empty() {
+            "no node can be emptied".to_owned()
+        } else {
+            format!(
+                "would empty {} node(s): {}",
+                nodes.len(),
+                join_bounded(&nodes, ", ", 600)
+            )
+        };
+        if kept.is_empty() {
+            head
+        } else {
+            format!("{head}; kept: {}", kept.join(", "))
+        }
+    }
+}
+
+/// What a pass does with a fresh plan in mode `enabled`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Next<'a> {
+    /// No node can be emptied.
+    Nothing,
+    /// The last node was emptied (or given up on) less than the cool-down ago.
+    CoolDown {
+        /// When the next node may be begun.
+        until: DateTime<Utc>,
+    },
+    /// Begin emptying this node (the plan's first).
+    Empty(&'a PlannedNode),
+}
+
+/// The next step for `plan`: one node at a time, with `cooldown` between the last action
+/// (`last_action`) and the next.
+pub fn next<'a>(
+    plan: &'a Plan,
+    last_action: Option<DateTime<Utc>>,
+    cooldown: Duration,
+    now: DateTime<Utc>,
+) -> Next<'a> {
+    let Some(first) = plan.nodes.first() else {
+        return Next::Nothing;
+    };
+    let cooldown = TimeDelta::from_std(cooldown).unwrap_or(TimeDelta::zero());
+    match last_action.map(|last| last + cooldown) {
+        Some(until) if until > now => Next::CoolDown { until },
+        _ => Next::Empty(first),
+    }
+}
+
+/// How the moves off the node being emptied stand, by their Migrations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// A Migration ended without moving its job: the node is given up on.
+    Failed {
+        /// The Migration's name.
+        migration: String,
+        /// The phase it ended in.
+        phase: String,
+    },
+    /// Moves still under way.
+    Moving { done: usize, total: usize },
+    /// Every move is done.
+    Done { total: usize },
+}
+
+/// Where the node's moves stand: `migrations` is (name, outcome, phase) per Migration.
+pub fn progress(migrations: &[(String, MigrationOutcome, String)]) -> Progress {
+    if let Some((name, _, phase)) = migrations
+        .iter()
+        .find(|(_, o, _)| *o == MigrationOutcome::Failed)
+    {
+        return Progress::Failed {
+            migration: name.clone(),
+            phase: phase.clone(),
+        };
+    }
+    let total = migrations.len();
+    let done = migrations
+        .iter()
+        .filter(|(_, o, _)| *o == MigrationOutcome::Completed)
+        .count();
+    if done < total {
+        Progress::Moving { done, total }
+    } else {
+        Progress::Done { total }
+    }
 }
 
 /// Nodes needed at the least for `jobs` (capacity and cores summed) on nodes of

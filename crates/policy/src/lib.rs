@@ -17,6 +17,7 @@
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
 //! | [`provision_refusals`] | which CreateNode asks are held: a refusal Manager gives for good, a failed ask's growing back-off |
+//! | [`pass`] | how a controller's pass ends: where its object stands, when it is looked at again |
 //! | [`pass_failure`] | what a failed reconcile pass says in its object's conditions, and when it is tried again |
 //! | [`consolidation`] | which nodes of an elastic binpack pool can be emptied without dropping output, and where their jobs go |
 //! | [`drain`] | the next step of a `migrate` drain |
@@ -43,6 +44,7 @@ pub mod migration;
 pub mod migration_queue;
 pub mod node_health;
 pub mod orphans;
+pub mod pass;
 pub mod pass_failure;
 pub mod preempt;
 pub mod provision_budget;

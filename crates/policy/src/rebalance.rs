@@ -169,6 +169,120 @@ pub fn decide(
     }
 }
 
+/// The soft rules' names, for messages.
+pub fn rule_names(rules: &BTreeSet<SoftRule>) -> String {
+    rules
+        .iter()
+        .map(|r| r.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Replica `r`'s jobs and every other replica's, from each replica's positions (by replica, by
+/// job); `None` when there is no replica `r`.
+pub fn split(positions: &[Vec<At>], r: usize) -> Option<(Vec<At>, Vec<At>)> {
+    let mine = positions.get(r)?.clone();
+    let others = (positions.iter().enumerate())
+        .filter(|(i, _)| *i != r)
+        .flat_map(|(_, jobs)| jobs.iter().cloned())
+        .collect();
+    Some((mine, others))
+}
+
+/// What one look at a bundle found: its `RebalanceNeeded` condition and whether a change of
+/// capacity in its pools should wake it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finding {
+    /// Every soft rule holds (or no replica is settled enough to judge).
+    Holds,
+    /// `replica` breaks `rules` (named); a migration of the bundle is under way already.
+    InProgress { replica: u32, rules: String },
+    /// `replica` breaks `rules`; no node where they would hold has room yet.
+    WaitingForCapacity { replica: u32, rules: String },
+    /// `replica` breaks `rules` and could move, but the fleet's rate is used up.
+    RateLimited {
+        replica: u32,
+        rules: String,
+        /// `rebalance.maxPerMinute`.
+        per_minute: u32,
+    },
+    /// `replica` breaks `rules`: these moves began, each with its Migration's name.
+    Started {
+        replica: u32,
+        rules: String,
+        moves: Vec<(Move, String)>,
+    },
+}
+
+impl Finding {
+    /// The `RebalanceNeeded` condition: (status, reason, message).
+    pub fn condition(&self) -> (bool, &'static str, String) {
+        match self {
+            Finding::Holds => (
+                false,
+                "SoftRulesHold",
+                "every soft placement rule holds".into(),
+            ),
+            Finding::InProgress { replica, rules } => (
+                true,
+                "MigrationInProgress",
+                format!(
+                    "replica {replica} breaks soft rule(s) {rules}; a migration of this bundle is under way"
+                ),
+            ),
+            Finding::WaitingForCapacity { replica, rules } => (
+                true,
+                "WaitingForCapacity",
+                format!(
+                    "replica {replica} breaks soft rule(s) {rules}; no node where they would hold has room yet"
+                ),
+            ),
+            Finding::RateLimited {
+                replica,
+                rules,
+                per_minute,
+            } => (
+                true,
+                "RateLimited",
+                format!(
+                    "replica {replica} breaks soft rule(s) {rules} and could move; rebalance.maxPerMinute ({per_minute}) is used up"
+                ),
+            ),
+            Finding::Started {
+                replica,
+                rules,
+                moves,
+            } => {
+                let note = moves
+                    .iter()
+                    .map(|(m, name)| {
+                        format!(
+                            "job {} from {} to {} (Migration {name})",
+                            m.job_name, m.from, m.to
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                (
+                    true,
+                    "MigrationStarted",
+                    format!(
+                        "replica {replica} breaks soft rule(s) {rules} and there is room where they hold: moving {note}"
+                    ),
+                )
+            }
+        }
+    }
+
+    /// Whether capacity in the bundle's pools could let it move: wake it when that changes.
+    pub fn wait_for_capacity(&self) -> bool {
+        matches!(
+            self,
+            Finding::WaitingForCapacity { .. } | Finding::RateLimited { .. }
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +309,72 @@ mod tests {
             broken: set(broken),
             pending,
         }
+    }
+
+    #[test]
+    fn a_finding_says_what_the_condition_says_and_whether_capacity_wakes_it() {
+        let rules = rule_names(&set(&[SoftRule::InterSameZone, SoftRule::IntraSameNode]));
+        let started = Finding::Started {
+            replica: 1,
+            rules: rules.clone(),
+            moves: vec![(
+                Move {
+                    job_name: "enc".into(),
+                    from: "a".into(),
+                    to: "b".into(),
+                },
+                "news-rebalance-x".into(),
+            )],
+        };
+        let (on, reason, message) = started.condition();
+        assert!(on);
+        assert_eq!(reason, "MigrationStarted");
+        assert!(
+            message.ends_with("moving job enc from a to b (Migration news-rebalance-x)"),
+            "{message}"
+        );
+        assert!(
+            message.starts_with("replica 1 breaks soft rule(s) "),
+            "{message}"
+        );
+        let waits = |f: Finding| (f.condition().1, f.wait_for_capacity());
+        assert_eq!(waits(Finding::Holds), ("SoftRulesHold", false));
+        assert_eq!(
+            waits(Finding::InProgress {
+                replica: 0,
+                rules: rules.clone()
+            }),
+            ("MigrationInProgress", false)
+        );
+        assert_eq!(
+            waits(Finding::WaitingForCapacity {
+                replica: 0,
+                rules: rules.clone()
+            }),
+            ("WaitingForCapacity", true)
+        );
+        assert_eq!(
+            waits(Finding::RateLimited {
+                replica: 0,
+                rules,
+                per_minute: 4
+            }),
+            ("RateLimited", true)
+        );
+        assert!(!Finding::Holds.condition().0);
+    }
+
+    #[test]
+    fn split_parts_one_replica_from_the_others() {
+        let positions = vec![
+            vec![at("a", "z1")],
+            vec![at("b", "z2"), at("c", "z2")],
+            vec![],
+        ];
+        let (mine, others) = split(&positions, 1).unwrap_or_default();
+        assert_eq!(mine, [at("b", "z2"), at("c", "z2")]);
+        assert_eq!(others, [at("a", "z1")]);
+        assert!(split(&positions, 3).is_none());
     }
 
     #[test]

@@ -40,12 +40,14 @@
 //! target's nodes).
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 
+use crate::pass::{NextLook, Verdict};
 pub use crate::tags::SPARE_TARGET_TAG;
 use crate::tags::{SPARE_BAND_TAG, SPARE_TAG};
-use crate::vocab::{PriorityBand, ScaleOut};
+use crate::vocab::{PriorityBand, ScaleOut, Standing};
 
 /// What a `HotSpareTarget` asks for, as plain data (the CRD's spec without Kubernetes).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,6 +266,177 @@ impl SparePlan {
     ) -> Option<DateTime<Utc>> {
         self.underflow.as_ref().map(|_| previous.unwrap_or(now))
     }
+}
+
+impl SparePlan {
+    /// The `SpareUnderflow` condition: (status, reason, message).
+    pub fn underflow_condition(&self) -> (bool, &'static str, String) {
+        match &self.underflow {
+            Some(u) => (true, "BelowTarget", u.message()),
+            None => (
+                false,
+                "AtTarget",
+                format!("{} live spares, target {}", self.live, self.target),
+            ),
+        }
+    }
+
+    /// The `maxNodes` brake, when it holds back spares the target needs: the target cannot be
+    /// met until nodes go or the bound rises.
+    pub fn unreachable(&self) -> Option<&Brake> {
+        self.braked
+            .as_ref()
+            .filter(|b| matches!(b, Brake::MaxNodes { .. }))
+    }
+
+    /// Where the target stands once the plan is acted on. Underflow with spares on their way
+    /// is progress; underflow nothing can fix (a fixed pool has no nodes to spare, a pool at
+    /// its `maxNodes`) is stalled until nodes or the target change, and says why.
+    pub fn verdict(&self, pool: &str, retrying: Option<&Retrying>) -> Verdict {
+        let counts = format!(
+            "{} live, {} pending, target {}",
+            self.live, self.pending, self.target
+        );
+        let (standing, reason) = match &self.underflow {
+            Some(_) if self.unreachable().is_some() => (Standing::Stalled, "PoolAtMaxNodes"),
+            Some(_) if retrying.is_some() => (Standing::Reconciling, "ProvisioningRetrying"),
+            Some(_) if self.pending + self.provision > 0 => (Standing::Reconciling, "Provisioning"),
+            Some(_) => (Standing::Stalled, "SpareUnderflow"),
+            None if !self.terminate.is_empty() => (Standing::Reconciling, "TerminatingExcess"),
+            None if self.rotate.is_some() => (Standing::Reconciling, "Rotating"),
+            None => (Standing::Ready, "AtTarget"),
+        };
+        let message = match (&self.underflow, self.unreachable(), retrying) {
+            (Some(_), Some(brake), _) => {
+                format!("{}; {counts}", brake.message(pool, self.target))
+            }
+            (Some(_), None, Some(r)) => format!(
+                "no spare node from pool {pool} yet ({}); asked again in {}s; {counts}",
+                r.why,
+                r.after.as_secs().max(1)
+            ),
+            (Some(u), None, None) => format!("{}; {counts}", u.message()),
+            (None, _, _) => counts,
+        };
+        Verdict::new(standing, reason, message)
+    }
+
+    /// When the target is looked at again: once a failed ask's back-off is over, soon while
+    /// spares are asked for or a rotation runs, after the rate's minute moves on when it held
+    /// spares back, else at [`REFRESH`].
+    pub fn next_look(&self, retrying: Option<&Retrying>) -> NextLook {
+        NextLook::After(if let Some(r) = retrying {
+            r.after.max(Duration::from_secs(1))
+        } else if self.provision > 0 || self.rotate.is_some() {
+            Duration::from_secs(1)
+        } else if matches!(self.braked, Some(Brake::Rate { .. })) {
+            Duration::from_secs(5)
+        } else {
+            REFRESH
+        })
+    }
+}
+
+/// A spare that could not be asked for now: the last ask failed (it was not refused) and the
+/// next waits its back-off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retrying {
+    /// Why the last ask failed.
+    pub why: String,
+    /// How long until the next ask.
+    pub after: Duration,
+}
+
+/// Rotation and a target's figures are looked at least this often.
+pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// Why a HotSpareTarget's pass records a stall instead of a plan.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stall {
+    /// `spec.pool` is no name a PlacementPool can have: no request is made for it.
+    InvalidPoolName(String),
+    /// No PlacementPool of that name.
+    UnknownPool(String),
+    /// The pool lists candidate instance types and the target's is not among them: Manager
+    /// would refuse every ask.
+    UnknownInstanceType {
+        /// The pool.
+        pool: String,
+        /// The target's instance type.
+        wanted: String,
+        /// The pool's candidate instance types.
+        known: Vec<String>,
+    },
+    /// Manager is unreachable (why, as the operator's error says it).
+    ManagerUnavailable(String),
+    /// The spec is one the planner cannot work with.
+    InvalidSpec(SpareSpecError),
+    /// Manager refused to provision a spare (the refusal, described); final for this spec.
+    ProvisioningRefused(String),
+}
+
+impl Stall {
+    /// The Stalled condition's reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Stall::InvalidPoolName(_) | Stall::UnknownPool(_) => "UnknownPool",
+            Stall::UnknownInstanceType { .. } => "UnknownInstanceType",
+            Stall::ManagerUnavailable(_) => "ManagerUnavailable",
+            Stall::InvalidSpec(_) => "InvalidSpec",
+            Stall::ProvisioningRefused(_) => "ProvisioningRefused",
+        }
+    }
+
+    /// The Stalled condition's message.
+    pub fn message(&self) -> String {
+        match self {
+            Stall::InvalidPoolName(pool) => format!(
+                "{pool:?} is not a PlacementPool name (lowercase letters, digits, '-' and '.')"
+            ),
+            Stall::UnknownPool(pool) => format!("PlacementPool {pool} does not exist"),
+            Stall::UnknownInstanceType {
+                pool,
+                wanted,
+                known,
+            } => format!(
+                "pool {pool} has no instance type {wanted:?} (known: {})",
+                known.join(", ")
+            ),
+            Stall::ManagerUnavailable(why) => why.clone(),
+            Stall::InvalidSpec(e) => e.to_string(),
+            Stall::ProvisioningRefused(refusal) => refusal.clone(),
+        }
+    }
+
+    /// The stall as a verdict.
+    pub fn verdict(&self) -> Verdict {
+        Verdict::stalled(self.reason(), self.message())
+    }
+
+    /// When the target is looked at again: a missing pool may appear and Manager may come back
+    /// or change its mind; the rest wait for a change of spec.
+    pub fn next_look(&self) -> NextLook {
+        match self {
+            Stall::UnknownPool(_) | Stall::ProvisioningRefused(_) => NextLook::After(REFRESH),
+            Stall::ManagerUnavailable(_) => NextLook::After(Duration::from_secs(3)),
+            Stall::InvalidPoolName(_)
+            | Stall::UnknownInstanceType { .. }
+            | Stall::InvalidSpec(_) => NextLook::OnChange,
+        }
+    }
+}
+
+/// Whether the target's instance type is one the pool offers (a pool that lists none offers
+/// any).
+pub fn check_instance_type(pool: &str, known: &[String], wanted: &str) -> Result<(), Stall> {
+    if known.is_empty() || known.iter().any(|t| t == wanted) {
+        return Ok(());
+    }
+    Err(Stall::UnknownInstanceType {
+        pool: pool.to_owned(),
+        wanted: wanted.to_owned(),
+        known: known.to_vec(),
+    })
 }
 
 /// What to ask Manager for when provisioning a spare of a target.

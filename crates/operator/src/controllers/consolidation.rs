@@ -11,7 +11,7 @@
 //! Migrations (labelled with the node). The node's placement cordon is the operator's memory
 //! and is set again from status at the next pass.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,11 +27,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
-use manager_client::ClientError;
+use manager_client::{ClientError, MirrorState};
 use manager_proto as proto;
 
 use super::{Context, Error, condition};
 use crate::mapping::{self, NodeOverlay};
+use crate::state::OperatorState;
 
 /// How soon a pool with a node being emptied is looked at again.
 const STEP: Duration = Duration::from_secs(2);
@@ -52,46 +53,31 @@ pub fn migration_name(node_id: &str, job_id: &str) -> String {
     super::drain::named_migration("consolidate", &mapping::node_object_name(node_id), job_id)
 }
 
-/// One consolidation pass over `pool`.
+/// One consolidation pass over `pool`: follow the node being emptied to its end, then plan
+/// (at most every [`PLAN_EVERY`]) and, in mode `enabled`, begin emptying the plan's first node
+/// once the cool-down has passed.
 pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Error> {
-    let name = pool.name_any();
-    let generation = pool.metadata.generation;
-    let now = ctx.clock.now();
     let spec = pool.spec.consolidation.unwrap_or_default();
     let prev = pool
         .status
         .as_ref()
         .and_then(|s| s.consolidation.clone())
         .unwrap_or_default();
-    let cond = |status: bool, reason: &str, message: String| {
-        condition("Consolidating", status, reason, message, generation, now)
-    };
-
+    let cond =
+        |on: bool, reason: &str, message: String| consolidating(pool, ctx, on, reason, message);
     if spec.mode == ConsolidationMode::Off {
-        if let Some(node) = &prev.current_node {
-            release(ctx, node);
-        }
-        ctx.metrics.set_consolidation_planned(&name, None);
-        ctx.state().disruptions_mut().forget_consolidation(&name);
-        return Ok(Pass {
-            status: None,
-            condition: cond(false, "Off", String::new()),
-            requeue: None,
-        });
+        switch_off(pool, ctx, &prev);
+        return Ok(Pass::new(None, cond(false, "Off", String::new()), None));
     }
     if !ctx.manager_ready() {
-        return Ok(Pass {
-            status: Some(prev),
-            condition: cond(
-                false,
-                "ManagerUnavailable",
-                "Manager is unreachable; consolidation waits".into(),
-            ),
-            requeue: None,
-        });
+        let why = "Manager is unreachable; consolidation waits".to_owned();
+        return Ok(Pass::new(
+            Some(prev),
+            cond(false, "ManagerUnavailable", why),
+            None,
+        ));
     }
     let mut status = prev.clone();
-
     // A node being emptied: follow it to its end first.
     if let Some(node) = prev.current_node.clone() {
         if spec.mode != ConsolidationMode::Enabled {
@@ -99,24 +85,109 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
             // stays.
             release(ctx, &node);
             status.current_node = None;
-        } else {
-            let pass = follow(pool, ctx, &node, &mut status, now).await?;
-            if let Some(pass) = pass {
-                return Ok(pass);
-            }
+        } else if let Some(pass) = follow(pool, ctx, &node, &mut status).await? {
+            return Ok(pass);
         }
     }
-
     // Planning lists every Bundle: not more often than PLAN_EVERY for the same spec, however
     // often node changes wake the pool.
     if let Some(pass) = recent_plan(pool, ctx, &status) {
         return Ok(pass);
     }
+    let planned = observe_and_plan(pool, ctx, &spec, &mut status).await?;
+    let summary = planned.summary();
+    if spec.mode == ConsolidationMode::DryRun {
+        let message = format!("dry run: {summary}");
+        return Ok(Pass::new(
+            Some(status),
+            cond(false, "DryRun", message),
+            None,
+        ));
+    }
+    let now = ctx.clock.now();
+    match policy::next(&planned, status.last_action_at, spec.cooldown(), now) {
+        policy::Next::Nothing => Ok(Pass::new(
+            Some(status),
+            cond(false, "NothingToConsolidate", summary),
+            None,
+        )),
+        policy::Next::CoolDown { until } => {
+            let wait = (until - now).to_std().unwrap_or(STEP);
+            let message = format!(
+                "{summary}; the next node is emptied after {}",
+                until.to_rfc3339()
+            );
+            let c = cond(false, "CoolingDown", message);
+            Ok(Pass::new(
+                Some(status),
+                c,
+                Some(wait.max(Duration::from_secs(1))),
+            ))
+        }
+        policy::Next::Empty(first) => begin(pool, ctx, first, status).await,
+    }
+}
+
+/// Consolidation is off: a node being emptied is given back to placement, and the plan and
+/// its metric are forgotten.
+fn switch_off(pool: &PlacementPool, ctx: &Context, prev: &ConsolidationStatus) {
+    if let Some(node) = &prev.current_node {
+        release(ctx, node);
+    }
+    let name = pool.name_any();
+    ctx.metrics.set_consolidation_planned(&name, None);
+    ctx.state().disruptions_mut().forget_consolidation(&name);
+}
+
+/// The pool's `Consolidating` condition, now.
+fn consolidating(
+    pool: &PlacementPool,
+    ctx: &Context,
+    on: bool,
+    reason: &str,
+    message: String,
+) -> api::Condition {
+    let generation = pool.metadata.generation;
+    condition(
+        "Consolidating",
+        on,
+        reason,
+        message,
+        generation,
+        ctx.clock.now(),
+    )
+}
+
+impl Pass {
+    fn new(
+        status: Option<ConsolidationStatus>,
+        condition: api::Condition,
+        requeue: Option<Duration>,
+    ) -> Self {
+        Pass {
+            status,
+            condition,
+            requeue,
+        }
+    }
+}
+
+/// Observes the pool and its bundles, plans, and records the plan in `status` and the metric.
+async fn observe_and_plan(
+    pool: &PlacementPool,
+    ctx: &Context,
+    spec: &api::ConsolidationSpec,
+    status: &mut ConsolidationStatus,
+) -> Result<policy::Plan, Error> {
+    let name = pool.name_any();
+    let now = ctx.clock.now();
     let bundles = list_bundles(ctx).await?;
-    let planned = plan(pool, ctx, &spec, &bundles, now);
-    ctx.state()
-        .disruptions_mut()
-        .record_consolidation_plan(&name, ctx.clock.instant(), generation);
+    let planned = plan(pool, ctx, spec, &bundles, now);
+    ctx.state().disruptions_mut().record_consolidation_plan(
+        &name,
+        ctx.clock.instant(),
+        pool.metadata.generation,
+    );
     let nodes = bounded_plan(&planned);
     if nodes != status.plan || status.planned_at.is_none() {
         status.planned_at = Some(now);
@@ -125,107 +196,74 @@ pub async fn step(pool: &PlacementPool, ctx: &Arc<Context>) -> Result<Pass, Erro
     status.planned_nodes = i32::try_from(planned.nodes.len()).unwrap_or(i32::MAX);
     ctx.metrics
         .set_consolidation_planned(&name, Some(i64::from(status.planned_nodes)));
+    Ok(planned)
+}
 
-    let summary = plan_summary(&planned);
-    if spec.mode == ConsolidationMode::DryRun {
-        return Ok(Pass {
-            status: Some(status),
-            condition: cond(false, "DryRun", format!("dry run: {summary}")),
-            requeue: None,
-        });
-    }
-    let Some(first) = planned.nodes.first() else {
-        return Ok(Pass {
-            status: Some(status),
-            condition: cond(false, "NothingToConsolidate", summary),
-            requeue: None,
-        });
-    };
-    if let Some(last) = status.last_action_at {
-        let ready_at =
-            last + chrono::Duration::from_std(spec.cooldown()).unwrap_or(chrono::Duration::zero());
-        if ready_at > now {
-            let wait = (ready_at - now).to_std().unwrap_or(STEP);
-            return Ok(Pass {
-                status: Some(status),
-                condition: cond(
-                    false,
-                    "CoolingDown",
-                    format!(
-                        "{summary}; the next node is emptied after {}",
-                        ready_at.to_rfc3339()
-                    ),
-                ),
-                requeue: Some(wait.max(Duration::from_secs(1))),
-            });
-        }
-    }
-
-    // Begin the first planned node: cordon it for placement, then one Migration per job.
+/// Begins emptying `first`: cordon it for placement, then one Migration per move.
+async fn begin(
+    pool: &PlacementPool,
+    ctx: &Arc<Context>,
+    first: &policy::PlannedNode,
+    mut status: ConsolidationStatus,
+) -> Result<Pass, Error> {
     let node = first.node.clone();
     hold(ctx, &node);
-    // The Migrations belong to the node's ManagerNode (as a drain's do), so they go when it
-    // does; the pool owns them when the ManagerNode is not there.
-    let created = async {
-        let owner = Api::<ManagerNode>::all(ctx.client.clone())
-            .get_opt(&mapping::node_object_name(&node))
-            .await?
-            .and_then(|n| n.controller_owner_ref(&()))
-            .or_else(|| pool.controller_owner_ref(&()));
-        for m in &first.moves {
-            create_migration(ctx, owner.clone(), &node, m).await?;
-        }
-        Ok::<(), Error>(())
-    };
-    if let Err(e) = created.await {
+    if let Err(e) = create_migrations(pool, ctx, first).await {
         // Not recorded as the node being emptied: placement may use it again. A Migration
         // created before the error still moves its job (to a planned target), which is harmless.
         release(ctx, &node);
         return Err(e);
     }
     status.current_node = Some(node.clone());
-    let moves = first
+    let moves: Vec<String> = first
         .moves
         .iter()
         .map(|m| format!("{} → {}", m.job_id, m.target))
-        .collect::<Vec<_>>();
+        .collect();
+    let what = if moves.is_empty() {
+        "it holds no job".to_owned()
+    } else {
+        moves.join(", ")
+    };
+    let note = api::bounded::clip(&format!("emptying node {node}: {what}"), 1024).into_owned();
     ctx.event(
         pool,
         EventType::Normal,
         "Consolidating",
         "Consolidate",
-        api::bounded::clip(
-            &format!(
-                "emptying node {node}: {}",
-                if moves.is_empty() {
-                    "it holds no job".to_owned()
-                } else {
-                    moves.join(", ")
-                }
-            ),
-            1024,
-        )
-        .into_owned(),
+        note,
     )
     .await;
-    tracing::info!(pool = %name, node = %node, moves = first.moves.len(), "consolidation: emptying node");
+    tracing::info!(pool = %pool.name_any(), node = %node, moves = first.moves.len(), "consolidation: emptying node");
     if first.moves.is_empty()
-        && let Some(pass) = follow(pool, ctx, &node, &mut status, now).await?
+        && let Some(pass) = follow(pool, ctx, &node, &mut status).await?
     {
         return Ok(pass);
     }
-    Ok(Pass {
-        status: Some(status),
-        condition: cond(
-            true,
-            "EmptyingNode",
-            format!(
-                "emptying node {node}: 0 of {} moves done",
-                first.moves.len()
-            ),
-        ),
-        requeue: Some(STEP),
-    })
+    let message = format!(
+        "emptying node {node}: 0 of {} moves done",
+        first.moves.len()
+    );
+    let c = consolidating(pool, ctx, true, "EmptyingNode", message);
+    Ok(Pass::new(Some(status), c, Some(STEP)))
+}
+
+/// The Migrations of `first`'s moves. They belong to the node's ManagerNode (as a drain's do),
+/// so they go when it does; the pool owns them when the ManagerNode is not there.
+async fn create_migrations(
+    pool: &PlacementPool,
+    ctx: &Context,
+    first: &policy::PlannedNode,
+) -> Result<(), Error> {
+    let owner = Api::<ManagerNode>::all(ctx.client.clone())
+        .get_opt(&mapping::node_object_name(&first.node))
+        .await?
+        .and_then(|n| n.controller_owner_ref(&()))
+        .or_else(|| pool.controller_owner_ref(&()));
+    for m in &first.moves {
+        create_migration(ctx, owner.clone(), &first.node, m).await?;
+    }
+    Ok(())
 }
 
 /// The last pass again, when it planned less than [`PLAN_EVERY`] ago for the same spec and no
@@ -266,13 +304,7 @@ async fn follow(
     ctx: &Arc<Context>,
     node: &str,
     status: &mut ConsolidationStatus,
-    now: DateTime<Utc>,
 ) -> Result<Option<Pass>, Error> {
-    let name = pool.name_any();
-    let generation = pool.metadata.generation;
-    let cond = |status: bool, reason: &str, message: String| {
-        condition("Consolidating", status, reason, message, generation, now)
-    };
     let state = ctx.manager.mirror().read(|m| {
         m.nodes
             .get(node)
@@ -288,16 +320,8 @@ async fn follow(
         return Ok(None);
     }
     hold(ctx, node);
-    let listed = migrations_api(ctx)
-        .list(&ListParams::default().labels(&format!(
-            "{}={},{}=consolidation",
-            api::CONSOLIDATION_NODE_LABEL,
-            super::drain::node_label(node),
-            api::PURPOSE_LABEL
-        )))
-        .await?;
+    let listed = node_migrations(ctx, node).await?;
     let outcomes: Vec<(String, MigrationOutcome, String)> = listed
-        .items
         .iter()
         .map(|m| {
             let phase = m
@@ -308,33 +332,92 @@ async fn follow(
             (m.name_any(), super::drain::outcome(m), phase)
         })
         .collect();
-    let total = outcomes.len();
-    let done = outcomes
-        .iter()
-        .filter(|(_, o, _)| *o == MigrationOutcome::Completed)
-        .count();
-    if let Some((failed, _, phase)) = outcomes
-        .iter()
-        .find(|(_, o, _)| *o == MigrationOutcome::Failed)
-    {
-        let why = format!("Migration {failed} ended {phase}");
+    match policy::progress(&outcomes) {
+        policy::Progress::Failed { migration, phase } => {
+            let why = format!("Migration {migration} ended {phase}");
+            Ok(Some(abandon(pool, ctx, node, &listed, status, &why).await))
+        }
+        policy::Progress::Moving { done, total } => {
+            let message = format!("emptying node {node}: {done} of {total} moves done");
+            let c = consolidating(pool, ctx, true, "EmptyingNode", message);
+            Ok(Some(Pass::new(Some(status.clone()), c, Some(STEP))))
+        }
+        policy::Progress::Done { total } => finish(pool, ctx, node, &listed, status, total).await,
+    }
+}
+
+/// The Migrations of the node being emptied.
+async fn node_migrations(ctx: &Context, node: &str) -> Result<Vec<Migration>, Error> {
+    let selector = format!(
+        "{}={},{}=consolidation",
+        api::CONSOLIDATION_NODE_LABEL,
+        super::drain::node_label(node),
+        api::PURPOSE_LABEL
+    );
+    Ok(migrations_api(ctx)
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
+}
+
+/// Every move off `node` is done: terminate it, unless it still holds something (then it is
+/// given up on).
+async fn finish(
+    pool: &PlacementPool,
+    ctx: &Arc<Context>,
+    node: &str,
+    migrations: &[Migration],
+    status: &mut ConsolidationStatus,
+    total: usize,
+) -> Result<Option<Pass>, Error> {
+    let left = left_on(ctx, node);
+    if !left.is_empty() {
+        let why = format!(
+            "it still holds {} that the plan did not move",
+            api::bounded::join_bounded(&left, ", ", 512)
+        );
         return Ok(Some(
-            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
+            abandon(pool, ctx, node, migrations, status, &why).await,
         ));
     }
-    if done < total {
-        return Ok(Some(Pass {
-            status: Some(status.clone()),
-            condition: cond(
-                true,
-                "EmptyingNode",
-                format!("emptying node {node}: {done} of {total} moves done"),
-            ),
-            requeue: Some(STEP),
-        }));
+    match ctx.manager.terminate_node(node).await {
+        Ok(_) => {}
+        // Already on its way out: counted when it was asked for.
+        Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => {
+            release(ctx, node);
+            status.current_node = None;
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
     }
-    // Every move is done: the node must hold nothing now, not even a start in flight.
-    let left: Vec<String> = ctx.with_mirror(|m, s| {
+    let now = ctx.clock.now();
+    status.current_node = None;
+    status.nodes_terminated = status.nodes_terminated.saturating_add(1);
+    status.last_action_at = Some(now);
+    let name = pool.name_any();
+    ctx.metrics.consolidation_terminated(&name);
+    let note = format!("node {node} is empty ({total} jobs moved) and was terminated");
+    ctx.event(
+        pool,
+        EventType::Normal,
+        "NodeConsolidated",
+        "Terminate",
+        note,
+    )
+    .await;
+    tracing::info!(pool = %name, node = %node, moved = total, "consolidation: node terminated");
+    // The Migrations stay (with their handover summaries) until the node's ManagerNode, their
+    // owner, is removed.
+    release(ctx, node);
+    let message = format!("node {node} was emptied and terminated");
+    let c = consolidating(pool, ctx, false, "NodeTerminated", message);
+    Ok(Some(Pass::new(Some(status.clone()), c, Some(STEP))))
+}
+
+/// What `node` still holds: jobs holding capacity there, or a start in flight the engine
+/// knows of.
+fn left_on(ctx: &Context, node: &str) -> Vec<String> {
+    ctx.with_mirror(|m, s| {
         let mut left: Vec<String> = m
             .jobs
             .values()
@@ -354,51 +437,7 @@ async fn follow(
             left.push("a start in flight".into());
         }
         left
-    });
-    if !left.is_empty() {
-        let why = format!(
-            "it still holds {} that the plan did not move",
-            api::bounded::join_bounded(&left, ", ", 512)
-        );
-        return Ok(Some(
-            abandon(pool, ctx, node, &listed.items, status, now, &why).await,
-        ));
-    }
-    match ctx.manager.terminate_node(node).await {
-        Ok(_) => {}
-        // Already on its way out: counted when it was asked for.
-        Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => {
-            release(ctx, node);
-            status.current_node = None;
-            return Ok(None);
-        }
-        Err(e) => return Err(e.into()),
-    }
-    status.current_node = None;
-    status.nodes_terminated = status.nodes_terminated.saturating_add(1);
-    status.last_action_at = Some(now);
-    ctx.metrics.consolidation_terminated(&name);
-    ctx.event(
-        pool,
-        EventType::Normal,
-        "NodeConsolidated",
-        "Terminate",
-        format!("node {node} is empty ({total} jobs moved) and was terminated"),
-    )
-    .await;
-    tracing::info!(pool = %name, node = %node, moved = total, "consolidation: node terminated");
-    // The Migrations stay (with their handover summaries) until the node's ManagerNode, their
-    // owner, is removed.
-    release(ctx, node);
-    Ok(Some(Pass {
-        status: Some(status.clone()),
-        condition: cond(
-            false,
-            "NodeTerminated",
-            format!("node {node} was emptied and terminated"),
-        ),
-        requeue: Some(STEP),
-    }))
+    })
 }
 
 /// Gives up emptying `node`: it is uncordoned and stays; the cool-down starts.
@@ -408,9 +447,9 @@ async fn abandon(
     node: &str,
     migrations: &[Migration],
     status: &mut ConsolidationStatus,
-    now: DateTime<Utc>,
     why: &str,
 ) -> Pass {
+    let now = ctx.clock.now();
     release(ctx, node);
     // The node's Migrations that ended go (their Events stay): their names are the node's and
     // the job's, so a later attempt on this node must not find them. Those still running finish.
@@ -445,13 +484,12 @@ async fn abandon(
     tracing::warn!(pool = %pool.name_any(), node = %node, why = %why, "consolidation: node kept");
     Pass {
         status: Some(status.clone()),
-        condition: condition(
-            "Consolidating",
+        condition: consolidating(
+            pool,
+            ctx,
             false,
             "Abandoned",
             format!("gave up emptying node {node}: {why}"),
-            pool.metadata.generation,
-            now,
         ),
         requeue: Some(STEP),
     }
@@ -520,116 +558,21 @@ fn plan(
 ) -> policy::Plan {
     let name = pool.name_any();
     let pool_spec = mapping::pool(&name, &pool.spec);
-    let min_age_ms = i64::try_from(spec.min_node_age().as_millis()).unwrap_or(i64::MAX);
-    let now_ms = now.timestamp_millis();
     ctx.with_mirror(|m, s| {
-        let pool_nodes: Vec<&proto::Node> = m.nodes.values().filter(|n| n.pool == name).collect();
-        let ids: std::collections::HashSet<String> =
-            pool_nodes.iter().map(|n| n.node_id.clone()).collect();
-        let mut held: BTreeMap<String, String> = BTreeMap::new();
-        let mut nodes = Vec::new();
-        for n in &pool_nodes {
-            let used = m.node_usage(&n.node_id);
-            let Some(spec) = mapping::node(
-                n,
-                used,
-                s.model().overlay(&n.node_id),
-                s.model().pool(&name),
-            ) else {
-                continue;
-            };
-            if now_ms.saturating_sub(n.created_at_ms) < min_age_ms {
-                held.insert(
-                    n.node_id.clone(),
-                    "up for less than minNodeAgeSeconds".into(),
-                );
-            }
-            // The engine holds what the mirror shows plus starts in flight.
-            if let Some(v) = s.model().engine().node_view(&n.node_id)
-                && (v.used_capacity > spec.used_capacity + 1e-6 || v.used_cores > spec.used_cores)
-            {
-                held.insert(n.node_id.clone(), "a start is in flight there".into());
-            }
-            nodes.push(spec);
-        }
-        let bundle_ids: std::collections::BTreeSet<&str> = ids
+        let ids: HashSet<&str> = m
+            .nodes
+            .values()
+            .filter(|n| n.pool == name)
+            .map(|n| n.node_id.as_str())
+            .collect();
+        let (nodes, mut held) = pool_nodes(m, s, &name, spec, now);
+        let bundle_ids: BTreeSet<&str> = ids
             .iter()
             .flat_map(|id| m.jobs_on(id))
             .map(|j| j.bundle_id.as_str())
             .collect();
-        let mut jobs = Vec::new();
-        for j in m.jobs.values() {
-            // A job starting, stopping or moving holds both its nodes still.
-            let busy = j.instances.iter().any(|i| {
-                i.holds_capacity()
-                    && (i.state != proto::JobState::Running as i32
-                        || i.role == proto::JobRole::MigrationTarget as i32)
-            });
-            if busy {
-                for i in &j.instances {
-                    if ids.contains(&i.node_id) {
-                        held.insert(
-                            i.node_id.clone(),
-                            format!("job {} is starting, stopping or moving", j.job_id),
-                        );
-                    }
-                }
-            }
-            if !bundle_ids.contains(j.bundle_id.as_str()) || j.node_id.is_empty() {
-                continue;
-            }
-            let running = j.instances.iter().any(|i| {
-                i.node_id == j.node_id
-                    && i.is_normal()
-                    && i.state == proto::JobState::Running as i32
-            });
-            if !running {
-                continue;
-            }
-            let declared = bundles
-                .get(&j.bundle_id)
-                .and_then(|b| b.spec.jobs.iter().find(|x| x.job_name == j.job_name));
-            let spec = match declared {
-                Some(d) => mapping::job(d),
-                None => {
-                    let (cap, cores) = j.requirements.as_ref().map_or((0.0, 0), |r| {
-                        (
-                            r.required_capacity,
-                            u32::try_from(r.required_cores).unwrap_or(0),
-                        )
-                    });
-                    pl::JobSpec::new(&j.job_name, cap, cores, pl::PriorityBand::Gold)
-                }
-            };
-            jobs.push(PlacedJob {
-                job_id: j.job_id.clone(),
-                bundle_id: j.bundle_id.clone(),
-                replica: j.replica,
-                spec,
-                node: j.node_id.clone(),
-                zone: m.zone_of(&j.node_id).map(str::to_owned),
-                strategy: declared
-                    .and_then(|d| d.migration.map(|x| x.strategy))
-                    .unwrap_or_default(),
-            });
-        }
-        let rules: BTreeMap<String, BundleRules> = bundle_ids
-            .iter()
-            .filter_map(|id| {
-                let b = bundles.get(*id)?;
-                Some((
-                    (*id).to_owned(),
-                    BundleRules {
-                        intra_replica: mapping::rules(&b.spec.intra_replica_rules()),
-                        inter_replica: mapping::rules(&b.spec.inter_replica_placement),
-                        allow_stop_then_start: b
-                            .spec
-                            .disruption
-                            .is_some_and(|d| d.allow_stop_then_start_consolidation),
-                    },
-                ))
-            })
-            .collect();
+        let jobs = placed_jobs(m, &ids, &bundle_ids, bundles, &mut held);
+        let rules = bundle_rules(&bundle_ids, bundles);
         policy::plan(&policy::Input {
             pool: &pool_spec,
             nodes: &nodes,
@@ -640,6 +583,126 @@ fn plan(
             max_nodes: ConsolidationStatus::MAX_PLANNED_NODES,
         })
     })
+}
+
+/// The pool's nodes as the engine sees them, and those held back with why: too young, or a
+/// start in flight there (the engine holds what the mirror shows plus starts in flight).
+fn pool_nodes(
+    m: &MirrorState,
+    s: &OperatorState,
+    pool: &str,
+    spec: &api::ConsolidationSpec,
+    now: DateTime<Utc>,
+) -> (Vec<pl::NodeSpec>, BTreeMap<String, String>) {
+    let min_age_ms = i64::try_from(spec.min_node_age().as_millis()).unwrap_or(i64::MAX);
+    let now_ms = now.timestamp_millis();
+    let mut held: BTreeMap<String, String> = BTreeMap::new();
+    let mut nodes = Vec::new();
+    for n in m.nodes.values().filter(|n| n.pool == pool) {
+        let used = m.node_usage(&n.node_id);
+        let model = s.model();
+        let Some(spec) = mapping::node(n, used, model.overlay(&n.node_id), model.pool(pool)) else {
+            continue;
+        };
+        if now_ms.saturating_sub(n.created_at_ms) < min_age_ms {
+            held.insert(
+                n.node_id.clone(),
+                "up for less than minNodeAgeSeconds".into(),
+            );
+        }
+        if let Some(v) = model.engine().node_view(&n.node_id)
+            && (v.used_capacity > spec.used_capacity + 1e-6 || v.used_cores > spec.used_cores)
+        {
+            held.insert(n.node_id.clone(), "a start is in flight there".into());
+        }
+        nodes.push(spec);
+    }
+    (nodes, held)
+}
+
+/// Every running job of the bundles with a job in the pool (the candidates for moves, and the
+/// positions their rules are checked against). A job starting, stopping or moving holds its
+/// nodes in the pool still (`held`).
+fn placed_jobs(
+    m: &MirrorState,
+    ids: &HashSet<&str>,
+    bundle_ids: &BTreeSet<&str>,
+    bundles: &HashMap<String, Bundle>,
+    held: &mut BTreeMap<String, String>,
+) -> Vec<PlacedJob> {
+    let mut jobs = Vec::new();
+    for j in m.jobs.values() {
+        let busy = j.instances.iter().any(|i| {
+            i.holds_capacity()
+                && (i.state != proto::JobState::Running as i32
+                    || i.role == proto::JobRole::MigrationTarget as i32)
+        });
+        for i in j
+            .instances
+            .iter()
+            .filter(|i| busy && ids.contains(i.node_id.as_str()))
+        {
+            let why = format!("job {} is starting, stopping or moving", j.job_id);
+            held.insert(i.node_id.clone(), why);
+        }
+        if !bundle_ids.contains(j.bundle_id.as_str()) || j.node_id.is_empty() {
+            continue;
+        }
+        let running = j.instances.iter().any(|i| {
+            i.node_id == j.node_id && i.is_normal() && i.state == proto::JobState::Running as i32
+        });
+        if !running {
+            continue;
+        }
+        let declared = bundles
+            .get(&j.bundle_id)
+            .and_then(|b| b.spec.jobs.iter().find(|x| x.job_name == j.job_name));
+        jobs.push(PlacedJob {
+            job_id: j.job_id.clone(),
+            bundle_id: j.bundle_id.clone(),
+            replica: j.replica,
+            spec: declared.map_or_else(|| undeclared_job(j), mapping::job),
+            node: j.node_id.clone(),
+            zone: m.zone_of(&j.node_id).map(str::to_owned),
+            strategy: declared
+                .and_then(|d| d.migration.map(|x| x.strategy))
+                .unwrap_or_default(),
+        });
+    }
+    jobs
+}
+
+/// A job its Bundle no longer declares, by Manager's record of its requirements.
+fn undeclared_job(j: &proto::Job) -> pl::JobSpec {
+    let (cap, cores) = j.requirements.as_ref().map_or((0.0, 0), |r| {
+        (
+            r.required_capacity,
+            u32::try_from(r.required_cores).unwrap_or(0),
+        )
+    });
+    pl::JobSpec::new(&j.job_name, cap, cores, pl::PriorityBand::Gold)
+}
+
+/// The placement rules of each bundle with a job in the pool.
+fn bundle_rules(
+    bundle_ids: &BTreeSet<&str>,
+    bundles: &HashMap<String, Bundle>,
+) -> BTreeMap<String, BundleRules> {
+    bundle_ids
+        .iter()
+        .filter_map(|id| {
+            let b = bundles.get(*id)?;
+            let rules = BundleRules {
+                intra_replica: mapping::rules(&b.spec.intra_replica_rules()),
+                inter_replica: mapping::rules(&b.spec.inter_replica_placement),
+                allow_stop_then_start: b
+                    .spec
+                    .disruption
+                    .is_some_and(|d| d.allow_stop_then_start_consolidation),
+            };
+            Some(((*id).to_owned(), rules))
+        })
+        .collect()
 }
 
 /// The plan as status keeps it (bounded).
@@ -671,40 +734,6 @@ fn bounded_plan(plan: &policy::Plan) -> Vec<ConsolidationNode> {
             .unwrap_or(i32::MAX),
         })
         .collect()
-}
-
-/// One line about a plan: the nodes it empties, and how many nodes are kept for which reason.
-fn plan_summary(plan: &policy::Plan) -> String {
-    let nodes: Vec<String> = plan
-        .nodes
-        .iter()
-        .map(|n| format!("{} ({} moves)", n.node, n.moves.len()))
-        .collect();
-    let mut kept: BTreeMap<String, usize> = BTreeMap::new();
-    for (_, why) in &plan.kept {
-        let key = match why {
-            policy::KeepReason::Immovable { .. } => "a job that may not move".to_owned(),
-            policy::KeepReason::NoRoom { .. } => "no room elsewhere".to_owned(),
-            policy::KeepReason::Held(_) => "busy or too young".to_owned(),
-            other => other.to_string(),
-        };
-        *kept.entry(key).or_default() += 1;
-    }
-    let kept: Vec<String> = kept.iter().map(|(k, n)| format!("{n} {k}")).collect();
-    let head = if nodes.is_empty() {
-        "no node can be emptied".to_owned()
-    } else {
-        format!(
-            "would empty {} node(s): {}",
-            nodes.len(),
-            api::bounded::join_bounded(&nodes, ", ", 600)
-        )
-    };
-    if kept.is_empty() {
-        head
-    } else {
-        format!("{head}; kept: {}", kept.join(", "))
-    }
 }
 
 /// Creates the Migration of one planned move (it exists already after a restart: fine).

@@ -484,7 +484,7 @@ mod tests {
 
     #[test]
     fn the_blocked_condition_appears_only_on_objects_that_waited() {
-        let now = Utc::now();
+        let now = DateTime::from_timestamp(1_772_366_400, 0).unwrap_or_default();
         let mut never = Vec::new();
         set_blocked_condition(&mut never, None, None, now);
         assert!(never.is_empty());

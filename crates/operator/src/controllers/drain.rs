@@ -25,7 +25,9 @@ use manager_proto as proto;
 use super::{Context, Error};
 use crate::mapping;
 use crate::state::DrainProgress;
-use automanager_policy::drain::{DrainJob, DrainMigration, MigrationOutcome, plan_drain};
+use automanager_policy::drain::{
+    DrainJob, DrainMigration, DrainPlan, MigrationOutcome, plan_drain,
+};
 
 /// How often a drain in progress is looked at when no Migration change wakes it.
 const STEP: Duration = Duration::from_secs(2);
@@ -135,12 +137,13 @@ impl Bundles<'_> {
     }
 }
 
-/// One step of a migrate drain of `node` (Manager id `node_id`).
+/// One step of a migrate drain of `node` (Manager id `node_id`): observe the jobs on the node
+/// and the drain's Migrations, plan the next step with [`plan_drain`], act (create Migrations,
+/// hand failed moves to recovery, terminate the emptied node) and record the progress.
 pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Result<Action, Error> {
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
-    let node_object = node.name_any();
     let started_at = node
         .status
         .as_ref()
@@ -148,8 +151,46 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         .and_then(|d| d.started_at)
         .unwrap_or_else(|| ctx.clock.now());
     ctx.state().nodes_mut().begin_drain(node_id, 0, started_at);
-
     // The node is gone already: its jobs recover by band (Manager reports them lost).
+    let Some(mut seen) = observe(node, node_id, ctx).await? else {
+        return Ok(Action::await_change());
+    };
+    // A drain Migration the disruption budget holds in the queue holds the drain up: the
+    // ManagerNode says so, naming the bundle (the Migration carries the same condition).
+    match seen.budget_wait.take() {
+        Some(why) => super::node::drain_blocked(ctx, node, node_id, why).await,
+        None => super::node::drain_unblocked(ctx, node_id),
+    }
+    let plan = plan_drain(
+        &seen.jobs,
+        &seen.migrations,
+        usize::from(ctx.settings.drain_parallelism),
+    );
+    migrate(node, node_id, ctx, &plan.migrate).await?;
+    fall_back(node, ctx, &plan.fall_back).await?;
+    let dropped = record(node_id, ctx, &mut seen, &plan).await?;
+    if plan.done {
+        terminate(node, node_id, ctx, &plan, dropped).await?;
+        return Ok(Action::await_change());
+    }
+    Ok(Action::requeue(STEP))
+}
+
+/// What a drain step sees: the jobs on the node, its Migrations and their outcomes, whether the
+/// budget holds one of them, and the Bundles looked up on the way.
+struct Seen<'a> {
+    jobs: Vec<DrainJob>,
+    migrations: Vec<DrainMigration>,
+    budget_wait: Option<String>,
+    bundles: Bundles<'a>,
+}
+
+/// `None` when Manager's node is no longer starting or started.
+async fn observe<'a>(
+    node: &ManagerNode,
+    node_id: &str,
+    ctx: &'a Context,
+) -> Result<Option<Seen<'a>>, Error> {
     let state = ctx.manager.mirror().read(|m| {
         m.nodes
             .get(node_id)
@@ -159,12 +200,46 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         state,
         Some(proto::NodeState::Started | proto::NodeState::Starting)
     ) {
-        return Ok(Action::await_change());
+        return Ok(None);
     }
+    let mut bundles = Bundles {
+        ctx,
+        seen: HashMap::new(),
+    };
+    let mut jobs = Vec::new();
+    for (job_id, running) in jobs_on(ctx, node_id) {
+        let managed = match job_ref(ctx, &job_id) {
+            Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
+            None => false,
+        };
+        jobs.push(DrainJob {
+            job_id,
+            managed,
+            running,
+        });
+    }
+    let listed = drain_migrations(ctx, &node.name_any()).await?;
+    let migrations = listed
+        .iter()
+        .filter_map(|m| {
+            Some(DrainMigration {
+                job_id: migration_job_id(ctx, m)?,
+                outcome: outcome(m),
+            })
+        })
+        .collect();
+    Ok(Some(Seen {
+        jobs,
+        migrations,
+        budget_wait: budget_wait(&listed),
+        bundles,
+    }))
+}
 
-    // The jobs Manager shows on the node (normal instances that start or run there), and
-    // whether each runs.
-    let on_node: Vec<(String, bool)> = ctx.manager.mirror().read(|m| {
+/// The jobs Manager shows on the node (normal instances that start or run there), and whether
+/// each runs.
+fn jobs_on(ctx: &Context, node_id: &str) -> Vec<(String, bool)> {
+    ctx.manager.mirror().read(|m| {
         m.jobs
             .values()
             .filter_map(|j| {
@@ -178,64 +253,44 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
                 Some((j.job_id.clone(), i.state == proto::JobState::Running as i32))
             })
             .collect()
-    });
-    let mut bundles = Bundles {
-        ctx,
-        seen: HashMap::new(),
-    };
-    let mut jobs = Vec::with_capacity(on_node.len());
-    for (job_id, running) in on_node {
-        let managed = match job_ref(ctx, &job_id) {
-            Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
-            None => false,
-        };
-        jobs.push(DrainJob {
-            job_id,
-            managed,
-            running,
-        });
-    }
+    })
+}
 
-    let migrations_api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
+/// The Migrations labelled with the drained node.
+async fn drain_migrations(ctx: &Context, node_object: &str) -> Result<Vec<Migration>, Error> {
+    let api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
         [one] => Api::namespaced(ctx.client.clone(), one),
         _ => Api::all(ctx.client.clone()),
     };
-    let listed = migrations_api
-        .list(&ListParams::default().labels(&format!(
-            "{}={}",
-            api::DRAIN_NODE_LABEL,
-            node_label(&node_object)
-        )))
-        .await?;
-    let mine: Vec<DrainMigration> = listed
-        .items
-        .iter()
-        .filter_map(|m| {
-            Some(DrainMigration {
-                job_id: migration_job_id(ctx, m)?,
-                outcome: outcome(m),
-            })
-        })
-        .collect();
+    let selector = format!("{}={}", api::DRAIN_NODE_LABEL, node_label(node_object));
+    Ok(api
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items)
+}
 
-    // A drain Migration the disruption budget holds in the queue holds the drain up: the
-    // ManagerNode says so, naming the bundle (the Migration carries the same condition).
-    let budget_wait = listed.items.iter().find_map(|m| {
+/// Why the drain waits, when the disruption budget holds one of its Migrations in the queue.
+fn budget_wait(migrations: &[Migration]) -> Option<String> {
+    migrations.iter().find_map(|m| {
         let s = m.status.as_ref()?;
         let c = api::find_condition(&s.conditions, "Queued")?;
         (s.phase == MigrationPhase::Pending
             && c.status == api::ConditionStatus::True
             && c.reason == "DisruptionBudget")
             .then(|| format!("Migration {}: {}", m.name_any(), c.message))
-    });
-    match budget_wait {
-        Some(why) => super::node::drain_blocked(ctx, node, node_id, why).await,
-        None => super::node::drain_unblocked(ctx, node_id),
-    }
+    })
+}
 
-    let plan = plan_drain(&jobs, &mine, usize::from(ctx.settings.drain_parallelism));
-
-    for job_id in &plan.migrate {
+/// Creates the Migration of each job the plan moves now (it exists already after a restart:
+/// fine).
+async fn migrate(
+    node: &ManagerNode,
+    node_id: &str,
+    ctx: &Context,
+    jobs: &[String],
+) -> Result<(), Error> {
+    let node_object = node.name_any();
+    for job_id in jobs {
         let Some((ns, bundle, replica, job_name)) = job_ref(ctx, job_id) else {
             continue;
         };
@@ -274,10 +329,14 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
             Err(e) => return Err(e.into()),
         }
     }
+    Ok(())
+}
 
-    for job_id in &plan.fall_back {
-        // Manager records the stop as "handed to recovery", so the job's band decides even
-        // after an operator restart (gold and silver restart, bronze is dropped).
+/// Hands each job whose migration failed to its band's recovery. Manager records the stop as
+/// "handed to recovery", so the job's band decides even after an operator restart (gold and
+/// silver restart, bronze is dropped).
+async fn fall_back(node: &ManagerNode, ctx: &Context, jobs: &[String]) -> Result<(), Error> {
+    for job_id in jobs {
         match ctx.manager.hand_to_recovery(job_id).await {
             Ok(_) => {}
             Err(e) if super::is_final_answer(&e) => {}
@@ -295,14 +354,24 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
             let _ = ctx.wake.bundles.send(bundle);
         }
     }
+    Ok(())
+}
 
-    // Progress, from the Migrations (so it survives a restart).
+/// Records the drain's progress, from its Migrations (so it survives a restart); answers how
+/// many of the jobs handed to recovery their band drops.
+async fn record(
+    node_id: &str,
+    ctx: &Context,
+    seen: &mut Seen<'_>,
+    plan: &DrainPlan,
+) -> Result<usize, Error> {
     let mut dropped = 0usize;
-    for m in mine
+    for m in seen
+        .migrations
         .iter()
         .filter(|m| m.outcome == MigrationOutcome::Failed)
     {
-        if bundles.drops(&m.job_id).await? {
+        if seen.bundles.drops(&m.job_id).await? {
             dropped += 1;
         }
     }
@@ -314,30 +383,35 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
             recovered: plan.fell_back.saturating_sub(dropped),
         },
     );
+    Ok(dropped)
+}
 
-    if plan.done {
-        match ctx.manager.terminate_node(node_id).await {
-            Ok(_) => {}
-            // Already on its way out (the mirror has not shown it yet): said once already.
-            Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => {
-                return Ok(Action::await_change());
-            }
-            Err(e) => return Err(e.into()),
-        }
-        ctx.event(
-            node,
-            EventType::Normal,
-            "Drained",
-            "Drain",
-            format!(
-                "node {node_id} is empty ({} jobs migrated, {} handed to band recovery of which {dropped} dropped) and was terminated",
-                plan.migrated, plan.fell_back
-            ),
-        )
-        .await;
-        return Ok(Action::await_change());
+/// Terminates the emptied node, with the `Drained` Event.
+async fn terminate(
+    node: &ManagerNode,
+    node_id: &str,
+    ctx: &Context,
+    plan: &DrainPlan,
+    dropped: usize,
+) -> Result<(), Error> {
+    match ctx.manager.terminate_node(node_id).await {
+        Ok(_) => {}
+        // Already on its way out (the mirror has not shown it yet): said once already.
+        Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => return Ok(()),
+        Err(e) => return Err(e.into()),
     }
-    Ok(Action::requeue(STEP))
+    ctx.event(
+        node,
+        EventType::Normal,
+        "Drained",
+        "Drain",
+        format!(
+            "node {node_id} is empty ({} jobs migrated, {} handed to band recovery of which {dropped} dropped) and was terminated",
+            plan.migrated, plan.fell_back
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 #[cfg(test)]

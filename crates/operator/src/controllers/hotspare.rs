@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, HotSpareTargetStatus, PlacementPool};
-use chrono::{TimeZone, Utc};
+use chrono::{DateTime, TimeZone, Utc};
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -19,10 +19,11 @@ use manager_proto as proto;
 
 use super::{Context, Error, condition};
 use crate::mapping;
-use automanager_policy::spares::{self, RotationStep, SpareNode, SpareState};
+use automanager_policy::pass::Verdict;
+use automanager_policy::spares::{
+    self, Retrying, RotationStep, SpareNode, SparePlan, SpareState, Stall,
+};
 
-/// Rotation and figures are looked at least this often.
-const REFRESH: Duration = Duration::from_secs(30);
 /// A node asked for counts as pending this long even before the mirror shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(30);
 
@@ -116,95 +117,107 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
     }
 }
 
+/// One pass: observe the pool and its spares, plan with the pure planner (braked by the pool's
+/// `maxNodes` and request rate), act on Manager, record status, conditions and Events.
 async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
-    let name = target.name_any();
     ctx.state().wake_mut().set_spare_target(
         &kube::runtime::reflector::ObjectRef::from(target),
         Some(&target.spec.pool),
     );
-    let generation = target.metadata.generation;
-    let now = ctx.clock.now();
-    let prev = target.status.clone().unwrap_or_default();
-    let spec = &target.spec;
-    let mut status = HotSpareTargetStatus {
-        observed_generation: generation,
-        target_count: spec.target_count,
-        conditions: prev.conditions.clone(),
-        ..prev.clone()
+    let pass = match observe(target, ctx).await? {
+        Observed::Stalled(stall) => Pass::Stalled(stall),
+        Observed::Pool(seen) => match plan(target, &seen, ctx.clock.now()) {
+            Ok(plan) => act(target, ctx, &seen.pool, plan).await?,
+            Err(stall) => Pass::Stalled(stall),
+        },
     };
+    record(target, ctx, pass).await
+}
 
+/// What a pass observed of the target's pool.
+enum Observed {
+    /// The pass can go no further (a bad spec, no such pool, Manager unreachable).
+    Stalled(Stall),
+    Pool(Box<Seen>),
+}
+
+/// The pool, its spares and what the provisioning brake allows.
+struct Seen {
+    pool: PlacementPool,
+    /// The pool's spare-tagged nodes, and nodes just asked for the mirror does not show yet.
+    nodes: Vec<SpareNode>,
+    /// The pool's `maxNodes`, and the nodes that still fit under it (`None`: unbounded).
+    max_nodes: Option<u32>,
+    room: Option<u32>,
+    /// Requests the pool's rate allows now.
+    allowance: u32,
+}
+
+/// What a pass did, for [`record`].
+enum Pass {
+    Stalled(Stall),
+    Planned {
+        plan: SparePlan,
+        /// Why a spare that took a job meanwhile was kept (the disruption budget).
+        blocked: Option<String>,
+        /// An aged spare was retired.
+        rotated: bool,
+        /// A failed ask waits its back-off.
+        retrying: Option<Retrying>,
+    },
+}
+
+async fn observe(target: &HotSpareTarget, ctx: &Context) -> Result<Observed, Error> {
+    let spec = &target.spec;
     // A name no object can have goes into no request: the apiserver would never be asked.
     if crate::config::checks::dns_subdomain(&spec.pool).is_err() {
-        api::set_standing(
-            &mut status.conditions,
-            api::Standing::Stalled,
-            "UnknownPool",
-            format!(
-                "{:?} is not a PlacementPool name (lowercase letters, digits, '-' and '.')",
-                spec.pool
-            ),
-            generation,
-            now,
-        );
-        write_status(ctx, target, &prev, status).await?;
-        return Ok(Action::await_change());
+        return Ok(Observed::Stalled(Stall::InvalidPoolName(spec.pool.clone())));
     }
     let pools: Api<PlacementPool> = Api::all(ctx.client.clone());
     let Some(pool) = pools.get_opt(&spec.pool).await? else {
-        api::set_standing(
-            &mut status.conditions,
-            api::Standing::Stalled,
-            "UnknownPool",
-            format!("PlacementPool {} does not exist", spec.pool),
-            generation,
-            now,
-        );
-        write_status(ctx, target, &prev, status).await?;
-        return Ok(Action::requeue(REFRESH));
+        return Ok(Observed::Stalled(Stall::UnknownPool(spec.pool.clone())));
     };
-    // An instance type the pool does not list is one Manager would refuse on every ask.
-    let types = &pool.spec.candidate_instance_types;
-    if !types.is_empty()
-        && !types
-            .iter()
-            .any(|t| t.instance_type == spec.spec.instance_type)
-    {
-        let known: Vec<&str> = types.iter().map(|t| t.instance_type.as_str()).collect();
-        api::set_standing(
-            &mut status.conditions,
-            api::Standing::Stalled,
-            "UnknownInstanceType",
-            format!(
-                "pool {} has no instance type {:?} (known: {})",
-                spec.pool,
-                spec.spec.instance_type,
-                known.join(", ")
-            ),
-            generation,
-            now,
-        );
-        write_status(ctx, target, &prev, status).await?;
-        return Ok(Action::await_change());
+    let known: Vec<String> = pool
+        .spec
+        .candidate_instance_types
+        .iter()
+        .map(|t| t.instance_type.clone())
+        .collect();
+    if let Err(stall) = spares::check_instance_type(&spec.pool, &known, &spec.spec.instance_type) {
+        return Ok(Observed::Stalled(stall));
     }
     if !ctx.manager_ready() {
-        let err = ctx.manager_unavailable();
-        api::set_standing(
-            &mut status.conditions,
-            api::Standing::Stalled,
-            "ManagerUnavailable",
-            err.to_string(),
-            generation,
-            now,
-        );
-        write_status(ctx, target, &prev, status).await?;
-        return Ok(Action::requeue(Duration::from_secs(3)));
+        let why = ctx.manager_unavailable().to_string();
+        return Ok(Observed::Stalled(Stall::ManagerUnavailable(why)));
     }
+    let nodes = spare_nodes(target, ctx);
+    // The brake: spares count against the pool's maxNodes like any node, and the pool's
+    // request rate bounds how many are asked for at once.
+    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
+    let room = automanager_policy::provision_budget::room_under_max_nodes(
+        max_nodes,
+        pool_node_count(ctx, &spec.pool, &nodes),
+    );
+    let allowance = ctx
+        .state()
+        .provisioning_mut()
+        .allowance(&spec.pool, ctx.clock.now());
+    Ok(Observed::Pool(Box::new(Seen {
+        pool,
+        nodes,
+        max_nodes,
+        room,
+        allowance,
+    })))
+}
 
-    // The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
+/// The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
+fn spare_nodes(target: &HotSpareTarget, ctx: &Context) -> Vec<SpareNode> {
+    let pool = &target.spec.pool;
     let mut nodes: Vec<SpareNode> = ctx.manager.mirror().read(|m| {
         m.nodes
             .values()
-            .filter(|n| n.pool == spec.pool && mapping::spare_of(n).0)
+            .filter(|n| n.pool == *pool && mapping::spare_of(n).0)
             .map(|n| {
                 let (capacity, cores) = m.node_usage(&n.node_id);
                 spare_node(n, capacity > 0.0 || cores > 0)
@@ -212,65 +225,124 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             .collect()
     });
     let asked = ctx.state().provisioning_mut().spares_not_shown(
-        &name,
+        &target.name_any(),
         ctx.clock.instant(),
         CREATED_GRACE,
         |id| nodes.iter().any(|s| s.node_id == id),
     );
     nodes.extend(asked.iter().map(|n| spare_node(n, false)));
+    nodes
+}
 
-    // The brake: spares count against the pool's maxNodes like any node, and the pool's
-    // request rate bounds how many are asked for at once.
-    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
-    let pool_nodes = ctx.manager.mirror().read(|m| {
-        m.nodes
+/// The pool's nodes that count against `maxNodes`: those starting or started, and spares
+/// asked for that the mirror does not show yet.
+fn pool_node_count(ctx: &Context, pool: &str, spares: &[SpareNode]) -> u32 {
+    let count = ctx.manager.mirror().read(|m| {
+        let live = m
+            .nodes
             .values()
             .filter(|n| {
-                n.pool == spec.pool
+                n.pool == pool
                     && matches!(
                         proto::NodeState::try_from(n.state),
                         Ok(proto::NodeState::Starting | proto::NodeState::Started)
                     )
             })
-            .count()
-    }) + nodes
-        .iter()
-        .filter(|n| {
-            n.state == SpareState::Starting
-                && !ctx
-                    .manager
-                    .mirror()
-                    .read(|m| m.nodes.contains_key(&n.node_id))
-        })
-        .count();
-    let room = automanager_policy::provision_budget::room_under_max_nodes(
-        max_nodes,
-        u32::try_from(pool_nodes).unwrap_or(u32::MAX),
-    );
-    let allowance = ctx.state().provisioning_mut().allowance(&spec.pool, now);
-    let wanted = mapping::spare_target(spec);
-    let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
-        Ok(p) => p.brake(max_nodes, room, allowance),
-        Err(e) => {
-            api::set_standing(
-                &mut status.conditions,
-                api::Standing::Stalled,
-                "InvalidSpec",
-                e.to_string(),
-                generation,
-                now,
-            );
-            write_status(ctx, target, &prev, status).await?;
-            return Ok(Action::await_change());
-        }
-    };
+            .count();
+        let asked = spares
+            .iter()
+            .filter(|n| n.state == SpareState::Starting && !m.nodes.contains_key(&n.node_id))
+            .count();
+        live + asked
+    });
+    u32::try_from(count).unwrap_or(u32::MAX)
+}
 
-    // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
-    let req = spares::spare_provision_request(&name, &wanted);
-    // A failed ask (not a refusal) waits its back-off: why, and for how long.
-    let mut retrying: Option<(String, Duration)> = None;
-    for _ in 0..plan.provision {
-        if !ctx.state().provisioning_mut().take_request(&spec.pool, now) {
+/// The planner's answer for what was observed, braked.
+fn plan(target: &HotSpareTarget, seen: &Seen, now: DateTime<Utc>) -> Result<SparePlan, Stall> {
+    let wanted = mapping::spare_target(&target.spec);
+    let scale_out = seen.pool.spec.scale_out;
+    spares::plan_spares(&target.name_any(), &wanted, scale_out, &seen.nodes, now)
+        .map(|p| p.brake(seen.max_nodes, seen.room, seen.allowance))
+        .map_err(Stall::InvalidSpec)
+}
+
+/// Acts on the plan: provision first, so a rotation or a taken spare never leaves the pool
+/// short for longer; then terminate the excess and retire an aged spare.
+async fn act(
+    target: &HotSpareTarget,
+    ctx: &Arc<Context>,
+    pool: &PlacementPool,
+    plan: SparePlan,
+) -> Result<Pass, Error> {
+    let retrying = match provision(target, ctx, pool, plan.provision).await? {
+        Asked::All => None,
+        Asked::Refused(stall) => return Ok(Pass::Stalled(stall)),
+        Asked::Retrying(r) => Some(r),
+    };
+    let mut blocked: Option<String> = None;
+    for node in &plan.terminate {
+        if !may_terminate(ctx, target, node, &mut blocked).await? {
+            continue;
+        }
+        ctx.manager.terminate_node(node).await?;
+        let note = format!(
+            "spare {node} terminated: pool {} is over target {}",
+            target.spec.pool, plan.target
+        );
+        ctx.event(
+            target,
+            EventType::Normal,
+            "TerminatedExcessSpare",
+            "Terminate",
+            note,
+        )
+        .await;
+    }
+    let mut rotated = false;
+    if let Some(RotationStep::RetireAged { aged }) = &plan.rotate
+        && may_terminate(ctx, target, aged, &mut blocked).await?
+    {
+        ctx.manager.terminate_node(aged).await?;
+        rotated = true;
+        let note =
+            format!("spare {aged} is older than maxAge and its replacement is up: terminated");
+        ctx.event(target, EventType::Normal, "RotatedSpare", "Rotate", note)
+            .await;
+    }
+    Ok(Pass::Planned {
+        plan,
+        blocked,
+        rotated,
+        retrying,
+    })
+}
+
+/// How asking for spares went.
+enum Asked {
+    /// Every spare asked for (as the pool's rate allows) was asked for.
+    All,
+    /// Manager refused: final for this spec, the pass stalls on it.
+    Refused(Stall),
+    /// An ask failed and waits its back-off.
+    Retrying(Retrying),
+}
+
+/// Asks Manager for `count` spares, as the pool's rate allows.
+async fn provision(
+    target: &HotSpareTarget,
+    ctx: &Arc<Context>,
+    pool: &PlacementPool,
+    count: u32,
+) -> Result<Asked, Error> {
+    let name = target.name_any();
+    let req = spares::spare_provision_request(&name, &mapping::spare_target(&target.spec));
+    for _ in 0..count {
+        if !ctx
+            .state()
+            .provisioning_mut()
+            .take_request(&req.pool, ctx.clock.now())
+        {
             break;
         }
         let create = proto::CreateNodeRequest {
@@ -286,33 +358,16 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             Ok(node) => node,
             // Manager's refusal is final for this spec: say so where the person looks.
             Err(Error::ProvisioningRefused(refusal)) => {
-                let message = refusal.describe();
-                if !api::find_condition(&prev.conditions, "Stalled")
-                    .is_some_and(|c| c.is_true() && c.reason == "ProvisioningRefused")
-                {
-                    ctx.event(
-                        target,
-                        EventType::Warning,
-                        "ProvisioningRefused",
-                        "Provision",
-                        message.clone(),
-                    )
-                    .await;
-                }
-                api::set_standing(
-                    &mut status.conditions,
-                    api::Standing::Stalled,
-                    "ProvisioningRefused",
-                    message,
-                    generation,
-                    now,
-                );
-                write_status(ctx, target, &prev, status).await?;
-                return Ok(Action::requeue(REFRESH));
+                return Ok(Asked::Refused(Stall::ProvisioningRefused(
+                    refusal.describe(),
+                )));
             }
+            // A failed ask (not a refusal) waits its back-off.
             Err(Error::ProvisioningRetry { message, retry_in }) => {
-                retrying = Some((message, retry_in));
-                break;
+                return Ok(Asked::Retrying(Retrying {
+                    why: message,
+                    after: retry_in,
+                }));
             }
             Err(e) => return Err(e),
         };
@@ -323,153 +378,80 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
                 .provisioning_mut()
                 .spare_asked(&name, node.clone(), ctx.clock.instant());
         }
+        let note = format!(
+            "asked for spare {} ({}) in pool {}",
+            node.node_id, req.instance_type, req.pool
+        );
         ctx.event(
             target,
             EventType::Normal,
             "ProvisioningSpare",
             "Provision",
-            format!(
-                "asked for spare {} ({}) in pool {}",
-                node.node_id, req.instance_type, spec.pool
-            ),
+            note,
         )
         .await;
     }
-    let mut blocked: Option<String> = None;
-    for node in &plan.terminate {
-        if !may_terminate(ctx, target, node, &mut blocked).await? {
-            continue;
-        }
-        ctx.manager.terminate_node(node).await?;
-        ctx.event(
-            target,
-            EventType::Normal,
-            "TerminatedExcessSpare",
-            "Terminate",
-            format!(
-                "spare {node} terminated: pool {} is over target {}",
-                spec.pool, plan.target
-            ),
-        )
-        .await;
-    }
-    if let Some(RotationStep::RetireAged { aged }) = &plan.rotate
-        && may_terminate(ctx, target, aged, &mut blocked).await?
-    {
-        ctx.manager.terminate_node(aged).await?;
-        status.last_rotation = Some(now);
-        ctx.event(
-            target,
-            EventType::Normal,
-            "RotatedSpare",
-            "Rotate",
-            format!("spare {aged} is older than maxAge and its replacement is up: terminated"),
-        )
-        .await;
-    }
+    Ok(Asked::All)
+}
 
-    // Record.
-    super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
-    status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
-    status.pending_spares =
-        i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
-    status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
-    status.underflow_since = plan.underflow_since(prev.underflow_since, now);
-    ctx.metrics
-        .set_spare_underflow(&name, &spec.pool, plan.underflow.is_some());
-    match &plan.underflow {
-        Some(u) => {
-            let message = u.message();
-            let was = api::find_condition(&prev.conditions, "SpareUnderflow")
-                .is_some_and(api::Condition::is_true);
-            api::set_condition(
-                &mut status.conditions,
-                condition(
-                    "SpareUnderflow",
-                    true,
-                    "BelowTarget",
-                    message.clone(),
-                    generation,
-                    now,
-                ),
-            );
-            if !was {
+/// Records the pass: status figures, `SpareUnderflow`, `DisruptionBlocked` and the standing,
+/// with a Warning Event for each trouble that is new since the last status.
+async fn record(target: &HotSpareTarget, ctx: &Context, pass: Pass) -> Result<Action, Error> {
+    let prev = target.status.clone().unwrap_or_default();
+    let generation = target.metadata.generation;
+    let now = ctx.clock.now();
+    let mut status = HotSpareTargetStatus {
+        observed_generation: generation,
+        target_count: target.spec.target_count,
+        conditions: prev.conditions.clone(),
+        ..prev.clone()
+    };
+    let was_stalled = |reason: &str| {
+        api::find_condition(&prev.conditions, api::kstatus::STALLED)
+            .is_some_and(|c| c.is_true() && c.reason == reason)
+    };
+    let (verdict, next) = match pass {
+        Pass::Stalled(stall) => {
+            if matches!(stall, Stall::ProvisioningRefused(_)) && !was_stalled(stall.reason()) {
+                let note = stall.message();
                 ctx.event(
                     target,
                     EventType::Warning,
-                    "SpareUnderflow",
-                    "Reconcile",
-                    message,
+                    stall.reason(),
+                    "Provision",
+                    note,
                 )
                 .await;
             }
+            (stall.verdict(), stall.next_look())
         }
-        None => {
-            api::set_condition(
-                &mut status.conditions,
-                condition(
-                    "SpareUnderflow",
-                    false,
-                    "AtTarget",
-                    format!("{} live spares, target {}", plan.live, plan.target),
-                    generation,
-                    now,
-                ),
-            );
+        Pass::Planned {
+            plan,
+            blocked,
+            rotated,
+            retrying,
+        } => {
+            let verdict = plan.verdict(&target.spec.pool, retrying.as_ref());
+            record_plan(target, ctx, &prev, &mut status, &plan, blocked).await;
+            if rotated {
+                status.last_rotation = Some(now);
+            }
+            if let Some(brake) = plan.unreachable()
+                && !was_stalled(brake.reason())
+            {
+                let note = verdict.message.clone();
+                let reason = "SpareTargetUnreachable";
+                ctx.event(target, EventType::Warning, reason, "Provision", note)
+                    .await;
+            }
+            (verdict, plan.next_look(retrying.as_ref()))
         }
-    }
-    let counts = format!(
-        "{} live, {} pending, target {}",
-        plan.live, plan.pending, plan.target
-    );
-    // Underflow with spares on their way is progress; underflow nothing can fix (a fixed pool
-    // has no nodes to spare) is stalled until nodes or the target change.
-    // A target the pool's maxNodes cannot hold is stalled, and says why.
-    let at_max_nodes = plan
-        .braked
-        .as_ref()
-        .filter(|b| matches!(b, spares::Brake::MaxNodes { .. }));
-    let (standing, reason) = match &plan.underflow {
-        Some(_) if at_max_nodes.is_some() => (api::Standing::Stalled, "PoolAtMaxNodes"),
-        Some(_) if retrying.is_some() => (api::Standing::Reconciling, "ProvisioningRetrying"),
-        Some(_) if plan.pending + plan.provision > 0 => {
-            (api::Standing::Reconciling, "Provisioning")
-        }
-        Some(_) => (api::Standing::Stalled, "SpareUnderflow"),
-        None if !plan.terminate.is_empty() => (api::Standing::Reconciling, "TerminatingExcess"),
-        None if plan.rotate.is_some() => (api::Standing::Reconciling, "Rotating"),
-        None => (api::Standing::Ready, "AtTarget"),
     };
-    let message = match (&plan.underflow, at_max_nodes) {
-        (Some(_), Some(brake)) => format!("{}; {counts}", brake.message(&spec.pool, plan.target)),
-        (Some(_), None) if retrying.is_some() => {
-            let (why, after) = retrying
-                .as_ref()
-                .map(|(m, d)| (m.as_str(), d.as_secs()))
-                .unwrap_or_default();
-            format!(
-                "no spare node from pool {} yet ({why}); asked again in {}s; {counts}",
-                spec.pool,
-                after.max(1)
-            )
-        }
-        (Some(u), None) => format!("{}; {counts}", u.message()),
-        (None, _) => counts,
-    };
-    if let Some(brake) = at_max_nodes {
-        let was = api::find_condition(&prev.conditions, api::kstatus::STALLED)
-            .is_some_and(|c| c.is_true() && c.reason == brake.reason());
-        if !was {
-            ctx.event(
-                target,
-                EventType::Warning,
-                "SpareTargetUnreachable",
-                "Provision",
-                message.clone(),
-            )
-            .await;
-        }
-    }
+    let Verdict {
+        standing,
+        reason,
+        message,
+    } = verdict;
     api::set_standing(
         &mut status.conditions,
         standing,
@@ -479,15 +461,44 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         now,
     );
     write_status(ctx, target, &prev, status).await?;
-    Ok(Action::requeue(if let Some((_, after)) = retrying {
-        after.max(Duration::from_secs(1))
-    } else if plan.provision > 0 || plan.rotate.is_some() {
-        Duration::from_secs(1)
-    } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
-        Duration::from_secs(5)
-    } else {
-        REFRESH
-    }))
+    Ok(super::next_action(next))
+}
+
+/// The plan's figures and its `SpareUnderflow` and `DisruptionBlocked` conditions.
+async fn record_plan(
+    target: &HotSpareTarget,
+    ctx: &Context,
+    prev: &HotSpareTargetStatus,
+    status: &mut HotSpareTargetStatus,
+    plan: &SparePlan,
+    blocked: Option<String>,
+) {
+    let generation = target.metadata.generation;
+    let now = ctx.clock.now();
+    super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
+    status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
+    status.pending_spares =
+        i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
+    status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
+    status.underflow_since = plan.underflow_since(prev.underflow_since, now);
+    let name = target.name_any();
+    ctx.metrics
+        .set_spare_underflow(&name, &target.spec.pool, plan.underflow.is_some());
+    let (under, reason, message) = plan.underflow_condition();
+    let was = api::find_condition(&prev.conditions, "SpareUnderflow").is_some_and(|c| c.is_true());
+    if under && !was {
+        let note = message.clone();
+        ctx.event(
+            target,
+            EventType::Warning,
+            "SpareUnderflow",
+            "Reconcile",
+            note,
+        )
+        .await;
+    }
+    let c = condition("SpareUnderflow", under, reason, message, generation, now);
+    api::set_condition(&mut status.conditions, c);
 }
 
 /// Whether a spare may be terminated now. The planner only retires spares that hold no job,

@@ -323,6 +323,25 @@ fn outcome(answer: Result<(), ClientError>) -> Result<CallOutcome, Error> {
     }
 }
 
+/// Manager's id for the job, as Manager gave it (the status keeps it once admitted; empty when
+/// Manager does not know the job, which admission rejects as UnknownJob), and the migration's.
+fn ids(ctx: &Context, mig: &Migration, ns: &str, status: &MigrationStatus) -> (String, String) {
+    let job = &mig.spec.job;
+    let bundle_id = mapping::bundle_id(ns, &job.bundle);
+    let job_id = status.job_id.clone().or_else(|| {
+        let replica = u32::try_from(job.replica).ok()?;
+        ctx.manager.mirror().read(|m| {
+            m.job_of(&bundle_id, replica, &job.job_name)
+                .map(|j| j.job_id.clone())
+        })
+    });
+    let migration_id = status
+        .migration_id
+        .clone()
+        .unwrap_or_else(|| manager_migration_id(mig));
+    (job_id.unwrap_or_default(), migration_id)
+}
+
 impl<'a> Run<'a> {
     /// Admits a Pending Migration (checks, then the queue: parallelism and the disruption
     /// budget) or resumes one from its status.
@@ -333,22 +352,7 @@ impl<'a> Run<'a> {
         deleting: bool,
     ) -> Result<Begin<'a>, Error> {
         let (ns, name) = ns_name(mig)?;
-        let job = &mig.spec.job;
-        let bundle_id = mapping::bundle_id(&ns, &job.bundle);
-        // Manager's id for the job, as Manager gave it (the status keeps it once admitted).
-        let job_id = status.job_id.clone().or_else(|| {
-            let replica = u32::try_from(job.replica).ok()?;
-            ctx.manager.mirror().read(|m| {
-                m.job_of(&bundle_id, replica, &job.job_name)
-                    .map(|j| j.job_id.clone())
-            })
-        });
-        // Unknown to Manager: admission rejects it as UnknownJob.
-        let job_id = job_id.unwrap_or_default();
-        let migration_id = status
-            .migration_id
-            .clone()
-            .unwrap_or_else(|| manager_migration_id(mig));
+        let (job_id, migration_id) = ids(ctx, mig, &ns, &status);
         // Manager's changes to this migration and its job wake this object (and only it).
         ctx.state().wake_mut().set_migration(
             &kube::runtime::reflector::ObjectRef::from(mig),
@@ -359,44 +363,13 @@ impl<'a> Run<'a> {
                 super::disruption::forget_migration(ctx, &ns, &name);
                 return Ok(Begin::Ended);
             }
-            match admit::admit(mig, ctx, &ns, &name, &job_id).await? {
-                Ok((_, source))
-                    if mig.spec.abort.is_none()
-                        && !admit::queue(ctx, mig, &mut status, &source).await? =>
-                {
-                    return Ok(Begin::Queued);
-                }
-                Ok((strategy, source)) => {
-                    status.strategy = Some(strategy);
-                    status.job_id = Some(job_id.clone());
-                    status.migration_id = Some(migration_id.clone());
-                    status.source_node = Some(source.clone());
-                    MigrationMachine::new(strategy, Some(source), ctx.clock.now())
-                }
-                Err((reason, message)) => {
-                    let prev = mig.status.clone().unwrap_or_default();
-                    admit::reject(ctx, mig, &prev, status, reason, message, ctx.clock.now())
-                        .await?;
-                    return Ok(Begin::Ended);
-                }
+            let ids = (job_id.as_str(), migration_id.as_str());
+            match Self::admit(mig, ctx, &mut status, ids).await? {
+                Ok(machine) => machine,
+                Err(ended) => return Ok(ended),
             }
         } else {
-            let entered = status
-                .phases
-                .last()
-                .map_or_else(|| ctx.clock.now(), |p| p.entered_at);
-            let record = ctx
-                .manager
-                .mirror()
-                .read(|m| m.migrations.get(&migration_id).map(manager_record));
-            let from_status = MigrationMachine::resume(
-                status.strategy.unwrap_or_default(),
-                status.phase,
-                entered,
-                status.source_node.clone(),
-                status.target_node.clone(),
-            );
-            observe::resume(from_status, record.as_ref())
+            Self::resume(ctx, &status, &migration_id)
         };
         Ok(Begin::Run(Box::new(Run {
             ctx,
@@ -408,6 +381,58 @@ impl<'a> Run<'a> {
             machine,
             failure: None,
         })))
+    }
+
+    /// Admission of a Pending Migration: its checks, then the queue. `Err` is where the pass
+    /// ends (queued, or rejected with its status written).
+    async fn admit(
+        mig: &'a Migration,
+        ctx: &'a Arc<Context>,
+        status: &mut MigrationStatus,
+        (job_id, migration_id): (&str, &str),
+    ) -> Result<Result<MigrationMachine, Begin<'a>>, Error> {
+        let (ns, name) = ns_name(mig)?;
+        match admit::admit(mig, ctx, &ns, &name, job_id).await? {
+            Ok((_, source))
+                if mig.spec.abort.is_none() && !admit::queue(ctx, mig, status, &source).await? =>
+            {
+                Ok(Err(Begin::Queued))
+            }
+            Ok((strategy, source)) => {
+                status.strategy = Some(strategy);
+                status.job_id = Some(job_id.to_owned());
+                status.migration_id = Some(migration_id.to_owned());
+                status.source_node = Some(source.clone());
+                let now = ctx.clock.now();
+                Ok(Ok(MigrationMachine::new(strategy, Some(source), now)))
+            }
+            Err((reason, message)) => {
+                let prev = mig.status.clone().unwrap_or_default();
+                let now = ctx.clock.now();
+                admit::reject(ctx, mig, &prev, status.clone(), reason, message, now).await?;
+                Ok(Err(Begin::Ended))
+            }
+        }
+    }
+
+    /// The machine of a migration under way, from its status and Manager's record of it.
+    fn resume(ctx: &Context, status: &MigrationStatus, migration_id: &str) -> MigrationMachine {
+        let entered = status
+            .phases
+            .last()
+            .map_or_else(|| ctx.clock.now(), |p| p.entered_at);
+        let record = ctx
+            .manager
+            .mirror()
+            .read(|m| m.migrations.get(migration_id).map(manager_record));
+        let from_status = MigrationMachine::resume(
+            status.strategy.unwrap_or_default(),
+            status.phase,
+            entered,
+            status.source_node.clone(),
+            status.target_node.clone(),
+        );
+        observe::resume(from_status, record.as_ref())
     }
 
     /// Feeds the machine every event that is due now, carrying out its actions.
@@ -858,7 +883,7 @@ mod tests {
     #[test]
     fn status_phases_keep_the_newest_entries_within_the_schema_bound() {
         let mut s = MigrationStatus::default();
-        let t0 = Utc::now();
+        let t0 = DateTime::from_timestamp(1_772_366_400, 0).unwrap_or_default();
         for i in 0..40 {
             push_phase(
                 &mut s,
@@ -892,7 +917,10 @@ mod tests {
             phase: MigrationPhase::CutoverReady,
             ..Default::default()
         });
-        let r = admit::record(&m, Utc::now());
+        let r = admit::record(
+            &m,
+            DateTime::from_timestamp(1_772_366_400, 0).unwrap_or_default(),
+        );
         assert_eq!(r.phase, MigrationPhase::CutoverReady);
         assert_eq!(r.job.namespace, "live");
         assert_eq!(r.job.job_name, "encode");

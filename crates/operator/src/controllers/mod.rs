@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use automanager_api as api;
+use automanager_policy::pass::NextLook;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use manager_client::{ClientError, ManagerClient};
@@ -445,6 +446,14 @@ pub fn pass_succeeded<K: ResourceExt>(ctx: &Context, obj: &K) {
         &obj.name_any(),
         std::any::type_name::<K>(),
     ));
+}
+
+/// The requeue action for a pass's [`NextLook`].
+pub fn next_action(next: NextLook) -> kube::runtime::controller::Action {
+    match next {
+        NextLook::OnChange => kube::runtime::controller::Action::await_change(),
+        NextLook::After(after) => kube::runtime::controller::Action::requeue(after),
+    }
 }
 
 /// The namespace and name of a namespaced object.

@@ -8,7 +8,7 @@
 //! placement off the node; `drain.mode: terminate` terminates it, and its jobs recover by band;
 //! `drain.mode: migrate` moves every job off first (see [`super::drain`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -198,43 +198,6 @@ fn desired_status(
     let state = node_state(n);
     let (spare, spare_band) = mapping::spare_of(n);
     let inv = n.inventory.as_ref();
-    // Ready, Reconciling and Stalled are set once the drain is known (`node_standing`).
-    let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
-    api::set_condition(
-        &mut conditions,
-        condition(
-            "Cordoned",
-            overlay.cordoned,
-            if overlay.cordoned {
-                "Cordoned"
-            } else {
-                "Schedulable"
-            },
-            "",
-            None,
-            now,
-        ),
-    );
-    api::set_condition(
-        &mut conditions,
-        condition(
-            "Unhealthy",
-            overlay.unhealthy,
-            if overlay.unhealthy {
-                "RejectionRateTripped"
-            } else {
-                "Healthy"
-            },
-            if overlay.unhealthy {
-                format!("{rejections} refused starts within the window; placement avoids the node")
-            } else {
-                String::new()
-            },
-            None,
-            now,
-        ),
-    );
-    super::disruption::set_blocked_condition(&mut conditions, blocked, None, now);
     ManagerNodeStatus {
         observed_generation: None,
         node_id: n.node_id.clone(),
@@ -265,22 +228,49 @@ fn desired_status(
         stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
             .then(|| ms_to_time(n.state_changed_at_ms))
             .flatten(),
-        conditions,
+        conditions: node_conditions(prev, overlay, rejections, blocked, now),
     }
 }
 
-/// Mirrors Manager's nodes into ManagerNode objects until `shutdown` resolves.
+/// `Cordoned`, `Unhealthy` and `DisruptionBlocked`, over the conditions the object carries.
+/// Ready, Reconciling and Stalled are set once the drain is known ([`node_standing`]).
+fn node_conditions(
+    prev: Option<&ManagerNodeStatus>,
+    overlay: NodeOverlay,
+    rejections: u32,
+    blocked: Option<String>,
+    now: DateTime<Utc>,
+) -> Vec<api::Condition> {
+    let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
+    let cordoned = if overlay.cordoned {
+        "Cordoned"
+    } else {
+        "Schedulable"
+    };
+    let c = condition("Cordoned", overlay.cordoned, cordoned, "", None, now);
+    api::set_condition(&mut conditions, c);
+    let (reason, message) = if overlay.unhealthy {
+        let why =
+            format!("{rejections} refused starts within the window; placement avoids the node");
+        ("RejectionRateTripped", why)
+    } else {
+        ("Healthy", String::new())
+    };
+    let c = condition("Unhealthy", overlay.unhealthy, reason, message, None, now);
+    api::set_condition(&mut conditions, c);
+    super::disruption::set_blocked_condition(&mut conditions, blocked, None, now);
+    conditions
+}
+
+/// Mirrors Manager's nodes into ManagerNode objects until the wake channel closes: one
+/// [`MirrorSync::pass`] every `statusWriteInterval`, however often the mirror wakes it.
 pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Receiver<()>) {
-    let api: Api<ManagerNode> = Api::all(ctx.client.clone());
-    let mut written = current_statuses(&api).await;
-    let mut written_at: HashMap<String, std::time::Instant> = HashMap::new();
-    let mut last_sweep = ctx.clock.instant() - ORPHAN_SWEEP;
+    let mut sync = MirrorSync::start(ctx.clone()).await;
     let interval = ctx
         .settings
         .status_write_interval
         .max(Duration::from_millis(50));
     let mut last_pass = tokio::time::Instant::now();
-    let mut loads = LoadCache::default();
     loop {
         tokio::select! {
             () = tokio::time::sleep(interval) => {}
@@ -289,160 +279,228 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
         // A wave of mirror changes wakes this loop constantly: one pass per interval is enough.
         tokio::time::sleep_until(last_pass + interval).await;
         last_pass = tokio::time::Instant::now();
-        if !ctx.manager_ready() {
-            continue;
+        sync.pass().await;
+    }
+}
+
+/// The ManagerNode status sync: what it last wrote, and when.
+pub struct MirrorSync {
+    ctx: Arc<Context>,
+    api: Api<ManagerNode>,
+    /// The status each object carries, as this sync last wrote (or first listed) it.
+    written: HashMap<String, ManagerNodeStatus>,
+    written_at: HashMap<String, std::time::Instant>,
+    last_sweep: std::time::Instant,
+    loads: LoadCache,
+}
+
+impl MirrorSync {
+    /// A sync that starts from the statuses the objects carry now ([`current_statuses`]).
+    pub async fn start(ctx: Arc<Context>) -> MirrorSync {
+        let api: Api<ManagerNode> = Api::all(ctx.client.clone());
+        let written = current_statuses(&api).await;
+        let last_sweep = ctx.clock.instant() - ORPHAN_SWEEP;
+        MirrorSync {
+            ctx,
+            api,
+            written,
+            written_at: HashMap::new(),
+            last_sweep,
+            loads: LoadCache::default(),
         }
+    }
+
+    /// One pass: observe every node (keeping the health overlay current), then, with the
+    /// cluster scope, write the statuses that changed and remove the objects of nodes gone or
+    /// stopped long enough. Nothing while Manager is unreachable.
+    pub async fn pass(&mut self) {
+        if !self.ctx.manager_ready() {
+            return;
+        }
+        let desired = self.observe();
+        if !self.ctx.settings.owns_cluster_scope {
+            return;
+        }
+        let keep: HashSet<String> = desired.iter().map(|(n, _)| n.clone()).collect();
+        for (name, status) in &desired {
+            self.write(name, status).await;
+        }
+        self.remove_stale(&keep).await;
+        self.sweep_orphans(&keep).await;
+    }
+
+    /// Every node's desired status, by object name, in one pass over the mirror. Health
+    /// verdicts expire: the overlay of nodes healthy again is cleared on the way. The model,
+    /// drain and health locks are each held only for a node's own lookups, so placement is
+    /// never held up behind this loop. Without the cluster scope only the overlay is kept.
+    fn observe(&mut self) -> Vec<(String, ManagerNodeStatus)> {
+        let ctx = &self.ctx;
         let now = ctx.clock.now();
         let unhealthy_now = ctx.state().nodes_mut().unhealthy_nodes(now);
-        // Health verdicts expire: clear the overlay of nodes that are healthy again.
-        // One pass over the mirror; the model, drain and health locks are each held only for a
-        // node's own lookups, so placement is never held up behind this loop.
-        // Without the cluster scope no object is written: only the health overlay is kept.
         let owns = ctx.settings.owns_cluster_scope;
-        let desired: Vec<(String, ManagerNodeStatus)> = ctx.manager.mirror().read(|m| {
+        let (loads, written) = (&mut self.loads, &self.written);
+        ctx.manager.mirror().read(|m| {
             if owns {
                 loads.retain_nodes(m);
             }
             let mut desired = Vec::with_capacity(m.nodes.len());
             for n in m.nodes.values() {
-                let unhealthy = unhealthy_now.contains(&n.node_id);
-                let overlay = {
-                    let mut state = ctx.state();
-                    let mut overlay = state.model().overlay(&n.node_id);
-                    if overlay.unhealthy != unhealthy {
-                        overlay.unhealthy = unhealthy;
-                        state.model_mut().set_overlay(&n.node_id, overlay, m);
-                    }
-                    overlay
-                };
-                if !owns {
-                    continue; // the health overlay is all a non-owner needs from this loop
-                }
-                let state = node_state(n);
-                let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
-                    .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
-                    .unwrap_or(0);
-                if gone_for
-                    > i64::try_from(ctx.settings.remove_stopped_nodes_after.as_millis())
-                        .unwrap_or(i64::MAX)
-                {
-                    continue; // removed below, and not recreated
+                let overlay = set_health(ctx, m, &n.node_id, unhealthy_now.contains(&n.node_id));
+                if !owns || removable(ctx, n, now) {
+                    continue;
                 }
                 let name = mapping::node_object_name(&n.node_id);
-                let (rejections, blocked) = {
-                    let state = ctx.state();
-                    (
-                        state.nodes().rejections(&n.node_id),
-                        state.nodes().drain_blocked(&n.node_id),
-                    )
-                };
-                let mut status = desired_status(
-                    n,
-                    loads.load(m, &n.node_id),
-                    overlay,
-                    rejections,
-                    blocked,
-                    written.get(&name),
-                    now,
-                );
-                if let Some(e) = ctx.state().nodes().episodes(&n.node_id) {
-                    status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
-                    status.held_out_until = (e.held_until > now).then_some(e.held_until);
-                }
-                status.drain = ctx.state().nodes_mut().drain_status(
-                    &n.node_id,
-                    status.jobs.len(),
-                    matches!(state, NodeState::Stopped | NodeState::Terminated),
-                    now,
-                );
-                let generation = ctx.state().nodes().generation(&n.node_id);
-                status.observed_generation = generation;
-                api::kstatus::observe_generation(&mut status.conditions, generation);
-                let (standing, reason, message) = node_standing(&status);
-                api::set_standing(
-                    &mut status.conditions,
-                    standing,
-                    reason,
-                    message,
-                    generation,
-                    now,
-                );
+                let load = loads.load(m, &n.node_id);
+                let status = node_status(ctx, n, load, overlay, written.get(&name), now);
                 desired.push((name, status));
             }
             desired
+        })
+    }
+
+    /// Writes `status` of the object `name` when it differs from what was written (usage and
+    /// job lists at most every [`USAGE_WRITE_INTERVAL`]), creating the object first when there
+    /// is none, with a lifecycle Event when the node's state changed.
+    async fn write(&mut self, name: &str, status: &ManagerNodeStatus) {
+        let ctx = &self.ctx;
+        let last = self.written.get(name);
+        if last == Some(status) {
+            return;
+        }
+        // Usage and job lists change with every start during a wave: those are written at
+        // most every USAGE_WRITE_INTERVAL per node; anything else (state, conditions, spare,
+        // health, drain) at once.
+        let usage_only = last.is_some_and(|l| same_but_usage(l, status));
+        let recent = self.written_at.get(name).is_some_and(|t| {
+            ctx.clock.instant().saturating_duration_since(*t) < USAGE_WRITE_INTERVAL
         });
-        if !owns {
-            continue;
+        if usage_only && recent {
+            return;
         }
-        let keep: std::collections::HashSet<&str> =
-            desired.iter().map(|(n, _)| n.as_str()).collect();
-        for (name, status) in &desired {
-            let last = written.get(name);
-            if last == Some(status) {
-                continue;
-            }
-            // Usage and job lists change with every start during a wave: those are written at
-            // most every USAGE_WRITE_INTERVAL per node; anything else (state, conditions, spare,
-            // health, drain) at once.
-            let usage_only = last.is_some_and(|l| same_but_usage(l, status));
-            if usage_only
-                && written_at.get(name).is_some_and(|t| {
-                    ctx.clock.instant().saturating_duration_since(*t) < USAGE_WRITE_INTERVAL
-                })
-            {
-                continue;
-            }
-            if !written.contains_key(name) {
-                let obj = ManagerNode::new(name, ManagerNodeSpec::default());
-                match api.create(&PostParams::default(), &obj).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(e)) if e.code == 409 => {}
-                    Err(e) => {
-                        tracing::warn!(node = %name, error = %e, "could not create ManagerNode");
-                        continue;
-                    }
-                }
-            }
-            match super::apply_status(&api, name, status).await {
-                Ok(_) => {
-                    if last.is_none_or(|l| l.state != status.state) {
-                        lifecycle_event(&ctx, name, status).await;
-                    }
-                    written.insert(name.clone(), status.clone());
-                    written_at.insert(name.clone(), ctx.clock.instant());
-                }
+        if last.is_none() {
+            let obj = ManagerNode::new(name, ManagerNodeSpec::default());
+            match self.api.create(&PostParams::default(), &obj).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
                 Err(e) => {
-                    tracing::warn!(node = %name, error = %e, "could not write ManagerNode status")
+                    tracing::warn!(node = %name, error = %e, "could not create ManagerNode");
+                    return;
                 }
             }
         }
-        // Objects of nodes that are gone or stopped long enough.
-        let stale: Vec<String> = written
-            .keys()
-            .filter(|n| !keep.contains(n.as_str()))
-            .cloned()
-            .collect();
-        for name in stale {
-            delete(&api, &name).await;
-            written.remove(&name);
-        }
-        if ctx.clock.instant().saturating_duration_since(last_sweep) >= ORPHAN_SWEEP {
-            last_sweep = ctx.clock.instant();
-            if let Ok(list) = api.list(&ListParams::default()).await {
-                let existing: std::collections::HashSet<String> =
-                    list.items.iter().map(|o| o.name_any()).collect();
-                for name in &existing {
-                    if !keep.contains(name.as_str()) {
-                        delete(&api, name).await;
-                        written.remove(name);
-                    }
+        let state_changed = last.is_none_or(|l| l.state != status.state);
+        match super::apply_status(&self.api, name, status).await {
+            Ok(_) => {
+                if state_changed {
+                    lifecycle_event(ctx, name, status).await;
                 }
-                // An object deleted by hand is recreated: the mirror is the truth, and the
-                // object is where a person cordons or drains the node.
-                written.retain(|name, _| existing.contains(name));
+                self.written.insert(name.to_owned(), status.clone());
+                self.written_at.insert(name.to_owned(), ctx.clock.instant());
+            }
+            Err(e) => {
+                tracing::warn!(node = %name, error = %e, "could not write ManagerNode status")
             }
         }
     }
+
+    /// Deletes the objects written for nodes that are gone or stopped long enough.
+    async fn remove_stale(&mut self, keep: &HashSet<String>) {
+        let stale: Vec<String> = self
+            .written
+            .keys()
+            .filter(|n| !keep.contains(*n))
+            .cloned()
+            .collect();
+        for name in stale {
+            delete(&self.api, &name).await;
+            self.written.remove(&name);
+        }
+    }
+
+    /// Every [`ORPHAN_SWEEP`]: deletes objects of nodes Manager no longer has (written before
+    /// this sync started, or by another), and forgets objects deleted by hand so they are
+    /// recreated: the mirror is the truth, and the object is where a person cordons or drains
+    /// the node.
+    async fn sweep_orphans(&mut self, keep: &HashSet<String>) {
+        let now = self.ctx.clock.instant();
+        if now.saturating_duration_since(self.last_sweep) < ORPHAN_SWEEP {
+            return;
+        }
+        self.last_sweep = now;
+        let Ok(list) = self.api.list(&ListParams::default()).await else {
+            return;
+        };
+        let existing: HashSet<String> = list.items.iter().map(|o| o.name_any()).collect();
+        for name in existing.iter().filter(|n| !keep.contains(*n)) {
+            delete(&self.api, name).await;
+            self.written.remove(name);
+        }
+        self.written.retain(|name, _| existing.contains(name));
+    }
+}
+
+/// Keeps the node's health overlay in the placement model at `unhealthy`; answers the overlay.
+fn set_health(ctx: &Context, m: &MirrorState, node_id: &str, unhealthy: bool) -> NodeOverlay {
+    let mut state = ctx.state();
+    let mut overlay = state.model().overlay(node_id);
+    if overlay.unhealthy != unhealthy {
+        overlay.unhealthy = unhealthy;
+        state.model_mut().set_overlay(node_id, overlay, m);
+    }
+    overlay
+}
+
+/// Whether the node has been stopped or terminated for longer than `removeStoppedNodesAfter`:
+/// its object is removed, and not recreated.
+fn removable(ctx: &Context, n: &proto::Node, now: DateTime<Utc>) -> bool {
+    let gone_for = matches!(node_state(n), NodeState::Stopped | NodeState::Terminated)
+        .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
+        .unwrap_or(0);
+    let after = ctx.settings.remove_stopped_nodes_after.as_millis();
+    gone_for > i64::try_from(after).unwrap_or(i64::MAX)
+}
+
+/// A node's whole status: [`desired_status`] with the health record's flap figures, the
+/// drain's progress, the generation the user's spec was applied at and the standing.
+fn node_status(
+    ctx: &Context,
+    n: &proto::Node,
+    load: NodeLoad,
+    overlay: NodeOverlay,
+    prev: Option<&ManagerNodeStatus>,
+    now: DateTime<Utc>,
+) -> ManagerNodeStatus {
+    let id = &n.node_id;
+    let (rejections, blocked) = {
+        let state = ctx.state();
+        (
+            state.nodes().rejections(id),
+            state.nodes().drain_blocked(id),
+        )
+    };
+    let mut status = desired_status(n, load, overlay, rejections, blocked, prev, now);
+    if let Some(e) = ctx.state().nodes().episodes(id) {
+        status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
+        status.held_out_until = (e.held_until > now).then_some(e.held_until);
+    }
+    let gone = matches!(status.state, NodeState::Stopped | NodeState::Terminated);
+    status.drain = ctx
+        .state()
+        .nodes_mut()
+        .drain_status(id, status.jobs.len(), gone, now);
+    let generation = ctx.state().nodes().generation(id);
+    status.observed_generation = generation;
+    api::kstatus::observe_generation(&mut status.conditions, generation);
+    let (standing, reason, message) = node_standing(&status);
+    api::set_standing(
+        &mut status.conditions,
+        standing,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    status
 }
 
 /// The status every ManagerNode carries now, by object name. The sync starts from it, so an
@@ -566,6 +624,8 @@ pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>) -> Result<Acti
     result
 }
 
+/// One pass over a ManagerNode's spec: the cordon goes into the placement model, then a drain
+/// (if asked for) takes its next step.
 async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> {
     let node_id = node
         .status
@@ -587,26 +647,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         return Ok(Action::await_change());
     }
     if was.cordoned != cordoned {
-        let what = if cordoned { "Cordoned" } else { "Uncordoned" };
-        ctx.event(
-            node,
-            EventType::Normal,
-            what,
-            "Cordon",
-            format!(
-                "node {node_id}: {}",
-                if cordoned {
-                    "no new placements"
-                } else {
-                    "placements allowed again"
-                }
-            ),
-        )
-        .await;
-        // Capacity came or went in the node's pool.
-        if let Some(pool) = ctx.manager.mirror().node(&node_id).map(|n| n.pool) {
-            ctx.wake_pool(&pool);
-        }
+        cordon_changed(ctx, node, &node_id, cordoned).await;
     }
     let Some(drain) = node.spec.drain else {
         drain_unblocked(ctx, &node_id);
@@ -615,39 +656,58 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     if drain.mode == DrainMode::Migrate {
         return super::drain::step(node, &node_id, ctx).await;
     }
-    if ctx.state().nodes().is_draining(&node_id) {
+    terminate_drain(node, &node_id, ctx).await
+}
+
+/// The cordon changed: an Event, and the node's pool is woken (capacity came or went).
+async fn cordon_changed(ctx: &Context, node: &ManagerNode, node_id: &str, cordoned: bool) {
+    let (reason, what) = if cordoned {
+        ("Cordoned", "no new placements")
+    } else {
+        ("Uncordoned", "placements allowed again")
+    };
+    let note = format!("node {node_id}: {what}");
+    ctx.event(node, EventType::Normal, reason, "Cordon", note)
+        .await;
+    if let Some(pool) = ctx.manager.mirror().node(node_id).map(|n| n.pool) {
+        ctx.wake_pool(&pool);
+    }
+}
+
+/// `drain: {mode: terminate}`: once the disruption budget of every bundle with a job on the
+/// node allows it (it is a voluntary disruption too), the node is terminated and its jobs
+/// recover by band.
+async fn terminate_drain(
+    node: &ManagerNode,
+    node_id: &str,
+    ctx: &Arc<Context>,
+) -> Result<Action, Error> {
+    if ctx.state().nodes().is_draining(node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
-    // A terminate drain is a voluntary disruption too: it waits for the budget of every
-    // bundle with a job on the node.
-    if let Err(why) = super::disruption::allow_node_terminate(ctx, &node_id).await? {
-        drain_blocked(ctx, node, &node_id, why).await;
+    if let Err(why) = super::disruption::allow_node_terminate(ctx, node_id).await? {
+        drain_blocked(ctx, node, node_id, why).await;
         return Ok(Action::requeue(BLOCKED_POLL));
     }
-    drain_unblocked(ctx, &node_id);
+    drain_unblocked(ctx, node_id);
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
     ctx.state()
         .nodes_mut()
-        .begin_drain(&node_id, jobs, ctx.clock.now());
+        .begin_drain(node_id, jobs, ctx.clock.now());
     let gone = ctx
         .manager
         .mirror()
-        .node(&node_id)
+        .node(node_id)
         .is_none_or(|n| matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped));
     if !gone {
-        ctx.manager.terminate_node(&node_id).await?;
+        ctx.manager.terminate_node(node_id).await?;
     }
-    ctx.event(
-        node,
-        EventType::Normal,
-        "Draining",
-        "Drain",
-        format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band"),
-    )
-    .await;
+    let note = format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band");
+    ctx.event(node, EventType::Normal, "Draining", "Drain", note)
+        .await;
     Ok(Action::requeue(Duration::from_secs(10)))
 }
 
@@ -655,6 +715,10 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
 mod tests {
     use super::*;
     use automanager_api::DrainStatus;
+
+    fn t0() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_772_366_400, 0).unwrap_or_default()
+    }
 
     fn job(
         id: &str,
@@ -696,7 +760,7 @@ mod tests {
             ..Default::default()
         };
         let drained = DrainStatus {
-            completed_at: Some(Utc::now()),
+            completed_at: Some(t0()),
             ..Default::default()
         };
         for (status, want, reason) in [
@@ -714,7 +778,7 @@ mod tests {
             (
                 ManagerNodeStatus {
                     unhealthy_episodes: 3,
-                    held_out_until: Some(Utc::now()),
+                    held_out_until: Some(t0()),
                     ..node(NodeState::Started, false, None)
                 },
                 S::Stalled,
@@ -739,7 +803,7 @@ mod tests {
                         "DisruptionBudget",
                         "waiting for Bundle a/b",
                         None,
-                        Utc::now(),
+                        t0(),
                     )],
                     ..node(NodeState::Started, true, None)
                 },

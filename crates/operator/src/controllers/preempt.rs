@@ -35,6 +35,8 @@ use kube::runtime::events::EventType;
 
 use super::{Context, Error, is_final_answer, now_ms};
 use crate::mapping;
+use crate::state::OperatorState;
+use manager_client::MirrorState;
 
 /// How long a preemption made for a replica holds off another one for it: its victims' capacity
 /// is on its way. Past it (someone else took the room), the replica may preempt again.
@@ -158,93 +160,116 @@ fn choose(
     need: preempt::Need,
     excluded: &HashSet<String>,
 ) -> Option<(preempt::Preemption, HashMap<String, String>)> {
-    let now = now_ms(rec.now);
     ctx.with_mirror(|m, state| {
-        let moving: HashSet<&str> = m
-            .migrations
-            .values()
-            .filter(|mig| !mig.is_final())
-            .map(|mig| mig.job_id.as_str())
-            .collect();
-        let mut by_node: BTreeMap<String, Vec<RunningJob>> = BTreeMap::new();
-        let mut bundle_of: HashMap<String, String> = HashMap::new();
-        for job in m.jobs.values() {
-            if job.bundle_id == rec.bundle_id
-                || excluded.contains(&job.bundle_id)
-                || job.node_id.is_empty()
-                || moving.contains(job.job_id.as_str())
-            {
-                continue;
-            }
-            let Some(req) = &job.requirements else {
-                continue;
-            };
-            if mapping::parse_band(&req.priority_band) != Some(PriorityBand::Bronze)
-                || !matches!(
-                    job.state(),
-                    manager_proto::JobState::Running | manager_proto::JobState::Starting
-                )
-            {
-                continue;
-            }
-            let started_at_ms = job
-                .instances
-                .iter()
-                .filter(|i| i.is_normal())
-                .map(|i| i.started_at_ms)
-                .max()
-                .unwrap_or(0);
-            by_node
-                .entry(job.node_id.clone())
-                .or_default()
-                .push(RunningJob {
-                    job_id: job.job_id.clone(),
-                    band: PriorityBand::Bronze,
-                    capacity: req.required_capacity.max(0.0),
-                    cores: u32::try_from(req.required_cores).unwrap_or(0),
-                    started_at_ms,
-                });
-            bundle_of.insert(job.job_id.clone(), job.bundle_id.clone());
-        }
+        let (by_node, bundle_of) = bronze_jobs(m, rec, excluded);
         if by_node.is_empty() {
             return None;
         }
-        let all: HashSet<String> = bundle_of.keys().cloned().collect();
-        let mut dry = state.model().without_jobs(m, &all);
-        let mut candidates = Vec::new();
-        while candidates.len() < MAX_CANDIDATE_NODES {
-            let d = dry.place(rec.request, now);
-            let pl::Outcome::Placed { assignments, .. } = &d.outcome else {
-                break;
-            };
-            let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
-            nodes.sort_unstable();
-            nodes.dedup();
-            for n in &nodes {
-                if dry.set_cordoned(n, true).is_err() {
-                    return None;
-                }
-            }
-            // Victims come from one node: a replica the engine spreads over several is left to
-            // wait for capacity.
-            let [node] = nodes.as_slice() else {
-                continue;
-            };
-            let (Some(jobs), Some(view)) =
-                (by_node.get(*node), state.model().engine().node_view(node))
-            else {
-                continue;
-            };
-            candidates.push(NodeCandidate {
-                node_id: (*node).to_owned(),
-                free_capacity: view.free_capacity,
-                free_cores: view.total_cores.saturating_sub(view.used_cores),
-                jobs: jobs.clone(),
-            });
-        }
+        let candidates = candidate_nodes(m, state, rec, &by_node, &bundle_of)?;
         let choice = preempt::choose_victims(need, &candidates)?;
         Some((choice, bundle_of))
     })
+}
+
+/// The preemptible jobs by node: bronze, starting or running, of another bundle not excluded,
+/// and not being migrated; and each one's Manager bundle id.
+fn bronze_jobs(
+    m: &MirrorState,
+    rec: &Recovering<'_>,
+    excluded: &HashSet<String>,
+) -> (BTreeMap<String, Vec<RunningJob>>, HashMap<String, String>) {
+    let moving: HashSet<&str> = m
+        .migrations
+        .values()
+        .filter(|mig| !mig.is_final())
+        .map(|mig| mig.job_id.as_str())
+        .collect();
+    let mut by_node: BTreeMap<String, Vec<RunningJob>> = BTreeMap::new();
+    let mut bundle_of: HashMap<String, String> = HashMap::new();
+    for job in m.jobs.values() {
+        if job.bundle_id == rec.bundle_id
+            || excluded.contains(&job.bundle_id)
+            || job.node_id.is_empty()
+            || moving.contains(job.job_id.as_str())
+        {
+            continue;
+        }
+        let Some(req) = &job.requirements else {
+            continue;
+        };
+        if mapping::parse_band(&req.priority_band) != Some(PriorityBand::Bronze)
+            || !matches!(
+                job.state(),
+                manager_proto::JobState::Running | manager_proto::JobState::Starting
+            )
+        {
+            continue;
+        }
+        let started_at_ms = job
+            .instances
+            .iter()
+            .filter(|i| i.is_normal())
+            .map(|i| i.started_at_ms)
+            .max()
+            .unwrap_or(0);
+        by_node
+            .entry(job.node_id.clone())
+            .or_default()
+            .push(RunningJob {
+                job_id: job.job_id.clone(),
+                band: PriorityBand::Bronze,
+                capacity: req.required_capacity.max(0.0),
+                cores: u32::try_from(req.required_cores).unwrap_or(0),
+                started_at_ms,
+            });
+        bundle_of.insert(job.job_id.clone(), job.bundle_id.clone());
+    }
+    (by_node, bundle_of)
+}
+
+/// The nodes that would take the whole replica were their bronze jobs gone: a dry run of the
+/// engine without them, each answer cordoned in turn so the next finds another node. `None`
+/// when the dry run cannot cordon a node it chose.
+fn candidate_nodes(
+    m: &MirrorState,
+    state: &OperatorState,
+    rec: &Recovering<'_>,
+    by_node: &BTreeMap<String, Vec<RunningJob>>,
+    bundle_of: &HashMap<String, String>,
+) -> Option<Vec<NodeCandidate>> {
+    let all: HashSet<String> = bundle_of.keys().cloned().collect();
+    let mut dry = state.model().without_jobs(m, &all);
+    let mut candidates = Vec::new();
+    while candidates.len() < MAX_CANDIDATE_NODES {
+        let d = dry.place(rec.request, now_ms(rec.now));
+        let pl::Outcome::Placed { assignments, .. } = &d.outcome else {
+            break;
+        };
+        let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        for n in &nodes {
+            if dry.set_cordoned(n, true).is_err() {
+                return None;
+            }
+        }
+        // Victims come from one node: a replica the engine spreads over several is left to
+        // wait for capacity.
+        let [node] = nodes.as_slice() else {
+            continue;
+        };
+        let (Some(jobs), Some(view)) = (by_node.get(*node), state.model().engine().node_view(node))
+        else {
+            continue;
+        };
+        candidates.push(NodeCandidate {
+            node_id: (*node).to_owned(),
+            free_capacity: view.free_capacity,
+            free_cores: view.total_cores.saturating_sub(view.used_cores),
+            jobs: jobs.clone(),
+        });
+    }
+    Some(candidates)
 }
 
 /// The Bundle of a victim, when it is one of ours whose bronze band drops (a Bundle that

@@ -13,11 +13,9 @@
 //! `MigrationInProgress`, `WaitingForCapacity` or `RateLimited`; False with `SoftRulesHold`), a
 //! `RebalanceStarted` Event per Migration and `automanager_rebalances_total`.
 
-use std::collections::BTreeSet;
-
 use automanager_api::{self as api, Bundle, Migration, MigrationJobRef, MigrationSpec};
 use automanager_placement as pl;
-use automanager_policy::rebalance::{self, At, Proposal, Verdict};
+use automanager_policy::rebalance::{self, At, Finding, Proposal, Verdict};
 use chrono::{DateTime, Utc};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
@@ -38,21 +36,19 @@ pub struct Look {
     pub wait_for_capacity: bool,
 }
 
-impl Look {
-    fn holds() -> Self {
+impl From<Finding> for Look {
+    fn from(f: Finding) -> Self {
         Look {
-            condition: (
-                false,
-                "SoftRulesHold",
-                "every soft placement rule holds".into(),
-            ),
-            wait_for_capacity: false,
+            condition: f.condition(),
+            wait_for_capacity: f.wait_for_capacity(),
         }
     }
 }
 
 /// One look at a Ready bundle with `spec.rebalance: true`; `status` is the one about to be
-/// written (its traces include this pass's decisions).
+/// written (its traces include this pass's decisions). Observe where the flagged replicas run,
+/// ask the engine where each would go now, decide with [`rebalance::decide`], and create the
+/// Migrations of the first replica that moves.
 pub async fn look(
     ctx: &Context,
     bundle: &Bundle,
@@ -61,8 +57,55 @@ pub async fn look(
     engine_bundle: &pl::BundleSpec,
     now: DateTime<Utc>,
 ) -> Result<Look, Error> {
-    // Replicas whose last placement had to break a soft rule.
-    let flagged: Vec<u32> = status
+    let flagged = flagged_replicas(status);
+    if flagged.is_empty() {
+        return Ok(Finding::Holds.into());
+    }
+    let Some((moving, positions)) = observe(ctx, bundle, bundle_id) else {
+        return Ok(Finding::Holds.into());
+    };
+    let mut waiting: Option<Finding> = None;
+    for replica in flagged {
+        let Some((mine, others)) = rebalance::split(&positions, replica as usize) else {
+            continue;
+        };
+        let broken_now = rebalance::broken_soft_rules(
+            &engine_bundle.inter_replica_placement,
+            &engine_bundle.intra_replica_placement,
+            &mine,
+            &others,
+        );
+        if broken_now.is_empty() {
+            continue;
+        }
+        let rules = rebalance::rule_names(&broken_now);
+        if moving || in_progress(ctx, bundle).await? {
+            return Ok(Finding::InProgress { replica, rules }.into());
+        }
+        let proposal = propose(ctx, bundle, bundle_id, engine_bundle, replica, &others, now);
+        let current: Vec<(String, String)> = bundle
+            .spec
+            .jobs
+            .iter()
+            .map(|j| j.job_name.clone())
+            .zip(mine.iter().map(|a| a.node.clone()))
+            .collect();
+        match rebalance::decide(&current, &broken_now, proposal.as_ref()) {
+            Verdict::Holds => {}
+            Verdict::NoBetterPlacement => {
+                waiting.get_or_insert(Finding::WaitingForCapacity { replica, rules });
+            }
+            Verdict::Move(moves) => {
+                return Ok(act(ctx, bundle, replica, rules, moves, now).await?.into());
+            }
+        }
+    }
+    Ok(waiting.unwrap_or(Finding::Holds).into())
+}
+
+/// Replicas whose last placement had to break a soft rule.
+fn flagged_replicas(status: &api::BundleStatus) -> Vec<u32> {
+    status
         .replicas
         .iter()
         .filter(|r| {
@@ -73,194 +116,130 @@ pub async fn look(
             })
         })
         .filter_map(|r| u32::try_from(r.replica).ok())
-        .collect();
-    if flagged.is_empty() {
-        return Ok(Look::holds());
-    }
+        .collect()
+}
+
+/// Whether a Manager migration of the bundle is under way, and where each job of each replica
+/// runs now (by replica, in the order of `spec.jobs`). `None` when a job is not running: the
+/// bundle is not settled and is left alone.
+fn observe(ctx: &Context, bundle: &Bundle, bundle_id: &str) -> Option<(bool, Vec<Vec<At>>)> {
     let replicas = u32::try_from(bundle.spec.replicas).unwrap_or(0);
-    let names: Vec<&str> = bundle
-        .spec
-        .jobs
-        .iter()
-        .map(|j| j.job_name.as_str())
-        .collect();
-    // Where each job of each replica runs now; a replica with a job not running is left alone
-    // (the bundle is not settled) and so is one whose job a Manager migration holds.
-    let seen = ctx.manager.mirror().read(|m| {
+    ctx.manager.mirror().read(|m| {
         let moving = m.migrations.values().any(|mig| {
             !mig.is_final()
                 && m.jobs
                     .get(&mig.job_id)
                     .is_some_and(|j| j.bundle_id == bundle_id)
         });
-        let positions: Option<Vec<Vec<(String, At)>>> = (0..replicas)
+        let positions: Option<Vec<Vec<At>>> = (0..replicas)
             .map(|r| {
-                names
+                bundle
+                    .spec
+                    .jobs
                     .iter()
-                    .map(|name| {
-                        let j = m.job_of(bundle_id, r, name)?;
+                    .map(|job| {
+                        let j = m.job_of(bundle_id, r, &job.job_name)?;
                         (j.state() == manager_proto::JobState::Running && !j.node_id.is_empty())
-                            .then(|| {
-                                (
-                                    (*name).to_owned(),
-                                    At {
-                                        node: j.node_id.clone(),
-                                        zone: m
-                                            .zone_of(&j.node_id)
-                                            .filter(|z| !z.is_empty())
-                                            .map(str::to_owned),
-                                    },
-                                )
+                            .then(|| At {
+                                node: j.node_id.clone(),
+                                zone: m
+                                    .zone_of(&j.node_id)
+                                    .filter(|z| !z.is_empty())
+                                    .map(str::to_owned),
                             })
                     })
                     .collect()
             })
             .collect();
-        (moving, positions)
-    });
-    let (moving, Some(positions)) = seen else {
-        return Ok(Look::holds());
-    };
-    let mut waiting: Option<Look> = None;
-    for r in flagged {
-        let Some(mine) = positions.get(r as usize) else {
-            continue;
-        };
-        let others: Vec<At> = positions
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != r as usize)
-            .flat_map(|(_, jobs)| jobs.iter().map(|(_, a)| a.clone()))
-            .collect();
-        let here: Vec<At> = mine.iter().map(|(_, a)| a.clone()).collect();
-        let broken_now = rebalance::broken_soft_rules(
-            &engine_bundle.inter_replica_placement,
-            &engine_bundle.intra_replica_placement,
-            &here,
-            &others,
-        );
-        if broken_now.is_empty() {
-            continue;
-        }
-        let rules = rule_names(&broken_now);
-        if moving || in_progress(ctx, bundle).await? {
-            return Ok(Look {
-                condition: (
-                    true,
-                    "MigrationInProgress",
-                    format!(
-                        "replica {r} breaks soft rule(s) {rules}; a migration of this bundle is under way"
-                    ),
-                ),
-                wait_for_capacity: false,
-            });
-        }
-        let request = pl::PlacementRequest {
-            bundle_id: bundle_id.to_owned(),
-            replica_index: r,
-            jobs: bundle.spec.jobs.iter().map(mapping::job).collect(),
-            pools: engine_bundle.pools_for_replica(r).to_vec(),
-            kind: pl::PlacementKind::First,
-            intra_replica: engine_bundle.intra_replica_placement,
-            inter_replica: engine_bundle.inter_replica_placement,
-            other_replicas: others
-                .iter()
-                .map(|a| pl::Position {
-                    node: a.node.clone(),
-                    zone: a.zone.clone(),
-                })
-                .collect(),
-            placed_siblings: Vec::new(),
-        };
-        let decision = ctx.state().model().place(&request, now_ms(now));
-        let proposal = match &decision.outcome {
-            pl::Outcome::Placed { assignments, .. } => Some(Proposal {
-                assignments: assignments
-                    .iter()
-                    .map(|a| (a.job_name.clone(), a.node.clone()))
-                    .collect(),
-                broken: decision.trace.broken_soft_rules.iter().copied().collect(),
-                pending: assignments.iter().any(|a| a.node_pending),
-            }),
-            _ => None,
-        };
-        let current: Vec<(String, String)> = mine
-            .iter()
-            .map(|(j, a)| (j.clone(), a.node.clone()))
-            .collect();
-        match rebalance::decide(&current, &broken_now, proposal.as_ref()) {
-            Verdict::Holds => {}
-            Verdict::NoBetterPlacement => {
-                waiting.get_or_insert(Look {
-                    condition: (
-                        true,
-                        "WaitingForCapacity",
-                        format!("replica {r} breaks soft rule(s) {rules}; no node where they would hold has room yet"),
-                    ),
-                    wait_for_capacity: true,
-                });
-            }
-            Verdict::Move(moves) => {
-                let allowed = ctx
-                    .state()
-                    .disruptions_mut()
-                    .take_rebalance_moves(u32::try_from(moves.len()).unwrap_or(u32::MAX), now);
-                if !allowed {
-                    return Ok(Look {
-                        condition: (
-                            true,
-                            "RateLimited",
-                            format!(
-                                "replica {r} breaks soft rule(s) {rules} and could move; rebalance.maxPerMinute ({}) is used up",
-                                ctx.settings.rebalance_per_minute
-                            ),
-                        ),
-                        wait_for_capacity: true,
-                    });
-                }
-                let mut created = Vec::new();
-                for mv in &moves {
-                    created.push(create(ctx, bundle, r, mv).await?);
-                    ctx.metrics.rebalance_started();
-                }
-                let note = moves
-                    .iter()
-                    .zip(&created)
-                    .map(|(m, name)| {
-                        format!(
-                            "job {} from {} to {} (Migration {name})",
-                            m.job_name, m.from, m.to
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let message = format!(
-                    "replica {r} breaks soft rule(s) {rules} and there is room where they hold: moving {note}"
-                );
-                ctx.event(
-                    bundle,
-                    EventType::Normal,
-                    "RebalanceStarted",
-                    "Rebalance",
-                    message.clone(),
-                )
-                .await;
-                return Ok(Look {
-                    condition: (true, "MigrationStarted", message),
-                    wait_for_capacity: false,
-                });
-            }
-        }
-    }
-    Ok(waiting.unwrap_or_else(Look::holds))
+        Some((moving, positions?))
+    })
 }
 
-fn rule_names(rules: &BTreeSet<pl::SoftRule>) -> String {
-    rules
-        .iter()
-        .map(|r| r.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
+/// Where the engine would place `replica` were it placed now (a first placement: hot spares
+/// are kept for recoveries); `None` when it could not place it at all.
+fn propose(
+    ctx: &Context,
+    bundle: &Bundle,
+    bundle_id: &str,
+    engine_bundle: &pl::BundleSpec,
+    replica: u32,
+    others: &[At],
+    now: DateTime<Utc>,
+) -> Option<Proposal> {
+    let request = pl::PlacementRequest {
+        bundle_id: bundle_id.to_owned(),
+        replica_index: replica,
+        jobs: bundle.spec.jobs.iter().map(mapping::job).collect(),
+        pools: engine_bundle.pools_for_replica(replica).to_vec(),
+        kind: pl::PlacementKind::First,
+        intra_replica: engine_bundle.intra_replica_placement,
+        inter_replica: engine_bundle.inter_replica_placement,
+        other_replicas: others
+            .iter()
+            .map(|a| pl::Position {
+                node: a.node.clone(),
+                zone: a.zone.clone(),
+            })
+            .collect(),
+        placed_siblings: Vec::new(),
+    };
+    let decision = ctx.state().model().place(&request, now_ms(now));
+    match &decision.outcome {
+        pl::Outcome::Placed { assignments, .. } => Some(Proposal {
+            assignments: assignments
+                .iter()
+                .map(|a| (a.job_name.clone(), a.node.clone()))
+                .collect(),
+            broken: decision.trace.broken_soft_rules.iter().copied().collect(),
+            pending: assignments.iter().any(|a| a.node_pending),
+        }),
+        _ => None,
+    }
+}
+
+/// Moves the replica's jobs, within the fleet's rate: one Migration per move, an Event and the
+/// metric.
+async fn act(
+    ctx: &Context,
+    bundle: &Bundle,
+    replica: u32,
+    rules: String,
+    moves: Vec<rebalance::Move>,
+    now: DateTime<Utc>,
+) -> Result<Finding, Error> {
+    let count = u32::try_from(moves.len()).unwrap_or(u32::MAX);
+    if !ctx
+        .state()
+        .disruptions_mut()
+        .take_rebalance_moves(count, now)
+    {
+        return Ok(Finding::RateLimited {
+            replica,
+            rules,
+            per_minute: ctx.settings.rebalance_per_minute,
+        });
+    }
+    let mut started = Vec::with_capacity(moves.len());
+    for mv in moves {
+        let name = create(ctx, bundle, replica, &mv).await?;
+        ctx.metrics.rebalance_started();
+        started.push((mv, name));
+    }
+    let finding = Finding::Started {
+        replica,
+        rules,
+        moves: started,
+    };
+    let note = finding.condition().2;
+    ctx.event(
+        bundle,
+        EventType::Normal,
+        "RebalanceStarted",
+        "Rebalance",
+        note,
+    )
+    .await;
+    Ok(finding)
 }
 
 /// A rebalancing Migration of this bundle that has not ended (it may still be queued, so not

@@ -413,6 +413,88 @@ fn run(f: &Fleet) -> Plan {
     })
 }
 
+fn planned(nodes: &[(&str, usize)]) -> Plan {
+    Plan {
+        nodes: nodes
+            .iter()
+            .map(|(n, moves)| PlannedNode {
+                node: (*n).into(),
+                moves: (0..*moves)
+                    .map(|i| Move {
+                        job_id: format!("ns.b/{i}/enc"),
+                        bundle_id: "ns.b".into(),
+                        replica: u32::try_from(i).unwrap_or(0),
+                        job_name: "enc".into(),
+                        target: "t".into(),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        kept: Vec::new(),
+    }
+}
+
+fn at(secs: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp(1_772_000_000 + secs, 0).unwrap_or_default()
+}
+
+#[test]
+fn a_summary_names_the_nodes_emptied_and_counts_the_kept_by_reason() {
+    let mut p = planned(&[("n1", 2), ("n2", 0)]);
+    p.kept = vec![
+        ("n3".into(), KeepReason::NoRoom { job_id: "j".into() }),
+        ("n4".into(), KeepReason::NoRoom { job_id: "k".into() }),
+        ("n5".into(), KeepReason::Held("too young".into())),
+        ("n6".into(), KeepReason::Floor { min_nodes: 2 }),
+    ];
+    assert_eq!(
+        p.summary(),
+        "would empty 2 node(s): n1 (2 moves), n2 (0 moves); kept: 1 busy or too young, 2 no room elsewhere, 1 the pool keeps at least 2 node(s)"
+    );
+    assert_eq!(Plan::default().summary(), "no node can be emptied");
+}
+
+#[test]
+fn the_first_planned_node_is_begun_once_the_cooldown_has_passed() {
+    let p = planned(&[("n1", 1), ("n2", 1)]);
+    let cooldown = std::time::Duration::from_secs(30);
+    assert_eq!(next(&p, None, cooldown, at(0)), Next::Empty(&p.nodes[0]));
+    assert_eq!(
+        next(&p, Some(at(0)), cooldown, at(10)),
+        Next::CoolDown { until: at(30) }
+    );
+    assert_eq!(
+        next(&p, Some(at(0)), cooldown, at(30)),
+        Next::Empty(&p.nodes[0])
+    );
+    assert_eq!(next(&Plan::default(), None, cooldown, at(0)), Next::Nothing);
+}
+
+#[test]
+fn a_failed_move_gives_the_node_up_and_all_done_ends_it() {
+    use MigrationOutcome as O;
+    let m = |name: &str, o: O, phase: &str| (name.to_owned(), o, phase.to_owned());
+    assert_eq!(
+        progress(&[
+            m("a", O::Completed, "Completed"),
+            m("b", O::InFlight, "Cutover")
+        ]),
+        Progress::Moving { done: 1, total: 2 }
+    );
+    assert_eq!(
+        progress(&[m("a", O::InFlight, "Cutover"), m("b", O::Failed, "Aborted")]),
+        Progress::Failed {
+            migration: "b".into(),
+            phase: "Aborted".into()
+        }
+    );
+    assert_eq!(
+        progress(&[m("a", O::Completed, "Completed")]),
+        Progress::Done { total: 1 }
+    );
+    assert_eq!(progress(&[]), Progress::Done { total: 0 });
+}
+
 proptest! {
     #[test]
     fn a_plan_keeps_every_rule(f in arb_fleet()) {
@@ -483,5 +565,26 @@ proptest! {
         let k = usize::try_from(seed % g.nodes.len() as u64).unwrap_or(0);
         g.nodes.rotate_left(k);
         prop_assert_eq!(p, run(&g));
+    }
+
+    #[test]
+    fn progress_is_done_only_when_every_move_completed(
+        outcomes in proptest::collection::vec(0u8..3, 0..12)
+    ) {
+        use MigrationOutcome as O;
+        let ms: Vec<(String, O, String)> = outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (format!("m{i}"), [O::InFlight, O::Completed, O::Failed][usize::from(*o)], String::new()))
+            .collect();
+        let completed = ms.iter().filter(|(_, o, _)| *o == O::Completed).count();
+        match progress(&ms) {
+            Progress::Done { total } => prop_assert_eq!(completed, total),
+            Progress::Moving { done, total } => {
+                prop_assert!(done < total);
+                prop_assert!(ms.iter().all(|(_, o, _)| *o != O::Failed));
+            }
+            Progress::Failed { .. } => prop_assert!(ms.iter().any(|(_, o, _)| *o == O::Failed)),
+        }
     }
 }

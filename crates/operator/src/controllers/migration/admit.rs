@@ -16,6 +16,9 @@ use crate::controllers::{Context, Error, condition, disruption};
 use crate::mapping;
 use automanager_policy::migration_queue::Admission;
 
+/// Why admission refuses a Migration: the condition's reason and message.
+type Refusal = (&'static str, String);
+
 /// The admission checks of a Pending Migration: the strategy in effect and the source node, or
 /// why it is rejected (condition reason, message).
 pub(super) async fn admit(
@@ -24,49 +27,75 @@ pub(super) async fn admit(
     ns: &str,
     name: &str,
     job_id: &str,
-) -> Result<Result<(MigrationStrategy, String), (&'static str, String)>, Error> {
+) -> Result<Result<(MigrationStrategy, String), Refusal>, Error> {
+    let strategy = match check_job(mig, ctx, ns).await? {
+        Ok(strategy) => strategy,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    if let Err(refusal) = check_one_at_a_time(mig, ctx, ns).await? {
+        return Ok(Err(refusal));
+    }
+    let checked = check_source(mig, ctx, job_id)
+        .and_then(|source| check_target(mig, ctx, strategy, &source).map(|()| source));
+    let source = match checked {
+        Ok(source) => source,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    tracing::debug!(migration = %name, job = %job_id, strategy = strategy.as_str(), source = %source, "migration admitted");
+    Ok(Ok((strategy, source)))
+}
+
+/// The job exists in its Bundle: the strategy in effect (the job's declared one, or a safer one
+/// the Migration asks for).
+async fn check_job(
+    mig: &Migration,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Result<MigrationStrategy, Refusal>, Error> {
     let job = &mig.spec.job;
     let bundles: Api<Bundle> = Api::namespaced(ctx.client.clone(), ns);
     let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
-        return Ok(Err((
-            "UnknownJob",
-            format!("Bundle {ns}/{} does not exist", job.bundle),
-        )));
+        let why = format!("Bundle {ns}/{} does not exist", job.bundle);
+        return Ok(Err(("UnknownJob", why)));
     };
     if job.replica < 0 || job.replica >= bundle.spec.replicas {
-        return Ok(Err((
-            "UnknownJob",
-            format!(
-                "Bundle {ns}/{} has {} replica(s); replica {} does not exist",
-                job.bundle, bundle.spec.replicas, job.replica
-            ),
-        )));
+        let why = format!(
+            "Bundle {ns}/{} has {} replica(s); replica {} does not exist",
+            job.bundle, bundle.spec.replicas, job.replica
+        );
+        return Ok(Err(("UnknownJob", why)));
     }
     let Some(declared) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
-        return Ok(Err((
-            "UnknownJob",
-            format!("Bundle {ns}/{} has no job {}", job.bundle, job.job_name),
-        )));
+        let why = format!("Bundle {ns}/{} has no job {}", job.bundle, job.job_name);
+        return Ok(Err(("UnknownJob", why)));
     };
-    let strategy =
-        match plan::strategy_in_effect(declared.migration.map(|m| m.strategy), mig.spec.strategy) {
-            Ok(s) => s,
-            Err(e) => return Ok(Err(("StrategyRefused", e.to_string()))),
-        };
+    let declared = declared.migration.map(|m| m.strategy);
+    Ok(plan::strategy_in_effect(declared, mig.spec.strategy)
+        .map_err(|e| ("StrategyRefused", e.to_string())))
+}
 
+/// No other Migration object of the namespace moves the job now.
+async fn check_one_at_a_time(
+    mig: &Migration,
+    ctx: &Context,
+    ns: &str,
+) -> Result<Result<(), Refusal>, Error> {
     let all: Api<Migration> = Api::namespaced(ctx.client.clone(), ns);
+    let now = ctx.clock.now();
     let records: Vec<MigrationRecord> = all
         .list(&ListParams::default())
         .await?
         .items
         .iter()
-        .map(|m| record(m, ctx.clock.now()))
+        .map(|m| record(m, now))
         .collect();
-    let me = record(mig, ctx.clock.now());
-    if let Err(e) = plan::one_at_a_time(&records, &me) {
-        return Ok(Err(("ConcurrentMigration", e.to_string())));
-    }
-    // Manager may hold a migration of the job that no Migration object records (another client).
+    Ok(plan::one_at_a_time(&records, &record(mig, now))
+        .map_err(|e| ("ConcurrentMigration", e.to_string())))
+}
+
+/// The node the job runs on now, unless Manager holds a migration of the job that no Migration
+/// object records (another client).
+fn check_source(mig: &Migration, ctx: &Context, job_id: &str) -> Result<String, Refusal> {
     let (source, in_manager) = ctx.manager.mirror().read(|m| {
         let source = m.jobs.get(job_id).and_then(|j| {
             j.instances
@@ -85,41 +114,45 @@ pub(super) async fn admit(
         (source, other)
     });
     if let Some(other) = in_manager {
-        return Ok(Err((
+        let job = record(mig, ctx.clock.now()).job;
+        return Err((
             "ConcurrentMigration",
             format!(
-                "{} is already being migrated in Manager (migration {other}); one migration at a time per job: this one is refused, not queued",
-                me.job
+                "{job} is already being migrated in Manager (migration {other}); one migration at a time per job: this one is refused, not queued"
             ),
-        )));
+        ));
     }
-    let Some(source) = source else {
-        return Ok(Err((
+    source.ok_or_else(|| {
+        (
             "SourceNotRunning",
             format!(
                 "job {job_id} has no running instance to migrate; create the Migration again once it runs"
             ),
-        )));
+        )
+    })
+}
+
+/// `spec.targetNode`, when given, is a node Manager has that can take the strategy.
+fn check_target(
+    mig: &Migration,
+    ctx: &Context,
+    strategy: MigrationStrategy,
+    source: &str,
+) -> Result<(), Refusal> {
+    let Some(target) = &mig.spec.target_node else {
+        return Ok(());
     };
-    if let Some(target) = &mig.spec.target_node {
-        let node = ctx.manager.mirror().read(|m| m.nodes.get(target).cloned());
-        let Some(node) = node else {
-            return Ok(Err((
-                "TargetRefused",
-                format!("target node {target} does not exist in Manager"),
-            )));
-        };
-        let caps = node
-            .inventory
-            .as_ref()
-            .map(|i| i.capabilities.clone())
-            .unwrap_or_default();
-        if let Err(e) = plan::check_target(strategy, target, &caps, Some(&source)) {
-            return Ok(Err(("TargetRefused", e.to_string())));
-        }
-    }
-    tracing::debug!(migration = %name, job = %job_id, strategy = strategy.as_str(), source = %source, "migration admitted");
-    Ok(Ok((strategy, source)))
+    let Some(node) = ctx.manager.mirror().read(|m| m.nodes.get(target).cloned()) else {
+        let why = format!("target node {target} does not exist in Manager");
+        return Err(("TargetRefused", why));
+    };
+    let caps = node
+        .inventory
+        .as_ref()
+        .map(|i| i.capabilities.clone())
+        .unwrap_or_default();
+    plan::check_target(strategy, target, &caps, Some(source))
+        .map_err(|e| ("TargetRefused", e.to_string()))
 }
 
 /// The migration queue (parallelism limits, priority, the disruption budget) for a Migration

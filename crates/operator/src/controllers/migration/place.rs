@@ -39,67 +39,9 @@ impl Run<'_> {
     /// The placement engine's choice of a node other than the source: an existing node, a node
     /// to wait for (starting, or provisioned now in an elastic pool), or why there is none.
     async fn choose_target(&self) -> Result<TargetChoice, Error> {
-        let job = &self.mig.spec.job;
-        let bundles: Api<Bundle> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
-            return Ok(TargetChoice::Fail(format!(
-                "Bundle {} no longer exists",
-                job.bundle
-            )));
-        };
-        let Some(spec_job) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
-            return Ok(TargetChoice::Fail(format!(
-                "the bundle no longer has job {}",
-                job.job_name
-            )));
-        };
-        let bundle_id = mapping::bundle_id(&self.ns, &job.bundle);
-        let engine_bundle = mapping::bundle(&bundle_id, &bundle.spec);
-        let replica = u32::try_from(job.replica).unwrap_or(0);
-        let mut spec = mapping::job(spec_job);
-        plan::require_target_capability(
-            self.machine.strategy(),
-            &mut spec.requirements.required_capabilities,
-        );
-        let source = self.machine.source_node().unwrap_or_default().to_owned();
-        let (other_replicas, placed_siblings) = self.ctx.manager.mirror().read(|m| {
-            let zone_of = |node: &str| m.nodes.get(node).map(|n| n.zone().to_owned());
-            let mut others = vec![pl::Position {
-                node: source.clone(),
-                zone: zone_of(&source),
-            }];
-            let mut siblings = Vec::new();
-            for j in m.jobs.values().filter(|j| j.bundle_id == bundle_id) {
-                if j.job_id == self.job_id || j.node_id.is_empty() || !j.state().holds_capacity() {
-                    continue;
-                }
-                if j.replica == replica {
-                    siblings.push(pl::SiblingPosition {
-                        job_name: j.job_name.clone(),
-                        node: j.node_id.clone(),
-                        zone: zone_of(&j.node_id),
-                    });
-                } else {
-                    others.push(pl::Position {
-                        node: j.node_id.clone(),
-                        zone: zone_of(&j.node_id),
-                    });
-                }
-            }
-            (others, siblings)
-        });
-        let mut inter = engine_bundle.inter_replica_placement;
-        inter.different_node = Some(pl::Strength::Hard);
-        let request = pl::PlacementRequest {
-            bundle_id: bundle_id.clone(),
-            replica_index: replica,
-            jobs: vec![spec],
-            pools: engine_bundle.pools_for_replica(replica).to_vec(),
-            kind: pl::PlacementKind::First,
-            intra_replica: engine_bundle.intra_replica_placement,
-            inter_replica: inter,
-            other_replicas,
-            placed_siblings,
+        let request = match self.target_request().await? {
+            Ok(request) => request,
+            Err(why) => return Ok(TargetChoice::Fail(why)),
         };
         // A pool whose object exists but is not loaded yet (operator start-up) is no reason to
         // abort, as for a Bundle: wait for it. A pool that does not exist still aborts.
@@ -117,11 +59,91 @@ impl Run<'_> {
             tracing::debug!(pools = ?unknown, "a pool of the job is not loaded yet; the target waits");
             return Ok(TargetChoice::Wait);
         }
-        let decision = self
-            .ctx
-            .state()
-            .model()
-            .place(&request, now_ms(self.ctx.clock.now()));
+        let now = now_ms(self.ctx.clock.now());
+        let decision = self.ctx.state().model().place(&request, now);
+        self.target_from(decision).await
+    }
+
+    /// The placement request for the one job: the source node as another replica's position
+    /// with inter-replica `differentNode: hard` (so the source is never chosen), and the job's
+    /// capability the strategy needs. `Err` when the Bundle or its job is gone.
+    async fn target_request(&self) -> Result<Result<pl::PlacementRequest, String>, Error> {
+        let job = &self.mig.spec.job;
+        let bundles: Api<Bundle> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let Some(bundle) = bundles.get_opt(&job.bundle).await? else {
+            return Ok(Err(format!("Bundle {} no longer exists", job.bundle)));
+        };
+        let Some(spec_job) = bundle.spec.jobs.iter().find(|j| j.job_name == job.job_name) else {
+            return Ok(Err(format!(
+                "the bundle no longer has job {}",
+                job.job_name
+            )));
+        };
+        let bundle_id = mapping::bundle_id(&self.ns, &job.bundle);
+        let engine_bundle = mapping::bundle(&bundle_id, &bundle.spec);
+        let replica = u32::try_from(job.replica).unwrap_or(0);
+        let mut spec = mapping::job(spec_job);
+        plan::require_target_capability(
+            self.machine.strategy(),
+            &mut spec.requirements.required_capabilities,
+        );
+        let (other_replicas, placed_siblings) = self.positions(&bundle_id, replica);
+        let mut inter = engine_bundle.inter_replica_placement;
+        inter.different_node = Some(pl::Strength::Hard);
+        Ok(Ok(pl::PlacementRequest {
+            bundle_id,
+            replica_index: replica,
+            jobs: vec![spec],
+            pools: engine_bundle.pools_for_replica(replica).to_vec(),
+            kind: pl::PlacementKind::First,
+            intra_replica: engine_bundle.intra_replica_placement,
+            inter_replica: inter,
+            other_replicas,
+            placed_siblings,
+        }))
+    }
+
+    /// Where the bundle's other jobs run: the source and the other replicas' jobs as positions,
+    /// the replica's other jobs as siblings.
+    fn positions(
+        &self,
+        bundle_id: &str,
+        replica: u32,
+    ) -> (Vec<pl::Position>, Vec<pl::SiblingPosition>) {
+        let source = self.machine.source_node().unwrap_or_default().to_owned();
+        self.ctx.manager.mirror().read(|m| {
+            let zone_of = |node: &str| m.nodes.get(node).map(|n| n.zone().to_owned());
+            let mut others = vec![pl::Position {
+                node: source.clone(),
+                zone: zone_of(&source),
+            }];
+            let mut siblings = Vec::new();
+            for j in m.jobs.values().filter(|j| j.bundle_id == bundle_id) {
+                if j.job_id == self.job_id || j.node_id.is_empty() || !j.state().holds_capacity() {
+                    continue;
+                }
+                let zone = zone_of(&j.node_id);
+                if j.replica == replica {
+                    siblings.push(pl::SiblingPosition {
+                        job_name: j.job_name.clone(),
+                        node: j.node_id.clone(),
+                        zone,
+                    });
+                } else {
+                    others.push(pl::Position {
+                        node: j.node_id.clone(),
+                        zone,
+                    });
+                }
+            }
+            (others, siblings)
+        })
+    }
+
+    /// The engine's decision as a target: a node up now other than the source, a node to wait
+    /// for (provisioned now when the engine asks for one), or why there is none.
+    async fn target_from(&self, decision: pl::Decision) -> Result<TargetChoice, Error> {
+        let source = self.machine.source_node().unwrap_or_default();
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
