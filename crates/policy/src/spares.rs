@@ -725,6 +725,128 @@ mod tests {
     }
 
     #[test]
+    fn a_plan_stands_ready_at_target_and_reconciling_while_spares_come() {
+        let at_target = plan(&spec(2, None, None), &[live("a", 5), live("b", 5)]);
+        let v = at_target.verdict("aws-east");
+        assert_eq!((v.standing, v.reason), (Standing::Ready, "AtTarget"));
+        assert_eq!(v.message, "2 live, 0 pending, target 2");
+        assert_eq!(
+            at_target.underflow_condition(),
+            (false, "AtTarget", "2 live spares, target 2".to_owned())
+        );
+        assert_eq!(at_target.next_look(), NextLook::After(REFRESH));
+
+        let short = plan(&spec(3, None, None), &[live("a", 5)]);
+        let v = short.verdict("aws-east");
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Reconciling, "Provisioning")
+        );
+        assert_eq!(
+            v.message,
+            "pool aws-east has 1 live spare(s), below its target of 3; 1 live, 0 pending, target 3"
+        );
+        assert!(short.underflow_condition().0);
+        assert_eq!(short.next_look(), NextLook::After(Duration::from_secs(1)));
+
+        let over = plan(&spec(1, None, None), &[live("a", 9), live("b", 5)]);
+        let v = over.verdict("aws-east");
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Reconciling, "TerminatingExcess")
+        );
+    }
+
+    #[test]
+    fn underflow_no_spare_can_fix_is_stalled_and_says_why() {
+        let fixed = plan_spares("t", &spec(2, None, None), ScaleOut::Fixed, &[], t0())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v = fixed.verdict("onprem");
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Stalled, "SpareUnderflow")
+        );
+
+        let full = plan(&spec(5, None, None), &[]).brake(Some(3), Some(0), 60);
+        assert!(full.unreachable().is_some());
+        let v = full.verdict("aws-east");
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Stalled, "PoolAtMaxNodes")
+        );
+        assert!(v.message.contains("maxNodes (3)"), "{}", v.message);
+        assert!(
+            v.message.ends_with("0 live, 0 pending, target 5"),
+            "{}",
+            v.message
+        );
+
+        let rate = plan(&spec(5, None, None), &[]).brake(None, None, 2);
+        assert!(rate.unreachable().is_none());
+        assert_eq!(rate.next_look(), NextLook::After(Duration::from_secs(1)));
+        let none_now = plan(&spec(5, None, None), &[]).brake(None, None, 0);
+        assert_eq!(
+            none_now.next_look(),
+            NextLook::After(Duration::from_secs(5))
+        );
+    }
+
+    #[test]
+    fn stalls_name_their_reason_and_when_to_look_again() {
+        let unknown = check_instance_type("aws-east", &["m5".into(), "c5".into()], "x1")
+            .err()
+            .unwrap_or_else(|| panic!("x1 is not offered"));
+        assert_eq!(unknown.reason(), "UnknownInstanceType");
+        assert_eq!(
+            unknown.message(),
+            "pool aws-east has no instance type \"x1\" (known: m5, c5)"
+        );
+        assert_eq!(unknown.next_look(), NextLook::OnChange);
+        assert_eq!(check_instance_type("p", &["m5".into()], "m5"), Ok(()));
+        assert_eq!(check_instance_type("p", &[], "anything"), Ok(()));
+        for (stall, reason, next) in [
+            (
+                Stall::InvalidPoolName("A_B".into()),
+                "UnknownPool",
+                NextLook::OnChange,
+            ),
+            (
+                Stall::UnknownPool("p".into()),
+                "UnknownPool",
+                NextLook::After(REFRESH),
+            ),
+            (
+                Stall::ManagerUnavailable("down".into()),
+                "ManagerUnavailable",
+                NextLook::After(Duration::from_secs(3)),
+            ),
+            (
+                Stall::InvalidSpec(SpareSpecError::TargetOutOfRange(-1)),
+                "InvalidSpec",
+                NextLook::OnChange,
+            ),
+            (
+                Stall::ProvisioningRefused("quota".into()),
+                "ProvisioningRefused",
+                NextLook::After(REFRESH),
+            ),
+        ] {
+            assert_eq!(
+                (stall.reason(), stall.next_look()),
+                (reason, next),
+                "{stall:?}"
+            );
+            let v = stall.verdict();
+            assert_eq!((v.standing, v.reason), (Standing::Stalled, reason));
+            assert!(!v.message.is_empty());
+        }
+        assert_eq!(
+            Stall::ProvisioningRefused("quota".into()).message(),
+            "Manager refused to provision a spare: quota"
+        );
+    }
+
+    #[test]
     fn a_target_beyond_max_nodes_provisions_only_up_to_the_bound_and_says_so() {
         let p = plan(&spec(1000, None, None), &[]).brake(Some(20), Some(20), 60);
         assert_eq!(p.provision, 20);
@@ -1158,6 +1280,19 @@ mod tests {
             }
             let unique: BTreeSet<_> = p.terminate.iter().collect();
             prop_assert_eq!(unique.len(), p.terminate.len());
+        }
+
+        #[test]
+        fn a_plan_is_ready_only_at_target_with_nothing_to_do(
+            s in arb_spec(), scale in arb_scale_out(), nodes in prop::collection::vec(arb_node(), 0..16),
+        ) {
+            let p = plan_spares("t", &s, scale, &nodes, t0()).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let v = p.verdict(&s.pool);
+            let quiet = p.underflow.is_none() && p.terminate.is_empty() && p.rotate.is_none();
+            prop_assert_eq!(v.standing == Standing::Ready, quiet);
+            prop_assert_eq!(p.underflow_condition().0, p.underflow.is_some());
+            let target = format!("target {}", p.target);
+            prop_assert!(v.message.contains(&target), "{}", v.message);
         }
 
         #[test]
