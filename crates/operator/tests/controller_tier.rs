@@ -9,6 +9,11 @@
 
 mod tier;
 
+#[path = "controller_tier/common.rs"]
+mod common;
+#[path = "controller_tier/spares.rs"]
+mod spares;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +31,7 @@ use manager_client::{ClientConfig, InProcess, ManagerClient};
 use manager_sim::config::SimConfig;
 use manager_sim::server::{Sim, SimHandle};
 use tier::apiserver::MemoryApiserver;
+use tier::manager::ScriptedManager;
 
 const BOUND: Duration = Duration::from_secs(60);
 const POOLS: &str = "/apis/automanager.norsk.io/v1alpha1/placementpools";
@@ -34,9 +40,11 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The in-memory apiserver, Manager (the demo's simulator) and a context on both.
+/// The in-memory apiserver, Manager (the demo's simulator behind a scripted port) and a context
+/// on both.
 struct Tier {
     api: MemoryApiserver,
+    manager: ScriptedManager,
     ctx: Arc<Context>,
     clock: FakeClock,
     _sim: SimHandle,
@@ -52,11 +60,10 @@ impl Tier {
         let mut cfg = OperatorConfig::default();
         config(&mut cfg);
         // Manager through its port, in this process: no socket anywhere in this tier.
-        let manager = ManagerClient::over(
-            InProcess::shared(sim.service()),
-            &ClientConfig::new(sim.endpoint()),
-        )
-        .expect("Manager client");
+        let port = ScriptedManager::new(InProcess::shared(sim.service()));
+        let manager =
+            ManagerClient::over(Arc::new(port.clone()), &ClientConfig::new(sim.endpoint()))
+                .expect("Manager client");
         manager.wait_ready(BOUND).await.expect("mirror synced");
         let api = MemoryApiserver::default();
         let clock = FakeClock::at(
@@ -74,6 +81,7 @@ impl Tier {
         );
         Tier {
             api,
+            manager: port,
             ctx,
             clock,
             _sim: sim,
@@ -305,6 +313,7 @@ impl Tier {
             self.pool_pass(name).await.expect("the pool pass");
         }
         self.api.clear_calls();
+        self.manager.clear_calls();
         self
     }
 

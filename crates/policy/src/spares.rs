@@ -727,17 +727,17 @@ mod tests {
     #[test]
     fn a_plan_stands_ready_at_target_and_reconciling_while_spares_come() {
         let at_target = plan(&spec(2, None, None), &[live("a", 5), live("b", 5)]);
-        let v = at_target.verdict("aws-east");
+        let v = at_target.verdict("aws-east", None);
         assert_eq!((v.standing, v.reason), (Standing::Ready, "AtTarget"));
         assert_eq!(v.message, "2 live, 0 pending, target 2");
         assert_eq!(
             at_target.underflow_condition(),
             (false, "AtTarget", "2 live spares, target 2".to_owned())
         );
-        assert_eq!(at_target.next_look(), NextLook::After(REFRESH));
+        assert_eq!(at_target.next_look(None), NextLook::After(REFRESH));
 
         let short = plan(&spec(3, None, None), &[live("a", 5)]);
-        let v = short.verdict("aws-east");
+        let v = short.verdict("aws-east", None);
         assert_eq!(
             (v.standing, v.reason),
             (Standing::Reconciling, "Provisioning")
@@ -747,10 +747,13 @@ mod tests {
             "pool aws-east has 1 live spare(s), below its target of 3; 1 live, 0 pending, target 3"
         );
         assert!(short.underflow_condition().0);
-        assert_eq!(short.next_look(), NextLook::After(Duration::from_secs(1)));
+        assert_eq!(
+            short.next_look(None),
+            NextLook::After(Duration::from_secs(1))
+        );
 
         let over = plan(&spec(1, None, None), &[live("a", 9), live("b", 5)]);
-        let v = over.verdict("aws-east");
+        let v = over.verdict("aws-east", None);
         assert_eq!(
             (v.standing, v.reason),
             (Standing::Reconciling, "TerminatingExcess")
@@ -758,10 +761,44 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_ask_is_progress_that_says_why_and_when_it_is_asked_again() {
+        let short = plan(&spec(2, None, None), &[]);
+        let retry = Retrying {
+            why: "CreateNode got no answer".into(),
+            after: Duration::from_secs(4),
+        };
+        let v = short.verdict("aws-east", Some(&retry));
+        assert_eq!(
+            (v.standing, v.reason),
+            (Standing::Reconciling, "ProvisioningRetrying")
+        );
+        assert_eq!(
+            v.message,
+            "no spare node from pool aws-east yet (CreateNode got no answer); asked again in 4s; 0 live, 0 pending, target 2"
+        );
+        assert_eq!(
+            short.next_look(Some(&retry)),
+            NextLook::After(Duration::from_secs(4))
+        );
+        let soon = Retrying {
+            after: Duration::ZERO,
+            ..retry
+        };
+        assert_eq!(
+            short.next_look(Some(&soon)),
+            NextLook::After(Duration::from_secs(1)),
+            "never at once"
+        );
+        // At target, a failed ask changes nothing.
+        let full = plan(&spec(1, None, None), &[live("a", 5)]);
+        assert_eq!(full.verdict("aws-east", Some(&soon)).reason, "AtTarget");
+    }
+
+    #[test]
     fn underflow_no_spare_can_fix_is_stalled_and_says_why() {
         let fixed = plan_spares("t", &spec(2, None, None), ScaleOut::Fixed, &[], t0())
             .unwrap_or_else(|e| panic!("{e}"));
-        let v = fixed.verdict("onprem");
+        let v = fixed.verdict("onprem", None);
         assert_eq!(
             (v.standing, v.reason),
             (Standing::Stalled, "SpareUnderflow")
@@ -769,7 +806,7 @@ mod tests {
 
         let full = plan(&spec(5, None, None), &[]).brake(Some(3), Some(0), 60);
         assert!(full.unreachable().is_some());
-        let v = full.verdict("aws-east");
+        let v = full.verdict("aws-east", None);
         assert_eq!(
             (v.standing, v.reason),
             (Standing::Stalled, "PoolAtMaxNodes")
@@ -783,10 +820,13 @@ mod tests {
 
         let rate = plan(&spec(5, None, None), &[]).brake(None, None, 2);
         assert!(rate.unreachable().is_none());
-        assert_eq!(rate.next_look(), NextLook::After(Duration::from_secs(1)));
+        assert_eq!(
+            rate.next_look(None),
+            NextLook::After(Duration::from_secs(1))
+        );
         let none_now = plan(&spec(5, None, None), &[]).brake(None, None, 0);
         assert_eq!(
-            none_now.next_look(),
+            none_now.next_look(None),
             NextLook::After(Duration::from_secs(5))
         );
     }
@@ -841,8 +881,9 @@ mod tests {
             assert!(!v.message.is_empty());
         }
         assert_eq!(
-            Stall::ProvisioningRefused("quota".into()).message(),
-            "Manager refused to provision a spare: quota"
+            Stall::ProvisioningRefused("Manager refused: quota".into()).message(),
+            "Manager refused: quota",
+            "the refusal's own words"
         );
     }
 
@@ -1287,7 +1328,7 @@ mod tests {
             s in arb_spec(), scale in arb_scale_out(), nodes in prop::collection::vec(arb_node(), 0..16),
         ) {
             let p = plan_spares("t", &s, scale, &nodes, t0()).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let v = p.verdict(&s.pool);
+            let v = p.verdict(&s.pool, None);
             let quiet = p.underflow.is_none() && p.terminate.is_empty() && p.rotate.is_none();
             prop_assert_eq!(v.standing == Standing::Ready, quiet);
             prop_assert_eq!(p.underflow_condition().0, p.underflow.is_some());

@@ -280,34 +280,31 @@ async fn act(
         Asked::Refused(stall) => return Ok(Pass::Stalled(stall)),
         Asked::Retrying(r) => Some(r),
     };
+    // A rotation's aged spare is among the excess to terminate: it goes once, as the rotation.
+    let aged = match &plan.rotate {
+        Some(RotationStep::RetireAged { aged }) => Some(aged.as_str()),
+        _ => None,
+    };
     let mut blocked: Option<String> = None;
+    let mut rotated = false;
     for node in &plan.terminate {
         if !may_terminate(ctx, target, node, &mut blocked).await? {
             continue;
         }
         ctx.manager.terminate_node(node).await?;
-        let note = format!(
-            "spare {node} terminated: pool {} is over target {}",
-            target.spec.pool, plan.target
-        );
-        ctx.event(
-            target,
-            EventType::Normal,
-            "TerminatedExcessSpare",
-            "Terminate",
-            note,
-        )
-        .await;
-    }
-    let mut rotated = false;
-    if let Some(RotationStep::RetireAged { aged }) = &plan.rotate
-        && may_terminate(ctx, target, aged, &mut blocked).await?
-    {
-        ctx.manager.terminate_node(aged).await?;
-        rotated = true;
-        let note =
-            format!("spare {aged} is older than maxAge and its replacement is up: terminated");
-        ctx.event(target, EventType::Normal, "RotatedSpare", "Rotate", note)
+        let (reason, action, note) = if aged == Some(node.as_str()) {
+            rotated = true;
+            let note =
+                format!("spare {node} is older than maxAge and its replacement is up: terminated");
+            ("RotatedSpare", "Rotate", note)
+        } else {
+            let note = format!(
+                "spare {node} terminated: pool {} is over target {}",
+                target.spec.pool, plan.target
+            );
+            ("TerminatedExcessSpare", "Terminate", note)
+        };
+        ctx.event(target, EventType::Normal, reason, action, note)
             .await;
     }
     Ok(Pass::Planned {

@@ -25,6 +25,8 @@ pub struct Call {
     pub path: String,
     /// The HTTP status it was answered with.
     pub code: u16,
+    /// The request's body (`null` when it had none).
+    pub body: Value,
 }
 
 impl Call {
@@ -245,8 +247,13 @@ impl MemoryApiserver {
         } else {
             serde_json::from_slice(&body).unwrap_or(Value::Null)
         };
-        let (code, out) = self.answer(&method, &path, &content_type, body);
-        self.store().calls.push(Call { method, path, code });
+        let (code, out) = self.answer(&method, &path, &content_type, body.clone());
+        self.store().calls.push(Call {
+            method,
+            path,
+            code,
+            body,
+        });
         let mut resp = Response::new(Body::from(serde_json::to_vec(&out).unwrap_or_default()));
         *resp.status_mut() =
             StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
