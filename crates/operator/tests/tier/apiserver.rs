@@ -111,6 +111,51 @@ fn reason_of(code: u16) -> &'static str {
     }
 }
 
+/// The `labelSelector` of a list's query, as `key=value` pairs (the equality form, which is
+/// all the operator uses).
+fn label_selector(query: &str) -> Vec<(String, String)> {
+    let Some(raw) = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("labelSelector="))
+    else {
+        return Vec::new();
+    };
+    let decoded = percent_decoded(raw);
+    decoded
+        .split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_owned(), v.to_owned()))
+        })
+        .collect()
+}
+
+/// `raw` with its `%XX` escapes (and `+` for space) decoded.
+fn percent_decoded(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// RFC 7386 JSON merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
@@ -201,6 +246,54 @@ impl MemoryApiserver {
             .collect()
     }
 
+    /// Changes the object as a user's update would (`edit` sees it as stored; status is kept,
+    /// a spec change bumps the generation); returns it as stored. Not recorded as a call.
+    pub fn edit<K>(&self, namespace: Option<&str>, name: &str, edit: impl FnOnce(&mut K)) -> K
+    where
+        K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        self.rewrite::<K>(namespace, name, false, edit)
+    }
+
+    /// Changes the object's status as another writer would; returns it as stored. Not recorded.
+    pub fn edit_status<K>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        edit: impl FnOnce(&mut K),
+    ) -> K
+    where
+        K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        self.rewrite::<K>(namespace, name, true, edit)
+    }
+
+    fn rewrite<K>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+        status: bool,
+        edit: impl FnOnce(&mut K),
+    ) -> K
+    where
+        K: kube::Resource<DynamicType = ()> + serde::Serialize + serde::de::DeserializeOwned,
+    {
+        let path = format!("{}/{name}", collection_path::<K>(namespace));
+        let mut obj: K = self
+            .get(namespace, name)
+            .unwrap_or_else(|| panic!("no object at {path}"));
+        edit(&mut obj);
+        let body = serde_json::to_value(&obj).unwrap_or_default();
+        let mut t = parse(&path).unwrap_or_else(|| panic!("not an object path: {path}"));
+        t.status = status;
+        let (code, stored) = self.write(&t, |o| {
+            *o = body;
+            None
+        });
+        assert_eq!(code, 200, "edit {path}: {stored}");
+        serde_json::from_value(stored).unwrap_or_else(|e| panic!("edit {path}: {e}"))
+    }
+
     /// Deletes the object at `path` as a client's delete would: marked while finalizers hold it,
     /// gone otherwise. Not recorded as a call of the pass.
     pub fn delete_path(&self, path: &str) {
@@ -235,6 +328,7 @@ impl MemoryApiserver {
     async fn handle(&self, req: Request<Body>) -> Response<Body> {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
+        let selector = label_selector(req.uri().query().unwrap_or_default());
         let content_type = req
             .headers()
             .get(http::header::CONTENT_TYPE)
@@ -247,7 +341,7 @@ impl MemoryApiserver {
         } else {
             serde_json::from_slice(&body).unwrap_or(Value::Null)
         };
-        let (code, out) = self.answer(&method, &path, &content_type, body.clone());
+        let (code, out) = self.answer(&method, &path, &content_type, body.clone(), &selector);
         self.store().calls.push(Call {
             method,
             path,
@@ -264,7 +358,14 @@ impl MemoryApiserver {
         resp
     }
 
-    fn answer(&self, method: &Method, path: &str, content_type: &str, body: Value) -> (u16, Value) {
+    fn answer(
+        &self,
+        method: &Method,
+        path: &str,
+        content_type: &str,
+        body: Value,
+        selector: &[(String, String)],
+    ) -> (u16, Value) {
         {
             let mut store = self.store();
             if let Some(i) = store
@@ -284,7 +385,7 @@ impl MemoryApiserver {
         };
         match (method.clone(), &t.name) {
             (Method::GET, Some(_)) => self.read(&t),
-            (Method::GET, None) => self.list(&t),
+            (Method::GET, None) => self.list(&t, selector),
             (Method::POST, None) => self.create(path, body),
             (Method::PATCH, Some(_)) => self.write(&t, |obj| {
                 if content_type.contains("apply-patch") {
@@ -334,7 +435,7 @@ impl MemoryApiserver {
         }
     }
 
-    fn list(&self, t: &Target) -> (u16, Value) {
+    fn list(&self, t: &Target, selector: &[(String, String)]) -> (u16, Value) {
         let store = self.store();
         let items: Vec<Value> = store
             .objects
@@ -342,6 +443,14 @@ impl MemoryApiserver {
             .into_iter()
             .flatten()
             .filter(|((ns, _), _)| t.namespace.as_ref().is_none_or(|want| want == ns))
+            .filter(|(_, v)| {
+                selector.iter().all(|(k, want)| {
+                    v.pointer("/metadata/labels")
+                        .and_then(|l| l.get(k))
+                        .and_then(Value::as_str)
+                        == Some(want.as_str())
+                })
+            })
             .map(|(_, v)| v.clone())
             .collect();
         (
@@ -554,4 +663,31 @@ fn a_merge_patch_removes_nulls_and_replaces_the_rest() {
     let mut v = json!({"a": 1, "b": {"c": 2, "d": 3}});
     merge(&mut v, &json!({"a": null, "b": {"c": 5}, "e": [1]}));
     assert_eq!(v, json!({"b": {"c": 5, "d": 3}, "e": [1]}));
+}
+
+#[test]
+fn a_label_selector_is_read_from_the_lists_query_as_a_client_encodes_it() {
+    let params = kube::api::ListParams::default().labels("a.b/purpose=drain,node=0f12");
+    let query = format!(
+        "labelSelector={}",
+        form_urlencoded_value(params.label_selector.as_deref().unwrap_or_default())
+    );
+    assert_eq!(
+        label_selector(&format!("limit=5&{query}")),
+        [
+            ("a.b/purpose".to_owned(), "drain".to_owned()),
+            ("node".to_owned(), "0f12".to_owned())
+        ]
+    );
+    assert!(label_selector("limit=5").is_empty());
+}
+
+/// `v` as a query value (what the client sends).
+fn form_urlencoded_value(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'.' | b'-' | b'_' => (b as char).to_string(),
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
