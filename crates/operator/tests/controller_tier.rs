@@ -15,6 +15,8 @@ mod common;
 mod migrations;
 #[path = "controller_tier/nodes.rs"]
 mod nodes;
+#[path = "controller_tier/recovery.rs"]
+mod recovery;
 #[path = "controller_tier/spares.rs"]
 mod spares;
 

@@ -113,8 +113,9 @@ struct Outcome {
     result: PlacementResult,
     /// Every job placed in this pass was started (Manager answered).
     started: bool,
-    /// Manager's ids of the jobs this pass started.
-    started_jobs: Vec<String>,
+    /// Manager's ids of the jobs this pass started, each with the time of Manager's record of
+    /// the start (`updated_at_ms` of its answer).
+    started_jobs: Vec<(String, i64)>,
     /// "replica r on … in pool …", for the pass's one `Placed` Event.
     placed_note: Option<String>,
     /// Pools this replica waits on for capacity.
@@ -952,13 +953,13 @@ impl<'a> Pass<'a> {
         });
         let mut all_started = true;
         let mut first_error: Option<manager_client::ClientError> = None;
-        let mut started_now: Vec<(pl::JobKey, String)> = Vec::new();
+        let mut started_now: Vec<(pl::JobKey, String, i64)> = Vec::new();
         for (a, job_id, answer) in futures::future::join_all(starts).await {
             let k = key(&a.job_name);
             match answer {
                 Ok(job) => {
                     ctx.with_mirror(|m, s| s.model_mut().start_answered(&k, job.updated_at_ms, m));
-                    started_now.push((k, job_id.clone()));
+                    started_now.push((k, job_id.clone(), job.updated_at_ms));
                 }
                 Err(manager_client::ClientError::Rejected {
                     reason, message, ..
@@ -985,7 +986,7 @@ impl<'a> Pass<'a> {
         if !all_started || first_error.is_some() {
             // Stop what did start, so the next pass places the replica again as a unit instead
             // of pinning the rest to a node that just refused part of it.
-            for (k, job_id) in &started_now {
+            for (k, job_id, _) in &started_now {
                 if let Err(e) = ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
                     tracing::warn!(job = %job_id, error = %e, "could not roll back a partial replica start");
                 }
@@ -1003,7 +1004,7 @@ impl<'a> Pass<'a> {
         outcome.started = true;
         outcome
             .started_jobs
-            .extend(started_now.into_iter().map(|(_, id)| id));
+            .extend(started_now.into_iter().map(|(_, id, at)| (id, at)));
         let mut nodes: Vec<&str> = assignments.iter().map(|a| a.node.as_str()).collect();
         nodes.dedup();
         let note = format!("replica {r} on {} in pool {pool}", nodes.join(", "));
@@ -1151,11 +1152,12 @@ impl<'a> Pass<'a> {
             )),
             _ => None,
         });
-        let started: Vec<&str> = outcomes
+        let started_at: Vec<(&str, i64)> = outcomes
             .values()
-            .flat_map(|o| o.started_jobs.iter().map(String::as_str))
+            .flat_map(|o| o.started_jobs.iter().map(|(id, at)| (id.as_str(), *at)))
             .collect();
-        settle_starts(ctx, &started).await;
+        settle_starts(ctx, &started_at).await;
+        let started: Vec<&str> = started_at.iter().map(|(id, _)| *id).collect();
         // Observe again: starts made above show in the mirror within milliseconds.
         let seen = self.observe(ctx);
         mark.started = seen
@@ -1531,8 +1533,11 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
 }
 
 /// Waits (see [`automanager_policy::start_settle`]) until the jobs this pass started run, so
-/// the pass records them running instead of leaving that to a second pass.
-async fn settle_starts(ctx: &Context, started: &[&str]) {
+/// the pass records them running instead of leaving that to a second pass. `started` is each
+/// job with the time of Manager's answer to its start: until the mirror shows that start (or
+/// something after it), it still shows the job as it was before (failed, for a recovery),
+/// which is no sign the start ran.
+async fn settle_starts(ctx: &Context, started: &[(&str, i64)]) {
     if started.is_empty() {
         return;
     }
@@ -1541,12 +1546,13 @@ async fn settle_starts(ctx: &Context, started: &[&str]) {
     };
     let began = ctx.clock.instant();
     let running = |m: &MirrorState| {
-        started.iter().all(|id| {
+        started.iter().all(|(id, answered_at)| {
             m.jobs.get(*id).is_some_and(|j| {
-                !matches!(
-                    j.state(),
-                    proto::JobState::Pending | proto::JobState::Starting
-                )
+                j.updated_at_ms >= *answered_at
+                    && !matches!(
+                        j.state(),
+                        proto::JobState::Pending | proto::JobState::Starting
+                    )
             })
         })
     };
