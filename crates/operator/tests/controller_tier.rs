@@ -11,6 +11,8 @@ mod tier;
 
 #[path = "controller_tier/common.rs"]
 mod common;
+#[path = "controller_tier/consolidation.rs"]
+mod consolidation;
 #[path = "controller_tier/migrations.rs"]
 mod migrations;
 #[path = "controller_tier/nodes.rs"]

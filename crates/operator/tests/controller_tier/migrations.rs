@@ -62,20 +62,20 @@ impl Tier {
         self.api.insert(&m);
     }
 
-    fn migration_status(&self, name: &str) -> MigrationStatus {
+    pub(crate) fn migration_status(&self, name: &str) -> MigrationStatus {
         (self.api.get::<Migration>(Some("live"), name))
             .and_then(|m| m.status)
             .unwrap_or_default()
     }
 
     /// One Migration pass over the object as stored now.
-    async fn migration_pass(&self, name: &str) -> Result<Action, controllers::Error> {
+    pub(crate) async fn migration_pass(&self, name: &str) -> Result<Action, controllers::Error> {
         let m = (self.api.get::<Migration>(Some("live"), name)).expect("the Migration");
         controllers::migration::reconcile(Arc::new(m), self.ctx.clone()).await
     }
 
     /// Passes until the Migration's phase is `phase` (Manager's side moves on its own clock).
-    async fn migration_until(&self, name: &str, phase: MigrationPhase) {
+    pub(crate) async fn migration_until(&self, name: &str, phase: MigrationPhase) {
         let deadline = tokio::time::Instant::now() + super::BOUND;
         while self.migration_status(name).phase != phase {
             assert!(

@@ -213,6 +213,24 @@ impl MemoryApiserver {
         serde_json::from_value(obj.clone()).ok()
     }
 
+    /// Every object of kind `K`, in every namespace.
+    pub fn list_all<K>(&self) -> Vec<K>
+    where
+        K: kube::Resource<DynamicType = ()> + serde::de::DeserializeOwned,
+    {
+        let Some(t) = parse(&collection_path::<K>(None)) else {
+            return Vec::new();
+        };
+        let store = self.store();
+        store
+            .objects
+            .get(&t.collection)
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| serde_json::from_value(v.clone()).ok())
+            .collect()
+    }
+
     /// The next request of `method` whose path ends with `path_ends_with` is refused with
     /// `code`, once.
     pub fn refuse_next(&self, method: Method, path_ends_with: &str, code: u16) {

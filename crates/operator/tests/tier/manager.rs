@@ -45,6 +45,14 @@ impl ScriptedManager {
         self.script().calls.clone()
     }
 
+    /// The calls so far that change something in Manager (every call but the `List…` reads).
+    pub fn changes(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| !c.starts_with("List"))
+            .collect()
+    }
+
     /// The calls so far whose name is `name`.
     pub fn calls_named(&self, name: &str) -> Vec<String> {
         let prefix = format!("{name} ");
