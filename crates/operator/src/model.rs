@@ -22,9 +22,47 @@ struct Inflight {
     /// know the job yet, right after the bundle was registered).
     capacity: f64,
     cores: u32,
-    /// Set once StartJob answered: the mirror reflects the start once the job's
-    /// `updated_at_ms` reaches this.
-    reflected_at_ms: Option<i64>,
+    /// Set once StartJob answered: what the mirror must show for the start to be reflected.
+    answered: Option<StartMark>,
+}
+
+/// A start as Manager answered it: the time of Manager's record of the job and when the new
+/// instance started. The mirror reflects the start once it shows that instance, or any later
+/// change of the job. The record's time alone is not enough: a start answered within the
+/// millisecond of the job's previous record (its registration, its failure) has the same
+/// `updated_at_ms` as the record the mirror still shows from before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StartMark {
+    /// `updated_at_ms` of Manager's answer.
+    pub updated_at_ms: i64,
+    /// `started_at_ms` of the instance the answer shows on the node (the record's time when it
+    /// shows none).
+    pub started_at_ms: i64,
+}
+
+impl StartMark {
+    /// The mark of Manager's answer `job` to a start on `node`.
+    pub fn of(job: &manager_proto::Job, node: &str) -> Self {
+        let started_at_ms = job
+            .instances
+            .iter()
+            .filter(|i| i.is_normal() && i.node_id == node)
+            .map(|i| i.started_at_ms)
+            .max()
+            .unwrap_or(job.updated_at_ms);
+        StartMark {
+            updated_at_ms: job.updated_at_ms,
+            started_at_ms,
+        }
+    }
+
+    /// Whether `job`, as the mirror shows it, reflects the start on `node`.
+    pub fn reflected_in(&self, job: &manager_proto::Job, node: &str) -> bool {
+        job.updated_at_ms > self.updated_at_ms
+            || job.instances.iter().any(|i| {
+                i.is_normal() && i.node_id == node && i.started_at_ms >= self.started_at_ms
+            })
+    }
 }
 
 /// The engine plus what it is built from.
@@ -129,13 +167,13 @@ impl ClusterModel {
             .iter()
             .filter(|(_, f)| ids.contains(&f.node))
             .filter(|(_, f)| {
-                let Some(at) = f.reflected_at_ms else {
+                let Some(mark) = f.answered else {
                     return false;
                 };
                 mirror
                     .jobs
                     .get(&f.job_id)
-                    .is_some_and(|j| j.updated_at_ms >= at)
+                    .is_some_and(|j| mark.reflected_in(j, &f.node))
             })
             .map(|(k, _)| k.clone())
             .collect();
@@ -252,7 +290,7 @@ impl ClusterModel {
                         node: a.node.clone(),
                         capacity: a.capacity,
                         cores: a.cores,
-                        reflected_at_ms: None,
+                        answered: None,
                     },
                 );
             }
@@ -260,11 +298,11 @@ impl ClusterModel {
         Ok(())
     }
 
-    /// StartJob answered: the mirror reflects it once the job's `updated_at_ms` reaches `at_ms`.
-    pub fn start_answered(&mut self, key: &pl::JobKey, at_ms: i64, mirror: &MirrorState) {
+    /// StartJob answered (`mark`): the reservation holds until the mirror reflects the start.
+    pub fn start_answered(&mut self, key: &pl::JobKey, mark: StartMark, mirror: &MirrorState) {
         let node = match self.inflight.get_mut(key) {
             Some(f) => {
-                f.reflected_at_ms = Some(at_ms);
+                f.answered = Some(mark);
                 f.node.clone()
             }
             None => return,
@@ -276,7 +314,7 @@ impl ClusterModel {
     pub fn started_not_mirrored(&self, key: &pl::JobKey) -> Option<&str> {
         self.inflight
             .get(key)
-            .filter(|f| f.reflected_at_ms.is_some())
+            .filter(|f| f.answered.is_some())
             .map(|f| f.node.as_str())
     }
 
@@ -299,5 +337,49 @@ impl ClusterModel {
         for k in keys {
             self.abandon(&k, mirror);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use manager_proto as proto;
+
+    fn job(updated_at_ms: i64, instances: &[(&str, i64)]) -> proto::Job {
+        proto::Job {
+            job_id: "ns.b/0/enc".into(),
+            updated_at_ms,
+            instances: instances
+                .iter()
+                .map(|(node, started)| proto::JobInstance {
+                    node_id: (*node).into(),
+                    role: proto::JobRole::Normal as i32,
+                    state: proto::JobState::Starting as i32,
+                    started_at_ms: *started,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_start_is_reflected_by_its_instance_or_a_later_record_never_by_an_equal_one() {
+        let answer = job(100, &[("n2", 100)]);
+        let mark = StartMark::of(&answer, "n2");
+        assert_eq!(
+            mark,
+            StartMark {
+                updated_at_ms: 100,
+                started_at_ms: 100
+            }
+        );
+        // The registration (or the failure) in the same millisecond: not the start.
+        assert!(!mark.reflected_in(&job(100, &[]), "n2"));
+        assert!(!mark.reflected_in(&job(100, &[("n1", 40)]), "n2"));
+        assert!(mark.reflected_in(&answer, "n2"));
+        assert!(!mark.reflected_in(&answer, "n1"), "another node's start");
+        // Anything after the answer: the start was seen, or something superseded it.
+        assert!(mark.reflected_in(&job(101, &[("n3", 101)]), "n2"));
     }
 }

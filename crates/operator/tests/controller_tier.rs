@@ -17,6 +17,8 @@ mod consolidation;
 mod migrations;
 #[path = "controller_tier/nodes.rs"]
 mod nodes;
+#[path = "controller_tier/rebalance.rs"]
+mod rebalance;
 #[path = "controller_tier/recovery.rs"]
 mod recovery;
 #[path = "controller_tier/spares.rs"]

@@ -28,6 +28,7 @@ use manager_proto as proto;
 
 use super::{Context, Error, is_final_answer, now_ms, ns_name};
 use crate::mapping;
+use crate::model::StartMark;
 
 /// Requeue while something is in progress (a node starting, a job starting).
 const REQUEUE_BUSY: Duration = Duration::from_secs(2);
@@ -113,9 +114,8 @@ struct Outcome {
     result: PlacementResult,
     /// Every job placed in this pass was started (Manager answered).
     started: bool,
-    /// Manager's ids of the jobs this pass started, each with the time of Manager's record of
-    /// the start (`updated_at_ms` of its answer).
-    started_jobs: Vec<(String, i64)>,
+    /// Manager's ids of the jobs this pass started, each with its node and Manager's answer.
+    started_jobs: Vec<(String, (String, StartMark))>,
     /// "replica r on … in pool …", for the pass's one `Placed` Event.
     placed_note: Option<String>,
     /// Pools this replica waits on for capacity.
@@ -953,13 +953,14 @@ impl<'a> Pass<'a> {
         });
         let mut all_started = true;
         let mut first_error: Option<manager_client::ClientError> = None;
-        let mut started_now: Vec<(pl::JobKey, String, i64)> = Vec::new();
+        let mut started_now: Vec<(pl::JobKey, String, (String, StartMark))> = Vec::new();
         for (a, job_id, answer) in futures::future::join_all(starts).await {
             let k = key(&a.job_name);
             match answer {
                 Ok(job) => {
-                    ctx.with_mirror(|m, s| s.model_mut().start_answered(&k, job.updated_at_ms, m));
-                    started_now.push((k, job_id.clone(), job.updated_at_ms));
+                    let mark = StartMark::of(&job, &a.node);
+                    ctx.with_mirror(|m, s| s.model_mut().start_answered(&k, mark, m));
+                    started_now.push((k, job_id.clone(), (a.node.clone(), mark)));
                 }
                 Err(manager_client::ClientError::Rejected {
                     reason, message, ..
@@ -1152,9 +1153,9 @@ impl<'a> Pass<'a> {
             )),
             _ => None,
         });
-        let started_at: Vec<(&str, i64)> = outcomes
+        let started_at: Vec<(&str, &(String, StartMark))> = outcomes
             .values()
-            .flat_map(|o| o.started_jobs.iter().map(|(id, at)| (id.as_str(), *at)))
+            .flat_map(|o| o.started_jobs.iter().map(|(id, at)| (id.as_str(), at)))
             .collect();
         settle_starts(ctx, &started_at).await;
         let started: Vec<&str> = started_at.iter().map(|(id, _)| *id).collect();
@@ -1534,10 +1535,9 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
 
 /// Waits (see [`automanager_policy::start_settle`]) until the jobs this pass started run, so
 /// the pass records them running instead of leaving that to a second pass. `started` is each
-/// job with the time of Manager's answer to its start: until the mirror shows that start (or
-/// something after it), it still shows the job as it was before (failed, for a recovery),
-/// which is no sign the start ran.
-async fn settle_starts(ctx: &Context, started: &[(&str, i64)]) {
+/// job with its node and Manager's answer: until the mirror reflects that start, it shows the
+/// job as it was before (failed, for a recovery), which is no sign the start ran.
+async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) {
     if started.is_empty() {
         return;
     }
@@ -1546,9 +1546,9 @@ async fn settle_starts(ctx: &Context, started: &[(&str, i64)]) {
     };
     let began = ctx.clock.instant();
     let running = |m: &MirrorState| {
-        started.iter().all(|(id, answered_at)| {
+        started.iter().all(|(id, (node, mark))| {
             m.jobs.get(*id).is_some_and(|j| {
-                j.updated_at_ms >= *answered_at
+                mark.reflected_in(j, node)
                     && !matches!(
                         j.state(),
                         proto::JobState::Pending | proto::JobState::Starting

@@ -13,7 +13,7 @@ use super::common::condition_of;
 
 impl Tier {
     /// The placement model caught up with the mirror, as the mirror pump keeps it.
-    fn sync_model(&self) {
+    pub(crate) fn sync_model(&self) {
         self.ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
     }
 

@@ -50,7 +50,7 @@ impl Tier {
     }
 
     /// The node each replica of bundle `live/name`'s job runs on, by replica.
-    fn replica_nodes(&self, name: &str) -> Vec<String> {
+    pub(crate) fn replica_nodes(&self, name: &str) -> Vec<String> {
         let status = self.stored_bundle(name).status.expect("a status");
         (status.replicas.iter())
             .map(|r| r.jobs[0].node_id.clone().expect("placed"))
