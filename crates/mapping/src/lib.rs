@@ -2,6 +2,8 @@
 //! (`automanager_api`), the placement engine's model (`automanager_placement`) and Manager's
 //! wire types (`manager_proto`). Pure functions, no I/O.
 
+pub mod bundle_status;
+
 use std::collections::BTreeMap;
 
 use automanager_api as api;
