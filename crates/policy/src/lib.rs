@@ -25,6 +25,7 @@
 //! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
+//! | [`pool`] | where a PlacementPool stands: its own faults, its deletion held by its users, new nodes held back |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
 //! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
 //! | [`start_settle`] | whether a pass that started jobs waits a moment for them to run before it records |
@@ -48,6 +49,7 @@ pub mod node_health;
 pub mod orphans;
 pub mod pass;
 pub mod pass_failure;
+pub mod pool;
 pub mod preempt;
 pub mod provision_budget;
 pub mod provision_keys;

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use automanager_api::{self as api, HotSpareTarget, PlacementPool, PlacementPoolStatus};
 use automanager_policy::bounded;
+use automanager_policy::pass::Verdict;
+use automanager_policy::pool as policy;
 use automanager_policy::provision_budget::MaxNodesStanding;
 use automanager_policy::provision_refusals::Refusal;
 use kube::ResourceExt;
@@ -153,130 +155,68 @@ async fn users_of(pool: &str, ctx: &Context) -> Result<Vec<String>, Error> {
     Ok(users)
 }
 
-/// The `InUse` message: who holds the pool, bounded like every condition message.
-pub fn in_use_message(users: &[String]) -> String {
-    let head = "deletion waits until nothing names this pool; used by ";
-    let list = bounded::join_bounded(
-        users,
-        ", ",
-        bounded::MAX_CONDITION_MESSAGE.saturating_sub(head.len()),
-    );
-    format!("{head}{list}")
-}
-
-/// Loads the pool and writes its status; `users` non-empty means it is being deleted and they
-/// hold it.
+/// One pass over a pool: observe it (load it into the placement model, ask Manager about it,
+/// read its figures), decide where it stands ([`policy::verdict`]), run its consolidation, and
+/// record the status. `users` non-empty means it is being deleted and they hold it.
 async fn apply(
     pool: &PlacementPool,
     ctx: &Arc<Context>,
     users: &[String],
 ) -> Result<Action, Error> {
+    let seen = look(pool, ctx).await;
     let name = pool.name_any();
-    let generation = pool.metadata.generation;
-    let now = ctx.clock.now();
-    let prev = pool.status.clone().unwrap_or_default();
-    let spec = engine_pool(pool);
+    let verdict = policy::verdict(&policy::PoolFacts {
+        name: &name,
+        invalid: seen.loaded.as_ref().err().cloned(),
+        manager: seen.manager,
+        users,
+        held_back: seen.provisioning.stall(),
+    });
+    // Consolidation (off unless the spec asks): its plan, progress and condition.
+    let consolidation = if pool.metadata.deletion_timestamp.is_none() {
+        Some(super::consolidation::step(pool, ctx).await?)
+    } else {
+        None
+    };
+    record(pool, ctx, users, &seen, verdict, consolidation).await
+}
 
-    let loaded = ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m));
+/// What a pool's pass observed.
+struct Seen {
+    /// Whether the placement model took the pool (and whether it changed), or why not.
+    loaded: Result<bool, String>,
+    manager: policy::ManagerView,
+    provisioning: ProvisioningStanding,
+    usage: Option<automanager_placement::PoolUsage>,
+    /// The HotSpareTargets' total target in the pool (`None`: they could not be listed).
+    spare_target: Option<i64>,
+    /// What the zone brake says of each zone that gets no new node now.
+    degraded: Vec<String>,
+}
+
+/// Loads the pool into the placement model and reads what its status says: Manager's view of
+/// it, what holds back new nodes, its figures and its degraded zones.
+async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
+    let name = pool.name_any();
+    let loaded = ctx
+        .with_mirror(|m, s| s.model_mut().upsert_pool(engine_pool(pool), m))
+        .map_err(|e| e.to_string());
     if let Ok(true) = loaded {
         // A changed spec may make what Manager refused acceptable: ask again.
         ctx.state().provisioning_mut().pool_changed(&name);
     }
-    let mut ready = match &loaded {
-        Ok(_) => (true, "Valid", String::new()),
-        Err(e) => (false, "InvalidPool", e.to_string()),
+    let manager = match &loaded {
+        Ok(_) if ctx.manager_ready() => managers_view(pool, ctx).await,
+        _ => policy::ManagerView::NotAsked,
     };
-    if loaded.is_ok() && ctx.manager_ready() {
-        // Manager must know the pool, or nothing can ever be provisioned or found in it.
-        match ctx.manager.list_pools().await {
-            Ok(pools) => match pools.iter().find(|p| p.name == name) {
-                Some(p) if manager_offer_changed(ctx, p) => ctx.wake_pool(&name),
-                None => {
-                    ready = (
-                        false,
-                        "UnknownToManager",
-                        format!("Manager has no pool named {name}"),
-                    )
-                }
-                Some(p) if mapping::api_provider(p.kind).is_some_and(|k| k != pool.spec.kind) => {
-                    ready = (
-                        false,
-                        "KindMismatch",
-                        format!("Manager's pool {name} is of another provider kind"),
-                    );
-                }
-                Some(_) => {}
-            },
-            Err(e) => tracing::debug!(pool = %name, error = %e, "could not list Manager's pools"),
-        }
-    }
-    if !users.is_empty() {
-        ready = (false, "InUse", in_use_message(users));
-    }
     let provisioning = provisioning_standing(ctx, pool);
     if let Ok(true) = loaded {
         // Bundles waiting for this pool may now place. Only on a change: the pool itself is
         // woken too, and an unconditional wake would loop.
         ctx.wake_pool(&name);
     }
-
     let usage = ctx.state().model().engine().pool_usage(&name);
-    let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
-    let spare_target: i64 = match targets.list(&ListParams::default()).await {
-        Ok(list) => {
-            // The list is complete: spare-underflow series of deleted targets go now.
-            let existing: Vec<(String, String)> = list
-                .items
-                .iter()
-                .map(|t| (t.name_any(), t.spec.pool.clone()))
-                .collect();
-            ctx.metrics.retain_spare_targets(&existing);
-            list.items
-                .iter()
-                .filter(|t| t.spec.pool == name)
-                .map(|t| i64::from(t.spec.target_count))
-                .sum()
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "could not list HotSpareTargets");
-            prev.spare_target
-        }
-    };
-    let mut status = PlacementPoolStatus {
-        observed_generation: generation,
-        node_count: usage.as_ref().map_or(0, |u| i64::from(u.node_count)),
-        live_spares: usage.as_ref().map_or(0, |u| i64::from(u.live_spares)),
-        spare_target,
-        used_capacity_fraction: usage.as_ref().map_or(0.0, |u| {
-            (u.used_capacity_fraction * 1000.0).round() / 1000.0
-        }),
-        consolidation: prev.consolidation.clone(),
-        conditions: prev.conditions.clone(),
-    };
-    // What holds back new nodes: a refusal from Manager, or the pool above its maxNodes (a
-    // stall, after the pool's own faults and its deletion).
-    let blocked = provisioning.stall();
-    if ready.0
-        && let Some((reason, message)) = blocked.clone()
-    {
-        ready = (false, reason, message);
-    }
-    // A pool that is invalid or unknown to Manager stays so until its spec or Manager changes.
-    let standing = if ready.0 {
-        api::Standing::Ready
-    } else {
-        api::Standing::Stalled
-    };
-    api::set_standing(
-        &mut status.conditions,
-        standing,
-        ready.1,
-        ready.2,
-        generation,
-        now,
-    );
-    // The zone brake: which zones of the pool get no new node now.
-    let degraded: Vec<String> = {
+    let degraded = {
         let s = ctx.state();
         let window = ctx.settings.zone_brake.map(|b| b.window);
         s.provisioning()
@@ -286,33 +226,85 @@ async fn apply(
             .map(|d| super::zones::degraded_message(d, window))
             .collect()
     };
-    api::set_condition(
-        &mut status.conditions,
-        super::condition(
-            "ZoneDegraded",
-            !degraded.is_empty(),
-            if degraded.is_empty() {
-                "NoZoneDegraded"
-            } else {
-                "ZoneOutage"
-            },
-            bounded::clip(&degraded.join("; "), 1024).into_owned(),
-            generation,
-            now,
-        ),
-    );
-    for c in provisioning.conditions(generation, now) {
-        api::set_condition(&mut status.conditions, c);
+    Seen {
+        loaded,
+        manager,
+        provisioning,
+        usage,
+        spare_target: spare_target(pool, ctx).await,
+        degraded,
     }
-    // Consolidation (off unless the spec asks): its plan, progress and condition.
+}
+
+/// What Manager says of the pool; a change in what it offers wakes the pool's users.
+async fn managers_view(pool: &PlacementPool, ctx: &Context) -> policy::ManagerView {
+    let name = pool.name_any();
+    let pools = match ctx.manager.list_pools().await {
+        Ok(pools) => pools,
+        Err(e) => {
+            tracing::debug!(pool = %name, error = %e, "could not list Manager's pools");
+            return policy::ManagerView::NotAsked;
+        }
+    };
+    match pools.iter().find(|p| p.name == name) {
+        None => policy::ManagerView::Unknown,
+        Some(p) if mapping::api_provider(p.kind).is_some_and(|k| k != pool.spec.kind) => {
+            policy::ManagerView::KindMismatch
+        }
+        Some(p) => {
+            if manager_offer_changed(ctx, p) {
+                ctx.wake_pool(&name);
+            }
+            policy::ManagerView::Known
+        }
+    }
+}
+
+/// The pool's HotSpareTargets' total target. The list is complete: the spare-underflow series
+/// of targets gone are dropped on the way.
+async fn spare_target(pool: &PlacementPool, ctx: &Context) -> Option<i64> {
+    let targets: Api<HotSpareTarget> = Api::all(ctx.client.clone());
+    let list = match targets.list(&ListParams::default()).await {
+        Ok(list) => list,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not list HotSpareTargets");
+            return None;
+        }
+    };
+    let existing: Vec<(String, String)> = list
+        .items
+        .iter()
+        .map(|t| (t.name_any(), t.spec.pool.clone()))
+        .collect();
+    ctx.metrics.retain_spare_targets(&existing);
+    let name = pool.name_any();
+    Some(
+        list.items
+            .iter()
+            .filter(|t| t.spec.pool == name)
+            .map(|t| i64::from(t.spec.target_count))
+            .sum(),
+    )
+}
+
+/// Writes the pool's status from what it observed, its verdict and its consolidation, with the
+/// metrics and the Warning Events of troubles new since the last status.
+async fn record(
+    pool: &PlacementPool,
+    ctx: &Context,
+    users: &[String],
+    seen: &Seen,
+    verdict: Verdict,
+    consolidation: Option<super::consolidation::Pass>,
+) -> Result<Action, Error> {
+    let name = pool.name_any();
+    let prev = pool.status.clone().unwrap_or_default();
+    let mut status = status(pool, ctx, &prev, seen, verdict);
     let mut requeue = REFRESH;
-    if pool.metadata.deletion_timestamp.is_none() {
-        let pass = super::consolidation::step(pool, ctx).await?;
+    if let Some(pass) = consolidation {
         status.consolidation = pass.status;
         api::set_condition(&mut status.conditions, pass.condition);
-        if let Some(r) = pass.requeue {
-            requeue = requeue.min(r);
-        }
+        requeue = pass.requeue.map_or(requeue, |r| requeue.min(r));
     }
     ctx.metrics.set_pool(
         &name,
@@ -321,34 +313,69 @@ async fn apply(
         status.spare_target,
         status.used_capacity_fraction,
     );
-
     if status != prev {
-        super::apply_status(
-            &Api::<PlacementPool>::all(ctx.client.clone()),
-            &name,
-            &status,
-        )
-        .await?;
+        let api = Api::<PlacementPool>::all(ctx.client.clone());
+        super::apply_status(&api, &name, &status).await?;
     }
-    let was = |c: &api::condition::Condition| c.type_ == "Stalled" && c.reason == "InUse";
-    let message = |conditions: &[api::condition::Condition]| {
+    seen.provisioning
+        .announce(pool, ctx, &prev.conditions)
+        .await;
+    let in_use = |conditions: &[api::condition::Condition]| {
         conditions
             .iter()
-            .find(|c| was(c))
+            .find(|c| c.type_ == "Stalled" && c.reason == "InUse")
             .map(|c| c.message.clone())
     };
-    provisioning.announce(pool, ctx, &prev.conditions).await;
-    if !users.is_empty() && message(&prev.conditions) != message(&status.conditions) {
-        ctx.event(
-            pool,
-            EventType::Warning,
-            "DeletionBlocked",
-            "Delete",
-            bounded::clip(&in_use_message(users), 1024).into_owned(),
-        )
-        .await;
+    if !users.is_empty() && in_use(&prev.conditions) != in_use(&status.conditions) {
+        let note = bounded::clip(&policy::in_use_message(users), 1024).into_owned();
+        ctx.event(pool, EventType::Warning, "DeletionBlocked", "Delete", note)
+            .await;
     }
     Ok(Action::requeue(requeue))
+}
+
+/// The pool's status: its figures, its standing, `ZoneDegraded`, and what holds back new
+/// nodes (`ProvisioningRefused`, `AtMaxNodes`); consolidation's part carries over.
+fn status(
+    pool: &PlacementPool,
+    ctx: &Context,
+    prev: &PlacementPoolStatus,
+    seen: &Seen,
+    verdict: Verdict,
+) -> PlacementPoolStatus {
+    let (generation, now) = (pool.metadata.generation, ctx.clock.now());
+    let usage = seen.usage.as_ref();
+    let mut status = PlacementPoolStatus {
+        observed_generation: generation,
+        node_count: usage.map_or(0, |u| i64::from(u.node_count)),
+        live_spares: usage.map_or(0, |u| i64::from(u.live_spares)),
+        spare_target: seen.spare_target.unwrap_or(prev.spare_target),
+        used_capacity_fraction: usage.map_or(0.0, |u| {
+            (u.used_capacity_fraction * 1000.0).round() / 1000.0
+        }),
+        consolidation: prev.consolidation.clone(),
+        conditions: prev.conditions.clone(),
+    };
+    let Verdict {
+        standing,
+        reason,
+        message,
+    } = verdict;
+    api::set_standing(
+        &mut status.conditions,
+        standing,
+        reason,
+        message,
+        generation,
+        now,
+    );
+    let (on, reason, message) = policy::zone_degraded(&seen.degraded);
+    let c = super::condition("ZoneDegraded", on, reason, message, generation, now);
+    api::set_condition(&mut status.conditions, c);
+    for c in seen.provisioning.conditions(generation, now) {
+        api::set_condition(&mut status.conditions, c);
+    }
+    status
 }
 
 /// Tells the refusals what Manager offers for the pool now; `true` when refusals were dropped
@@ -488,28 +515,5 @@ pub fn prune(ctx: &Context, existing: &[String]) {
     };
     for p in gone {
         ctx.metrics.remove_pool(&p);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_in_use_message_names_every_user_that_fits_and_counts_the_rest() {
-        let few = vec![
-            "Bundle default/news".to_owned(),
-            "HotSpareTarget t".to_owned(),
-        ];
-        assert_eq!(
-            in_use_message(&few),
-            "deletion waits until nothing names this pool; used by Bundle default/news, HotSpareTarget t"
-        );
-        let many: Vec<String> = (0..5000)
-            .map(|i| format!("Bundle ns-{i}/{}", "x".repeat(200)))
-            .collect();
-        let m = in_use_message(&many);
-        assert!(m.len() <= bounded::MAX_CONDITION_MESSAGE, "{}", m.len());
-        assert!(m.contains("Bundle ns-0/") && m.ends_with("more"), "{m}");
     }
 }
