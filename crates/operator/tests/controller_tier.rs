@@ -9,6 +9,8 @@
 
 mod tier;
 
+#[path = "controller_tier/bundles.rs"]
+mod bundles;
 #[path = "controller_tier/common.rs"]
 mod common;
 #[path = "controller_tier/consolidation.rs"]

@@ -1,0 +1,323 @@
+//! The Bundle pass's outcomes beyond a first placement: a refused start, Manager unreachable,
+//! a bronze job dropped, the restart ceiling and the retry, restart counts clearing on the
+//! clock, deletion, a status write refused as invalid.
+
+use std::time::Duration;
+
+use automanager_api::{self as api, Bundle, BundlePhase, JobState, PriorityBand};
+use automanager_operator::controllers;
+use automanager_operator::mapping;
+use http::Method;
+use manager_client::proto;
+
+use super::Tier;
+use super::common::{condition_of, requeue};
+
+const BUNDLES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundles";
+
+impl Tier {
+    /// Bundle `live/name`: one replica of `band` jobs `enc` and `pkg` (co-located) on onprem.
+    fn pair_bundle(&self, name: &str, band: PriorityBand) {
+        let mut b = Bundle::new(
+            name,
+            serde_json::from_value(serde_json::json!({
+                "replicas": 1, "pools": ["onprem"],
+                "jobs": [
+                    {"jobName": "enc", "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": band.as_str()}},
+                    {"jobName": "pkg", "requirements": {"requiredCapacity": 1, "requiredCores": 1, "priorityBand": band.as_str()}, "coLocateWith": ["enc"]}
+                ],
+            }))
+            .unwrap(),
+        );
+        b.metadata.namespace = Some("live".into());
+        self.api.insert(&b);
+    }
+
+    fn bundle_status(&self, name: &str) -> api::BundleStatus {
+        self.stored_bundle(name).status.expect("a status")
+    }
+
+    /// The node replica 0 of bundle `name` runs on, by its status.
+    fn node_of(&self, name: &str) -> String {
+        self.bundle_status(name).replicas[0].jobs[0]
+            .node_id
+            .clone()
+            .expect("placed")
+    }
+
+    /// Kills the node replica 0 of `name` runs on and waits until the mirror shows its jobs
+    /// failed; answers the node.
+    async fn lose_node_of(&self, name: &str) -> String {
+        let node = self.node_of(name);
+        self._sim
+            .with_world(|w, now| w.kill_node(&node, now))
+            .expect("killed");
+        let id = mapping::bundle_id("live", name);
+        self.until_mirror("the jobs failed", |m| {
+            m.jobs_of_bundle(&id)
+                .all(|j| j.state() == proto::JobState::Failed)
+        })
+        .await;
+        self.sync_model();
+        self.manager.clear_calls();
+        node
+    }
+
+    /// Sets the retry annotation on bundle `name` to `value`.
+    fn retry(&self, name: &str, value: &str) {
+        self.api.edit::<Bundle>(Some("live"), name, |b| {
+            b.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(api::RETRY_ANNOTATION.to_owned(), value.to_owned());
+        });
+    }
+
+    async fn running(&self, name: &str) {
+        let id = mapping::bundle_id("live", name);
+        self.until_mirror("the bundle's jobs run", |m| {
+            m.jobs_of_bundle(&id)
+                .all(|j| j.state() == proto::JobState::Running)
+        })
+        .await;
+        self.sync_model();
+    }
+}
+
+#[tokio::test]
+async fn a_start_a_worker_refuses_rolls_the_replica_back_and_the_next_pass_places_it_whole() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t._sim.with_world(|w, _| w.reject_next(1));
+
+    t.bundle_pass("news").await.expect("the refused pass");
+
+    let starts = t.manager.calls_named("StartJob");
+    let stops = t.manager.calls_named("StopJob");
+    assert_eq!(
+        (starts.len(), stops.len()),
+        (2, 1),
+        "{:?}",
+        t.manager.calls()
+    );
+    assert_eq!(t.events_with("JobRejected").await, 1);
+    assert_ne!(t.bundle_status("news").phase, BundlePhase::Ready);
+    t.until_mirror("the rolled-back job stopped", |m| {
+        m.jobs_of_bundle(&mapping::bundle_id("live", "news"))
+            .all(|j| !j.state().holds_capacity())
+    })
+    .await;
+    t.sync_model();
+
+    t.bundle_pass("news").await.expect("the next pass");
+
+    let status = t.bundle_status("news");
+    assert_eq!(status.phase, BundlePhase::Ready, "{status:?}");
+    let nodes: Vec<Option<String>> = status.replicas[0]
+        .jobs
+        .iter()
+        .map(|j| j.node_id.clone())
+        .collect();
+    assert_eq!(nodes[0], nodes[1], "placed whole, on one node");
+}
+
+#[tokio::test]
+async fn while_manager_is_unreachable_a_bundle_is_stalled_and_looked_at_in_seconds() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.manager.set_cut(true);
+    t.until_manager_ready(false).await;
+    t.manager.clear_calls();
+
+    let next = t.bundle_pass("news").await.expect("the pass");
+
+    let (on, reason, _) = condition_of(&t.bundle_status("news").conditions, "Stalled");
+    assert_eq!(
+        (on.as_str(), reason.as_str()),
+        ("True", "ManagerUnavailable")
+    );
+    assert_eq!(next, requeue(Duration::from_secs(3)));
+    assert!(t.manager.calls().is_empty(), "{:?}", t.manager.calls());
+}
+
+#[tokio::test]
+async fn a_bronze_replica_whose_node_is_lost_is_dropped_and_stays_down_until_retried() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("cheap", PriorityBand::Bronze);
+    t.bundle_pass("cheap").await.expect("the finalizer pass");
+    t.bundle_pass("cheap").await.expect("the placing pass");
+    t.running("cheap").await;
+    t.lose_node_of("cheap").await;
+
+    t.bundle_pass("cheap")
+        .await
+        .expect("the pass after the loss");
+    t.bundle_pass("cheap").await.expect("a second pass");
+
+    assert!(
+        t.manager.calls_named("StartJob").is_empty(),
+        "dropped, not restarted"
+    );
+    let states: Vec<JobState> = t.bundle_status("cheap").replicas[0]
+        .jobs
+        .iter()
+        .map(|j| j.state)
+        .collect();
+    assert_eq!(states, [JobState::Dropped, JobState::Dropped]);
+    assert_eq!(t.events_with("JobDropped").await, 2, "once per job");
+
+    t.retry("cheap", "1");
+    t.bundle_pass("cheap").await.expect("the retried pass");
+
+    assert_eq!(t.manager.calls_named("StartJob").len(), 2);
+    let status = t.bundle_status("cheap");
+    assert_eq!(status.last_retry.as_deref(), Some("1"));
+    assert_eq!(t.events_with("Retry").await, 1);
+}
+
+#[tokio::test]
+async fn a_replica_that_fails_past_its_restart_ceiling_is_broken_until_retried() {
+    let t = Tier::start(|c| c.bands.silver.max_restarts_per_hour = 1)
+        .await
+        .with_example_pools()
+        .await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    let first = t.lose_node_of("news").await;
+    t.bundle_pass("news").await.expect("the recovery");
+    assert_eq!(
+        t.manager.calls_named("StartJob").len(),
+        2,
+        "one restart is allowed"
+    );
+    assert_eq!(t.bundle_status("news").replicas[0].restarts_last_hour, 1);
+    t.running("news").await;
+    let second = t.lose_node_of("news").await;
+    assert_ne!(first, second);
+
+    let next = t
+        .bundle_pass("news")
+        .await
+        .expect("the pass past the ceiling");
+
+    assert!(t.manager.calls_named("StartJob").is_empty());
+    let status = t.bundle_status("news");
+    assert_eq!(status.phase, BundlePhase::Broken);
+    let (on, reason, message) = condition_of(&status.conditions, "Broken");
+    assert_eq!(
+        (on.as_str(), reason.as_str()),
+        ("True", "RestartCeilingExceeded")
+    );
+    assert!(message.contains(api::RETRY_ANNOTATION), "{message}");
+    assert_eq!(next, kube::runtime::controller::Action::await_change());
+    assert_eq!(t.events_with("BundleBroken").await, 1);
+    t.bundle_pass("news").await.expect("a pass while broken");
+    assert!(
+        t.manager.calls_named("StartJob").is_empty(),
+        "no retries until asked"
+    );
+
+    t.retry("news", "again");
+    t.bundle_pass("news").await.expect("the retried pass");
+
+    assert_eq!(
+        t.manager.calls_named("StartJob").len(),
+        2,
+        "asked: restarted"
+    );
+    assert_ne!(t.bundle_status("news").phase, BundlePhase::Broken);
+}
+
+#[tokio::test]
+async fn a_restart_count_clears_once_the_replica_stayed_up_for_its_band_on_the_operators_clock() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    t.lose_node_of("news").await;
+    let next = t.bundle_pass("news").await.expect("the recovery");
+    assert_eq!(t.bundle_status("news").replicas[0].restarts_last_hour, 1);
+    assert_eq!(
+        next,
+        requeue(Duration::from_secs(300)),
+        "looked at again at the settled interval, before the count may clear (10 minutes)"
+    );
+    t.running("news").await;
+    // The sim's clock stamped the new start; the operator's reads time through its own clock.
+    let started_ms = t.ctx.manager.mirror().read(|m| {
+        m.jobs_of_bundle(&mapping::bundle_id("live", "news"))
+            .flat_map(|j| j.instances.iter().map(|i| i.started_at_ms))
+            .max()
+            .unwrap_or(0)
+    });
+    let ahead = started_ms - t.ctx.clock.now().timestamp_millis() + 11 * 60 * 1000;
+    t.clock
+        .advance(Duration::from_millis(u64::try_from(ahead.max(0)).unwrap()));
+
+    t.bundle_pass("news")
+        .await
+        .expect("the pass after the clear");
+
+    let status = t.bundle_status("news");
+    assert_eq!(status.replicas[0].restarts_last_hour, 0, "{status:?}");
+    assert_eq!(status.phase, BundlePhase::Ready);
+}
+
+#[tokio::test]
+async fn a_deleted_bundle_stops_its_jobs_in_manager_then_lets_go() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.api.delete_path(&format!("{BUNDLES}/news"));
+    t.manager.clear_calls();
+    t.api.clear_calls();
+
+    let b = t
+        .api
+        .get::<Bundle>(Some("live"), "news")
+        .expect("held by its finalizer");
+    controllers::bundle::reconcile(std::sync::Arc::new(b), t.ctx.clone())
+        .await
+        .expect("the cleanup pass");
+
+    assert_eq!(
+        t.manager.changes(),
+        [format!(
+            "DeleteBundle {}",
+            mapping::bundle_id("live", "news")
+        )]
+    );
+    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news")]);
+    assert!(t.api.get::<Bundle>(Some("live"), "news").is_none(), "gone");
+    assert_eq!(t.events_with("Deleted").await, 1);
+}
+
+#[tokio::test]
+async fn a_status_write_refused_as_invalid_is_the_passs_error_and_the_next_pass_writes_it() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.api
+        .refuse_next(Method::PATCH, "/bundles/news/status", 422);
+
+    let err = t.bundle_pass("news").await.expect_err("the refusal");
+
+    assert!(
+        matches!(&err, controllers::Error::Kube(kube::Error::Api(s)) if s.code == 422),
+        "{err}"
+    );
+    t.running("news").await;
+    t.bundle_pass("news").await.expect("the next pass");
+    assert_eq!(t.bundle_status("news").phase, BundlePhase::Ready);
+    assert_eq!(
+        t.manager.calls_named("StartJob").len(),
+        2,
+        "the jobs started once: the next pass found them running"
+    );
+}
