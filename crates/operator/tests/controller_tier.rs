@@ -25,6 +25,8 @@ mod rebalance;
 mod recovery;
 #[path = "controller_tier/spares.rs"]
 mod spares;
+#[path = "controller_tier/sweep.rs"]
+mod sweep;
 
 use std::path::PathBuf;
 use std::sync::Arc;
