@@ -10,6 +10,7 @@ pub mod install;
 pub mod plugin;
 pub mod reliability;
 pub mod sampler;
+pub mod scenario;
 pub mod stack;
 
 use std::path::{Path, PathBuf};
@@ -202,55 +203,14 @@ pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError>
 
 /// A fixed (on-prem) pool named `pool` whose nodes, each of capacity 100 and 32 cores, are
 /// `(id, zone)`: writes the manager-sim config declaring it into `dir` and returns its path and
-/// the PlacementPool (binpack) to apply.
+/// the PlacementPool (binpack) to apply, as YAML ([`scenario::fixed_pool`] returns it typed).
 pub fn fixed_pool(
     dir: &Path,
     pool: &str,
     nodes: &[(&str, &str)],
 ) -> Result<(PathBuf, String), SetupError> {
-    let mut zones: Vec<&str> = Vec::new();
-    for (_, z) in nodes {
-        if !zones.contains(z) {
-            zones.push(z);
-        }
-    }
-    let zones = zones.join(", ");
-    let declared: String = nodes
-        .iter()
-        .map(|(id, zone)| format!("      - {{id: {id}, zone: {zone}, capacity: 100, cores: 32}}\n"))
-        .collect();
-    let path = dir.join("manager-sim.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen: 127.0.0.1:0
-timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
-pools:
-  - name: {pool}
-    kind: cluster
-    region: dc
-    zones: [{zones}]
-    scaleOut: fixed
-    nodes:
-{declared}"
-        ),
-    )
-    .map_err(|e| SetupError(e.to_string()))?;
-    let yaml = format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {{name: {pool}}}
-spec:
-  kind: cluster
-  region: dc
-  zones: [{zones}]
-  packingStrategy: binpack
-  scaleOut: fixed
-  candidateInstanceTypes:
-    - {{instanceType: rack-server, totalCapacity: 100, totalCores: 32}}
-"
-    );
-    Ok((path, yaml))
+    let (path, pool) = scenario::fixed_pool(dir, pool, nodes)?;
+    Ok((path, scenario::to_yaml(&pool)))
 }
 
 /// Writes `deploy/demo/manager-sim.yaml` with `job_socket` as its `jobSocket:` section into
