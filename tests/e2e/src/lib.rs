@@ -114,26 +114,6 @@ pub async fn events_table(stack: &stack::Stack) -> Result<String, SetupError> {
     Ok(out.stdout)
 }
 
-/// Waits (up to 60 s) until [`events_table`] holds a line for each of `wanted`, and returns the
-/// table; panics with the table otherwise (a test helper). Events are published off the
-/// reconcile path, so one can land a moment after the status written after it.
-pub async fn wait_events(stack: &stack::Stack, wanted: &[&dyn Fn(&str) -> bool]) -> String {
-    let found = stack
-        .wait_for(
-            "the expected Events",
-            std::time::Duration::from_secs(60),
-            || async {
-                let ev = events_table(stack).await?;
-                Ok(wanted.iter().all(|w| ev.lines().any(w)).then_some(ev))
-            },
-        )
-        .await;
-    match found {
-        Ok(ev) => ev,
-        Err(e) => panic!("{e}\n{}", events_table(stack).await.unwrap_or_default()),
-    }
-}
-
 /// `kubectl apply -f -` of `yaml` against the stack's cluster; panics with kubectl's error
 /// (a test helper).
 #[allow(clippy::expect_used)]
@@ -162,29 +142,6 @@ pub async fn patch_node(stack: &stack::Stack, node: &str, patch: &str) {
         .expect("the ManagerNode can be patched");
 }
 
-/// Waits until `node`'s drain completed and Manager stopped or terminated the node; returns the
-/// ManagerNode. Panics after `timeout` (a test helper).
-#[allow(clippy::expect_used)]
-pub async fn wait_drained(
-    stack: &stack::Stack,
-    node: &str,
-    timeout: Duration,
-) -> serde_json::Value {
-    stack
-        .wait_for(
-            &format!("the drain of {node} to complete"),
-            timeout,
-            || async {
-                let n = stack.get_json(&["managernode", node]).await?;
-                let done = n["status"]["drain"]["completedAt"].is_string()
-                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
-                Ok(done.then_some(n))
-            },
-        )
-        .await
-        .expect("the drain completes")
-}
-
 /// `kubectl apply -f examples/pools.yaml`: the pools the demo config's Manager has.
 pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError> {
     let out = stack
@@ -199,18 +156,6 @@ pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError>
             out.stderr
         )))
     }
-}
-
-/// A fixed (on-prem) pool named `pool` whose nodes, each of capacity 100 and 32 cores, are
-/// `(id, zone)`: writes the manager-sim config declaring it into `dir` and returns its path and
-/// the PlacementPool (binpack) to apply, as YAML ([`scenario::fixed_pool`] returns it typed).
-pub fn fixed_pool(
-    dir: &Path,
-    pool: &str,
-    nodes: &[(&str, &str)],
-) -> Result<(PathBuf, String), SetupError> {
-    let (path, pool) = scenario::fixed_pool(dir, pool, nodes)?;
-    Ok((path, scenario::to_yaml(&pool)))
 }
 
 /// Writes `deploy/demo/manager-sim.yaml` with `job_socket` as its `jobSocket:` section into
