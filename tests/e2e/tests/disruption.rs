@@ -249,7 +249,20 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
         "{}",
         show(&b1)
     );
-    stack.expect_ready("twin").await;
+    // The second replica is back by its band. The bundle also said Ready before the terminate,
+    // so wait until neither drained node holds a job of it: killing the other replica's node
+    // below while this one is still recovering would take both down.
+    stack
+        .wait_until(
+            "twin",
+            "to be Ready off both drained nodes",
+            |b: &Bundle| {
+                b.phase() == Some(BundlePhase::Ready)
+                    && !b.has_job_on("onprem-a1")
+                    && !b.has_job_on("onprem-b1")
+            },
+        )
+        .await;
     assert!(
         metric(
             &stack,
