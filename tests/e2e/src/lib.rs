@@ -11,6 +11,7 @@ pub mod plugin;
 pub mod reliability;
 pub mod rng;
 pub mod sampler;
+pub mod scenario;
 pub mod stack;
 
 use std::path::{Path, PathBuf};
@@ -114,26 +115,6 @@ pub async fn events_table(stack: &stack::Stack) -> Result<String, SetupError> {
     Ok(out.stdout)
 }
 
-/// Waits (up to 60 s) until [`events_table`] holds a line for each of `wanted`, and returns the
-/// table; panics with the table otherwise (a test helper). Events are published off the
-/// reconcile path, so one can land a moment after the status written after it.
-pub async fn wait_events(stack: &stack::Stack, wanted: &[&dyn Fn(&str) -> bool]) -> String {
-    let found = stack
-        .wait_for(
-            "the expected Events",
-            std::time::Duration::from_secs(60),
-            || async {
-                let ev = events_table(stack).await?;
-                Ok(wanted.iter().all(|w| ev.lines().any(w)).then_some(ev))
-            },
-        )
-        .await;
-    match found {
-        Ok(ev) => ev,
-        Err(e) => panic!("{e}\n{}", events_table(stack).await.unwrap_or_default()),
-    }
-}
-
 /// `kubectl apply -f -` of `yaml` against the stack's cluster; panics with kubectl's error
 /// (a test helper).
 #[allow(clippy::expect_used)]
@@ -162,29 +143,6 @@ pub async fn patch_node(stack: &stack::Stack, node: &str, patch: &str) {
         .expect("the ManagerNode can be patched");
 }
 
-/// Waits until `node`'s drain completed and Manager stopped or terminated the node; returns the
-/// ManagerNode. Panics after `timeout` (a test helper).
-#[allow(clippy::expect_used)]
-pub async fn wait_drained(
-    stack: &stack::Stack,
-    node: &str,
-    timeout: Duration,
-) -> serde_json::Value {
-    stack
-        .wait_for(
-            &format!("the drain of {node} to complete"),
-            timeout,
-            || async {
-                let n = stack.get_json(&["managernode", node]).await?;
-                let done = n["status"]["drain"]["completedAt"].is_string()
-                    && (n["status"]["state"] == "terminated" || n["status"]["state"] == "stopped");
-                Ok(done.then_some(n))
-            },
-        )
-        .await
-        .expect("the drain completes")
-}
-
 /// `kubectl apply -f examples/pools.yaml`: the pools the demo config's Manager has.
 pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError> {
     let out = stack
@@ -199,59 +157,6 @@ pub async fn apply_example_pools(stack: &stack::Stack) -> Result<(), SetupError>
             out.stderr
         )))
     }
-}
-
-/// A fixed (on-prem) pool named `pool` whose nodes, each of capacity 100 and 32 cores, are
-/// `(id, zone)`: writes the manager-sim config declaring it into `dir` and returns its path and
-/// the PlacementPool (binpack) to apply.
-pub fn fixed_pool(
-    dir: &Path,
-    pool: &str,
-    nodes: &[(&str, &str)],
-) -> Result<(PathBuf, String), SetupError> {
-    let mut zones: Vec<&str> = Vec::new();
-    for (_, z) in nodes {
-        if !zones.contains(z) {
-            zones.push(z);
-        }
-    }
-    let zones = zones.join(", ");
-    let declared: String = nodes
-        .iter()
-        .map(|(id, zone)| format!("      - {{id: {id}, zone: {zone}, capacity: 100, cores: 32}}\n"))
-        .collect();
-    let path = dir.join("manager-sim.yaml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen: 127.0.0.1:0
-timing: {{provisionDelayMs: 100, jobStartDelayMs: 20, jobStopDelayMs: 20}}
-pools:
-  - name: {pool}
-    kind: cluster
-    region: dc
-    zones: [{zones}]
-    scaleOut: fixed
-    nodes:
-{declared}"
-        ),
-    )
-    .map_err(|e| SetupError(e.to_string()))?;
-    let yaml = format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {{name: {pool}}}
-spec:
-  kind: cluster
-  region: dc
-  zones: [{zones}]
-  packingStrategy: binpack
-  scaleOut: fixed
-  candidateInstanceTypes:
-    - {{instanceType: rack-server, totalCapacity: 100, totalCores: 32}}
-"
-    );
-    Ok((path, yaml))
 }
 
 /// Writes `deploy/demo/manager-sim.yaml` with `job_socket` as its `jobSocket:` section into

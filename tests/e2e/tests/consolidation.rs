@@ -12,13 +12,21 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use automanager_api::MigrationStrategy::{self, Handover, Overlap};
+use automanager_api::PriorityBand::Silver;
+use automanager_api::{
+    Bundle, ConsolidationMode, ConsolidationSpec, ConsolidationStatus, Migration, MigrationPhase,
+    PURPOSE_LABEL, PackingStrategy, PlacementPool, PoolKind,
+};
 use automanager_e2e::bench::SeenMigrations;
 use automanager_e2e::reliability::{Monitor, manager_state, settle};
+use automanager_e2e::scenario::{
+    BundleView, Conditions, JobHistory, JobManifest, MigrationView, bundle, elastic_pool,
+    instance_type, job, job_id, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, wait_events};
 use kube::api::Api;
 use manager_client::proto::NodeState;
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 const POOL: &str = "packed";
@@ -46,37 +54,37 @@ pools:
     path
 }
 
-fn pool_yaml(consolidation: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {{name: {POOL}}}
-spec:
-  kind: aws
-  region: eu-west-1
-  zones: [zn-a]
-  packingStrategy: binpack
-  scaleOut: elastic
-  candidateInstanceTypes:
-    - {{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16, capabilities: []}}
-{consolidation}"
-    )
+/// The pool, consolidated as `consolidation` says (absent: off).
+fn packed_pool(consolidation: Option<ConsolidationSpec>) -> PlacementPool {
+    let mut pool = elastic_pool(
+        POOL,
+        PoolKind::Aws,
+        "eu-west-1",
+        &["zn-a"],
+        PackingStrategy::Binpack,
+        instance_type("m5.xlarge", 100, 16),
+    );
+    pool.spec.consolidation = consolidation;
+    pool
+}
+
+/// Consolidation in `mode` with no minimum node age, and `cooldown_seconds` between nodes.
+fn consolidation(mode: ConsolidationMode, cooldown_seconds: i32) -> Option<ConsolidationSpec> {
+    Some(ConsolidationSpec {
+        mode,
+        min_nodes: None,
+        cooldown_seconds: Some(cooldown_seconds),
+        min_node_age_seconds: Some(0),
+    })
 }
 
 /// A one-replica silver bundle of one job taking 40 of a node's 100 (two per node).
-fn bundle(name: &str, strategy: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: Bundle
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: 1
-  pools: [{POOL}]
-  jobs:
-    - jobName: enc
-      requirements: {{requiredCapacity: 40, requiredCores: 2, priorityBand: silver}}
-      migration: {{strategy: {strategy}}}
-"
+fn channel(name: &str, strategy: MigrationStrategy) -> Bundle {
+    bundle(
+        name,
+        1,
+        &[POOL],
+        [job("enc", 40, Silver).cores(2).moves_by(strategy)],
     )
 }
 
@@ -84,15 +92,11 @@ spec:
 async fn placement(stack: &Stack, names: &[String]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for n in names {
-        let b = stack
-            .get_json(&["bundle", n, "-n", "default"])
-            .await
-            .unwrap();
-        let node = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        out.insert(n.clone(), node);
+        let b = stack.bundle(n).await;
+        out.insert(
+            n.clone(),
+            b.node_of(0, "enc").unwrap_or_default().to_owned(),
+        );
     }
     out
 }
@@ -116,25 +120,23 @@ async fn live_nodes(stack: &Stack) -> Vec<String> {
     v
 }
 
-fn job_history(stack: &Stack, bundle: &str) -> Value {
-    let out = stack
-        .chaos(&["job-history", &format!("default.{bundle}/0/enc")])
-        .unwrap();
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
+async fn job_history(stack: &Stack, bundle: &str) -> JobHistory {
+    stack.job_history(&job_id(bundle, 0, "enc")).await
 }
 
-async fn consolidation_migrations(stack: &Stack) -> Vec<Value> {
-    let l = stack
-        .get_json(&[
-            "migrations",
-            "-n",
-            "default",
-            "-l",
-            "automanager.norsk.io/purpose=consolidation",
-        ])
+/// The Migrations consolidation created (and not yet deleted).
+async fn consolidation_migrations(stack: &Stack) -> Vec<Migration> {
+    stack
+        .list_labelled(&format!("{PURPOSE_LABEL}=consolidation"))
         .await
-        .unwrap();
-    l["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The pool's consolidation status.
+fn consolidation_of(p: &PlacementPool) -> ConsolidationStatus {
+    p.status
+        .as_ref()
+        .and_then(|s| s.consolidation.clone())
+        .unwrap_or_default()
 }
 
 /// What [`fragmented`] left: where each bundle of the wave ran, the bundles kept, and the
@@ -148,19 +150,16 @@ struct Fragmented {
 /// A stack with a fragmented pool: a wave of six bundles of 40 (two per node, on three nodes;
 /// `strategy(i)` for bundle `i`), then one bundle deleted per node, so each node is 40 % used:
 /// three nodes where two would do.
-async fn fragmented(strategy: impl Fn(usize) -> &'static str) -> (Stack, Fragmented) {
+async fn fragmented(strategy: impl Fn(usize) -> MigrationStrategy) -> (Stack, Fragmented) {
     let dir = tempfile::tempdir().unwrap();
     let stack = Stack::start_custom(&sim_config(dir.path()), &[], |_| {})
         .await
         .expect("stack");
-    apply(&stack, &pool_yaml("")).await;
+    stack.create(&packed_pool(None)).await;
     let names: Vec<String> = (0..6).map(|i| format!("ch-{i}")).collect();
     for (i, n) in names.iter().enumerate() {
-        apply(&stack, &bundle(n, strategy(i))).await;
-        stack
-            .wait_bundle_phase("default", n, "Ready", WAIT)
-            .await
-            .unwrap();
+        stack.create(&channel(n, strategy(i))).await;
+        stack.expect_ready(n).await;
     }
     let wave = placement(&stack, &names).await;
     let mut by_node: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -170,11 +169,7 @@ async fn fragmented(strategy: impl Fn(usize) -> &'static str) -> (Stack, Fragmen
     assert_eq!(by_node.len(), 3, "binpack puts two per node: {wave:?}");
     let mut kept: Vec<String> = Vec::new();
     for jobs in by_node.values() {
-        stack
-            .env
-            .run_kubectl(["delete", "bundle", "-n", "default", &jobs[0]])
-            .await
-            .unwrap();
+        stack.delete::<Bundle>(&jobs[0]).await;
         kept.push(jobs[1].clone());
     }
     stack
@@ -194,9 +189,9 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     // Handover and overlap alike.
     let (stack, f) = fragmented(|i| {
         if i.is_multiple_of(2) {
-            "handover"
+            Handover
         } else {
-            "overlap"
+            Overlap
         }
     })
     .await;
@@ -208,36 +203,27 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
 
     // dryRun: the plan is in status, nothing moves.
-    apply(
-        &stack,
-        &pool_yaml("  consolidation: {mode: dryRun, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
-    )
-    .await;
+    stack
+        .create(&packed_pool(consolidation(ConsolidationMode::DryRun, 0)))
+        .await;
     let pool = stack
-        .wait_for("a dry-run plan in status", WAIT, || async {
-            let p = stack.get_json(&["placementpool", POOL]).await?;
-            Ok((condition(&p, "Consolidating")["reason"] == "DryRun"
-                && p["status"]["consolidation"]["plannedNodes"] == 1)
-                .then_some(p))
+        .wait_until(POOL, "to show a dry-run plan", |p: &PlacementPool| {
+            p.condition_reason("Consolidating") == Some("DryRun")
+                && consolidation_of(p).planned_nodes == 1
         })
-        .await
-        .unwrap();
-    let plan = &pool["status"]["consolidation"]["plan"];
-    let planned_node = plan[0]["node"].as_str().unwrap().to_owned();
-    let planned_move = &plan[0]["moves"][0];
-    let moved_bundle = planned_move["bundle"]
-        .as_str()
-        .unwrap()
+        .await;
+    let plan = consolidation_of(&pool).plan;
+    let planned_node = plan[0].node.clone();
+    assert_eq!(plan[0].moves.len(), 1, "{}", show(&pool));
+    let planned_move = &plan[0].moves[0];
+    let moved_bundle = planned_move
+        .bundle
         .trim_start_matches("default/")
         .to_owned();
-    let planned_target = planned_move["targetNode"].as_str().unwrap().to_owned();
-    assert_eq!(plan[0]["moves"].as_array().unwrap().len(), 1, "{pool:#}");
-    assert_eq!(wave[&moved_bundle], planned_node, "{pool:#}");
+    let planned_target = planned_move.target_node.clone();
+    assert_eq!(wave[&moved_bundle], planned_node, "{}", show(&pool));
     assert_ne!(planned_target, planned_node);
-    let message = condition(&pool, "Consolidating")["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let message = pool.condition_message("Consolidating").unwrap();
     assert!(
         message.contains(&format!("would empty 1 node(s): {planned_node} (1 moves)")),
         "{message}"
@@ -252,28 +238,23 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     // Migrations go with its ManagerNode afterwards: a watch keeps what they said.)
     let seen = SeenMigrations::start(
         Api::namespaced(stack.env.client().clone(), "default"),
-        "automanager.norsk.io/purpose=consolidation",
+        &format!("{PURPOSE_LABEL}=consolidation"),
     );
-    apply(
-        &stack,
-        &pool_yaml("  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
-    )
-    .await;
+    stack
+        .create(&packed_pool(consolidation(ConsolidationMode::Enabled, 0)))
+        .await;
     let pool = stack
-        .wait_for(
-            "one node consolidated, nothing more to do",
-            WAIT,
-            || async {
-                let p = stack.get_json(&["placementpool", POOL]).await?;
-                Ok((p["status"]["consolidation"]["nodesTerminated"] == 1
-                    && condition(&p, "Consolidating")["reason"] == "NothingToConsolidate")
-                    .then_some(p))
+        .wait_until(
+            POOL,
+            "to have consolidated one node, with nothing more to do",
+            |p: &PlacementPool| {
+                consolidation_of(p).nodes_terminated == 1
+                    && p.condition_reason("Consolidating") == Some("NothingToConsolidate")
             },
         )
-        .await
-        .unwrap();
+        .await;
     let after = live_nodes(&stack).await;
-    assert_eq!(after.len(), 2, "{after:?} {pool:#}");
+    assert_eq!(after.len(), 2, "{after:?} {}", show(&pool));
     assert!(!after.contains(&planned_node), "{after:?}");
     let now = placement(&stack, &kept).await;
     assert_eq!(now[&moved_bundle], planned_target, "{now:?}");
@@ -282,37 +263,34 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
         assert_eq!(now[b], wave[b], "{b}");
     }
     // The move went through the queue as a consolidation Migration and completed.
-    let migs: Vec<Value> = seen
-        .snapshot()
-        .into_values()
-        .map(|m| serde_json::to_value(m).unwrap())
-        .collect();
-    assert_eq!(migs.len(), 1, "{migs:#?}");
+    let migs: Vec<Migration> = seen.snapshot().into_values().collect();
+    assert_eq!(migs.len(), 1, "{}", show(&migs));
     let m = &migs[0];
-    assert_eq!(m["status"]["phase"], "Completed", "{m:#}");
-    assert_eq!(
-        m["metadata"]["labels"]["automanager.norsk.io/purpose"],
-        "consolidation"
-    );
-    assert_eq!(m["spec"]["targetNode"], planned_target.as_str());
+    assert_eq!(m.phase(), Some(MigrationPhase::Completed), "{}", show(m));
+    let purpose = m
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(PURPOSE_LABEL))
+        .map(String::as_str);
+    assert_eq!(purpose, Some("consolidation"), "{}", show(m));
+    assert_eq!(m.spec.target_node.as_deref(), Some(planned_target.as_str()));
     let mut dropped = 0u64;
-    if m["status"]["strategy"] == "handover" {
-        dropped += m["status"]["handover"]["failed"]
-            .as_array()
-            .map_or(0, |a| a.len() as u64);
+    if m.strategy() == Some(Handover) {
+        dropped += m
+            .status
+            .as_ref()
+            .and_then(|s| s.handover.as_ref())
+            .map_or(0, |h| h.failed.len() as u64);
     }
     // No job was ever without a running instance (the sim's accounting of every job).
     for b in &kept {
-        let h = job_history(&stack, b);
-        dropped += h["gaps"].as_u64().unwrap();
-        assert_eq!(h["uncoveredMs"], 0, "{b}: {h:#}");
+        let h = job_history(&stack, b).await;
+        dropped += u64::from(h.gaps);
+        assert_eq!(h.uncovered_ms, 0, "{b}: {}", show(&h));
     }
     assert_eq!(dropped, 0, "dropped output");
-    wait_events(
-        &stack,
-        &[&|l: &str| l.starts_with(POOL) && l.contains("NodeConsolidated")],
-    )
-    .await;
+    stack.expect_event(POOL, "NodeConsolidated", &[]).await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains(&format!(
@@ -330,53 +308,49 @@ async fn dry_run_shows_the_plan_then_enabled_empties_and_terminates_the_node_wit
     assert!(v.is_clean(), "{}", v.details());
 }
 
+/// Asserts the job of each of `bundles` always had a running instance.
+async fn assert_no_gap(stack: &Stack, bundles: &[String]) {
+    for b in bundles {
+        let h = job_history(stack, b).await;
+        assert_eq!((h.gaps, h.uncovered_ms), (0, 0), "{b}: {}", show(&h));
+    }
+}
+
 #[tokio::test]
 async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
-    let (stack, f) = fragmented(|_| "handover").await;
+    let (stack, f) = fragmented(|_| Handover).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     // Every job refuses to hand over its state: any consolidation move ends Refused, before the
     // source stops.
     for b in &f.kept {
         stack
-            .chaos(&[
-                "migration-behaviour",
-                &format!("default.{b}/0/enc"),
-                "refuse-state",
-            ])
+            .chaos(&["migration-behaviour", &job_id(b, 0, "enc"), "refuse-state"])
             .unwrap();
     }
     let seen = SeenMigrations::start(
         Api::namespaced(stack.env.client().clone(), "default"),
-        "automanager.norsk.io/purpose=consolidation",
+        &format!("{PURPOSE_LABEL}=consolidation"),
     );
-    apply(
-        &stack,
-        &pool_yaml(
-            "  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 3600}\n",
-        ),
-    )
-    .await;
+    stack
+        .create(&packed_pool(consolidation(
+            ConsolidationMode::Enabled,
+            3600,
+        )))
+        .await;
     let pool = stack
-        .wait_for("the node given up on", WAIT, || async {
-            let p = stack.get_json(&["placementpool", POOL]).await?;
-            let c = condition(&p, "Consolidating");
-            Ok((c["reason"] == "CoolingDown" || c["reason"] == "Abandoned").then_some(p))
+        .wait_until(POOL, "to give the node up", |p: &PlacementPool| {
+            matches!(
+                p.condition_reason("Consolidating"),
+                Some("CoolingDown" | "Abandoned")
+            )
         })
-        .await
-        .unwrap();
-    assert_eq!(
-        pool["status"]["consolidation"]["nodesTerminated"], 0,
-        "{pool:#}"
-    );
-    assert!(
-        pool["status"]["consolidation"]["currentNode"].is_null(),
-        "{pool:#}"
-    );
-    wait_events(
-        &stack,
-        &[&|l: &str| l.starts_with(POOL) && l.contains("ConsolidationAbandoned")],
-    )
-    .await;
+        .await;
+    let status = consolidation_of(&pool);
+    assert_eq!(status.nodes_terminated, 0, "{}", show(&pool));
+    assert_eq!(status.current_node, None, "{}", show(&pool));
+    stack
+        .expect_event(POOL, "ConsolidationAbandoned", &[])
+        .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains(&format!(
@@ -389,30 +363,19 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
     let now = placement(&stack, &f.kept).await;
     for b in &f.kept {
         assert_eq!(now[b], f.wave[b], "{b}");
-        let h = job_history(&stack, b);
-        assert_eq!(
-            (&h["gaps"], &h["uncoveredMs"]),
-            (&Value::from(0), &Value::from(0)),
-            "{b}: {h:#}"
-        );
     }
+    assert_no_gap(&stack, &f.kept).await;
     let migs = seen.snapshot();
     assert_eq!(migs.len(), 1, "{migs:#?}");
-    let phase = migs
-        .values()
-        .next()
-        .and_then(|m| m.status.as_ref())
-        .map(|s| s.phase);
-    assert_eq!(phase, Some(automanager_api::MigrationPhase::Refused));
+    let phase = migs.values().next().and_then(MigrationView::phase);
+    assert_eq!(phase, Some(MigrationPhase::Refused));
     stack
-        .wait_for("the ended Migration deleted", WAIT, || async {
-            Ok(consolidation_migrations(&stack)
-                .await
-                .is_empty()
-                .then_some(()))
-        })
-        .await
-        .unwrap();
+        .wait_until_list(
+            &format!("{PURPOSE_LABEL}=consolidation"),
+            "the ended Migration deleted",
+            |ms: &[Migration]| ms.is_empty().then_some(()),
+        )
+        .await;
 
     let (mut v, took) = settle(&stack, WAIT).await.unwrap();
     v.merge(&monitor.stop().await.0);
@@ -422,96 +385,58 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
 
 #[tokio::test]
 async fn a_consolidation_move_waits_for_the_disruption_budget() {
-    let (stack, f) = fragmented(|_| "handover").await;
+    let (stack, f) = fragmented(|_| Handover).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let budget =
-        |n: i32| format!(r#"{{"spec":{{"disruption":{{"maxUnavailableReplicas":{n}}}}}}}"#);
+        |n: i32| serde_json::json!({"spec": {"disruption": {"maxUnavailableReplicas": n}}});
     for b in &f.kept {
-        let out = stack
-            .env
-            .run_kubectl([
-                "patch",
-                "bundle",
-                b,
-                "-n",
-                "default",
-                "--type",
-                "merge",
-                "-p",
-                &budget(0),
-            ])
-            .await
-            .unwrap();
-        assert!(out.success(), "{}", out.stderr);
+        stack.merge_patch::<Bundle>(b, &budget(0)).await;
     }
-    apply(
-        &stack,
-        &pool_yaml("  consolidation: {mode: enabled, minNodeAgeSeconds: 0, cooldownSeconds: 0}\n"),
-    )
-    .await;
+    stack
+        .create(&packed_pool(consolidation(ConsolidationMode::Enabled, 0)))
+        .await;
     // The move is queued behind the budget; the node is being emptied and stays.
     let m = stack
-        .wait_for(
+        .wait_until_list(
+            &format!("{PURPOSE_LABEL}=consolidation"),
             "the consolidation Migration held by the budget",
-            WAIT,
-            || async {
-                let migs = consolidation_migrations(&stack).await;
-                Ok(migs
-                    .into_iter()
-                    .find(|m| condition(m, "Queued")["reason"] == "DisruptionBudget"))
+            |ms: &[Migration]| {
+                ms.iter()
+                    .find(|m| m.condition_reason("Queued") == Some("DisruptionBudget"))
+                    .cloned()
             },
         )
-        .await
-        .unwrap();
-    assert_eq!(m["status"]["phase"], "Pending", "{m:#}");
-    let pool = stack.get_json(&["placementpool", POOL]).await.unwrap();
-    let c = condition(&pool, "Consolidating");
-    assert_eq!(c["reason"], "EmptyingNode", "{pool:#}");
+        .await;
+    assert_eq!(m.phase(), Some(MigrationPhase::Pending), "{}", show(&m));
+    let pool = stack.pool(POOL).await;
+    assert_eq!(
+        pool.condition_reason("Consolidating"),
+        Some("EmptyingNode"),
+        "{}",
+        show(&pool)
+    );
     assert!(
-        c["message"].as_str().unwrap().contains("0 of 1 moves done"),
-        "{c:#}"
+        pool.condition_message("Consolidating")
+            .is_some_and(|msg| msg.contains("0 of 1 moves done")),
+        "{}",
+        show(&pool)
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(live_nodes(&stack).await, f.nodes);
 
     // Raising the budget lets it go: the node is emptied and terminated.
     for b in &f.kept {
-        stack
-            .env
-            .run_kubectl([
-                "patch",
-                "bundle",
-                b,
-                "-n",
-                "default",
-                "--type",
-                "merge",
-                "-p",
-                &budget(1),
-            ])
-            .await
-            .unwrap();
+        stack.merge_patch::<Bundle>(b, &budget(1)).await;
     }
     stack
-        .wait_for(
-            "the node consolidated once the budget allows",
-            WAIT,
-            || async {
-                let p = stack.get_json(&["placementpool", POOL]).await?;
-                Ok((p["status"]["consolidation"]["nodesTerminated"] == 1).then_some(()))
-            },
+        .wait_until(
+            POOL,
+            "to have consolidated the node once the budget allows",
+            |p: &PlacementPool| consolidation_of(p).nodes_terminated == 1,
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(live_nodes(&stack).await.len(), 2);
-    for b in &f.kept {
-        let h = job_history(&stack, b);
-        assert_eq!(
-            (&h["gaps"], &h["uncoveredMs"]),
-            (&Value::from(0), &Value::from(0)),
-            "{b}: {h:#}"
-        );
-    }
+    assert_no_gap(&stack, &f.kept).await;
 
     let (mut v, took) = settle(&stack, WAIT).await.unwrap();
     v.merge(&monitor.stop().await.0);

@@ -43,9 +43,15 @@ async fn every_crd_is_established_and_the_examples_apply_cleanly() {
         .await
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
-    let bundle: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
-    assert_eq!(bundle["spec"]["replicaOverrides"][0]["replica"], 1);
-    assert_eq!(bundle["spec"]["replicaOverrides"][0]["pools"][0], "oci-fra");
+    let bundle: automanager_api::Bundle = serde_json::from_str(&out.stdout).unwrap();
+    let first_override = bundle.spec.replica_overrides.first();
+    assert_eq!(first_override.map(|o| o.replica), Some(1));
+    assert_eq!(
+        first_override
+            .and_then(|o| o.pools.first())
+            .map(String::as_str),
+        Some("oci-fra")
+    );
     let bronze = env
         .run_kubectl([
             "get",
@@ -58,6 +64,8 @@ async fn every_crd_is_established_and_the_examples_apply_cleanly() {
         ])
         .await
         .unwrap();
+    // Read as JSON, not as a Bundle: decoding a Bundle fills in the same defaults client-side,
+    // and this checks that the apiserver applied them.
     let bronze: serde_json::Value = serde_json::from_str(&bronze.stdout).unwrap();
     assert_eq!(
         bronze["spec"]["interReplicaPlacement"]["node"]["relation"], "different",

@@ -8,12 +8,21 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use automanager_api::MigrationPhase::{Completed, Pending};
+use automanager_api::MigrationStrategy::Handover;
+use automanager_api::PriorityBand::{Gold, Silver};
+use automanager_api::{
+    Bundle, BundlePhase, ConditionStatus, DrainMode, ManagerNode, Migration, NodeState,
+};
+use automanager_e2e::apply_example_pools;
 use automanager_e2e::reliability::{Monitor, settle};
 use automanager_e2e::sampler::MaxSampler;
+use automanager_e2e::scenario::{
+    BundleView, Conditions, EventView, JobManifest, MigrationManifest, MigrationView, bundle, job,
+    migration, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, apply_example_pools, condition, patch_node, wait_drained};
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// How long a provisioned node takes to start in these tests: long enough that a second
@@ -22,9 +31,12 @@ const SLOW_PROVISION_MS: &str = "3000";
 
 /// A two-replica gold bundle on the on-prem pool that spills into aws-east; the job declares
 /// nothing, so it moves with `stopThenStart` (the replica is down while it moves).
-fn pair_bundle(name: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 2\n  pools: [onprem, aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: gold}}\n"
+fn pair_bundle(name: &str) -> Bundle {
+    bundle(
+        name,
+        2,
+        &["onprem", "aws-east"],
+        [job("enc", 20, Gold).cores(2)],
     )
 }
 
@@ -45,95 +57,19 @@ async fn start_with_pair(name: &str) -> (Stack, Monitor, MaxSampler) {
 /// Cordons onprem-a2, runs the pair bundle (its replicas land on onprem-a1 and onprem-b1,
 /// different nodes being a hard rule), then makes new nodes slow to start.
 async fn pair_on_a1_and_b1(stack: &Stack, name: &str) {
-    patch_node(stack, "onprem-a2", r#"{"spec":{"cordoned":true}}"#).await;
-    stack
-        .wait_for("onprem-a2 cordoned", WAIT, || async {
-            let n = stack.get_json(&["managernode", "onprem-a2"]).await?;
-            Ok((condition(&n, "Cordoned")["status"] == "True").then_some(()))
-        })
-        .await
-        .unwrap();
-    apply(stack, &pair_bundle(name)).await;
-    let b = stack
-        .wait_bundle_phase("default", name, "Ready", WAIT)
-        .await
-        .unwrap();
-    let mut placed: Vec<&str> = (0..2)
-        .map(|r| {
-            b["status"]["replicas"][r]["jobs"][0]["nodeId"]
-                .as_str()
-                .unwrap()
-        })
-        .collect();
+    stack.cordon("onprem-a2").await;
+    stack.wait_cordoned("onprem-a2", true).await;
+    stack.create(&pair_bundle(name)).await;
+    let b = stack.expect_ready(name).await;
+    let mut placed: Vec<Option<&str>> = (0..2).map(|r| b.node_of(r, "enc")).collect();
     placed.sort_unstable();
-    assert_eq!(placed, ["onprem-a1", "onprem-b1"], "{b:#}");
+    assert_eq!(
+        placed,
+        [Some("onprem-a1"), Some("onprem-b1")],
+        "{}",
+        show(&b)
+    );
     stack.chaos(&["slow-provision", SLOW_PROVISION_MS]).unwrap();
-}
-
-/// The Migrations in `default`, by name.
-async fn migrations(stack: &Stack) -> BTreeMap<String, Value> {
-    let list = stack
-        .get_json(&["migrations", "-n", "default"])
-        .await
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["metadata"]["name"].as_str().unwrap().to_owned(),
-                m.clone(),
-            )
-        })
-        .collect()
-}
-
-/// When a Migration first entered a phase that `which` picks.
-fn first_phase(m: &Value, which: impl Fn(&Value) -> bool) -> Option<DateTime<Utc>> {
-    m["status"]["phases"]
-        .as_array()?
-        .iter()
-        .find(|p| which(&p["phase"]))
-        .and_then(|p| p["enteredAt"].as_str())
-        .and_then(|t| t.parse().ok())
-}
-
-/// When a Migration entered `phase`.
-fn entered(m: &Value, phase: &str) -> Option<DateTime<Utc>> {
-    first_phase(m, |p| p == phase)
-}
-
-/// When a Migration left `Pending` (admitted by the queue): the first other phase it entered.
-fn admitted_at(m: &Value) -> Option<DateTime<Utc>> {
-    first_phase(m, |p| p != "Pending")
-}
-
-/// The Events with `reason`, as `(regarding name, note)`.
-async fn events(stack: &Stack, reason: &str) -> Vec<(String, String)> {
-    let list = stack
-        .get_json(&[
-            "events.events.k8s.io",
-            "-A",
-            "--field-selector",
-            &format!("reason={reason}"),
-        ])
-        .await
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["regarding"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned(),
-                e["note"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
 }
 
 /// The value of one sample in the operator's /metrics, 0 when absent.
@@ -168,101 +104,85 @@ async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
 
     // Both nodes drained at once: the budget lets one replica move, the other waits.
     for node in ["onprem-a1", "onprem-b1"] {
-        patch_node(&stack, node, r#"{"spec":{"drain":{"mode":"migrate"}}}"#).await;
+        stack.drain(node, DrainMode::Migrate).await;
     }
-    let mut queued_by_budget = None;
-    let mut node_blocked = None;
+    let mut queued_by_budget: Option<(Migration, String)> = None;
+    let mut node_blocked: Option<String> = None;
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        for m in migrations(&stack).await.values() {
-            let q = condition(m, "Queued");
-            if q["status"] == "True" && q["reason"] == "DisruptionBudget" {
-                queued_by_budget.get_or_insert_with(|| (m.clone(), q["message"].clone()));
+        for m in stack.migrations().await.values() {
+            if m.has_condition("Queued") && m.condition_reason("Queued") == Some("DisruptionBudget")
+            {
+                let message = m.condition_message("Queued").unwrap_or_default().to_owned();
+                queued_by_budget.get_or_insert_with(|| (m.clone(), message));
             }
         }
         let mut done = true;
         for node in ["onprem-a1", "onprem-b1"] {
-            let n = stack.get_json(&["managernode", node]).await.unwrap();
-            let c = condition(&n, "DisruptionBlocked");
-            if c["status"] == "True" {
-                node_blocked.get_or_insert_with(|| c["message"].clone());
+            let n = stack.node(node).await;
+            if n.has_condition("DisruptionBlocked") {
+                let message = n.condition_message("DisruptionBlocked").unwrap_or_default();
+                node_blocked.get_or_insert_with(|| message.to_owned());
             }
-            done &= n["status"]["drain"]["completedAt"].is_string()
-                && n["status"]["state"] != "started";
+            done &= n.status.as_ref().is_some_and(|s| {
+                s.drain.as_ref().is_some_and(|d| d.completed_at.is_some())
+                    && s.state != NodeState::Started
+            });
         }
         if done {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the drains did not complete within {WAIT:?}:\n{:#?}",
-            migrations(&stack).await
+            "the drains did not complete within {WAIT:?}:\n{}",
+            show(&stack.migrations().await)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     let (waiting, message) = queued_by_budget.expect("a drain Migration waited for the budget");
-    let message = message.as_str().unwrap();
     assert!(
         message.contains("Bundle default/pair allows 1 replica(s) down at once"),
         "{message}"
     );
-    assert!(
-        waiting["status"]["queuePosition"].as_i64() >= Some(1),
-        "{waiting:#}"
-    );
+    let position = waiting.status.as_ref().and_then(|s| s.queue_position);
+    assert!(position >= Some(1), "{}", show(&waiting));
     let node_message = node_blocked.expect("a drained node said it waits for the budget");
     assert!(
-        node_message
-            .as_str()
-            .unwrap()
-            .contains("Bundle default/pair"),
+        node_message.contains("Bundle default/pair"),
         "{node_message}"
     );
     // Events are published off the reconcile path, a moment after the status.
     stack
-        .wait_for(
-            "a DisruptionBlocked Event naming default/pair",
-            WAIT,
-            || async {
-                let blocked_events = events(&stack, "DisruptionBlocked").await;
-                Ok(blocked_events
-                    .iter()
-                    .any(|(_, note)| note.contains("default/pair"))
-                    .then_some(()))
-            },
-        )
-        .await
-        .unwrap();
+        .wait_for_event("a DisruptionBlocked Event naming default/pair", |e| {
+            e.reason_str() == "DisruptionBlocked" && e.note_str().contains("default/pair")
+        })
+        .await;
 
     // The two moves did not overlap: the second was admitted only once the first completed.
-    let all = migrations(&stack).await;
+    let all = stack.migrations().await;
     let mut moves: Vec<(DateTime<Utc>, DateTime<Utc>)> = all
         .values()
         .map(|m| {
-            assert_eq!(m["status"]["phase"], "Completed", "{m:#}");
-            (admitted_at(m).unwrap(), entered(m, "Completed").unwrap())
+            assert_eq!(m.phase(), Some(Completed), "{}", show(m));
+            (m.admitted_at().unwrap(), m.entered(Completed).unwrap())
         })
         .collect();
     moves.sort();
-    assert_eq!(moves.len(), 2, "{all:#?}");
+    assert_eq!(moves.len(), 2, "{}", show(&all));
     assert!(
         moves[1].0 >= moves[0].1,
         "the second move began at {} before the first completed at {}",
         moves[1].0,
         moves[0].1
     );
-    let b = stack
-        .wait_bundle_phase("default", "pair", "Ready", WAIT)
-        .await
-        .unwrap();
+    let b = stack.expect_ready("pair").await;
     for r in 0..2 {
-        let node = b["status"]["replicas"][r]["jobs"][0]["nodeId"]
-            .as_str()
-            .unwrap();
+        let node = b.node_of(r, "enc").unwrap();
         assert!(
             !node.starts_with("onprem-a1") && !node.starts_with("onprem-b1"),
-            "{b:#}"
+            "{}",
+            show(&b)
         );
     }
     assert!(
@@ -281,59 +201,42 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
     let (stack, monitor, sampler) = start_with_pair("twin").await;
 
     // One replica is moving (its target takes seconds to start)...
-    patch_node(
-        &stack,
-        "onprem-a1",
-        r#"{"spec":{"drain":{"mode":"migrate"}}}"#,
-    )
-    .await;
+    stack.drain("onprem-a1", DrainMode::Migrate).await;
     stack
-        .wait_for("the first move under way", WAIT, || async {
-            Ok(migrations(&stack)
-                .await
-                .values()
-                .any(|m| admitted_at(m).is_some())
-                .then_some(()))
+        .wait_until_list("", "the first move under way", |ms: &[Migration]| {
+            ms.iter().any(|m| m.admitted_at().is_some()).then_some(())
         })
-        .await
-        .unwrap();
+        .await;
     // ... so terminating the other's node waits, and says why.
-    patch_node(
-        &stack,
-        "onprem-b1",
-        r#"{"spec":{"drain":{"mode":"terminate"}}}"#,
-    )
-    .await;
-    let blocked = stack
-        .wait_for("onprem-b1 to wait for the budget", WAIT, || async {
-            let n = stack.get_json(&["managernode", "onprem-b1"]).await?;
-            let c = condition(&n, "DisruptionBlocked");
-            Ok((c["status"] == "True").then(|| (n.clone(), c["message"].clone())))
-        })
-        .await
-        .unwrap();
-    let (node, message) = blocked;
-    assert_eq!(node["status"]["state"], "started", "{node:#}");
-    assert!(
-        message.as_str().unwrap().contains("Bundle default/twin"),
-        "{message}"
-    );
+    stack.drain("onprem-b1", DrainMode::Terminate).await;
+    let node: ManagerNode = stack
+        .wait_for_condition("onprem-b1", "DisruptionBlocked", ConditionStatus::True)
+        .await;
     assert_eq!(
-        condition(&node, "DisruptionBlocked")["reason"],
-        "DisruptionBudget"
+        node.status.as_ref().map(|s| s.state),
+        Some(NodeState::Started),
+        "{}",
+        show(&node)
+    );
+    let message = node.condition_message("DisruptionBlocked").unwrap();
+    assert!(message.contains("Bundle default/twin"), "{message}");
+    assert_eq!(
+        node.condition_reason("DisruptionBlocked"),
+        Some("DisruptionBudget")
     );
 
     // Once the first replica runs again, the terminate goes ahead; the second recovers by band.
-    wait_drained(&stack, "onprem-a1", WAIT).await;
-    let b1 = wait_drained(&stack, "onprem-b1", WAIT).await;
-    let moved = migrations(&stack).await;
+    stack.wait_drained("onprem-a1").await;
+    let b1 = stack.wait_drained("onprem-b1").await;
+    let moved = stack.migrations().await;
     let completed = moved
         .values()
-        .find_map(|m| entered(m, "Completed"))
+        .find_map(|m| m.entered(Completed))
         .expect("the first move completed");
-    let stopped: DateTime<Utc> = b1["status"]["stoppedAt"]
-        .as_str()
-        .and_then(|t| t.parse().ok())
+    let stopped = b1
+        .status
+        .as_ref()
+        .and_then(|s| s.stopped_at)
         .expect("stoppedAt");
     // stoppedAt is Manager's clock in whole seconds at worst.
     assert!(
@@ -341,14 +244,25 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
         "onprem-b1 stopped at {stopped}, before the other replica's move completed at {completed}"
     );
     assert_eq!(
-        condition(&b1, "DisruptionBlocked")["status"],
-        "False",
-        "{b1:#}"
+        b1.condition_status("DisruptionBlocked"),
+        Some(ConditionStatus::False),
+        "{}",
+        show(&b1)
     );
+    // The second replica is back by its band. The bundle also said Ready before the terminate,
+    // so wait until neither drained node holds a job of it: killing the other replica's node
+    // below while this one is still recovering would take both down.
     stack
-        .wait_bundle_phase("default", "twin", "Ready", WAIT)
-        .await
-        .unwrap();
+        .wait_until(
+            "twin",
+            "to be Ready off both drained nodes",
+            |b: &Bundle| {
+                b.phase() == Some(BundlePhase::Ready)
+                    && !b.has_job_on("onprem-a1")
+                    && !b.has_job_on("onprem-b1")
+            },
+        )
+        .await;
     assert!(
         metric(
             &stack,
@@ -364,24 +278,18 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
         "automanager_involuntary_disruptions_total{cause=\"nodeLost\"}",
     )
     .await;
-    let b = stack
-        .get_json(&["bundle", "twin", "-n", "default"])
+    let victim = stack
+        .bundle("twin")
         .await
-        .unwrap();
-    let victim = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
-        .as_str()
+        .node_of(0, "enc")
         .unwrap()
         .to_owned();
     stack.chaos(&["kill-node", &victim]).unwrap();
     stack
-        .wait_for("the killed replica to be back", WAIT, || async {
-            let b = stack.get_json(&["bundle", "twin", "-n", "default"]).await?;
-            let back = b["status"]["phase"] == "Ready"
-                && b["status"]["replicas"][0]["jobs"][0]["nodeId"] != victim.as_str();
-            Ok(back.then_some(()))
+        .wait_until("twin", "to have the killed replica back", |b: &Bundle| {
+            b.phase() == Some(BundlePhase::Ready) && b.node_of(0, "enc") != Some(victim.as_str())
         })
-        .await
-        .unwrap();
+        .await;
     let after = metric(
         &stack,
         "automanager_involuntary_disruptions_total{cause=\"nodeLost\"}",
@@ -392,18 +300,12 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
 }
 
 /// A one-replica silver bundle on the on-prem pool whose job hands over (the job socket).
-fn handover_bundle(name: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: silver}}\n      migration: {{strategy: handover}}\n"
-    )
-}
-
-fn migration_yaml(name: &str, bundle: &str, purpose: Option<&str>) -> String {
-    let labels = purpose
-        .map(|p| format!(", labels: {{automanager.norsk.io/purpose: {p}}}"))
-        .unwrap_or_default();
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: {name}, namespace: default{labels}}}\nspec:\n  job: {{bundle: {bundle}, replica: 0, jobName: enc}}\n"
+fn handover_bundle(name: &str) -> Bundle {
+    bundle(
+        name,
+        1,
+        &["onprem"],
+        [job("enc", 20, Silver).cores(2).moves_by(Handover)],
     )
 }
 
@@ -423,13 +325,10 @@ async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
     // keeps the others waiting.
     let names: Vec<String> = (0..6).map(|i| format!("q{i}")).collect();
     for n in &names {
-        apply(&stack, &handover_bundle(n)).await;
+        stack.create(&handover_bundle(n)).await;
     }
     for n in &names {
-        stack
-            .wait_bundle_phase("default", n, "Ready", WAIT)
-            .await
-            .unwrap();
+        stack.expect_ready(n).await;
         stack
             .chaos(&[
                 "migration-behaviour",
@@ -451,49 +350,43 @@ async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
         None,
         None,
     ];
-    let all: String = names
+    let all: Vec<Migration> = names
         .iter()
         .zip(purposes)
-        .map(|(n, p)| migration_yaml(&format!("m{n}"), n, p))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    apply(&stack, &all).await;
+        .map(|(n, p)| {
+            let m = migration(&format!("m{n}"), n, 0, "enc");
+            match p {
+                Some(p) => m.for_purpose(p),
+                None => m,
+            }
+        })
+        .collect();
+    stack.create_all(&all).await;
 
     // While they run: never more than two past Pending, and the waiting ones say why.
     let mut most_running = 0;
-    let mut queued_seen = None;
+    let mut queued_seen: Option<Migration> = None;
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let ms = migrations(&stack).await;
+        let ms = stack.migrations().await;
         let running = ms
             .values()
-            .filter(|m| {
-                let p = m["status"]["phase"].as_str().unwrap_or("Pending");
-                ![
-                    "Pending",
-                    "Completed",
-                    "Aborted",
-                    "Refused",
-                    "Rejected",
-                    "Failed",
-                ]
-                .contains(&p)
-            })
+            .filter(|m| m.phase().unwrap_or(Pending) != Pending && !m.finished())
             .count();
         most_running = most_running.max(running);
         for m in ms.values() {
-            let q = condition(m, "Queued");
-            if q["status"] == "True" && q["reason"] == "QueueFull" {
+            if m.has_condition("Queued") && m.condition_reason("Queued") == Some("QueueFull") {
                 queued_seen.get_or_insert_with(|| m.clone());
             }
         }
-        let done = ms.len() == 6 && ms.values().all(|m| m["status"]["phase"] == "Completed");
+        let done = ms.len() == 6 && ms.values().all(|m| m.phase() == Some(Completed));
         if done {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "the migrations did not all complete within {WAIT:?}:\n{ms:#?}"
+            "the migrations did not all complete within {WAIT:?}:\n{}",
+            show(&ms)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -511,24 +404,24 @@ async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
         "the limit was never reached: the test shows nothing"
     );
     let q = queued_seen.expect("a Migration waited with reason QueueFull");
-    assert!(q["status"]["queuePosition"].as_i64() >= Some(1), "{q:#}");
+    let position = q.status.as_ref().and_then(|s| s.queue_position);
+    assert!(position >= Some(1), "{}", show(&q));
     assert!(
-        condition(&q, "Queued")["message"]
-            .as_str()
-            .unwrap()
-            .contains("migration.maxParallel (2)"),
-        "{q:#}"
+        q.condition_message("Queued")
+            .is_some_and(|m| m.contains("migration.maxParallel (2)")),
+        "{}",
+        show(&q)
     );
 
     // From the status: at most two at once over the whole run, and the consolidation ones
     // began only after every plain one had.
-    let ms = migrations(&stack).await;
+    let ms = stack.migrations().await;
     let spans: BTreeMap<&str, (DateTime<Utc>, DateTime<Utc>)> = ms
         .iter()
         .map(|(k, m)| {
             (
                 k.as_str(),
-                (admitted_at(m).unwrap(), entered(m, "Completed").unwrap()),
+                (m.admitted_at().unwrap(), m.entered(Completed).unwrap()),
             )
         })
         .collect();

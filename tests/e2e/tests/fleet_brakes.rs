@@ -12,9 +12,16 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use automanager_api::PriorityBand::Gold;
+use automanager_api::{
+    Bundle, ConditionStatus, JobState, PackingStrategy, PlacementPool, PoolKind,
+};
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
+use automanager_e2e::scenario::{
+    BundleManifest, BundleView, Conditions, EventView, JobManifest, bundle, elastic_pool,
+    instance_type, job, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, wait_events};
 use manager_client::proto::{KillNodeRequest, NodeState};
 use serde_json::Value;
 
@@ -46,38 +53,21 @@ pools:
     path
 }
 
-fn pool_yaml(extra: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: PlacementPool
-metadata: {{name: {POOL}}}
-spec:
-  kind: aws
-  region: eu-west-1
-  zones: [{}]
-  packingStrategy: spread
-  scaleOut: elastic
-{extra}  candidateInstanceTypes:
-    - {{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16, capabilities: []}}
-",
-        ZONES.join(", ")
+/// The pool: elastic, spread over the three zones, growing with nodes of 100.
+fn zoned_pool() -> PlacementPool {
+    elastic_pool(
+        POOL,
+        PoolKind::Aws,
+        "eu-west-1",
+        &ZONES,
+        PackingStrategy::Spread,
+        instance_type("m5.xlarge", 100, 16),
     )
 }
 
 /// A gold bundle of one job taking 60 of a node's 100: one per node.
-fn gold_bundle(name: &str, bands: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: Bundle
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: 1
-  pools: [{POOL}]
-  jobs:
-    - jobName: enc
-      requirements: {{requiredCapacity: 60, requiredCores: 2, priorityBand: gold}}
-{bands}"
-    )
+fn gold_bundle(name: &str) -> Bundle {
+    bundle(name, 1, &[POOL], [job("enc", 60, Gold).cores(2)])
 }
 
 async fn start(adjust: impl FnOnce(&mut serde_json::Map<String, Value>)) -> Stack {
@@ -119,17 +109,14 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         );
     })
     .await;
-    apply(&stack, &pool_yaml("")).await;
+    stack.create(&zoned_pool()).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let names: Vec<String> = (0..6).map(|i| format!("gold-{i}")).collect();
     for n in &names {
-        apply(&stack, &gold_bundle(n, "")).await;
+        stack.create(&gold_bundle(n)).await;
     }
     for n in &names {
-        stack
-            .wait_bundle_phase("default", n, "Ready", WAIT)
-            .await
-            .unwrap();
+        stack.expect_ready(n).await;
     }
     // Placement provisions into the pool's first zone while nothing is wrong with it.
     let before = nodes(&stack).await;
@@ -158,16 +145,16 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
     }
 
     // The person on call is told: a condition naming the zone, an Event, the metric.
-    let pool = stack
-        .wait_for("ZoneDegraded on the pool", WAIT, || async {
-            let p = stack.get_json(&["placementpool", POOL]).await?;
-            Ok((condition(&p, "ZoneDegraded")["status"] == "True").then_some(p))
-        })
-        .await
-        .unwrap();
-    let c = condition(&pool, "ZoneDegraded");
-    assert_eq!(c["reason"], "ZoneOutage");
-    let message = c["message"].as_str().unwrap();
+    let pool: PlacementPool = stack
+        .wait_for_condition(POOL, "ZoneDegraded", ConditionStatus::True)
+        .await;
+    assert_eq!(
+        pool.condition_reason("ZoneDegraded"),
+        Some("ZoneOutage"),
+        "{}",
+        show(&pool)
+    );
+    let message = pool.condition_message("ZoneDegraded").unwrap();
     assert!(message.contains(&format!("zone {dead} lost")), "{message}");
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
@@ -183,10 +170,11 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
             let m = manager_state(&stack.sim_endpoint).await?;
             let mut zones = Vec::new();
             for n in &names {
-                let b = stack.get_json(&["bundle", n, "-n", "default"]).await?;
-                let j = &b["status"]["replicas"][0]["jobs"][0];
-                let node = j["nodeId"].as_str().unwrap_or_default();
-                if j["state"] != "running" || victims.iter().any(|v| v == node) {
+                let b: Bundle = stack.try_get(n).await?;
+                let node = b.node_of(0, "enc").unwrap_or_default();
+                if b.state_of(0, "enc") != Some(JobState::Running)
+                    || victims.iter().any(|v| v == node)
+                {
                     return Ok(None);
                 }
                 zones.push(
@@ -215,29 +203,22 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
         Vec::new(),
         "nothing is provisioned into the degraded zone"
     );
-    wait_events(
-        &stack,
-        &[&|l: &str| l.starts_with(POOL) && l.contains("ZoneDegraded")],
-    )
-    .await;
+    stack.expect_event(POOL, "ZoneDegraded", &[]).await;
 
     // A window with no further loss: the zone clears and is provisioned into again.
     stack
-        .wait_for("ZoneDegraded cleared", WAIT, || async {
-            let p = stack.get_json(&["placementpool", POOL]).await?;
-            Ok((condition(&p, "ZoneDegraded")["status"] == "False").then_some(()))
+        .wait_for_condition::<PlacementPool>(POOL, "ZoneDegraded", ConditionStatus::False)
+        .await;
+    stack
+        .wait_for_event("a ZoneRecovered Event", |e| {
+            e.reason_str() == "ZoneRecovered"
         })
-        .await
-        .unwrap();
-    wait_events(&stack, &[&|l: &str| l.contains("ZoneRecovered")]).await;
+        .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(!metrics.contains(&format!("zone=\"{dead}\"")), "{metrics}");
     let after_ms = now_ms();
-    apply(&stack, &gold_bundle("gold-late", "")).await;
-    stack
-        .wait_bundle_phase("default", "gold-late", "Ready", WAIT)
-        .await
-        .unwrap();
+    stack.create(&gold_bundle("gold-late")).await;
+    stack.expect_ready("gold-late").await;
     let reopened = nodes(&stack)
         .await
         .into_iter()
@@ -263,7 +244,7 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
         c.insert("zoneBrake".into(), serde_json::json!({"enabled": false}));
     })
     .await;
-    apply(&stack, &pool_yaml("")).await;
+    stack.create(&zoned_pool()).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
     let creates = |stack: &Stack| {
         stack
@@ -274,23 +255,17 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
             .unwrap_or(0)
     };
     let before = creates(&stack);
-    apply(
-        &stack,
-        &gold_bundle("looper", "  bands:\n    gold: {maxRestartsPerHour: 1000}\n"),
-    )
-    .await;
+    stack
+        .create(&gold_bundle("looper").max_restarts_per_hour(Gold, 1000))
+        .await;
     // Every node the job lands on dies (a bad instance type): for 40 s, kill whatever node runs it.
     let mut admin = sim_admin(&stack.sim_endpoint).await.unwrap();
     let started = Instant::now();
     let mut killed = std::collections::BTreeSet::new();
     while started.elapsed() < Duration::from_secs(40) {
-        let b = stack
-            .get_json(&["bundle", "looper", "-n", "default"])
-            .await
-            .unwrap();
-        let j = &b["status"]["replicas"][0]["jobs"][0];
-        if let Some(node) = j["nodeId"].as_str()
-            && j["state"] == "running"
+        let b = stack.bundle("looper").await;
+        if let Some(node) = b.node_of(0, "enc")
+            && b.state_of(0, "enc") == Some(JobState::Running)
             && killed.insert(node.to_owned())
         {
             admin

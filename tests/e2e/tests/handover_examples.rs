@@ -10,9 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use automanager_api::Migration;
+use automanager_api::MigrationPhase::Completed;
+use automanager_api::MigrationStrategy::Handover;
+use automanager_api::PriorityBand::Gold;
+use automanager_e2e::scenario::{
+    BundleView, JobManifest, MigrationView, bundle, job, job_id, migration, show,
+};
 use automanager_e2e::stack::{Stack, cargo_build};
-use automanager_e2e::{apply, apply_example_pools, demo_sim_config_with_job_socket, examples_dir};
-use serde_json::Value;
+use automanager_e2e::{apply_example_pools, demo_sim_config_with_job_socket, examples_dir};
+use serde::Deserialize;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -55,7 +62,32 @@ fn rust_job() -> PathBuf {
         .join("examples/handover_job")
 }
 
-fn events(log: &Path) -> Vec<Value> {
+/// One line of an example job's log (both examples write the same JSON lines), as far as this
+/// test reads it.
+#[derive(Debug, Clone, Deserialize)]
+struct LogLine {
+    event: String,
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    position: Option<f64>,
+    #[serde(default)]
+    handovers: Option<f64>,
+    /// The state a target received (`initial-state-received`).
+    #[serde(default)]
+    state: Option<HandedState>,
+}
+
+/// The state handed from source to target.
+#[derive(Debug, Clone, Deserialize)]
+struct HandedState {
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    position: Option<f64>,
+}
+
+fn events(log: &Path) -> Vec<LogLine> {
     std::fs::read_to_string(log)
         .unwrap_or_default()
         .lines()
@@ -63,8 +95,8 @@ fn events(log: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn find<'a>(events: &'a [Value], event: &str) -> Option<&'a Value> {
-    events.iter().find(|e| e["event"] == event)
+fn find<'a>(events: &'a [LogLine], event: &str) -> Option<&'a LogLine> {
+    events.iter().find(|e| e.event == event)
 }
 
 fn logs(dir: &Path, job: &str) -> Vec<PathBuf> {
@@ -82,96 +114,74 @@ fn logs(dir: &Path, job: &str) -> Vec<PathBuf> {
     v
 }
 
-async fn hand_over(stack: &Stack, logs_dir: &Path, bundle: &str) {
-    let job = format!("default.{bundle}/0/enc");
-    apply(
-        stack,
-        &format!(
-            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {bundle}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: gold}}\n      migration: {{strategy: handover}}\n"
-        ),
-    )
-    .await;
+async fn hand_over(stack: &Stack, logs_dir: &Path, bundle_name: &str) {
+    let id = job_id(bundle_name, 0, "enc");
     stack
-        .wait_bundle_phase("default", bundle, "Ready", WAIT)
-        .await
-        .unwrap();
+        .create(&bundle(
+            bundle_name,
+            1,
+            &["onprem"],
+            [job("enc", 20, Gold).cores(2).moves_by(Handover)],
+        ))
+        .await;
+    stack.expect_ready(bundle_name).await;
     // The worker started the job's process; wait until it is producing on its socket.
     let source_log = stack
-        .wait_for(&format!("{job} producing"), WAIT, || async {
-            Ok(logs(logs_dir, &job)
+        .wait_for(&format!("{id} producing"), WAIT, || async {
+            Ok(logs(logs_dir, &id)
                 .into_iter()
                 .find(|l| l.to_string_lossy().ends_with(".normal.log"))
                 .filter(|l| find(&events(l), "producing").is_some()))
         })
         .await
         .unwrap();
-    let session = find(&events(&source_log), "producing").unwrap()["session"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let session = find(&events(&source_log), "producing")
+        .and_then(|e| e.session.clone())
+        .expect("the source's session");
     // Let some output be produced, so the handed-over position is not zero.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let migration = format!("move-{bundle}");
-    apply(
-        stack,
-        &format!(
-            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: {migration}, namespace: default}}\nspec:\n  job: {{bundle: {bundle}, replica: 0, jobName: enc}}\n"
-        ),
-    )
-    .await;
+    let name = format!("move-{bundle_name}");
+    stack.create(&migration(&name, bundle_name, 0, "enc")).await;
     let m = stack
-        .wait_for(&format!("{migration} to finish"), WAIT, || async {
-            let m = stack.get_json(&["migration", &migration]).await?;
-            let phase = m["status"]["phase"].as_str().unwrap_or("").to_owned();
-            Ok(matches!(
-                phase.as_str(),
-                "Completed" | "Aborted" | "Refused" | "Rejected" | "Failed"
-            )
-            .then_some(m))
-        })
-        .await
-        .unwrap();
-    assert_eq!(m["status"]["phase"], "Completed", "{m:#}");
-    assert_eq!(m["status"]["strategy"], "handover");
+        .wait_until(&name, "to finish", |m: &Migration| m.finished())
+        .await;
+    assert_eq!(m.phase(), Some(Completed), "{}", show(&m));
+    assert_eq!(m.strategy(), Some(Handover));
     // `applied: [output]` is what the example job reports (simulated jobs report input and output).
-    assert_eq!(
-        m["status"]["handover"]["applied"],
-        serde_json::json!(["output"]),
-        "{m:#}"
-    );
+    let applied = m
+        .status
+        .as_ref()
+        .and_then(|s| s.handover.as_ref())
+        .map(|h| h.applied.clone());
+    assert_eq!(applied, Some(vec!["output".to_owned()]), "{}", show(&m));
 
     // The state arrived: the target started from the source's position, in the same session.
     let source = events(&source_log);
     let given = find(&source, "state-given").unwrap_or_else(|| panic!("source log: {source:#?}"));
     let stopped = find(&source, "source-stopped-output").expect("the source stopped its output");
-    let target_log = logs(logs_dir, &job)
+    let target_log = logs(logs_dir, &id)
         .into_iter()
         .find(|l| l.to_string_lossy().contains("migrationTarget"))
         .expect("a target process log");
     let target = events(&target_log);
     let received = find(&target, "initial-state-received")
+        .and_then(|e| e.state.as_ref())
         .unwrap_or_else(|| panic!("target log: {target:#?}"));
-    assert_eq!(received["state"]["session"], session.as_str());
-    assert_eq!(received["state"]["position"], given["position"]);
-    assert!(given["position"].as_f64().unwrap() > 0.0, "{given}");
+    assert_eq!(received.session.as_deref(), Some(session.as_str()));
+    assert_eq!(received.position, given.position);
+    assert!(given.position.is_some_and(|p| p > 0.0), "{given:?}");
     let producing = find(&target, "producing").expect("the target took over");
-    assert_eq!(producing["session"], session.as_str());
+    assert_eq!(producing.session.as_deref(), Some(session.as_str()));
     assert_eq!(
-        producing["position"], stopped["position"],
+        producing.position, stopped.position,
         "source: {source:#?}\ntarget: {target:#?}"
     );
-    assert_eq!(producing["handovers"], 1.0);
+    assert_eq!(producing.handovers, Some(1.0));
     // The job now runs on the target node, and the bundle is whole. The Bundle was Ready on the
     // source too, and its status follows Manager's events: wait until it has left the source.
-    let source_node = m["status"]["sourceNode"].as_str().expect("a source node");
-    let b = stack
-        .wait_bundle_ready_off("default", bundle, source_node, WAIT)
-        .await
-        .unwrap();
-    assert_eq!(
-        b["status"]["replicas"][0]["jobs"][0]["nodeId"],
-        m["status"]["targetNode"]
-    );
+    let source_node = m.source_node().expect("a source node");
+    let b = stack.expect_ready_off(bundle_name, source_node).await;
+    assert_eq!(b.node_of(0, "enc"), m.target_node(), "{}", show(&b));
 }
 
 #[tokio::test]

@@ -1,17 +1,23 @@
 //! Migrations end to end: real apiserver, manager-sim (simulated jobs on the real job socket) and
 //! the operator binary. What Manager started, with which role, and whether a job was ever without
-//! a running instance is read from the sim's own accounting (`manager-sim chaos job-history`).
+//! a running instance is read from the sim's own accounting (its `JobHistory`, what
+//! `manager-sim chaos job-history` prints).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
-
+use automanager_api::MigrationPhase::{self, *};
+use automanager_api::MigrationStrategy::{self, Handover, Overlap, StopThenStart};
+use automanager_api::PriorityBand::{self, Bronze, Gold, Silver};
+use automanager_api::{
+    Bundle, DRAIN_NODE_LABEL, DrainMode, DrainStatus, JobState, ManagerNode, Migration,
+    MigrationAbort,
+};
+use automanager_e2e::scenario::{
+    BundleView, Conditions, JobHistory, JobManifest, MigrationManifest, MigrationView, bundle, job,
+    migration, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, patch_node, wait_drained};
-use automanager_e2e::{examples_dir, repo_root};
-use serde_json::Value;
-
-const WAIT: Duration = Duration::from_secs(90);
+use automanager_e2e::{apply_example_pools, repo_root};
 
 async fn start() -> Stack {
     with_pools(Stack::start().await.expect("stack")).await
@@ -41,87 +47,44 @@ async fn start_with_sim_config(edit: impl FnOnce(&str) -> String) -> Stack {
 }
 
 async fn with_pools(stack: Stack) -> Stack {
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    apply_example_pools(&stack).await.unwrap();
     stack
 }
 
-/// A one-job bundle on the fixed on-prem pool; `strategy` is the job's declared migration strategy.
-fn bundle(name: &str, strategy: Option<&str>) -> String {
-    let migration = strategy
-        .map(|s| format!("\n      migration: {{strategy: {s}}}"))
-        .unwrap_or_default();
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: silver}}{migration}\n"
-    )
+/// A one-job silver bundle on the fixed on-prem pool; `strategy` is the job's declared
+/// migration strategy (none: `stopThenStart`).
+fn one_job(name: &str, strategy: Option<MigrationStrategy>) -> Bundle {
+    let enc = job("enc", 20, Silver).cores(2);
+    let enc = match strategy {
+        Some(s) => enc.moves_by(s),
+        None => enc,
+    };
+    bundle(name, 1, &["onprem"], [enc])
 }
 
-fn migration(name: &str, bundle: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  job: {{bundle: {bundle}, replica: 0, jobName: enc}}\n{extra}"
-    )
+/// A Migration of the bundle's one job.
+fn move_job(name: &str, bundle: &str) -> Migration {
+    migration(name, bundle, 0, "enc")
 }
 
 fn job_id(bundle: &str) -> String {
-    format!("default.{bundle}/0/enc")
+    automanager_e2e::scenario::job_id(bundle, 0, "enc")
 }
 
 /// Starts the bundle and returns the node its job runs on.
-async fn running_job(stack: &Stack, name: &str, strategy: Option<&str>) -> String {
-    apply(stack, &bundle(name, strategy)).await;
-    let b = stack
-        .wait_bundle_phase("default", name, "Ready", WAIT)
-        .await
-        .unwrap();
-    b["status"]["replicas"][0]["jobs"][0]["nodeId"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+async fn running_job(stack: &Stack, name: &str, strategy: Option<MigrationStrategy>) -> String {
+    stack.create(&one_job(name, strategy)).await;
+    let b = stack.expect_ready(name).await;
+    b.node_of(0, "enc").unwrap().to_owned()
 }
 
-async fn wait_phase(stack: &Stack, name: &str, phase: &str) -> Value {
-    stack
-        .wait_for(&format!("migration {name} phase {phase}"), WAIT, || async {
-            let m = stack
-                .get_json(&["migration", name, "-n", "default"])
-                .await?;
-            Ok((m["status"]["phase"] == phase).then_some(m))
-        })
-        .await
-        .unwrap_or_else(|e| {
-            let log = stack.sim.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            let now = std::process::Command::new("kubectl")
-                .env("KUBECONFIG", stack.env.kubeconfig_path())
-                .args(["get", "migration", name, "-n", "default", "-o", "yaml"])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default();
-            panic!(
-                "{}\nthe Migration now:\n{now}\nmanager-sim log tail (newest first):\n{}",
-                e.0,
-                tail.join("\n")
-            )
-        })
-}
-
-/// The nodes that list an instance of `job` (normal or migration target).
-async fn instance_nodes(stack: &Stack, job: &str) -> Vec<String> {
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    nodes["items"]
-        .as_array()
-        .unwrap()
+/// The nodes whose ManagerNode lists an instance of `job` (normal or migration target).
+fn instance_nodes(nodes: &[ManagerNode], job: &str) -> Vec<String> {
+    nodes
         .iter()
-        .filter(|n| {
-            n["status"]["jobs"]
-                .as_array()
-                .is_some_and(|js| js.iter().any(|j| j["jobId"] == job))
-        })
-        .filter_map(|n| n["status"]["nodeId"].as_str().map(str::to_owned))
+        .filter_map(|n| n.status.as_ref())
+        .filter(|s| s.jobs.iter().any(|j| j.job_id == job))
+        .map(|s| s.node_id.clone())
         .collect()
 }
 
@@ -131,15 +94,13 @@ async fn wait_single_instance_on(stack: &Stack, bundle: &str, node: &str) {
     stack
         .wait_for(
             &format!("one instance of {job} on {node}"),
-            WAIT,
+            automanager_e2e::scenario::PATIENCE,
             || async {
-                let b = stack.get_json(&["bundle", bundle, "-n", "default"]).await?;
-                let j = &b["status"]["replicas"][0]["jobs"][0];
-                let nodes = instance_nodes(stack, &job).await;
-                Ok(
-                    (j["state"] == "running" && j["nodeId"] == node && nodes == [node])
-                        .then_some(()),
-                )
+                let b: Bundle = stack.try_get(bundle).await?;
+                let nodes = stack.try_list::<ManagerNode>("").await?;
+                let on_node = b.state_of(0, "enc") == Some(JobState::Running)
+                    && b.node_of(0, "enc") == Some(node);
+                Ok((on_node && instance_nodes(&nodes, &job) == [node]).then_some(()))
             },
         )
         .await
@@ -154,7 +115,7 @@ async fn held_in_cutover(
     migration_name: &str,
     delay_ms: &str,
 ) -> String {
-    let source = running_job(stack, bundle, Some("handover")).await;
+    let source = running_job(stack, bundle, Some(Handover)).await;
     stack
         .chaos(&[
             "migration-behaviour",
@@ -163,89 +124,66 @@ async fn held_in_cutover(
             delay_ms,
         ])
         .unwrap();
-    apply(stack, &migration(migration_name, bundle, "")).await;
-    wait_phase(stack, migration_name, "CutoverReady").await;
+    stack.create(&move_job(migration_name, bundle)).await;
+    stack
+        .expect_migration_phase(migration_name, CutoverReady)
+        .await;
     source
-}
-
-/// What the sim saw of the bundle's job: every instance start and its time without a running
-/// instance.
-fn job_history(stack: &Stack, bundle: &str) -> Value {
-    let out = stack.chaos(&["job-history", &job_id(bundle)]).unwrap();
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"))
-}
-
-/// The (node, role) of every instance of the bundle's job Manager started, oldest first.
-fn roles_started(history: &Value) -> Vec<(String, String)> {
-    history["starts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| {
-            (
-                s["nodeId"].as_str().unwrap().to_owned(),
-                s["role"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect()
 }
 
 /// The job ran on `source`, then Manager started exactly one more instance, on `target`, as the
 /// migration's target (the source kept its role).
-fn assert_moved_by_a_migration_target(history: &Value, source: &str, target: &str) {
+fn assert_moved_by_a_migration_target(history: &JobHistory, source: &str, target: &str) {
     assert_eq!(
-        roles_started(history),
+        history.starts,
         [
             (source.to_owned(), "normal".to_owned()),
             (target.to_owned(), "migrationTarget".to_owned())
         ],
-        "{history:#}"
+        "{}",
+        show(history)
     );
 }
 
-fn phases(m: &Value) -> Vec<String> {
-    m["status"]["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["phase"].as_str().unwrap().to_owned())
-        .collect()
+/// The node a completed Migration moved its job to.
+fn target_of(m: &Migration) -> String {
+    m.target_node().expect("a target node").to_owned()
 }
 
 #[tokio::test]
 async fn a_handover_moves_the_job_and_reports_its_summary() {
     let stack = start().await;
-    let source = running_job(&stack, "news", Some("handover")).await;
-    apply(&stack, &migration("move-news", "news", "")).await;
-    let m = wait_phase(&stack, "move-news", "Completed").await;
-    assert_eq!(m["status"]["strategy"], "handover", "{m:#}");
-    assert_eq!(m["status"]["sourceNode"], source.as_str());
-    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    let source = running_job(&stack, "news", Some(Handover)).await;
+    stack.create(&move_job("move-news", "news")).await;
+    let m = stack.expect_migration_phase("move-news", Completed).await;
+    assert_eq!(m.strategy(), Some(Handover), "{}", show(&m));
+    assert_eq!(m.source_node(), Some(source.as_str()));
+    let target = target_of(&m);
     assert_ne!(target, source);
+    let handover = m.status.as_ref().and_then(|s| s.handover.as_ref());
     assert!(
-        !m["status"]["handover"]["applied"]
-            .as_array()
-            .unwrap()
-            .is_empty(),
-        "{m:#}"
+        handover.is_some_and(|h| !h.applied.is_empty() && h.skew_ms.is_some()),
+        "{}",
+        show(&m)
     );
-    assert!(m["status"]["handover"]["skewMs"].is_number(), "{m:#}");
     assert_eq!(
-        phases(&m),
+        m.phases(),
         [
-            "Proposing",
-            "PlacingTarget",
-            "StartingTarget",
-            "TargetReady",
-            "CutoverReady",
-            "SourceStoppedOutput",
-            "CutoverApply",
-            "Completed"
-        ]
+            Proposing,
+            PlacingTarget,
+            StartingTarget,
+            TargetReady,
+            CutoverReady,
+            SourceStoppedOutput,
+            CutoverApply,
+            Completed
+        ],
+        "{}",
+        show(&m)
     );
-    assert_eq!(condition(&m, "Ready")["status"], "True", "{m:#}");
+    assert!(m.has_condition("Ready"), "{}", show(&m));
     wait_single_instance_on(&stack, "news", &target).await;
-    assert_moved_by_a_migration_target(&job_history(&stack, "news"), &source, &target);
+    assert_moved_by_a_migration_target(&stack.job_history(&job_id("news")).await, &source, &target);
 }
 
 #[tokio::test]
@@ -256,32 +194,33 @@ async fn stop_then_start_moves_the_job_to_the_named_node() {
         .into_iter()
         .find(|n| *n != source)
         .unwrap();
-    apply(
-        &stack,
-        &migration("move-sport", "sport", &format!("  targetNode: {target}\n")),
-    )
-    .await;
-    let m = wait_phase(&stack, "move-sport", "Completed").await;
-    assert_eq!(m["status"]["strategy"], "stopThenStart", "{m:#}");
-    assert_eq!(m["status"]["targetNode"], target);
+    stack
+        .create(&move_job("move-sport", "sport").to_node(target))
+        .await;
+    let m = stack.expect_migration_phase("move-sport", Completed).await;
+    assert_eq!(m.strategy(), Some(StopThenStart), "{}", show(&m));
+    assert_eq!(m.target_node(), Some(target));
     assert_eq!(
-        phases(&m),
+        m.phases(),
         [
-            "PlacingTarget",
-            "PreparingTarget",
-            "StoppingSource",
-            "StartingTarget",
-            "Completed"
-        ]
+            PlacingTarget,
+            PreparingTarget,
+            StoppingSource,
+            StartingTarget,
+            Completed
+        ],
+        "{}",
+        show(&m)
     );
     wait_single_instance_on(&stack, "sport", target).await;
-    let history = job_history(&stack, "sport");
+    let history = stack.job_history(&job_id("sport")).await;
     assert_moved_by_a_migration_target(&history, &source, target);
     // One instance at a time: a single gap between the source's stop and the target's start.
     assert_eq!(
-        (&history["gaps"], &history["maxRunning"]),
-        (&Value::from(1), &Value::from(1)),
-        "{history:#}"
+        (history.gaps, history.max_running),
+        (1, 1),
+        "{}",
+        show(&history)
     );
 }
 
@@ -289,37 +228,20 @@ async fn stop_then_start_moves_the_job_to_the_named_node() {
 async fn a_stronger_strategy_than_declared_is_rejected() {
     let stack = start().await;
     let source = running_job(&stack, "film", None).await;
-    apply(
-        &stack,
-        &migration("up-film", "film", "  strategy: handover\n"),
-    )
-    .await;
-    let m = wait_phase(&stack, "up-film", "Rejected").await;
-    let c = condition(&m, "Rejected");
-    assert_eq!(c["status"], "True", "{m:#}");
-    assert_eq!(c["reason"], "StrategyRefused");
-    let msg = c["message"].as_str().unwrap();
+    stack
+        .create(&move_job("up-film", "film").by(Handover))
+        .await;
+    let m = stack.expect_migration_phase("up-film", Rejected).await;
+    assert!(m.has_condition("Rejected"), "{}", show(&m));
+    assert_eq!(m.condition_reason("Rejected"), Some("StrategyRefused"));
+    let msg = m.condition_message("Rejected").unwrap();
     assert!(
         msg.contains("handover") && msg.contains("stopThenStart"),
         "{msg}"
     );
-    let events = stack
-        .env
-        .run_kubectl([
-            "get",
-            "events",
-            "-n",
-            "default",
-            "-o",
-            "custom-columns=REASON:.reason",
-        ])
-        .await
-        .unwrap();
-    assert!(
-        events.stdout.contains("MigrationRejected"),
-        "{}",
-        events.stdout
-    );
+    stack
+        .expect_event("up-film", "MigrationRejected", &[])
+        .await;
     wait_single_instance_on(&stack, "film", &source).await;
 }
 
@@ -328,113 +250,130 @@ async fn a_second_migration_of_the_same_job_is_rejected() {
     let stack = start_patient().await;
     // The first migration holds the job in its cutover for a while.
     held_in_cutover(&stack, "talk", "first", "8000").await;
-    apply(&stack, &migration("second", "talk", "")).await;
-    let m = wait_phase(&stack, "second", "Rejected").await;
-    let c = condition(&m, "Rejected");
-    assert_eq!(c["reason"], "ConcurrentMigration", "{m:#}");
-    assert!(c["message"].as_str().unwrap().contains("first"), "{m:#}");
-    let first = wait_phase(&stack, "first", "Completed").await;
-    let target = first["status"]["targetNode"].as_str().unwrap().to_owned();
-    wait_single_instance_on(&stack, "talk", &target).await;
+    stack.create(&move_job("second", "talk")).await;
+    let m = stack.expect_migration_phase("second", Rejected).await;
+    assert_eq!(
+        m.condition_reason("Rejected"),
+        Some("ConcurrentMigration"),
+        "{}",
+        show(&m)
+    );
+    assert!(
+        m.condition_message("Rejected")
+            .is_some_and(|msg| msg.contains("first")),
+        "{}",
+        show(&m)
+    );
+    let first = stack.expect_migration_phase("first", Completed).await;
+    wait_single_instance_on(&stack, "talk", &target_of(&first)).await;
 }
 
 #[tokio::test]
 async fn a_refused_state_ends_the_migration_with_no_target() {
     let stack = start().await;
-    let source = running_job(&stack, "kids", Some("handover")).await;
+    let source = running_job(&stack, "kids", Some(Handover)).await;
     stack
         .chaos(&["migration-behaviour", &job_id("kids"), "refuse-state"])
         .unwrap();
-    apply(&stack, &migration("move-kids", "kids", "")).await;
-    let m = wait_phase(&stack, "move-kids", "Refused").await;
-    assert!(m["status"]["targetNode"].is_null(), "{m:#}");
-    assert_eq!(phases(&m), ["Proposing", "Refused"]);
-    assert_eq!(condition(&m, "Ready")["reason"], "StateRefused", "{m:#}");
+    stack.create(&move_job("move-kids", "kids")).await;
+    let m = stack.expect_migration_phase("move-kids", Refused).await;
+    assert_eq!(m.target_node(), None, "{}", show(&m));
+    assert_eq!(m.phases(), [Proposing, Refused], "{}", show(&m));
+    assert_eq!(
+        m.condition_reason("Ready"),
+        Some("StateRefused"),
+        "{}",
+        show(&m)
+    );
     wait_single_instance_on(&stack, "kids", &source).await;
+}
+
+/// Asserts the Migration was aborted by `by` in `phase`.
+fn assert_aborted(m: &Migration, by: &str, phase: MigrationPhase) {
+    let abort = m.status.as_ref().and_then(|s| s.abort.as_ref());
+    assert_eq!(
+        abort.map(|a| (a.by.as_str(), a.phase)),
+        Some((by, phase)),
+        "{}",
+        show(m)
+    );
 }
 
 #[tokio::test]
 async fn an_abort_before_cutover_leaves_the_source_running() {
     let stack = start_patient().await;
     let source = held_in_cutover(&stack, "docs", "move-docs", "300000").await;
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "migration",
-            "move-docs",
-            "-n",
-            "default",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"abort":{"reason":"changed my mind"}}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    let m = wait_phase(&stack, "move-docs", "Aborted").await;
-    assert_eq!(m["status"]["abort"]["by"], "user", "{m:#}");
-    assert_eq!(m["status"]["abort"]["phase"], "CutoverReady", "{m:#}");
-    assert_eq!(m["status"]["abort"]["reason"], "changed my mind", "{m:#}");
-    assert_eq!(condition(&m, "Aborted")["status"], "True", "{m:#}");
+    let abort = MigrationAbort {
+        reason: "changed my mind".to_owned(),
+    };
+    stack
+        .merge_patch::<Migration>("move-docs", &serde_json::json!({"spec": {"abort": abort}}))
+        .await;
+    let m = stack.expect_migration_phase("move-docs", Aborted).await;
+    assert_aborted(&m, "user", CutoverReady);
+    let reason = m
+        .status
+        .as_ref()
+        .and_then(|s| s.abort.as_ref())
+        .map(|a| a.reason.as_str());
+    assert_eq!(reason, Some("changed my mind"), "{}", show(&m));
+    assert!(m.has_condition("Aborted"), "{}", show(&m));
     wait_single_instance_on(&stack, "docs", &source).await;
 }
 
 #[tokio::test]
 async fn overlap_starts_the_target_before_it_stops_the_source() {
     let stack = start().await;
-    let source = running_job(&stack, "music", Some("overlap")).await;
-    apply(&stack, &migration("move-music", "music", "")).await;
-    let m = wait_phase(&stack, "move-music", "Completed").await;
-    assert_eq!(m["status"]["strategy"], "overlap", "{m:#}");
-    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    let source = running_job(&stack, "music", Some(Overlap)).await;
+    stack.create(&move_job("move-music", "music")).await;
+    let m = stack.expect_migration_phase("move-music", Completed).await;
+    assert_eq!(m.strategy(), Some(Overlap), "{}", show(&m));
+    let target = target_of(&m);
     assert_ne!(target, source);
     assert_eq!(
-        phases(&m),
+        m.phases(),
         [
-            "PlacingTarget",
-            "StartingTarget",
-            "TargetRunning",
-            "StoppingSource",
-            "Completed"
-        ]
+            PlacingTarget,
+            StartingTarget,
+            TargetRunning,
+            StoppingSource,
+            Completed
+        ],
+        "{}",
+        show(&m)
     );
     wait_single_instance_on(&stack, "music", &target).await;
-    let history = job_history(&stack, "music");
+    let history = stack.job_history(&job_id("music")).await;
     assert_moved_by_a_migration_target(&history, &source, &target);
     assert_never_without_a_running_instance(&history);
 }
 
 /// Overlap's promise: the job always had a running instance, and two while the target ran
 /// before the source stopped.
-fn assert_never_without_a_running_instance(history: &Value) {
+fn assert_never_without_a_running_instance(history: &JobHistory) {
     assert_eq!(
-        (
-            &history["gaps"],
-            &history["uncoveredMs"],
-            &history["maxRunning"]
-        ),
-        (&Value::from(0), &Value::from(0), &Value::from(2)),
-        "{history:#}"
+        (history.gaps, history.uncovered_ms, history.max_running),
+        (0, 0, 2),
+        "{}",
+        show(history)
     );
 }
 
 #[tokio::test]
 async fn overlap_and_stop_then_start_move_jobs_between_workers_without_a_job_socket() {
     let stack = start_without_job_sockets().await;
-    for (bundle, strategy) in [("ov-plain", "overlap"), ("sts-plain", "stopThenStart")] {
+    for (bundle, strategy) in [("ov-plain", Overlap), ("sts-plain", StopThenStart)] {
         let source = running_job(&stack, bundle, Some(strategy)).await;
         let name = format!("move-{bundle}");
-        apply(&stack, &migration(&name, bundle, "")).await;
-        let m = wait_phase(&stack, &name, "Completed").await;
-        assert_eq!(m["status"]["strategy"], strategy, "{m:#}");
-        let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+        stack.create(&move_job(&name, bundle)).await;
+        let m = stack.expect_migration_phase(&name, Completed).await;
+        assert_eq!(m.strategy(), Some(strategy), "{}", show(&m));
+        let target = target_of(&m);
         assert_ne!(target, source);
         wait_single_instance_on(&stack, bundle, &target).await;
-        let history = job_history(&stack, bundle);
+        let history = stack.job_history(&job_id(bundle)).await;
         assert_moved_by_a_migration_target(&history, &source, &target);
-        if strategy == "overlap" {
+        if strategy == Overlap {
             assert_never_without_a_running_instance(&history);
         }
     }
@@ -443,36 +382,31 @@ async fn overlap_and_stop_then_start_move_jobs_between_workers_without_a_job_soc
 #[tokio::test]
 async fn a_safer_strategy_than_declared_is_accepted() {
     let stack = start().await;
-    let source = running_job(&stack, "radio", Some("handover")).await;
-    apply(
-        &stack,
-        &migration("down-radio", "radio", "  strategy: stopThenStart\n"),
-    )
-    .await;
-    let m = wait_phase(&stack, "down-radio", "Completed").await;
-    assert_eq!(m["status"]["strategy"], "stopThenStart", "{m:#}");
-    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
+    let source = running_job(&stack, "radio", Some(Handover)).await;
+    stack
+        .create(&move_job("down-radio", "radio").by(StopThenStart))
+        .await;
+    let m = stack.expect_migration_phase("down-radio", Completed).await;
+    assert_eq!(m.strategy(), Some(StopThenStart), "{}", show(&m));
+    let target = target_of(&m);
     assert_ne!(target, source);
     wait_single_instance_on(&stack, "radio", &target).await;
 }
 
 #[tokio::test]
 async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
-    let stack = Stack::start_with(|c| {
-        c.insert(
-            "migration".into(),
-            serde_json::json!({"phaseTimeout": "3s"}),
-        );
-    })
-    .await
-    .expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
+    let stack = with_pools(
+        Stack::start_with(|c| {
+            c.insert(
+                "migration".into(),
+                serde_json::json!({"phaseTimeout": "3s"}),
+            );
+        })
         .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    let source = running_job(&stack, "slow", Some("handover")).await;
+        .expect("stack"),
+    )
+    .await;
+    let source = running_job(&stack, "slow", Some(Handover)).await;
     stack
         .chaos(&[
             "migration-behaviour",
@@ -481,10 +415,9 @@ async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
             "60000",
         ])
         .unwrap();
-    apply(&stack, &migration("move-slow", "slow", "")).await;
-    let m = wait_phase(&stack, "move-slow", "Aborted").await;
-    assert_eq!(m["status"]["abort"]["by"], "timeout", "{m:#}");
-    assert_eq!(m["status"]["abort"]["phase"], "CutoverReady", "{m:#}");
+    stack.create(&move_job("move-slow", "slow")).await;
+    let m = stack.expect_migration_phase("move-slow", Aborted).await;
+    assert_aborted(&m, "timeout", CutoverReady);
     wait_single_instance_on(&stack, "slow", &source).await;
 }
 
@@ -492,9 +425,8 @@ async fn a_phase_past_its_timeout_aborts_and_the_source_keeps_running() {
 async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
     let stack = start_patient().await;
     let source = held_in_cutover(&stack, "shop", "move-shop", "300000").await;
-    let out = stack
-        .env
-        .run_kubectl([
+    stack
+        .kubectl(&[
             "delete",
             "migration",
             "move-shop",
@@ -502,19 +434,14 @@ async fn deleting_an_abortable_migration_aborts_it_and_removes_the_target() {
             "default",
             "--wait=false",
         ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+        .await;
     stack
-        .wait_for("the Migration to be gone", WAIT, || async {
-            let out = stack
-                .env
-                .run_kubectl(["get", "migrations", "-n", "default", "-o", "name"])
-                .await?;
-            Ok((out.success() && !out.stdout.contains("move-shop")).then_some(()))
+        .wait_until_list("", "the Migration to be gone", |ms: &[Migration]| {
+            (!ms.iter()
+                .any(|m| m.metadata.name.as_deref() == Some("move-shop")))
+            .then_some(())
         })
-        .await
-        .unwrap();
+        .await;
     wait_single_instance_on(&stack, "shop", &source).await;
 }
 
@@ -530,26 +457,23 @@ async fn a_job_abort_at_any_abortable_point_leaves_only_the_source_running() {
     {
         let bundle = format!("ab{i}");
         let name = format!("move-ab{i}");
-        let source = running_job(&stack, &bundle, Some("handover")).await;
+        let source = running_job(&stack, &bundle, Some(Handover)).await;
         stack
             .chaos(&["migration-behaviour", &job_id(&bundle), "abort-at", point])
             .unwrap();
-        apply(&stack, &migration(&name, &bundle, "")).await;
-        let m = wait_phase(&stack, &name, "Aborted").await;
-        let by = m["status"]["abort"]["by"].as_str().unwrap();
+        stack.create(&move_job(&name, &bundle)).await;
+        let m = stack.expect_migration_phase(&name, Aborted).await;
+        let by = m
+            .status
+            .as_ref()
+            .and_then(|s| s.abort.as_ref())
+            .map(|a| a.by.as_str());
         let expected = match point {
             "cutover-ready" => "source",
             _ => "target",
         };
-        assert_eq!(by, expected, "abort at {point}: {m:#}");
-        assert!(
-            !m["status"]["phases"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|p| p["phase"] == "SourceStoppedOutput"),
-            "{m:#}"
-        );
+        assert_eq!(by, Some(expected), "abort at {point}: {}", show(&m));
+        assert!(!m.phases().contains(&SourceStoppedOutput), "{}", show(&m));
         wait_single_instance_on(&stack, &bundle, &source).await;
     }
 }
@@ -569,114 +493,91 @@ async fn start_without_job_sockets() -> Stack {
 #[tokio::test]
 async fn a_handover_target_without_the_job_socket_is_rejected() {
     let stack = start_without_job_sockets().await;
-    let source = running_job(&stack, "plain", Some("handover")).await;
+    let source = running_job(&stack, "plain", Some(Handover)).await;
     let target = ["onprem-a1", "onprem-a2", "onprem-b1"]
         .into_iter()
         .find(|n| *n != source)
         .unwrap();
-    apply(
-        &stack,
-        &migration("move-plain", "plain", &format!("  targetNode: {target}\n")),
-    )
-    .await;
-    let m = wait_phase(&stack, "move-plain", "Rejected").await;
-    let c = condition(&m, "Rejected");
-    assert_eq!(c["reason"], "TargetRefused", "{m:#}");
+    stack
+        .create(&move_job("move-plain", "plain").to_node(target))
+        .await;
+    let m = stack.expect_migration_phase("move-plain", Rejected).await;
+    assert_eq!(
+        m.condition_reason("Rejected"),
+        Some("TargetRefused"),
+        "{}",
+        show(&m)
+    );
     assert!(
-        c["message"]
-            .as_str()
-            .unwrap()
-            .contains("norsk.io/job-socket"),
-        "{m:#}"
+        m.condition_message("Rejected")
+            .is_some_and(|msg| msg.contains("norsk.io/job-socket")),
+        "{}",
+        show(&m)
     );
     wait_single_instance_on(&stack, "plain", &source).await;
 }
 
-/// The Events in `default` with the given reason.
-async fn events_with_reason(stack: &Stack, reason: &str) -> Vec<Value> {
-    let selector = format!("reason={reason}");
-    let events = stack
-        .get_json(&["events", "-n", "default", "--field-selector", &selector])
-        .await
-        .unwrap();
-    events["items"].as_array().cloned().unwrap_or_default()
-}
-
 /// A one-job bundle of the given band and declared strategy on the on-prem pool.
-fn banded_bundle(name: &str, strategy: &str, band: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 20, requiredCores: 2, priorityBand: {band}}}\n      migration: {{strategy: {strategy}}}\n"
+fn banded_bundle(name: &str, strategy: MigrationStrategy, band: PriorityBand) -> Bundle {
+    bundle(
+        name,
+        1,
+        &["onprem"],
+        [job("enc", 20, band).cores(2).moves_by(strategy)],
     )
 }
 
 /// Cordons every on-prem node but `keep`, runs `bundles` (name, strategy, band) there, then
 /// uncordons the others: every job starts on `keep`.
-async fn jobs_on_one_node(stack: &Stack, keep: &str, bundles: &[(&str, &str, &str)]) {
+async fn jobs_on_one_node(
+    stack: &Stack,
+    keep: &str,
+    bundles: &[(&str, MigrationStrategy, PriorityBand)],
+) {
     let others: Vec<&str> = ["onprem-a1", "onprem-a2", "onprem-b1"]
         .into_iter()
         .filter(|n| *n != keep)
         .collect();
     for n in &others {
-        patch_node(stack, n, r#"{"spec":{"cordoned":true}}"#).await;
+        stack.cordon(n).await;
     }
     for (name, strategy, band) in bundles {
-        apply(stack, &banded_bundle(name, strategy, band)).await;
+        stack.create(&banded_bundle(name, *strategy, *band)).await;
     }
     for (name, ..) in bundles {
-        let b = stack
-            .wait_bundle_phase("default", name, "Ready", WAIT)
-            .await
-            .unwrap();
-        assert_eq!(
-            b["status"]["replicas"][0]["jobs"][0]["nodeId"], keep,
-            "{b:#}"
-        );
+        let b = stack.expect_ready(name).await;
+        assert_eq!(b.node_of(0, "enc"), Some(keep), "{}", show(&b));
     }
     for n in &others {
-        patch_node(stack, n, r#"{"spec":{"cordoned":false}}"#).await;
+        stack.uncordon(n).await;
     }
     // The operator has taken the uncordon in (its status says so) before anything is placed on
     // those nodes again.
     for n in &others {
-        stack
-            .wait_for(&format!("{n} schedulable again"), WAIT, || async {
-                let obj = stack.get_json(&["managernode", n]).await?;
-                Ok((condition(&obj, "Cordoned")["status"] == "False").then_some(()))
-            })
-            .await
-            .unwrap();
+        stack.wait_cordoned(n, false).await;
     }
 }
 
 /// Drains `node` with `mode: migrate` and waits until its status says the drain completed;
-/// returns the ManagerNode.
-async fn drain_migrate(stack: &Stack, node: &str) -> Value {
-    patch_node(stack, node, r#"{"spec":{"drain":{"mode":"migrate"}}}"#).await;
-    wait_drained(stack, node, WAIT).await
+/// returns the ManagerNode and its drain's figures.
+async fn drain_migrate(stack: &Stack, node: &str) -> (ManagerNode, DrainStatus) {
+    stack.drain(node, DrainMode::Migrate).await;
+    let n = stack.wait_drained(node).await;
+    let drain = n
+        .status
+        .as_ref()
+        .and_then(|s| s.drain.clone())
+        .expect("a drained node has drain figures");
+    (n, drain)
 }
 
-/// The drain's Migrations: name → phase.
-async fn drain_migrations(stack: &Stack) -> Vec<(String, String)> {
-    let list = stack
-        .get_json(&[
-            "migrations",
-            "-n",
-            "default",
-            "-l",
-            "automanager.norsk.io/drain-node",
-        ])
+/// The drain's Migrations: bundle → phase.
+async fn drain_migrations(stack: &Stack) -> Vec<(String, Option<MigrationPhase>)> {
+    stack
+        .list_labelled::<Migration>(DRAIN_NODE_LABEL)
         .await
-        .unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
         .iter()
-        .map(|m| {
-            (
-                m["spec"]["job"]["bundle"].as_str().unwrap().to_owned(),
-                m["status"]["phase"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+        .map(|m| (m.spec.job.bundle.clone(), m.phase()))
         .collect()
 }
 
@@ -684,42 +585,48 @@ async fn drain_migrations(stack: &Stack) -> Vec<(String, String)> {
 async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
     let stack = start().await;
     let bundles = [
-        ("dm-hand", "handover", "bronze"),
-        ("dm-over", "overlap", "bronze"),
-        ("dm-stop", "stopThenStart", "bronze"),
-        ("dm-gold", "handover", "gold"),
-        ("dm-silv", "overlap", "silver"),
+        ("dm-hand", Handover, Bronze),
+        ("dm-over", Overlap, Bronze),
+        ("dm-stop", StopThenStart, Bronze),
+        ("dm-gold", Handover, Gold),
+        ("dm-silv", Overlap, Silver),
     ];
     jobs_on_one_node(&stack, "onprem-a1", &bundles).await;
 
-    let node = drain_migrate(&stack, "onprem-a1").await;
-    let drain = &node["status"]["drain"];
-    let all = stack
-        .get_json(&["migrations", "-n", "default"])
-        .await
-        .unwrap();
-    assert_eq!(drain["jobsMigrated"], 5, "{node:#}\n{all:#}");
-    assert_eq!(drain["jobsDropped"], 0, "{node:#}");
-    assert_eq!(drain["jobsRecovered"], 0, "{node:#}");
+    let (node, drain) = drain_migrate(&stack, "onprem-a1").await;
+    let all = stack.migrations().await;
+    assert_eq!(
+        (
+            drain.jobs_migrated,
+            drain.jobs_dropped,
+            drain.jobs_recovered
+        ),
+        (5, 0, 0),
+        "{}\n{}",
+        show(&node),
+        show(&all)
+    );
 
+    // One Migration per bundle: sorted by bundle.
     let mut migs = drain_migrations(&stack).await;
-    migs.sort();
-    let mut expected: Vec<(String, String)> = bundles
+    migs.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut expected: Vec<(String, Option<MigrationPhase>)> = bundles
         .iter()
-        .map(|(b, ..)| ((*b).to_owned(), "Completed".to_owned()))
+        .map(|(b, ..)| ((*b).to_owned(), Some(Completed)))
         .collect();
-    expected.sort();
+    expected.sort_by(|a, b| a.0.cmp(&b.0));
     assert_eq!(migs, expected);
     for (name, ..) in bundles {
-        let b = stack
-            .wait_bundle_ready_off("default", name, "onprem-a1", WAIT)
-            .await
-            .unwrap();
-        let j = &b["status"]["replicas"][0]["jobs"][0];
-        assert_eq!(j["state"], "running", "{b:#}");
+        let b = stack.expect_ready_off(name, "onprem-a1").await;
+        assert_eq!(
+            b.state_of(0, "enc"),
+            Some(JobState::Running),
+            "{}",
+            show(&b)
+        );
     }
     // The node was emptied before it was terminated: no job stopped with it.
-    let events = events_with_reason(&stack, "JobDropped").await;
+    let events = stack.events_for("JobDropped").await;
     assert_eq!(events.len(), 0, "{events:#?}");
 }
 
@@ -737,9 +644,9 @@ async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
     )
     .await;
     let bundles = [
-        ("fb-bronze", "handover", "bronze"),
-        ("fb-silver", "handover", "silver"),
-        ("fb-fine", "overlap", "bronze"),
+        ("fb-bronze", Handover, Bronze),
+        ("fb-silver", Handover, Silver),
+        ("fb-fine", Overlap, Bronze),
     ];
     jobs_on_one_node(&stack, "onprem-b1", &bundles).await;
     for b in ["fb-bronze", "fb-silver"] {
@@ -748,40 +655,36 @@ async fn a_job_whose_drain_migration_fails_falls_back_to_its_band() {
             .unwrap();
     }
 
-    let node = drain_migrate(&stack, "onprem-b1").await;
-    let drain = &node["status"]["drain"];
-    assert_eq!(drain["jobsMigrated"], 1, "{node:#}");
-    assert_eq!(drain["jobsRecovered"], 1, "{node:#}");
-    assert_eq!(drain["jobsDropped"], 1, "{node:#}");
+    let (node, drain) = drain_migrate(&stack, "onprem-b1").await;
+    assert_eq!(
+        (
+            drain.jobs_migrated,
+            drain.jobs_recovered,
+            drain.jobs_dropped
+        ),
+        (1, 1, 1),
+        "{}",
+        show(&node)
+    );
 
     // The refused silver job restarted elsewhere by its band; the refused bronze one was dropped.
     // (Its status may still say Ready on the drained node for a moment: wait for both.)
     stack
-        .wait_for("the refused silver job to run elsewhere", WAIT, || async {
-            let b = stack
-                .get_json(&["bundle", "fb-silver", "-n", "default"])
-                .await?;
-            let node = &b["status"]["replicas"][0]["jobs"][0]["nodeId"];
-            Ok(
-                (b["status"]["phase"] == "Ready" && node.is_string() && node != "onprem-b1")
-                    .then_some(()),
-            )
-        })
-        .await
-        .unwrap();
+        .wait_until(
+            "fb-silver",
+            "to run its refused job elsewhere",
+            |b: &Bundle| {
+                b.phase() == Some(automanager_api::BundlePhase::Ready)
+                    && b.node_of(0, "enc").is_some_and(|n| n != "onprem-b1")
+            },
+        )
+        .await;
     stack
-        .wait_for("the refused bronze job to be dropped", WAIT, || async {
-            let b = stack
-                .get_json(&["bundle", "fb-bronze", "-n", "default"])
-                .await?;
-            Ok((b["status"]["replicas"][0]["jobs"][0]["state"] == "dropped").then_some(()))
+        .wait_until("fb-bronze", "to drop its refused job", |b: &Bundle| {
+            b.state_of(0, "enc") == Some(JobState::Dropped)
         })
-        .await
-        .unwrap();
-    stack
-        .wait_bundle_ready_off("default", "fb-fine", "onprem-b1", WAIT)
-        .await
-        .unwrap();
+        .await;
+    stack.expect_ready_off("fb-fine", "onprem-b1").await;
 }
 
 #[tokio::test]
@@ -789,39 +692,32 @@ async fn a_migration_with_no_room_elsewhere_provisions_its_target_in_an_elastic_
     let stack = start().await;
     // One job that fills most of an aws-east node: the pool provisions one node for it, and the
     // migration finds no other node with room.
-    apply(
-        &stack,
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: big, namespace: default}\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {requiredCapacity: 70, requiredCores: 4, priorityBand: silver}\n",
-    )
-    .await;
-    let b = stack
-        .wait_bundle_phase("default", "big", "Ready", WAIT)
-        .await
-        .unwrap();
-    let source = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    apply(&stack, &migration("move-big", "big", "")).await;
-    let m = wait_phase(&stack, "move-big", "Completed").await;
-    let target = m["status"]["targetNode"].as_str().unwrap().to_owned();
-    assert_ne!(target, source, "{m:#}");
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    let pool_of_target = nodes["items"]
-        .as_array()
-        .unwrap()
+    stack
+        .create(&bundle(
+            "big",
+            1,
+            &["aws-east"],
+            [job("enc", 70, Silver).cores(4)],
+        ))
+        .await;
+    let b = stack.expect_ready("big").await;
+    let source = b.node_of(0, "enc").unwrap().to_owned();
+    stack.create(&move_job("move-big", "big")).await;
+    let m = stack.expect_migration_phase("move-big", Completed).await;
+    let target = target_of(&m);
+    assert_ne!(target, source, "{}", show(&m));
+    let nodes = stack.nodes().await;
+    let pool_of_target = nodes
         .iter()
-        .find(|n| n["status"]["nodeId"] == target.as_str())
-        .map(|n| n["status"]["pool"].clone());
-    assert_eq!(pool_of_target, Some(Value::from("aws-east")), "{nodes:#}");
+        .filter_map(|n| n.status.as_ref())
+        .find(|s| s.node_id == target)
+        .map(|s| s.pool.as_str());
+    assert_eq!(pool_of_target, Some("aws-east"), "{}", show(&nodes));
     // Events are published off the reconcile path, a moment after the status.
-    let events = stack
-        .wait_for("a ProvisioningTarget Event", WAIT, || async {
-            let events = events_with_reason(&stack, "ProvisioningTarget").await;
-            Ok((!events.is_empty()).then_some(events))
-        })
-        .await
-        .unwrap();
+    stack
+        .expect_event("move-big", "ProvisioningTarget", &[])
+        .await;
+    let events = stack.events_for("ProvisioningTarget").await;
     assert_eq!(events.len(), 1, "{events:#?}");
     wait_single_instance_on(&stack, "big", &target).await;
 }

@@ -5,88 +5,21 @@
 
 use std::time::Duration;
 
+use automanager_api::PriorityBand::{Bronze, Gold, Silver};
+use automanager_api::{
+    Bundle, BundlePhase, ConditionStatus, DrainMode, JobState, ManagerNode, PlacementOutcome,
+    PlacementPool,
+};
+use automanager_e2e::scenario::{
+    BundleManifest, BundleView, Conditions, EventView, JobManifest, bundle, job, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{SetupError, examples_dir};
-use automanager_e2e::{apply, condition};
-use serde_json::Value;
+use automanager_e2e::{SetupError, apply_example_pools, examples_dir};
 
-const READY: Duration = Duration::from_secs(90);
-
-async fn apply_examples(stack: &Stack) {
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-}
-
-fn jobs(bundle: &Value) -> Vec<Value> {
-    bundle["status"]["replicas"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| r["jobs"].as_array().cloned().unwrap_or_default())
-        .collect()
-}
-
-fn job<'a>(bundle: &'a Value, replica: usize, name: &str) -> &'a Value {
-    bundle["status"]["replicas"][replica]["jobs"]
-        .as_array()
-        .and_then(|js| js.iter().find(|j| j["jobName"] == name))
-        .unwrap_or(&Value::Null)
-}
-
-async fn events_for(stack: &Stack, name: &str) -> String {
-    let out = stack
-        .env
-        .run_kubectl([
-            "get",
-            "events",
-            "-A",
-            "--field-selector",
-            &format!("regarding.name={name}"),
-            "-o",
-            "custom-columns=REASON:.reason,NOTE:.note",
-        ])
-        .await
-        .unwrap();
-    let all = automanager_e2e::events_table(stack).await.unwrap();
-    format!("{}\n{all}", out.stdout)
-}
-
-/// [`events_for`] once it shows a `reason` Event: Events are published off the reconcile
-/// path, a moment after the status that follows them.
-async fn events_for_with(stack: &Stack, name: &str, reason: &str) -> String {
+async fn start() -> Stack {
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
     stack
-        .wait_for(&format!("a {reason} Event on {name}"), READY, || async {
-            let events = events_for(stack, name).await;
-            Ok(events.contains(reason).then_some(events))
-        })
-        .await
-        .unwrap()
-}
-
-fn bundle_yaml(name: &str, replicas: u32, pools: &str, jobs: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  replicas: {replicas}\n  pools: {pools}\n  jobs:\n{jobs}"
-    )
-}
-
-/// `kubectl patch managernode NODE --type merge -p PATCH`, as a user cordons or drains.
-async fn patch_node(stack: &Stack, node: &str, patch: &str) {
-    let out = stack
-        .env
-        .run_kubectl(["patch", "managernode", node, "--type", "merge", "-p", patch])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-}
-
-fn job_yaml(name: &str, capacity: u32, band: &str, extra: &str) -> String {
-    format!(
-        "    - jobName: {name}\n      requirements: {{requiredCapacity: {capacity}, requiredCores: 1, priorityBand: {band}{extra}}}\n"
-    )
 }
 
 #[tokio::test]
@@ -101,80 +34,62 @@ async fn examples_become_ready_with_placements_and_traces() {
         "sports-silver",
         "preview-bronze",
     ] {
-        stack
-            .wait_bundle_phase("default", name, "Ready", READY)
-            .await
-            .expect("bundle Ready");
+        stack.expect_ready(name).await;
     }
-    let b = stack
-        .get_json(&["bundle", "my-channel-1", "-n", "default"])
-        .await
-        .unwrap();
-    assert_eq!(b["status"]["placedReplicas"], 2);
-    assert_eq!(condition(&b, "Ready")["status"], "True");
+    let b = stack.bundle("my-channel-1").await;
+    assert_eq!(b.placed_replicas(), 2, "{}", show(&b));
+    let ready = b.condition("Ready");
+    assert_eq!(ready.map(|c| c.status), Some(ConditionStatus::True));
     assert_eq!(
-        condition(&b, "Ready")["observedGeneration"],
-        b["metadata"]["generation"]
+        ready.and_then(|c| c.observed_generation),
+        b.metadata.generation
     );
     // Replica 0 prefers aws-east; replica 1's override puts it in oci-fra.
-    assert_eq!(job(&b, 0, "encode")["pool"], "aws-east", "{b:#}");
-    assert_eq!(job(&b, 1, "encode")["pool"], "oci-fra", "{b:#}");
+    assert_eq!(b.pool_of(0, "encode"), Some("aws-east"), "{}", show(&b));
+    assert_eq!(b.pool_of(1, "encode"), Some("oci-fra"), "{}", show(&b));
     // coLocateWith: package shares encode's node; replicas never share a node (hard rule).
     for r in 0..2 {
-        assert_eq!(
-            job(&b, r, "package")["nodeId"],
-            job(&b, r, "encode")["nodeId"]
-        );
-        assert_eq!(job(&b, r, "encode")["state"], "running");
-        let trace = &job(&b, r, "encode")["lastPlacement"];
+        assert_eq!(b.node_of(r, "package"), b.node_of(r, "encode"));
+        assert_eq!(b.state_of(r, "encode"), Some(JobState::Running));
+        let trace = b.job(r, "encode").and_then(|j| j.last_placement.as_ref());
         assert!(
-            trace["outcome"] == "placed" || trace["outcome"] == "provisioning",
-            "{trace:#}"
-        );
-        assert!(
-            trace["poolsTried"]
-                .as_array()
-                .is_some_and(|p| !p.is_empty()),
-            "{trace:#}"
+            trace.is_some_and(|t| matches!(
+                t.outcome,
+                PlacementOutcome::Placed | PlacementOutcome::Provisioning
+            ) && !t.pools_tried.is_empty()),
+            "{trace:#?}"
         );
     }
-    assert_ne!(
-        job(&b, 0, "encode")["nodeId"],
-        job(&b, 1, "encode")["nodeId"]
-    );
+    assert_ne!(b.node_of(0, "encode"), b.node_of(1, "encode"));
 
     // The sports bundle needs sdi-capture: only the on-prem cluster has it; separateFrom keeps its jobs apart.
-    let s = stack
-        .get_json(&["bundle", "sports-silver", "-n", "default"])
-        .await
-        .unwrap();
-    assert_eq!(job(&s, 0, "ingest")["pool"], "onprem");
-    assert_ne!(
-        job(&s, 0, "ingest")["nodeId"],
-        job(&s, 0, "encode")["nodeId"]
-    );
+    let s = stack.bundle("sports-silver").await;
+    assert_eq!(s.pool_of(0, "ingest"), Some("onprem"));
+    assert_ne!(s.node_of(0, "ingest"), s.node_of(0, "encode"));
 
     // Every Manager node is mirrored as a ManagerNode, with its jobs (usage is written at most
     // every couple of seconds per node, so wait for it).
-    let encode_node = job(&b, 0, "encode")["nodeId"].as_str().unwrap().to_owned();
+    let encode_node = b.node_of(0, "encode").unwrap().to_owned();
     stack
-        .wait_for("ManagerNodes with their jobs", READY, || async {
-            let nodes = stack.get_json(&["managernodes"]).await?;
-            let items = nodes["items"].as_array().cloned().unwrap_or_default();
-            let mirrored = items
-                .iter()
-                .find(|n| n["status"]["nodeId"] == encode_node.as_str());
-            let ok = items.len() >= 4
-                && mirrored.is_some_and(|m| {
-                    m["status"]["jobs"]
-                        .as_array()
-                        .is_some_and(|js| js.iter().any(|j| j["jobName"] == "encode"))
-                        && m["status"]["usedCapacity"].as_i64().unwrap_or(0) >= 10
-                });
-            Ok(ok.then_some(()))
-        })
-        .await
-        .unwrap();
+        .wait_until_list(
+            "",
+            "ManagerNodes with their jobs",
+            |nodes: &[ManagerNode]| {
+                let mirrored = nodes
+                    .iter()
+                    .filter_map(|n| n.status.as_ref())
+                    .find(|s| s.node_id == encode_node);
+                (nodes.len() >= 4
+                    && mirrored.is_some_and(|s| {
+                        s.jobs
+                            .iter()
+                            .any(|j| j.job_name.as_deref() == Some("encode"))
+                            && s.used_capacity >= 10
+                    }))
+                .then_some(())
+            },
+        )
+        .await;
 
     // The full trace is served by the operator's debugging API, and only there.
     let (code, _) = stack
@@ -182,30 +97,17 @@ async fn examples_become_ready_with_placements_and_traces() {
         .await
         .unwrap();
     assert_eq!(code, 404, "the probe port must not serve the debugging API");
-    let (code, body) = stack
-        .debug_get("/debug/trace/default/my-channel-1")
-        .await
-        .unwrap();
-    assert_eq!(code, 200, "{body}");
-    let trace: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        trace["replicas"].as_array().map(Vec::len),
-        Some(2),
-        "{trace:#}"
-    );
+    let trace = stack.debug_trace("my-channel-1").await;
+    assert_eq!(trace.replicas.len(), 2, "{}", show(&trace));
     let (code, _) = stack.http_get("/debug/trace/default/nope").await.unwrap();
     assert_eq!(code, 404);
 
     // Pools report their figures; metrics are exposed.
     stack
-        .wait_for("aws-east status", Duration::from_secs(30), || async {
-            let p = stack.get_json(&["placementpool", "aws-east"]).await?;
-            Ok((p["status"]["nodeCount"].as_i64().unwrap_or(0) >= 1
-                && condition(&p, "Ready")["status"] == "True")
-                .then_some(()))
+        .wait_until("aws-east", "to report its nodes", |p: &PlacementPool| {
+            p.status.as_ref().is_some_and(|s| s.node_count >= 1) && p.has_condition("Ready")
         })
-        .await
-        .unwrap();
+        .await;
     let (code, metrics) = stack.http_get("/metrics").await.unwrap();
     assert_eq!(code, 200);
     assert!(
@@ -217,158 +119,117 @@ async fn examples_become_ready_with_placements_and_traces() {
 
 #[tokio::test]
 async fn a_replica_spills_to_the_next_pool_when_the_first_cannot_take_it() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // Only aws-west has nvidia-gpu: onprem (first choice) is left, the replica spills.
-    apply(
-        &stack,
-        &bundle_yaml(
+    stack
+        .create(&bundle(
             "gpu",
             1,
-            "[onprem, aws-west]",
-            &job_yaml(
-                "infer",
-                50,
-                "silver",
-                ", requiredCapabilities: [nvidia-gpu]",
-            ),
-        ),
-    )
-    .await;
-    let b = stack
-        .wait_bundle_phase("default", "gpu", "Ready", READY)
-        .await
-        .unwrap();
-    let j = job(&b, 0, "infer");
-    assert_eq!(j["pool"], "aws-west", "{b:#}");
-    let tried = j["lastPlacement"]["poolsTried"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert_eq!(
-        tried.first().map(|p| p["pool"].clone()),
-        Some(Value::from("onprem")),
-        "{j:#}"
-    );
-    events_for_with(&stack, "gpu", "SpilledToPool").await;
+            &["onprem", "aws-west"],
+            [job("infer", 50, Silver).needs(&["nvidia-gpu"])],
+        ))
+        .await;
+    let b = stack.expect_ready("gpu").await;
+    assert_eq!(b.pool_of(0, "infer"), Some("aws-west"), "{}", show(&b));
+    let first_tried = b
+        .job(0, "infer")
+        .and_then(|j| j.last_placement.as_ref())
+        .and_then(|t| t.pools_tried.first())
+        .map(|p| p.pool.as_str());
+    assert_eq!(first_tried, Some("onprem"), "{}", show(&b));
+    stack.expect_event("gpu", "SpilledToPool", &[]).await;
 }
 
 #[tokio::test]
 async fn refused_starts_make_a_node_unhealthy_and_placement_avoids_it() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // The operator's default: five refusals within ten minutes make a node unhealthy. Binpack
     // keeps choosing the fullest on-prem node, so all five refusals land on the same one.
     stack.chaos(&["reject-next", "5"]).unwrap();
-    apply(
-        &stack,
-        &bundle_yaml("picky", 1, "[onprem]", &job_yaml("enc", 10, "silver", "")),
-    )
-    .await;
-    let b = stack
-        .wait_bundle_phase("default", "picky", "Ready", READY)
-        .await
-        .unwrap();
-    let placed = job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned();
+    stack
+        .create(&bundle("picky", 1, &["onprem"], [job("enc", 10, Silver)]))
+        .await;
+    let b = stack.expect_ready("picky").await;
+    let placed = b.node_of(0, "enc").unwrap().to_owned();
     let unhealthy: Vec<String> = stack
-        .wait_for("a ManagerNode with healthy: false", READY, || async {
-            let nodes = stack.get_json(&["managernodes"]).await?;
-            let names: Vec<String> = nodes["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["status"]["healthy"] == Value::Bool(false))
-                .filter_map(|n| n["metadata"]["name"].as_str().map(str::to_owned))
-                .collect();
-            Ok((!names.is_empty()).then_some(names))
-        })
-        .await
-        .unwrap();
+        .wait_until_list(
+            "",
+            "a ManagerNode with healthy: false",
+            |nodes: &[ManagerNode]| {
+                let names: Vec<String> = nodes
+                    .iter()
+                    .filter(|n| n.status.as_ref().is_some_and(|s| !s.healthy))
+                    .filter_map(|n| n.metadata.name.clone())
+                    .collect();
+                (!names.is_empty()).then_some(names)
+            },
+        )
+        .await;
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
     assert_ne!(unhealthy[0], placed, "placement avoided the unhealthy node");
-    events_for_with(&stack, &unhealthy[0], "NodeUnhealthy").await;
+    stack
+        .expect_event(&unhealthy[0], "NodeUnhealthy", &[])
+        .await;
 }
 
 #[tokio::test]
 async fn a_full_fixed_pool_stalls_the_bundle_with_a_clear_reason() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // Three on-prem nodes of 200: three replicas of 150 fill them (different node, hard).
-    apply(
-        &stack,
-        &bundle_yaml("fill", 3, "[onprem]", &job_yaml("big", 150, "silver", "")),
-    )
-    .await;
     stack
-        .wait_bundle_phase("default", "fill", "Ready", READY)
-        .await
-        .unwrap();
-    apply(
-        &stack,
-        &bundle_yaml("late", 1, "[onprem]", &job_yaml("big", 150, "silver", "")),
-    )
-    .await;
-    let b = stack
-        .wait_for("late to stall", READY, || async {
-            let b = stack.get_json(&["bundle", "late", "-n", "default"]).await?;
-            Ok((condition(&b, "Stalled")["status"] == "True").then_some(b))
-        })
-        .await
-        .unwrap();
-    let stalled = condition(&b, "Stalled");
-    assert_eq!(stalled["reason"], "NoCapacity", "{b:#}");
-    assert!(
-        stalled["message"]
-            .as_str()
-            .unwrap()
-            .contains("cannot be placed"),
-        "{stalled:#}"
+        .create(&bundle("fill", 3, &["onprem"], [job("big", 150, Silver)]))
+        .await;
+    stack.expect_ready("fill").await;
+    stack
+        .create(&bundle("late", 1, &["onprem"], [job("big", 150, Silver)]))
+        .await;
+    let b: Bundle = stack
+        .wait_for_condition("late", "Stalled", ConditionStatus::True)
+        .await;
+    assert_eq!(
+        b.condition_reason("Stalled"),
+        Some("NoCapacity"),
+        "{}",
+        show(&b)
     );
-    assert_eq!(job(&b, 0, "big")["state"], "unplaceable");
     assert!(
-        job(&b, 0, "big")["lastPlacement"]["rejections"]
-            .as_array()
-            .is_some_and(|r| !r.is_empty()),
-        "{b:#}"
+        b.condition_message("Stalled")
+            .is_some_and(|m| m.contains("cannot be placed")),
+        "{}",
+        show(&b)
+    );
+    assert_eq!(b.state_of(0, "big"), Some(JobState::Unplaceable));
+    assert!(
+        b.job(0, "big")
+            .and_then(|j| j.last_placement.as_ref())
+            .is_some_and(|t| !t.rejections.is_empty()),
+        "{}",
+        show(&b)
     );
 
     // Freeing capacity lets it place.
-    let out = stack
-        .env
-        .run_kubectl([
-            "delete",
-            "bundle",
-            "fill",
-            "-n",
-            "default",
-            "--wait=true",
-            "--timeout=60s",
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    stack
-        .wait_bundle_phase("default", "late", "Ready", READY)
-        .await
-        .unwrap();
+    stack.delete::<Bundle>("fill").await;
+    stack.expect_ready("late").await;
 }
 
 #[tokio::test]
 async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // Each band's job starts on-prem; killing their nodes sends gold and silver to aws-east.
-    for (name, band) in [("g", "gold"), ("s", "silver"), ("b", "bronze")] {
-        let jobs = job_yaml("enc", 20, band, "");
-        apply(&stack, &bundle_yaml(name, 1, "[onprem, aws-east]", &jobs)).await;
+    for (name, band) in [("g", Gold), ("s", Silver), ("b", Bronze)] {
+        stack
+            .create(&bundle(
+                name,
+                1,
+                &["onprem", "aws-east"],
+                [job("enc", 20, band)],
+            ))
+            .await;
     }
     let mut nodes = std::collections::HashMap::new();
     for n in ["g", "s", "b"] {
-        let b = stack
-            .wait_bundle_phase("default", n, "Ready", READY)
-            .await
-            .unwrap();
-        nodes.insert(n, job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned());
+        let b = stack.expect_ready(n).await;
+        nodes.insert(n, b.node_of(0, "enc").unwrap().to_owned());
     }
     // Kill every node any of them uses. The kills land one at a time, so cordon them all first:
     // otherwise a job recovered from the first kill may land on a node the next kill takes, and
@@ -377,52 +238,30 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     killed.sort();
     killed.dedup();
     for node in &killed {
-        stack
-            .wait_for(&format!("{node} mirrored"), READY, || async {
-                stack.get_json(&["managernode", node]).await.map(Some)
-            })
-            .await
-            .unwrap();
-        patch_node(&stack, node, r#"{"spec":{"cordoned":true}}"#).await;
+        stack.cordon(node).await;
     }
     for node in &killed {
-        stack
-            .wait_for(&format!("{node} cordoned"), READY, || async {
-                let n = stack.get_json(&["managernode", node]).await?;
-                Ok((condition(&n, "Cordoned")["status"] == "True").then_some(()))
-            })
-            .await
-            .unwrap();
+        stack.wait_cordoned(node, true).await;
     }
     for node in &killed {
         stack.chaos(&["kill-node", node]).unwrap();
     }
     for n in ["g", "s"] {
         let b = stack
-            .wait_for(
-                &format!("{n} restarted off the killed nodes"),
-                READY,
-                || async {
-                    let b = stack.get_json(&["bundle", n, "-n", "default"]).await?;
-                    let j = job(&b, 0, "enc");
-                    let moved = j["state"] == "running"
-                        && !killed.iter().any(|k| j["nodeId"] == k.as_str());
-                    Ok(moved.then_some(b))
-                },
-            )
+            .wait_until(n, "to restart off the killed nodes", |b: &Bundle| {
+                b.state_of(0, "enc") == Some(JobState::Running)
+                    && !killed.iter().any(|k| b.node_of(0, "enc") == Some(k))
+            })
             .await;
-        let b = b.unwrap();
-        assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], 1, "{b:#}");
+        assert_eq!(b.restarts_last_hour(0), Some(1), "{}", show(&b));
     }
     let b = stack
-        .wait_for("bronze dropped", READY, || async {
-            let b = stack.get_json(&["bundle", "b", "-n", "default"]).await?;
-            Ok((job(&b, 0, "enc")["state"] == "dropped").then_some(b))
+        .wait_until("b", "to drop its bronze job", |b: &Bundle| {
+            b.state_of(0, "enc") == Some(JobState::Dropped)
         })
-        .await
-        .unwrap();
-    assert_eq!(b["status"]["phase"], "Degraded");
-    events_for_with(&stack, "b", "JobDropped").await;
+        .await;
+    assert_eq!(b.phase(), Some(BundlePhase::Degraded));
+    stack.expect_event("b", "JobDropped", &[]).await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics
@@ -432,50 +271,45 @@ async fn a_killed_node_restarts_gold_and_silver_and_drops_bronze() {
     );
 }
 
+/// Fails the job `default.<name>/0/enc` once and waits until it runs again, its replica's
+/// `restart`th restart within the hour.
+async fn fail_and_restart(stack: &Stack, name: &str, restart: i32) {
+    stack
+        .chaos(&["fail-job", &format!("default.{name}/0/enc")])
+        .unwrap();
+    stack
+        .wait_until(
+            name,
+            &format!("to have restarted {restart} time(s)"),
+            |b: &Bundle| {
+                b.restarts_last_hour(0) == Some(restart)
+                    && b.state_of(0, "enc") == Some(JobState::Running)
+            },
+        )
+        .await;
+}
+
 #[tokio::test]
 async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
-    apply(
-        &stack,
-        &format!(
-            "{}  bands:\n    gold: {{maxRestartsPerHour: 3}}\n",
-            bundle_yaml("flaky", 1, "[onprem]", &job_yaml("enc", 10, "gold", ""))
-        ),
-    )
-    .await;
-    let job_id = "default.flaky/0/enc";
+    let stack = start().await;
     stack
-        .wait_bundle_phase("default", "flaky", "Ready", READY)
-        .await
-        .unwrap();
+        .create(
+            &bundle("flaky", 1, &["onprem"], [job("enc", 10, Gold)]).max_restarts_per_hour(Gold, 3),
+        )
+        .await;
+    stack.expect_ready("flaky").await;
     // Three failures are restarted; the fourth breaks the bundle (more than maxRestartsPerHour = 3).
     for i in 1..=3 {
-        stack.chaos(&["fail-job", job_id]).unwrap();
-        stack
-            .wait_for(&format!("restart {i}"), READY, || async {
-                let b = stack
-                    .get_json(&["bundle", "flaky", "-n", "default"])
-                    .await?;
-                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
-                    && job(&b, 0, "enc")["state"] == "running")
-                    .then_some(()))
-            })
-            .await
-            .unwrap();
+        fail_and_restart(&stack, "flaky", i).await;
     }
-    stack.chaos(&["fail-job", job_id]).unwrap();
-    let b = stack
-        .wait_bundle_phase("default", "flaky", "Broken", READY)
-        .await
-        .unwrap();
-    assert_eq!(condition(&b, "Broken")["status"], "True");
+    stack.chaos(&["fail-job", "default.flaky/0/enc"]).unwrap();
+    let b = stack.expect_phase("flaky", BundlePhase::Broken).await;
+    assert!(b.has_condition("Broken"), "{}", show(&b));
     assert!(
-        condition(&b, "Broken")["message"]
-            .as_str()
-            .unwrap()
-            .contains("automanager.norsk.io/retry"),
-        "{b:#}"
+        b.condition_message("Broken")
+            .is_some_and(|m| m.contains("automanager.norsk.io/retry")),
+        "{}",
+        show(&b)
     );
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
@@ -485,9 +319,8 @@ async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
         "{metrics}"
     );
 
-    let out = stack
-        .env
-        .run_kubectl([
+    stack
+        .kubectl(&[
             "annotate",
             "--overwrite",
             "bundle",
@@ -496,47 +329,25 @@ async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
             "default",
             "automanager.norsk.io/retry=1",
         ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    let b = stack
-        .wait_bundle_phase("default", "flaky", "Ready", READY)
-        .await
-        .unwrap();
-    assert_eq!(b["status"]["lastRetry"], "1");
-    assert_eq!(condition(&b, "Broken")["status"], "False");
+        .await;
+    let b = stack.expect_ready("flaky").await;
+    let last_retry = b.status.as_ref().and_then(|s| s.last_retry.as_deref());
+    assert_eq!(last_retry, Some("1"), "{}", show(&b));
+    assert_eq!(b.condition_status("Broken"), Some(ConditionStatus::False));
 }
 
 #[tokio::test]
 async fn a_crash_loop_breaks_the_bundle_after_exactly_max_restarts_across_operator_kills() {
-    let mut stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
-    apply(
-        &stack,
-        &format!(
-            "{}  bands:\n    gold: {{maxRestartsPerHour: 3}}\n",
-            bundle_yaml("crashy", 1, "[onprem]", &job_yaml("enc", 10, "gold", ""))
-        ),
-    )
-    .await;
-    let job_id = "default.crashy/0/enc";
+    let mut stack = start().await;
     stack
-        .wait_bundle_phase("default", "crashy", "Ready", READY)
-        .await
-        .unwrap();
+        .create(
+            &bundle("crashy", 1, &["onprem"], [job("enc", 10, Gold)])
+                .max_restarts_per_hour(Gold, 3),
+        )
+        .await;
+    stack.expect_ready("crashy").await;
     for i in 1..=3 {
-        stack.chaos(&["fail-job", job_id]).unwrap();
-        stack
-            .wait_for(&format!("restart {i}"), READY, || async {
-                let b = stack
-                    .get_json(&["bundle", "crashy", "-n", "default"])
-                    .await?;
-                Ok((b["status"]["replicas"][0]["restartsLastHour"] == i
-                    && job(&b, 0, "enc")["state"] == "running")
-                    .then_some(()))
-            })
-            .await
-            .unwrap();
+        fail_and_restart(&stack, "crashy", i).await;
         if i < 3 {
             // The count lives in the bundle's status, not only in the operator's memory.
             stack.operator.kill9();
@@ -548,148 +359,98 @@ async fn a_crash_loop_breaks_the_bundle_after_exactly_max_restarts_across_operat
         }
     }
     // The fourth failure is one more than maxRestartsPerHour = 3: Broken, not restarted.
-    stack.chaos(&["fail-job", job_id]).unwrap();
-    let b = stack
-        .wait_bundle_phase("default", "crashy", "Broken", READY)
-        .await
-        .unwrap();
-    assert_eq!(b["status"]["replicas"][0]["restartsLastHour"], 3, "{b:#}");
+    stack.chaos(&["fail-job", "default.crashy/0/enc"]).unwrap();
+    let b = stack.expect_phase("crashy", BundlePhase::Broken).await;
+    assert_eq!(b.restarts_last_hour(0), Some(3), "{}", show(&b));
     assert_eq!(
-        b["status"]["replicas"][0]["restartTimes"]
-            .as_array()
-            .map(Vec::len),
+        b.replica(0).map(|r| r.restart_times.len()),
         Some(3),
-        "{b:#}"
+        "{}",
+        show(&b)
     );
-    assert_eq!(job(&b, 0, "enc")["state"], "failed", "{b:#}");
+    assert_eq!(b.state_of(0, "enc"), Some(JobState::Failed), "{}", show(&b));
 }
 
 #[tokio::test]
 async fn a_cordoned_node_takes_no_new_placements_and_a_terminate_drain_recovers_its_jobs() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // Wait for the on-prem nodes to be mirrored, then cordon two of three.
     stack
-        .wait_for("on-prem ManagerNodes", READY, || async {
-            let n = stack.get_json(&["managernode", "onprem-a1"]).await;
-            Ok(n.ok()
-                .filter(|n| n["status"]["state"] == "started")
-                .map(|_| ()))
+        .wait_until("onprem-a1", "to be started", |n: &ManagerNode| {
+            n.status
+                .as_ref()
+                .is_some_and(|s| s.state == automanager_api::NodeState::Started)
         })
-        .await
-        .unwrap();
+        .await;
     for n in ["onprem-a1", "onprem-a2"] {
-        patch_node(&stack, n, r#"{"spec":{"cordoned":true}}"#).await;
+        stack.cordon(n).await;
     }
     // A replica-2 bundle needs two nodes (different node, hard): only one is schedulable.
-    apply(
-        &stack,
-        &bundle_yaml("two", 2, "[onprem]", &job_yaml("enc", 10, "gold", "")),
-    )
-    .await;
-    let b =
-        stack
-            .wait_for("two to stall on cordoned nodes", READY, || async {
-                let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
-                Ok((condition(&b, "Stalled")["status"] == "True"
-                    && b["status"]["placedReplicas"] == 1)
-                    .then_some(b))
-            })
-            .await
-            .unwrap();
-    for j in jobs(&b).iter().filter(|j| j["state"] == "running") {
+    stack
+        .create(&bundle("two", 2, &["onprem"], [job("enc", 10, Gold)]))
+        .await;
+    let b = stack
+        .wait_until("two", "to stall on cordoned nodes", |b: &Bundle| {
+            b.has_condition("Stalled") && b.placed_replicas() == 1
+        })
+        .await;
+    for j in b.jobs().iter().filter(|j| j.state == JobState::Running) {
         assert_eq!(
-            j["nodeId"], "onprem-b1",
-            "cordoned nodes must take nothing: {b:#}"
+            j.node_id.as_deref(),
+            Some("onprem-b1"),
+            "cordoned nodes must take nothing: {}",
+            show(&b)
         );
     }
-    let cordoned = stack.get_json(&["managernode", "onprem-a1"]).await.unwrap();
-    assert_eq!(condition(&cordoned, "Cordoned")["status"], "True");
+    let cordoned = stack.node("onprem-a1").await;
+    assert!(cordoned.has_condition("Cordoned"), "{}", show(&cordoned));
 
     // Uncordon one: the second replica places there.
-    patch_node(&stack, "onprem-a1", r#"{"spec":{"cordoned":false}}"#).await;
-    let b = stack
-        .wait_bundle_phase("default", "two", "Ready", READY)
-        .await
-        .unwrap();
-    let on_a1 = jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a1");
-    assert!(on_a1, "{b:#}");
+    stack.uncordon("onprem-a1").await;
+    let b = stack.expect_ready("two").await;
+    assert!(b.has_job_on("onprem-a1"), "{}", show(&b));
 
     // Drain onprem-a1 with terminate: its gold job recovers elsewhere (onprem-a2 is still cordoned, b1 has the other replica).
-    patch_node(&stack, "onprem-a2", r#"{"spec":{"cordoned":false}}"#).await;
-    patch_node(
-        &stack,
-        "onprem-a1",
-        r#"{"spec":{"drain":{"mode":"terminate"}}}"#,
-    )
-    .await;
-    let b = stack
-        .wait_for("gold job recovered off the drained node", READY, || async {
-            let b = stack.get_json(&["bundle", "two", "-n", "default"]).await?;
-            let moved = b["status"]["phase"] == "Ready"
-                && !jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a1");
-            Ok(moved.then_some(b))
-        })
-        .await
-        .unwrap();
-    assert!(jobs(&b).iter().any(|j| j["nodeId"] == "onprem-a2"), "{b:#}");
+    stack.uncordon("onprem-a2").await;
+    stack.drain("onprem-a1", DrainMode::Terminate).await;
+    let b = stack.expect_ready_off("two", "onprem-a1").await;
+    assert!(b.has_job_on("onprem-a2"), "{}", show(&b));
 }
 
 #[tokio::test]
 async fn deleting_a_bundle_stops_its_jobs_in_manager() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
-    apply(
-        &stack,
-        &bundle_yaml("short", 2, "[onprem]", &job_yaml("enc", 10, "silver", "")),
-    )
-    .await;
-    let b = stack
-        .wait_bundle_phase("default", "short", "Ready", READY)
-        .await
-        .unwrap();
-    let node = job(&b, 0, "enc")["nodeId"].as_str().unwrap().to_owned();
-    let out = stack
-        .env
-        .run_kubectl([
-            "delete",
-            "bundle",
-            "short",
-            "-n",
-            "default",
-            "--wait=true",
-            "--timeout=60s",
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    let stack = start().await;
     stack
-        .wait_for("the node to hold no job of the bundle", READY, || async {
-            let n = stack.get_json(&["managernode", &node]).await?;
-            let holds = n["status"]["jobs"]
-                .as_array()
-                .is_some_and(|js| js.iter().any(|j| j["bundle"] == "default/short"));
-            Ok((!holds).then_some(()))
+        .create(&bundle("short", 2, &["onprem"], [job("enc", 10, Silver)]))
+        .await;
+    let b = stack.expect_ready("short").await;
+    let node = b.node_of(0, "enc").unwrap().to_owned();
+    stack.delete::<Bundle>("short").await;
+    stack
+        .wait_until(&node, "to hold no job of the bundle", |n: &ManagerNode| {
+            !n.status.as_ref().is_some_and(|s| {
+                s.jobs
+                    .iter()
+                    .any(|j| j.bundle.as_deref() == Some("default/short"))
+            })
         })
-        .await
-        .unwrap();
+        .await;
 }
 
 #[tokio::test]
 async fn a_restarted_operator_duplicates_nothing_and_loses_no_bundle() {
-    let mut stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
-    let mut yaml = String::new();
-    for i in 0..12 {
-        yaml.push_str(&bundle_yaml(
-            &format!("wave-{i}"),
-            2,
-            "[onprem, aws-east]",
-            &job_yaml("enc", 10, "silver", ""),
-        ));
-        yaml.push_str("---\n");
-    }
-    apply(&stack, &yaml).await;
+    let mut stack = start().await;
+    let waves: Vec<Bundle> = (0..12)
+        .map(|i| {
+            bundle(
+                &format!("wave-{i}"),
+                2,
+                &["onprem", "aws-east"],
+                [job("enc", 10, Silver)],
+            )
+        })
+        .collect();
+    stack.create_all(&waves).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     stack.operator.stop(Duration::from_secs(5));
     stack.start_operator().unwrap();
@@ -698,29 +459,26 @@ async fn a_restarted_operator_duplicates_nothing_and_loses_no_bundle() {
         .await
         .unwrap();
     for i in 0..12 {
-        stack
-            .wait_bundle_phase("default", &format!("wave-{i}"), "Ready", READY)
-            .await
-            .unwrap();
+        stack.expect_ready(&format!("wave-{i}")).await;
     }
     // Each job runs exactly once across every node (node statuses catch up within seconds).
     let ids = stack
-        .wait_for("24 wave jobs on the ManagerNodes", READY, || async {
-            let nodes = stack.get_json(&["managernodes"]).await?;
-            let mut ids: Vec<String> = nodes["items"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
-                .filter_map(|j| j["jobId"].as_str().map(str::to_owned))
-                .filter(|id| id.starts_with("default.wave-"))
-                .collect();
-            ids.sort();
-            Ok((ids.len() >= 24).then_some(ids))
-        })
-        .await
-        .unwrap();
+        .wait_until_list(
+            "",
+            "24 wave jobs on the ManagerNodes",
+            |nodes: &[ManagerNode]| {
+                let mut ids: Vec<String> = nodes
+                    .iter()
+                    .filter_map(|n| n.status.as_ref())
+                    .flat_map(|s| &s.jobs)
+                    .map(|j| j.job_id.clone())
+                    .filter(|id| id.starts_with("default.wave-"))
+                    .collect();
+                ids.sort();
+                (ids.len() >= 24).then_some(ids)
+            },
+        )
+        .await;
     let mut distinct = ids.clone();
     distinct.dedup();
     assert_eq!(distinct.len(), ids.len(), "a job runs twice: {ids:?}");
@@ -729,27 +487,31 @@ async fn a_restarted_operator_duplicates_nothing_and_loses_no_bundle() {
 
 #[tokio::test]
 async fn what_if_answers_admission_against_the_live_snapshot() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
-    let bundle = |pools: &str, cap: u32| {
-        serde_json::json!({
-            "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle",
-            "metadata": {"name": "probe", "namespace": "default"},
-            "spec": {"replicas": 1, "pools": [pools], "jobs": [{"jobName": "j", "requirements": {"requiredCapacity": cap, "priorityBand": "gold"}}]}
-        })
-        .to_string()
+    let stack = start().await;
+    let probe = |pool: &str, capacity: i64| {
+        serde_json::to_string(&bundle(
+            "probe",
+            1,
+            &[pool],
+            [job("j", capacity, Gold).cores(0)],
+        ))
+        .unwrap()
     };
     stack
-        .wait_for("the on-prem pool to be loaded", READY, || async {
-            let (code, body) = stack
-                .debug_post("/v1/what-if", &bundle("onprem", 10))
-                .await?;
-            Ok((code == 200 && body.contains("\"ok\"")).then_some(()))
-        })
+        .wait_for(
+            "the on-prem pool to be loaded",
+            Duration::from_secs(120),
+            || async {
+                let (code, body) = stack
+                    .debug_post("/v1/what-if", &probe("onprem", 10))
+                    .await?;
+                Ok((code == 200 && body.contains("\"ok\"")).then_some(()))
+            },
+        )
         .await
         .unwrap();
     let (code, body) = stack
-        .debug_post("/v1/what-if", &bundle("nowhere", 10))
+        .debug_post("/v1/what-if", &probe("nowhere", 10))
         .await
         .unwrap();
     assert_eq!(code, 200);
@@ -789,42 +551,35 @@ async fn an_invalid_config_exits_non_zero_listing_every_problem() -> Result<(), 
 
 #[tokio::test]
 async fn the_worst_case_status_and_retry_values_are_written_bounded() {
-    let stack = Stack::start().await.expect("stack");
-    apply_examples(&stack).await;
+    let stack = start().await;
     // 16 replicas of 16 jobs with long names, 150 each: a replica needs 16 on-prem nodes of 200
     // and there are three, so every replica is unplaceable and the reasons together are far
     // over a condition's 4,096 bytes.
-    let jobs: String = (0..16)
-        .map(|i| {
-            job_yaml(
-                &format!("a-job-with-a-deliberately-long-name-so-reasons-are-long-{i:02}"),
-                150,
-                "silver",
-                "",
-            )
-        })
-        .collect();
-    apply(&stack, &bundle_yaml("huge", 16, "[onprem]", &jobs)).await;
-    let b = stack
-        .wait_for("huge to stall with a status", READY, || async {
-            let b = stack.get_json(&["bundle", "huge", "-n", "default"]).await?;
-            Ok((condition(&b, "Stalled")["status"] == "True").then_some(b))
-        })
-        .await
-        .unwrap();
-    let message = condition(&b, "Stalled")["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    assert_eq!(condition(&b, "Stalled")["reason"], "NoCapacity", "{b:#}");
+    let jobs = (0..16).map(|i| {
+        job(
+            &format!("a-job-with-a-deliberately-long-name-so-reasons-are-long-{i:02}"),
+            150,
+            Silver,
+        )
+    });
+    stack.create(&bundle("huge", 16, &["onprem"], jobs)).await;
+    let b: Bundle = stack
+        .wait_for_condition("huge", "Stalled", ConditionStatus::True)
+        .await;
+    let message = b.condition_message("Stalled").unwrap().to_owned();
+    assert_eq!(
+        b.condition_reason("Stalled"),
+        Some("NoCapacity"),
+        "{}",
+        show(&b)
+    );
     assert!(message.len() <= 4096, "{}", message.len());
     assert!(message.contains("more"), "the cut is marked: {message}");
 
     // A retry value far over status.lastRetry's 256 bytes is acted on exactly once.
     let long = "r".repeat(10_000);
-    let out = stack
-        .env
-        .run_kubectl([
+    stack
+        .kubectl(&[
             "annotate",
             "--overwrite",
             "bundle",
@@ -833,52 +588,49 @@ async fn the_worst_case_status_and_retry_values_are_written_bounded() {
             "default",
             &format!("automanager.norsk.io/retry={long}"),
         ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+        .await;
+    let last_retry = |b: &Bundle| {
+        b.status
+            .as_ref()
+            .and_then(|s| s.last_retry.clone())
+            .unwrap_or_default()
+    };
     let b = stack
-        .wait_for("lastRetry to be recorded", READY, || async {
-            let b = stack.get_json(&["bundle", "huge", "-n", "default"]).await?;
-            Ok(b["status"]["lastRetry"]
-                .as_str()
-                .is_some_and(|r| r.starts_with("rrr"))
-                .then_some(b))
+        .wait_until("huge", "to record lastRetry", |b: &Bundle| {
+            last_retry(b).starts_with("rrr")
         })
-        .await
-        .unwrap();
-    assert!(b["status"]["lastRetry"].as_str().unwrap().len() <= 256);
+        .await;
+    assert!(last_retry(&b).len() <= 256);
     // Give a looping operator time to show itself, then count the Retry Events.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let events = events_for(&stack, "huge").await;
-    let retries = events
-        .lines()
-        .filter(|l| l.split_whitespace().any(|w| w == "Retry"))
-        .count();
-    // `events_for` lists each Event twice (core and events.k8s.io views).
-    assert!(retries <= 2, "one Retry Event expected:\n{events}");
+    let retries: Vec<_> = stack
+        .events_for("Retry")
+        .await
+        .into_iter()
+        .filter(|e| e.regarding_name() == "huge")
+        .collect();
+    assert!(retries.len() <= 1, "one Retry Event expected: {retries:#?}");
 
     // Validation errors past 4,096 bytes: every job fits no instance type of the pool.
-    let jobs: String = (0..16)
-        .map(|i| {
-            job_yaml(
-                &format!("a-job-with-a-deliberately-long-name-so-errors-are-long-{i:02}"),
-                300,
-                "silver",
-                ", requiredCapabilities: [a-capability-no-node-in-any-pool-advertises-at-all, another-capability-no-node-in-any-pool-advertises-at-all, a-third-capability-no-node-in-any-pool-advertises-at-all]",
-            )
-        })
-        .collect();
-    apply(&stack, &bundle_yaml("invalid", 16, "[onprem]", &jobs)).await;
-    let b = stack
-        .wait_for("invalid to stall with a status", READY, || async {
-            let b = stack
-                .get_json(&["bundle", "invalid", "-n", "default"])
-                .await?;
-            Ok((condition(&b, "Stalled")["reason"] == "InvalidSpec").then_some(b))
-        })
-        .await
-        .unwrap();
-    let message = condition(&b, "Stalled")["message"].as_str().unwrap();
+    let jobs = (0..16).map(|i| {
+        job(
+            &format!("a-job-with-a-deliberately-long-name-so-errors-are-long-{i:02}"),
+            300,
+            Silver,
+        )
+        .needs(&[
+            "a-capability-no-node-in-any-pool-advertises-at-all",
+            "another-capability-no-node-in-any-pool-advertises-at-all",
+            "a-third-capability-no-node-in-any-pool-advertises-at-all",
+        ])
+    });
+    stack
+        .create(&bundle("invalid", 16, &["onprem"], jobs))
+        .await;
+    let b: Bundle = stack
+        .wait_for_reason("invalid", "Stalled", "InvalidSpec")
+        .await;
+    let message = b.condition_message("Stalled").unwrap();
     assert!(
         message.len() <= 4096 && message.contains("more"),
         "{} bytes, ends {:?}",

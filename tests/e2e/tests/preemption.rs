@@ -19,9 +19,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use automanager_api::PriorityBand::{Bronze, Gold};
+use automanager_api::{Bundle, JobState, JobStatus};
+use automanager_e2e::events_table;
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
+use automanager_e2e::scenario::{BundleView, EventView, bundle, fixed_pool, job, show};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, events_table, fixed_pool, wait_events};
 use automanager_policy::PriorityBand;
 use automanager_policy::preempt::{self, NodeCandidate, RunningJob};
 use manager_client::proto::KillNodeRequest;
@@ -30,24 +33,14 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(120);
 const POOL: &str = "rack";
 
-fn bundle(name: &str, band: &str, capacity: u32) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: Bundle
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: 1
-  pools: [{POOL}]
-  jobs:
-    - jobName: enc
-      requirements: {{requiredCapacity: {capacity}, requiredCores: 1, priorityBand: {band}}}
-"
-    )
+/// A one-job bundle of `capacity` in `band`, in the pool.
+fn one_job(name: &str, band: PriorityBand, capacity: i64) -> Bundle {
+    bundle(name, 1, &[POOL], [job("enc", capacity, band)])
 }
 
 /// The bronze bundles, in the order they are created (binpack fills rack-1, then rack-2, then
 /// rack-3), with their capacity.
-const BRONZE: [(&str, u32); 9] = [
+const BRONZE: [(&str, i64); 9] = [
     ("fill", 40),
     ("old", 40),
     ("mid", 30),
@@ -59,12 +52,17 @@ const BRONZE: [(&str, u32); 9] = [
     ("s5", 20),
 ];
 
-async fn job_of(stack: &Stack, name: &str) -> Value {
-    let b = stack
-        .get_json(&["bundle", name, "-n", "default"])
-        .await
-        .unwrap();
-    b["status"]["replicas"][0]["jobs"][0].clone()
+/// The status of Bundle `name`'s one job.
+async fn job_of(stack: &Stack, name: &str) -> JobStatus {
+    let b = stack.bundle(name).await;
+    b.job(0, "enc")
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} has no job status: {}", show(&b)))
+}
+
+/// The state of Bundle `name`'s one job.
+async fn state_of(stack: &Stack, name: &str) -> JobState {
+    job_of(stack, name).await.state
 }
 
 /// A stack whose operator config is adjusted by `adjust`, the pool, the gold bundle and the
@@ -84,26 +82,20 @@ async fn fleet(adjust: impl FnOnce(&mut serde_json::Map<String, Value>)) -> (Sta
     let stack = Stack::start_custom(&config, &[], adjust)
         .await
         .expect("stack");
-    apply(&stack, &pool).await;
+    stack.create(&pool).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    apply(&stack, &bundle("gold", "gold", 60)).await;
-    stack
-        .wait_bundle_phase("default", "gold", "Ready", WAIT)
-        .await
-        .unwrap();
+    stack.create(&one_job("gold", Gold, 60)).await;
+    stack.expect_ready("gold").await;
     // One at a time, so each lands where binpack puts it given the ones before.
     for (name, capacity) in BRONZE {
-        apply(&stack, &bundle(name, "bronze", capacity)).await;
-        stack
-            .wait_bundle_phase("default", name, "Ready", WAIT)
-            .await
-            .unwrap();
+        stack.create(&one_job(name, Bronze, capacity)).await;
+        stack.expect_ready(name).await;
     }
     let mut layout: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for name in std::iter::once("gold").chain(BRONZE.iter().map(|(n, _)| *n)) {
         let j = job_of(&stack, name).await;
         layout
-            .entry(j["nodeId"].as_str().unwrap_or_default().to_owned())
+            .entry(j.node_id.unwrap_or_default())
             .or_default()
             .push(name.to_owned());
     }
@@ -185,14 +177,8 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
     })
     .await;
     let expected = expected_victims(&stack).await;
-    let mid = job_of(&stack, "mid").await["jobId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let new = job_of(&stack, "new").await["jobId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let mid = job_of(&stack, "mid").await.job_id.unwrap();
+    let new = job_of(&stack, "new").await.job_id.unwrap();
     assert_eq!(
         expected,
         preempt::Preemption {
@@ -204,43 +190,42 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
 
     kill(&stack, "rack-1").await;
     let gold = stack
-        .wait_for("gold running again", WAIT, || async {
-            let j = job_of(&stack, "gold").await;
-            Ok((j["state"] == "running" && j["nodeId"] != "rack-1").then_some(j))
+        .wait_until("gold", "to run again off rack-1", |b: &Bundle| {
+            b.state_of(0, "enc") == Some(JobState::Running) && b.node_of(0, "enc") != Some("rack-1")
         })
-        .await
-        .unwrap();
-    assert_eq!(gold["nodeId"], "rack-2");
-    let trace = &gold["lastPlacement"];
-    assert_eq!(trace["recovery"], true, "{trace}");
-    assert_eq!(trace["preempted"]["node"], "rack-2", "{trace}");
-    assert_eq!(
-        trace["preempted"]["victims"],
-        serde_json::json!(expected.victims),
-        "{trace}"
-    );
+        .await;
+    assert_eq!(gold.node_of(0, "enc"), Some("rack-2"), "{}", show(&gold));
+    let trace = gold
+        .job(0, "enc")
+        .and_then(|j| j.last_placement.as_ref())
+        .unwrap_or_else(|| panic!("no placement trace: {}", show(&gold)));
+    assert!(trace.recovery, "{}", show(trace));
+    let preempted = trace
+        .preempted
+        .as_ref()
+        .unwrap_or_else(|| panic!("no preemption in the trace: {}", show(trace)));
+    assert_eq!(preempted.node, "rack-2", "{}", show(trace));
+    assert_eq!(preempted.victims, expected.victims, "{}", show(trace));
 
     // The full trace (what `kubectl automanager trace` renders) carries it too.
-    let (code, body) = stack.debug_get("/debug/trace/default/gold").await.unwrap();
-    assert_eq!(code, 200, "{body}");
-    let full: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(
-        full["replicas"][0]["preempted"]["victims"],
-        serde_json::json!(expected.victims),
-        "{full}"
-    );
+    let full = stack.debug_trace("gold").await;
+    let victims = full
+        .replicas
+        .first()
+        .and_then(|r| r.preempted.as_ref())
+        .map(|p| p.victims.clone());
+    assert_eq!(victims, Some(expected.victims.clone()), "{}", show(&full));
 
     // The victims are dropped, as a bronze job whose node failed; nothing else was touched.
     for name in ["mid", "new", "fill"] {
         stack
-            .wait_for(&format!("{name} dropped"), WAIT, || async {
-                Ok((job_of(&stack, name).await["state"] == "dropped").then_some(()))
+            .wait_until(name, "to drop its job", |b: &Bundle| {
+                b.state_of(0, "enc") == Some(JobState::Dropped)
             })
-            .await
-            .unwrap();
+            .await;
     }
     for name in ["old", "s1", "s2", "s3", "s4", "s5"] {
-        assert_eq!(job_of(&stack, name).await["state"], "running", "{name}");
+        assert_eq!(state_of(&stack, name).await, JobState::Running, "{name}");
     }
     let m = manager_state(&stack.sim_endpoint).await.unwrap();
     let stopped: Vec<&str> = m
@@ -256,37 +241,17 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
     stopped.sort();
     assert_eq!(stopped, want, "exactly the chosen victims were stopped");
 
-    let ev = wait_events(
-        &stack,
-        &[
-            &|l: &str| l.starts_with("mid") && l.contains("Preempted"),
-            &|l: &str| l.starts_with("new") && l.contains("Preempted"),
-            &|l: &str| l.starts_with("new") && l.contains("JobDropped"),
-        ],
-    )
-    .await;
     for (name, job) in [("mid", &mid), ("new", &new)] {
-        assert!(
-            ev.lines().any(|l| l.starts_with(name)
-                && l.contains("Preempted")
-                && l.contains(job.as_str())
-                && l.contains("default/gold")),
-            "{ev}"
-        );
+        stack
+            .expect_event(name, "Preempted", &[job.as_str(), "default/gold"])
+            .await;
     }
-    assert!(
-        ev.lines().any(|l| l.starts_with("new")
-            && l.contains("JobDropped")
-            && l.contains("handed to its band")),
-        "{ev}"
-    );
-    assert!(
-        ev.lines().any(|l| l.starts_with("gold")
-            && l.contains("PreemptedBronze")
-            && l.contains(&new)
-            && l.contains(&mid)),
-        "{ev}"
-    );
+    stack
+        .expect_event("new", "JobDropped", &["handed to its band"])
+        .await;
+    stack
+        .expect_event("gold", "PreemptedBronze", &[&new, &mid])
+        .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains("automanager_preemptions_total{band=\"gold\"} 1"),
@@ -300,7 +265,7 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
     // Dropped stays dropped: a while later the victims have not been placed again.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for name in ["mid", "new"] {
-        assert_eq!(job_of(&stack, name).await["state"], "dropped", "{name}");
+        assert_eq!(state_of(&stack, name).await, JobState::Dropped, "{name}");
     }
     let (mut v, took) = settle(&stack, WAIT).await.unwrap();
     v.merge(&monitor.stop().await.0);
@@ -312,21 +277,30 @@ async fn a_gold_recovery_with_no_room_preempts_exactly_the_chosen_bronze_jobs() 
 async fn with_preemption_off_nothing_is_preempted_and_gold_waits() {
     let (stack, monitor) = fleet(|_| {}).await;
     kill(&stack, "rack-1").await;
-    let b = stack
-        .wait_for("gold stalled for capacity", WAIT, || async {
-            let b = stack.get_json(&["bundle", "gold", "-n", "default"]).await?;
-            Ok((condition(&b, "Stalled")["reason"] == "NoCapacity").then_some(b))
-        })
-        .await
-        .unwrap();
-    assert_ne!(b["status"]["replicas"][0]["jobs"][0]["state"], "running");
+    let b: Bundle = stack.wait_for_reason("gold", "Stalled", "NoCapacity").await;
+    assert_ne!(
+        b.state_of(0, "enc"),
+        Some(JobState::Running),
+        "{}",
+        show(&b)
+    );
     // Give a preemption every chance to happen, then check none did.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for (name, _) in BRONZE.iter().skip(1) {
-        assert_eq!(job_of(&stack, name).await["state"], "running", "{name}");
+        assert_eq!(state_of(&stack, name).await, JobState::Running, "{name}");
     }
-    let ev = events_table(&stack).await.unwrap();
-    assert!(!ev.contains("Preempted"), "{ev}");
+    let preempting: Vec<_> = stack
+        .try_events()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.reason_str().contains("Preempted") || e.note_str().contains("Preempted"))
+        .collect();
+    assert!(
+        preempting.is_empty(),
+        "{preempting:#?}\n{}",
+        events_table(&stack).await.unwrap_or_default()
+    );
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         !metrics.contains("automanager_preemptions_total{"),

@@ -13,75 +13,67 @@
 
 use std::time::Duration;
 
+use automanager_api::PriorityBand::{self, Bronze, Gold};
+use automanager_api::{
+    Bundle, ConditionStatus, JobState, Migration, MigrationPhase, MigrationStrategy, PURPOSE_LABEL,
+};
 use automanager_e2e::reliability::{Monitor, manager_state, settle, sim_admin};
 use automanager_e2e::sampler::MaxSampler;
+use automanager_e2e::scenario::{
+    BundleManifest, Conditions, MigrationView, bundle, fixed_pool, job, show,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition, fixed_pool, wait_events};
 use manager_client::proto::KillNodeRequest;
-use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
 const POOL: &str = "rows";
 
-fn bundle(name: &str, replicas: u32, band: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: Bundle
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  pools: [{POOL}]
-{extra}  jobs:
-    - jobName: enc
-      requirements: {{requiredCapacity: 60, requiredCores: 1, priorityBand: {band}}}
-"
-    )
+/// A bundle of `replicas` replicas of one job of 60 in `band`, in the pool.
+fn row_bundle(name: &str, replicas: i32, band: PriorityBand) -> Bundle {
+    bundle(name, replicas, &[POOL], [job("enc", 60, band)])
 }
 
 /// (node, state) of each replica's job, from the Bundle's status.
-async fn replicas(stack: &Stack, name: &str) -> Vec<(String, String)> {
-    let b = stack
-        .get_json(&["bundle", name, "-n", "default"])
-        .await
-        .unwrap();
-    b["status"]["replicas"]
-        .as_array()
-        .into_iter()
-        .flatten()
+fn replicas_of(b: &Bundle) -> Vec<(String, JobState)> {
+    b.status
+        .iter()
+        .flat_map(|s| &s.replicas)
         .map(|r| {
-            let j = &r["jobs"][0];
-            (
-                j["nodeId"].as_str().unwrap_or_default().to_owned(),
-                j["state"].as_str().unwrap_or_default().to_owned(),
-            )
+            r.jobs
+                .first()
+                .map_or((String::new(), JobState::Pending), |j| {
+                    (j.node_id.clone().unwrap_or_default(), j.state)
+                })
         })
         .collect()
 }
 
+/// [`replicas_of`] Bundle `name` now.
+async fn replicas(stack: &Stack, name: &str) -> Vec<(String, JobState)> {
+    replicas_of(&stack.bundle(name).await)
+}
+
 /// The pair's `RebalanceNeeded` condition.
-async fn rebalance_condition(stack: &Stack) -> Result<Value, automanager_e2e::SetupError> {
-    let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
-    Ok(condition(&p, "RebalanceNeeded").clone())
-}
-
-async fn migrations(stack: &Stack) -> Vec<Value> {
+async fn rebalance_condition(stack: &Stack) -> Option<automanager_api::Condition> {
     stack
-        .get_json(&["migrations", "-n", "default"])
+        .bundle("pair")
         .await
-        .unwrap()["items"]
-        .as_array()
+        .condition("RebalanceNeeded")
         .cloned()
-        .unwrap_or_default()
 }
 
-fn running(n: &str) -> (String, String) {
-    (n.to_owned(), "running".to_owned())
+async fn migrations(stack: &Stack) -> Vec<Migration> {
+    stack.list().await
 }
 
-/// A stack with the pair (`pair_extra` added to its spec) on a1 and a2 and the blocker on a3;
-/// then a2 is killed and the pair's replica 1 recovers on b1, and the rebalancer says it waits
-/// for room. The invariant checker runs from the start.
-async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
+fn running(n: &str) -> (String, JobState) {
+    (n.to_owned(), JobState::Running)
+}
+
+/// A stack with `pair` (a two-replica gold bundle) on a1 and a2 and the blocker on a3; then a2
+/// is killed and the pair's replica 1 recovers on b1, and the rebalancer says it waits for
+/// room. The invariant checker runs from the start.
+async fn split_pair(pair: Bundle) -> (Stack, Monitor) {
     let dir = tempfile::tempdir().unwrap();
     let (config, pool) = fixed_pool(
         dir.path(),
@@ -92,25 +84,23 @@ async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
     let stack = Stack::start_custom(&config, &[], |_| {})
         .await
         .expect("stack");
-    apply(&stack, &pool).await;
+    stack.create(&pool).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    apply(&stack, &bundle("pair", 2, "gold", pair_extra)).await;
-    stack
-        .wait_bundle_phase("default", "pair", "Ready", WAIT)
-        .await
-        .unwrap();
-    apply(&stack, &bundle("blocker", 1, "bronze", "")).await;
-    stack
-        .wait_bundle_phase("default", "blocker", "Ready", WAIT)
-        .await
-        .unwrap();
+    stack.create(&pair).await;
+    stack.expect_ready("pair").await;
+    stack.create(&row_bundle("blocker", 1, Bronze)).await;
+    stack.expect_ready("blocker").await;
     assert_eq!(
         replicas(&stack, "pair").await,
         vec![running("a1"), running("a2")]
     );
     assert_eq!(replicas(&stack, "blocker").await, vec![running("a3")]);
-    let c = rebalance_condition(&stack).await.unwrap();
-    assert_eq!(c["reason"], "SoftRulesHold", "{c}");
+    let c = rebalance_condition(&stack).await;
+    assert_eq!(
+        c.as_ref().map(|c| c.reason.as_str()),
+        Some("SoftRulesHold"),
+        "{c:?}"
+    );
 
     // a2 dies: replica 1 recovers on the only node with room, in the other zone.
     sim_admin(&stack.sim_endpoint)
@@ -122,33 +112,32 @@ async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
         .await
         .unwrap();
     stack
-        .wait_for("replica 1 recovered on b1", WAIT, || async {
-            Ok(
-                (replicas(&stack, "pair").await == vec![running("a1"), running("b1")])
-                    .then_some(()),
-            )
+        .wait_until("pair", "to recover replica 1 on b1", |b: &Bundle| {
+            replicas_of(b) == vec![running("a1"), running("b1")]
         })
-        .await
-        .unwrap();
-    let p = stack
-        .wait_for("the rebalancer waits for room", WAIT, || async {
-            let p = stack.get_json(&["bundle", "pair", "-n", "default"]).await?;
-            Ok((condition(&p, "RebalanceNeeded")["reason"] == "WaitingForCapacity").then_some(p))
-        })
-        .await
-        .unwrap();
-    let c = condition(&p, "RebalanceNeeded");
-    assert_eq!(c["status"], "True");
+        .await;
+    let p: Bundle = stack
+        .wait_for_reason("pair", "RebalanceNeeded", "WaitingForCapacity")
+        .await;
+    assert!(p.has_condition("RebalanceNeeded"), "{}", show(&p));
     assert!(
-        c["message"]
-            .as_str()
-            .unwrap()
-            .contains("replica 1 breaks soft rule(s) interSameZone"),
-        "{c}"
+        p.condition_message("RebalanceNeeded")
+            .is_some_and(|m| m.contains("replica 1 breaks soft rule(s) interSameZone")),
+        "{}",
+        show(&p)
     );
+    let broken = p
+        .status
+        .as_ref()
+        .and_then(|s| s.replicas.iter().find(|r| r.replica == 1))
+        .and_then(|r| r.jobs.first())
+        .and_then(|j| j.last_placement.as_ref())
+        .map(|t| t.broken_soft_rules.clone());
     assert_eq!(
-        p["status"]["replicas"][1]["jobs"][0]["lastPlacement"]["brokenSoftRules"],
-        serde_json::json!(["interSameZone"])
+        broken,
+        Some(vec!["interSameZone".to_owned()]),
+        "{}",
+        show(&p)
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
@@ -160,67 +149,58 @@ async fn split_pair(pair_extra: &str) -> (Stack, Monitor) {
 
 /// Room comes back in za: the blocker goes.
 async fn free_a3(stack: &Stack) {
-    let out = stack
-        .env
-        .run_kubectl([
-            "delete",
-            "bundle",
-            "blocker",
-            "-n",
-            "default",
-            "--wait=true",
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    stack.delete::<Bundle>("blocker").await;
 }
 
 /// Replica 1 moves back to a3 by one completed rebalancing Migration; the condition clears.
 async fn assert_moved_back(stack: &Stack) {
     stack
-        .wait_for("replica 1 back in za on a3", WAIT, || async {
-            Ok((replicas(stack, "pair").await == vec![running("a1"), running("a3")]).then_some(()))
-        })
-        .await
-        .unwrap();
+        .wait_until(
+            "pair",
+            "to have replica 1 back in za on a3",
+            |b: &Bundle| replicas_of(b) == vec![running("a1"), running("a3")],
+        )
+        .await;
     let migs = stack
-        .wait_for("the rebalancing Migration completed", WAIT, || async {
-            let m = migrations(stack).await;
-            Ok((m.len() == 1 && m[0]["status"]["phase"] == "Completed").then_some(m))
-        })
-        .await
-        .unwrap();
+        .wait_until_list(
+            "",
+            "the rebalancing Migration completed",
+            |ms: &[Migration]| {
+                (ms.len() == 1 && ms[0].phase() == Some(MigrationPhase::Completed))
+                    .then(|| ms.to_vec())
+            },
+        )
+        .await;
     let mig = &migs[0];
+    let purpose = mig
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(PURPOSE_LABEL))
+        .map(String::as_str);
+    assert_eq!(purpose, Some("rebalance"), "{}", show(mig));
+    assert_eq!(mig.spec.job.replica, 1);
+    assert_eq!(mig.spec.target_node.as_deref(), Some("a3"));
     assert_eq!(
-        mig["metadata"]["labels"]["automanager.norsk.io/purpose"],
-        "rebalance"
-    );
-    assert_eq!(mig["spec"]["job"]["replica"], 1);
-    assert_eq!(mig["spec"]["targetNode"], "a3");
-    assert_eq!(
-        mig["status"]["strategy"], "stopThenStart",
+        mig.strategy(),
+        Some(MigrationStrategy::StopThenStart),
         "the job declares nothing: its declared strategy is the default"
     );
     stack
-        .wait_for("RebalanceNeeded cleared", WAIT, || async {
-            let c = rebalance_condition(stack).await?;
-            Ok((c["status"] == "False" && c["reason"] == "SoftRulesHold").then_some(()))
+        .wait_until("pair", "to clear RebalanceNeeded", |b: &Bundle| {
+            b.condition_status("RebalanceNeeded") == Some(ConditionStatus::False)
+                && b.condition_reason("RebalanceNeeded") == Some("SoftRulesHold")
         })
-        .await
-        .unwrap();
+        .await;
     let m = manager_state(&stack.sim_endpoint).await.unwrap();
     let zones: Vec<String> = ["a1", "a3"]
         .iter()
         .map(|n| m.zone_of(n).unwrap_or_default().to_owned())
         .collect();
     assert_eq!(zones, vec!["za", "za"]);
-    wait_events(
-        stack,
-        &[&|l: &str| {
-            l.starts_with("pair") && l.contains("RebalanceStarted") && l.contains("from b1 to a3")
-        }],
-    )
-    .await;
+    stack
+        .expect_event("pair", "RebalanceStarted", &["from b1 to a3"])
+        .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains("automanager_rebalances_total 1"),
@@ -240,7 +220,7 @@ async fn finish(stack: &Stack, monitor: Monitor, scenario: &str) {
 
 #[tokio::test]
 async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() {
-    let (stack, monitor) = split_pair("  rebalance: true\n").await;
+    let (stack, monitor) = split_pair(row_bundle("pair", 2, Gold).rebalancing()).await;
     let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
         .await
         .unwrap();
@@ -257,27 +237,29 @@ async fn rebalance_restores_same_zone_once_capacity_returns_within_the_budget() 
 
 #[tokio::test]
 async fn a_rebalance_waits_for_the_disruption_budget() {
-    let (stack, monitor) =
-        split_pair("  rebalance: true\n  disruption: {maxUnavailableReplicas: 0}\n").await;
+    let (stack, monitor) = split_pair(
+        row_bundle("pair", 2, Gold)
+            .rebalancing()
+            .disruption_budget(0),
+    )
+    .await;
     let sampler = MaxSampler::replicas_down(&stack.sim_endpoint, "default.pair", 2, "enc")
         .await
         .unwrap();
     free_a3(&stack).await;
     // The move is asked for, and waits: a budget of 0 allows no voluntary action.
     let mig = stack
-        .wait_for(
+        .wait_until_list(
+            "",
             "the rebalancing Migration waits for the budget",
-            WAIT,
-            || async {
-                let m = migrations(&stack).await;
-                Ok(m.first()
-                    .filter(|m| condition(m, "Queued")["reason"] == "DisruptionBudget")
-                    .cloned())
+            |ms: &[Migration]| {
+                ms.first()
+                    .filter(|m| m.condition_reason("Queued") == Some("DisruptionBudget"))
+                    .cloned()
             },
         )
-        .await
-        .unwrap();
-    assert_eq!(mig["status"]["phase"], "Pending");
+        .await;
+    assert_eq!(mig.phase(), Some(MigrationPhase::Pending), "{}", show(&mig));
     // Longer than the bundle's look-again interval while it would rebalance (10 s), so the
     // rebalancer looks again while the Migration waits.
     tokio::time::sleep(Duration::from_secs(12)).await;
@@ -287,28 +269,22 @@ async fn a_rebalance_waits_for_the_disruption_budget() {
         vec![running("a1"), running("b1")],
         "nothing moved while the budget says no"
     );
-    let c = rebalance_condition(&stack).await.unwrap();
-    assert_eq!(c["reason"], "MigrationInProgress", "{c}");
+    let c = rebalance_condition(&stack).await;
+    assert_eq!(
+        c.as_ref().map(|c| c.reason.as_str()),
+        Some("MigrationInProgress"),
+        "{c:?}"
+    );
     let (worst, _) = sampler.stop().await;
     assert_eq!(worst, 0, "no replica went down while the budget was 0");
 
     // The budget is raised: the move goes on.
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "bundle",
+    stack
+        .merge_patch::<Bundle>(
             "pair",
-            "-n",
-            "default",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"disruption":{"maxUnavailableReplicas":1}}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+            &serde_json::json!({"spec": {"disruption": {"maxUnavailableReplicas": 1}}}),
+        )
+        .await;
     assert_moved_back(&stack).await;
     finish(&stack, monitor, "fleet-rebalance-budget").await;
 }

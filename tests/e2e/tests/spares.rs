@@ -4,80 +4,84 @@
 
 use std::time::Duration;
 
-use automanager_e2e::examples_dir;
+use automanager_api::PriorityBand::Gold;
+use automanager_api::{
+    Bundle, ConditionStatus, HotSpareTarget, JobState, ManagerNode, NodeState, PlacementPool,
+};
+use automanager_e2e::apply_example_pools;
+use automanager_e2e::scenario::{
+    BundleView, Conditions, EventView, JobManifest, PATIENCE, bundle, job, show, spare_target,
+};
 use automanager_e2e::stack::Stack;
-use automanager_e2e::{apply, condition};
-
-const WAIT: Duration = Duration::from_secs(90);
-
-fn spare_target(
-    name: &str,
-    pool: &str,
-    count: u32,
-    band: Option<&str>,
-    instance_type: &str,
-    region: &str,
-) -> String {
-    let band = band
-        .map(|b| format!("  forBand: {b}\n"))
-        .unwrap_or_default();
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: HotSpareTarget\nmetadata: {{name: {name}}}\nspec:\n  pool: {pool}\n  targetCount: {count}\n{band}  spec: {{instanceType: {instance_type}, region: {region}}}\n"
-    )
-}
 
 async fn start() -> Stack {
     let stack = Stack::start().await.expect("stack");
-    let out = stack
-        .env
-        .apply_file(examples_dir().join("pools.yaml"))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
+    apply_example_pools(&stack).await.unwrap();
     stack
 }
 
-/// Spare ManagerNodes of `pool` that are started and hold no job.
-async fn live_spare_nodes(stack: &Stack, pool: &str) -> Vec<String> {
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    nodes["items"]
-        .as_array()
-        .unwrap()
+/// The ids of the spare ManagerNodes of `pool` that are started and hold no job.
+fn live_spares(nodes: &[ManagerNode], pool: &str) -> Vec<String> {
+    nodes
         .iter()
-        .filter(|n| {
-            n["status"]["pool"] == pool
-                && n["status"]["spare"] == true
-                && n["status"]["state"] == "started"
-        })
-        .filter_map(|n| n["status"]["nodeId"].as_str().map(str::to_owned))
+        .filter_map(|n| n.status.as_ref())
+        .filter(|s| s.pool == pool && s.spare && s.state == NodeState::Started)
+        .map(|s| s.node_id.clone())
         .collect()
+}
+
+/// [`live_spares`] of the nodes now.
+async fn live_spare_nodes(stack: &Stack, pool: &str) -> Vec<String> {
+    live_spares(&stack.nodes().await, pool)
+}
+
+/// How many ManagerNodes belong to `pool`.
+fn nodes_in(nodes: &[ManagerNode], pool: &str) -> usize {
+    nodes
+        .iter()
+        .filter(|n| n.status.as_ref().is_some_and(|s| s.pool == pool))
+        .count()
+}
+
+fn live_count(t: &HotSpareTarget) -> Option<i32> {
+    t.status.as_ref().map(|s| s.live_spares)
 }
 
 #[tokio::test]
 async fn spares_are_provisioned_to_target_and_the_oldest_excess_is_terminated() {
     let stack = start().await;
-    apply(
-        &stack,
-        &spare_target("east", "aws-east", 2, None, "m5.xlarge", "eu-west-1"),
-    )
-    .await;
+    stack
+        .create(&spare_target(
+            "east",
+            "aws-east",
+            2,
+            "m5.xlarge",
+            "eu-west-1",
+        ))
+        .await;
     let t = stack
-        .wait_for("two live spares", WAIT, || async {
-            let t = stack.get_json(&["hotsparetarget", "east"]).await?;
-            Ok((t["status"]["liveSpares"] == 2).then_some(t))
+        .wait_until("east", "to have two live spares", |t: &HotSpareTarget| {
+            live_count(t) == Some(2)
         })
-        .await
-        .unwrap();
-    assert_eq!(condition(&t, "SpareUnderflow")["status"], "False", "{t:#}");
+        .await;
+    assert_eq!(
+        t.condition_status("SpareUnderflow"),
+        Some(ConditionStatus::False),
+        "{}",
+        show(&t)
+    );
     stack
         .wait_for(
             "two spare ManagerNodes and the pool's figures",
-            WAIT,
+            PATIENCE,
             || async {
-                let pool = stack.get_json(&["placementpool", "aws-east"]).await?;
-                let ok = live_spare_nodes(&stack, "aws-east").await.len() == 2
-                    && pool["status"]["liveSpares"] == 2
-                    && pool["status"]["spareTarget"] == 2;
+                let pool: PlacementPool = stack.try_get("aws-east").await?;
+                let nodes = stack.try_list::<ManagerNode>("").await?;
+                let ok = live_spares(&nodes, "aws-east").len() == 2
+                    && pool
+                        .status
+                        .as_ref()
+                        .is_some_and(|s| s.live_spares == 2 && s.spare_target == 2);
                 Ok(ok.then_some(()))
             },
         )
@@ -86,27 +90,14 @@ async fn spares_are_provisioned_to_target_and_the_oldest_excess_is_terminated() 
     let mut before = live_spare_nodes(&stack, "aws-east").await;
     before.sort();
 
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "hotsparetarget",
-            "east",
-            "--type",
-            "merge",
-            "-p",
-            r#"{"spec":{"targetCount":1}}"#,
-        ])
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
     stack
-        .wait_for("one live spare", WAIT, || async {
-            let live = live_spare_nodes(&stack, "aws-east").await;
-            Ok((live.len() == 1).then_some(live))
+        .merge_patch::<HotSpareTarget>("east", &serde_json::json!({"spec": {"targetCount": 1}}))
+        .await;
+    stack
+        .wait_until_list("", "one live spare", |nodes: &[ManagerNode]| {
+            (live_spares(nodes, "aws-east").len() == 1).then_some(())
         })
-        .await
-        .unwrap();
+        .await;
     // The sim numbers nodes in creation order: the older (first) spare went.
     let after = live_spare_nodes(&stack, "aws-east").await;
     assert_eq!(
@@ -119,109 +110,90 @@ async fn spares_are_provisioned_to_target_and_the_oldest_excess_is_terminated() 
 #[tokio::test]
 async fn a_gold_recovery_takes_a_spare_which_is_then_replaced() {
     let stack = start().await;
-    apply(
-        &stack,
-        &spare_target(
-            "gold-east",
-            "aws-east",
-            1,
-            Some("gold"),
-            "m5.xlarge",
-            "eu-west-1",
-        ),
-    )
-    .await;
+    let mut target = spare_target("gold-east", "aws-east", 1, "m5.xlarge", "eu-west-1");
+    target.spec.for_band = Some(Gold);
+    stack.create(&target).await;
     // The target's count and the ManagerNode mirror are written by different controllers:
     // wait for both before reading which node is the spare.
     let spare = stack
-        .wait_for("one live gold spare", WAIT, || async {
-            let t = stack.get_json(&["hotsparetarget", "gold-east"]).await?;
-            let live = live_spare_nodes(&stack, "aws-east").await;
-            Ok((t["status"]["liveSpares"] == 1 && live.len() == 1).then(|| live[0].clone()))
+        .wait_for("one live gold spare", PATIENCE, || async {
+            let t: HotSpareTarget = stack.try_get("gold-east").await?;
+            let live = live_spares(&stack.try_list::<ManagerNode>("").await?, "aws-east");
+            Ok((live_count(&t) == Some(1) && live.len() == 1).then(|| live[0].clone()))
         })
         .await
         .unwrap();
 
     // A first placement never lands on a spare: the gold job gets an ordinary node.
-    apply(
-        &stack,
-        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: news, namespace: default}\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {requiredCapacity: 20, requiredCores: 2, priorityBand: gold}\n",
-    )
-    .await;
-    let b = stack
-        .wait_bundle_phase("default", "news", "Ready", WAIT)
-        .await
-        .unwrap();
-    let first = b["status"]["replicas"][0]["jobs"][0]["nodeId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    stack
+        .create(&bundle(
+            "news",
+            1,
+            &["aws-east"],
+            [job("enc", 20, Gold).cores(2)],
+        ))
+        .await;
+    let b = stack.expect_ready("news").await;
+    let first = b.node_of(0, "enc").unwrap().to_owned();
     assert_ne!(first, spare, "first placements must not use spares");
 
     // Its node dies: gold recovery prefers the hot spare.
     stack.chaos(&["kill-node", &first]).unwrap();
     let b = stack
-        .wait_for("gold job restarted on the spare", WAIT, || async {
-            let b = stack.get_json(&["bundle", "news", "-n", "default"]).await?;
-            let j = &b["status"]["replicas"][0]["jobs"][0];
-            Ok((j["state"] == "running" && j["nodeId"] != first.as_str()).then_some(b))
-        })
-        .await
-        .unwrap();
-    assert_eq!(
-        b["status"]["replicas"][0]["jobs"][0]["nodeId"],
-        spare.as_str(),
-        "{b:#}"
-    );
-    assert_eq!(
-        b["status"]["replicas"][0]["jobs"][0]["lastPlacement"]["recovery"],
-        true
-    );
+        .wait_until(
+            "news",
+            "to restart its gold job off the dead node",
+            |b: &Bundle| {
+                b.state_of(0, "enc") == Some(JobState::Running)
+                    && b.node_of(0, "enc") != Some(first.as_str())
+            },
+        )
+        .await;
+    assert_eq!(b.node_of(0, "enc"), Some(spare.as_str()), "{}", show(&b));
+    let recovery = b
+        .job(0, "enc")
+        .and_then(|j| j.last_placement.as_ref())
+        .map(|t| t.recovery);
+    assert_eq!(recovery, Some(true), "{}", show(&b));
 
     // The spare that took the job is no longer a spare: a replacement comes up.
     stack
-        .wait_for("a replacement spare", WAIT, || async {
-            let live = live_spare_nodes(&stack, "aws-east").await;
-            Ok((live.len() == 1 && live[0] != spare).then_some(()))
+        .wait_until_list("", "a replacement spare", |nodes: &[ManagerNode]| {
+            let live = live_spares(nodes, "aws-east");
+            (live.len() == 1 && live[0] != spare).then_some(())
         })
-        .await
-        .unwrap();
-    let events = stack
-        .env
-        .run_kubectl(["get", "events", "-A", "-o", "custom-columns=REASON:.reason"])
-        .await
-        .unwrap();
-    assert!(
-        events.stdout.contains("SpareUnderflow") || events.stdout.contains("ProvisioningSpare"),
-        "{}",
-        events.stdout
-    );
+        .await;
+    stack
+        .wait_for_event("a SpareUnderflow or ProvisioningSpare Event", |e| {
+            matches!(e.reason_str(), "SpareUnderflow" | "ProvisioningSpare")
+        })
+        .await;
 }
 
 #[tokio::test]
 async fn a_fixed_pool_only_reports_underflow() {
     let stack = start().await;
-    apply(
-        &stack,
-        &spare_target("onprem-spares", "onprem", 1, None, "r740", "oslo-dc1"),
-    )
-    .await;
-    let t = stack
-        .wait_for("underflow reported", WAIT, || async {
-            let t = stack.get_json(&["hotsparetarget", "onprem-spares"]).await?;
-            Ok((condition(&t, "SpareUnderflow")["status"] == "True").then_some(t))
-        })
-        .await
-        .unwrap();
+    stack
+        .create(&spare_target(
+            "onprem-spares",
+            "onprem",
+            1,
+            "r740",
+            "oslo-dc1",
+        ))
+        .await;
+    let t: HotSpareTarget = stack
+        .wait_for_condition("onprem-spares", "SpareUnderflow", ConditionStatus::True)
+        .await;
+    let status = t.status.as_ref().unwrap();
     assert_eq!(
-        t["status"]["pendingSpares"], 0,
-        "a fixed pool never provisions: {t:#}"
+        status.pending_spares,
+        0,
+        "a fixed pool never provisions: {}",
+        show(&t)
     );
-    assert!(t["status"]["underflowSince"].is_string());
-    let msg = condition(&t, "SpareUnderflow")["message"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    assert!(status.underflow_since.is_some(), "{}", show(&t));
+    let msg = t.condition_message("SpareUnderflow").unwrap();
     assert!(
         msg.contains("onprem") && msg.contains('0') && msg.contains('1'),
         "pool, current and target in: {msg}"
@@ -229,18 +201,11 @@ async fn a_fixed_pool_only_reports_underflow() {
     // The ManagerNode mirror writes statuses at its own pace: wait until it shows the fixed
     // pool's three nodes, then check there is no fourth.
     let onprem = stack
-        .wait_for("the on-prem ManagerNodes", WAIT, || async {
-            let nodes = stack.get_json(&["managernodes"]).await?;
-            let n = nodes["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|n| n["status"]["pool"] == "onprem")
-                .count();
-            Ok((n >= 3).then_some(n))
+        .wait_until_list("", "the on-prem ManagerNodes", |nodes: &[ManagerNode]| {
+            let n = nodes_in(nodes, "onprem");
+            (n >= 3).then_some(n)
         })
-        .await
-        .unwrap();
+        .await;
     assert_eq!(onprem, 3, "no node was created in the fixed pool");
 }
 
@@ -248,58 +213,41 @@ async fn a_fixed_pool_only_reports_underflow() {
 async fn a_spare_target_beyond_max_nodes_stops_at_the_bound_and_says_so() {
     let stack = start().await;
     // aws-west has maxNodes 20 (examples/pools.yaml).
-    apply(
-        &stack,
-        &spare_target("lots", "aws-west", 1000, None, "m5.xlarge", "us-west-2"),
-    )
-    .await;
-    let t = stack
-        .wait_for("the target to say it cannot be met", WAIT, || async {
-            let t = stack.get_json(&["hotsparetarget", "lots"]).await?;
-            Ok((condition(&t, "Stalled")["reason"] == "PoolAtMaxNodes").then_some(t))
-        })
-        .await
-        .unwrap();
-    assert_eq!(condition(&t, "Stalled")["status"], "True", "{t:#}");
-    assert_eq!(condition(&t, "Ready")["status"], "False", "{t:#}");
-    assert_eq!(condition(&t, "SpareUnderflow")["status"], "True", "{t:#}");
-    let west_nodes = |nodes: &serde_json::Value| {
-        nodes["items"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter(|n| n["status"]["pool"] == "aws-west")
-                    .count()
-            })
-            .unwrap_or(0)
-    };
     stack
-        .wait_for("the pool to fill to its bound", WAIT, || async {
-            let nodes = stack.get_json(&["managernodes"]).await?;
-            Ok((west_nodes(&nodes) == 20).then_some(()))
-        })
-        .await
-        .unwrap();
+        .create(&spare_target(
+            "lots",
+            "aws-west",
+            1000,
+            "m5.xlarge",
+            "us-west-2",
+        ))
+        .await;
+    let t: HotSpareTarget = stack
+        .wait_for_reason("lots", "Stalled", "PoolAtMaxNodes")
+        .await;
+    assert!(t.has_condition("Stalled"), "{}", show(&t));
+    assert_eq!(
+        t.condition_status("Ready"),
+        Some(ConditionStatus::False),
+        "{}",
+        show(&t)
+    );
+    assert!(t.has_condition("SpareUnderflow"), "{}", show(&t));
+    stack
+        .wait_until_list(
+            "",
+            "the pool to fill to its bound",
+            |nodes: &[ManagerNode]| (nodes_in(nodes, "aws-west") == 20).then_some(()),
+        )
+        .await;
     // Nothing beyond the bound arrives later.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
-    assert_eq!(west_nodes(&nodes), 20);
-    let events = stack
-        .env
-        .run_kubectl([
-            "get",
-            "events.events.k8s.io",
-            "-A",
-            "-o",
-            "custom-columns=REASON:.reason",
-        ])
-        .await
-        .unwrap();
-    assert!(
-        events.stdout.contains("SpareTargetUnreachable"),
-        "{}",
-        events.stdout
-    );
+    assert_eq!(nodes_in(&stack.nodes().await, "aws-west"), 20);
+    stack
+        .wait_for_event("a SpareTargetUnreachable Event", |e| {
+            e.reason_str() == "SpareTargetUnreachable"
+        })
+        .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.lines().any(|l| l
