@@ -6,7 +6,6 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::LeaseSpec;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -45,14 +44,14 @@ impl HttpTarget {
         let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
             let (host, after) = v6.split_once(']').ok_or_else(bad)?;
             match after.strip_prefix(':') {
-                Some(p) => (host, p.parse().map_err(|_| bad())?),
-                None if after.is_empty() => (host, 80),
+                Some(p) => (host, p.parse::<u16>().map_err(|_| bad())?),
+                None if after.is_empty() => (host, 80u16),
                 None => return Err(bad()),
             }
         } else {
             match authority.rsplit_once(':') {
-                Some((h, p)) => (h, p.parse().map_err(|_| bad())?),
-                None => (authority, 80),
+                Some((h, p)) => (h, p.parse::<u16>().map_err(|_| bad())?),
+                None => (authority, 80u16),
             }
         };
         if host.is_empty() || host.contains(['@', ' ']) || port == 0 {
@@ -84,12 +83,12 @@ pub fn status_code(response: &str) -> Option<u16> {
     words.next()?.parse().ok()
 }
 
-/// Whether `spec` says a Pod whose name starts with `holder_prefix` holds the Lease at `now`:
-/// the holder's name, or why not.
+/// Whether `spec` says a Pod whose name starts with `holder_prefix` holds the Lease at
+/// `now_secs` (Unix seconds): the holder's name, or why not.
 pub fn lease_holder(
     spec: Option<&LeaseSpec>,
     holder_prefix: &str,
-    now: DateTime<Utc>,
+    now_secs: i64,
 ) -> Result<String, String> {
     let spec = spec.ok_or("it has no spec yet")?;
     let holder = spec
@@ -106,11 +105,15 @@ pub fn lease_holder(
         .renew_time
         .as_ref()
         .or(spec.acquire_time.as_ref())
-        .ok_or_else(|| format!("held by {holder}, never renewed"))?;
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    let expires = renewed.0 + chrono::Duration::seconds(duration);
-    if expires < now {
-        return Err(format!("held by {holder}, expired at {expires}"));
+        .ok_or_else(|| format!("held by {holder}, never renewed"))?
+        .0
+        .as_second();
+    let expires = renewed.saturating_add(i64::from(spec.lease_duration_seconds.unwrap_or(0)));
+    if expires < now_secs {
+        return Err(format!(
+            "held by {holder}, expired {}s ago",
+            now_secs - expires
+        ));
     }
     Ok(holder.to_owned())
 }
@@ -180,10 +183,12 @@ pub async fn lease(
         reason,
     };
     let object = api.get(name).await.map_err(|e| err(e.to_string()))?;
-    lease_holder(object.spec.as_ref(), holder_prefix, Utc::now()).map_err(err)
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    lease_holder(object.spec.as_ref(), holder_prefix, now).map_err(err)
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -223,11 +228,14 @@ mod tests {
         assert_eq!(status_code(""), None);
     }
 
+    const NOW: i64 = 1_800_000_000;
+
     fn spec(holder: Option<&str>, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
-        let now = Utc::now();
         LeaseSpec {
             holder_identity: holder.map(str::to_owned),
-            renew_time: Some(MicroTime(now - chrono::Duration::seconds(renewed_secs_ago))),
+            renew_time: Some(MicroTime(
+                k8s_openapi::jiff::Timestamp::from_second(NOW - renewed_secs_ago).unwrap(),
+            )),
             lease_duration_seconds: Some(duration),
             ..LeaseSpec::default()
         }
@@ -235,35 +243,34 @@ mod tests {
 
     #[test]
     fn a_lease_counts_only_when_a_pod_of_the_release_holds_it_unexpired() {
-        let now = Utc::now();
+        let prefix = "am-automanager-";
         assert_eq!(
             lease_holder(
                 Some(&spec(Some("am-automanager-7d-x1"), 2, 15)),
-                "am-automanager-",
-                now
+                prefix,
+                NOW
             ),
             Ok("am-automanager-7d-x1".into())
         );
-        assert!(
-            lease_holder(
-                Some(&spec(Some("am-automanager-7d-x1"), 60, 15)),
-                "am-automanager-",
-                now
-            )
-            .unwrap_err()
-            .contains("expired")
+        let expired = lease_holder(
+            Some(&spec(Some("am-automanager-7d-x1"), 60, 15)),
+            prefix,
+            NOW,
         );
+        assert!(expired.unwrap_err().contains("expired 45s ago"));
+        let foreign = lease_holder(Some(&spec(Some("laptop-1234"), 1, 15)), prefix, NOW);
+        assert!(foreign.unwrap_err().contains("not a Pod of this release"));
+        assert!(lease_holder(Some(&spec(None, 1, 15)), prefix, NOW).is_err());
+        assert!(lease_holder(Some(&spec(Some(""), 1, 15)), prefix, NOW).is_err());
+        assert!(lease_holder(None, prefix, NOW).is_err());
+        let never = LeaseSpec {
+            holder_identity: Some("am-automanager-x".into()),
+            ..LeaseSpec::default()
+        };
         assert!(
-            lease_holder(
-                Some(&spec(Some("laptop-1234"), 1, 15)),
-                "am-automanager-",
-                now
-            )
-            .unwrap_err()
-            .contains("not a Pod of this release")
+            lease_holder(Some(&never), prefix, NOW)
+                .unwrap_err()
+                .contains("never renewed")
         );
-        assert!(lease_holder(Some(&spec(None, 1, 15)), "am-", now).is_err());
-        assert!(lease_holder(Some(&spec(Some(""), 1, 15)), "am-", now).is_err());
-        assert!(lease_holder(None, "am-", now).is_err());
     }
 }

@@ -604,6 +604,35 @@ impl Cluster {
         }
     }
 
+    /// Kills Pod `namespace/pod` as a lost machine would: every container's process SIGKILLed
+    /// from the host (nothing released, no shutdown), then the Pod object force-deleted so the
+    /// kubelet does not start it again under the same name; its controller makes a new one.
+    pub async fn kill_pod(&self, namespace: &str, pod: &str) -> Result<(), SetupError> {
+        let p = self.get_json(&["pod", pod, "-n", namespace]).await?;
+        let containers: Vec<String> = p["status"]["containerStatuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| !c["state"]["running"].is_null())
+            .filter_map(|c| c["name"].as_str().map(str::to_owned))
+            .collect();
+        for c in &containers {
+            self.kill_container(namespace, pod, c).await?;
+        }
+        self.kubectl_ok(&[
+            "delete",
+            "pod",
+            pod,
+            "-n",
+            namespace,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ])
+        .await?;
+        Ok(())
+    }
+
     /// `kubectl port-forward -n NAMESPACE TARGET LOCAL:REMOTE` through the apiserver and the
     /// kubelet, on a free local port; stopped when the returned handle is dropped.
     pub async fn port_forward(
