@@ -30,12 +30,16 @@ fi
 
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+# cargo-cyclonedx writes one document beside the Cargo.toml of every workspace member; the two
+# the image needs are moved out and the others removed, also on failure.
+name=automanager-sbom-tmp
+cleanup() { find "$repo/crates" "$repo/tests" -maxdepth 2 -name "$name.json" -delete 2>/dev/null || true; }
+trap cleanup EXIT
+cleanup
+(cd "$repo" && "${tool[@]}" --manifest-path Cargo.toml --format json --spec-version 1.5 --all \
+  --no-build-deps --target x86_64-unknown-linux-gnu --override-filename "$name" -q) >&2
 for crate in operator:automanager-operator manager-sim:manager-sim; do
-  dir=${crate%%:*} name=${crate#*:}
-  # cargo-cyclonedx writes beside the crate's Cargo.toml; the file is moved out at once.
-  (cd "$repo" && "${tool[@]}" --manifest-path "crates/$dir/Cargo.toml" --format json \
-    --spec-version 1.5 --describe crate --target x86_64-unknown-linux-gnu \
-    --override-filename "$name.sbom-tmp" -q) >&2
-  mv "$repo/crates/$dir/$name.sbom-tmp.json" "$out/$name.cdx.json"
-  say "$out/$name.cdx.json"
+  dir=${crate%%:*} bin=${crate#*:}
+  mv "$repo/crates/$dir/$name.json" "$out/$bin.cdx.json"
+  say "$out/$bin.cdx.json"
 done
