@@ -120,6 +120,9 @@ func run(out, name, entrypoint, user, createdText string, files, data, labels []
 	cfg.Config.Entrypoint = []string{entrypoint}
 	cfg.Config.Cmd = nil
 	cfg.Config.WorkingDir = "/"
+	// What docker build (BuildKit) gives an image FROM scratch, so the Dockerfile's image and
+	// this one have the same config.
+	cfg.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cfg.Config.Labels = labelMap
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
