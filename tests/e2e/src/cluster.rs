@@ -725,7 +725,7 @@ impl Drop for Cluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        if !status.is_ok_and(|s| s.success()) {
+        if !status.as_ref().is_ok_and(|s| s.success()) {
             eprintln!(
                 "[cluster] tools/node/down.sh --dir {} failed: {status:?}",
                 self.node_dir.display()
