@@ -458,18 +458,16 @@ async fn the_chart_on_a_real_node_from_a_registry() {
             "release {who} wrote {n} × {resource} in {namespace}: {by:#?}"
         );
     }
-    assert!(
-        by.contains_key(&("a", "managernodes", "<cluster>")),
-        "{by:#?}"
-    );
-    assert!(
-        by.contains_key(&("b", "bundles/status", WATCHED_B)),
-        "{by:#?}"
-    );
-    assert!(
-        by.contains_key(&("a", "bundles/status", "default")),
-        "{by:#?}"
-    );
+    for (who, resource, namespace) in [
+        ("a", "managernodes", "<cluster>"),
+        ("a", "bundles/status", "default"),
+        ("b", "bundles/status", WATCHED_B),
+    ] {
+        assert!(
+            by.contains_key(&(who, resource.to_owned(), namespace)),
+            "release {who} never wrote {resource} in {namespace}: {by:#?}"
+        );
+    }
 
     // 7. The aggregated ClusterRoles (kube-controller-manager aggregates them).
     c.kubectl_ok(&[
