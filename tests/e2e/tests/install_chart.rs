@@ -37,7 +37,7 @@ const ALL_ON: &[&str] = &[
     "--set",
     "commonLabels.team=video",
     "--set",
-    "extraArgs[0]=--log-format=text",
+    "extraArgs[0]=--manager-token-file=/var/run/secrets/vault/token",
     "--set",
     "extraEnv[0].name=HTTPS_PROXY",
     "--set",
