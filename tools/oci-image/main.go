@@ -7,10 +7,12 @@
 // Usage:
 //
 //	oci-image --out IMAGE.oci.tar --name REPOSITORY:TAG --file SRC=/DEST [--file ...]
-//	          --entrypoint /DEST --user UID:GID [--label KEY=VALUE ...] [--created RFC3339]
+//	          [--data SRC=/DIR/NAME ...] --entrypoint /DEST --user UID:GID [--label KEY=VALUE ...]
+//	          [--created RFC3339]
 //
-// Every file must be a statically linked ELF executable (the image has no libc and no loader);
-// anything else is refused. The layout's index names the image twice: the tag as
+// Every --file must be a statically linked ELF executable (the image has no libc and no
+// loader); anything else is refused. A --data file (the SBOM) is put in read-only (0644), in its
+// directory. The layout's index names the image twice: the tag as
 // org.opencontainers.image.ref.name (OCI) and the full name as io.containerd.image.name (what
 // `ctr images import`, and so `kind load image-archive`, uses).
 package main
@@ -44,22 +46,23 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
 func main() {
-	var files, labels multi
+	var files, data, labels multi
 	out := flag.String("out", "", "the OCI archive to write")
 	name := flag.String("name", "", "the image's name, REPOSITORY:TAG, e.g. ghcr.io/norskvideo/automanager-operator:0.1.0")
 	entrypoint := flag.String("entrypoint", "", "the entrypoint, an absolute path inside the image")
 	user := flag.String("user", "", "numeric UID:GID the process runs as (non-root)")
 	created := flag.String("created", "1970-01-01T00:00:00Z", "the image's creation time (RFC 3339); fixed so builds are reproducible")
 	flag.Var(&files, "file", "SRC=/DEST: a file to put in the image (mode 0755), repeatable")
+	flag.Var(&data, "data", "SRC=/DIR/NAME: a data file to put in the image (mode 0644), repeatable")
 	flag.Var(&labels, "label", "KEY=VALUE: an image label, repeatable")
 	flag.Parse()
-	if err := run(*out, *name, *entrypoint, *user, *created, files, labels); err != nil {
+	if err := run(*out, *name, *entrypoint, *user, *created, files, data, labels); err != nil {
 		fmt.Fprintf(os.Stderr, "oci-image: %v\n", err)
 		os.Exit(2)
 	}
 }
 
-func run(out, name, entrypoint, user, createdText string, files, labels []string) error {
+func run(out, name, entrypoint, user, createdText string, files, data, labels []string) error {
 	if out == "" || name == "" || entrypoint == "" || len(files) == 0 {
 		return fmt.Errorf("--out, --name, --entrypoint and at least one --file are required")
 	}
@@ -83,7 +86,7 @@ func run(out, name, entrypoint, user, createdText string, files, labels []string
 		}
 		labelMap[k] = v
 	}
-	layerTar, dests, err := layerTar(files, created)
+	layerTar, dests, err := layerTar(files, data, created)
 	if err != nil {
 		return err
 	}
@@ -117,6 +120,9 @@ func run(out, name, entrypoint, user, createdText string, files, labels []string
 	cfg.Config.Entrypoint = []string{entrypoint}
 	cfg.Config.Cmd = nil
 	cfg.Config.WorkingDir = "/"
+	// What docker build (BuildKit) gives an image FROM scratch, so the Dockerfile's image and
+	// this one have the same config.
+	cfg.Config.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	cfg.Config.Labels = labelMap
 	img, err = mutate.ConfigFile(img, cfg)
 	if err != nil {
@@ -148,35 +154,64 @@ func checkUser(user string) error {
 	return nil
 }
 
-// layerTar is the single layer: each file at its destination, owned by root, mode 0755 (the
-// runtime user can run it, not change it), with the fixed time.
-func layerTar(files []string, created time.Time) ([]byte, map[string]bool, error) {
+// layerTar is the single layer: each executable at its destination, owned by root, mode 0755
+// (the runtime user can run it, not change it), each data file 0644 in its directory (0755),
+// with the fixed time.
+func layerTar(files, data []string, created time.Time) ([]byte, map[string]bool, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
 	dests := map[string]bool{}
+	dirs := map[string]bool{}
+	put := func(flagName, src, dest string, mode int64, check bool) error {
+		body, err := os.ReadFile(src)
+		if err != nil {
+			return fmt.Errorf("--%s %s: %w", flagName, src, err)
+		}
+		if check {
+			if err := checkStatic(src, body); err != nil {
+				return err
+			}
+		}
+		if dir := filepath.Dir(dest); dir != "/" && !dirs[dir] {
+			hdr := &tar.Header{
+				Typeflag: tar.TypeDir, Name: dir[1:] + "/", Mode: 0o755,
+				ModTime: created, Format: tar.FormatPAX,
+			}
+			if err := tw.WriteHeader(hdr); err != nil {
+				return err
+			}
+			dirs[dir] = true
+		}
+		hdr := &tar.Header{
+			Typeflag: tar.TypeReg, Name: dest[1:], Mode: mode, Size: int64(len(body)),
+			ModTime: created, Uid: 0, Gid: 0, Format: tar.FormatPAX,
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if _, err := tw.Write(body); err != nil {
+			return err
+		}
+		dests[dest] = true
+		return nil
+	}
 	for _, f := range files {
 		src, dest, ok := strings.Cut(f, "=")
 		if !ok || !strings.HasPrefix(dest, "/") || strings.Contains(dest[1:], "/") {
 			return nil, nil, fmt.Errorf("--file %q: want SRC=/NAME (a file at the image's root)", f)
 		}
-		body, err := os.ReadFile(src)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--file %s: %w", src, err)
-		}
-		if err := checkStatic(src, body); err != nil {
+		if err := put("file", src, dest, 0o755, true); err != nil {
 			return nil, nil, err
 		}
-		hdr := &tar.Header{
-			Typeflag: tar.TypeReg, Name: dest[1:], Mode: 0o755, Size: int64(len(body)),
-			ModTime: created, Uid: 0, Gid: 0, Format: tar.FormatPAX,
+	}
+	for _, f := range data {
+		src, dest, ok := strings.Cut(f, "=")
+		if !ok || !strings.HasPrefix(dest, "/") || strings.Count(dest, "/") != 2 || strings.Contains(dest, "..") {
+			return nil, nil, fmt.Errorf("--data %q: want SRC=/DIR/NAME", f)
 		}
-		if err := tw.WriteHeader(hdr); err != nil {
+		if err := put("data", src, dest, 0o644, false); err != nil {
 			return nil, nil, err
 		}
-		if _, err := tw.Write(body); err != nil {
-			return nil, nil, err
-		}
-		dests[dest] = true
 	}
 	if err := tw.Close(); err != nil {
 		return nil, nil, err

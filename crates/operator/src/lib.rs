@@ -16,6 +16,7 @@ pub mod lean;
 pub use automanager_mapping as mapping;
 pub mod metrics;
 pub mod model;
+pub mod probe;
 pub mod runtime;
 pub mod settings;
 pub mod state;

@@ -20,6 +20,11 @@ pub const RELEASE_NAMESPACE: &str = "automanager-system";
 pub const RELEASE: &str = "am";
 /// The chart's full name for [`RELEASE`]: the name of its ServiceAccount, roles and Lease.
 pub const FULLNAME: &str = "am-automanager";
+/// The one value the chart requires (no image is published for anyone): the suites' image.
+pub const IMAGE_VALUES: &[&str] = &[
+    "--set",
+    "image.repository=registry.example.com/automanager-operator",
+];
 
 /// The path of a tool of `tools/<name>`, built (and cached outside the checkout) by
 /// `tools/go-tool.sh` if it is not yet; `make install-tools` builds them all up front.
@@ -117,7 +122,8 @@ impl Helm {
         run(cmd, None)
     }
 
-    /// `helm template am CHART -n automanager-system ARGS...`; fails on an error.
+    /// `helm template am CHART -n automanager-system` with [`IMAGE_VALUES`], then `ARGS...`;
+    /// fails on an error.
     pub fn template(&self, chart: &Path, args: &[&str]) -> Result<String, SetupError> {
         let mut all: Vec<&OsStr> = vec![
             OsStr::new("template"),
@@ -126,6 +132,7 @@ impl Helm {
             OsStr::new("--namespace"),
             OsStr::new(RELEASE_NAMESPACE),
         ];
+        all.extend(IMAGE_VALUES.iter().map(OsStr::new));
         all.extend(args.iter().map(OsStr::new));
         let out = self.run(all)?;
         if !out.success() {

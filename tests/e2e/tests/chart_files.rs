@@ -105,3 +105,69 @@ fn every_value_is_documented() {
         "values without a comment: {undocumented:#?}"
     );
 }
+
+/// The alerts, the dashboard and the user roles have one source each in deploy/; the chart
+/// carries copies (a chart can read only its own files), written by `make chart-files`.
+#[test]
+fn the_charts_alerts_dashboard_and_user_roles_are_those_of_deploy() {
+    for (copy, source) in [
+        (
+            "files/prometheus/rules.yaml",
+            "deploy/prometheus/rules.yaml",
+        ),
+        (
+            "files/grafana/automanager.json",
+            "deploy/grafana/automanager.json",
+        ),
+        ("files/user-roles.yaml", "deploy/rbac/user-roles.yaml"),
+    ] {
+        let copy_text = std::fs::read_to_string(chart_dir().join(copy)).unwrap();
+        let source_text = std::fs::read_to_string(repo_root().join(source)).unwrap();
+        assert!(
+            copy_text == source_text,
+            "{copy} differs from {source}: run `make chart-files`"
+        );
+    }
+}
+
+/// The chart's README.md is what helm-docs makes of values.yaml's comments and
+/// README.md.gotmpl (`make chart-readme`).
+#[test]
+fn the_charts_readme_is_generated_from_its_values() {
+    let tool = automanager_e2e::install::tool("helm-docs").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("automanager");
+    std::fs::create_dir_all(&chart).unwrap();
+    for f in ["Chart.yaml", "values.yaml", "README.md.gotmpl"] {
+        std::fs::copy(chart_dir().join(f), chart.join(f)).unwrap();
+    }
+    let out = std::process::Command::new(&tool)
+        .arg("--chart-search-root")
+        .arg(&chart)
+        .args([
+            "--template-files",
+            "README.md.gotmpl",
+            "--skip-version-footer",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm-docs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated = std::fs::read_to_string(chart.join("README.md")).unwrap();
+    let committed = std::fs::read_to_string(chart_dir().join("README.md")).unwrap_or_default();
+    assert!(
+        generated == committed,
+        "deploy/helm/automanager/README.md is out of date: run `make chart-readme`"
+    );
+    // Every value is in it.
+    let values: Value = yaml(&chart_dir().join("values.yaml"));
+    for key in values.as_object().unwrap().keys() {
+        assert!(
+            generated.contains(&format!("| {key}")),
+            "{key} is not in the README"
+        );
+    }
+}

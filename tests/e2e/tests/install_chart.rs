@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use automanager_e2e::install::{
-    FULLNAME, Helm, RELEASE, RELEASE_NAMESPACE, chart_dir, documents, find, run,
+    FULLNAME, Helm, IMAGE_VALUES, RELEASE, RELEASE_NAMESPACE, chart_dir, documents, find, run,
 };
 use automanager_e2e::{TestEnv, crd_names, repo_root, stack};
 use serde_json::Value;
@@ -30,6 +30,34 @@ const ALL_ON: &[&str] = &[
     "debug.address=0.0.0.0",
     "--set",
     "config.watchNamespaces[0]=video",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
+    "metrics.grafanaDashboard.enabled=true",
+    "--set",
+    "commonLabels.team=video",
+    "--set",
+    "extraArgs[0]=--manager-token-file=/var/run/secrets/vault/token",
+    "--set",
+    "extraEnv[0].name=HTTPS_PROXY",
+    "--set",
+    "extraEnv[0].value=http://proxy.example.com:3128",
+    "--set",
+    "envFrom[0].secretRef.name=automanager-proxy",
+    "--set",
+    "extraVolumes[0].name=private-ca",
+    "--set",
+    "extraVolumes[0].configMap.name=private-ca",
+    "--set",
+    "extraVolumeMounts[0].name=private-ca",
+    "--set",
+    "extraVolumeMounts[0].mountPath=/etc/ssl/private-ca",
+    "--set",
+    "extraVolumeMounts[0].readOnly=true",
+    "--set",
+    "podSecurityContext.runAsUser=null",
+    "--set",
+    "podSecurityContext.runAsGroup=null",
 ];
 
 #[test]
@@ -38,6 +66,7 @@ fn helm_lint_is_clean_with_the_defaults_and_with_every_feature_on() {
     let chart = chart_dir();
     for extra in [&[][..], ALL_ON] {
         let mut args = vec!["lint", "--strict", chart.to_str().unwrap()];
+        args.extend_from_slice(IMAGE_VALUES);
         args.extend_from_slice(extra);
         let out = helm.run(&args).unwrap();
         assert!(
@@ -98,8 +127,16 @@ async fn the_rendered_chart_is_accepted_by_the_apiserver_under_the_restricted_po
         .await
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
+    let out = env
+        .apply_file(repo_root().join("tests/e2e/fixtures/prometheusrule-crd.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
     env.wait_for_crds_established(
-        ["servicemonitors.monitoring.coreos.com"],
+        [
+            "servicemonitors.monitoring.coreos.com",
+            "prometheusrules.monitoring.coreos.com",
+        ],
         Duration::from_secs(60),
     )
     .await
@@ -234,108 +271,218 @@ fn the_rendered_config_passes_the_operators_own_validation() {
 
 /// The keys of `config` the chart writes itself, from other values: where Manager is, the
 /// listeners, and the Lease's name and namespace (the release's).
-const CHART_OWNED: &[&str] = &["manager", "http"];
+const CHART_OWNED: &[&str] = &[
+    "manager",
+    "http",
+    "leaderElection.leaseName",
+    "leaderElection.leaseNamespace",
+];
 
-/// The rendered `operator.yaml` and the Deployment's config checksum for `args`.
-fn rendered_config(helm: &Helm, args: &[&str]) -> (Value, String) {
+/// Settings the operator allows only one value of (preempting is never allowed for bronze,
+/// which has no band below it): rendered as values.yaml says, not varied.
+const ONLY_ONE_VALUE: &[&str] = &["bands.bronze.preempt"];
+
+/// The rendered `operator.yaml` (as text and parsed) and the Deployment's config checksum.
+fn rendered_config(helm: &Helm, args: &[&str]) -> (String, Value, String) {
     let docs = documents(&helm.template(&chart_dir(), args).unwrap()).unwrap();
     let cm = find(&docs, "ConfigMap", Some(FULLNAME)).unwrap();
-    let config: Value =
-        serde_saphyr::from_str(cm["data"]["operator.yaml"].as_str().unwrap()).unwrap();
+    let text = cm["data"]["operator.yaml"].as_str().unwrap().to_owned();
+    let config: Value = serde_saphyr::from_str(&text).unwrap();
     let deployment = find(&docs, "Deployment", Some(FULLNAME)).unwrap();
     let checksum = deployment["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
         .as_str()
         .unwrap()
         .to_owned();
-    (config, checksum)
+    (text, config, checksum)
 }
 
-/// Every key the operator's settings file takes, at the top level and one level down, is
-/// either in `values.yaml`'s `config` and rendered as written, or one the chart owns; and a
-/// changed value changes the rendered file and so the Pods' checksum (they roll).
+/// `#/$defs/X` (or `#/definitions/X`) resolved against the schema's root.
+fn resolve<'a>(root: &'a Value, node: &'a Value) -> &'a Value {
+    match node["$ref"].as_str() {
+        Some(r) => {
+            let path = r.trim_start_matches("#/");
+            let target = path.split('/').fold(root, |v, k| &v[k]);
+            resolve(root, target)
+        }
+        None => match node["allOf"].as_array() {
+            Some(all) if all.len() == 1 => resolve(root, &all[0]),
+            _ => node,
+        },
+    }
+}
+
+/// Every leaf of the operator's settings schema: its dotted path and its schema.
+fn leaves<'a>(root: &'a Value, node: &'a Value, path: &str, out: &mut Vec<(String, &'a Value)>) {
+    let node = resolve(root, node);
+    match node["properties"].as_object() {
+        Some(props) => {
+            for (k, v) in props {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                leaves(root, v, &p, out);
+            }
+        }
+        None => out.push((path.to_owned(), node)),
+    }
+}
+
+/// The values a leaf's schema allows by name: `enum`, or `const`s under `oneOf`/`anyOf`.
+fn named_values(root: &Value, leaf: &Value) -> Vec<Value> {
+    if let Some(e) = leaf["enum"].as_array() {
+        return e.iter().filter(|v| !v.is_null()).cloned().collect();
+    }
+    let mut out = Vec::new();
+    for key in ["oneOf", "anyOf"] {
+        for alt in leaf[key].as_array().into_iter().flatten() {
+            let alt = resolve(root, alt);
+            if !alt["const"].is_null() {
+                out.push(alt["const"].clone());
+            }
+            out.extend(named_values(root, alt));
+        }
+    }
+    out
+}
+
+/// A valid value other than `current` for a leaf: another named value, the other boolean, the
+/// next integer in range, a duration one unit longer, a namespace list.
+fn another_value(root: &Value, leaf: &Value, current: &Value) -> Option<Value> {
+    let named = named_values(root, leaf);
+    if !named.is_empty() {
+        return named.into_iter().find(|v| v != current);
+    }
+    match current {
+        Value::Bool(b) => Some(Value::Bool(!b)),
+        Value::Number(n) => {
+            let n = n.as_i64()?;
+            let max = leaf["maximum"].as_i64().unwrap_or(i64::MAX);
+            Some(Value::from(if n < max { n + 1 } else { n - 1 }))
+        }
+        Value::String(s) => {
+            let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+            let unit = &s[digits.len()..];
+            let n: u64 = digits.parse().ok()?;
+            Some(Value::from(format!("{}{unit}", n + 1)))
+        }
+        Value::Array(_) => Some(serde_json::json!(["video"])),
+        _ => None,
+    }
+}
+
+/// The operator's own settings schema, walked leaf by leaf: each setting is rendered into the
+/// ConfigMap as set in `config`, a changed value still passes `automanager-operator config
+/// check`, and it changes the Pods' checksum (so they roll). The chart owns only the Manager
+/// connection, the listeners and the Lease's name and namespace.
 #[test]
 fn every_config_value_reaches_the_operator_and_rolls_the_pods() {
     let bins = stack::binaries().unwrap();
     let helm = Helm::offline().unwrap();
-    let values: Value =
-        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
-            .unwrap();
-    let values = &values["config"];
+    let dir = tempfile::tempdir().unwrap();
     let mut cmd = std::process::Command::new(&bins.operator);
     cmd.args(["config", "schema"]);
     let out = run(cmd, None).unwrap();
     assert!(out.success(), "{}", out.stderr);
     let schema: Value = serde_json::from_str(&out.stdout).unwrap();
-    let properties = schema["properties"]
-        .as_object()
-        .expect("the schema's properties");
-    let (rendered, checksum) = rendered_config(&helm, &[]);
+    let mut all = Vec::new();
+    leaves(&schema, &schema, "", &mut all);
+    let (_, defaults, checksum) = rendered_config(&helm, &[]);
+    let values: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
+            .unwrap();
+    let at = |v: &'_ Value, path: &str| -> Value { path.split('.').fold(v, |v, k| &v[k]).clone() };
 
+    for owned in CHART_OWNED {
+        assert!(!at(&defaults, owned).is_null(), "the chart writes {owned}");
+    }
     let mut problems = Vec::new();
-    for key in properties.keys() {
-        if CHART_OWNED.contains(&key.as_str()) {
-            assert!(rendered.get(key).is_some(), "the chart writes {key}");
+    let mut checked = 0;
+    for (path, leaf) in &all {
+        if CHART_OWNED
+            .iter()
+            .any(|o| path == o || path.starts_with(&format!("{o}.")))
+        {
+            // The chart's own (some only with other values: TLS, the debug listener).
             continue;
         }
-        let (Some(given), Some(written)) = (values.get(key), rendered.get(key)) else {
+        // What values.yaml sets is rendered as written.
+        let given = at(&values["config"], path);
+        let current = if given.is_null() {
+            leaf["default"].clone()
+        } else {
+            if at(&defaults, path) != given {
+                problems.push(format!(
+                    "config.{path}: values.yaml says {given}, rendered {}",
+                    at(&defaults, path)
+                ));
+            }
+            given
+        };
+        if ONLY_ONE_VALUE.contains(&path.as_str()) {
+            continue;
+        }
+        // A setting values.yaml leaves out and the schema gives no default: its least value.
+        let current = if current.is_null() {
+            leaf["x-duration"]["min"].clone()
+        } else {
+            current
+        };
+        let Some(changed) = another_value(&schema, leaf, &current) else {
             problems.push(format!(
-                "config.{key}: in values.yaml {}, in the rendered file {}",
-                values.get(key).is_some(),
-                rendered.get(key).is_some()
+                "config.{path}: no other value to try (current {current}, schema {leaf})"
             ));
             continue;
         };
-        match (given.as_object(), written.as_object()) {
-            (Some(given), Some(written)) => {
-                for (inner, v) in given {
-                    if written.get(inner) != Some(v) {
-                        problems.push(format!(
-                            "config.{key}.{inner}: {v} rendered as {:?}",
-                            written.get(inner)
-                        ));
-                    }
-                }
-            }
-            _ if given != written => {
-                problems.push(format!("config.{key}: {given} rendered as {written}"))
-            }
-            _ => {}
+        let set = format!("config.{path}={changed}");
+        // One replica, so that `leaderElection.enabled: false` is a valid change too (the
+        // replica count is not part of the config's checksum).
+        let (text, rendered, changed_checksum) =
+            rendered_config(&helm, &["--set", "replicaCount=1", "--set-json", &set]);
+        if at(&rendered, path) != changed {
+            problems.push(format!(
+                "--set-json {set}: rendered {}",
+                at(&rendered, path)
+            ));
         }
+        if changed_checksum == checksum {
+            problems.push(format!(
+                "--set-json {set}: the Pods' checksum did not change"
+            ));
+        }
+        let file = dir.path().join("operator.yaml");
+        std::fs::write(&file, &text).unwrap();
+        let mut cmd = std::process::Command::new(&bins.operator);
+        cmd.args(["config", "check", "--no-file-checks"]).arg(&file);
+        let out = run(cmd, None).unwrap();
+        if !out.success() {
+            problems.push(format!(
+                "--set-json {set}: config check refused it: {}",
+                out.stderr
+            ));
+        }
+        checked += 1;
     }
     assert!(
         problems.is_empty(),
-        "values that do not reach the operator:\n{}",
+        "settings that do not reach the operator as set:\n{}",
         problems.join("\n")
     );
-    assert_eq!(rendered["leaderElection"]["leaseName"], FULLNAME);
-
-    // The four that were once dropped, each changed alone: the file says so and the Pods roll.
-    for (set, path) in [
-        ("config.clusterScope=false", &["clusterScope"][..]),
-        ("config.zoneBrake.enabled=false", &["zoneBrake", "enabled"]),
-        (
-            "config.provisioning.perPoolPerMinute=3",
-            &["provisioning", "perPoolPerMinute"],
-        ),
-        (
-            "config.rebalance.maxPerMinute=2",
-            &["rebalance", "maxPerMinute"],
-        ),
-        (
-            "config.leaderElection.leaseDuration=20s",
-            &["leaderElection", "leaseDuration"],
-        ),
+    // The settings the chart once dropped are among those walked.
+    for key in [
+        "clusterScope",
+        "zoneBrake.enabled",
+        "provisioning.perPoolPerMinute",
+        "rebalance.maxPerMinute",
     ] {
-        let (changed, changed_checksum) = rendered_config(&helm, &["--set", set]);
-        let value = path.iter().fold(&changed, |v, k| &v[*k]);
-        let wanted = set.split_once('=').unwrap().1;
-        assert_eq!(
-            value.to_string().trim_matches('"'),
-            wanted,
-            "{set}: rendered {changed}"
+        assert!(
+            all.iter().any(|(p, _)| p == key),
+            "{key} is not in the schema"
         );
-        assert_ne!(changed_checksum, checksum, "{set} does not roll the Pods");
     }
+    assert!(checked >= 30, "only {checked} settings walked");
+    assert_eq!(defaults["leaderElection"]["leaseName"], FULLNAME);
 }
 
 #[test]
@@ -471,10 +618,152 @@ fn the_values_schema_refuses_bad_values_naming_them() {
             &["--set", "debug.address=localhost"],
             "/debug/address",
         ),
+        (
+            "a PDB that allows no disruption (blocks every drain)",
+            &["--set", "podDisruptionBudget.maxUnavailable=0"],
+            "/podDisruptionBudget/maxUnavailable",
+        ),
+        (
+            "a PDB percentage of 0%",
+            &["--set", "podDisruptionBudget.maxUnavailable=0%"],
+            "/podDisruptionBudget/maxUnavailable",
+        ),
+        (
+            "the old minAvailable",
+            &["--set", "podDisruptionBudget.minAvailable=1"],
+            "'minAvailable' not allowed",
+        ),
+        (
+            "a pod running as root",
+            &["--set", "podSecurityContext.runAsUser=0"],
+            "/podSecurityContext/runAsUser",
+        ),
+        (
+            "a container running as root",
+            &["--set", "securityContext.runAsUser=0"],
+            "/securityContext/runAsUser",
+        ),
+        (
+            "a securityContext that is not an object",
+            &["--set", "securityContext=none"],
+            "/securityContext",
+        ),
+        (
+            "an extra argument that is not a flag",
+            &["--set", "extraArgs[0]=verbose"],
+            "/extraArgs/0",
+        ),
+        (
+            "an extra argument replacing the chart's config file",
+            &["--set", "extraArgs[0]=--config=/tmp/x.yaml"],
+            "/extraArgs/0",
+        ),
+        (
+            "an extra variable replacing the Lease identity",
+            &[
+                "--set",
+                "extraEnv[0].name=POD_NAME",
+                "--set",
+                "extraEnv[0].value=x",
+            ],
+            "/extraEnv/0/name",
+        ),
+        (
+            "an extra variable without a name",
+            &["--set", "extraEnv[0].value=x"],
+            "/extraEnv/0",
+        ),
+        (
+            "an envFrom source of an unknown kind",
+            &["--set", "envFrom[0].vaultRef.name=x"],
+            "/envFrom/0",
+        ),
+        (
+            "an extra volume named like the chart's",
+            &[
+                "--set",
+                "extraVolumes[0].name=config",
+                "--set",
+                "extraVolumes[0].emptyDir.medium=Memory",
+            ],
+            "/extraVolumes/0/name",
+        ),
+        (
+            "an extra mount over the operator's config",
+            &[
+                "--set",
+                "extraVolumes[0].name=ca",
+                "--set",
+                "extraVolumes[0].configMap.name=ca",
+                "--set",
+                "extraVolumeMounts[0].name=ca",
+                "--set",
+                "extraVolumeMounts[0].mountPath=/etc/automanager",
+            ],
+            "/extraVolumeMounts/0/mountPath",
+        ),
+        (
+            "a negative revision history",
+            &["--set", "revisionHistoryLimit=-1"],
+            "/revisionHistoryLimit",
+        ),
+        (
+            "a common label the chart sets itself",
+            &["--set", "commonLabels.app\\.kubernetes\\.io/name=x"],
+            "/commonLabels/app.kubernetes.io~1name",
+        ),
+        (
+            "a common label that is not a label",
+            &["--set", "commonLabels.bad_key!=x"],
+            "'bad_key!' not allowed",
+        ),
+        (
+            "a startup probe that never waits",
+            &["--set", "startupProbe.periodSeconds=0"],
+            "/startupProbe/periodSeconds",
+        ),
+        (
+            "a startup probe with no tries",
+            &["--set", "startupProbe.failureThreshold=0"],
+            "/startupProbe/failureThreshold",
+        ),
+        (
+            "a PrometheusRule flag that is not a boolean",
+            &["--set-string", "metrics.prometheusRule.enabled=yes"],
+            "/metrics/prometheusRule/enabled",
+        ),
+        (
+            "a dashboard namespace that is not one",
+            &["--set", "metrics.grafanaDashboard.namespace=Grafana_NS"],
+            "/metrics/grafanaDashboard/namespace",
+        ),
+        (
+            "aggregated roles flag that is not a boolean",
+            &["--set-string", "rbac.aggregateToDefaultRoles=maybe"],
+            "/rbac/aggregateToDefaultRoles",
+        ),
+        (
+            "a helm test with nothing to ask",
+            &[
+                "--set",
+                "metrics.service.enabled=false",
+                "--set",
+                "config.leaderElection.enabled=false",
+                "--set",
+                "replicaCount=1",
+            ],
+            "/tests/enabled",
+        ),
+        (
+            "an image repository that is not one",
+            &["--set", "image.repository=Registry.Example.com/AM"],
+            "/image/repository",
+        ),
     ];
-    assert!(cases.len() >= 10);
+    assert!(cases.len() >= 40);
     for (what, flags, names) in cases {
         let mut args = vec!["template", RELEASE, chart.to_str().unwrap()];
+        args.extend_from_slice(IMAGE_VALUES);
         args.extend_from_slice(flags);
         let out = helm.run(&args).unwrap();
         assert!(!out.success(), "{what}: accepted");
@@ -490,17 +779,33 @@ fn the_values_schema_refuses_bad_values_naming_them() {
             out.stderr
         );
     }
-    // What the schema cannot say (two values that must differ) the templates say.
-    let mut args = vec!["template", RELEASE, chart.to_str().unwrap()];
-    args.extend_from_slice(&["--set", "debug.port=8080"]);
-    let out = helm.run(&args).unwrap();
-    assert!(!out.success());
-    assert!(
-        out.stderr
-            .contains("debug.port (8080) must differ from metrics.port"),
-        "{}",
-        out.stderr
-    );
+    // What the schema cannot say (two values that must agree, a value that must be given) the
+    // templates say, naming the value.
+    let template_cases: &[(&[&str], &str)] = &[
+        (
+            &[IMAGE_VALUES[0], IMAGE_VALUES[1], "--set", "debug.port=8080"],
+            "debug.port (8080) must differ from metrics.port",
+        ),
+        (&[], "image.repository is required"),
+        (
+            &[
+                IMAGE_VALUES[0],
+                IMAGE_VALUES[1],
+                "--set",
+                "extraVolumeMounts[0].name=ca",
+                "--set",
+                "extraVolumeMounts[0].mountPath=/etc/ssl/private-ca",
+            ],
+            "extraVolumeMounts[0].name: \"ca\" is not the name of one of extraVolumes",
+        ),
+    ];
+    for (flags, names) in template_cases {
+        let mut args = vec!["template", RELEASE, chart.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        let out = helm.run(&args).unwrap();
+        assert!(!out.success(), "{flags:?}: accepted");
+        assert!(out.stderr.contains(names), "{flags:?}: {}", out.stderr);
+    }
 }
 
 /// A copy of the chart whose PlacementPool CRD gained `spec.description`, as version 0.1.1.
@@ -562,7 +867,12 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
     let env = TestEnv::start().await.unwrap();
     let helm = Helm::on(&env).unwrap();
     let chart = chart_dir();
-    let sim = ["--set", "managerSim.enabled=true"];
+    let sim = [
+        "--set",
+        "managerSim.enabled=true",
+        IMAGE_VALUES[0],
+        IMAGE_VALUES[1],
+    ];
 
     // Install: every object appears, the CRDs are established.
     let mut args = vec![
@@ -600,6 +910,8 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
         ],
         vec!["clusterrole", FULLNAME],
         vec!["clusterrolebinding", FULLNAME],
+        vec!["clusterrole", "am-automanager-view"],
+        vec!["clusterrole", "am-automanager-edit"],
     ] {
         assert!(exists(&env, &what).await, "{what:?} was not installed");
     }
@@ -697,6 +1009,8 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
         vec!["serviceaccount", FULLNAME, "-n", RELEASE_NAMESPACE],
         vec!["clusterrole", FULLNAME],
         vec!["clusterrolebinding", FULLNAME],
+        vec!["clusterrole", "am-automanager-view"],
+        vec!["clusterrole", "am-automanager-edit"],
     ] {
         assert!(
             !exists(&env, &what).await,

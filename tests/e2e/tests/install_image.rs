@@ -93,11 +93,9 @@ fn the_image_is_non_root_shell_free_static_and_runs_the_operator() {
         m["annotations"]["org.opencontainers.image.ref.name"],
         version
     );
-    assert!(
-        m["annotations"]["io.containerd.image.name"]
-            .as_str()
-            .unwrap()
-            .ends_with(&format!("/automanager-operator:{version}")),
+    assert_eq!(
+        m["annotations"]["io.containerd.image.name"],
+        format!("automanager-operator:{version}"),
         "{m:#}"
     );
     // The digest `make image` printed is the manifest's.
@@ -149,8 +147,8 @@ fn the_image_is_non_root_shell_free_static_and_runs_the_operator() {
         format!("sha256:{}", diff.split_whitespace().next().unwrap())
     );
 
-    // Exactly the two binaries, owned by root, executable by anyone, and nothing else: no
-    // shell, no libc.
+    // Exactly the two binaries, owned by root, executable by anyone, and their SBOMs, readable
+    // by anyone: no shell, no libc.
     let listing = sh(Command::new("tar")
         .args(["--numeric-owner", "-tvf"])
         .arg(&unpacked));
@@ -159,9 +157,17 @@ fn the_image_is_non_root_shell_free_static_and_runs_the_operator() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     let names: Vec<&str> = entries.iter().map(|e| *e.last().unwrap()).collect();
-    assert_eq!(names, ["automanager-operator", "manager-sim"], "{listing}");
+    assert_eq!(names, IMAGE_FILES, "{listing}");
     for e in &entries {
-        assert_eq!(e[0], "-rwxr-xr-x", "{listing}");
+        let name = *e.last().unwrap();
+        let mode = if name.ends_with('/') {
+            "drwxr-xr-x"
+        } else if name.starts_with("sbom/") {
+            "-rw-r--r--"
+        } else {
+            "-rwxr-xr-x"
+        };
+        assert_eq!(e[0], mode, "{listing}");
         assert_eq!(e[1], "0/0", "{listing}");
     }
     let root = dir.path().join("rootfs");
@@ -194,43 +200,143 @@ fn the_image_is_non_root_shell_free_static_and_runs_the_operator() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
+
+    // Each SBOM is a CycloneDX document of its binary, every component a crate of Cargo.lock
+    // at its locked version.
+    let lock = locked_crates();
+    for (bin, sbom) in [
+        ("automanager-operator", "sbom/automanager-operator.cdx.json"),
+        ("manager-sim", "sbom/manager-sim.cdx.json"),
+    ] {
+        let doc = json(&root.join(sbom));
+        assert_eq!(doc["bomFormat"], "CycloneDX", "{sbom}");
+        assert_eq!(doc["specVersion"], "1.5", "{sbom}");
+        assert_eq!(doc["metadata"]["component"]["name"], bin, "{sbom}");
+        let tools = doc["metadata"]["tools"].to_string();
+        assert!(tools.contains("cargo-cyclonedx"), "{sbom}: made by {tools}");
+        let components = doc["components"].as_array().expect("components");
+        let mut seen = std::collections::BTreeSet::new();
+        for c in components {
+            let purl = c["purl"].as_str().unwrap_or_default();
+            let Some(rest) = purl.strip_prefix("pkg:cargo/") else {
+                continue;
+            };
+            let (name, version) = rest
+                .split(['?', '#'])
+                .next()
+                .unwrap()
+                .split_once('@')
+                .unwrap_or_else(|| panic!("{sbom}: a purl without a version: {purl}"));
+            assert!(
+                lock.contains(&(name.to_owned(), version.to_owned())),
+                "{sbom}: {name} {version} is not in Cargo.lock"
+            );
+            seen.insert(name.to_owned());
+        }
+        for wanted in ["tokio", "tonic", "prost"] {
+            assert!(seen.contains(wanted), "{sbom} does not list {wanted}");
+        }
+        if bin == "automanager-operator" {
+            for wanted in ["kube-client", "k8s-openapi", "tikv-jemallocator"] {
+                assert!(seen.contains(wanted), "{sbom} does not list {wanted}");
+            }
+        }
+    }
 }
 
+/// What `make image` puts in the image, as `tar -tv` lists its layer.
+const IMAGE_FILES: [&str; 5] = [
+    "automanager-operator",
+    "manager-sim",
+    "sbom/",
+    "sbom/automanager-operator.cdx.json",
+    "sbom/manager-sim.cdx.json",
+];
+
+/// Every (name, version) of Cargo.lock.
+fn locked_crates() -> std::collections::BTreeSet<(String, String)> {
+    let text = std::fs::read_to_string(repo_root().join("Cargo.lock")).unwrap();
+    let mut out = std::collections::BTreeSet::new();
+    let mut name = None;
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("name = ") {
+            name = Some(n.trim_matches('"').to_owned());
+        } else if let (Some(v), Some(n)) = (line.strip_prefix("version = "), name.take()) {
+            out.insert((n, v.trim_matches('"').to_owned()));
+        }
+    }
+    out
+}
+
+/// The image's config, from the archive.
+fn image_config(tar: &Path, dir: &Path) -> Value {
+    let layout = dir.join("layout");
+    std::fs::create_dir_all(&layout).unwrap();
+    sh(Command::new("tar")
+        .arg("-xf")
+        .arg(tar)
+        .arg("-C")
+        .arg(&layout));
+    let index = json(&layout.join("index.json"));
+    let manifest = json(&blob(&layout, &index["manifests"][0]));
+    json(&blob(&layout, &manifest["config"]))
+}
+
+/// The Dockerfile gives the same image config as `make image`: BuildKit's own converter
+/// (`tools/dockerfile-config`, dockerfile2llb) computes the Dockerfile's final stage without
+/// building it, with the build arguments `make image` used, and its user, entrypoint, command,
+/// labels, environment, platform and files must be those of the archive.
 #[test]
 fn the_dockerfile_builds_the_same_image() {
-    let text = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
-    let final_stage = text
-        .rsplit_once("\nFROM ")
-        .map(|(_, s)| s)
-        .expect("a multi-stage Dockerfile");
-    assert!(
-        final_stage.starts_with("scratch"),
-        "the final stage is not FROM scratch"
-    );
-    let lines: Vec<&str> = final_stage.lines().map(str::trim).collect();
-    assert!(
-        lines.contains(&format!("USER {USER}").as_str()),
-        "{final_stage}"
-    );
-    assert!(
-        lines.contains(&format!("ENTRYPOINT [\"{ENTRYPOINT}\"]").as_str()),
-        "{final_stage}"
-    );
-    let mut copied: Vec<&str> = lines
+    let tar = image();
+    let dir = tempfile::tempdir().unwrap();
+    let config = image_config(&tar, dir.path());
+    let c = &config["config"];
+    let revision = c["Labels"]["org.opencontainers.image.revision"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let tool = automanager_e2e::install::tool("dockerfile-config").unwrap();
+    let out = sh(Command::new(tool)
+        .arg("--build-arg")
+        .arg(format!("VERSION={}", env!("CARGO_PKG_VERSION")))
+        .arg("--build-arg")
+        .arg(format!("REVISION={revision}"))
+        .arg(repo_root().join("Dockerfile")));
+    let docker: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(docker["user"], c["User"], "user");
+    assert_eq!(docker["user"], USER);
+    assert_eq!(docker["entrypoint"], c["Entrypoint"], "entrypoint");
+    assert_eq!(docker["entrypoint"], serde_json::json!([ENTRYPOINT]));
+    let no_cmd = |v: &Value| v.is_null() || v.as_array().is_some_and(Vec::is_empty);
+    assert!(no_cmd(&docker["cmd"]) && no_cmd(&c["Cmd"]), "{docker:#}");
+    assert_eq!(docker["labels"], c["Labels"], "labels");
+    let env = |v: &Value| v.as_array().cloned().unwrap_or_default();
+    assert_eq!(env(&docker["env"]), env(&c["Env"]), "environment");
+    assert_eq!(docker["os"], config["os"]);
+    assert_eq!(docker["architecture"], config["architecture"]);
+    let files: Vec<&str> = IMAGE_FILES
         .iter()
-        .filter(|l| l.starts_with("COPY "))
-        .filter_map(|l| l.split_whitespace().last())
+        .filter(|f| !f.ends_with('/'))
+        .copied()
         .collect();
-    copied.sort_unstable();
-    assert_eq!(copied, ["/automanager-operator", "/manager-sim"]);
-    // And make image puts the same user, entrypoint and files in.
-    let mk = std::fs::read_to_string(repo_root().join("mk/install.mk")).unwrap();
-    assert!(mk.contains(&format!("--user {USER}")));
-    assert!(mk.contains(&format!("--entrypoint {ENTRYPOINT}")));
-    for f in copied {
-        assert!(
-            mk.contains(&format!("={f}")),
-            "make image does not put {f} in"
-        );
-    }
+    let copies: Vec<String> = docker["copies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().trim_start_matches('/').to_owned())
+        .collect();
+    assert_eq!(
+        copies, files,
+        "the Dockerfile's final stage copies other files"
+    );
+    // And the SBOMs are made by the same script, at the same version.
+    let dockerfile = std::fs::read_to_string(repo_root().join("Dockerfile")).unwrap();
+    let script = std::fs::read_to_string(repo_root().join("tools/sbom.sh")).unwrap();
+    let pinned = script
+        .lines()
+        .find_map(|l| l.strip_prefix("version="))
+        .expect("tools/sbom.sh pins a version");
+    assert!(dockerfile.contains(&format!("--version {pinned} cargo-cyclonedx")));
+    assert!(dockerfile.contains("RUN tools/sbom.sh /sbom"));
 }

@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use automanager_e2e::install::{FULLNAME, Helm, RELEASE, RELEASE_NAMESPACE, can_i, chart_dir};
+use automanager_e2e::install::{
+    FULLNAME, Helm, IMAGE_VALUES, RELEASE, RELEASE_NAMESPACE, can_i, chart_dir,
+};
 use automanager_e2e::install::{run, service_account_kubeconfig, tool};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{TestEnv, apply, condition, crd_names, examples_dir, repo_root};
@@ -135,6 +137,8 @@ async fn installed() -> (TestEnv, std::path::PathBuf, tempfile::TempDir) {
             "--create-namespace",
             "--set",
             "managerSim.enabled=true",
+            IMAGE_VALUES[0],
+            IMAGE_VALUES[1],
         ])
         .unwrap();
     assert!(out.success(), "helm install: {}", out.stderr);

@@ -64,6 +64,95 @@ enum Command {
     /// The settings file, without starting the operator.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Check a running operator, as the chart's `helm test` does: each `--url` answers 200 and
+    /// a Pod of the release holds the `--lease`; retried until `--timeout`. Exit 0 when all
+    /// hold, 1 otherwise.
+    Probe(ProbeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ProbeArgs {
+    /// An http:// URL that must answer 200 (e.g. the metrics Service's /readyz); repeatable.
+    #[arg(long)]
+    url: Vec<String>,
+    /// NAMESPACE/NAME of the leader Lease, read with the in-cluster (or kubeconfig) credentials.
+    #[arg(long)]
+    lease: Option<String>,
+    /// The Lease's holder must start with this (the Deployment's Pods' prefix).
+    #[arg(long, default_value = "")]
+    holder_prefix: String,
+    /// How long to keep trying.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+/// `automanager-operator probe`: every check passes within the deadline, or the last failures
+/// are printed.
+async fn probe(args: ProbeArgs) -> ExitCode {
+    use automanager_operator::probe::{HttpTarget, ProbeError, get, lease};
+    let mut targets = Vec::new();
+    for url in &args.url {
+        match HttpTarget::parse(url) {
+            Ok(t) => targets.push((url.clone(), t)),
+            Err(e) => {
+                eprintln!("automanager-operator probe: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if targets.is_empty() && args.lease.is_none() {
+        eprintln!("automanager-operator probe: nothing to check (give --url or --lease)");
+        return ExitCode::from(2);
+    }
+    let deadline = tokio::time::Instant::now() + args.timeout;
+    let mut client: Option<kube::Client> = None;
+    loop {
+        let mut failures: Vec<ProbeError> = Vec::new();
+        let mut passed: Vec<String> = Vec::new();
+        for (url, target) in &targets {
+            match get(target, url, Duration::from_secs(5)).await {
+                Ok(()) => passed.push(format!("{url}: 200")),
+                Err(e) => failures.push(e),
+            }
+        }
+        if let Some(name) = &args.lease {
+            if client.is_none() {
+                match kube::Config::infer().await.map(kube::Client::try_from) {
+                    Ok(Ok(c)) => client = Some(c),
+                    Ok(Err(e)) => failures.push(ProbeError::Lease {
+                        lease: name.clone(),
+                        reason: format!("connecting to Kubernetes: {e}"),
+                    }),
+                    Err(e) => failures.push(ProbeError::Lease {
+                        lease: name.clone(),
+                        reason: format!("no Kubernetes credentials: {e}"),
+                    }),
+                }
+            }
+            if let Some(c) = &client {
+                match lease(c, name, &args.holder_prefix).await {
+                    Ok(holder) => passed.push(format!("lease {name}: held by {holder}")),
+                    Err(e) => failures.push(e),
+                }
+            }
+        }
+        if failures.is_empty() {
+            for p in passed {
+                println!("ok  {p}");
+            }
+            return ExitCode::SUCCESS;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for p in passed {
+                println!("ok  {p}");
+            }
+            for f in failures {
+                println!("FAIL {f}");
+            }
+            return ExitCode::FAILURE;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -195,8 +284,21 @@ fn init_tracing(format: &str) {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Some(Command::Config(command)) = cli.command {
-        return config_command(command);
+    match cli.command {
+        Some(Command::Config(command)) => return config_command(command),
+        Some(Command::Probe(args)) => {
+            return match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt.block_on(probe(args)),
+                Err(e) => {
+                    eprintln!("automanager-operator: cannot start the async runtime: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        None => {}
     }
     let config = match OperatorConfig::load(cli.config.as_deref(), &cli.overrides) {
         Ok(c) => c,

@@ -17,12 +17,10 @@
 {{- end -}}
 {{- end -}}
 
-{{/* Labels on every object. */}}
+{{/* Labels on every object: the chart's, then commonLabels (which may not replace them). */}}
 {{- define "automanager.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: automanager
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- $own := dict "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-") "app.kubernetes.io/managed-by" .Release.Service "app.kubernetes.io/part-of" "automanager" "app.kubernetes.io/version" .Chart.AppVersion -}}
+{{- toYaml (merge $own (.Values.commonLabels | default dict)) -}}
 {{- end -}}
 
 {{/* Selector labels of the operator pods. */}}
@@ -50,6 +48,9 @@ app.kubernetes.io/component: manager-sim
 
 {{/* repository@digest, or repository:tag (tag defaults to appVersion). */}}
 {{- define "automanager.image" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is required: no image is published for you. Build and push one (make dist REGISTRY=registry.example.com/team) and set image.repository (and image.digest) to what it printed; docs/install.md" -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
