@@ -37,9 +37,9 @@ pub fn schema() -> Value {
 /// Keys of the settings a Helm release sets from other values (the Manager connection, the
 /// listeners, the lease's identity), so `values.config` does not offer them.
 const CHART_SETS: &[&str] = &["manager", "http"];
-/// Lease keys the chart sets itself (the release's name and namespace; the renew period is the
-/// operator's default).
-const CHART_SETS_LEASE: &[&str] = &["leaseName", "leaseNamespace", "renewEvery"];
+/// Lease keys the chart sets itself: the Lease's identity (the release's name and namespace).
+/// Its timing (`leaseDuration`, `renewEvery`) is the user's, as every other setting.
+const CHART_SETS_LEASE: &[&str] = &["leaseName", "leaseNamespace"];
 
 /// The schema of the Helm chart's `config` value: the settings' schema without what the chart
 /// sets from other values. `values.schema.json` carries it, spliced by
