@@ -131,6 +131,24 @@ fn report_names(report: &crate::validate::Report) -> Vec<String> {
         .collect()
 }
 
+/// With `--verbose`, says on standard error how the operator answered.
+fn say_route(g: &GlobalArgs, client: &OperatorClient) -> Result<(), CliError> {
+    if !g.verbose {
+        return Ok(());
+    }
+    use std::io::Write;
+    let route = client.route();
+    let line = match route.pod {
+        Some(pod) => format!(
+            "operator: answered by pod {}/{pod} through={}\n",
+            g.operator_namespace, route.through
+        ),
+        None => format!("operator: answered through={}\n", route.through),
+    };
+    std::io::stderr().lock().write_all(line.as_bytes())?;
+    Ok(())
+}
+
 /// Writes `text` to standard output. A reader that went away (`| head`) ends the command
 /// quietly ([`CliError::OutputClosed`]) instead of the panic `print!` would raise.
 fn write_out(text: &str) -> Result<(), CliError> {
@@ -354,6 +372,7 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
         g.request_timeout,
     );
     let raw = client.what_if(&body).await?;
+    say_route(g, &client)?;
     let answer: render::whatif::WhatIf =
         serde_json::from_value(raw.clone()).map_err(|e| CliError::Operator {
             status: 200,
@@ -392,7 +411,9 @@ async fn trace(
     let c = cluster(g).await?;
     let b = bundle(&c, name).await?;
     let client = OperatorClient::new(endpoint(g), Some(c.client.clone()), g.request_timeout);
-    let Some(raw) = client.trace(&c.namespace, name).await? else {
+    let found = client.trace(&c.namespace, name).await?;
+    say_route(g, &client)?;
+    let Some(raw) = found else {
         let phase = b
             .status
             .map(|s| format!("{:?}", s.phase))

@@ -182,6 +182,9 @@ pub struct GlobalArgs {
         value_name = "URL"
     )]
     pub operator_url: Option<String>,
+    /// Say on standard error how the operator was reached (the Pod that answered).
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
     /// How long to wait for one answer from the apiserver or the operator.
     #[arg(long, global = true, default_value = "30s", value_parser = error::parse_duration)]
     pub request_timeout: Duration,

@@ -279,7 +279,8 @@ fn letters_key(mark: &str) -> (usize, String) {
 }
 
 /// A node's capacity bar: each replica's share drawn with its letters' first character
-/// (highlighted ones as `#`), the rest free (`·`), or `x` on a node that takes nothing new.
+/// (highlighted ones as `#`), the rest free (`·`), or `x` on a node that takes nothing new
+/// (cordoned, draining, a spare, unhealthy, not started).
 fn node_bar(n: &NodeMap) -> String {
     let total = n.total_capacity.max(1) as f64;
     let mut cells: Vec<char> = Vec::with_capacity(BAR_CELLS);
@@ -299,7 +300,8 @@ fn node_bar(n: &NodeMap) -> String {
             cells.push(c);
         }
     }
-    let closed = n.cordoned || n.draining || !n.healthy || n.state != "started";
+    // A spare is held for recovery: ordinary placements do not land there either.
+    let closed = n.cordoned || n.draining || n.spare || !n.healthy || n.state != "started";
     while cells.len() < BAR_CELLS {
         cells.push(if closed { 'x' } else { '·' });
     }
