@@ -189,7 +189,15 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         std::env::var("PATH").unwrap_or_default()
     );
     let out = std::process::Command::new(stack.env.bin_dir().join("kubectl"))
-        .args(["automanager", "trace", "news", "--replica", "0"])
+        .args([
+            "automanager",
+            "trace",
+            "news",
+            "--replica",
+            "0",
+            "--operator-service",
+            plugin::OPERATOR_SERVICE,
+        ])
         .env("PATH", &path)
         .env("KUBECONFIG", stack.env.kubeconfig_path())
         .output()
@@ -729,7 +737,7 @@ async fn writes_cordon_drain_migrate_abort_with_wait() {
     );
     assert!(
         metrics.contains(&format!(
-            "automanager_migration_phase_start_time_seconds{{namespace=\"default\",migration=\"{name}\",phase=\"CutoverReady\"}}"
+            "automanager_migration_phase_start_time_seconds{{migration_namespace=\"default\",migration=\"{name}\",phase=\"CutoverReady\"}}"
         )),
         "{metrics}"
     );
