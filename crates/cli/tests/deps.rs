@@ -44,8 +44,9 @@ fn the_plugin_depends_on_the_api_and_pure_crates_only() {
         );
     }
     assert!(
-        deps.iter().any(|d| d
-            == "automanager-mapping = { path = \"../mapping\", default-features = false }"),
+        deps.iter()
+            .any(|d| d
+                == "automanager-mapping = { path = \"../mapping\", default-features = false }"),
         "{deps:#?}"
     );
     let mapping = manifest("../mapping/Cargo.toml");

@@ -913,3 +913,41 @@ fn collect_exprs(v: &Value, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+/// kubectl itself completes `kubectl automanager …` through `kubectl_complete-automanager`
+/// (deploy/plugin), found on PATH beside the plugin.
+#[test]
+fn kubectl_completes_the_plugin_through_its_helper() {
+    let plugin_dir = plugin::plugin_binary()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let kubectl = testenv::default_bin_dir().unwrap().join("kubectl");
+    let path = format!(
+        "{}:{}:{}",
+        plugin_dir.display(),
+        repo_root().join("deploy/plugin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let complete = |words: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg("__complete")
+            .arg("automanager")
+            .args(words)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = complete(&["tr"]);
+    assert!(out.starts_with("trace\t"), "{out}");
+    assert!(out.contains(":4"), "{out}");
+    let out = complete(&["drain", "n1", "--mode", ""]);
+    assert!(
+        out.contains("migrate\n") && out.contains("terminate\n"),
+        "{out}"
+    );
+    let out = complete(&["map", "--b"]);
+    assert!(out.starts_with("--bundle\t"), "{out}");
+}
