@@ -53,3 +53,19 @@ fn the_plugin_depends_on_the_api_and_pure_crates_only() {
     assert!(mapping.contains("manager-proto = { path = \"../manager-proto\", optional = true }"));
     assert!(mapping.contains("wire = [\"dep:manager-proto\"]"));
 }
+
+/// kube's rustls client picks the process's crypto provider from rustls's features, and
+/// panics when none is enabled: the plugin must enable one itself now that nothing else pulls
+/// one in.
+#[test]
+fn a_client_for_an_https_apiserver_can_be_built() {
+    let url: http::Uri = "https://127.0.0.1:6443".parse().expect("a URL");
+    let config = kube::Config::new(url);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        kube::Client::try_from(config).expect("a client");
+    });
+}
