@@ -86,7 +86,22 @@ async fn reads_validate_what_if_trace_top_and_broken() {
 
     expose_operator(&stack).await.unwrap();
 
-    // map -o json agrees with the ManagerNode objects, node by node.
+    // map -o json agrees with the ManagerNode objects, node by node, once they list both
+    // replicas' jobs (the operator writes ManagerNode status after the Bundle's).
+    stack
+        .wait_for("the ManagerNodes to list news's two jobs", WAIT, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let jobs = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter(|j| j["bundle"] == "default/news")
+                .count();
+            Ok((jobs == 2).then_some(()))
+        })
+        .await
+        .unwrap();
     let out = run(&["map", "-o", "json"]);
     ok(&out);
     map_agrees_with_the_manager_nodes(&stack, &out.json()).await;

@@ -171,6 +171,25 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
 
     ok(&run(&c, &["top", "nodes"]));
     ok(&run(&c, &["top", "pools"]));
+    // The operator writes ManagerNode status after the Bundle's: wait until it lists both
+    // replicas of news-gold, then the map must show the same.
+    c.wait_for(
+        "the ManagerNodes to list news-gold's two jobs",
+        WAIT,
+        || async {
+            let nodes = c.get_json(&["managernodes"]).await?;
+            let jobs = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter(|j| j["bundle"] == "default/news-gold")
+                .count();
+            Ok((jobs == 2).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
     let out = run(&c, &["map", "-o", "json"]);
     ok(&out);
     let nodes = c.get_json(&["managernodes"]).await.unwrap();
