@@ -1,17 +1,23 @@
 # On call: the kubectl plugin (crates/cli), the Grafana dashboard and Prometheus alerts
 # (deploy/grafana, deploy/prometheus), the job-socket examples. See docs/cli.md, docs/runbook.md.
-.PHONY: promtool test-alerts test-cli bench-cli plugin
+.PHONY: promtool test-alerts test-cli bench-cli plugin dist-plugin test-oncall-cluster
 
 promtool: ## build promtool from the Prometheus Go module v0.316.0 (cached; ~5 CPU-minutes cold) and print its path
 	@tools/promtool/build.sh
 
-test-alerts: ## check deploy/prometheus/rules.yaml and run its unit tests with promtool (builds promtool first; not part of `make test`)
+test-alerts: ## check deploy/prometheus/rules.yaml and run its unit tests with promtool (builds promtool first; `make test` runs the same through tests/e2e/tests/alerts.rs)
 	@p=$$(tools/promtool/build.sh) && cd deploy/prometheus && \
 	  echo "==> promtool check rules" && $$p check rules rules.yaml && \
 	  echo "==> promtool test rules" && $$p test rules rules.test.yaml
 
 plugin: ## build kubectl-automanager (put target/debug on PATH, then: kubectl automanager --help)
 	cargo build -p automanager-cli --bin kubectl-automanager
+
+PLUGIN_DIST_DIR ?= dist
+
+dist-plugin: ## the plugin's release tarball (static binary, kubectl_complete-automanager, LICENSE) and its krew manifest with the tarball's sha256, in dist/
+	@scripts/dist-plugin.sh $(PLUGIN_DIST_DIR)
+	@cd $(PLUGIN_DIST_DIR) && sha256sum -c kubectl-automanager-v$(VERSION)-linux-amd64.tar.gz.sha256
 
 test-cli: control-plane ## the plugin's unit and snapshot tests, then its end-to-end suite against the real stack
 	cargo test -p automanager-cli
@@ -29,3 +35,10 @@ test: job-socket-examples
 
 bench-cli: control-plane ## trace and top nodes latency at CLI_BENCH_NODES (2000) / CLI_BENCH_BUNDLES (10000): cli trace_ms=... top_ms=...
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench cli
+
+# Root: a real node (tools/node), the operator's image in its registry. One node per machine.
+test-oncall-cluster: control-plane image ## the plugin with no URL flag against the chart's two Pods on a real node: trace, what-if, top, map, migrate --wait, also after the leader is killed; prints cli map_ms=... trace_ms=... through=leader-portforward
+	@tools/node/build.sh > /dev/null
+	@tools/go-tool.sh helm > /dev/null
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" AUTOMANAGER_IMAGE="$(CURDIR)/$(IMAGE_TAR)" \
+	  $(CARGO) test -p automanager-e2e --features oncall-cluster --test oncall_cluster -- --nocapture

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: the whole product on this machine. Starts a local control plane (or uses the
 # cluster KUBECONFIG points at), installs the CRDs, starts the Manager simulator and the operator,
-# applies examples/, waits until the bundles are Ready, prints them and one placement trace, then
-# keeps running until Ctrl-C and stops everything it started.
+# applies examples/, waits until the bundles are Ready, prints them, then the fleet's map and one
+# placement trace through the kubectl plugin, keeps running until Ctrl-C and stops everything it
+# started.
 #
 # DEMO_EXIT=1 stops right after printing (what the test suite's demo smoke test does).
 set -euo pipefail
@@ -25,9 +26,10 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 say "building the operator, manager-sim and testenv (first build takes a few minutes)"
-cargo build --bins -p automanager-operator -p manager-sim -p testenv
+cargo build --bins -p automanager-operator -p manager-sim -p testenv -p automanager-cli
 bin_dir=$(tools/control-plane/build.sh)
-export PATH="$bin_dir:$PATH"
+# kubectl runs the plugin (kubectl-automanager) from PATH.
+export PATH="$bin_dir:$target/debug:$PATH"
 
 if [ -n "${KUBECONFIG:-}" ]; then
   say "using the cluster in KUBECONFIG=$KUBECONFIG"
@@ -82,20 +84,18 @@ kubectl wait --for=jsonpath='{.status.phase}'=Ready bundle --all -n default --ti
 echo
 kubectl get automanager -A
 echo
-say "placement of my-channel-1, replica 0, job encode (status summary)"
-kubectl get bundle my-channel-1 -n default -o jsonpath='{.status.replicas[0].jobs[0].lastPlacement}' | python3 -m json.tool
-say "the full trace: curl -s http://127.0.0.1:$debug_port/debug/trace/default/my-channel-1"
-curl -s "http://127.0.0.1:$debug_port/debug/trace/default/my-channel-1" | python3 -c '
-import json, sys
-for r in json.load(sys.stdin)["replicas"]:
-    o = r["decision"]["outcome"]
-    print(json.dumps({"replica": r["replica"], "outcome": o.get("kind"), "pool": o.get("pool")}))
-'
+say "the fleet: kubectl automanager map --bundle my-channel-1"
+kubectl automanager map --bundle my-channel-1
+echo
+# The operator runs here as a process, not in a Pod, so the plugin is given its address; in a
+# cluster it port-forwards to the leader Pod by itself (docs/cli.md).
+say "why it is there: kubectl automanager trace my-channel-1 --replica 0 --operator-url http://127.0.0.1:$debug_port"
+kubectl automanager trace my-channel-1 --replica 0 --operator-url "http://127.0.0.1:$debug_port"
 
 if [ "${DEMO_EXIT:-0}" = 1 ]; then
   exit 0
 fi
 echo
-say "running; logs in $dir. Try: kubectl get automanager -A; $target/debug/manager-sim chaos --addr http://$addr kill-node <node>. Ctrl-C to stop."
-[ "$started_cluster" = 1 ] && echo "  (this shell: export KUBECONFIG=$dir/cluster/kubeconfig PATH=$bin_dir:\$PATH)"
+say "running; logs in $dir. Try: kubectl automanager map; $target/debug/manager-sim chaos --addr http://$addr kill-node <node>; kubectl automanager map again. Ctrl-C to stop."
+[ "$started_cluster" = 1 ] && echo "  (this shell: export KUBECONFIG=$dir/cluster/kubeconfig PATH=$bin_dir:$target/debug:\$PATH)"
 while true; do sleep 3600; done

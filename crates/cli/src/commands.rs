@@ -31,6 +31,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             job,
         } => trace(g, &bundle, replica, job).await,
         Command::Top { what } => top(g, what).await,
+        Command::Map { bundle, pool } => map(g, bundle.as_deref(), pool.as_deref()).await,
         Command::Get {
             what: GetWhat::Broken { all_namespaces },
         } => broken(g, all_namespaces).await,
@@ -49,6 +50,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             wait,
         } => abort(g, &migration, &reason, &wait).await,
         Command::Retry { bundle, wait } => retry(g, &bundle, &wait).await,
+        Command::Complete { words } => write_out(&crate::complete::complete(&words)),
         Command::Completion { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -66,10 +68,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-fn print_data<T: Serialize>(out: Output, value: &T) -> Result<(), CliError> {
+fn print_data<T: Serialize>(out: &Output, value: &T, names: &[String]) -> Result<(), CliError> {
     let text = match out {
         Output::Yaml => {
             serde_saphyr::to_string(value).map_err(|e| CliError::Output(e.to_string()))?
+        }
+        Output::Name => names.iter().map(|n| format!("{n}\n")).collect(),
+        Output::JsonPath(template) => {
+            let data = serde_json::to_value(value).map_err(|e| CliError::Output(e.to_string()))?;
+            crate::jsonpath::Template::parse(template)
+                .and_then(|t| t.render(&data))
+                .map_err(CliError::Output)?
         }
         _ => {
             let mut s =
@@ -79,6 +88,65 @@ fn print_data<T: Serialize>(out: Output, value: &T) -> Result<(), CliError> {
         }
     };
     write_out(&text)
+}
+
+/// `kind/name` of an object (for `-o name`), from its own `kind` and `metadata.name`.
+fn object_name<T: Serialize>(obj: &T) -> Vec<String> {
+    names_of(&serde_json::to_value(obj).unwrap_or_default(), "")
+}
+
+/// `kind/name` of each object or row in `value`: an object's own kind and name, or a row's
+/// `name`/`bundle` under `kind`.
+fn names_of(value: &serde_json::Value, kind: &str) -> Vec<String> {
+    match value {
+        serde_json::Value::Array(items) => items.iter().flat_map(|v| names_of(v, kind)).collect(),
+        serde_json::Value::Object(map) => {
+            if let Some(name) = value["metadata"]["name"].as_str() {
+                let k = map
+                    .get("kind")
+                    .and_then(|k| k.as_str())
+                    .map(str::to_ascii_lowercase)
+                    .unwrap_or_else(|| kind.to_owned());
+                return vec![format!("{k}/{name}")];
+            }
+            ["name", "bundle"]
+                .iter()
+                .find_map(|k| map.get(*k).and_then(|v| v.as_str()))
+                .map(|n| {
+                    // A row's bundle may be `namespace/name`.
+                    let n = n.rsplit('/').next().unwrap_or(n);
+                    vec![format!("{kind}/{n}")]
+                })
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
+    }
+}
+
+fn report_names(report: &crate::validate::Report) -> Vec<String> {
+    report
+        .objects
+        .iter()
+        .map(|o| format!("{}/{}", o.kind.to_ascii_lowercase(), o.name))
+        .collect()
+}
+
+/// With `--verbose`, says on standard error how the operator answered.
+fn say_route(g: &GlobalArgs, client: &OperatorClient) -> Result<(), CliError> {
+    if !g.verbose {
+        return Ok(());
+    }
+    use std::io::Write;
+    let route = client.route();
+    let line = match route.pod {
+        Some(pod) => format!(
+            "operator: answered by pod {}/{pod} through={}\n",
+            g.operator_namespace, route.through
+        ),
+        None => format!("operator: answered through={}\n", route.through),
+    };
+    std::io::stderr().lock().write_all(line.as_bytes())?;
+    Ok(())
 }
 
 /// Writes `text` to standard output. A reader that went away (`| head`) ends the command
@@ -120,6 +188,12 @@ async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
             .await
             .map_err(|e| CliError::Kubeconfig(e.to_string()))?,
     };
+    if let Some(user) = &g.as_user {
+        config.auth_info.impersonate = Some(user.clone());
+    }
+    if !g.as_group.is_empty() {
+        config.auth_info.impersonate_groups = Some(g.as_group.clone());
+    }
     config.connect_timeout = Some(g.request_timeout);
     config.read_timeout = Some(g.request_timeout);
     config.write_timeout = Some(g.request_timeout);
@@ -132,12 +206,17 @@ async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
 }
 
 fn endpoint(g: &GlobalArgs) -> OperatorEndpoint {
-    match &g.operator_url {
-        Some(url) => OperatorEndpoint::Direct(url.clone()),
-        None => OperatorEndpoint::ServiceProxy {
+    match (&g.operator_url, &g.operator_service) {
+        (Some(url), _) => OperatorEndpoint::Direct(url.clone()),
+        (None, Some(service)) => OperatorEndpoint::ServiceProxy {
             namespace: g.operator_namespace.clone(),
-            service: g.operator_service.clone(),
+            service: service.clone(),
             port: g.operator_port.clone(),
+        },
+        (None, None) => OperatorEndpoint::Leader {
+            namespace: g.operator_namespace.clone(),
+            release: g.operator_release.clone(),
+            selector: g.operator_selector.clone(),
         },
     }
 }
@@ -242,7 +321,7 @@ fn validate(
     let namespace = g.namespace.as_deref().unwrap_or("default");
     let report = crate::validate::validate(&objects, &pool_objects, namespace, &schemas);
     if g.output.is_data() {
-        print_data(g.output, &report)?;
+        print_data(&g.output, &report, &report_names(&report))?;
     } else {
         write_out(&render::validate::render(&report))?;
     }
@@ -293,13 +372,14 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
         g.request_timeout,
     );
     let raw = client.what_if(&body).await?;
+    say_route(g, &client)?;
     let answer: render::whatif::WhatIf =
         serde_json::from_value(raw.clone()).map_err(|e| CliError::Operator {
             status: 200,
             message: format!("an answer this plugin does not understand ({e}): {raw}"),
         })?;
     if g.output.is_data() {
-        print_data(g.output, &raw)?;
+        print_data(&g.output, &raw, &[format!("bundle/{}", obj.name())])?;
     } else {
         let view = TraceView {
             packing: match &cluster {
@@ -331,7 +411,9 @@ async fn trace(
     let c = cluster(g).await?;
     let b = bundle(&c, name).await?;
     let client = OperatorClient::new(endpoint(g), Some(c.client.clone()), g.request_timeout);
-    let Some(raw) = client.trace(&c.namespace, name).await? else {
+    let found = client.trace(&c.namespace, name).await?;
+    say_route(g, &client)?;
+    let Some(raw) = found else {
         let phase = b
             .status
             .map(|s| format!("{:?}", s.phase))
@@ -357,7 +439,7 @@ async fn trace(
     };
     let shown = full.filtered(&view).map_err(CliError::Input)?;
     if g.output.is_data() {
-        return print_data(g.output, &shown);
+        return print_data(&g.output, &shown, &[format!("bundle/{name}")]);
     }
     view.packing = packing(&c).await;
     write_out(&render::trace::render(&shown, &view))?;
@@ -374,7 +456,11 @@ async fn top(g: &GlobalArgs, what: TopWhat) -> Result<(), CliError> {
         TopWhat::Nodes { pool } => {
             let rows = node_rows(&c, pool.as_deref()).await?;
             if g.output.is_data() {
-                print_data(g.output, &rows)
+                let names: Vec<String> = rows
+                    .iter()
+                    .map(|r| format!("managernode/{}", r.node))
+                    .collect();
+                print_data(&g.output, &rows, &names)
             } else {
                 write_out(&render::top::render_nodes(&rows, wide))
             }
@@ -384,7 +470,11 @@ async fn top(g: &GlobalArgs, what: TopWhat) -> Result<(), CliError> {
             let (pools, nodes) = futures::try_join!(list(&pools), node_rows(&c, None))?;
             let rows = render::top::pool_rows(&pools, &nodes);
             if g.output.is_data() {
-                print_data(g.output, &rows)
+                let names: Vec<String> = rows
+                    .iter()
+                    .map(|r| format!("placementpool/{}", r.pool))
+                    .collect();
+                print_data(&g.output, &rows, &names)
             } else {
                 write_out(&render::top::render_pools(&rows, wide))
             }
@@ -418,6 +508,35 @@ async fn node_rows(c: &Cluster, pool: Option<&str>) -> Result<Vec<render::top::N
     Ok(render::top::node_rows(&list(&nodes).await?, pool))
 }
 
+async fn map(g: &GlobalArgs, bundle: Option<&str>, pool: Option<&str>) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
+    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
+    let highlight = match bundle {
+        Some(b) if b.contains('/') => Some(b.to_owned()),
+        Some(b) => {
+            // Said as kubectl names objects: in --namespace; it must exist.
+            self::bundle(&c, b).await?;
+            Some(format!("{}/{b}", c.namespace))
+        }
+        None => None,
+    };
+    let (pools, nodes) = futures::try_join!(list(&pools), list(&nodes))?;
+    let m = crate::map::build(&nodes, &pools, pool, highlight.as_deref());
+    if g.output.is_data() {
+        let names: Vec<String> = m
+            .pools
+            .iter()
+            .flat_map(|p| &p.zones)
+            .flat_map(|z| &z.nodes)
+            .map(|n| format!("managernode/{}", n.node))
+            .collect();
+        print_data(&g.output, &m, &names)
+    } else {
+        write_out(&crate::map::render(&m))
+    }
+}
+
 async fn broken(g: &GlobalArgs, all_namespaces: bool) -> Result<(), CliError> {
     let c = cluster(g).await?;
     let api: Api<api::Bundle> = if all_namespaces {
@@ -427,7 +546,8 @@ async fn broken(g: &GlobalArgs, all_namespaces: bool) -> Result<(), CliError> {
     };
     let rows = render::broken::rows(&list(&api).await?);
     if g.output.is_data() {
-        print_data(g.output, &rows)
+        let names = names_of(&serde_json::to_value(&rows).unwrap_or_default(), "bundle");
+        print_data(&g.output, &rows, &names)
     } else {
         write_out(&render::broken::render(&rows, chrono::Utc::now()))
     }
@@ -462,7 +582,7 @@ async fn cordon(g: &GlobalArgs, node: &str, cordoned: bool) -> Result<(), CliErr
         n
     };
     if g.output.is_data() {
-        print_data(g.output, &node)?;
+        print_data(&g.output, &node, &[format!("managernode/{name}")])?;
     }
     Ok(())
 }
@@ -497,7 +617,7 @@ async fn drain(
             format!("managernode/{name} draining (mode {mode_name})"),
         ),
     };
-    if !written(g.output, &line, &n, wait)? {
+    if !written(&g.output, &line, &n, wait)? {
         return Ok(());
     }
     let mut last = None;
@@ -505,13 +625,13 @@ async fn drain(
         &api,
         &name,
         wait,
-        g.output,
+        &g.output,
         format!("the drain of managernode/{name}"),
         |obj| actions::drain_step(obj, &mut last),
     )
     .await?;
     finish(
-        g.output,
+        &g.output,
         fin.as_ref(),
         &format!("managernode/{name} drained"),
     )
@@ -562,7 +682,7 @@ async fn migrate(
         .map_err(api_error)?;
     let name = created.metadata.name.clone().unwrap_or_default();
     if !written(
-        g.output,
+        &g.output,
         &format!("migration/{name} created"),
         &created,
         wait,
@@ -574,7 +694,7 @@ async fn migrate(
         &api,
         &name,
         wait,
-        g.output,
+        &g.output,
         format!("migration {}/{name}", c.namespace),
         |obj| match obj {
             Some(m) => actions::migration_step(m, &mut seen),
@@ -583,7 +703,7 @@ async fn migrate(
     )
     .await?;
     finish(
-        g.output,
+        &g.output,
         fin.as_ref(),
         &format!("migration/{name} completed"),
     )
@@ -622,7 +742,7 @@ async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Res
             .map_err(api_error)?,
     };
     if !written(
-        g.output,
+        &g.output,
         &format!("migration/{name} abort requested"),
         &m,
         wait,
@@ -634,7 +754,7 @@ async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Res
         &api,
         name,
         wait,
-        g.output,
+        &g.output,
         format!("migration {}/{name} to stop", c.namespace),
         |obj| match obj {
             Some(m) => {
@@ -665,7 +785,11 @@ async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Res
         },
     )
     .await?;
-    finish(g.output, fin.as_ref(), &format!("migration/{name} aborted"))
+    finish(
+        &g.output,
+        fin.as_ref(),
+        &format!("migration/{name} aborted"),
+    )
 }
 
 async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliError> {
@@ -685,7 +809,7 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
         "bundle/{name} retry requested ({}={value})",
         api::RETRY_ANNOTATION
     );
-    if !written(g.output, &line, &b, wait)? {
+    if !written(&g.output, &line, &b, wait)? {
         return Ok(());
     }
     let mut last = None;
@@ -693,7 +817,7 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
         &api,
         name,
         wait,
-        g.output,
+        &g.output,
         format!("bundle {}/{name} to be Ready", c.namespace),
         |obj| match obj {
             Some(b) => actions::retry_step(b, &value, &mut last),
@@ -701,13 +825,13 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
         },
     )
     .await?;
-    finish(g.output, fin.as_ref(), &format!("bundle/{name} Ready"))
+    finish(&g.output, fin.as_ref(), &format!("bundle/{name} Ready"))
 }
 
 /// Says what was written; without `--wait` that is the whole answer (the object, for `-o
 /// json|yaml`). Returns whether to follow the change.
 fn written<T: Serialize>(
-    out: Output,
+    out: &Output,
     line: &str,
     obj: &T,
     wait: &WaitArgs,
@@ -719,7 +843,7 @@ fn written<T: Serialize>(
         return Ok(true);
     }
     if out.is_data() {
-        print_data(out, obj)?;
+        print_data(out, obj, &object_name(obj))?;
     }
     Ok(false)
 }
@@ -733,11 +857,11 @@ fn gone(kind: &str) -> Step {
     }
 }
 
-fn finish<T: Serialize>(out: Output, obj: Option<&T>, done: &str) -> Result<(), CliError> {
+fn finish<T: Serialize>(out: &Output, obj: Option<&T>, done: &str) -> Result<(), CliError> {
     if out.is_data() {
         match obj {
-            Some(o) => print_data(out, o),
-            None => print_data(out, &serde_json::Value::Null),
+            Some(o) => print_data(out, o, &object_name(o)),
+            None => print_data(out, &serde_json::Value::Null, &[]),
         }
     } else {
         write_out(&format!("{done}\n"))
@@ -749,7 +873,7 @@ async fn follow<K>(
     api: &Api<K>,
     name: &str,
     wait: &WaitArgs,
-    out: Output,
+    out: &Output,
     what: String,
     mut step: impl FnMut(Option<&K>) -> Step,
 ) -> Result<Option<K>, CliError>

@@ -1,8 +1,7 @@
 //! The CRD → placement-engine conversion, as the operator does it.
 //!
 //! The plugin validates with the operator's own code, so it converts objects exactly as the
-//! operator does. This is the only module that reaches into the operator crate: if that
-//! conversion moves, only the `use` below changes.
+//! operator does, with the same pure functions (`automanager-mapping`).
 
 use automanager_api as api;
 use automanager_mapping as mapping;

@@ -123,7 +123,10 @@ pub fn parse_documents(path: &Path, text: &str) -> Result<Vec<SourceObject>, Cli
     let docs: Vec<serde_json::Value> =
         serde_saphyr::from_multiple(text).map_err(|e| CliError::Parse {
             path: path.to_owned(),
-            message: format!("not valid YAML (or YAML whose keys are not strings): {e}"),
+            // kubectl's words for the same failure, then the parser's position.
+            message: format!(
+                "error converting YAML to JSON: not valid YAML (or YAML whose keys are not strings): {e}"
+            ),
         })?;
     for (index, value) in docs.into_iter().enumerate() {
         let origin = if index == 0 {
@@ -203,7 +206,10 @@ mod tests {
         let err = parse_documents(Path::new("f.yaml"), "kind: A\n---\nspec: [1, 2\n")
             .expect_err("invalid");
         let msg = err.to_string();
-        assert!(msg.starts_with("f.yaml: not valid YAML"), "{msg}");
+        assert!(
+            msg.starts_with("f.yaml: error converting YAML to JSON: not valid YAML"),
+            "{msg}"
+        );
         assert!(msg.contains("line 3 column 7"), "{msg}");
     }
 

@@ -18,9 +18,14 @@
 //! Exit codes are in [`error`]. The user guide is `docs/cli.md`.
 
 pub mod actions;
+pub mod cel;
+pub mod complete;
 pub mod engine;
 pub mod error;
 pub mod input;
+pub mod jsonpath;
+pub mod locate;
+pub mod map;
 pub mod operator;
 pub mod progress;
 pub mod render;
@@ -37,8 +42,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 pub use commands::run;
 pub use error::CliError;
 
-/// How results are printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+/// How results are printed (`-o`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Output {
     /// Text for people.
     #[default]
@@ -49,12 +54,40 @@ pub enum Output {
     Json,
     /// YAML.
     Yaml,
+    /// `kind/name` of each object, one a line, as `kubectl get -o name` prints them.
+    Name,
+    /// A kubectl JSONPath template over the JSON output (`-o jsonpath='{.items[*].name}'`).
+    JsonPath(String),
 }
 
 impl Output {
-    /// JSON or YAML: data on stdout, progress on stderr.
-    pub fn is_data(self) -> bool {
-        matches!(self, Output::Json | Output::Yaml)
+    /// Anything but text: data on stdout, progress on stderr.
+    pub fn is_data(&self) -> bool {
+        !matches!(self, Output::Text | Output::Wide)
+    }
+
+    /// Parses `-o`: `text`, `wide`, `json`, `yaml`, `name`, `jsonpath=TEMPLATE` (also
+    /// `jsonpath='TEMPLATE'` with the quotes kept by the shell, as kubectl accepts it).
+    pub fn parse(text: &str) -> Result<Output, String> {
+        if let Some(template) = text.strip_prefix("jsonpath=") {
+            let template = template
+                .strip_prefix('\'')
+                .and_then(|t| t.strip_suffix('\''))
+                .unwrap_or(template);
+            jsonpath::Template::parse(template)?;
+            return Ok(Output::JsonPath(template.to_owned()));
+        }
+        match text {
+            "text" => Ok(Output::Text),
+            "wide" => Ok(Output::Wide),
+            "json" => Ok(Output::Json),
+            "yaml" => Ok(Output::Yaml),
+            "name" => Ok(Output::Name),
+            "jsonpath" => Err("jsonpath needs a template: -o jsonpath='{.metadata.name}'".into()),
+            other => Err(format!(
+                "unknown output format {other:?}: one of text, wide, json, yaml, name, jsonpath=TEMPLATE"
+            )),
+        }
     }
 }
 
@@ -90,10 +123,16 @@ pub struct GlobalArgs {
     /// The namespace of Bundles and Migrations (default: the context's, else `default`).
     #[arg(short = 'n', long, global = true)]
     pub namespace: Option<String>,
-    /// Output format: text, wide, json or yaml.
-    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Text)]
+    /// Act as this user (impersonation), as kubectl's --as.
+    #[arg(long = "as", global = true, value_name = "USER")]
+    pub as_user: Option<String>,
+    /// Act as this group (impersonation; repeat for several), as kubectl's --as-group.
+    #[arg(long = "as-group", global = true, value_name = "GROUP")]
+    pub as_group: Vec<String>,
+    /// Output format: text, wide, json, yaml, name, or jsonpath=TEMPLATE.
+    #[arg(short = 'o', long, global = true, value_parser = Output::parse, default_value = "text")]
     pub output: Output,
-    /// The namespace of the operator's Service.
+    /// The namespace the operator (its Helm release) runs in.
     #[arg(
         long,
         global = true,
@@ -101,15 +140,32 @@ pub struct GlobalArgs {
         default_value = "automanager-system"
     )]
     pub operator_namespace: String,
-    /// The operator's Service, reached through the apiserver's service proxy.
+    /// The Helm release of the operator, when several run in --operator-namespace.
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_RELEASE",
+        value_name = "RELEASE"
+    )]
+    pub operator_release: Option<String>,
+    /// The labels of the operator's Pods (the chart's).
+    #[arg(
+        long,
+        global = true,
+        env = "AUTOMANAGER_OPERATOR_SELECTOR",
+        default_value = locate::DEFAULT_SELECTOR
+    )]
+    pub operator_selector: String,
+    /// Reach the operator through the apiserver's proxy to this Service (one you created over
+    /// the leader's debugging port) instead of port-forwarding to the leader Pod.
     #[arg(
         long,
         global = true,
         env = "AUTOMANAGER_OPERATOR_SERVICE",
-        default_value = "automanager-operator"
+        value_name = "SERVICE"
     )]
-    pub operator_service: String,
-    /// The Service port (name or number) serving /debug/trace and /v1/what-if.
+    pub operator_service: Option<String>,
+    /// The port (name or number) of --operator-service.
     #[arg(
         long,
         global = true,
@@ -126,6 +182,9 @@ pub struct GlobalArgs {
         value_name = "URL"
     )]
     pub operator_url: Option<String>,
+    /// Say on standard error how the operator was reached (the Pod that answered).
+    #[arg(short = 'v', long, global = true)]
+    pub verbose: bool,
     /// How long to wait for one answer from the apiserver or the operator.
     #[arg(long, global = true, default_value = "30s", value_parser = error::parse_duration)]
     pub request_timeout: Duration,
@@ -178,6 +237,16 @@ pub enum Command {
     Top {
         #[command(subcommand)]
         what: TopWhat,
+    },
+    /// The fleet as a picture: pools, zones and nodes with used and free capacity, each bundle
+    /// replica as a mark (A0 = bundle A's replica 0), cordoned, draining and spare nodes marked.
+    Map {
+        /// Highlight this Bundle's replicas (NAME in --namespace, or NAMESPACE/NAME).
+        #[arg(long)]
+        bundle: Option<String>,
+        /// Only this pool.
+        #[arg(long)]
+        pool: Option<String>,
     },
     /// List objects that need attention.
     Get {
@@ -234,6 +303,14 @@ pub enum Command {
         bundle: String,
         #[command(flatten)]
         wait: WaitArgs,
+    },
+    /// Completions for kubectl (`kubectl_complete-automanager` runs this): the words so far,
+    /// the last being the one to complete; prints candidates then `:DIRECTIVE`, as kubectl
+    /// expects of a plugin.
+    #[command(name = "__complete", hide = true)]
+    Complete {
+        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
+        words: Vec<String>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {

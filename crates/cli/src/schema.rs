@@ -1,9 +1,10 @@
 //! Offline checks of an object against the CRD's own OpenAPI schema (the one `crds/` holds,
-//! generated from `crates/api`): types, required fields, enums, bounds, patterns and unknown
-//! fields, each reported with its field path. The apiserver runs the same schema at
-//! `kubectl apply`; its CEL rules (`x-kubernetes-validations`) are not evaluated here, but the
-//! ones about a bundle's jobs, pools and rules are the checks `validate` runs with the
-//! placement engine's own validation anyway.
+//! generated from `crates/api`), as the apiserver runs them at create: types, required fields,
+//! enums, bounds, patterns and unknown fields (the `jsonschema` crate), list-map and set
+//! uniqueness (`x-kubernetes-list-type`), then, with the schema's defaults applied, the CEL rules
+//! (`x-kubernetes-validations`, [`crate::cel`]). Each problem carries its field path and is
+//! worded as the apiserver words it (`Invalid value: 17: spec.replicas in body should be less
+//! than or equal to 16`), so a check written against `kubectl apply`'s message holds offline.
 
 use std::collections::HashMap;
 
@@ -22,7 +23,14 @@ pub struct FieldProblem {
 
 /// The schema validators of every AutoManager kind.
 pub struct Schemas {
-    by_kind: HashMap<String, jsonschema::Validator>,
+    by_kind: HashMap<String, KindSchema>,
+}
+
+struct KindSchema {
+    validator: jsonschema::Validator,
+    /// The schema as the CRD holds it (defaults, list types, CEL rules).
+    raw: Value,
+    rules: crate::cel::KindRules,
 }
 
 impl Schemas {
@@ -46,12 +54,26 @@ impl Schemas {
                 props.insert("kind".into(), serde_json::json!({"type": "string"}));
                 props.insert("metadata".into(), serde_json::json!({"type": "object"}));
             }
+            let raw = schema.clone();
+            let rules = crate::cel::KindRules::collect(&raw);
+            if let Some(bad) = rules.unsupported.first() {
+                return Err(format!(
+                    "a CEL rule of the {kind} CRD does not compile: {bad}"
+                ));
+            }
             strictify(&mut schema);
             let validator = jsonschema::options()
                 .should_validate_formats(false)
                 .build(&schema)
                 .map_err(|e| format!("the {kind} schema does not compile: {e}"))?;
-            by_kind.insert(kind, validator);
+            by_kind.insert(
+                kind,
+                KindSchema {
+                    validator,
+                    raw,
+                    rules,
+                },
+            );
         }
         Ok(Schemas { by_kind })
     }
@@ -61,24 +83,199 @@ impl Schemas {
         self.by_kind.contains_key(kind)
     }
 
-    /// Every schema problem of `object` (of kind `kind`), in document order.
+    /// How many CEL rules of `kind` are evaluated (transition rules are not).
+    pub fn cel_rules(&self, kind: &str) -> usize {
+        self.by_kind.get(kind).map_or(0, |k| k.rules.len())
+    }
+
+    /// Every problem of `object` (of kind `kind`): the schema's, the list types', then (when
+    /// those pass, as the rules assume a well-typed object) the CEL rules', by field path.
     pub fn check(&self, kind: &str, object: &Value) -> Vec<FieldProblem> {
-        let Some(validator) = self.by_kind.get(kind) else {
+        let Some(k) = self.by_kind.get(kind) else {
             return vec![FieldProblem {
                 path: "kind".into(),
                 message: format!("{kind:?} is not an AutoManager kind"),
             }];
         };
-        let mut out: Vec<FieldProblem> = validator
+        let mut out: Vec<FieldProblem> = k
+            .validator
             .iter_errors(object)
-            .map(|e| FieldProblem {
-                path: field_path(&e.instance_path().to_string()),
-                message: truncate(&e.to_string()),
-            })
+            .flat_map(|e| apiserver_problems(&e))
             .collect();
+        list_types(&k.raw, object, String::new(), &mut out);
+        if out.is_empty() {
+            let mut defaulted = object.clone();
+            crate::cel::apply_defaults(&k.raw, &mut defaulted);
+            out.extend(k.rules.check(&defaulted));
+        }
+        for p in &mut out {
+            p.message = truncate(&p.message);
+        }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         out.dedup();
         out
+    }
+}
+
+/// A schema error as the apiserver reports it: the field, then `Invalid value: …`,
+/// `Required value`, `Unsupported value: …`, `Too long: …`, `Too many: …` or kubectl's
+/// `unknown field "…"`.
+fn apiserver_problems(e: &jsonschema::ValidationError<'_>) -> Vec<FieldProblem> {
+    use jsonschema::error::ValidationErrorKind as K;
+    let path = field_path(&e.instance_path().to_string());
+    let instance: &Value = e.instance();
+    let shown = instance.to_string();
+    let in_body = |what: String| format!("Invalid value: {shown}: {path} in body {what}");
+    let join = |parent: &str, child: &str| {
+        if parent == "(object)" {
+            child.to_owned()
+        } else {
+            format!("{parent}.{child}")
+        }
+    };
+    let one = |message: String| {
+        vec![FieldProblem {
+            path: path.clone(),
+            message,
+        }]
+    };
+    match e.kind() {
+        K::AdditionalProperties { unexpected } => unexpected
+            .iter()
+            .map(|u| FieldProblem {
+                path: path.clone(),
+                message: format!("unknown field {:?}", join(&path, u)),
+            })
+            .collect(),
+        K::Required { property } => vec![FieldProblem {
+            path: join(&path, property.as_str().unwrap_or_default()),
+            message: "Required value".into(),
+        }],
+        K::Type { kind } => {
+            let expected = match kind {
+                jsonschema::error::TypeKind::Single(t) => t.to_string(),
+                // `nullable` became a second type (see `strictify`); the CRD names one.
+                jsonschema::error::TypeKind::Multiple(set) => set
+                    .iter()
+                    .map(|t| t.to_string())
+                    .filter(|t| t != "null")
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+            };
+            let actual = crate::cel::json_type(instance);
+            one(format!(
+                "Invalid value: \"{actual}\": {path} in body must be of type {expected}: \"{actual}\""
+            ))
+        }
+        K::Enum { options } => {
+            let supported: Vec<String> = options
+                .as_array()
+                .map(|a| a.iter().map(Value::to_string).collect())
+                .unwrap_or_default();
+            one(format!(
+                "Unsupported value: {shown}: supported values: {}",
+                supported.join(", ")
+            ))
+        }
+        K::Minimum { limit } => one(in_body(format!(
+            "should be greater than or equal to {}",
+            number(limit)
+        ))),
+        K::Maximum { limit } => one(in_body(format!(
+            "should be less than or equal to {}",
+            number(limit)
+        ))),
+        K::ExclusiveMinimum { limit } => {
+            one(in_body(format!("should be greater than {}", number(limit))))
+        }
+        K::ExclusiveMaximum { limit } => {
+            one(in_body(format!("should be less than {}", number(limit))))
+        }
+        K::MinItems { limit } => one(format!(
+            "Invalid value: {}: {path} in body should have at least {limit} items",
+            instance.as_array().map_or(0, Vec::len)
+        )),
+        K::MaxItems { limit } => one(format!(
+            "Too many: {}: must have at most {limit} items",
+            instance.as_array().map_or(0, Vec::len)
+        )),
+        K::MaxProperties { limit } => one(format!(
+            "Too many: {}: must have at most {limit} items",
+            instance.as_object().map_or(0, serde_json::Map::len)
+        )),
+        K::MaxLength { limit } => one(format!("Too long: may not be more than {limit} bytes")),
+        K::MinLength { limit } => one(in_body(format!("should be at least {limit} chars long"))),
+        K::Pattern { pattern } => one(in_body(format!("should match '{pattern}'"))),
+        _ => one(e.to_string()),
+    }
+}
+
+/// A bound as the apiserver prints it: `16`, not `16.0`.
+fn number(v: &Value) -> String {
+    match v.as_f64() {
+        Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+        _ => v.to_string(),
+    }
+}
+
+/// `x-kubernetes-list-type: set` and `map` (with `x-kubernetes-list-map-keys`): an item (or an
+/// item's keys) given twice is `Duplicate value`, as the apiserver says.
+fn list_types(schema: &Value, value: &Value, path: String, out: &mut Vec<FieldProblem>) {
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let values = schema.get("additionalProperties").filter(|v| v.is_object());
+            for (k, v) in map {
+                let child = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match props.and_then(|p| p.get(k)) {
+                    Some(s) => list_types(s, v, child, out),
+                    None => {
+                        if let Some(s) = values {
+                            list_types(s, v, format!("{path}[{k}]"), out);
+                        }
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            let keys: Vec<&str> = schema
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|k| k.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let identity = |item: &Value| -> Option<Value> {
+                match schema.get("x-kubernetes-list-type").and_then(Value::as_str) {
+                    Some("set") => Some(item.clone()),
+                    Some("map") => Some(Value::Object(
+                        keys.iter()
+                            .filter_map(|k| Some(((*k).to_owned(), item.get(*k)?.clone())))
+                            .collect(),
+                    )),
+                    _ => None,
+                }
+            };
+            let mut seen: Vec<Value> = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                if let Some(id) = identity(item) {
+                    if seen.contains(&id) {
+                        out.push(FieldProblem {
+                            path: format!("{path}[{i}]"),
+                            message: format!("Duplicate value: {id}"),
+                        });
+                    } else {
+                        seen.push(id);
+                    }
+                }
+                if let Some(s) = schema.get("items") {
+                    list_types(s, item, format!("{path}[{i}]"), out);
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -208,8 +405,8 @@ mod tests {
             .remove("priorityBand");
         let problems = s.check("Bundle", &bundle(spec));
         assert_eq!(problems.len(), 1, "{problems:?}");
-        assert_eq!(problems[0].path, "spec.jobs[0].requirements");
-        assert!(problems[0].message.contains("priorityBand"));
+        assert_eq!(problems[0].path, "spec.jobs[0].requirements.priorityBand");
+        assert_eq!(problems[0].message, "Required value");
     }
 
     #[test]

@@ -378,7 +378,7 @@ spec:
     #[test]
     fn engine_errors_point_at_their_field() {
         let s = Schemas::load().expect("schemas");
-        let jobs = "    - {jobName: encode, requirements: {requiredCapacity: 400, priorityBand: gold}}\n    - {jobName: pack, separateFrom: [nope], requirements: {requiredCapacity: 1, requiredCapabilities: [gpu], priorityBand: bronze}}\n";
+        let jobs = "    - {jobName: encode, requirements: {requiredCapacity: 400, priorityBand: gold}}\n    - {jobName: pack, requirements: {requiredCapacity: 1, requiredCapabilities: [gpu], priorityBand: bronze}}\n";
         let extra = "  replicaOverrides:\n    - {replica: 1, pools: [aws-east, oci-fra]}\n";
         let r = validate(&objs(&bundle(jobs, extra)), &objs(POOL), "default", &s);
         assert!(!r.valid);
@@ -387,7 +387,6 @@ spec:
             .iter()
             .map(|e| e.path.as_str())
             .collect();
-        assert!(paths.contains(&"spec.jobs[1].separateFrom[0]"), "{paths:?}");
         assert!(
             paths.contains(&"spec.replicaOverrides[0].pools[1]"),
             "{paths:?}"
@@ -401,6 +400,43 @@ spec:
             unknown.message.ends_with("(known: aws-east)"),
             "{unknown:?}"
         );
+    }
+
+    #[test]
+    fn the_crds_cel_rules_and_list_keys_are_checked_offline_in_the_apiservers_words() {
+        let s = Schemas::load().expect("schemas");
+        assert!(s.cel_rules("Bundle") >= 10, "{}", s.cel_rules("Bundle"));
+        let jobs = "    - {jobName: encode, coLocateWith: [encode], requirements: {requiredCapacity: 4, requiredCapabilities: [gpu, gpu], priorityBand: gold}}\n";
+        let extra = "  disruption: {maxUnavailableReplicas: 3}\n  replicaOverrides:\n    - {replica: 1, pools: [aws-east]}\n    - {replica: 1, pools: [aws-east]}\n";
+        let r = validate(&objs(&bundle(jobs, extra)), &objs(POOL), "default", &s);
+        let problems: Vec<String> = r.objects[0]
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path, e.message))
+            .collect();
+        assert!(
+            problems
+                .contains(&"spec.replicaOverrides[1]: Duplicate value: {\"replica\":1}".to_owned()),
+            "{problems:#?}"
+        );
+        // The rules run once the lists' keys are right, as at the apiserver.
+        let extra = "  disruption: {maxUnavailableReplicas: 3}\n";
+        let r = validate(&objs(&bundle(jobs, extra)), &objs(POOL), "default", &s);
+        let problems: Vec<String> = r.objects[0]
+            .errors
+            .iter()
+            .map(|e| format!("{}: {}", e.path, e.message))
+            .collect();
+        for expected in [
+            "spec.jobs[0].coLocateWith: Invalid value: \"object\": a job cannot list itself in coLocateWith",
+            "spec.jobs[0].requirements.requiredCapabilities: Invalid value: \"array\": requiredCapabilities must not repeat a capability",
+            "spec.disruption.maxUnavailableReplicas: Invalid value: \"object\": disruption.maxUnavailableReplicas must not exceed replicas",
+        ] {
+            assert!(
+                problems.iter().any(|p| p.starts_with(expected)),
+                "{expected}\nnot in {problems:#?}"
+            );
+        }
     }
 
     #[test]

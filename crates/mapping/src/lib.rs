@@ -1,6 +1,9 @@
 //! Translations between the three vocabularies the operator speaks: the CRDs
 //! (`automanager_api`), the placement engine's model (`automanager_placement`) and Manager's
 //! wire types (`manager_proto`). Pure functions, no I/O.
+//!
+//! The translations to and from Manager's wire types are behind the `wire` feature (on by
+//! default): the kubectl plugin uses the CRD and engine ones only, without tonic and prost.
 
 pub mod bundle_status;
 
@@ -8,6 +11,7 @@ use std::collections::BTreeMap;
 
 use automanager_api as api;
 use automanager_placement as pl;
+#[cfg(feature = "wire")]
 use manager_proto as proto;
 
 pub use automanager_policy::tags::{
@@ -19,6 +23,7 @@ pub fn bundle_id(namespace: &str, name: &str) -> String {
     BundleId::of(namespace, name).to_string()
 }
 
+#[cfg(feature = "wire")]
 /// Manager's job state as the bundle planner reads it.
 pub fn job_phase(state: proto::JobState) -> automanager_policy::bundle::JobPhase {
     use automanager_policy::bundle::JobPhase as P;
@@ -32,6 +37,7 @@ pub fn job_phase(state: proto::JobState) -> automanager_policy::bundle::JobPhase
     }
 }
 
+#[cfg(feature = "wire")]
 /// Manager's stop reason as the bundle planner reads it.
 pub fn stop_cause(reason: proto::StopReason) -> automanager_policy::bundle::StopCause {
     use automanager_policy::bundle::StopCause as C;
@@ -233,6 +239,7 @@ pub fn bundle(bundle_id: &str, spec: &api::BundleSpec) -> pl::BundleSpec {
     }
 }
 
+#[cfg(feature = "wire")]
 /// A Bundle as Manager registers it.
 pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
     proto::Bundle {
@@ -256,6 +263,7 @@ pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
     }
 }
 
+#[cfg(feature = "wire")]
 /// Whether Manager's registered bundle already matches what we would register (the generation
 /// Manager keeps is its own and is ignored).
 pub fn registered_matches(registered: &proto::Bundle, wanted: &proto::Bundle) -> bool {
@@ -272,6 +280,7 @@ pub fn pool_kind(k: api::PoolKind) -> pl::PoolKind {
     }
 }
 
+#[cfg(feature = "wire")]
 pub fn provider(k: api::PoolKind) -> proto::ProviderKind {
     match k {
         api::PoolKind::Aws => proto::ProviderKind::Aws,
@@ -280,6 +289,7 @@ pub fn provider(k: api::PoolKind) -> proto::ProviderKind {
     }
 }
 
+#[cfg(feature = "wire")]
 /// The Manager provider of an engine pool kind.
 pub fn provider_of(k: pl::PoolKind) -> proto::ProviderKind {
     match k {
@@ -289,6 +299,7 @@ pub fn provider_of(k: pl::PoolKind) -> proto::ProviderKind {
     }
 }
 
+#[cfg(feature = "wire")]
 pub fn api_provider(p: i32) -> Option<api::PoolKind> {
     match proto::ProviderKind::try_from(p).ok()? {
         proto::ProviderKind::Aws => Some(api::PoolKind::Aws),
@@ -339,6 +350,7 @@ pub struct NodeOverlay {
     pub consolidating: bool,
 }
 
+#[cfg(feature = "wire")]
 /// Whether Manager's node is a hot spare, and for which band.
 pub fn spare_of(node: &proto::Node) -> (bool, Option<api::PriorityBand>) {
     let spare = node.tags.get(SPARE_TAG).is_some_and(|v| v == "true");
@@ -348,6 +360,7 @@ pub fn spare_of(node: &proto::Node) -> (bool, Option<api::PriorityBand>) {
     )
 }
 
+#[cfg(feature = "wire")]
 /// A Manager node as the engine sees it, or `None` when it can take no job (stopped or
 /// terminated). A starting node counts as pending capacity; its size comes from its inventory
 /// or, before the worker reports one, from its pool's candidate instance type.

@@ -15,6 +15,12 @@
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
 //! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out, with the dry run's `decisions` |
 //!
+//! Only the leader holds the placement traces and the live placement model. Served with
+//! [`debug_router_for_replica`], a replica that does not lead (a standby, or one still starting)
+//! answers every debugging route with `503` and `{"error", "role", "leader"}`, `leader` being
+//! the Lease's holder (the leader Pod's name when run as a Pod), so a client that reached it
+//! (`kubectl automanager` port-forwarding to a Pod) can go to the leader instead.
+//!
 //! Readiness: ready = (leader OR standby) AND caches synced AND Manager reachable, i.e. this
 //! replica could do its work if it leads. "Standby" means leader election has reported at least
 //! once and this replica does not hold the lease: a standby is ready so that rolling updates of
@@ -33,6 +39,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -302,6 +309,52 @@ pub fn debug_router(debug: Arc<dyn DebugApi>) -> Router {
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(debug)
+}
+
+/// Who holds the leader Lease now (its holder identity), read when a standby is asked; `None`
+/// when it cannot be told (no Lease yet, or the apiserver did not answer).
+pub type LeaderLookup =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
+
+/// [`debug_router`] for a replica that may not lead: while `readiness` says this replica is not
+/// the leader, every route answers `503` with `{"error", "role", "leader"}` instead, `leader`
+/// from `leader` (the Lease's holder).
+pub fn debug_router_for_replica(
+    debug: Arc<dyn DebugApi>,
+    readiness: Readiness,
+    leader: LeaderLookup,
+) -> Router {
+    debug_router(debug).layer(axum::middleware::from_fn_with_state(
+        (readiness, leader),
+        only_the_leader_answers,
+    ))
+}
+
+async fn only_the_leader_answers(
+    State((readiness, leader)): State<(Readiness, LeaderLookup)>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let report = readiness.report();
+    if report.leader {
+        return next.run(request).await;
+    }
+    let holder = leader().await;
+    let error = match &holder {
+        Some(h) => format!(
+            "this replica is {} and holds no placement state; the leader is {h}",
+            report.role
+        ),
+        None => format!(
+            "this replica is {} and holds no placement state; no leader is known yet",
+            report.role
+        ),
+    };
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        axum::Json(json!({ "error": error, "role": report.role, "leader": holder })),
+    )
+        .into_response()
 }
 
 /// Binds `addr` (use port 0 for any free port).

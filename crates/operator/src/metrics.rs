@@ -4,6 +4,12 @@
 //! the same counters). The metric names are the ones docs/operator.md lists; prometheus-client appends
 //! `_total` to counters when encoding, so counters are registered without it.
 //!
+//! Names follow Prometheus's conventions: base units in the name (`_seconds`), `_ratio` for a
+//! fraction from 0 to 1, `_total` for counters, one name per idea. Labels that name a Bundle's
+//! or a Migration's namespace are `bundle_namespace` and `migration_namespace`, because
+//! `namespace` is the label Prometheus gives every series of a target (the operator's own
+//! namespace, one per Helm release), which the alerts group by.
+//!
 //! Choices made here:
 //! - `automanager_manager_connection_state{state}` is one-hot: one series per state of the
 //!   TypeScript library's vocabulary (`idle`, `connecting`, `ready`, `transientFailure`, `shutdown`), the
@@ -15,12 +21,18 @@
 //!   series so they do not linger.
 //! - `automanager_migrations{phase}` counts Migration objects per phase (final phases stay
 //!   counted while their objects exist); `automanager_migration_phase_start_time_seconds
-//!   {namespace, migration, phase}` exists only for migrations not yet in a final phase and
+//!   {migration_namespace, migration, phase}` exists only for migrations not yet in a final phase and
 //!   holds when their current phase began, so an alert can say which one is stuck. Both come
 //!   from [`Metrics::observe_migration`] / [`Metrics::forget_migration`].
 //! - `automanager_spare_underflow{hotsparetarget, pool}` is 1 while a HotSpareTarget has fewer
 //!   live spares than its target (its `SpareUnderflow` condition), else 0.
 //! - `automanager_leader` is 1 while this replica holds the leader lease.
+//! - `automanager_build_info{version}` is 1: the running version as a label, and the series
+//!   whose absence says a release's operator is gone.
+//! - Broken bundles, three ideas under three names: `automanager_broken_bundles` is how many
+//!   are Broken now, `automanager_broken_bundle_info{bundle_namespace, bundle}` is 1 for each of
+//!   them (the TypeScript library's `brokenBundleIds`), and `automanager_bundle_breaks_total`
+//!   counts how often a bundle was marked Broken.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
@@ -86,14 +98,14 @@ struct PhaseLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MigrationLabels {
-    namespace: String,
+    migration_namespace: String,
     migration: String,
     phase: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BundleLabels {
-    namespace: String,
+    bundle_namespace: String,
     bundle: String,
 }
 
@@ -109,6 +121,11 @@ struct MigrationSeen {
     phase: String,
     /// When the current phase began, while the migration is not in a final phase.
     active_since: Option<f64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -132,8 +149,8 @@ struct Inner {
     pool_nodes: Family<PoolLabels, Gauge>,
     pool_live_spares: Family<PoolLabels, Gauge>,
     pool_spare_target: Family<PoolLabels, Gauge>,
-    pool_spare_underflow: Family<PoolLabels, Gauge>,
-    pool_used_capacity_fraction: Family<PoolLabels, Gauge<f64, AtomicU64>>,
+    pool_spare_shortfall: Family<PoolLabels, Gauge>,
+    pool_used_capacity_ratio: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     broken_bundles: Gauge,
     connection_state: Family<StateLabels, Gauge>,
     reconcile_duration: Family<ReconcileLabels, Histogram, fn() -> Histogram>,
@@ -155,9 +172,7 @@ struct Inner {
     consolidation_terminated: Family<PoolLabels, Counter>,
     consolidation_abandoned: Family<PoolLabels, Counter>,
     consolidation_planned: Family<PoolLabels, Gauge>,
-    // The start time gauge lives only in the registry: it is set once, below.
-    uptime_seconds: Gauge<f64, AtomicU64>,
-    started: std::time::Instant,
+    // The start time and build info live only in the registry: they are set once, below.
 }
 
 /// The operator's metrics. Cheap to clone; clones share one registry.
@@ -191,8 +206,8 @@ impl Metrics {
         let pool_nodes = Family::<PoolLabels, Gauge>::default();
         let pool_live_spares = Family::<PoolLabels, Gauge>::default();
         let pool_spare_target = Family::<PoolLabels, Gauge>::default();
-        let pool_spare_underflow = Family::<PoolLabels, Gauge>::default();
-        let pool_used_capacity_fraction = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
+        let pool_spare_shortfall = Family::<PoolLabels, Gauge>::default();
+        let pool_used_capacity_ratio = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
         let broken_bundles = Gauge::default();
         let connection_state = Family::<StateLabels, Gauge>::default();
         let reconcile_duration =
@@ -216,7 +231,12 @@ impl Metrics {
         let consolidation_abandoned = Family::<PoolLabels, Counter>::default();
         let consolidation_planned = Family::<PoolLabels, Gauge>::default();
         let start_time_seconds = Gauge::<f64, AtomicU64>::default();
-        let uptime_seconds = Gauge::<f64, AtomicU64>::default();
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
         start_time_seconds.set(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -279,8 +299,8 @@ impl Metrics {
             jobs_rejected.clone(),
         );
         registry.register(
-            "automanager_bundles_broken",
-            "Bundles marked Broken after exceeding maxRestartsPerHour",
+            "automanager_bundle_breaks",
+            "Times a bundle was marked Broken after exceeding maxRestartsPerHour",
             bundles_broken.clone(),
         );
         registry.register(
@@ -304,18 +324,18 @@ impl Metrics {
             pool_spare_target.clone(),
         );
         registry.register(
-            "automanager_pool_spare_underflow",
+            "automanager_pool_spare_shortfall",
             "Hot spares the placement pool is short of its target (0 when at or above it)",
-            pool_spare_underflow.clone(),
+            pool_spare_shortfall.clone(),
         );
         registry.register(
-            "automanager_pool_used_capacity_fraction",
-            "Fraction of the placement pool's capacity in use (0 to 1)",
-            pool_used_capacity_fraction.clone(),
+            "automanager_pool_used_capacity_ratio",
+            "The placement pool's capacity in use, from 0 to 1",
+            pool_used_capacity_ratio.clone(),
         );
         registry.register(
             "automanager_broken_bundles",
-            "Bundles currently Broken",
+            "Bundles Broken now (automanager_broken_bundle_info names them)",
             broken_bundles.clone(),
         );
         registry.register(
@@ -350,8 +370,8 @@ impl Metrics {
             leader.clone(),
         );
         registry.register(
-            "automanager_bundle_broken",
-            "1 for each Bundle that is Broken (the TypeScript library's brokenBundleIds); the series goes when it is retried or deleted",
+            "automanager_broken_bundle_info",
+            "1 for each Bundle that is Broken, by bundle_namespace and bundle (the TypeScript library's brokenBundleIds); the series goes when it is retried or deleted",
             bundle_broken.clone(),
         );
         registry.register(
@@ -360,7 +380,7 @@ impl Metrics {
             consolidation_terminated.clone(),
         );
         registry.register(
-            "automanager_consolidation_abandoned",
+            "automanager_consolidation_nodes_abandoned",
             "Nodes consolidation began to empty and gave up on (a move failed, or a job landed there), by pool",
             consolidation_abandoned.clone(),
         );
@@ -380,9 +400,9 @@ impl Metrics {
             start_time_seconds.clone(),
         );
         registry.register(
-            "automanager_uptime_seconds",
-            "Seconds since this operator process started (the TypeScript library's uptimeMs, in seconds)",
-            uptime_seconds.clone(),
+            "automanager_build_info",
+            "1, with the operator's version as a label",
+            build_info,
         );
 
         let metrics = Metrics {
@@ -397,8 +417,8 @@ impl Metrics {
                 pool_nodes,
                 pool_live_spares,
                 pool_spare_target,
-                pool_spare_underflow,
-                pool_used_capacity_fraction,
+                pool_spare_shortfall,
+                pool_used_capacity_ratio,
                 broken_bundles,
                 connection_state,
                 reconcile_duration,
@@ -420,8 +440,6 @@ impl Metrics {
                 consolidation_terminated,
                 consolidation_abandoned,
                 consolidation_planned,
-                uptime_seconds,
-                started: std::time::Instant::now(),
             }),
         };
         metrics.set_connection_state("idle");
@@ -518,7 +536,7 @@ impl Metrics {
     /// Whether the Bundle `namespace/bundle` is Broken (its labelled series exists only while it is).
     pub fn set_bundle_broken(&self, namespace: &str, bundle: &str, broken: bool) {
         let labels = BundleLabels {
-            namespace: namespace.to_owned(),
+            bundle_namespace: namespace.to_owned(),
             bundle: bundle.to_owned(),
         };
         if broken {
@@ -602,7 +620,7 @@ impl Metrics {
             .get_or_create(&labels)
             .set(spare_target);
         self.inner
-            .pool_spare_underflow
+            .pool_spare_shortfall
             .get_or_create(&labels)
             .set(spare_target.saturating_sub(live_spares).max(0));
         let fraction = if used_fraction.is_finite() {
@@ -611,7 +629,7 @@ impl Metrics {
             0.0
         };
         self.inner
-            .pool_used_capacity_fraction
+            .pool_used_capacity_ratio
             .get_or_create(&labels)
             .set(fraction);
     }
@@ -624,8 +642,8 @@ impl Metrics {
         self.inner.pool_nodes.remove(&labels);
         self.inner.pool_live_spares.remove(&labels);
         self.inner.pool_spare_target.remove(&labels);
-        self.inner.pool_spare_underflow.remove(&labels);
-        self.inner.pool_used_capacity_fraction.remove(&labels);
+        self.inner.pool_spare_shortfall.remove(&labels);
+        self.inner.pool_used_capacity_ratio.remove(&labels);
         self.inner.consolidation_planned.remove(&labels);
     }
 
@@ -715,7 +733,7 @@ impl Metrics {
             return;
         }
         let labels = |seen: &MigrationSeen| MigrationLabels {
-            namespace: key.0.clone(),
+            migration_namespace: key.0.clone(),
             migration: key.1.clone(),
             phase: seen.phase.clone(),
         };
@@ -788,9 +806,6 @@ impl Metrics {
 
     /// Everything in OpenMetrics text format (ends with `# EOF`).
     pub fn encode(&self) -> String {
-        self.inner
-            .uptime_seconds
-            .set(self.inner.started.elapsed().as_secs_f64());
         let mut out = String::new();
         // Writing into a String cannot fail; an error would only come from a label encoder,
         // and ours are plain strings.
@@ -817,13 +832,13 @@ mod tests {
         "automanager_placements_succeeded_total",
         "automanager_placements_failed_total",
         "automanager_jobs_rejected_total",
-        "automanager_bundles_broken_total",
+        "automanager_bundle_breaks_total",
         "automanager_jobs_dropped_total",
         "automanager_pool_nodes",
         "automanager_pool_live_spares",
         "automanager_pool_spare_target",
-        "automanager_pool_spare_underflow",
-        "automanager_pool_used_capacity_fraction",
+        "automanager_pool_spare_shortfall",
+        "automanager_pool_used_capacity_ratio",
         "automanager_broken_bundles",
         "automanager_manager_connection_state",
         "automanager_reconcile_duration_seconds_bucket",
@@ -832,9 +847,9 @@ mod tests {
         "automanager_migration_phase_start_time_seconds",
         "automanager_spare_underflow",
         "automanager_leader",
-        "automanager_bundle_broken",
+        "automanager_broken_bundle_info",
         "automanager_start_time_seconds",
-        "automanager_uptime_seconds",
+        "automanager_build_info",
     ];
 
     #[test]
@@ -868,28 +883,53 @@ mod tests {
     fn broken_bundles_are_listed_by_id_until_they_recover() {
         let m = Metrics::new();
         m.set_bundle_broken("media", "news", true);
-        assert!(
-            m.encode()
-                .contains("automanager_bundle_broken{namespace=\"media\",bundle=\"news\"} 1")
-        );
+        assert!(m.encode().contains(
+            "automanager_broken_bundle_info{bundle_namespace=\"media\",bundle=\"news\"} 1"
+        ));
         m.set_bundle_broken("media", "news", false);
         assert!(!m.encode().contains("bundle=\"news\""));
     }
 
     #[test]
-    fn uptime_grows_from_the_start_time() {
+    fn the_start_time_and_the_build_are_exported() {
+        let text = Metrics::new().encode();
+        let start: f64 = text
+            .lines()
+            .find(|l| l.starts_with("automanager_start_time_seconds "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(-1.0);
+        assert!(start > 1.7e9, "{text}");
+        assert!(text.contains(&format!(
+            "automanager_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )));
+    }
+
+    #[test]
+    fn every_name_follows_the_conventions() {
         let m = Metrics::new();
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        m.set_pool("p", 1, 0, 0, 0.5);
         let text = m.encode();
-        let value = |name: &str| -> f64 {
-            text.lines()
-                .find(|l| l.starts_with(name) && !l.starts_with('#'))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(-1.0)
-        };
-        assert!(value("automanager_uptime_seconds") >= 0.02);
-        assert!(value("automanager_start_time_seconds") > 1.7e9);
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut words = line.split_whitespace().skip(2);
+            let (name, kind) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            assert!(name.starts_with("automanager_"), "{line}");
+            assert!(
+                !name.contains("fraction") && !name.contains("percent"),
+                "{line}: a fraction is _ratio"
+            );
+            assert!(
+                !name.ends_with("_ms") && !name.contains("milliseconds"),
+                "{line}: seconds"
+            );
+            if kind == "counter" {
+                assert!(
+                    !name.ends_with("_total"),
+                    "{line}: prometheus-client appends _total"
+                );
+            }
+        }
     }
 
     #[test]
@@ -909,7 +949,7 @@ mod tests {
         assert!(text.contains("automanager_placements_succeeded_total 1"));
         assert!(text.contains("automanager_placements_failed_total 1"));
         assert!(text.contains("automanager_jobs_rejected_total 1"));
-        assert!(text.contains("automanager_bundles_broken_total 1"));
+        assert!(text.contains("automanager_bundle_breaks_total 1"));
         assert!(text.contains("automanager_jobs_dropped_total 1"));
         assert!(text.contains("automanager_broken_bundles 4"));
     }
@@ -922,8 +962,8 @@ mod tests {
         assert!(text.contains("automanager_pool_nodes{pool=\"aws-east\"} 5"));
         assert!(text.contains("automanager_pool_live_spares{pool=\"aws-east\"} 2"));
         assert!(text.contains("automanager_pool_spare_target{pool=\"aws-east\"} 3"));
-        assert!(text.contains("automanager_pool_spare_underflow{pool=\"aws-east\"} 1"));
-        assert!(text.contains("automanager_pool_used_capacity_fraction{pool=\"aws-east\"} 0.25"));
+        assert!(text.contains("automanager_pool_spare_shortfall{pool=\"aws-east\"} 1"));
+        assert!(text.contains("automanager_pool_used_capacity_ratio{pool=\"aws-east\"} 0.25"));
         m.remove_pool("aws-east");
         assert!(!m.encode().contains("aws-east"));
     }
@@ -934,7 +974,7 @@ mod tests {
         m.set_pool("p", 0, 0, 0, f64::NAN);
         assert!(
             m.encode()
-                .contains("automanager_pool_used_capacity_fraction{pool=\"p\"} 0.0")
+                .contains("automanager_pool_used_capacity_ratio{pool=\"p\"} 0.0")
         );
     }
 
@@ -977,7 +1017,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(
-            "automanager_migration_phase_start_time_seconds{namespace=\"video\",migration=\"a\",phase=\"StartingTarget\"} 100.0"
+            "automanager_migration_phase_start_time_seconds{migration_namespace=\"video\",migration=\"a\",phase=\"StartingTarget\"} 100.0"
         ));
         m.observe_migration("video", "a", "Completed", None);
         let text = m.encode();

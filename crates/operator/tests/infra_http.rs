@@ -417,3 +417,59 @@ async fn serve_reports_an_address_in_use() {
     let err = http::serve(addr, app(Readiness::new(), Metrics::new()), async {}).await;
     assert!(matches!(err, Err(http::HttpError::Bind { .. })), "{err:?}");
 }
+
+fn replica_app(readiness: Readiness, holder: Option<&'static str>) -> axum::Router {
+    let lookup: http::LeaderLookup =
+        Arc::new(move || Box::pin(async move { holder.map(str::to_owned) }));
+    http::debug_router_for_replica(Arc::new(FakeDebug), readiness, lookup)
+}
+
+#[tokio::test]
+async fn a_standby_names_the_leader_instead_of_answering() {
+    let r = Readiness::new();
+    r.set_leader(false);
+    let app = replica_app(r, Some("automanager-7d9f-abcde"));
+    for req in [
+        get("/debug/trace/default/news"),
+        post("/v1/what-if", BUNDLE),
+    ] {
+        let (status, _, body) = call(app.clone(), req).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        let v = json_of(&body);
+        assert_eq!(v["role"], "standby");
+        assert_eq!(v["leader"], "automanager-7d9f-abcde");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("the leader is automanager-7d9f-abcde"),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_starting_replica_says_no_leader_is_known_yet() {
+    let (status, _, body) = call(
+        replica_app(Readiness::new(), None),
+        get("/debug/trace/default/news"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let v = json_of(&body);
+    assert_eq!(v["role"], "starting");
+    assert_eq!(v["leader"], Value::Null);
+}
+
+#[tokio::test]
+async fn the_leader_answers_through_the_replica_router() {
+    let r = Readiness::new();
+    r.set_leader(true);
+    let (status, _, body) = call(
+        replica_app(r, Some("someone-else")),
+        get("/debug/trace/default/news"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(json_of(&body)["bundle"], "news");
+}

@@ -148,7 +148,9 @@ async fn run() -> Result<(), SetupError> {
     let kubectl = stack.env.bin_dir().join("kubectl");
     let plugin_cmd = |args: Vec<String>| {
         let mut c = Command::new(bin);
-        c.args(args).env("KUBECONFIG", &kubeconfig);
+        c.args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("AUTOMANAGER_OPERATOR_SERVICE", plugin::OPERATOR_SERVICE);
         c
     };
     let picks: Vec<String> = (0..20)

@@ -1,6 +1,7 @@
 //! Running `kubectl-automanager` against a [`Stack`], and making the operator (which runs as a
-//! process, not in a Pod: there is no kubelet here) reachable the way the plugin reaches it in
-//! a cluster: through the apiserver's service proxy.
+//! process, not in a Pod: there is no kubelet here, so the plugin's default route, a
+//! port-forward to the leader Pod, has nothing to reach) reachable through the apiserver all
+//! the same: by the plugin's `--operator-service` route, the apiserver's service proxy.
 //!
 //! What the apiserver needs for that, found by trying it against kube-apiserver v1.35:
 //! - the proxy resolves a Service through its legacy `v1` Endpoints (EndpointSlices alone are
@@ -57,11 +58,13 @@ pub fn plugin_binary() -> Result<&'static Path, SetupError> {
     .map_err(|e| SetupError(e.clone()))
 }
 
-/// Runs the plugin with the stack's kubeconfig; `AUTOMANAGER_*` variables of the test's own
-/// environment are not passed on.
+/// Runs the plugin with the stack's kubeconfig, reaching the operator through the Service
+/// [`expose_operator`] makes; `AUTOMANAGER_*` variables of the test's own environment are not
+/// passed on.
 pub fn run(stack: &Stack, args: &[&str]) -> PluginOutput {
     run_with(args, |cmd| {
-        cmd.env("KUBECONFIG", stack.env.kubeconfig_path());
+        cmd.env("KUBECONFIG", stack.env.kubeconfig_path())
+            .env("AUTOMANAGER_OPERATOR_SERVICE", OPERATOR_SERVICE);
     })
 }
 
@@ -74,7 +77,9 @@ pub fn run_with(args: &[&str], setup: impl FnOnce(&mut Command)) -> PluginOutput
         .env_remove("AUTOMANAGER_OPERATOR_URL")
         .env_remove("AUTOMANAGER_OPERATOR_NAMESPACE")
         .env_remove("AUTOMANAGER_OPERATOR_SERVICE")
-        .env_remove("AUTOMANAGER_OPERATOR_PORT");
+        .env_remove("AUTOMANAGER_OPERATOR_PORT")
+        .env_remove("AUTOMANAGER_OPERATOR_RELEASE")
+        .env_remove("AUTOMANAGER_OPERATOR_SELECTOR");
     setup(&mut cmd);
     let out = cmd
         .output()
@@ -176,4 +181,100 @@ pub fn listen_on_all_addresses(config: &mut serde_json::Map<String, serde_json::
             *addr = addr.replace("127.0.0.1", "0.0.0.0");
         }
     }
+}
+
+/// `kubectl automanager map -o json` against `kubectl get managernodes -o json`: the same nodes
+/// in the same pools and zones, the same used and free capacity and flags, and every job on a
+/// node under its bundle's replica mark. The error says what differs.
+pub fn map_agrees_with_nodes(
+    map: &serde_json::Value,
+    nodes: &serde_json::Value,
+) -> Result<(), String> {
+    use std::collections::BTreeSet;
+    let objects = nodes["items"]
+        .as_array()
+        .ok_or("no items in the ManagerNode list")?;
+    let mut seen = 0;
+    let empty = Vec::new();
+    for pool in map["pools"].as_array().unwrap_or(&empty) {
+        for zone in pool["zones"].as_array().unwrap_or(&empty) {
+            for n in zone["nodes"].as_array().unwrap_or(&empty) {
+                seen += 1;
+                let o = objects
+                    .iter()
+                    .find(|o| o["metadata"]["name"] == n["node"])
+                    .ok_or_else(|| format!("{} is no ManagerNode", n["node"]))?;
+                let st = &o["status"];
+                let total = st["totalCapacity"].as_i64().unwrap_or(0);
+                let used = st["usedCapacity"].as_i64().unwrap_or(0);
+                let checks = [
+                    ("pool", pool["pool"] == st["pool"]),
+                    ("zone", zone["zone"] == st["zone"]),
+                    ("nodeId", n["nodeId"] == st["nodeId"]),
+                    ("usedCapacity", n["usedCapacity"].as_i64() == Some(used)),
+                    (
+                        "freeCapacity",
+                        n["freeCapacity"].as_i64() == Some((total - used).max(0)),
+                    ),
+                    (
+                        "cordoned",
+                        n["cordoned"].as_bool()
+                            == Some(o["spec"]["cordoned"].as_bool().unwrap_or(false)),
+                    ),
+                    (
+                        "spare",
+                        n["spare"].as_bool() == Some(st["spare"].as_bool().unwrap_or(false)),
+                    ),
+                ];
+                for (what, ok) in checks {
+                    if !ok {
+                        return Err(format!("{what} differs:\nmap: {n:#}\nobject: {o:#}"));
+                    }
+                }
+                let jobs: BTreeSet<(String, i64, String)> = st["jobs"]
+                    .as_array()
+                    .unwrap_or(&empty)
+                    .iter()
+                    .map(|j| {
+                        (
+                            j["bundle"].as_str().unwrap_or("(no bundle)").to_owned(),
+                            j["replica"].as_i64().unwrap_or(-1),
+                            j["jobName"]
+                                .as_str()
+                                .or(j["jobId"].as_str())
+                                .unwrap_or("")
+                                .to_owned(),
+                        )
+                    })
+                    .collect();
+                let marked: BTreeSet<(String, i64, String)> = n["replicas"]
+                    .as_array()
+                    .unwrap_or(&empty)
+                    .iter()
+                    .flat_map(|r| {
+                        r["jobs"].as_array().unwrap_or(&empty).iter().map(move |j| {
+                            (
+                                r["bundle"].as_str().unwrap_or("").to_owned(),
+                                r["replica"].as_i64().unwrap_or(-1),
+                                j.as_str().unwrap_or("").to_owned(),
+                            )
+                        })
+                    })
+                    .collect();
+                if jobs != marked {
+                    return Err(format!(
+                        "the jobs of {} differ:\nManagerNode: {jobs:?}\nmap: {marked:?}",
+                        n["node"]
+                    ));
+                }
+            }
+        }
+    }
+    if seen != objects.len() || seen == 0 {
+        return Err(format!(
+            "the map shows {seen} nodes, the apiserver has {}",
+            objects.len()
+        ));
+    }
+    Ok(())
 }

@@ -86,6 +86,48 @@ async fn reads_validate_what_if_trace_top_and_broken() {
 
     expose_operator(&stack).await.unwrap();
 
+    // map -o json agrees with the ManagerNode objects, node by node, once they list both
+    // replicas' jobs (the operator writes ManagerNode status after the Bundle's).
+    stack
+        .wait_for("the ManagerNodes to list news's two jobs", WAIT, || async {
+            let nodes = stack.get_json(&["managernodes"]).await?;
+            let jobs = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter(|j| j["bundle"] == "default/news")
+                .count();
+            Ok((jobs == 2).then_some(()))
+        })
+        .await
+        .unwrap();
+    let out = run(&["map", "-o", "json"]);
+    ok(&out);
+    map_agrees_with_the_manager_nodes(&stack, &out.json()).await;
+    let out = run(&["map", "--bundle", "news"]);
+    ok(&out);
+    assert!(
+        out.stdout.contains("default/news (#, [ ]):"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("[A0]") && out.stdout.contains("[A1]"),
+        "{}",
+        out.stdout
+    );
+    let out = run(&["map", "-o", "name"]);
+    ok(&out);
+    assert!(
+        out.stdout.lines().all(|l| l.starts_with("managernode/")),
+        "{}",
+        out.stdout
+    );
+    let out = run(&["map", "-o", "jsonpath={.bundles[*].bundle}"]);
+    ok(&out);
+    assert_eq!(out.stdout, "default/news");
+
     // trace, JSON: one decision per replica, each placing the job where status says it runs.
     let out = run(&["trace", "news", "-o", "json"]);
     ok(&out);
@@ -162,7 +204,15 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         std::env::var("PATH").unwrap_or_default()
     );
     let out = std::process::Command::new(stack.env.bin_dir().join("kubectl"))
-        .args(["automanager", "trace", "news", "--replica", "0"])
+        .args([
+            "automanager",
+            "trace",
+            "news",
+            "--replica",
+            "0",
+            "--operator-service",
+            plugin::OPERATOR_SERVICE,
+        ])
         .env("PATH", &path)
         .env("KUBECONFIG", stack.env.kubeconfig_path())
         .output()
@@ -252,9 +302,11 @@ async fn reads_validate_what_if_trace_top_and_broken() {
     assert_eq!(out.code, 1);
     let r = out.json();
     assert_eq!(r["valid"], false);
+    // The CRD's CEL rule, worded as the apiserver words it.
+    assert_eq!(r["objects"][0]["errors"][0]["path"], "spec.jobs");
     assert_eq!(
-        r["objects"][0]["errors"][0]["path"],
-        "spec.jobs[1].coLocateWith[0]"
+        r["objects"][0]["errors"][0]["message"],
+        "Invalid value: \"object\": coLocateWith must name jobs of this bundle"
     );
     fails(
         &offline(&["validate", "-f", "/nonexistent.yaml"]),
@@ -395,6 +447,174 @@ async fn reads_validate_what_if_trace_top_and_broken() {
     fails(&out, 1, "cannot reach the operator at http://127.0.0.1:9");
 }
 
+/// The plugin's default route without flags: the chart's operator Pods, the leader Lease, a
+/// port-forward to the holder's `debug` port. There is no kubelet here, so the port-forward
+/// itself fails; the error says which Pod and port the plugin chose, and each way it can go
+/// wrong before that is told apart.
+#[tokio::test]
+async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
+    let env = automanager_e2e::env_with_crds()
+        .await
+        .expect("control plane with CRDs");
+    let applied = env
+        .apply_yaml(&bundle("news", 1, "[onprem]", 1, ""))
+        .await
+        .unwrap();
+    assert!(applied.success(), "{}", applied.stderr);
+    let pod = |name: &str, debug: bool| {
+        let ports = if debug {
+            "[{name: http, containerPort: 8080}, {name: debug, containerPort: 8082}]"
+        } else {
+            "[{name: http, containerPort: 8080}]"
+        };
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: automanager-system\n  labels: {{app.kubernetes.io/name: automanager, app.kubernetes.io/instance: automanager, app.kubernetes.io/component: operator, pod-template-hash: 5d8c7b9f4}}\n  ownerReferences: [{{apiVersion: apps/v1, kind: ReplicaSet, name: automanager-5d8c7b9f4, uid: 00000000-0000-0000-0000-000000000001}}]\nspec:\n  automountServiceAccountToken: false\n  containers: [{{name: operator, image: automanager-operator:e2e, ports: {ports}}}]\n---\n"
+        )
+    };
+    let run = |args: &[&str]| {
+        plugin::run_with(args, |c| {
+            c.env("KUBECONFIG", env.kubeconfig_path());
+        })
+    };
+    let ns = env
+        .apply_yaml("apiVersion: v1\nkind: Namespace\nmetadata: {name: automanager-system}\n")
+        .await
+        .unwrap();
+    assert!(ns.success(), "{}", ns.stderr);
+
+    // No operator Pod at all.
+    fails(
+        &run(&["trace", "news"]),
+        1,
+        "no operator Pod in namespace automanager-system with labels app.kubernetes.io/name=automanager,app.kubernetes.io/component=operator",
+    );
+
+    // Two Pods, debugging port off.
+    let out = env
+        .apply_yaml(&format!(
+            "{}{}",
+            pod("automanager-5d8c7b9f4-aaaaa", false),
+            pod("automanager-5d8c7b9f4-bbbbb", false)
+        ))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for name in ["automanager-5d8c7b9f4-aaaaa", "automanager-5d8c7b9f4-bbbbb"] {
+        let out = env
+            .run_kubectl([
+                "patch",
+                "pod",
+                name,
+                "-n",
+                "automanager-system",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Running"}}"#,
+            ])
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+    fails(
+        &run(&["trace", "news"]),
+        1,
+        "the debugging API of release automanager is off",
+    );
+
+    // The chart with debug.enabled: the ports are named; no Lease yet, two Pods.
+    let out = env
+        .run_kubectl([
+            "delete",
+            "pods",
+            "--all",
+            "-n",
+            "automanager-system",
+            "--wait=false",
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    // Deleted at once: no kubelet holds them.
+    let out = env
+        .apply_yaml(&format!(
+            "{}{}",
+            pod("automanager-5d8c7b9f4-ccccc", true),
+            pod("automanager-5d8c7b9f4-ddddd", true)
+        ))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for name in ["automanager-5d8c7b9f4-ccccc", "automanager-5d8c7b9f4-ddddd"] {
+        let out = env
+            .run_kubectl([
+                "patch",
+                "pod",
+                name,
+                "-n",
+                "automanager-system",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Running"}}"#,
+            ])
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+    fails(
+        &run(&["trace", "news"]),
+        1,
+        "has no leader Lease yet and 2 running Pods",
+    );
+
+    // The Lease, named like the Deployment, holding the second Pod: that is where it goes.
+    let out = env
+        .apply_yaml("apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata: {name: automanager, namespace: automanager-system}\nspec: {holderIdentity: automanager-5d8c7b9f4-ddddd, leaseDurationSeconds: 15}\n")
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    fails(
+        &run(&["trace", "news"]),
+        1,
+        "cannot reach the operator by port-forward to the operator's leader Pod in namespace automanager-system: port-forward to pod automanager-system/automanager-5d8c7b9f4-ddddd port 8082",
+    );
+    // what-if goes the same way.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(&dir, "b.yaml", &bundle("other", 1, "[onprem]", 1, ""));
+    fails(
+        &run(&["what-if", "-f", &file]),
+        1,
+        "port-forward to pod automanager-system/automanager-5d8c7b9f4-ddddd port 8082",
+    );
+    // A holder that is no operator Pod (a new leader being elected).
+    let out = env
+        .run_kubectl([
+            "patch",
+            "lease",
+            "automanager",
+            "-n",
+            "automanager-system",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"holderIdentity":"automanager-5d8c7b9f4-gone"}}"#,
+        ])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    fails(
+        &run(&["trace", "news"]),
+        1,
+        "names automanager-5d8c7b9f4-gone, which is not a running operator Pod",
+    );
+    // Another release's name.
+    fails(
+        &run(&["trace", "news", "--operator-release", "team-b"]),
+        1,
+        "no operator Pod of release team-b in namespace automanager-system",
+    );
+}
+
 #[tokio::test]
 async fn writes_cordon_drain_migrate_abort_with_wait() {
     // Simulated jobs wait up to ten minutes for an answer, so a held cutover stays held.
@@ -532,7 +752,7 @@ async fn writes_cordon_drain_migrate_abort_with_wait() {
     );
     assert!(
         metrics.contains(&format!(
-            "automanager_migration_phase_start_time_seconds{{namespace=\"default\",migration=\"{name}\",phase=\"CutoverReady\"}}"
+            "automanager_migration_phase_start_time_seconds{{migration_namespace=\"default\",migration=\"{name}\",phase=\"CutoverReady\"}}"
         )),
         "{metrics}"
     );
@@ -584,6 +804,13 @@ async fn writes_cordon_drain_migrate_abort_with_wait() {
         .unwrap();
     let out = run(&["drain", &node, "--mode", "terminate"]);
     fails(&out, 1, "the apiserver refused");
+}
+
+async fn map_agrees_with_the_manager_nodes(stack: &Stack, map: &Value) {
+    let nodes = stack.get_json(&["managernodes"]).await.unwrap();
+    if let Err(e) = plugin::map_agrees_with_nodes(map, &nodes) {
+        panic!("{e}");
+    }
 }
 
 /// Every metric name in the dashboard's queries and the alert rules' expressions, with the
@@ -647,19 +874,37 @@ async fn dashboard_and_alerts_use_only_exported_metrics(stack: &Stack) {
             }
         }
     }
-    let missing: Vec<&String> = used.iter().filter(|u| !exported.contains(*u)).collect();
-    assert!(
-        missing.is_empty(),
-        "named in the dashboard or rules but not exported: {missing:?}\nexported: {exported:?}"
-    );
+    // Every name the rules and the dashboard use is checked against the whole registry (every
+    // family with a series) by crates/operator/tests/alert_names.rs; here, the running
+    // operator exports the families a live fleet has, under the names the dashboard uses.
+    for family in [
+        "automanager_placements_attempted_total",
+        "automanager_pool_used_capacity_ratio",
+        "automanager_manager_connection_state",
+        "automanager_reconcile_duration_seconds_bucket",
+        "automanager_migrations",
+        "automanager_build_info",
+    ] {
+        assert!(
+            exported.contains(family),
+            "the operator does not export {family}"
+        );
+    }
     // And the families the issue asks for are all on the dashboard.
     for family in [
         "automanager_placements_attempted_total",
         "automanager_placements_failed_total",
         "automanager_jobs_rejected_total",
-        "automanager_broken_bundles",
+        "automanager_broken_bundle_info",
         "automanager_jobs_dropped_total",
-        "automanager_pool_used_capacity_fraction",
+        "automanager_pool_used_capacity_ratio",
+        "automanager_zone_degraded",
+        "automanager_jobs_preempted_total",
+        "automanager_consolidation_nodes_terminated_total",
+        "automanager_disruptions_blocked_total",
+        "automanager_migrations_queued",
+        "automanager_orphans_removed_total",
+        "automanager_build_info",
         "automanager_pool_live_spares",
         "automanager_manager_connection_state",
         "automanager_reconcile_duration_seconds_bucket",
@@ -682,4 +927,42 @@ fn collect_exprs(v: &Value, out: &mut Vec<String>) {
         Value::Array(a) => a.iter().for_each(|v| collect_exprs(v, out)),
         _ => {}
     }
+}
+
+/// kubectl itself completes `kubectl automanager …` through `kubectl_complete-automanager`
+/// (deploy/plugin), found on PATH beside the plugin.
+#[test]
+fn kubectl_completes_the_plugin_through_its_helper() {
+    let plugin_dir = plugin::plugin_binary()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let kubectl = testenv::default_bin_dir().unwrap().join("kubectl");
+    let path = format!(
+        "{}:{}:{}",
+        plugin_dir.display(),
+        repo_root().join("deploy/plugin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let complete = |words: &[&str]| {
+        let out = std::process::Command::new(&kubectl)
+            .arg("__complete")
+            .arg("automanager")
+            .args(words)
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = complete(&["tr"]);
+    assert!(out.starts_with("trace\t"), "{out}");
+    assert!(out.contains(":4"), "{out}");
+    let out = complete(&["drain", "n1", "--mode", ""]);
+    assert!(
+        out.contains("migrate\n") && out.contains("terminate\n"),
+        "{out}"
+    );
+    let out = complete(&["map", "--b"]);
+    assert!(out.starts_with("--bundle\t"), "{out}");
 }

@@ -354,7 +354,7 @@ async fn a_node_whose_move_fails_is_kept_and_its_job_keeps_running() {
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.contains(&format!(
-            "automanager_consolidation_abandoned_total{{pool=\"{POOL}\"}} 1"
+            "automanager_consolidation_nodes_abandoned_total{{pool=\"{POOL}\"}} 1"
         )),
         "{metrics}"
     );

@@ -260,6 +260,34 @@ fn the_chart_serves_the_debugging_api_as_docs_cli_md_says() {
     let cli = read("docs/cli.md");
     assert!(cli.contains("kubectl -n automanager-system port-forward"));
     assert!(cli.contains("--operator-url http://127.0.0.1:8082"));
+    assert!(cli.contains("--set debug.enabled=true"));
+}
+
+/// What the plugin finds the leader by (crates/cli/src/locate.rs) is what the chart renders:
+/// the operator Pods' labels, a container port named `debug`, the Lease named like the
+/// Deployment (the release's full name) and the Pod's name as the holder identity.
+#[test]
+fn the_chart_renders_what_the_plugin_finds_the_leader_by() {
+    let helpers = read("deploy/helm/automanager/templates/_helpers.tpl");
+    assert!(helpers.contains("app.kubernetes.io/name: {{ include \"automanager.name\" . }}"));
+    assert!(helpers.contains("app.kubernetes.io/component: operator"));
+    assert!(helpers.contains("app.kubernetes.io/instance: {{ .Release.Name }}"));
+    assert!(helpers.contains("$_ := set $le \"leaseName\" (include \"automanager.fullname\" .)"));
+    let values = yaml(&chart_dir().join("values.yaml"));
+    assert!(values["nameOverride"].as_str().unwrap_or("").is_empty());
+    let deployment = read("deploy/helm/automanager/templates/deployment.yaml");
+    assert!(deployment.contains("name: {{ include \"automanager.fullname\" . }}"));
+    assert!(
+        deployment.contains("- name: debug\n              containerPort: {{ .Values.debug.port }}")
+    );
+    assert!(deployment.contains("- name: POD_NAME\n              valueFrom:\n                fieldRef:\n                  fieldPath: metadata.name"));
+    let locate = read("crates/cli/src/locate.rs");
+    assert!(locate.contains(
+        "pub const DEFAULT_SELECTOR: &str =\n    \"app.kubernetes.io/name=automanager,app.kubernetes.io/component=operator\";"
+    ) || locate.contains(
+        "pub const DEFAULT_SELECTOR: &str = \"app.kubernetes.io/name=automanager,app.kubernetes.io/component=operator\";"
+    ));
+    assert!(locate.contains("pub const DEBUG_PORT_NAME: &str = \"debug\";"));
 }
 
 /// docs/job-socket.md: the role keys the worker in this repository registers.

@@ -315,7 +315,15 @@ async fn too_many_restarts_break_the_bundle_until_the_retry_annotation() {
     assert!(
         metrics
             .lines()
-            .any(|l| l.starts_with("automanager_broken_bundles") && l.ends_with(" 1")),
+            .any(|l| l.starts_with("automanager_broken_bundles ") && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("automanager_broken_bundle_info{")
+                && l.contains("bundle=\"flaky\"")
+                && l.ends_with(" 1")),
         "{metrics}"
     );
 

@@ -251,7 +251,7 @@ async fn a_spare_target_beyond_max_nodes_stops_at_the_bound_and_says_so() {
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
     assert!(
         metrics.lines().any(|l| l
-            .starts_with("automanager_pool_spare_underflow{pool=\"aws-west\"}")
+            .starts_with("automanager_pool_spare_shortfall{pool=\"aws-west\"}")
             && !l.ends_with(" 0")),
         "{metrics}"
     );

@@ -440,6 +440,7 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     // The election's client: it must renew the Lease whatever the fence says.
     let election_client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
+    let election_client_for_debug = election_client.clone();
     let election = run_leader_election(
         election_client,
         &config.leader_election,
@@ -494,7 +495,29 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     let debug_server = match config.http.debug_bind_address {
         None => None,
         Some(addr) => {
-            let router = http::debug_router(Arc::new(DebugState(ctx.clone())));
+            // A standby answers with the Lease's holder, so a client can go to the leader.
+            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+                kube::Api::namespaced(
+                    election_client_for_debug.clone(),
+                    &config.leader_election.lease_namespace,
+                );
+            let lease_name = config.leader_election.lease_name.clone();
+            let lookup: http::LeaderLookup = Arc::new(move || {
+                let leases = leases.clone();
+                let name = lease_name.clone();
+                Box::pin(async move {
+                    let read = tokio::time::timeout(Duration::from_secs(5), leases.get_opt(&name));
+                    match read.await {
+                        Ok(Ok(lease)) => lease?.spec?.holder_identity,
+                        _ => None,
+                    }
+                })
+            });
+            let router = http::debug_router_for_replica(
+                Arc::new(DebugState(ctx.clone())),
+                readiness.clone(),
+                lookup,
+            );
             let stop = stopped();
             let thread = std::thread::Builder::new()
                 .name("debug-api".into())

@@ -1,0 +1,71 @@
+//! The plugin depends on `automanager-api` and pure crates only: not the operator, not Manager's
+//! client or wire types (tonic, prost, axum), which the mapping crate keeps behind its `wire`
+//! feature.
+
+use std::path::Path;
+
+fn manifest(path: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+fn dependencies(toml: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_deps = false;
+    for line in toml.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            in_deps = line == "[dependencies]";
+            continue;
+        }
+        if in_deps && !line.is_empty() && !line.starts_with('#') {
+            out.push(line.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_plugin_depends_on_the_api_and_pure_crates_only() {
+    let deps = dependencies(&manifest("Cargo.toml"));
+    for forbidden in [
+        "automanager-operator",
+        "automanager-policy",
+        "manager-client",
+        "manager-proto",
+        "tonic",
+        "prost",
+        "axum",
+        "prometheus-client",
+    ] {
+        assert!(
+            !deps.iter().any(|d| d.starts_with(&format!("{forbidden} "))),
+            "the plugin depends on {forbidden}"
+        );
+    }
+    assert!(
+        deps.iter()
+            .any(|d| d
+                == "automanager-mapping = { path = \"../mapping\", default-features = false }"),
+        "{deps:#?}"
+    );
+    let mapping = manifest("../mapping/Cargo.toml");
+    assert!(mapping.contains("manager-proto = { path = \"../manager-proto\", optional = true }"));
+    assert!(mapping.contains("wire = [\"dep:manager-proto\"]"));
+}
+
+/// kube's rustls client picks the process's crypto provider from rustls's features, and
+/// panics when none is enabled: the plugin must enable one itself now that nothing else pulls
+/// one in.
+#[test]
+fn a_client_for_an_https_apiserver_can_be_built() {
+    let url: http::Uri = "https://127.0.0.1:6443".parse().expect("a URL");
+    let config = kube::Config::new(url);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        kube::Client::try_from(config).expect("a client");
+    });
+}

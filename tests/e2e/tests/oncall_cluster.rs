@@ -1,0 +1,301 @@
+//! `make test-oncall-cluster`: `kubectl automanager` against the chart's Pods on a real node
+//! (the cluster harness, tests/e2e/src/cluster.rs), with no URL flag: the plugin finds the
+//! leader Pod by the chart's labels and the Lease and port-forwards to it through the apiserver
+//! and the kubelet. Needs root and `make image`, like `make test-cluster`; not part of `make test`.
+//!
+//! 1. `helm install` with two replicas, the simulator and the debugging API (on the Pods'
+//!    loopback: nothing exposed), then `kubectl apply -f examples/`: every Bundle Ready.
+//! 2. Through the plugin: `trace` (the leader's trace of a placed bundle), `what-if`, `top
+//!    nodes`, `map` (`-o json` agrees with the ManagerNode objects) and `migrate --wait` to the
+//!    end; `-v` says the leader Pod answered.
+//! 3. The standby's debugging port, reached by hand, answers 503 naming the leader.
+//! 4. The leader's process is killed: once the standby holds the Lease, the same commands go to
+//!    it (a Bundle placed after the change has its trace there).
+//!
+//! Prints `cli map_ms=… trace_ms=… through=leader-portforward` (medians of the plugin's whole
+//! run, process start to exit, beside `kubectl get managernodes -o json` measured in the same run).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use automanager_e2e::cluster::{Cluster, http_get};
+use automanager_e2e::examples_dir;
+use automanager_e2e::plugin::{self, PluginOutput};
+use serde_json::Value;
+
+const NS: &str = "automanager-system";
+const RELEASE: &str = "am";
+const FULLNAME: &str = "am-automanager";
+const WAIT: Duration = Duration::from_secs(300);
+const VALUES: &[&str] = &[
+    "--set",
+    "replicaCount=2",
+    "--set",
+    "managerSim.enabled=true",
+    "--set",
+    "debug.enabled=true",
+];
+
+fn run(c: &Cluster, args: &[&str]) -> PluginOutput {
+    plugin::run_with(args, |cmd| {
+        cmd.env("KUBECONFIG", c.env.kubeconfig_path());
+    })
+}
+
+fn ok(out: &PluginOutput) {
+    assert_eq!(
+        out.code, 0,
+        "exit {}\nstdout:\n{}\nstderr:\n{}",
+        out.code, out.stdout, out.stderr
+    );
+}
+
+/// The plugin's whole run, in milliseconds.
+fn timed(c: &Cluster, args: &[&str]) -> (PluginOutput, f64) {
+    let t = Instant::now();
+    let out = run(c, args);
+    (out, t.elapsed().as_secs_f64() * 1000.0)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn name(o: &Value) -> String {
+    o["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn operator_pods(c: &Cluster) -> Vec<Value> {
+    c.pods(
+        NS,
+        &format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"),
+    )
+    .await
+    .unwrap_or_default()
+}
+
+fn ready(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+async fn wait_ready(c: &Cluster, bundle: &str) {
+    c.wait_for(&format!("bundle {bundle} Ready"), WAIT, || async {
+        let b = c.get_json(&["bundle", bundle, "-n", "default"]).await?;
+        Ok((b["status"]["phase"] == "Ready").then_some(()))
+    })
+    .await
+    .unwrap();
+}
+
+/// The pod `-v` says answered.
+fn answered_by(out: &PluginOutput) -> String {
+    out.stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("operator: answered by pod "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no route on stderr:\n{}", out.stderr))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_change() {
+    let c = Cluster::builder().start().await.unwrap();
+    let out = c.install(RELEASE, NS, VALUES).unwrap();
+    assert!(out.success(), "helm install: {}", out.stderr);
+    let pods = c
+        .wait_for("two operator Pods Ready", WAIT, || async {
+            let pods = operator_pods(&c).await;
+            Ok((pods.len() == 2 && pods.iter().all(ready)).then_some(pods))
+        })
+        .await
+        .unwrap();
+    let names: Vec<String> = pods.iter().map(name).collect();
+    let leader = c
+        .wait_for("a Pod to hold the Lease", WAIT, || async {
+            Ok(c.lease_holder(NS, FULLNAME)
+                .await
+                .ok()
+                .filter(|h| names.contains(h)))
+        })
+        .await
+        .unwrap();
+    let standby = names.iter().find(|n| **n != leader).unwrap().clone();
+
+    // 1. The examples, placed.
+    let out = c
+        .kubectl(&["apply", "-f", examples_dir().to_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(out.success(), "kubectl apply -f examples/: {}", out.stderr);
+    for b in ["news-gold", "sports-silver", "my-channel-1"] {
+        wait_ready(&c, b).await;
+    }
+
+    // 2. Every command through the plugin, no URL flag.
+    let out = run(&c, &["trace", "news-gold", "-o", "json", "-v"]);
+    ok(&out);
+    assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
+    let t = out.json();
+    assert_eq!(t["bundleId"], "default.news-gold");
+    assert_eq!(t["replicas"].as_array().unwrap().len(), 2, "{t:#}");
+    let out = run(&c, &["trace", "news-gold"]);
+    ok(&out);
+    assert!(
+        out.stdout.contains("pools tried, in order"),
+        "{}",
+        out.stdout
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("probe.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: probe, namespace: default}\nspec:\n  replicas: 1\n  pools: [onprem]\n  jobs:\n    - {jobName: enc, requirements: {requiredCapacity: 1, priorityBand: bronze}}\n",
+    )
+    .unwrap();
+    let out = run(
+        &c,
+        &["what-if", "-f", file.to_str().unwrap(), "-o", "json", "-v"],
+    );
+    assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
+    assert!(out.json().get("kind").is_some(), "{}", out.stdout);
+
+    ok(&run(&c, &["top", "nodes"]));
+    ok(&run(&c, &["top", "pools"]));
+    // The operator writes ManagerNode status after the Bundle's: wait until it lists both
+    // replicas of news-gold, then the map must show the same.
+    c.wait_for(
+        "the ManagerNodes to list news-gold's two jobs",
+        WAIT,
+        || async {
+            let nodes = c.get_json(&["managernodes"]).await?;
+            let jobs = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter(|j| j["bundle"] == "default/news-gold")
+                .count();
+            Ok((jobs == 2).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let out = run(&c, &["map", "-o", "json"]);
+    ok(&out);
+    let nodes = c.get_json(&["managernodes"]).await.unwrap();
+    if let Err(e) = plugin::map_agrees_with_nodes(&out.json(), &nodes) {
+        panic!("{e}");
+    }
+    let out = run(&c, &["map", "--bundle", "news-gold"]);
+    ok(&out);
+    assert!(
+        out.stdout.contains("default/news-gold (#, [ ]):"),
+        "{}",
+        out.stdout
+    );
+
+    let out = run(
+        &c,
+        &[
+            "migrate",
+            "news-gold/0/encode",
+            "--wait",
+            "--timeout",
+            "240s",
+        ],
+    );
+    ok(&out);
+    assert!(out.stdout.contains("completed"), "{}", out.stdout);
+
+    // The figures: the plugin's whole run, beside kubectl reading the same objects.
+    let mut map_ms = Vec::new();
+    let mut trace_ms = Vec::new();
+    for _ in 0..5 {
+        let (out, ms) = timed(&c, &["map", "-o", "json"]);
+        ok(&out);
+        map_ms.push(ms);
+        let (out, ms) = timed(&c, &["trace", "sports-silver", "-o", "json"]);
+        ok(&out);
+        trace_ms.push(ms);
+    }
+    let mut kubectl_ms = Vec::new();
+    for _ in 0..5 {
+        let mut cmd = Command::new(c.env.bin_dir().join("kubectl"));
+        cmd.args(["get", "managernodes", "-o", "json"])
+            .env("KUBECONFIG", c.env.kubeconfig_path());
+        let t = Instant::now();
+        let out = cmd.output().unwrap();
+        kubectl_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert!(out.status.success());
+    }
+
+    // 3. The standby's own answer names the leader.
+    let pf = c
+        .port_forward(NS, &format!("pod/{standby}"), 8082)
+        .await
+        .unwrap();
+    let (status, body) = http_get(&format!("{}/debug/trace/default/news-gold", pf.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["role"], "standby", "{body}");
+    assert_eq!(v["leader"], leader.as_str(), "{body}");
+    drop(pf);
+
+    // 4. The leader dies; the standby takes over; the plugin follows the Lease.
+    c.kill_container(NS, &leader, "operator").await.unwrap();
+    c.wait_for("the standby to take the Lease over", WAIT, || async {
+        Ok(
+            (c.lease_holder(NS, FULLNAME).await.ok().as_deref() == Some(standby.as_str()))
+                .then_some(()),
+        )
+    })
+    .await
+    .unwrap();
+    let out = c
+        .kubectl(&["apply", "-f", file.to_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    wait_ready(&c, "probe").await;
+    let out = run(&c, &["trace", "probe", "-o", "json", "-v"]);
+    ok(&out);
+    assert_eq!(answered_by(&out), format!("{NS}/{standby}"));
+    let out = run(&c, &["what-if", "-f", file.to_str().unwrap(), "-v"]);
+    assert_eq!(
+        answered_by(&out),
+        format!("{NS}/{standby}"),
+        "{}",
+        out.stderr
+    );
+    ok(&run(&c, &["top", "nodes"]));
+    let out = run(&c, &["map", "-o", "json"]);
+    ok(&out);
+    let nodes = c.get_json(&["managernodes"]).await.unwrap();
+    if let Err(e) = plugin::map_agrees_with_nodes(&out.json(), &nodes) {
+        panic!("after the leader change: {e}");
+    }
+    let out = run(
+        &c,
+        &["migrate", "probe/0/enc", "--wait", "--timeout", "240s"],
+    );
+    ok(&out);
+
+    println!(
+        "cli map_ms={:.0} trace_ms={:.0} through=leader-portforward baseline_kubectl_get_managernodes_ms={:.0}",
+        median(&mut map_ms),
+        median(&mut trace_ms),
+        median(&mut kubectl_ms)
+    );
+}
