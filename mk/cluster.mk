@@ -18,7 +18,7 @@ registry-up: ## a local OCI registry on $(REGISTRY) (crane registry serve, blobs
 registry-down: ## stop the registry registry-up started
 	@if [ -f $(REGISTRY_DIR)/registry.pid ]; then kill "$$(cat $(REGISTRY_DIR)/registry.pid)" 2>/dev/null || true; rm -f $(REGISTRY_DIR)/registry.pid; echo "registry stopped"; else echo "no registry started by registry-up"; fi
 
-dist: image ## push the image and the chart (helm push, OCI) to REGISTRY (default: a local one, started if none answers)
+dist: image dist-plugin ## push the image and the chart (helm push, OCI) to REGISTRY (default: a local one, started if none answers); the plugin tarball and krew manifest in dist/
 	@if [ "$(REGISTRY)" = 127.0.0.1:5000 ]; then $(MAKE) --no-print-directory registry-up; fi
 	@tools/dist.sh $(REGISTRY) --image $(IMAGE_TAR)
 
