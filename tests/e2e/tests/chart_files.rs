@@ -28,9 +28,16 @@ fn the_charts_simulator_config_is_the_demos() {
 }
 
 /// Every key of values.yaml has a schema entry and every schema entry a value, so nothing is
-/// unchecked and nothing checked is undocumented.
+/// unchecked and nothing checked is undocumented. A setting whose default follows another
+/// value (`renewEvery`: two thirds of `leaseDuration`) has no value to write down: values.yaml
+/// shows it as a documented, commented-out line instead.
 #[test]
 fn values_and_their_schema_name_the_same_keys() {
+    fn commented_out(key: &str) -> bool {
+        let text = std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap();
+        text.lines()
+            .any(|l| l.trim_start().starts_with(&format!("# {key}: ")))
+    }
     fn walk(path: &str, values: &Value, schema: &Value, problems: &mut Vec<String>) {
         let Some(props) = schema["properties"].as_object() else {
             return;
@@ -45,7 +52,7 @@ fn values_and_their_schema_name_the_same_keys() {
             }
             for k in props
                 .keys()
-                .filter(|k| !map.contains_key(*k) && *k != "global")
+                .filter(|k| !map.contains_key(*k) && *k != "global" && !commented_out(k))
             {
                 problems.push(format!(
                     "{path}.{k} is in the schema but not in values.yaml"
