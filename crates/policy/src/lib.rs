@@ -11,6 +11,7 @@
 //! | [`ids`] | the bundle id the operator gives Manager for a Bundle object |
 //! | [`bounded`] | how status text is clipped to the schema's bounds |
 //! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
+//! | [`calendar`] | when voluntary moves may happen (disruption windows) and when spare schedules apply |
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
 //! | [`node_health`] | nodes whose workers refuse too many starts, and how long a flapping one is kept out |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
@@ -32,6 +33,7 @@
 
 pub mod bounded;
 pub mod bundle;
+pub mod calendar;
 pub mod consolidation;
 pub mod disruption;
 pub mod drain;
