@@ -304,8 +304,13 @@ impl Calendar {
         if covering.is_empty() {
             return Permit::Unrestricted;
         }
-        let end_of_open_at =
-            |at: DateTime<Utc>| covering.iter().filter_map(|r| r.open_at(at)).map(|o| o.end).max();
+        let end_of_open_at = |at: DateTime<Utc>| {
+            covering
+                .iter()
+                .filter_map(|r| r.open_at(at))
+                .map(|o| o.end)
+                .max()
+        };
         match end_of_open_at(t) {
             Some(mut until) => {
                 // Follow windows that open before the current one closes.
@@ -384,7 +389,12 @@ mod tests {
     fn parse_errors_name_the_field() {
         let cases: &[(&str, &str, &str, &str)] = &[
             ("0 18 * * FRI", "5h30m", "Europe/Oslo", ""),
-            ("0 18 * * *", "5h30m", "Europe/Olso", "timeZone \"Europe/Olso\""),
+            (
+                "0 18 * * *",
+                "5h30m",
+                "Europe/Olso",
+                "timeZone \"Europe/Olso\"",
+            ),
             ("0 18 * *", "1h", "UTC", "not a five-field cron pattern"),
             ("0 0 18 * * *", "1h", "UTC", "not a five-field cron pattern"),
             ("61 * * * *", "1h", "UTC", "not a five-field cron pattern"),
@@ -460,10 +470,16 @@ mod tests {
         // A window across the change lasts its full elapsed duration.
         let across = rec("0 1 * * *", "3h", "Europe/Oslo");
         let o = across.open_at(utc(2026, 3, 29, 2, 30)).unwrap();
-        assert_eq!((o.start, o.end), (utc(2026, 3, 29, 0, 0), utc(2026, 3, 29, 3, 0)));
+        assert_eq!(
+            (o.start, o.end),
+            (utc(2026, 3, 29, 0, 0), utc(2026, 3, 29, 3, 0))
+        );
         // ... which is 05:00 on the wall clock that day, 04:00 the day before.
         assert_eq!(
-            o.end.with_timezone(&chrono_tz::Europe::Oslo).format("%H:%M").to_string(),
+            o.end
+                .with_timezone(&chrono_tz::Europe::Oslo)
+                .format("%H:%M")
+                .to_string(),
             "05:00"
         );
         let wide = rec("*/15 * * * *", "5m", "Europe/Oslo");
@@ -493,7 +509,10 @@ mod tests {
         // The elapsed duration again: 02:00 + 2h of real time ends at 03:00 on the wall clock.
         let across = rec("0 2 * * *", "2h", "Europe/Oslo");
         let o = across.open_at(utc(2026, 10, 25, 1, 30)).unwrap();
-        assert_eq!((o.start, o.end), (utc(2026, 10, 25, 0, 0), utc(2026, 10, 25, 2, 0)));
+        assert_eq!(
+            (o.start, o.end),
+            (utc(2026, 10, 25, 0, 0), utc(2026, 10, 25, 2, 0))
+        );
     }
 
     #[test]
@@ -604,11 +623,16 @@ mod tests {
             Just("America/New_York"),
             Just("Australia/Lord_Howe"),
         ];
-        let durations = prop_oneof![Just("1m"), Just("10m"), Just("90m"), Just("5h30m"), Just("30h")];
+        let durations = prop_oneof![
+            Just("1m"),
+            Just("10m"),
+            Just("90m"),
+            Just("5h30m"),
+            Just("30h")
+        ];
         let reasons = proptest::sample::subsequence(all_reasons().to_vec(), 0..=2);
-        (schedules, durations, zones, reasons).prop_map(|(s, d, z, rs)| {
-            Window::parse(s, d, z, &rs).unwrap_or_else(|e| panic!("{e}"))
-        })
+        (schedules, durations, zones, reasons)
+            .prop_map(|(s, d, z, rs)| Window::parse(s, d, z, &rs).unwrap_or_else(|e| panic!("{e}")))
     }
 
     fn arb_reason() -> impl Strategy<Value = VoluntaryReason> {

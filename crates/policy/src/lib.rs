@@ -15,6 +15,7 @@
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
 //! | [`node_health`] | nodes whose workers refuse too many starts, and how long a flapping one is kept out |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
+//! | [`tiers`] | a target's hot (running) and warm (stopped) spares, their sizes and schedules |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
 //! | [`consolidation`] | which nodes of an elastic binpack pool can be emptied without dropping output, and where their jobs go |
@@ -22,6 +23,7 @@
 //! | [`disruption`] | whether a voluntary action may take a bundle's replica down now (the disruption budget) |
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
+//! | [`notice`] | which jobs of nodes Manager will reclaim move, how, in what order, and what is left to recovery |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
 //! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
 //! | [`start_settle`] | whether a pass that started jobs waits a moment for them to run before it records |
@@ -42,6 +44,7 @@ pub mod ledger;
 pub mod migration;
 pub mod migration_queue;
 pub mod node_health;
+pub mod notice;
 pub mod orphans;
 pub mod preempt;
 pub mod provision_budget;
@@ -50,6 +53,7 @@ pub mod rebalance;
 pub mod spares;
 pub mod start_settle;
 pub mod tags;
+pub mod tiers;
 pub mod vocab;
 pub mod zone_brake;
 

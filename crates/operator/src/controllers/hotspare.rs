@@ -113,6 +113,7 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
             .and_then(|b| mapping::parse_band(b)),
         holds_jobs,
         target_name: n.tags.get(mapping::SPARE_TARGET_TAG).cloned(),
+        zone: n.zone.clone(),
     }
 }
 
