@@ -40,6 +40,7 @@ pub mod node;
 pub mod pool;
 pub mod reference;
 pub mod trace;
+pub mod window;
 
 pub use bundle::*;
 pub use common::*;
@@ -50,6 +51,7 @@ pub use migration::*;
 pub use node::*;
 pub use pool::*;
 pub use trace::*;
+pub use window::*;
 
 /// The API group of every AutoManager resource.
 pub const GROUP: &str = "automanager.norsk.io";

@@ -625,6 +625,7 @@ fn plan(
                         allow_stop_then_start: b
                             .spec
                             .disruption
+                            .as_ref()
                             .is_some_and(|d| d.allow_stop_then_start_consolidation),
                     },
                 ))

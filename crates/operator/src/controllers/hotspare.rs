@@ -97,6 +97,8 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
     let state = match proto::NodeState::try_from(n.state) {
         Ok(proto::NodeState::Started) => SpareState::Started,
         Ok(proto::NodeState::Stopped) => SpareState::Stopped,
+        Ok(proto::NodeState::PoweringOff) => SpareState::Stopping,
+        Ok(proto::NodeState::PoweredOff) => SpareState::PoweredOff,
         Ok(proto::NodeState::Terminated) => SpareState::Terminated,
         _ => SpareState::Starting,
     };

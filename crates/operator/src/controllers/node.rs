@@ -64,6 +64,8 @@ fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, St
     let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
     match status.state {
         NodeState::Stopped => (Standing::Ready, "Stopped", reported),
+        NodeState::Unreachable => (Standing::Ready, "Unreachable", reported),
+        NodeState::Stopping => (Standing::Reconciling, "Stopping", reported),
         NodeState::Terminated => (Standing::Ready, "Terminated", reported),
         NodeState::Starting => (Standing::Reconciling, "Starting", reported),
         NodeState::Started if !status.healthy => match status.held_out_until {
@@ -99,7 +101,9 @@ fn ms_to_time(ms: i64) -> Option<DateTime<Utc>> {
 fn node_state(n: &proto::Node) -> NodeState {
     match proto::NodeState::try_from(n.state) {
         Ok(proto::NodeState::Started) => NodeState::Started,
-        Ok(proto::NodeState::Stopped) => NodeState::Stopped,
+        Ok(proto::NodeState::Stopped) => NodeState::Unreachable,
+        Ok(proto::NodeState::PoweringOff) => NodeState::Stopping,
+        Ok(proto::NodeState::PoweredOff) => NodeState::Stopped,
         Ok(proto::NodeState::Terminated) => NodeState::Terminated,
         _ => NodeState::Starting,
     }
@@ -262,9 +266,12 @@ fn desired_status(
         job_count: i32::try_from(load.count).unwrap_or(i32::MAX),
         jobs: load.jobs,
         drain: None,
-        stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
+        stopped_at: matches!(state, NodeState::Unreachable | NodeState::Terminated)
             .then(|| ms_to_time(n.state_changed_at_ms))
             .flatten(),
+        reclaim_at: ms_to_time(n.reclaim_at_ms),
+        reclaim_reason: (!n.reclaim_reason.is_empty())
+            .then(|| n.reclaim_reason.chars().take(128).collect()),
         conditions,
     }
 }
@@ -319,7 +326,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                     continue; // the health overlay is all a non-owner needs from this loop
                 }
                 let state = node_state(n);
-                let gone_for = matches!(state, NodeState::Stopped | NodeState::Terminated)
+                let gone_for = matches!(state, NodeState::Unreachable | NodeState::Terminated)
                     .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
                     .unwrap_or(0);
                 if gone_for
@@ -352,7 +359,7 @@ pub async fn run_mirror_sync(ctx: Arc<Context>, mut wake: tokio::sync::mpsc::Rec
                 status.drain = ctx.state().nodes_mut().drain_status(
                     &n.node_id,
                     status.jobs.len(),
-                    matches!(state, NodeState::Stopped | NodeState::Terminated),
+                    matches!(state, NodeState::Unreachable | NodeState::Terminated),
                     now,
                 );
                 let generation = ctx.state().nodes().generation(&n.node_id);
@@ -469,7 +476,9 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
     let (reason, type_) = match status.state {
         NodeState::Starting => ("NodeStarting", EventType::Normal),
         NodeState::Started => ("NodeStarted", EventType::Normal),
-        NodeState::Stopped => ("NodeStopped", EventType::Warning),
+        NodeState::Stopping => ("NodeStopping", EventType::Normal),
+        NodeState::Stopped => ("NodeStopped", EventType::Normal),
+        NodeState::Unreachable => ("NodeUnreachable", EventType::Warning),
         NodeState::Terminated => ("NodeTerminated", EventType::Normal),
     };
     let mut obj = ManagerNode::new(name, ManagerNodeSpec::default());
@@ -628,11 +637,12 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     ctx.state()
         .nodes_mut()
         .begin_drain(&node_id, jobs, ctx.clock.now());
-    let gone = ctx
-        .manager
-        .mirror()
-        .node(&node_id)
-        .is_none_or(|n| matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped));
+    let gone = ctx.manager.mirror().node(&node_id).is_none_or(|n| {
+        matches!(
+            node_state(&n),
+            NodeState::Terminated | NodeState::Unreachable
+        )
+    });
     if !gone {
         ctx.manager.terminate_node(&node_id).await?;
     }
@@ -727,6 +737,16 @@ mod tests {
                 "Terminated",
             ),
             (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
+            (
+                node(NodeState::Stopping, true, None),
+                S::Reconciling,
+                "Stopping",
+            ),
+            (
+                node(NodeState::Unreachable, true, None),
+                S::Ready,
+                "Unreachable",
+            ),
             (
                 ManagerNodeStatus {
                     conditions: vec![condition(
