@@ -635,7 +635,7 @@ impl ManagerClient {
             node_id: node_id.to_owned(),
         };
         let r = self
-            .mutate(|mut c, d| async move { c.stop_node(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.stop_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
@@ -649,7 +649,7 @@ impl ManagerClient {
             node_id: node_id.to_owned(),
         };
         let r = self
-            .mutate(|mut c, d| async move { c.start_node(req_with(req, d)).await })
+            .mutate(|c, d| async move { c.start_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,
