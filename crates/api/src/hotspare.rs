@@ -77,7 +77,7 @@ pub struct SpareSchedule {
     pub schedule: String,
     /// How long it lasts from each start (elapsed time, e.g. `5h30m`), 1m to 744h.
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('744h')").message("duration must be between 1m and 744h, such as 2h or 5h30m"))]
+    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('744h')").message("duration must be between 1m and 744h, such as 2h or 5h30m"))]
     pub duration: String,
     /// The IANA time zone, e.g. `Europe/Oslo`. Default `UTC`.
     #[serde(default = "utc", skip_serializing_if = "is_utc")]
