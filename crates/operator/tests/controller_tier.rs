@@ -44,11 +44,18 @@ struct Tier {
 
 impl Tier {
     async fn start(config: impl FnOnce(&mut OperatorConfig)) -> Tier {
+        Tier::start_with_sim(|_| {}, config).await
+    }
+
+    async fn start_with_sim(
+        sim_config: impl FnOnce(&mut SimConfig),
+        config: impl FnOnce(&mut OperatorConfig),
+    ) -> Tier {
         let sim_yaml =
             std::fs::read_to_string(repo().join("deploy/demo/manager-sim.yaml")).unwrap();
-        let sim = Sim::start_in_process(SimConfig::from_yaml(&sim_yaml).unwrap())
-            .await
-            .expect("manager-sim");
+        let mut sim_cfg = SimConfig::from_yaml(&sim_yaml).unwrap();
+        sim_config(&mut sim_cfg);
+        let sim = Sim::start_in_process(sim_cfg).await.expect("manager-sim");
         let mut cfg = OperatorConfig::default();
         config(&mut cfg);
         // Manager through its port, in this process: no socket anywhere in this tier.
@@ -468,4 +475,212 @@ async fn a_pool_being_deleted_keeps_what_runs_there_and_takes_no_new_bundle() {
         .expect("a pass of the running bundle");
     assert_eq!(t.manager_jobs("news").len(), 1);
     assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
+}
+
+// ---- HotSpareTarget tiers ----
+
+const SPARES: &str = "/apis/automanager.norsk.io/v1alpha1/hotsparetargets";
+
+impl Tier {
+    fn spare_target(&self, name: &str, spec: serde_json::Value) -> api::HotSpareTarget {
+        self.api.insert(&api::HotSpareTarget::new(
+            name,
+            serde_json::from_value(spec).unwrap(),
+        ))
+    }
+
+    async fn spare_pass(&self, name: &str) -> kube::runtime::controller::Action {
+        let t = self
+            .api
+            .get::<api::HotSpareTarget>(None, name)
+            .expect("the target is stored");
+        controllers::hotspare::reconcile(Arc::new(t), self.ctx.clone())
+            .await
+            .expect("the spare pass")
+    }
+
+    fn spare_status(&self, name: &str) -> api::HotSpareTargetStatus {
+        self.api
+            .get::<api::HotSpareTarget>(None, name)
+            .and_then(|t| t.status)
+            .expect("a status")
+    }
+
+    /// The target's spares in Manager, by state.
+    fn spares_in(&self, state: manager_proto::NodeState) -> Vec<String> {
+        self._sim
+            .snapshot()
+            .nodes
+            .into_iter()
+            .filter(|n| {
+                n.tags
+                    .get("automanager.hot-spare-target")
+                    .map(String::as_str)
+                    == Some("tiers")
+                    && n.state() == state
+            })
+            .map(|n| n.node_id)
+            .collect()
+    }
+
+    /// Waits until the mirror shows `count` of the target's spares in `state`.
+    async fn wait_spares(&self, state: manager_proto::NodeState, count: usize) {
+        self.ctx
+            .manager
+            .wait_until(BOUND, |m| {
+                m.nodes
+                    .values()
+                    .filter(|n| {
+                        n.tags
+                            .get("automanager.hot-spare-target")
+                            .map(String::as_str)
+                            == Some("tiers")
+                            && n.state() == state
+                    })
+                    .count()
+                    == count
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{count} spare(s) {state:?}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn warm_spares_are_made_by_create_then_stop_and_a_taken_hot_spare_is_refilled_by_starting_one()
+ {
+    use manager_proto::NodeState as N;
+    let t = Tier::start_with_sim(
+        |sim| {
+            sim.timing.start_delay_ms = Some(100);
+            sim.timing.stop_delay_ms = Some(50);
+        },
+        |_| {},
+    )
+    .await
+    .with_example_pools()
+    .await;
+    t.spare_target(
+        "tiers",
+        serde_json::json!({
+            "pool": "aws-east",
+            "hot": {"count": 1},
+            "warm": {"count": 1},
+            "spec": {"instanceType": "m5.xlarge", "region": "eu-west-1"},
+        }),
+    );
+    t.spare_pass("tiers").await; // the finalizer
+    t.spare_pass("tiers").await;
+    // One node per tier is asked for; both come up running.
+    t.wait_spares(N::Started, 2).await;
+    t.spare_pass("tiers").await;
+    // The hot tier has one too many: it is stopped into the warm tier.
+    t.wait_spares(N::PoweredOff, 1).await;
+    t.spare_pass("tiers").await;
+    let status = t.spare_status("tiers");
+    assert_eq!(
+        (
+            status.live_spares,
+            status.warm_spares,
+            status.target_count,
+            status.warm_target
+        ),
+        (1, 1, 1, 1)
+    );
+    let warm = find_condition(&status.conditions, "WarmTier").expect("a WarmTier condition");
+    assert_eq!(warm.reason, "AtTarget");
+    let stopped = t.spares_in(N::PoweredOff);
+    let hot = t.spares_in(N::Started);
+
+    // A recovery takes the hot spare.
+    let taken = hot[0].clone();
+    t._sim.with_world(|w, now| {
+        w.register_bundle(
+            &manager_proto::Bundle {
+                bundle_id: "rescue".into(),
+                replicas: 1,
+                jobs: vec![manager_proto::BundleJob {
+                    job_name: "enc".into(),
+                    requirements: Some(manager_proto::JobRequirements {
+                        required_capacity: 10.0,
+                        required_cores: 1,
+                        priority_band: "gold".into(),
+                        ..Default::default()
+                    }),
+                    config: Vec::new(),
+                }],
+                ..Default::default()
+            },
+            now,
+        )
+        .unwrap();
+        w.start_job("rescue/0/enc", &taken, 0, now).unwrap();
+    });
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| m.node_usage(&taken) != (0.0, 0))
+        .await
+        .expect("the mirror sees the job on the spare");
+    t.spare_pass("tiers").await;
+    // The warm spare is started (no node created for the hot tier) and a new warm one is made.
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.nodes
+                .get(&stopped[0])
+                .is_some_and(|n| matches!(n.state(), N::Starting | N::Started))
+        })
+        .await
+        .expect("the warm spare starts");
+    let status = t.spare_status("tiers");
+    assert_eq!((status.warm_spares, status.pending_warm_spares), (0, 1));
+    assert!(
+        t.api
+            .writes()
+            .iter()
+            .all(|w| w.starts_with(&format!("PATCH {SPARES}/tiers"))),
+        "{:?}",
+        t.api.writes()
+    );
+    // Both tiers settle again: the started spare is hot, the new node is stopped (the taken
+    // node, still tagged, is the third one running).
+    t.wait_spares(N::Started, 3).await;
+    t.spare_pass("tiers").await;
+    t.wait_spares(N::PoweredOff, 1).await;
+    t.spare_pass("tiers").await;
+    let status = t.spare_status("tiers");
+    assert_eq!((status.live_spares, status.warm_spares), (1, 1));
+}
+
+#[tokio::test]
+async fn a_schedule_raises_the_hot_tier_ahead_of_its_window() {
+    let t = Tier::start_with_sim(|sim| sim.timing.start_delay_ms = Some(100), |_| {})
+        .await
+        .with_example_pools()
+        .await;
+    // The clock stands at 2026-03-01 12:00 UTC, a Sunday; the schedule opens at 12:00 on
+    // Sundays in UTC+1 (11:00 UTC), so it is open now for another half hour.
+    t.spare_target(
+        "tiers",
+        serde_json::json!({
+            "pool": "aws-east",
+            "targetCount": 1,
+            "schedules": [{"schedule": "0 12 * * SUN", "duration": "90m", "timeZone": "Europe/Oslo", "hot": {"count": 3}}],
+            "spec": {"instanceType": "m5.xlarge", "region": "eu-west-1"},
+        }),
+    );
+    t.spare_pass("tiers").await;
+    t.spare_pass("tiers").await;
+    let status = t.spare_status("tiers");
+    assert_eq!(status.target_count, 3);
+    assert_eq!(status.active_schedules, vec!["0 12 * * SUN".to_owned()]);
+    assert_eq!(
+        status.next_schedule_change.map(|t| t.to_rfc3339()),
+        Some("2026-03-01T12:30:00+00:00".to_owned())
+    );
+    // After the window the base size applies again.
+    t.clock.advance(Duration::from_secs(31 * 60));
+    t.spare_pass("tiers").await;
+    let status = t.spare_status("tiers");
+    assert_eq!(status.target_count, 1);
+    assert!(status.active_schedules.is_empty());
 }

@@ -194,7 +194,7 @@ pub struct PoolTraits {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TierCounts {
     pub target: u32,
-    /// Hot: running and empty. Warm: stopped and empty.
+    /// Hot: running and empty. Warm: stopped and empty, less those this plan starts.
     pub ready: u32,
     /// On their way, including what this plan asks for.
     pub pending: u32,
@@ -248,6 +248,16 @@ impl TierPlan {
     /// Nodes to create, both tiers.
     pub fn creates(&self) -> u32 {
         self.create_hot.saturating_add(self.create_warm)
+    }
+
+    /// `status.underflowSince` for the hot tier: kept while the underflow lasts, `now` when it
+    /// begins, cleared when it ends.
+    pub fn underflow_since(
+        &self,
+        previous: Option<DateTime<Utc>>,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        self.underflow.as_ref().map(|_| previous.unwrap_or(now))
     }
 }
 
@@ -374,6 +384,13 @@ pub fn plan_tiers(input: TierInput<'_>) -> Result<TierPlan, SpareSpecError> {
         .filter(|n| !plan.start.contains(&n.node_id))
         .copied()
         .collect();
+    // A warm spare being started is the hot tier's from now on.
+    plan.warm.ready = count(remaining.len());
+    plan.warm_underflow = (plan.warm.ready < warm_target).then(|| Underflow {
+        pool: spec.pool.clone(),
+        current: plan.warm.ready,
+        target: warm_target,
+    });
 
     // Hot surplus: the aged spare of a rotation goes; the rest may become warm.
     let retiring = match &hp.rotate {
@@ -596,7 +613,7 @@ mod tests {
         // The warm tier is now one short: created, to be stopped once up.
         assert_eq!(p.create_warm, 1);
         assert_eq!((p.hot.ready, p.hot.pending), (1, 1));
-        assert_eq!((p.warm.ready, p.warm.pending), (2, 1));
+        assert_eq!((p.warm.ready, p.warm.pending), (1, 1));
     }
 
     #[test]

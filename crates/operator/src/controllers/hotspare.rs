@@ -19,7 +19,9 @@ use manager_proto as proto;
 
 use super::{Context, Error, condition};
 use crate::mapping;
+use automanager_policy::calendar::Recurrence;
 use automanager_policy::spares::{self, RotationStep, SpareNode, SpareState};
+use automanager_policy::tiers;
 
 /// Rotation and figures are looked at least this often.
 const REFRESH: Duration = Duration::from_secs(30);
@@ -73,7 +75,10 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
                         == Some(name.as_str())
                     && matches!(
                         proto::NodeState::try_from(n.state),
-                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                        Ok(proto::NodeState::Starting
+                            | proto::NodeState::Started
+                            | proto::NodeState::PoweringOff
+                            | proto::NodeState::PoweredOff)
                     )
                     && m.node_usage(&n.node_id) == (0.0, 0)
             })
@@ -225,6 +230,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     // The brake: spares count against the pool's maxNodes like any node, and the pool's
     // request rate bounds how many are asked for at once.
     let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
+    // A stopped node is still the pool's: it counts under maxNodes until it is terminated.
     let pool_nodes = ctx.manager.mirror().read(|m| {
         m.nodes
             .values()
@@ -232,7 +238,10 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
                 n.pool == spec.pool
                     && matches!(
                         proto::NodeState::try_from(n.state),
-                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
+                        Ok(proto::NodeState::Starting
+                            | proto::NodeState::Started
+                            | proto::NodeState::PoweringOff
+                            | proto::NodeState::PoweredOff)
                     )
             })
             .count()
@@ -252,8 +261,53 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     );
     let allowance = ctx.state().provisioning_mut().allowance(&spec.pool, now);
     let wanted = mapping::spare_target(spec);
-    let plan = match spares::plan_spares(&name, &wanted, pool.spec.scale_out, &nodes, now) {
-        Ok(p) => p.brake(max_nodes, room, allowance),
+    let degraded_zones: std::collections::BTreeSet<String> = ctx
+        .state()
+        .provisioning()
+        .zone_brake()
+        .degraded_in(&spec.pool)
+        .into_iter()
+        .map(|d| d.zone.clone())
+        .collect();
+    let bounds = tiers::TierBounds {
+        max_nodes,
+        room,
+        allowance,
+        all_zones_degraded: !pool.spec.zones.is_empty()
+            && pool.spec.zones.iter().all(|z| degraded_zones.contains(z)),
+        degraded_zones,
+    };
+    let sizes = match tier_sizes(ctx, target, &nodes, now).await {
+        Ok(sizes) => sizes,
+        Err(message) => {
+            api::set_standing(
+                &mut status.conditions,
+                api::Standing::Stalled,
+                "InvalidSpec",
+                message,
+                generation,
+                now,
+            );
+            write_status(ctx, target, &prev, status).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let plan = match tiers::plan_tiers(tiers::TierInput {
+        target_name: &name,
+        spec: &wanted,
+        hot: sizes.hot,
+        warm: sizes.warm,
+        pool: tiers::PoolTraits {
+            scale_out: pool.spec.scale_out,
+            can_stop: pool.spec.kind != api::PoolKind::Cluster,
+        },
+        nodes: &nodes,
+        now,
+        // No window governs spare rotation of a pool's spares yet: a spare holds no bundle's job.
+        rotation_allowed: true,
+        bounds: &bounds,
+    }) {
+        Ok(p) => p,
         Err(e) => {
             api::set_standing(
                 &mut status.conditions,
@@ -267,10 +321,18 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             return Ok(Action::await_change());
         }
     };
+    status.target_count = i32::try_from(plan.hot.target).unwrap_or(i32::MAX);
+    status.warm_target = i32::try_from(plan.warm.target).unwrap_or(i32::MAX);
+    status.active_schedules = sizes
+        .active
+        .iter()
+        .filter_map(|i| spec.schedules.get(*i).map(|s| s.schedule.clone()))
+        .collect();
+    status.next_schedule_change = sizes.next_change;
 
     // Act: provision first, so a rotation or a taken spare never leaves the pool short for longer.
     let req = spares::spare_provision_request(&name, &wanted);
-    for _ in 0..plan.provision {
+    for _ in 0..plan.creates() {
         if !ctx.state().provisioning_mut().take_request(&spec.pool, now) {
             break;
         }
@@ -332,6 +394,43 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         )
         .await;
     }
+    for node in &plan.start {
+        match ctx.manager.start_node(node).await {
+            Ok(_) => {
+                ctx.event(
+                    target,
+                    EventType::Normal,
+                    "StartingWarmSpare",
+                    "Start",
+                    format!("warm spare {node} started to refill the hot tier"),
+                )
+                .await
+            }
+            Err(e) if super::is_final_answer(&e) => {
+                tracing::info!(target = %name, node = %node, error = %e, "warm spare not started")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for node in &plan.stop {
+        match ctx.manager.stop_node(node).await {
+            Ok(_) => {
+                ctx.event(
+                    target,
+                    EventType::Normal,
+                    "StoppingSpare",
+                    "Stop",
+                    format!("spare {node} stopped to refill the warm tier"),
+                )
+                .await
+            }
+            // A recovery placed a job there since the plan looked: it stays a working node.
+            Err(e) if super::is_final_answer(&e) => {
+                tracing::info!(target = %name, node = %node, error = %e, "spare not stopped")
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     let mut blocked: Option<String> = None;
     for node in &plan.terminate {
         if !may_terminate(ctx, target, node, &mut blocked).await? {
@@ -345,7 +444,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
             "Terminate",
             format!(
                 "spare {node} terminated: pool {} is over target {}",
-                spec.pool, plan.target
+                spec.pool, plan.hot.target
             ),
         )
         .await;
@@ -367,9 +466,11 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
 
     // Record.
     super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
-    status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
-    status.pending_spares =
-        i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
+    status.live_spares = i32::try_from(plan.hot.ready).unwrap_or(i32::MAX);
+    status.pending_spares = i32::try_from(plan.hot.pending).unwrap_or(i32::MAX);
+    status.warm_spares = i32::try_from(plan.warm.ready).unwrap_or(i32::MAX);
+    status.pending_warm_spares = i32::try_from(plan.warm.pending).unwrap_or(i32::MAX);
+    set_warm_condition(&mut status.conditions, &plan, &spec.pool, generation, now);
     status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
     status.underflow_since = plan.underflow_since(prev.underflow_since, now);
     ctx.metrics
@@ -408,17 +509,23 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
                     "SpareUnderflow",
                     false,
                     "AtTarget",
-                    format!("{} live spares, target {}", plan.live, plan.target),
+                    format!("{} live spares, target {}", plan.hot.ready, plan.hot.target),
                     generation,
                     now,
                 ),
             );
         }
     }
-    let counts = format!(
+    let mut counts = format!(
         "{} live, {} pending, target {}",
-        plan.live, plan.pending, plan.target
+        plan.hot.ready, plan.hot.pending, plan.hot.target
     );
+    if plan.warm.target > 0 || plan.warm.ready + plan.warm.pending > 0 {
+        counts.push_str(&format!(
+            "; warm: {} stopped, {} coming, target {}",
+            plan.warm.ready, plan.warm.pending, plan.warm.target
+        ));
+    }
     // Underflow with spares on their way is progress; underflow nothing can fix (a fixed pool
     // has no nodes to spare) is stalled until nodes or the target change.
     // A target the pool's maxNodes cannot hold is stalled, and says why.
@@ -428,16 +535,16 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         .filter(|b| matches!(b, spares::Brake::MaxNodes { .. }));
     let (standing, reason) = match &plan.underflow {
         Some(_) if at_max_nodes.is_some() => (api::Standing::Stalled, "PoolAtMaxNodes"),
-        Some(_) if plan.pending + plan.provision > 0 => {
-            (api::Standing::Reconciling, "Provisioning")
-        }
+        Some(_) if plan.hot.pending > 0 => (api::Standing::Reconciling, "Provisioning"),
         Some(_) => (api::Standing::Stalled, "SpareUnderflow"),
         None if !plan.terminate.is_empty() => (api::Standing::Reconciling, "TerminatingExcess"),
         None if plan.rotate.is_some() => (api::Standing::Reconciling, "Rotating"),
         None => (api::Standing::Ready, "AtTarget"),
     };
     let message = match (&plan.underflow, at_max_nodes) {
-        (Some(_), Some(brake)) => format!("{}; {counts}", brake.message(&spec.pool, plan.target)),
+        (Some(_), Some(brake)) => {
+            format!("{}; {counts}", brake.message(&spec.pool, plan.hot.target))
+        }
         (Some(u), None) => format!("{}; {counts}", u.message()),
         (None, _) => counts,
     };
@@ -464,15 +571,21 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
         now,
     );
     write_status(ctx, target, &prev, status).await?;
-    Ok(Action::requeue(
-        if plan.provision > 0 || plan.rotate.is_some() {
-            Duration::from_secs(1)
-        } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
-            Duration::from_secs(5)
-        } else {
-            REFRESH
-        },
-    ))
+    let busy = !plan.is_noop() || plan.rotate.is_some() || plan.warm.pending > 0;
+    let mut requeue = if busy {
+        Duration::from_secs(1)
+    } else if matches!(plan.braked, Some(spares::Brake::Rate { .. })) {
+        Duration::from_secs(5)
+    } else {
+        REFRESH
+    };
+    // Wake when a schedule's sizes begin or end.
+    if let Some(at) = sizes.next_change
+        && let Ok(until) = (at - now).to_std()
+    {
+        requeue = requeue.min(until.max(Duration::from_millis(100)));
+    }
+    Ok(Action::requeue(requeue))
 }
 
 /// Whether a spare may be terminated now. The planner only retires spares that hold no job,
@@ -511,6 +624,125 @@ async fn may_terminate(
             Ok(false)
         }
     }
+}
+
+/// The tier counts in effect now: the schedules applied ahead by the pool's start latency (as
+/// Manager reports it), else `hot` (or `targetCount`) and `warm`. An error is a message for
+/// the `Stalled` condition.
+async fn tier_sizes(
+    ctx: &Arc<Context>,
+    target: &HotSpareTarget,
+    nodes: &[SpareNode],
+    now: chrono::DateTime<Utc>,
+) -> Result<tiers::TiersInEffect, String> {
+    let spec = &target.spec;
+    let count = tiers::TierSize::Count(u32::try_from(spec.target_count).unwrap_or(0));
+    let base = tiers::TierSizes {
+        hot: spec.hot.as_ref().map_or(count, api::TierSize::to_policy),
+        warm: spec
+            .warm
+            .as_ref()
+            .map_or(tiers::TierSize::Count(0), api::TierSize::to_policy),
+    };
+    base.validate().map_err(|e| e.to_string())?;
+    let mut schedules = Vec::with_capacity(spec.schedules.len());
+    for s in &spec.schedules {
+        let recurrence = Recurrence::parse(&s.schedule, &s.duration, &s.time_zone)
+            .map_err(|e| format!("schedules: {e}"))?;
+        let sizes = tiers::TierSizes {
+            hot: s.hot.as_ref().map_or(base.hot, api::TierSize::to_policy),
+            warm: s.warm.as_ref().map_or(base.warm, api::TierSize::to_policy),
+        };
+        sizes.validate().map_err(|e| format!("schedules: {e}"))?;
+        schedules.push(tiers::TierSchedule { recurrence, sizes });
+    }
+    // Shares are of the pool's working nodes: started and running jobs, spares aside.
+    let spare_ids: std::collections::BTreeSet<&str> =
+        nodes.iter().map(|n| n.node_id.as_str()).collect();
+    let working = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| {
+                n.pool == spec.pool
+                    && n.state() == proto::NodeState::Started
+                    && !spare_ids.contains(n.node_id.as_str())
+                    && m.node_usage(&n.node_id) != (0.0, 0)
+            })
+            .count()
+    });
+    let lead = if schedules.is_empty() {
+        chrono::TimeDelta::zero()
+    } else {
+        start_latency(ctx, &spec.pool).await
+    };
+    Ok(tiers::tiers_in_effect(
+        &base,
+        &schedules,
+        u32::try_from(working).unwrap_or(u32::MAX),
+        now,
+        lead,
+    ))
+}
+
+/// How long the pool takes to bring a spare up: the slower of starting a stopped node and
+/// provisioning a new one, as Manager reports them (a schedule starts that much early).
+async fn start_latency(ctx: &Context, pool: &str) -> chrono::TimeDelta {
+    match ctx.manager.list_pools().await {
+        Ok(pools) => pools
+            .iter()
+            .find(|p| p.name == pool)
+            .map(|p| p.start_delay_ms.max(p.provision_delay_ms))
+            .map_or(chrono::TimeDelta::zero(), |ms| {
+                chrono::TimeDelta::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
+            }),
+        Err(e) => {
+            tracing::info!(pool, error = %e, "pool start latency unknown: schedules apply on time");
+            chrono::TimeDelta::zero()
+        }
+    }
+}
+
+/// The `WarmTier` condition: at target, below it, or not possible in this pool.
+fn set_warm_condition(
+    conditions: &mut Vec<api::Condition>,
+    plan: &tiers::TierPlan,
+    pool: &str,
+    generation: Option<i64>,
+    now: chrono::DateTime<Utc>,
+) {
+    let (ok, reason, message) = if plan.warm_unsupported {
+        (
+            false,
+            "PoolCannotStop",
+            format!("pool {pool} cannot stop nodes (a cluster pool): it keeps no warm spares"),
+        )
+    } else if let Some(u) = &plan.warm_underflow {
+        (
+            false,
+            "BelowTarget",
+            format!(
+                "pool {pool} has {} warm spare(s), {} coming, target {}",
+                u.current, plan.warm.pending, u.target
+            ),
+        )
+    } else {
+        (
+            true,
+            "AtTarget",
+            format!(
+                "{} warm spare(s), target {}",
+                plan.warm.ready, plan.warm.target
+            ),
+        )
+    };
+    if plan.warm.target == 0 && !plan.warm_unsupported {
+        conditions.retain(|c| c.type_ != "WarmTier");
+        return;
+    }
+    api::set_condition(
+        conditions,
+        condition("WarmTier", ok, reason, message, generation, now),
+    );
 }
 
 async fn write_status(
