@@ -608,7 +608,13 @@ async fn may_terminate(
     if !hosts {
         return Ok(true);
     }
-    match super::disruption::allow_node_terminate(ctx, node).await? {
+    match super::disruption::allow_node_terminate(
+        ctx,
+        node,
+        automanager_policy::vocab::VoluntaryReason::SpareRotation,
+    )
+    .await?
+    {
         Ok(()) => Ok(true),
         Err(why) => {
             ctx.metrics.disruption_blocked("spareRotation");

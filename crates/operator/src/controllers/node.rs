@@ -628,7 +628,13 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     }
     // A terminate drain is a voluntary disruption too: it waits for the budget of every
     // bundle with a job on the node.
-    if let Err(why) = super::disruption::allow_node_terminate(ctx, &node_id).await? {
+    if let Err(why) = super::disruption::allow_node_terminate(
+        ctx,
+        &node_id,
+        automanager_policy::vocab::VoluntaryReason::Drain,
+    )
+    .await?
+    {
         drain_blocked(ctx, node, &node_id, why).await;
         return Ok(Action::requeue(BLOCKED_POLL));
     }
