@@ -684,3 +684,75 @@ async fn a_schedule_raises_the_hot_tier_ahead_of_its_window() {
     assert_eq!(status.target_count, 1);
     assert!(status.active_schedules.is_empty());
 }
+
+// ---- reclaim notices ----
+
+#[tokio::test]
+async fn a_reclaim_notice_moves_the_nodes_jobs_by_their_strategy_before_the_deadline() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    let mut b = Bundle::new(
+        "news",
+        serde_json::from_value(serde_json::json!({
+            "replicas": 2,
+            "pools": ["onprem"],
+            "jobs": [{"jobName": "enc", "migration": {"strategy": "overlap"},
+                      "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "gold"}}],
+        }))
+        .unwrap(),
+    );
+    b.metadata.namespace = Some("live".into());
+    t.api.insert(&b);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    let status = t.stored_bundle("news").status.expect("a status");
+    let noticed = status.replicas[0].jobs[0]
+        .node_id
+        .clone()
+        .expect("replica 0 is placed");
+    t._sim.with_world(|w, now| {
+        w.notice_node(&noticed, 120_000, "maintenance", now)
+            .unwrap();
+    });
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| m.noticed_nodes().any(|n| n.node_id == noticed))
+        .await
+        .expect("the mirror shows the notice");
+    t.api.clear_calls();
+
+    let mut told = std::collections::HashMap::new();
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("the reclaim pass");
+
+    let created = kube::Api::<api::Migration>::namespaced(t.api.client(), "live")
+        .list(&Default::default())
+        .await
+        .expect("the Migrations")
+        .items;
+    assert_eq!(created.len(), 1, "{:?}", t.api.writes());
+    let m = &created[0];
+    assert_eq!(m.spec.job.replica, 0);
+    assert_eq!(m.spec.strategy, Some(api::MigrationStrategy::Overlap));
+    assert_eq!(
+        m.labels().get(api::PURPOSE_LABEL).map(String::as_str),
+        Some("reclaim")
+    );
+    assert!(
+        told.get(&noticed)
+            .is_some_and(|s| s.contains("1 job(s) moving now"))
+    );
+    // A second pass finds its Migration and asks for nothing more.
+    t.api.clear_calls();
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("the second pass");
+    assert!(
+        !t.api
+            .calls()
+            .iter()
+            .any(|c| c.method == Method::POST && c.path.ends_with("/migrations")),
+        "{:?}",
+        t.api.writes()
+    );
+}

@@ -235,6 +235,19 @@ impl Fleet {
     }
 }
 
+/// Every budget the given bundles (and the Migrations in flight) have now, as one ledger: what
+/// the reclaim-notice planner decides against.
+pub(crate) async fn budget_ledger(
+    ctx: &Context,
+    bundles: &[String],
+) -> Result<Ledger<String>, Error> {
+    let fleet = Fleet::gather(ctx, bundles).await?;
+    Ok(ctx.with_mirror(|mirror, state| {
+        let running = fleet.running(state);
+        fleet.ledger(mirror, state, &running)
+    }))
+}
+
 fn running_normal(i: &proto::JobInstance) -> bool {
     i.is_normal() && i.state() == proto::JobState::Running
 }
@@ -354,6 +367,16 @@ fn waiting_entry(
     } else {
         Purpose::from_label(labels.get(api::PURPOSE_LABEL).map(String::as_str))
     };
+    // A reclaim move the notice planner let past a budget (the node is taken anyway) is not
+    // held by it again here.
+    let budgeted = if labels.get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim")
+        && m.annotations()
+            .contains_key(api::BUDGET_OVERRIDE_ANNOTATION)
+    {
+        None
+    } else {
+        Some((bundle_id.clone(), replica))
+    };
     queue::Waiting {
         key: key(&ns, &m.name_any()),
         purpose,
@@ -362,7 +385,7 @@ fn waiting_entry(
             .map(str::to_owned)
             .unwrap_or_else(|| source_of(mirror, &bundle_id, replica, &job.job_name)),
         target_node: m.spec.target_node.clone(),
-        replica: Some((bundle_id, replica)),
+        replica: budgeted,
     }
 }
 
