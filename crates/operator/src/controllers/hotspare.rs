@@ -471,6 +471,18 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     status.warm_spares = i32::try_from(plan.warm.ready).unwrap_or(i32::MAX);
     status.pending_warm_spares = i32::try_from(plan.warm.pending).unwrap_or(i32::MAX);
     set_warm_condition(&mut status.conditions, &plan, &spec.pool, generation, now);
+    for (tier, counts) in [("hot", plan.hot), ("warm", plan.warm)] {
+        ctx.metrics.set_spare_tier(
+            &name,
+            &spec.pool,
+            tier,
+            crate::metrics::TierFigures {
+                ready: counts.ready,
+                pending: counts.pending,
+                target: counts.target,
+            },
+        );
+    }
     status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
     status.underflow_since = plan.underflow_since(prev.underflow_since, now);
     ctx.metrics
