@@ -756,3 +756,111 @@ async fn a_reclaim_notice_moves_the_nodes_jobs_by_their_strategy_before_the_dead
         t.api.writes()
     );
 }
+
+#[tokio::test]
+async fn a_gold_recovery_with_no_room_starts_a_warm_spare_instead_of_provisioning() {
+    use manager_proto::NodeState as N;
+    let t = Tier::start_with_sim(
+        |sim| {
+            sim.timing.start_delay_ms = Some(100);
+            sim.timing.stop_delay_ms = Some(50);
+        },
+        |_| {},
+    )
+    .await
+    .with_example_pools()
+    .await;
+    // Node changes reach the placement model through the mirror pump, as in the operator.
+    let pump = tokio::spawn(automanager_operator::runtime::run_mirror_pump(
+        t.ctx.clone(),
+    ));
+    t.spare_target(
+        "tiers",
+        serde_json::json!({
+            "pool": "aws-east",
+            "hot": {"count": 0},
+            "warm": {"count": 1},
+            "spec": {"instanceType": "m5.xlarge", "region": "eu-west-1"},
+        }),
+    );
+    t.spare_pass("tiers").await;
+    t.spare_pass("tiers").await;
+    t.wait_spares(N::Started, 1).await;
+    t.spare_pass("tiers").await;
+    t.wait_spares(N::PoweredOff, 1).await;
+    let warm = t.spares_in(N::PoweredOff)[0].clone();
+
+    // A gold bundle on aws-east: its first placement provisions a node of its own.
+    t.bundle("match", 1, &["aws-east"]);
+    t.bundle_pass("match").await.expect("the finalizer pass");
+    t.bundle_pass("match").await.expect("the provisioning pass");
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.nodes
+                .values()
+                .any(|n| n.pool == "aws-east" && n.state() == N::Started && !mapping_spare(n))
+        })
+        .await
+        .expect("the bundle's node is up");
+    t.bundle_pass("match").await.expect("the placing pass");
+    let jobs = t.manager_jobs("match");
+    assert_eq!(jobs.len(), 1, "the job is placed");
+    let node = t
+        ._sim
+        .snapshot()
+        .jobs
+        .into_iter()
+        .find(|j| j.job_id == jobs[0])
+        .unwrap()
+        .node_id;
+
+    // Its node dies: the recovery finds no room and no hot spare.
+    let before = t._sim.snapshot().nodes.len();
+    t._sim.with_world(|w, now| w.kill_node(&node, now).unwrap());
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.nodes
+                .get(&node)
+                .is_some_and(|n| n.state() == N::Terminated)
+        })
+        .await
+        .expect("the mirror sees the loss");
+    t.bundle_pass("match").await.expect("the recovery pass");
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.nodes
+                .get(&warm)
+                .is_some_and(|n| matches!(n.state(), N::Starting | N::Started))
+        })
+        .await
+        .expect("the warm spare is started");
+    assert_eq!(
+        t._sim.snapshot().nodes.len(),
+        before,
+        "no node was created for the recovery"
+    );
+    t.wait_spares(N::Started, 1).await;
+    t.bundle_pass("match")
+        .await
+        .expect("the pass after the spare is up");
+    let placed_on = t
+        ._sim
+        .snapshot()
+        .jobs
+        .into_iter()
+        .find(|j| j.job_id == jobs[0])
+        .map(|j| j.node_id);
+    assert_eq!(
+        placed_on,
+        Some(warm),
+        "the gold job restarted on the warm spare"
+    );
+    pump.abort();
+}
+
+fn mapping_spare(n: &manager_proto::Node) -> bool {
+    n.tags.get("spare").is_some_and(|v| v == "true")
+}

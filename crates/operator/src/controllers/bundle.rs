@@ -728,8 +728,16 @@ impl<'a> Pass<'a> {
             } => {
                 outcome.result.provisioning = true;
                 outcome.waiting_on = vec![pool.clone()];
-                self.provision(ctx, r, pool, instance_type, zone.as_deref())
-                    .await?;
+                // A recovery with no room starts a warm spare (seconds) before asking for a
+                // new node (minutes).
+                let started_warm = recovery
+                    && super::hotspare::start_warm_spare(ctx, pool, &self.bands_of(jobs))
+                        .await?
+                        .is_some();
+                if !started_warm {
+                    self.provision(ctx, r, pool, instance_type, zone.as_deref())
+                        .await?;
+                }
             }
             pl::Outcome::Unplaceable { .. } if recovery => {
                 if let Some(p) = self.preempt(ctx, r, jobs, &request).await? {
@@ -1011,6 +1019,17 @@ impl<'a> Pass<'a> {
             .await;
         }
         Ok(())
+    }
+
+    /// The bands of the named jobs.
+    fn bands_of(&self, jobs: &[String]) -> Vec<api::PriorityBand> {
+        self.bundle
+            .spec
+            .jobs
+            .iter()
+            .filter(|j| jobs.contains(&j.job_name))
+            .map(|j| j.requirements.priority_band)
+            .collect()
     }
 
     /// Asks Manager for a node in an elastic pool, unless one asked for this replica is still

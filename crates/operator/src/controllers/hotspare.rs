@@ -644,6 +644,47 @@ async fn may_terminate(
     }
 }
 
+/// Starts a warm spare of `pool` for a recovery that found no room: the youngest stopped spare
+/// that is unbanded or dedicated to one of `bands`, outside the zones the zone brake holds.
+/// `None` when there is none (or Manager refused): the caller provisions instead. The started
+/// node is a hot spare once up; the recovery takes it, and its target refills both tiers.
+pub async fn start_warm_spare(
+    ctx: &Context,
+    pool: &str,
+    bands: &[api::PriorityBand],
+) -> Result<Option<String>, Error> {
+    let degraded: std::collections::BTreeSet<String> = ctx
+        .state()
+        .provisioning()
+        .zone_brake()
+        .degraded_in(pool)
+        .into_iter()
+        .map(|d| d.zone.clone())
+        .collect();
+    let candidate = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| n.pool == pool && n.state() == proto::NodeState::PoweredOff)
+            .filter(|n| {
+                let (spare, band) = mapping::spare_of(n);
+                spare && band.is_none_or(|b| bands.contains(&b)) && !degraded.contains(n.zone())
+            })
+            .max_by(|a, b| (a.created_at_ms, &b.node_id).cmp(&(b.created_at_ms, &a.node_id)))
+            .map(|n| n.node_id.clone())
+    });
+    let Some(node) = candidate else {
+        return Ok(None);
+    };
+    match ctx.manager.start_node(&node).await {
+        Ok(_) => {
+            tracing::info!(pool, node = %node, "recovery: starting a warm spare");
+            Ok(Some(node))
+        }
+        Err(e) if super::is_final_answer(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// The tier counts in effect now: the schedules applied ahead by the pool's start latency (as
 /// Manager reports it), else `hot` (or `targetCount`) and `warm`. An error is a message for
 /// the `Stalled` condition.
