@@ -843,6 +843,13 @@ async fn a_gold_recovery_with_no_room_starts_a_warm_spare_instead_of_provisionin
         "no node was created for the recovery"
     );
     t.wait_spares(N::Started, 1).await;
+    // Its target passes first: the started spare is the recovery's, not a surplus hot spare to
+    // stop again (the target makes a new warm spare instead).
+    t.spare_pass("tiers").await;
+    assert!(
+        t.spares_in(N::Started).contains(&warm),
+        "the claimed spare keeps running"
+    );
     t.bundle_pass("match")
         .await
         .expect("the pass after the spare is up");

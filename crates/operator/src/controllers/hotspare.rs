@@ -27,6 +27,9 @@ use automanager_policy::tiers;
 const REFRESH: Duration = Duration::from_secs(30);
 /// A node asked for counts as pending this long even before the mirror shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(30);
+/// A warm spare a recovery started is the recovery's this long (a start takes tens of seconds
+/// on a cloud, then the recovery places onto it).
+const CLAIM_GRACE: Duration = Duration::from_secs(180);
 
 /// Reconciles one HotSpareTarget, inside its cleanup finalizer: a deleted target terminates
 /// the spares it provisioned that hold no job (a spare that took a job is a working node now).
@@ -209,13 +212,19 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     }
 
     // The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
+    // A warm spare a recovery started counts as taken until the recovery had time to use it.
     let mut nodes: Vec<SpareNode> = ctx.manager.mirror().read(|m| {
         m.nodes
             .values()
             .filter(|n| n.pool == spec.pool && mapping::spare_of(n).0)
             .map(|n| {
                 let (capacity, cores) = m.node_usage(&n.node_id);
-                spare_node(n, capacity > 0.0 || cores > 0)
+                let claimed = ctx.state().provisioning_mut().is_claimed(
+                    &n.node_id,
+                    ctx.clock.instant(),
+                    CLAIM_GRACE,
+                );
+                spare_node(n, capacity > 0.0 || cores > 0 || claimed)
             })
             .collect()
     });
@@ -675,6 +684,10 @@ pub async fn start_warm_spare(
     let Some(node) = candidate else {
         return Ok(None);
     };
+    // Claimed before the call, so its target never sees it running unclaimed.
+    ctx.state()
+        .provisioning_mut()
+        .claim_warm(&node, ctx.clock.instant());
     match ctx.manager.start_node(&node).await {
         Ok(_) => {
             tracing::info!(pool, node = %node, "recovery: starting a warm spare");
