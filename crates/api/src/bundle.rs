@@ -123,7 +123,7 @@ pub fn config_digest(config: &[u8]) -> Option<String> {
 }
 
 /// How many replicas voluntary actions may take down at once.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct DisruptionBudget {
     /// The most replicas that may be down at once through voluntary actions (drains in both
@@ -138,6 +138,14 @@ pub struct DisruptionBudget {
     /// consolidation moves only `handover` and `overlap` jobs, which drop nothing).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_stop_then_start_consolidation: bool,
+    /// When voluntary moves (drains, consolidation, rebalance, spare rotation) of this
+    /// bundle's jobs may happen. Empty: at any time (the bands' windows in the operator's
+    /// configuration still apply). Outside every window naming a reason, moves for it wait and
+    /// the `DisruptionWindow` condition says until when; recovery from a failure and moves ahead
+    /// of a reclaim notice are never held. At most 16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub windows: Vec<crate::window::DisruptionWindow>,
 }
 
 /// Pools for one replica, overriding the bundle's `pools` (the TypeScript library's `replicaOverrides[i]`).
@@ -242,8 +250,21 @@ impl BundleSpec {
         automanager_policy::disruption::max_unavailable(
             i64::from(self.replicas),
             self.disruption
+                .as_ref()
                 .and_then(|d| d.max_unavailable_replicas)
                 .map(i64::from),
+        )
+    }
+
+    /// The bundle's disruption windows as a calendar, or why one cannot be read.
+    pub fn disruption_calendar(
+        &self,
+    ) -> Result<automanager_policy::calendar::Calendar, automanager_policy::calendar::WindowError>
+    {
+        crate::window::calendar(
+            self.disruption
+                .as_ref()
+                .map_or(&[][..], |d| d.windows.as_slice()),
         )
     }
 

@@ -40,6 +40,7 @@ pub mod node;
 pub mod pool;
 pub mod reference;
 pub mod trace;
+pub mod window;
 
 pub use bundle::*;
 pub use common::*;
@@ -50,6 +51,7 @@ pub use migration::*;
 pub use node::*;
 pub use pool::*;
 pub use trace::*;
+pub use window::*;
 
 /// The API group of every AutoManager resource.
 pub const GROUP: &str = "automanager.norsk.io";
@@ -81,6 +83,9 @@ pub const DRAIN_NODE_ANNOTATION: &str = "automanager.norsk.io/drained-node";
 /// Label saying why a Migration runs: `rebalance` or `consolidation` rank behind drains in the
 /// migration queue; absent (a drain's, or one a person created) ranks with drains.
 pub const PURPOSE_LABEL: &str = "automanager.norsk.io/purpose";
+/// Annotation on a reclaim Migration that goes ahead past its bundle's disruption budget (the
+/// node is taken at its deadline either way): the notice planner's reason.
+pub const BUDGET_OVERRIDE_ANNOTATION: &str = "automanager.norsk.io/budget-override";
 /// Label on the Migrations consolidation creates; its value identifies the node being emptied
 /// (a short hash of the node id, as for [`DRAIN_NODE_LABEL`]).
 pub const CONSOLIDATION_NODE_LABEL: &str = "automanager.norsk.io/consolidation-node";

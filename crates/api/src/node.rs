@@ -126,8 +126,14 @@ pub enum NodeState {
     Starting,
     /// Up and accepting jobs.
     Started,
-    /// Stopped.
+    /// Being stopped on request: shutting down, keeping its disk and id.
+    Stopping,
+    /// Stopped on request: powered off, keeping its disk and id, costing no compute (a warm
+    /// spare); started again in its pool's start latency.
     Stopped,
+    /// Not reachable (a partition, say); it may come back. Removed after
+    /// `removeStoppedNodesAfter` if it does not.
+    Unreachable,
     /// Terminated; the object is removed after `removeStoppedNodesAfter`.
     Terminated,
 }
@@ -213,7 +219,8 @@ pub struct ManagerNodeStatus {
     #[serde(default)]
     #[schemars(length(max = 63))]
     pub instance_type: String,
-    /// `starting`, `started`, `stopped` or `terminated`.
+    /// `starting`, `started`, `stopping`, `stopped` (on request: a warm spare), `unreachable` or
+    /// `terminated`.
     #[serde(default)]
     pub state: NodeState,
     /// Capacity the node advertises.
@@ -262,9 +269,17 @@ pub struct ManagerNodeStatus {
     /// Drain progress, when a drain was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainStatus>,
-    /// When Manager reported the node stopped or terminated.
+    /// When Manager reported the node unreachable or terminated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at: Option<DateTime<Utc>>,
+    /// When the provider will take the node (a reclaim notice such as a Spot interruption):
+    /// the operator moves its jobs before then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reclaim_at: Option<DateTime<Utc>>,
+    /// Why the node will be taken, e.g. `spot-interruption` or `maintenance`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub reclaim_reason: Option<String>,
     /// kstatus `Ready`, `Reconciling` and `Stalled` (see docs/kstatus.md), `Cordoned`,
     /// `Unhealthy` and, once a drain has waited for a disruption budget, `DisruptionBlocked`, each
     /// with `observedGeneration`.

@@ -29,6 +29,8 @@ fn sim_config(nodes: usize, limits: LimitsConfig) -> SimConfig {
             provision_delay_ms: 0,
             job_start_delay_ms: 0,
             job_stop_delay_ms: 0,
+            start_delay_ms: None,
+            stop_delay_ms: None,
         },
         limits,
         pools: vec![PoolConfig {
@@ -38,6 +40,8 @@ fn sim_config(nodes: usize, limits: LimitsConfig) -> SimConfig {
             zones: vec!["a".into(), "b".into()],
             scale_out: ScaleOutConfig::Fixed,
             provision_delay_ms: None,
+            start_delay_ms: None,
+            stop_delay_ms: None,
             job_socket: true,
             instance_types: Vec::new(),
             nodes: (0..nodes)

@@ -12,8 +12,9 @@ use manager_proto::{
     ListPoolsRequest, Migration, MigrationStrategy, Node, NodeControllerMigrationAbort,
     NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
-    RejectionReason, SnapshotReason, StartJobRequest, StopJobRequest, StopReason,
-    TerminateNodeRequest, UpdateJobConfigRequest, WatchRequest, watch_response,
+    RejectionReason, SnapshotReason, StartJobRequest, StartNodeRequest, StopJobRequest,
+    StopNodeRequest, StopReason, TerminateNodeRequest, UpdateJobConfigRequest, WatchRequest,
+    watch_response,
 };
 use rand::Rng;
 use tokio::sync::{broadcast, watch};
@@ -621,6 +622,34 @@ impl ManagerClient {
         };
         let r = self
             .mutate(|c, d| async move { c.terminate_node(req_with(req, d)).await })
+            .await?;
+        r.node.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without node".into(),
+        })
+    }
+
+    /// StopNode: a started, empty node powers off (a warm spare); returns it POWERING_OFF.
+    pub async fn stop_node(&self, node_id: &str) -> Result<Node, ClientError> {
+        let req = StopNodeRequest {
+            node_id: node_id.to_owned(),
+        };
+        let r = self
+            .mutate(|c, d| async move { c.stop_node(req_with(req, d)).await })
+            .await?;
+        r.node.ok_or_else(|| ClientError::Rpc {
+            code: tonic::Code::Internal,
+            message: "response without node".into(),
+        })
+    }
+
+    /// StartNode: a powered-off node starts again; returns it STARTING.
+    pub async fn start_node(&self, node_id: &str) -> Result<Node, ClientError> {
+        let req = StartNodeRequest {
+            node_id: node_id.to_owned(),
+        };
+        let r = self
+            .mutate(|c, d| async move { c.start_node(req_with(req, d)).await })
             .await?;
         r.node.ok_or_else(|| ClientError::Rpc {
             code: tonic::Code::Internal,

@@ -267,6 +267,10 @@ impl MirrorState {
             event::Kind::NodeStarted(e) => self.upsert_node(e.node, out),
             event::Kind::NodeStopped(e) => self.upsert_node(e.node, out),
             event::Kind::NodeTerminated(e) => self.upsert_node(e.node, out),
+            event::Kind::NodePoweringOff(e) => self.upsert_node(e.node, out),
+            event::Kind::NodePoweredOff(e) => self.upsert_node(e.node, out),
+            // The node carries the notice (reclaim_at_ms, reclaim_reason): an upsert.
+            event::Kind::ReclaimNotice(e) => self.upsert_node(e.node, out),
             event::Kind::Inventory(e) => {
                 if let Some(inv) = e.inventory {
                     if let Some(node) = self.nodes.get_mut(&inv.node_id) {
@@ -383,6 +387,13 @@ impl MirrorState {
     /// The zone of a node ([`Node::zone`]), if Manager knows the node.
     pub fn zone_of(&self, node_id: &str) -> Option<&str> {
         self.nodes.get(node_id).map(Node::zone)
+    }
+
+    /// Nodes Manager will reclaim (a notice with a deadline) that are not gone yet, by id.
+    pub fn noticed_nodes(&self) -> impl Iterator<Item = &Node> + '_ {
+        self.nodes
+            .values()
+            .filter(|n| n.reclaim_at_ms > 0 && n.state() != manager_proto::NodeState::Terminated)
     }
 
     fn upsert_node(&mut self, node: Option<Node>, out: &mut Vec<MirrorChange>) {

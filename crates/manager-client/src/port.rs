@@ -23,7 +23,8 @@ use manager_proto::{
     ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
     NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
-    StartJobRequest, StartJobResponse, StopJobRequest, StopJobResponse, TerminateNodeRequest,
+    StartJobRequest, StartJobResponse, StartNodeRequest, StartNodeResponse, StopJobRequest,
+    StopJobResponse, StopNodeRequest, StopNodeResponse, TerminateNodeRequest,
     TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest,
     WatchResponse,
 };
@@ -89,6 +90,10 @@ manager_port! {
     create_node(CreateNodeRequest) -> CreateNodeResponse;
     /// TerminateNode.
     terminate_node(TerminateNodeRequest) -> TerminateNodeResponse;
+    /// StopNode: a started, empty node powers off (keeps its id and disk).
+    stop_node(StopNodeRequest) -> StopNodeResponse;
+    /// StartNode: a powered-off node starts again.
+    start_node(StartNodeRequest) -> StartNodeResponse;
     /// ListNodes, straight from Manager.
     list_nodes(ListNodesRequest) -> ListNodesResponse;
     /// ListPools.

@@ -11,7 +11,8 @@ use manager_proto::manager_client::ManagerClient as RawClient;
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
     CreateNodeRequest, JobRole, JobState, KillNodeRequest, MigrationPhase, MigrationStrategy,
-    NodeState, RejectionReason, SnapshotReason, StopReason, WatchRequest, watch_response,
+    NodeState, NoticeNodeRequest, RejectionReason, SnapshotReason, StopReason, WatchRequest,
+    watch_response,
 };
 use manager_sim::Sim;
 
@@ -411,6 +412,78 @@ async fn killing_a_node_emits_stopping_for_every_job_it_hosts() {
         ),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_stopped_node_and_a_reclaim_notice_reach_the_mirror() {
+    let sim = Sim::start(config()).await.unwrap();
+    let client = connect(sim.endpoint()).await;
+    let node = client
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = node.node_id.clone();
+    client
+        .wait_until(WAIT, |m| {
+            m.nodes
+                .get(&id)
+                .is_some_and(|n| n.state() == NodeState::Started)
+        })
+        .await
+        .expect("the node starts");
+    let stopping = client.stop_node(&id).await.unwrap();
+    assert_eq!(stopping.state(), NodeState::PoweringOff);
+    client
+        .wait_until(WAIT, |m| {
+            m.nodes
+                .get(&id)
+                .is_some_and(|n| n.state() == NodeState::PoweredOff)
+        })
+        .await
+        .expect("the mirror shows the node powered off");
+    assert_eq!(
+        client.start_node(&id).await.unwrap().state(),
+        NodeState::Starting
+    );
+    client
+        .wait_until(WAIT, |m| {
+            m.nodes
+                .get(&id)
+                .is_some_and(|n| n.state() == NodeState::Started && n.inventory.is_some())
+        })
+        .await
+        .expect("the node starts again with its inventory");
+    // A cluster pool cannot stop.
+    let err = client.stop_node("dc-a1").await.unwrap_err();
+    assert!(
+        matches!(&err, ClientError::FailedPrecondition(m) if m.contains("cluster pool")),
+        "{err}"
+    );
+    let channel = tonic::transport::Endpoint::from_shared(sim.endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    SimAdminClient::new(channel)
+        .notice_node(NoticeNodeRequest {
+            node_id: id.clone(),
+            in_ms: 60_000,
+            reason: "maintenance".into(),
+        })
+        .await
+        .unwrap();
+    client
+        .wait_until(WAIT, |m| m.noticed_nodes().any(|n| n.node_id == id))
+        .await
+        .expect("the mirror shows the notice");
+    let noticed = client.mirror().node(&id).unwrap();
+    assert_eq!(noticed.reclaim_reason, "maintenance");
+    assert!(noticed.reclaim_at_ms > 0);
+    wait_synced_with(&client, &sim).await;
+    mirror_matches_sim(&client, &sim);
 }
 
 #[tokio::test]

@@ -140,7 +140,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..120),
         log_capacity in prop_oneof![Just(8usize), Just(64), Just(100_000)],
     ) {
-        let timing = TimingConfig { provision_delay_ms: 10, job_start_delay_ms: 5, job_stop_delay_ms: 5 };
+        let timing = TimingConfig { provision_delay_ms: 10, job_start_delay_ms: 5, job_stop_delay_ms: 5, start_delay_ms: None, stop_delay_ms: None };
         let mut world = World::new(&pools(), timing, log_capacity, "epoch".into(), 0);
         let mut now = 0i64;
         let mut asks: Vec<JobAsk> = Vec::new();

@@ -19,7 +19,8 @@ use manager_proto::{
     ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
     NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, RegisterBundleRequest, RegisterBundleResponse,
-    StartJobRequest, StartJobResponse, StopJobRequest, StopJobResponse, TerminateNodeRequest,
+    StartJobRequest, StartJobResponse, StartNodeRequest, StartNodeResponse, StopJobRequest,
+    StopJobResponse, StopNodeRequest, StopNodeResponse, TerminateNodeRequest,
     TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest,
     WatchResponse, watch_response,
 };
@@ -58,6 +59,12 @@ impl Manager for SilentManager {
         &self,
         _: Request<TerminateNodeRequest>,
     ) -> Reply<TerminateNodeResponse> {
+        never().await
+    }
+    async fn stop_node(&self, _: Request<StopNodeRequest>) -> Reply<StopNodeResponse> {
+        never().await
+    }
+    async fn start_node(&self, _: Request<StartNodeRequest>) -> Reply<StartNodeResponse> {
         never().await
     }
     async fn list_nodes(&self, _: Request<ListNodesRequest>) -> Reply<ListNodesResponse> {

@@ -44,6 +44,30 @@ pub enum PoolKind {
 }
 
 impl PoolKind {
+    /// How long a stopped node of this provider takes to start when the configuration says
+    /// nothing: about what EC2 warm pools and OCI stopped instances take (tens of seconds).
+    pub fn default_start_delay_ms(self) -> u64 {
+        match self {
+            PoolKind::Aws => 30_000,
+            PoolKind::Oci => 40_000,
+            PoolKind::Cluster => 0,
+        }
+    }
+
+    /// How long stopping a node takes when the configuration says nothing.
+    pub fn default_stop_delay_ms(self) -> u64 {
+        match self {
+            PoolKind::Aws => 10_000,
+            PoolKind::Oci => 15_000,
+            PoolKind::Cluster => 0,
+        }
+    }
+
+    /// Whether nodes of this provider can be stopped and started (declared hardware cannot).
+    pub fn can_stop(self) -> bool {
+        !matches!(self, PoolKind::Cluster)
+    }
+
     /// The proto enum.
     pub fn to_proto(self) -> ProviderKind {
         match self {
@@ -117,6 +141,12 @@ pub struct PoolConfig {
     /// Override of `timing.provisionDelayMs` for this pool.
     #[serde(default)]
     pub provision_delay_ms: Option<u64>,
+    /// Override of `timing.startDelayMs` for this pool: how long a stopped node takes to start.
+    #[serde(default)]
+    pub start_delay_ms: Option<u64>,
+    /// Override of `timing.stopDelayMs` for this pool: how long StopNode takes.
+    #[serde(default)]
+    pub stop_delay_ms: Option<u64>,
     /// Whether nodes advertise `norsk.io/job-socket` (default true).
     #[serde(default = "yes")]
     pub job_socket: bool,
@@ -130,7 +160,7 @@ pub struct PoolConfig {
 
 impl PoolConfig {
     /// The proto view.
-    pub fn to_proto(&self, provision_delay_ms: u64) -> Pool {
+    pub fn to_proto(&self, provision_delay_ms: u64, start_delay_ms: u64) -> Pool {
         Pool {
             name: self.name.clone(),
             kind: self.kind.to_proto() as i32,
@@ -151,6 +181,8 @@ impl PoolConfig {
                 })
                 .collect(),
             provision_delay_ms,
+            start_delay_ms,
+            can_stop: self.kind.can_stop(),
         }
     }
 }
@@ -165,6 +197,14 @@ pub struct TimingConfig {
     pub job_start_delay_ms: u64,
     /// STOPPING → STOPPED (default 20 ms).
     pub job_stop_delay_ms: u64,
+    /// POWERED_OFF → STARTED after StartNode; absent: the provider's default (30 s for aws,
+    /// 40 s for oci).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_delay_ms: Option<u64>,
+    /// POWERING_OFF → POWERED_OFF after StopNode; absent: the provider's default (10 s for
+    /// aws, 15 s for oci).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_delay_ms: Option<u64>,
 }
 
 impl TimingConfig {
@@ -174,6 +214,8 @@ impl TimingConfig {
             provision_delay_ms: 5000,
             job_start_delay_ms: 1000,
             job_stop_delay_ms: 500,
+            start_delay_ms: None,
+            stop_delay_ms: None,
         }
     }
 }
@@ -184,6 +226,8 @@ impl Default for TimingConfig {
             provision_delay_ms: 200,
             job_start_delay_ms: 20,
             job_stop_delay_ms: 20,
+            start_delay_ms: None,
+            stop_delay_ms: None,
         }
     }
 }

@@ -17,10 +17,11 @@ use manager_proto::{
     FailJobRequest, Heartbeat, JobHistoryRequest, JobHistoryResponse, KillNodeRequest,
     ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
     NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
-    NodeControllerMigrationPrepareTarget, PartitionZoneRequest, RegisterBundleRequest,
-    RegisterBundleResponse, RejectNextRequest, RejectionReason, SetMigrationBehaviourRequest,
-    SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest, StartJobResponse,
-    StopJobRequest, StopJobResponse, Synced, TerminateNodeRequest, TerminateNodeResponse,
+    NodeControllerMigrationPrepareTarget, NoticeNodeRequest, PartitionZoneRequest,
+    RegisterBundleRequest, RegisterBundleResponse, RejectNextRequest, RejectionReason,
+    SetMigrationBehaviourRequest, SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest,
+    StartJobResponse, StartNodeRequest, StartNodeResponse, StopJobRequest, StopJobResponse,
+    StopNodeRequest, StopNodeResponse, Synced, TerminateNodeRequest, TerminateNodeResponse,
     UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest, WatchResponse, watch_response,
 };
 use subtle::ConstantTimeEq;
@@ -729,6 +730,32 @@ impl Manager for SimService {
         Ok(Response::new(TerminateNodeResponse { node: Some(node) }))
     }
 
+    async fn stop_node(
+        &self,
+        req: Request<StopNodeRequest>,
+    ) -> Result<Response<StopNodeResponse>, Status> {
+        self.0.calls.count("StopNode");
+        let req = req.into_inner();
+        let node = self
+            .0
+            .apply(|w, now| w.stop_node(&req.node_id, now))
+            .map_err(status)?;
+        Ok(Response::new(StopNodeResponse { node: Some(node) }))
+    }
+
+    async fn start_node(
+        &self,
+        req: Request<StartNodeRequest>,
+    ) -> Result<Response<StartNodeResponse>, Status> {
+        self.0.calls.count("StartNode");
+        let req = req.into_inner();
+        let node = self
+            .0
+            .apply(|w, now| w.start_node(&req.node_id, now))
+            .map_err(status)?;
+        Ok(Response::new(StartNodeResponse { node: Some(node) }))
+    }
+
     async fn list_nodes(
         &self,
         req: Request<ListNodesRequest>,
@@ -965,6 +992,21 @@ impl SimAdmin for AdminSvc {
             .apply(|w, now| w.kill_node(&req.node_id, now))
             .map_err(status)?;
         done(format!("killed node {}", req.node_id))
+    }
+
+    async fn notice_node(
+        &self,
+        req: Request<NoticeNodeRequest>,
+    ) -> Result<Response<AdminResponse>, Status> {
+        let req = req.into_inner();
+        let node = self
+            .0
+            .apply(|w, now| w.notice_node(&req.node_id, req.in_ms, &req.reason, now))
+            .map_err(status)?;
+        done(format!(
+            "node {} will be reclaimed in {} ms ({})",
+            req.node_id, req.in_ms, node.reclaim_reason
+        ))
     }
 
     async fn fail_job(

@@ -28,8 +28,8 @@ use manager_proto::{
     FailedParticipant, InstanceStart, InventoryUpdated, Job, JobHistoryResponse, JobInstance,
     JobRejected, JobRemoved, JobRequirements, JobRole, JobState, JobStopping, JobUpdated,
     Migration, MigrationParty, MigrationPhase, MigrationPhaseChanged, MigrationStrategy, Node,
-    NodeInventory, NodeStarted, NodeStarting, NodeState, NodeStopped, NodeTerminated, Pool,
-    ProviderKind, RejectionReason, StopReason, event,
+    NodeInventory, NodePoweredOff, NodePoweringOff, NodeReclaimNotice, NodeStarted, NodeStarting,
+    NodeState, NodeStopped, NodeTerminated, Pool, ProviderKind, RejectionReason, StopReason, event,
 };
 use serde::{Deserialize, Serialize};
 
@@ -233,6 +233,8 @@ impl JobRecord {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 enum Timer {
     NodeUp(String),
+    NodeOff(String),
+    Reclaim(String),
     InstanceRunning(String, i32),
     InstanceStopped(String, i32),
 }
@@ -241,6 +243,8 @@ enum Timer {
 struct PoolRuntime {
     config: PoolConfig,
     provision_delay_ms: u64,
+    start_delay_ms: u64,
+    stop_delay_ms: u64,
     next_zone: usize,
 }
 
@@ -418,6 +422,14 @@ impl World {
                         provision_delay_ms: p
                             .provision_delay_ms
                             .unwrap_or(timing.provision_delay_ms),
+                        start_delay_ms: p
+                            .start_delay_ms
+                            .or(timing.start_delay_ms)
+                            .unwrap_or_else(|| p.kind.default_start_delay_ms()),
+                        stop_delay_ms: p
+                            .stop_delay_ms
+                            .or(timing.stop_delay_ms)
+                            .unwrap_or_else(|| p.kind.default_stop_delay_ms()),
                         config: p.clone(),
                         next_zone: 0,
                     },
@@ -480,6 +492,8 @@ impl World {
                 created_at_ms: now_ms,
                 state_changed_at_ms: now_ms,
                 request_id: String::new(),
+                reclaim_at_ms: 0,
+                reclaim_reason: String::new(),
             };
             self.nodes.insert(node.node_id.clone(), node.clone());
             self.emit_started(node, now_ms);
@@ -543,6 +557,29 @@ impl World {
         for (node_id, pool) in starting {
             let delay = world.pools.get(&pool).map_or(0, |p| p.provision_delay_ms);
             world.schedule(now_ms, delay, Timer::NodeUp(node_id));
+        }
+        // Stops under way finish, and notices still fall due, after a restart.
+        let powering_off: Vec<(String, u64)> = world
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::PoweringOff as i32)
+            .map(|n| {
+                let delay = world.pools.get(&n.pool).map_or(0, |p| p.stop_delay_ms);
+                (n.node_id.clone(), delay)
+            })
+            .collect();
+        for (node_id, delay) in powering_off {
+            world.schedule(now_ms, delay, Timer::NodeOff(node_id));
+        }
+        let noticed: Vec<(String, i64)> = world
+            .nodes
+            .values()
+            .filter(|n| n.reclaim_at_ms > 0 && n.state != NodeState::Terminated as i32)
+            .map(|n| (n.node_id.clone(), n.reclaim_at_ms))
+            .collect();
+        for (node_id, at) in noticed {
+            let delay = u64::try_from(at.saturating_sub(now_ms)).unwrap_or(0);
+            world.schedule(now_ms, delay, Timer::Reclaim(node_id));
         }
         let mut timers = Vec::new();
         for job in world.jobs.values() {
@@ -677,7 +714,7 @@ impl World {
     pub fn pools(&self) -> Vec<Pool> {
         self.pools
             .values()
-            .map(|p| p.config.to_proto(p.provision_delay_ms))
+            .map(|p| p.config.to_proto(p.provision_delay_ms, p.start_delay_ms))
             .collect()
     }
 
@@ -1071,6 +1108,14 @@ impl World {
             };
             match timer {
                 Timer::NodeUp(id) => self.node_up(&id, now_ms),
+                Timer::NodeOff(id) => self.node_off(&id, now_ms),
+                Timer::Reclaim(id) => {
+                    if self.nodes.get(&id).is_some_and(|n| {
+                        n.reclaim_at_ms > 0 && n.state != NodeState::Terminated as i32
+                    }) {
+                        let _ = self.kill_node(&id, now_ms);
+                    }
+                }
                 Timer::InstanceRunning(job_id, role) => {
                     if self
                         .instance(&job_id, role)
@@ -1145,7 +1190,157 @@ impl World {
         );
     }
 
+    /// A stop finished: the node is POWERED_OFF.
+    fn node_off(&mut self, id: &str, now_ms: i64) {
+        let Some(node) = self.nodes.get_mut(id) else {
+            return;
+        };
+        if node.state != NodeState::PoweringOff as i32 {
+            return;
+        }
+        node.state = NodeState::PoweredOff as i32;
+        node.state_changed_at_ms = now_ms;
+        let node = node.clone();
+        self.emit(
+            now_ms,
+            event::Kind::NodePoweredOff(NodePoweredOff { node: Some(node) }),
+        );
+    }
+
     // ───────────────────────────── nodes ─────────────────────────────
+
+    /// StopNode: a started node that hosts nothing powers off, keeping its id and disk.
+    pub fn stop_node(&mut self, node_id: &str, now_ms: i64) -> Result<Node, CommandError> {
+        validate::id("node_id", node_id)?;
+        let Some(node) = self.nodes.get(node_id) else {
+            return Err(CommandError::NotFound(format!(
+                "node {:?}",
+                validate::excerpt(node_id)
+            )));
+        };
+        let state = node.state;
+        if state == NodeState::PoweringOff as i32 || state == NodeState::PoweredOff as i32 {
+            return Ok(node.clone());
+        }
+        let Some(pool) = self.pools.get(&node.pool) else {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node_id} belongs to no known pool"
+            )));
+        };
+        if !pool.config.kind.can_stop() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "pool {:?} is a cluster pool: its nodes cannot be stopped",
+                pool.config.name
+            )));
+        }
+        let delay = pool.stop_delay_ms;
+        if state != NodeState::Started as i32 {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node_id} is {}: only a started node can be stopped",
+                NodeState::try_from(state).map_or("unknown", |s| s.as_str_name())
+            )));
+        }
+        if self.holding.get(node_id).is_some_and(|h| !h.is_empty()) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node_id} hosts job instances: stop or move them first"
+            )));
+        }
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Err(CommandError::NotFound(format!("node {node_id:?}")));
+        };
+        node.state = NodeState::PoweringOff as i32;
+        node.state_changed_at_ms = now_ms;
+        // A stopped worker advertises nothing; its inventory comes back when it starts.
+        node.inventory = None;
+        let node = node.clone();
+        self.emit(
+            now_ms,
+            event::Kind::NodePoweringOff(NodePoweringOff {
+                node: Some(node.clone()),
+            }),
+        );
+        self.schedule(now_ms, delay, Timer::NodeOff(node_id.to_owned()));
+        Ok(node)
+    }
+
+    /// StartNode: a powered-off node starts again, after its pool's start delay.
+    pub fn start_node(&mut self, node_id: &str, now_ms: i64) -> Result<Node, CommandError> {
+        validate::id("node_id", node_id)?;
+        let Some(node) = self.nodes.get(node_id) else {
+            return Err(CommandError::NotFound(format!(
+                "node {:?}",
+                validate::excerpt(node_id)
+            )));
+        };
+        let state = node.state;
+        if state == NodeState::Starting as i32 || state == NodeState::Started as i32 {
+            return Ok(node.clone());
+        }
+        if state != NodeState::PoweredOff as i32 {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node_id} is {}: only a powered-off node can be started",
+                NodeState::try_from(state).map_or("unknown", |s| s.as_str_name())
+            )));
+        }
+        let delay = self.pools.get(&node.pool).map_or(0, |p| p.start_delay_ms);
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Err(CommandError::NotFound(format!("node {node_id:?}")));
+        };
+        node.state = NodeState::Starting as i32;
+        node.state_changed_at_ms = now_ms;
+        let node = node.clone();
+        self.emit(
+            now_ms,
+            event::Kind::NodeStarting(NodeStarting {
+                node: Some(node.clone()),
+            }),
+        );
+        self.schedule(now_ms, delay, Timer::NodeUp(node_id.to_owned()));
+        Ok(node)
+    }
+
+    /// Chaos: the provider announces it takes the node in `in_ms`; then it is killed.
+    pub fn notice_node(
+        &mut self,
+        node_id: &str,
+        in_ms: u64,
+        reason: &str,
+        now_ms: i64,
+    ) -> Result<Node, CommandError> {
+        validate::id("node_id", node_id)?;
+        validate::reason("reason", reason)?;
+        if in_ms > 86_400_000 {
+            return Err(CommandError::InvalidArgument(
+                "in_ms must be at most a day (86400000)".to_owned(),
+            ));
+        }
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Err(CommandError::NotFound(format!(
+                "node {:?}",
+                validate::excerpt(node_id)
+            )));
+        };
+        if node.state == NodeState::Terminated as i32 {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node_id} is terminated"
+            )));
+        }
+        node.reclaim_at_ms = now_ms.saturating_add(i64::try_from(in_ms).unwrap_or(i64::MAX));
+        node.reclaim_reason = if reason.is_empty() {
+            "spot-interruption".to_owned()
+        } else {
+            reason.to_owned()
+        };
+        let node = node.clone();
+        self.emit(
+            now_ms,
+            event::Kind::ReclaimNotice(NodeReclaimNotice {
+                node: Some(node.clone()),
+            }),
+        );
+        self.schedule(now_ms, in_ms, Timer::Reclaim(node_id.to_owned()));
+        Ok(node)
+    }
 
     /// CreateNode.
     pub fn create_node(
@@ -1269,6 +1464,8 @@ impl World {
             created_at_ms: now_ms,
             state_changed_at_ms: now_ms,
             request_id: req.request_id.clone(),
+            reclaim_at_ms: 0,
+            reclaim_reason: String::new(),
         };
         let mut node = node;
         loop {

@@ -19,6 +19,8 @@ const TIMING: TimingConfig = TimingConfig {
     provision_delay_ms: 100,
     job_start_delay_ms: 10,
     job_stop_delay_ms: 10,
+    start_delay_ms: Some(30),
+    stop_delay_ms: Some(15),
 };
 
 fn world_with_log(log: usize) -> World {
@@ -63,6 +65,9 @@ fn kinds(evs: &[Event]) -> Vec<&'static str> {
             event::Kind::NodeStarted(_) => "NodeStarted",
             event::Kind::NodeStopped(_) => "NodeStopped",
             event::Kind::NodeTerminated(_) => "NodeTerminated",
+            event::Kind::NodePoweringOff(_) => "NodePoweringOff",
+            event::Kind::NodePoweredOff(_) => "NodePoweredOff",
+            event::Kind::ReclaimNotice(_) => "ReclaimNotice",
             event::Kind::Inventory(_) => "Inventory",
             event::Kind::JobUpdated(_) => "JobUpdated",
             event::Kind::JobRejected(_) => "JobRejected",
@@ -119,6 +124,154 @@ fn an_elastic_node_is_started_only_after_the_provisioning_delay() {
             manager_proto::JOB_SOCKET_CAPABILITY.to_owned()
         ]
     );
+}
+
+fn started_elastic_node(w: &mut World) -> String {
+    let n = w
+        .create_node(
+            &CreateNodeRequest {
+                pool: "e".into(),
+                ..Default::default()
+            },
+            0,
+        )
+        .unwrap();
+    w.advance(100);
+    n.node_id
+}
+
+#[test]
+fn a_stopped_node_keeps_its_id_and_zone_holds_nothing_and_starts_after_the_start_delay() {
+    let mut w = world();
+    let id = started_elastic_node(&mut w);
+    let zone = w.node(&id).unwrap().zone.clone();
+    w.take_events();
+    let n = w.stop_node(&id, 200).unwrap();
+    assert_eq!(n.state(), NodeState::PoweringOff);
+    assert!(n.inventory.is_none(), "a stopped worker advertises nothing");
+    w.advance(214);
+    assert_eq!(w.node(&id).unwrap().state(), NodeState::PoweringOff);
+    w.advance(215);
+    assert_eq!(w.node(&id).unwrap().state(), NodeState::PoweredOff);
+    assert_eq!(
+        kinds(&w.take_events()),
+        ["NodePoweringOff", "NodePoweredOff"]
+    );
+    // No job lands on it.
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 300).unwrap();
+    assert!(matches!(
+        w.start_job("b/0/enc", &id, 0, 300),
+        Ok(StartOutcome::Rejected {
+            reason: RejectionReason::NodeNotReady,
+            ..
+        })
+    ));
+    // Stopping again changes nothing.
+    w.take_events();
+    w.stop_node(&id, 310).unwrap();
+    assert!(w.take_events().is_empty());
+    // Start: STARTING now, STARTED with its inventory after the pool's start delay.
+    assert_eq!(w.start_node(&id, 400).unwrap().state(), NodeState::Starting);
+    w.advance(429);
+    assert_eq!(w.node(&id).unwrap().state(), NodeState::Starting);
+    w.advance(430);
+    let node = w.node(&id).unwrap();
+    assert_eq!(
+        (
+            node.state(),
+            node.zone.clone(),
+            node.inventory.as_ref().map(|i| i.capacity)
+        ),
+        (NodeState::Started, zone, Some(50.0))
+    );
+    assert_eq!(
+        kinds(&w.take_events()),
+        ["NodeStarting", "NodeStarted", "Inventory"]
+    );
+    assert_eq!(
+        w.start_job("b/0/enc", &id, 0, 431).unwrap(),
+        StartOutcome::Accepted
+    );
+}
+
+#[test]
+fn stop_is_refused_for_cluster_pools_and_busy_nodes_and_start_for_running_ones_is_a_no_op() {
+    let mut w = world();
+    assert!(matches!(
+        w.stop_node("f1", 0),
+        Err(CommandError::FailedPrecondition(m)) if m.contains("cluster pool")
+    ));
+    let id = started_elastic_node(&mut w);
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 100).unwrap();
+    w.start_job("b/0/enc", &id, 0, 100).unwrap();
+    assert!(matches!(
+        w.stop_node(&id, 101),
+        Err(CommandError::FailedPrecondition(m)) if m.contains("hosts job instances")
+    ));
+    assert_eq!(w.start_node(&id, 102).unwrap().state(), NodeState::Started);
+    assert!(matches!(
+        w.stop_node("nope", 0),
+        Err(CommandError::NotFound(_))
+    ));
+    w.kill_node(&id, 103).unwrap();
+    assert!(matches!(
+        w.start_node(&id, 104),
+        Err(CommandError::FailedPrecondition(_))
+    ));
+    let pools = w.pools();
+    let e = pools.iter().find(|p| p.name == "e").unwrap();
+    let f = pools.iter().find(|p| p.name == "f").unwrap();
+    assert_eq!((e.can_stop, e.start_delay_ms), (true, 30));
+    assert!(!f.can_stop);
+}
+
+#[test]
+fn a_noticed_node_is_killed_at_its_deadline() {
+    let mut w = world();
+    let id = started_elastic_node(&mut w);
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 100).unwrap();
+    w.start_job("b/0/enc", &id, 0, 100).unwrap();
+    w.advance(120);
+    w.take_events();
+    let n = w.notice_node(&id, 1000, "", 200).unwrap();
+    assert_eq!(
+        (n.reclaim_at_ms, n.reclaim_reason.as_str()),
+        (1200, "spot-interruption")
+    );
+    assert_eq!(kinds(&w.take_events()), ["ReclaimNotice"]);
+    w.advance(1199);
+    assert_eq!(w.node(&id).unwrap().state(), NodeState::Started);
+    w.advance(1200);
+    assert_eq!(w.node(&id).unwrap().state(), NodeState::Terminated);
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Failed);
+    assert!(w.notice_node(&id, 10, "", 1300).is_err());
+    assert!(matches!(
+        w.notice_node("f1", 86_400_001, "", 0),
+        Err(CommandError::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn provider_defaults_give_stopped_nodes_tens_of_seconds_to_start() {
+    use crate::config::PoolKind;
+    assert_eq!(PoolKind::Aws.default_start_delay_ms(), 30_000);
+    assert_eq!(PoolKind::Oci.default_start_delay_ms(), 40_000);
+    assert!(!PoolKind::Cluster.can_stop());
+    let cfg = SimConfig::from_yaml(
+        r"
+pools:
+  - {name: a, kind: aws, region: r, zones: [z], scaleOut: elastic, instanceTypes: [{instanceType: s, capacity: 1, cores: 1}]}
+  - {name: o, kind: oci, region: r, zones: [z], scaleOut: elastic, startDelayMs: 5, instanceTypes: [{instanceType: s, capacity: 1, cores: 1}]}
+",
+    )
+    .unwrap();
+    let w = World::new(&cfg.pools, TimingConfig::default(), 10, "ep".into(), 0);
+    let delays: Vec<(String, u64)> = w
+        .pools()
+        .into_iter()
+        .map(|p| (p.name, p.start_delay_ms))
+        .collect();
+    assert_eq!(delays, [("a".to_owned(), 30_000), ("o".to_owned(), 5)]);
 }
 
 #[test]
@@ -1013,6 +1166,9 @@ enum Op {
     Stop(u8),
     Kill(u8),
     Advance(u8),
+    PowerOff(u8),
+    PowerOn(u8),
+    Notice(u8, u8),
     /// Moves a job's migration on: propose (with strategy `s`), prepare, cut over or abort.
     Migrate(u8, u8, u8),
 }
@@ -1025,6 +1181,9 @@ fn op() -> impl Strategy<Value = Op> {
         any::<u8>().prop_map(Op::Stop),
         any::<u8>().prop_map(Op::Kill),
         any::<u8>().prop_map(Op::Advance),
+        any::<u8>().prop_map(Op::PowerOff),
+        any::<u8>().prop_map(Op::PowerOn),
+        (any::<u8>(), any::<u8>()).prop_map(|(n, ms)| Op::Notice(n, ms)),
         (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(j, n, s)| Op::Migrate(j, n, s)),
     ]
 }
@@ -1048,6 +1207,10 @@ proptest! {
                 Op::Stop(j) => if let Some(j) = pick(&jobs, j) { w.stop_job(&j, 0, now).unwrap(); },
                 Op::Kill(n) => if let Some(n) = pick(&nodes, n) { w.kill_node(&n, now).unwrap(); },
                 Op::Advance(ms) => { now += i64::from(ms); w.advance(now); }
+                // Refusals (hosting jobs, a cluster pool, a terminated node) are fine here.
+                Op::PowerOff(n) => if let Some(n) = pick(&nodes, n) { let _ = w.stop_node(&n, now); },
+                Op::PowerOn(n) => if let Some(n) = pick(&nodes, n) { let _ = w.start_node(&n, now); },
+                Op::Notice(n, ms) => if let Some(n) = pick(&nodes, n) { let _ = w.notice_node(&n, u64::from(ms), "", now); },
                 Op::Migrate(j, n, s) => if let (Some(j), Some(n)) = (pick(&jobs, j), pick(&nodes, n)) {
                     let active = w.snapshot().migrations.into_iter().find(|m| m.job_id == j && !is_final(m.phase));
                     match (active, s % 4) {

@@ -26,6 +26,9 @@
 //!   from [`Metrics::observe_migration`] / [`Metrics::forget_migration`].
 //! - `automanager_spare_underflow{hotsparetarget, pool}` is 1 while a HotSpareTarget has fewer
 //!   live spares than its target (its `SpareUnderflow` condition), else 0.
+//! - `automanager_spares{hotsparetarget, pool, tier, state}`: per tier (`hot`, `warm`) the spares
+//!   `ready` (hot: running and empty; warm: stopped), `pending` (on their way) and the `target`
+//!   in effect (a schedule's while it applies).
 //! - `automanager_leader` is 1 while this replica holds the leader lease.
 //! - `automanager_build_info{version}` is 1: the running version as a label, and the series
 //!   whose absence says a release's operator is gone.
@@ -115,6 +118,22 @@ struct SpareLabels {
     pool: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SpareTierLabels {
+    hotsparetarget: String,
+    pool: String,
+    tier: &'static str,
+    state: &'static str,
+}
+
+/// One tier's figures for [`Metrics::set_spare_tier`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TierFigures {
+    pub ready: u32,
+    pub pending: u32,
+    pub target: u32,
+}
+
 /// What the migration gauges were last told about one Migration.
 #[derive(Clone, Debug, PartialEq)]
 struct MigrationSeen {
@@ -159,6 +178,7 @@ struct Inner {
     migrations_seen: Mutex<HashMap<(String, String), MigrationSeen>>,
     spare_underflow: Family<SpareLabels, Gauge>,
     spare_seen: Mutex<HashSet<SpareLabels>>,
+    spares: Family<SpareTierLabels, Gauge>,
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
     orphans_removed: Family<KindLabels, Counter>,
@@ -217,6 +237,7 @@ impl Metrics {
         let migrations = Family::<PhaseLabels, Gauge>::default();
         let migration_phase_start = Family::<MigrationLabels, Gauge<f64, AtomicU64>>::default();
         let spare_underflow = Family::<SpareLabels, Gauge>::default();
+        let spares = Family::<SpareTierLabels, Gauge>::default();
         let leader = Gauge::default();
         let bundle_broken = Family::<BundleLabels, Gauge>::default();
         let orphans_removed = Family::<KindLabels, Counter>::default();
@@ -365,6 +386,11 @@ impl Metrics {
             spare_underflow.clone(),
         );
         registry.register(
+            "automanager_spares",
+            "A HotSpareTarget's spares per tier (hot, warm): ready, pending and the target in effect",
+            spares.clone(),
+        );
+        registry.register(
             "automanager_leader",
             "1 while this operator replica holds the leader lease, else 0",
             leader.clone(),
@@ -427,6 +453,7 @@ impl Metrics {
                 migrations_seen: Mutex::new(HashMap::new()),
                 spare_underflow,
                 spare_seen: Mutex::new(HashSet::new()),
+                spares,
                 leader,
                 bundle_broken,
                 orphans_removed,
@@ -781,6 +808,33 @@ impl Metrics {
             .insert(labels);
     }
 
+    /// Sets a HotSpareTarget's figures for one tier (`hot` or `warm`).
+    pub fn set_spare_tier(&self, target: &str, pool: &str, tier: &'static str, f: TierFigures) {
+        for (state, value) in [
+            ("ready", f.ready),
+            ("pending", f.pending),
+            ("target", f.target),
+        ] {
+            self.inner
+                .spares
+                .get_or_create(&SpareTierLabels {
+                    hotsparetarget: target.to_owned(),
+                    pool: pool.to_owned(),
+                    tier,
+                    state,
+                })
+                .set(i64::from(value));
+        }
+        self.inner
+            .spare_seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(SpareLabels {
+                hotsparetarget: target.to_owned(),
+                pool: pool.to_owned(),
+            });
+    }
+
     /// Drops the underflow series of every HotSpareTarget not in `existing` (deleted ones).
     pub fn retain_spare_targets(&self, existing: &[(String, String)]) {
         let keep: HashSet<SpareLabels> = existing
@@ -799,6 +853,16 @@ impl Metrics {
             let kept = keep.contains(l);
             if !kept {
                 self.inner.spare_underflow.remove(l);
+                for tier in ["hot", "warm"] {
+                    for state in ["ready", "pending", "target"] {
+                        self.inner.spares.remove(&SpareTierLabels {
+                            hotsparetarget: l.hotsparetarget.clone(),
+                            pool: l.pool.clone(),
+                            tier,
+                            state,
+                        });
+                    }
+                }
             }
             kept
         });
@@ -1046,6 +1110,28 @@ mod tests {
         let text = m.encode();
         assert!(!text.contains("gold-spares"), "{text}");
         assert!(text.contains("hotsparetarget=\"other\""));
+    }
+
+    #[test]
+    fn spare_tiers_are_reported_per_tier_and_go_with_their_target() {
+        let m = Metrics::new();
+        let f = |ready, pending, target| TierFigures {
+            ready,
+            pending,
+            target,
+        };
+        m.set_spare_tier("gold", "aws-east", "hot", f(1, 1, 2));
+        m.set_spare_tier("gold", "aws-east", "warm", f(3, 0, 4));
+        let text = m.encode();
+        for line in [
+            "automanager_spares{hotsparetarget=\"gold\",pool=\"aws-east\",tier=\"hot\",state=\"pending\"} 1",
+            "automanager_spares{hotsparetarget=\"gold\",pool=\"aws-east\",tier=\"warm\",state=\"ready\"} 3",
+            "automanager_spares{hotsparetarget=\"gold\",pool=\"aws-east\",tier=\"warm\",state=\"target\"} 4",
+        ] {
+            assert!(text.contains(line), "{line} not in {text}");
+        }
+        m.retain_spare_targets(&[]);
+        assert!(!m.encode().contains("hotsparetarget=\"gold\""));
     }
 
     #[test]

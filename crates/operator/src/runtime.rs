@@ -480,6 +480,7 @@ pub async fn run_controllers(
     let connection = tokio::spawn(watch_connection(ctx.clone()));
     let snapshots = tokio::spawn(publish_snapshots(ctx.clone()));
     let zone_clock = tokio::spawn(controllers::zones::run_zone_clock(ctx.clone()));
+    let reclaim = tokio::spawn(controllers::reclaim::run_reclaim(ctx.clone()));
     let sweep = ctx.settings.orphan_sweep.map(|(interval, grace)| {
         tokio::spawn(controllers::sweep::run_orphan_sweep(
             ctx.clone(),
@@ -504,6 +505,7 @@ pub async fn run_controllers(
     connection.abort();
     snapshots.abort();
     zone_clock.abort();
+    reclaim.abort();
     if let Some(sweep) = sweep {
         sweep.abort();
     }

@@ -23,6 +23,8 @@ mod nodes;
 mod rebalance;
 #[path = "controller_tier/recovery.rs"]
 mod recovery;
+#[path = "controller_tier/spare_tiers.rs"]
+mod spare_tiers;
 #[path = "controller_tier/spares.rs"]
 mod spares;
 #[path = "controller_tier/sweep.rs"]
@@ -66,11 +68,18 @@ struct Tier {
 
 impl Tier {
     async fn start(config: impl FnOnce(&mut OperatorConfig)) -> Tier {
+        Tier::start_with_sim(|_| {}, config).await
+    }
+
+    async fn start_with_sim(
+        sim_config: impl FnOnce(&mut SimConfig),
+        config: impl FnOnce(&mut OperatorConfig),
+    ) -> Tier {
         let sim_yaml =
             std::fs::read_to_string(repo().join("deploy/demo/manager-sim.yaml")).unwrap();
-        let sim = Sim::start_in_process(SimConfig::from_yaml(&sim_yaml).unwrap())
-            .await
-            .expect("manager-sim");
+        let mut sim_cfg = SimConfig::from_yaml(&sim_yaml).unwrap();
+        sim_config(&mut sim_cfg);
+        let sim = Sim::start_in_process(sim_cfg).await.expect("manager-sim");
         let mut cfg = OperatorConfig::default();
         config(&mut cfg);
         // Manager through its port, in this process: no socket anywhere in this tier.

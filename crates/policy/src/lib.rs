@@ -12,9 +12,11 @@
 //! | [`bounded`] | how status text is clipped to the schema's bounds |
 //! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
 //! | [`bundle_pass`] | a replica's placement request, whether a Bundle pass's status write waits, when the bundle is looked at again |
+//! | [`calendar`] | when voluntary moves may happen (disruption windows) and when spare schedules apply |
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
 //! | [`node_health`] | nodes whose workers refuse too many starts, and how long a flapping one is kept out |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
+//! | [`tiers`] | a target's hot (running) and warm (stopped) spares, their sizes and schedules |
 //! | [`provision_budget`] | how many nodes a pool may be asked for now |
 //! | [`provision_keys`] | which idempotency key the next CreateNode of an intent carries |
 //! | [`provision_refusals`] | which CreateNode asks are held: a refusal Manager gives for good, a failed ask's growing back-off |
@@ -26,6 +28,7 @@
 //! | [`migration_queue`] | which waiting migrations begin now (priority, parallelism, budget) |
 //! | [`migration`] | the migration machine, and Manager's phases mapped to its events |
 //! | [`pool`] | where a PlacementPool stands: its own faults, its deletion held by its users, new nodes held back |
+//! | [`notice`] | which jobs of nodes Manager will reclaim move, how, in what order, and what is left to recovery |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
 //! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
 //! | [`start_settle`] | whether a pass that started jobs waits a moment for them to run before it records |
@@ -38,6 +41,7 @@
 pub mod bounded;
 pub mod bundle;
 pub mod bundle_pass;
+pub mod calendar;
 pub mod consolidation;
 pub mod disruption;
 pub mod drain;
@@ -46,6 +50,7 @@ pub mod ledger;
 pub mod migration;
 pub mod migration_queue;
 pub mod node_health;
+pub mod notice;
 pub mod orphans;
 pub mod pass;
 pub mod pass_failure;
@@ -58,6 +63,7 @@ pub mod rebalance;
 pub mod spares;
 pub mod start_settle;
 pub mod tags;
+pub mod tiers;
 pub mod vocab;
 pub mod zone_brake;
 

@@ -40,6 +40,15 @@ impl Purpose {
         }
     }
 
+    /// The reason a disruption window governs this purpose.
+    pub fn voluntary_reason(self) -> crate::vocab::VoluntaryReason {
+        match self {
+            Purpose::Drain => crate::vocab::VoluntaryReason::Drain,
+            Purpose::Rebalance => crate::vocab::VoluntaryReason::Rebalance,
+            Purpose::Consolidation => crate::vocab::VoluntaryReason::Consolidation,
+        }
+    }
+
     /// From the purpose label's value; anything else (a person's Migration) ranks with drains.
     pub fn from_label(value: Option<&str>) -> Purpose {
         match value {
@@ -91,6 +100,13 @@ pub enum WaitReason<B> {
     GlobalLimit { running: usize, limit: usize },
     /// `node` takes part in `per_node` migrations already.
     NodeLimit { node: String, limit: usize },
+    /// The bundle's disruption windows hold moves for `reason` until `until` (decided by the
+    /// caller with [`crate::calendar`]; the queue itself never answers this).
+    Window {
+        bundle: B,
+        reason: crate::vocab::VoluntaryReason,
+        until: chrono::DateTime<chrono::Utc>,
+    },
 }
 
 /// The answer for one waiting migration.

@@ -85,8 +85,14 @@ pub enum SpareState {
     Starting,
     /// Up: a live spare when it holds no job.
     Started,
-    /// Stopped: counts for nothing.
+    /// Unreachable (Manager's `STOPPED`: partitioned, may come back): counts for nothing.
     Stopped,
+    /// Being stopped on request, keeping its disk and id: on its way to the warm tier. The hot
+    /// tier counts it for nothing.
+    Stopping,
+    /// Stopped on request (powered off, no compute): a warm spare when it holds no job. The hot
+    /// tier counts it for nothing; starting it brings it back as `Starting`.
+    PoweredOff,
     /// Gone: counts for nothing.
     Terminated,
 }
@@ -106,6 +112,9 @@ pub struct SpareNode {
     pub holds_jobs: bool,
     /// The `HotSpareTarget` it was provisioned for ([`SPARE_TARGET_TAG`] tag), if tagged.
     pub target_name: Option<String>,
+    /// Its zone (empty when not known yet): a warm spare in a zone the zone brake holds is
+    /// not started.
+    pub zone: String,
 }
 
 /// One step of a `maxAge` rotation.
@@ -194,6 +203,11 @@ pub enum Brake {
         /// Requests the rate allows now.
         allowed: u32,
     },
+    /// Every zone of the pool is held by the zone brake: nothing is provisioned until one clears.
+    Zones {
+        /// Spares wanted now.
+        wanted: u32,
+    },
 }
 
 impl Brake {
@@ -202,6 +216,7 @@ impl Brake {
         match self {
             Brake::MaxNodes { .. } => "PoolAtMaxNodes",
             Brake::Rate { .. } => "ProvisioningRateLimited",
+            Brake::Zones { .. } => "ZonesDegraded",
         }
     }
 
@@ -217,6 +232,9 @@ impl Brake {
             ),
             Brake::Rate { wanted, allowed } => format!(
                 "pool {pool} may ask for {allowed} more node(s) this minute; {wanted} spare(s) wanted, the rest follow"
+            ),
+            Brake::Zones { wanted } => format!(
+                "every zone of pool {pool} is degraded (zone brake): {wanted} spare(s) wait until one clears"
             ),
         }
     }
@@ -459,6 +477,9 @@ pub enum SpareSpecError {
     /// `targetCount` is negative or above [`MAX_TARGET_COUNT`].
     #[error("targetCount must be between 0 and {MAX_TARGET_COUNT}, not {0}")]
     TargetOutOfRange(i32),
+    /// A tier's size cannot be worked with (a share above 100 %, a minimum above its maximum).
+    #[error("{0}")]
+    InvalidTier(String),
     /// `maxAge` is not a duration of at least 1m (and at most ten years).
     #[error("maxAge `{value}` {problem}")]
     InvalidMaxAge {
@@ -512,7 +533,13 @@ pub fn plan_spares(
             (SpareState::Started | SpareState::Starting, true) => taken.push(n.node_id.clone()),
             (SpareState::Started, false) => live.push(n),
             (SpareState::Starting, false) => pending.push(n),
-            (SpareState::Stopped | SpareState::Terminated, _) => {}
+            (
+                SpareState::Stopped
+                | SpareState::Stopping
+                | SpareState::PoweredOff
+                | SpareState::Terminated,
+                _,
+            ) => {}
         }
     }
     // Oldest first; the id breaks ties so the plan is independent of input order.
@@ -582,11 +609,11 @@ pub fn plan_spares(
     Ok(plan)
 }
 
-fn count(n: usize) -> u32 {
+pub(crate) fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn belongs(n: &SpareNode, target_name: &str, for_band: Option<PriorityBand>) -> bool {
+pub(crate) fn belongs(n: &SpareNode, target_name: &str, for_band: Option<PriorityBand>) -> bool {
     n.band == for_band && n.target_name.as_deref().is_none_or(|t| t == target_name)
 }
 
@@ -713,6 +740,7 @@ mod tests {
             band: None,
             holds_jobs: false,
             target_name: None,
+            zone: String::new(),
         }
     }
 
@@ -1261,6 +1289,8 @@ mod tests {
             Just(SpareState::Started),
             Just(SpareState::Started),
             Just(SpareState::Stopped),
+            Just(SpareState::Stopping),
+            Just(SpareState::PoweredOff),
             Just(SpareState::Terminated),
         ]
     }
@@ -1289,6 +1319,7 @@ mod tests {
                 band,
                 holds_jobs,
                 target_name,
+                zone: String::new(),
             })
     }
 

@@ -72,6 +72,36 @@ impl MigrationStrategy {
     }
 }
 
+/// Why the operator would move a running job, or take a node away, when nothing failed: the
+/// reasons a disruption window admits. Recovery from a failure is not among them: it is never
+/// held.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum VoluntaryReason {
+    /// A drain (`migrate` or `terminate`) of a ManagerNode.
+    Drain,
+    /// Emptying a lightly used node of an elastic binpack pool.
+    Consolidation,
+    /// Moving a replica back where its soft rules hold.
+    Rebalance,
+    /// Replacing a spare older than its `maxAge`.
+    SpareRotation,
+}
+
+impl VoluntaryReason {
+    /// The reason's name as written in the API (and in metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VoluntaryReason::Drain => "drain",
+            VoluntaryReason::Consolidation => "consolidation",
+            VoluntaryReason::Rebalance => "rebalance",
+            VoluntaryReason::SpareRotation => "spareRotation",
+        }
+    }
+}
+
 /// What a band does when a job fails or loses its node (the TypeScript library's `bands` setting).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -235,6 +235,9 @@ pub fn spare_target(
                 region: region.to_owned(),
             },
             max_age: None,
+            hot: None,
+            warm: None,
+            schedules: Vec::new(),
         },
     )
 }

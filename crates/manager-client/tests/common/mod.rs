@@ -19,7 +19,7 @@ pub const WAIT: Duration = Duration::from_secs(10);
 pub fn config() -> SimConfig {
     SimConfig::from_yaml(
         r"
-timing: {provisionDelayMs: 10, jobStartDelayMs: 5, jobStopDelayMs: 5}
+timing: {provisionDelayMs: 10, jobStartDelayMs: 5, jobStopDelayMs: 5, startDelayMs: 20, stopDelayMs: 10}
 pools:
   - name: aws-east
     kind: aws

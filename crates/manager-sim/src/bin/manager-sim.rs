@@ -5,6 +5,7 @@
 //! manager-sim serve [--config FILE] [--listen ADDR] [--state-dir DIR] [--token T] [--no-job-socket]
 //! manager-sim check-config FILE
 //! manager-sim chaos kill-node ID        --addr http://127.0.0.1:PORT [--token T]
+//! manager-sim chaos notice-node ID [--in SECONDS] [--reason R]
 //! manager-sim chaos fail-job ID [--message M]
 //! manager-sim chaos reject-next N
 //! manager-sim chaos cut-streams
@@ -34,8 +35,8 @@ use clap::{Parser, Subcommand};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
     CallCountsRequest, CutStreamsRequest, FailJobRequest, JobHistoryRequest, JobHistoryResponse,
-    JobRole, KillNodeRequest, MigrationBehaviour, PartitionZoneRequest, RejectNextRequest,
-    SetMigrationBehaviourRequest, SlowProvisionRequest,
+    JobRole, KillNodeRequest, MigrationBehaviour, NoticeNodeRequest, PartitionZoneRequest,
+    RejectNextRequest, SetMigrationBehaviourRequest, SlowProvisionRequest,
 };
 use manager_sim::{AbortAt, JobBehaviour, Sim, SimSetup};
 
@@ -118,6 +119,18 @@ enum Fault {
     KillNode {
         /// Node id.
         id: String,
+    },
+    /// Announce that a node will be reclaimed (a Spot interruption): it is killed when the
+    /// notice runs out.
+    NoticeNode {
+        /// Node id.
+        id: String,
+        /// Seconds until the node is taken (a Spot interruption gives 120).
+        #[arg(long = "in", default_value_t = 120)]
+        in_seconds: u64,
+        /// Why, e.g. spot-interruption or maintenance.
+        #[arg(long, default_value = "spot-interruption")]
+        reason: String,
     },
     /// Make a job's running instance fail.
     FailJob {
@@ -393,6 +406,19 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
     let mut client = admin_client(addr, token).await?;
     let resp = match fault {
         Fault::KillNode { id } => client.kill_node(KillNodeRequest { node_id: id }).await,
+        Fault::NoticeNode {
+            id,
+            in_seconds,
+            reason,
+        } => {
+            client
+                .notice_node(NoticeNodeRequest {
+                    node_id: id,
+                    in_ms: in_seconds.saturating_mul(1000),
+                    reason,
+                })
+                .await
+        }
         Fault::FailJob { id, message } => {
             client
                 .fail_job(FailJobRequest {

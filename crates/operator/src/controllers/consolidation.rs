@@ -698,6 +698,7 @@ fn bundle_rules(
                 allow_stop_then_start: b
                     .spec
                     .disruption
+                    .as_ref()
                     .is_some_and(|d| d.allow_stop_then_start_consolidation),
             };
             Some(((*id).to_owned(), rules))

@@ -12,9 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use automanager_api::{self as api, Bundle, Migration, MigrationPhase};
+use automanager_policy::calendar::Calendar;
 use automanager_policy::disruption::{self, DEFAULT_MAX_UNAVAILABLE, Ledger, ReplicaStanding};
 use automanager_policy::migration::is_terminal;
 use automanager_policy::migration_queue::{self as queue, Admission, Purpose, WaitReason};
+use automanager_policy::vocab::VoluntaryReason;
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -31,6 +33,9 @@ struct BundleFacts {
     replicas: u32,
     max_unavailable: u32,
     jobs: Vec<String>,
+    /// Its disruption windows (empty when it declares none, or when they cannot be read: the
+    /// Bundle's own pass says why).
+    calendar: Calendar,
 }
 
 fn facts(b: &Bundle) -> BundleFacts {
@@ -43,6 +48,10 @@ fn facts(b: &Bundle) -> BundleFacts {
             .max_unavailable_replicas()
             .unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         jobs: b.spec.jobs.iter().map(|j| j.job_name.clone()).collect(),
+        calendar: b.spec.disruption_calendar().unwrap_or_else(|e| {
+            tracing::warn!(bundle = %b.name_any(), error = %e, "disruption windows cannot be read: not applied");
+            Calendar::default()
+        }),
     }
 }
 
@@ -175,6 +184,20 @@ impl Fleet {
         out
     }
 
+    /// Until when `bundle_id`'s disruption windows hold a voluntary move for `reason` at `now`,
+    /// if they do.
+    fn window_hold(
+        &self,
+        bundle_id: &str,
+        reason: VoluntaryReason,
+        now: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        self.bundles
+            .get(bundle_id)
+            .and_then(Option::as_ref)
+            .and_then(|f| f.calendar.permit(reason, now).held_until())
+    }
+
     /// Every known bundle's replicas as the budget sees them now.
     fn ledger(
         &self,
@@ -212,6 +235,19 @@ impl Fleet {
     }
 }
 
+/// Every budget the given bundles (and the Migrations in flight) have now, as one ledger: what
+/// the reclaim-notice planner decides against.
+pub(crate) async fn budget_ledger(
+    ctx: &Context,
+    bundles: &[String],
+) -> Result<Ledger<String>, Error> {
+    let fleet = Fleet::gather(ctx, bundles).await?;
+    Ok(ctx.with_mirror(|mirror, state| {
+        let running = fleet.running(state);
+        fleet.ledger(mirror, state, &running)
+    }))
+}
+
 fn running_normal(i: &proto::JobInstance) -> bool {
     i.is_normal() && i.state() == proto::JobState::Running
 }
@@ -237,6 +273,36 @@ pub(crate) fn decide_migration(
     let ns = mig.namespace().unwrap_or_default();
     let me = key(&ns, &mig.name_any());
     let now = ctx.clock.now();
+    // A drain's, consolidation's or rebalance's Migration waits for the bundle's window; a
+    // Migration a person created is not held.
+    let labels = mig.labels();
+    let governed = if labels.contains_key(api::DRAIN_NODE_LABEL) {
+        Some(VoluntaryReason::Drain)
+    } else {
+        match labels.get(api::PURPOSE_LABEL).map(String::as_str) {
+            Some(p @ ("rebalance" | "consolidation")) => {
+                Some(Purpose::from_label(Some(p)).voluntary_reason())
+            }
+            _ => None,
+        }
+    };
+    let bundle_id = bundle_id_of(mig);
+    if let Some(reason) = governed
+        && let Some(until) = fleet.window_hold(&bundle_id, reason, now)
+        && !fleet.running(&ctx.state()).contains_key(&me)
+    {
+        return (
+            Admission::Wait {
+                position: 1,
+                reason: WaitReason::Window {
+                    bundle: bundle_id,
+                    reason,
+                    until,
+                },
+            },
+            0,
+        );
+    }
     ctx.with_mirror(|mirror, state| {
         let running = fleet.running(state);
         if running.contains_key(&me) {
@@ -301,6 +367,16 @@ fn waiting_entry(
     } else {
         Purpose::from_label(labels.get(api::PURPOSE_LABEL).map(String::as_str))
     };
+    // A reclaim move the notice planner let past a budget (the node is taken anyway) is not
+    // held by it again here.
+    let budgeted = if labels.get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim")
+        && m.annotations()
+            .contains_key(api::BUDGET_OVERRIDE_ANNOTATION)
+    {
+        None
+    } else {
+        Some((bundle_id.clone(), replica))
+    };
     queue::Waiting {
         key: key(&ns, &m.name_any()),
         purpose,
@@ -309,7 +385,7 @@ fn waiting_entry(
             .map(str::to_owned)
             .unwrap_or_else(|| source_of(mirror, &bundle_id, replica, &job.job_name)),
         target_node: m.spec.target_node.clone(),
-        replica: Some((bundle_id, replica)),
+        replica: budgeted,
     }
 }
 
@@ -357,6 +433,22 @@ pub(crate) fn describe_wait(
             ),
             None,
         ),
+        WaitReason::Window {
+            bundle,
+            reason,
+            until,
+        } => {
+            let shown = shown_bundle(bundle);
+            (
+                "DisruptionWindow",
+                format!(
+                    "waiting until {}: Bundle {shown}'s disruption windows hold {} moves until then (disruption.windows)",
+                    until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    reason.as_str()
+                ),
+                Some(shown),
+            )
+        }
     }
 }
 
@@ -410,6 +502,7 @@ pub(crate) fn set_blocked_condition(
 pub(crate) async fn allow_node_terminate(
     ctx: &Arc<Context>,
     node_id: &str,
+    reason: VoluntaryReason,
 ) -> Result<Result<(), String>, Error> {
     let on_node: Vec<String> = ctx.manager.mirror().read(|m| {
         m.jobs_on(node_id)
@@ -422,9 +515,23 @@ pub(crate) async fn allow_node_terminate(
             .collect()
     });
     let fleet = Fleet::gather(ctx, &on_node).await?;
+    let now = ctx.clock.now();
     Ok(ctx.with_mirror(|mirror, state| {
         if state.disruptions().is_terminating(node_id) {
             return Ok(());
+        }
+        let mut held: Vec<(&String, DateTime<Utc>)> = on_node
+            .iter()
+            .filter_map(|b| fleet.window_hold(b, reason, now).map(|u| (b, u)))
+            .collect();
+        held.sort_by_key(|(_, u)| std::cmp::Reverse(*u));
+        if let Some((bundle, until)) = held.first() {
+            return Err(format!(
+                "waiting until {}: Bundle {}'s disruption windows hold {} moves until then; terminating node {node_id} would move its jobs",
+                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                shown_bundle(bundle),
+                reason.as_str()
+            ));
         }
         let running = fleet.running(state);
         let mut ledger = fleet.ledger(mirror, state, &running);
@@ -460,6 +567,28 @@ pub(crate) async fn allow_node_terminate(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_wait_says_until_when_and_for_which_reason() {
+        let until = DateTime::parse_from_rfc3339("2026-03-07T02:00:00Z")
+            .map(|t| t.to_utc())
+            .unwrap_or_default();
+        let (reason, message, bundle) = describe_wait(
+            1,
+            &WaitReason::Window {
+                bundle: "live.news".into(),
+                reason: VoluntaryReason::Consolidation,
+                until,
+            },
+            0,
+        );
+        assert_eq!(reason, "DisruptionWindow");
+        assert_eq!(
+            message,
+            "waiting until 2026-03-07T02:00:00Z: Bundle live/news's disruption windows hold consolidation moves until then (disruption.windows)"
+        );
+        assert_eq!(bundle.as_deref(), Some("live/news"));
+    }
 
     #[test]
     fn a_budget_wait_names_the_bundle_and_the_replicas_down() {

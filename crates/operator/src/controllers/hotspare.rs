@@ -19,13 +19,18 @@ use manager_proto as proto;
 
 use super::{Context, Error, condition};
 use crate::mapping;
+use automanager_policy::calendar::Recurrence;
 use automanager_policy::pass::Verdict;
 use automanager_policy::spares::{
-    self, Retrying, RotationStep, SpareNode, SparePlan, SpareState, Stall,
+    self, Retrying, RotationStep, SpareNode, SpareSpecError, SpareState, Stall,
 };
+use automanager_policy::tiers::{self, TierPlan};
 
 /// A node asked for counts as pending this long even before the mirror shows it.
 const CREATED_GRACE: Duration = Duration::from_secs(30);
+/// A warm spare a recovery started is the recovery's this long (a start takes tens of seconds
+/// on a cloud, then the recovery places onto it).
+const CLAIM_GRACE: Duration = Duration::from_secs(180);
 
 /// Reconciles one HotSpareTarget, inside its cleanup finalizer: a deleted target terminates
 /// the spares it provisioned that hold no job (a spare that took a job is a working node now).
@@ -72,10 +77,7 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
                 n.pool == target.spec.pool
                     && n.tags.get(mapping::SPARE_TARGET_TAG).map(String::as_str)
                         == Some(name.as_str())
-                    && matches!(
-                        proto::NodeState::try_from(n.state),
-                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
-                    )
+                    && holds_a_place(n)
                     && m.node_usage(&n.node_id) == (0.0, 0)
             })
             .map(|n| n.node_id.clone())
@@ -94,10 +96,24 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
     Ok(Action::await_change())
 }
 
+/// A node that counts as the pool's: starting, started, or stopped on request (it keeps its
+/// disk and identity, and counts under `maxNodes`, until it is terminated).
+fn holds_a_place(n: &proto::Node) -> bool {
+    matches!(
+        proto::NodeState::try_from(n.state),
+        Ok(proto::NodeState::Starting
+            | proto::NodeState::Started
+            | proto::NodeState::PoweringOff
+            | proto::NodeState::PoweredOff)
+    )
+}
+
 fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
     let state = match proto::NodeState::try_from(n.state) {
         Ok(proto::NodeState::Started) => SpareState::Started,
         Ok(proto::NodeState::Stopped) => SpareState::Stopped,
+        Ok(proto::NodeState::PoweringOff) => SpareState::Stopping,
+        Ok(proto::NodeState::PoweredOff) => SpareState::PoweredOff,
         Ok(proto::NodeState::Terminated) => SpareState::Terminated,
         _ => SpareState::Starting,
     };
@@ -114,6 +130,7 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
             .and_then(|b| mapping::parse_band(b)),
         holds_jobs,
         target_name: n.tags.get(mapping::SPARE_TARGET_TAG).cloned(),
+        zone: n.zone.clone(),
     }
 }
 
@@ -127,7 +144,7 @@ async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Er
     let pass = match observe(target, ctx).await? {
         Observed::Stalled(stall) => Pass::Stalled(stall),
         Observed::Pool(seen) => match plan(target, &seen, ctx.clock.now()) {
-            Ok(plan) => act(target, ctx, &seen.pool, plan).await?,
+            Ok(plan) => act(target, ctx, &seen, plan).await?,
             Err(stall) => Pass::Stalled(stall),
         },
     };
@@ -146,18 +163,20 @@ struct Seen {
     pool: PlacementPool,
     /// The pool's spare-tagged nodes, and nodes just asked for the mirror does not show yet.
     nodes: Vec<SpareNode>,
-    /// The pool's `maxNodes`, and the nodes that still fit under it (`None`: unbounded).
-    max_nodes: Option<u32>,
-    room: Option<u32>,
-    /// Requests the pool's rate allows now.
-    allowance: u32,
+    /// The pool's `maxNodes` and the nodes that still fit under it, the requests its rate
+    /// allows now, and the zones the zone brake holds.
+    bounds: tiers::TierBounds,
+    /// The tiers' sizes in effect now (schedules applied).
+    sizes: tiers::TiersInEffect,
 }
 
 /// What a pass did, for [`record`].
 enum Pass {
     Stalled(Stall),
     Planned {
-        plan: SparePlan,
+        plan: Box<TierPlan>,
+        /// The sizes it was planned for (which schedules, and when they next change).
+        sizes: tiers::TiersInEffect,
         /// Why a spare that took a job meanwhile was kept (the disruption budget).
         blocked: Option<String>,
         /// An aged spare was retired.
@@ -191,24 +210,49 @@ async fn observe(target: &HotSpareTarget, ctx: &Context) -> Result<Observed, Err
         return Ok(Observed::Stalled(Stall::ManagerUnavailable(why)));
     }
     let nodes = spare_nodes(target, ctx);
-    // The brake: spares count against the pool's maxNodes like any node, and the pool's
-    // request rate bounds how many are asked for at once.
-    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
-    let room = automanager_policy::provision_budget::room_under_max_nodes(
-        max_nodes,
-        pool_node_count(ctx, &spec.pool, &nodes),
-    );
-    let allowance = ctx
-        .state()
-        .provisioning_mut()
-        .allowance(&spec.pool, ctx.clock.now());
+    let sizes = match tier_sizes(ctx, target, &nodes).await {
+        Ok(sizes) => sizes,
+        Err(message) => {
+            let e = SpareSpecError::InvalidTier(message);
+            return Ok(Observed::Stalled(Stall::InvalidSpec(e)));
+        }
+    };
+    let bounds = bounds(ctx, &pool, &nodes);
     Ok(Observed::Pool(Box::new(Seen {
         pool,
         nodes,
+        bounds,
+        sizes,
+    })))
+}
+
+/// What bounds every tier: spares count against the pool's `maxNodes` like any node, the
+/// pool's request rate bounds how many are asked for at once, and nothing is created in a
+/// zone the zone brake holds.
+fn bounds(ctx: &Context, pool: &PlacementPool, nodes: &[SpareNode]) -> tiers::TierBounds {
+    let name = pool.name_any();
+    let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
+    let room = automanager_policy::provision_budget::room_under_max_nodes(
+        max_nodes,
+        pool_node_count(ctx, &name, nodes),
+    );
+    let now = ctx.clock.now();
+    let mut state = ctx.state();
+    let allowance = state.provisioning_mut().allowance(&name, now);
+    let degraded_zones: std::collections::BTreeSet<String> = (state.provisioning())
+        .zone_brake()
+        .degraded_in(&name)
+        .into_iter()
+        .map(|d| d.zone.clone())
+        .collect();
+    let zones = &pool.spec.zones;
+    tiers::TierBounds {
         max_nodes,
         room,
         allowance,
-    })))
+        all_zones_degraded: !zones.is_empty() && zones.iter().all(|z| degraded_zones.contains(z)),
+        degraded_zones,
+    }
 }
 
 /// The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
@@ -219,8 +263,15 @@ fn spare_nodes(target: &HotSpareTarget, ctx: &Context) -> Vec<SpareNode> {
             .values()
             .filter(|n| n.pool == *pool && mapping::spare_of(n).0)
             .map(|n| {
+                // A warm spare a recovery started counts as taken until the recovery had time
+                // to use it.
                 let (capacity, cores) = m.node_usage(&n.node_id);
-                spare_node(n, capacity > 0.0 || cores > 0)
+                let claimed = ctx.state().provisioning_mut().is_claimed(
+                    &n.node_id,
+                    ctx.clock.instant(),
+                    CLAIM_GRACE,
+                );
+                spare_node(n, capacity > 0.0 || cores > 0 || claimed)
             })
             .collect()
     });
@@ -241,13 +292,7 @@ fn pool_node_count(ctx: &Context, pool: &str, spares: &[SpareNode]) -> u32 {
         let live = m
             .nodes
             .values()
-            .filter(|n| {
-                n.pool == pool
-                    && matches!(
-                        proto::NodeState::try_from(n.state),
-                        Ok(proto::NodeState::Starting | proto::NodeState::Started)
-                    )
-            })
+            .filter(|n| n.pool == pool && holds_a_place(n))
             .count();
         let asked = spares
             .iter()
@@ -258,28 +303,42 @@ fn pool_node_count(ctx: &Context, pool: &str, spares: &[SpareNode]) -> u32 {
     u32::try_from(count).unwrap_or(u32::MAX)
 }
 
-/// The planner's answer for what was observed, braked.
-fn plan(target: &HotSpareTarget, seen: &Seen, now: DateTime<Utc>) -> Result<SparePlan, Stall> {
-    let wanted = mapping::spare_target(&target.spec);
-    let scale_out = seen.pool.spec.scale_out;
-    spares::plan_spares(&target.name_any(), &wanted, scale_out, &seen.nodes, now)
-        .map(|p| p.brake(seen.max_nodes, seen.room, seen.allowance))
-        .map_err(Stall::InvalidSpec)
+/// The tiers planner's answer for what was observed, within the bounds.
+fn plan(target: &HotSpareTarget, seen: &Seen, now: DateTime<Utc>) -> Result<TierPlan, Stall> {
+    let pool = &seen.pool.spec;
+    tiers::plan_tiers(tiers::TierInput {
+        target_name: &target.name_any(),
+        spec: &mapping::spare_target(&target.spec),
+        hot: seen.sizes.hot,
+        warm: seen.sizes.warm,
+        pool: tiers::PoolTraits {
+            scale_out: pool.scale_out,
+            can_stop: pool.kind != api::PoolKind::Cluster,
+        },
+        nodes: &seen.nodes,
+        now,
+        // No window governs the rotation of a pool's spares yet: a spare holds no bundle's job.
+        rotation_allowed: true,
+        bounds: &seen.bounds,
+    })
+    .map_err(Stall::InvalidSpec)
 }
 
 /// Acts on the plan: provision first, so a rotation or a taken spare never leaves the pool
-/// short for longer; then terminate the excess and retire an aged spare.
+/// short for longer; start warm spares for the hot tier and stop surplus hot ones for the warm
+/// tier; then terminate the excess and retire an aged spare.
 async fn act(
     target: &HotSpareTarget,
     ctx: &Arc<Context>,
-    pool: &PlacementPool,
-    plan: SparePlan,
+    seen: &Seen,
+    plan: TierPlan,
 ) -> Result<Pass, Error> {
-    let retrying = match provision(target, ctx, pool, plan.provision).await? {
+    let retrying = match provision(target, ctx, &seen.pool, plan.creates()).await? {
         Asked::All => None,
         Asked::Refused(stall) => return Ok(Pass::Stalled(stall)),
         Asked::Retrying(r) => Some(r),
     };
+    start_and_stop(target, ctx, &plan).await?;
     // A rotation's aged spare is among the excess to terminate: it goes once, as the rotation.
     let aged = match &plan.rotate {
         Some(RotationStep::RetireAged { aged }) => Some(aged.as_str()),
@@ -300,7 +359,7 @@ async fn act(
         } else {
             let note = format!(
                 "spare {node} terminated: pool {} is over target {}",
-                target.spec.pool, plan.target
+                target.spec.pool, plan.hot.target
             );
             ("TerminatedExcessSpare", "Terminate", note)
         };
@@ -308,11 +367,56 @@ async fn act(
             .await;
     }
     Ok(Pass::Planned {
-        plan,
+        plan: Box::new(plan),
+        sizes: seen.sizes.clone(),
         blocked,
         rotated,
         retrying,
     })
+}
+
+/// Starts the warm spares the hot tier takes and stops the surplus hot spares the warm tier
+/// takes. A node whose state changed since the plan looked (a recovery placed a job there) is
+/// left as it is: Manager's answer says so, and the next pass plans again.
+async fn start_and_stop(
+    target: &HotSpareTarget,
+    ctx: &Context,
+    plan: &TierPlan,
+) -> Result<(), Error> {
+    let name = target.name_any();
+    for node in &plan.start {
+        match ctx.manager.start_node(node).await {
+            Ok(_) => {
+                let note = format!("warm spare {node} started to refill the hot tier");
+                ctx.event(
+                    target,
+                    EventType::Normal,
+                    "StartingWarmSpare",
+                    "Start",
+                    note,
+                )
+                .await;
+            }
+            Err(e) if super::is_final_answer(&e) => {
+                tracing::info!(target = %name, node = %node, error = %e, "warm spare not started");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for node in &plan.stop {
+        match ctx.manager.stop_node(node).await {
+            Ok(_) => {
+                let note = format!("spare {node} stopped to refill the warm tier");
+                ctx.event(target, EventType::Normal, "StoppingSpare", "Stop", note)
+                    .await;
+            }
+            Err(e) if super::is_final_answer(&e) => {
+                tracing::info!(target = %name, node = %node, error = %e, "spare not stopped");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
 }
 
 /// How asking for spares went.
@@ -424,12 +528,14 @@ async fn record(target: &HotSpareTarget, ctx: &Context, pass: Pass) -> Result<Ac
         }
         Pass::Planned {
             plan,
+            sizes,
             blocked,
             rotated,
             retrying,
         } => {
             let verdict = plan.verdict(&target.spec.pool, retrying.as_ref());
             record_plan(target, ctx, &prev, &mut status, &plan, blocked).await;
+            record_tiers(target, ctx, &mut status, &plan, &sizes);
             if rotated {
                 status.last_rotation = Some(now);
             }
@@ -441,7 +547,8 @@ async fn record(target: &HotSpareTarget, ctx: &Context, pass: Pass) -> Result<Ac
                 ctx.event(target, EventType::Warning, reason, "Provision", note)
                     .await;
             }
-            (verdict, plan.next_look(retrying.as_ref()))
+            let until_change = (sizes.next_change).and_then(|at| (at - now).to_std().ok());
+            (verdict, plan.next_look(retrying.as_ref(), until_change))
         }
     };
     let Verdict {
@@ -467,15 +574,14 @@ async fn record_plan(
     ctx: &Context,
     prev: &HotSpareTargetStatus,
     status: &mut HotSpareTargetStatus,
-    plan: &SparePlan,
+    plan: &TierPlan,
     blocked: Option<String>,
 ) {
     let generation = target.metadata.generation;
     let now = ctx.clock.now();
     super::disruption::set_blocked_condition(&mut status.conditions, blocked, generation, now);
-    status.live_spares = i32::try_from(plan.live).unwrap_or(i32::MAX);
-    status.pending_spares =
-        i32::try_from(plan.pending.saturating_add(plan.provision)).unwrap_or(i32::MAX);
+    status.live_spares = i32::try_from(plan.hot.ready).unwrap_or(i32::MAX);
+    status.pending_spares = i32::try_from(plan.hot.pending).unwrap_or(i32::MAX);
     status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
     status.underflow_since = plan.underflow_since(prev.underflow_since, now);
     let name = target.name_any();
@@ -498,6 +604,202 @@ async fn record_plan(
     api::set_condition(&mut status.conditions, c);
 }
 
+/// The tiers' figures in status and metrics, the schedules in effect and the `WarmTier`
+/// condition.
+fn record_tiers(
+    target: &HotSpareTarget,
+    ctx: &Context,
+    status: &mut HotSpareTargetStatus,
+    plan: &TierPlan,
+    sizes: &tiers::TiersInEffect,
+) {
+    let spec = &target.spec;
+    let now = ctx.clock.now();
+    status.target_count = i32::try_from(plan.hot.target).unwrap_or(i32::MAX);
+    status.warm_target = i32::try_from(plan.warm.target).unwrap_or(i32::MAX);
+    status.warm_spares = i32::try_from(plan.warm.ready).unwrap_or(i32::MAX);
+    status.pending_warm_spares = i32::try_from(plan.warm.pending).unwrap_or(i32::MAX);
+    status.active_schedules = (sizes.active.iter())
+        .filter_map(|i| spec.schedules.get(*i).map(|s| s.schedule.clone()))
+        .collect();
+    status.next_schedule_change = sizes.next_change;
+    let generation = target.metadata.generation;
+    set_warm_condition(&mut status.conditions, plan, &spec.pool, generation, now);
+    let name = target.name_any();
+    for (tier, counts) in [("hot", plan.hot), ("warm", plan.warm)] {
+        let figures = crate::metrics::TierFigures {
+            ready: counts.ready,
+            pending: counts.pending,
+            target: counts.target,
+        };
+        ctx.metrics.set_spare_tier(&name, &spec.pool, tier, figures);
+    }
+}
+
+/// The `WarmTier` condition: at target, below it, or not possible in this pool.
+fn set_warm_condition(
+    conditions: &mut Vec<api::Condition>,
+    plan: &tiers::TierPlan,
+    pool: &str,
+    generation: Option<i64>,
+    now: chrono::DateTime<Utc>,
+) {
+    let (ok, reason, message) = if plan.warm_unsupported {
+        (
+            false,
+            "PoolCannotStop",
+            format!("pool {pool} cannot stop nodes (a cluster pool): it keeps no warm spares"),
+        )
+    } else if let Some(u) = &plan.warm_underflow {
+        (
+            false,
+            "BelowTarget",
+            format!(
+                "pool {pool} has {} warm spare(s), {} coming, target {}",
+                u.current, plan.warm.pending, u.target
+            ),
+        )
+    } else {
+        (
+            true,
+            "AtTarget",
+            format!(
+                "{} warm spare(s), target {}",
+                plan.warm.ready, plan.warm.target
+            ),
+        )
+    };
+    if plan.warm.target == 0 && !plan.warm_unsupported {
+        conditions.retain(|c| c.type_ != "WarmTier");
+        return;
+    }
+    api::set_condition(
+        conditions,
+        condition("WarmTier", ok, reason, message, generation, now),
+    );
+}
+
+/// Starts a warm spare of `pool` for a recovery that found no room: the youngest stopped spare
+/// that is unbanded or dedicated to one of `bands`, outside the zones the zone brake holds.
+/// `None` when there is none (or Manager refused): the caller provisions instead. The started
+/// node is a hot spare once up; the recovery takes it, and its target refills both tiers.
+pub async fn start_warm_spare(
+    ctx: &Context,
+    pool: &str,
+    bands: &[api::PriorityBand],
+) -> Result<Option<String>, Error> {
+    let degraded: std::collections::BTreeSet<String> = ctx
+        .state()
+        .provisioning()
+        .zone_brake()
+        .degraded_in(pool)
+        .into_iter()
+        .map(|d| d.zone.clone())
+        .collect();
+    let candidate = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| n.pool == pool && n.state() == proto::NodeState::PoweredOff)
+            .filter(|n| {
+                let (spare, band) = mapping::spare_of(n);
+                spare && band.is_none_or(|b| bands.contains(&b)) && !degraded.contains(n.zone())
+            })
+            .max_by(|a, b| (a.created_at_ms, &b.node_id).cmp(&(b.created_at_ms, &a.node_id)))
+            .map(|n| n.node_id.clone())
+    });
+    let Some(node) = candidate else {
+        return Ok(None);
+    };
+    // Claimed before the call, so its target never sees it running unclaimed.
+    ctx.state()
+        .provisioning_mut()
+        .claim_warm(&node, ctx.clock.instant());
+    match ctx.manager.start_node(&node).await {
+        Ok(_) => {
+            tracing::info!(pool, node = %node, "recovery: starting a warm spare");
+            Ok(Some(node))
+        }
+        Err(e) if super::is_final_answer(&e) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The tier counts in effect now: the schedules applied ahead by the pool's start latency (as
+/// Manager reports it), else `hot` (or `targetCount`) and `warm`. An error is a message for
+/// the `Stalled` condition.
+async fn tier_sizes(
+    ctx: &Context,
+    target: &HotSpareTarget,
+    nodes: &[SpareNode],
+) -> Result<tiers::TiersInEffect, String> {
+    let spec = &target.spec;
+    let now = ctx.clock.now();
+    let count = tiers::TierSize::Count(u32::try_from(spec.target_count).unwrap_or(0));
+    let base = tiers::TierSizes {
+        hot: spec.hot.as_ref().map_or(count, api::TierSize::to_policy),
+        warm: spec
+            .warm
+            .as_ref()
+            .map_or(tiers::TierSize::Count(0), api::TierSize::to_policy),
+    };
+    base.validate().map_err(|e| e.to_string())?;
+    let mut schedules = Vec::with_capacity(spec.schedules.len());
+    for s in &spec.schedules {
+        let recurrence = Recurrence::parse(&s.schedule, &s.duration, &s.time_zone)
+            .map_err(|e| format!("schedules: {e}"))?;
+        let sizes = tiers::TierSizes {
+            hot: s.hot.as_ref().map_or(base.hot, api::TierSize::to_policy),
+            warm: s.warm.as_ref().map_or(base.warm, api::TierSize::to_policy),
+        };
+        sizes.validate().map_err(|e| format!("schedules: {e}"))?;
+        schedules.push(tiers::TierSchedule { recurrence, sizes });
+    }
+    // Shares are of the pool's working nodes: started and running jobs, spares aside.
+    let spare_ids: std::collections::BTreeSet<&str> =
+        nodes.iter().map(|n| n.node_id.as_str()).collect();
+    let working = ctx.manager.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| {
+                n.pool == spec.pool
+                    && n.state() == proto::NodeState::Started
+                    && !spare_ids.contains(n.node_id.as_str())
+                    && m.node_usage(&n.node_id) != (0.0, 0)
+            })
+            .count()
+    });
+    let lead = if schedules.is_empty() {
+        chrono::TimeDelta::zero()
+    } else {
+        start_latency(ctx, &spec.pool).await
+    };
+    Ok(tiers::tiers_in_effect(
+        &base,
+        &schedules,
+        u32::try_from(working).unwrap_or(u32::MAX),
+        now,
+        lead,
+    ))
+}
+
+/// How long the pool takes to bring a spare up: the slower of starting a stopped node and
+/// provisioning a new one, as Manager reports them (a schedule starts that much early).
+async fn start_latency(ctx: &Context, pool: &str) -> chrono::TimeDelta {
+    match ctx.manager.list_pools().await {
+        Ok(pools) => pools
+            .iter()
+            .find(|p| p.name == pool)
+            .map(|p| p.start_delay_ms.max(p.provision_delay_ms))
+            .map_or(chrono::TimeDelta::zero(), |ms| {
+                chrono::TimeDelta::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
+            }),
+        Err(e) => {
+            tracing::info!(pool, error = %e, "pool start latency unknown: schedules apply on time");
+            chrono::TimeDelta::zero()
+        }
+    }
+}
+
 /// Whether a spare may be terminated now. The planner only retires spares that hold no job,
 /// but a recovery may have placed one there since it looked: then terminating the node is a
 /// voluntary disruption of that job's replica and waits for its bundle's budget (`blocked`
@@ -518,7 +820,8 @@ async fn may_terminate(
     if !hosts {
         return Ok(true);
     }
-    match super::disruption::allow_node_terminate(ctx, node).await? {
+    let reason = automanager_policy::vocab::VoluntaryReason::SpareRotation;
+    match super::disruption::allow_node_terminate(ctx, node, reason).await? {
         Ok(()) => Ok(true),
         Err(why) => {
             ctx.metrics.disruption_blocked("spareRotation");

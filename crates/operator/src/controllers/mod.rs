@@ -15,6 +15,7 @@ pub mod node;
 pub mod pool;
 pub mod preempt;
 pub mod rebalance;
+pub mod reclaim;
 pub mod sweep;
 pub mod zones;
 

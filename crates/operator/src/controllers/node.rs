@@ -64,6 +64,8 @@ fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, St
     let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
     match status.state {
         NodeState::Stopped => (Standing::Ready, "Stopped", reported),
+        NodeState::Unreachable => (Standing::Ready, "Unreachable", reported),
+        NodeState::Stopping => (Standing::Reconciling, "Stopping", reported),
         NodeState::Terminated => (Standing::Ready, "Terminated", reported),
         NodeState::Starting => (Standing::Reconciling, "Starting", reported),
         NodeState::Started if !status.healthy => match status.held_out_until {
@@ -99,7 +101,9 @@ fn ms_to_time(ms: i64) -> Option<DateTime<Utc>> {
 fn node_state(n: &proto::Node) -> NodeState {
     match proto::NodeState::try_from(n.state) {
         Ok(proto::NodeState::Started) => NodeState::Started,
-        Ok(proto::NodeState::Stopped) => NodeState::Stopped,
+        Ok(proto::NodeState::Stopped) => NodeState::Unreachable,
+        Ok(proto::NodeState::PoweringOff) => NodeState::Stopping,
+        Ok(proto::NodeState::PoweredOff) => NodeState::Stopped,
         Ok(proto::NodeState::Terminated) => NodeState::Terminated,
         _ => NodeState::Starting,
     }
@@ -225,9 +229,12 @@ fn desired_status(
         job_count: i32::try_from(load.count).unwrap_or(i32::MAX),
         jobs: load.jobs,
         drain: None,
-        stopped_at: matches!(state, NodeState::Stopped | NodeState::Terminated)
+        stopped_at: matches!(state, NodeState::Unreachable | NodeState::Terminated)
             .then(|| ms_to_time(n.state_changed_at_ms))
             .flatten(),
+        reclaim_at: ms_to_time(n.reclaim_at_ms),
+        reclaim_reason: (!n.reclaim_reason.is_empty())
+            .then(|| n.reclaim_reason.chars().take(128).collect()),
         conditions: node_conditions(prev, overlay, rejections, blocked, now),
     }
 }
@@ -453,9 +460,12 @@ fn set_health(ctx: &Context, m: &MirrorState, node_id: &str, unhealthy: bool) ->
 /// Whether the node has been stopped or terminated for longer than `removeStoppedNodesAfter`:
 /// its object is removed, and not recreated.
 fn removable(ctx: &Context, n: &proto::Node, now: DateTime<Utc>) -> bool {
-    let gone_for = matches!(node_state(n), NodeState::Stopped | NodeState::Terminated)
-        .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
-        .unwrap_or(0);
+    let gone_for = matches!(
+        node_state(n),
+        NodeState::Unreachable | NodeState::Terminated
+    )
+    .then(|| now.timestamp_millis().saturating_sub(n.state_changed_at_ms))
+    .unwrap_or(0);
     let after = ctx.settings.remove_stopped_nodes_after.as_millis();
     gone_for > i64::try_from(after).unwrap_or(i64::MAX)
 }
@@ -483,7 +493,7 @@ fn node_status(
         status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
         status.held_out_until = (e.held_until > now).then_some(e.held_until);
     }
-    let gone = matches!(status.state, NodeState::Stopped | NodeState::Terminated);
+    let gone = matches!(status.state, NodeState::Unreachable | NodeState::Terminated);
     status.drain = ctx
         .state()
         .nodes_mut()
@@ -527,7 +537,9 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
     let (reason, type_) = match status.state {
         NodeState::Starting => ("NodeStarting", EventType::Normal),
         NodeState::Started => ("NodeStarted", EventType::Normal),
-        NodeState::Stopped => ("NodeStopped", EventType::Warning),
+        NodeState::Stopping => ("NodeStopping", EventType::Normal),
+        NodeState::Stopped => ("NodeStopped", EventType::Normal),
+        NodeState::Unreachable => ("NodeUnreachable", EventType::Warning),
         NodeState::Terminated => ("NodeTerminated", EventType::Normal),
     };
     let mut obj = ManagerNode::new(name, ManagerNodeSpec::default());
@@ -688,7 +700,10 @@ async fn terminate_drain(
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
-    if let Err(why) = super::disruption::allow_node_terminate(ctx, node_id).await? {
+    // A terminate drain is a voluntary disruption too: it waits for the budget of every
+    // bundle with a job on the node, and for a window that allows drains.
+    let reason = automanager_policy::vocab::VoluntaryReason::Drain;
+    if let Err(why) = super::disruption::allow_node_terminate(ctx, node_id, reason).await? {
         drain_blocked(ctx, node, node_id, why).await;
         return Ok(Action::requeue(BLOCKED_POLL));
     }
@@ -697,11 +712,12 @@ async fn terminate_drain(
     ctx.state()
         .nodes_mut()
         .begin_drain(node_id, jobs, ctx.clock.now());
-    let gone = ctx
-        .manager
-        .mirror()
-        .node(node_id)
-        .is_none_or(|n| matches!(node_state(&n), NodeState::Terminated | NodeState::Stopped));
+    let gone = ctx.manager.mirror().node(node_id).is_none_or(|n| {
+        matches!(
+            node_state(&n),
+            NodeState::Terminated | NodeState::Unreachable
+        )
+    });
     if !gone {
         ctx.manager.terminate_node(node_id).await?;
     }
@@ -795,6 +811,16 @@ mod tests {
                 "Terminated",
             ),
             (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
+            (
+                node(NodeState::Stopping, true, None),
+                S::Reconciling,
+                "Stopping",
+            ),
+            (
+                node(NodeState::Unreachable, true, None),
+                S::Ready,
+                "Unreachable",
+            ),
             (
                 ManagerNodeStatus {
                     conditions: vec![condition(

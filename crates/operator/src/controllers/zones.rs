@@ -53,7 +53,13 @@ pub fn observe_losses(
         let MirrorChange::NodeUpserted(n) = c else {
             continue;
         };
+        // A node stopped on request (a warm spare) was not lost.
+        let stopped_on_request = matches!(
+            proto::NodeState::try_from(n.state),
+            Ok(proto::NodeState::PoweringOff | proto::NodeState::PoweredOff)
+        );
         if live(n.state)
+            || stopped_on_request
             || s.model().engine().node_view(&n.node_id).is_none()
             || asked_to_terminate(&n.node_id)
         {

@@ -21,6 +21,9 @@ pub struct Provisioning {
     keys: ProvisionKeys,
     /// Spares asked for per HotSpareTarget, and when.
     spares_asked: HashMap<String, Vec<(proto::Node, Instant)>>,
+    /// Warm spares a recovery started, and when: their target must not stop them again before
+    /// the recovery takes them.
+    warm_claimed: HashMap<String, Instant>,
     /// Nodes lost per pool and zone, and the zones whose provisioning is paused; `None` when
     /// losses are not counted (`zoneBrake.enabled: false`).
     zone_brake: Option<ZoneBrake>,
@@ -36,6 +39,7 @@ impl Provisioning {
             budget,
             keys: ProvisionKeys::default(),
             spares_asked: HashMap::new(),
+            warm_claimed: HashMap::new(),
             zone_brake,
             no_brake: ZoneBrake::default(),
             refusals: ProvisionRefusals::default(),
@@ -147,6 +151,18 @@ impl Provisioning {
     /// `target` is gone: its asks with it.
     pub fn forget_spares(&mut self, target: &str) {
         self.spares_asked.remove(target);
+    }
+
+    /// A recovery started warm spare `node` at `now`.
+    pub fn claim_warm(&mut self, node: &str, now: Instant) {
+        self.warm_claimed.insert(node.to_owned(), now);
+    }
+
+    /// Whether a recovery claimed `node` within `grace` of `now` (older claims are forgotten).
+    pub fn is_claimed(&mut self, node: &str, now: Instant, grace: Duration) -> bool {
+        self.warm_claimed
+            .retain(|_, at| now.saturating_duration_since(*at) < grace);
+        self.warm_claimed.contains_key(node)
     }
 
     /// The zone brake, to ask which zones are degraded (a disabled brake holds none).

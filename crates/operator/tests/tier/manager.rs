@@ -112,6 +112,10 @@ impl ManagerPort for ScriptedManager {
             |r| format!("in {}", r.pool);
         terminate_node(proto::TerminateNodeRequest) -> proto::TerminateNodeResponse,
             "TerminateNode", |r| r.node_id.clone();
+        stop_node(proto::StopNodeRequest) -> proto::StopNodeResponse, "StopNode",
+            |r| r.node_id.clone();
+        start_node(proto::StartNodeRequest) -> proto::StartNodeResponse, "StartNode",
+            |r| r.node_id.clone();
         list_nodes(proto::ListNodesRequest) -> proto::ListNodesResponse, "ListNodes",
             |_r| String::new();
         list_pools(proto::ListPoolsRequest) -> proto::ListPoolsResponse, "ListPools",

@@ -171,8 +171,12 @@ impl Pass<'_> {
             } => {
                 outcome.result.provisioning = true;
                 outcome.waiting_on = vec![pool.clone()];
-                let ask = (pool.as_str(), instance_type.as_str(), zone.as_deref());
-                self.provision(ctx, rep.r, ask, &mut outcome).await?;
+                // A recovery with no room starts a warm spare (seconds) before asking for a
+                // new node (minutes).
+                if !(rep.recovery && self.start_warm_spare(ctx, pool, rep.jobs).await?) {
+                    let ask = (pool.as_str(), instance_type.as_str(), zone.as_deref());
+                    self.provision(ctx, rep.r, ask, &mut outcome).await?;
+                }
             }
             pl::Outcome::Unplaceable { .. } if rep.recovery => {
                 if let Some(p) = self.preempt(ctx, rep.r, rep.jobs, request).await? {
@@ -191,6 +195,21 @@ impl Pass<'_> {
             }
         }
         Ok(outcome)
+    }
+
+    /// Starts a stopped spare of `pool` for a recovery of `jobs`; whether one was started.
+    async fn start_warm_spare(
+        &self,
+        ctx: &Arc<Context>,
+        pool: &str,
+        jobs: &[String],
+    ) -> Result<bool, Error> {
+        let bands: Vec<api::PriorityBand> = (self.bundle.spec.jobs.iter())
+            .filter(|j| jobs.contains(&j.job_name))
+            .map(|j| j.requirements.priority_band)
+            .collect();
+        let started = crate::controllers::hotspare::start_warm_spare(ctx, pool, &bands).await?;
+        Ok(started.is_some())
     }
 
     fn key(&self, r: u32, job_name: &str) -> pl::JobKey {

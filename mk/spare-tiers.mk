@@ -1,0 +1,10 @@
+# Spare tiers, disruption windows and reclaim notices (crates/policy).
+
+.PHONY: bench-spare-tiers bench-warm-recovery
+
+bench-spare-tiers: ## policy simulation on a fake clock, then bench-warm-recovery: spare-tiers idle_node_hours_saved=... voluntary_moves_outside_windows=... moved_before_deadline=...% gaps=... gold_silver_left_to_recovery=... dropped_bronze=... notice_plan_p99_ms=...
+	cargo bench -q -p automanager-policy --bench spare_tiers
+	$(MAKE) --no-print-directory bench-warm-recovery
+
+bench-warm-recovery: control-plane ## a gold recovery that starts a warm spare, end to end, vs provisioning: warm-recovery kills=... warm_to_running_p99_ms=... operator_share_p99_ms=... provision_baseline_p99_ms=...
+	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench warm_recovery

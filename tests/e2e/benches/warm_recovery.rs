@@ -1,0 +1,296 @@
+//! Part of `make bench-spare-tiers`: a gold recovery that has to start a warm spare, against the
+//! real apiserver, manager-sim and the operator binary (release builds, as `cargo bench` builds
+//! them).
+//!
+//! Prints one line:
+//! `warm-recovery kills=<n> warm_to_running_p99_ms=<x> operator_share_p99_ms=<x>
+//! start_delay_ms=<x> provision_baseline_p99_ms=<x> provision_delay_ms=<x> on_warm=<n>`.
+//! Goal: the operator's share of a warm recovery at most 200 ms.
+//!
+//! **Set-up.** manager-sim with an elastic `gold` pool whose stopped nodes start in
+//! `START_DELAY_MS` and whose new nodes take `PROVISION_DELAY_MS` (a cloud's tens of seconds
+//! and minutes, scaled down so the bench runs in minutes; jobs start in 20 ms); a
+//! HotSpareTarget with no hot spare and two warm ones dedicated to gold; four gold bundles of
+//! one job that takes 60 of a node's 100, so a killed job finds no room on the others.
+//!
+//! **Measured.** Sequential kills (`manager-sim chaos kill-node`), each once two warm spares
+//! are stopped and ready: from the killed node's termination to the job `RUNNING` elsewhere, on
+//! Manager's clock. The operator's share is that less the sim's start delay and job start.
+//! **Baseline, same run:** the HotSpareTarget is deleted and the same kills recover by
+//! provisioning a node. `BENCH_KILLS` (default 20) sets the count of each.
+
+use std::time::Duration;
+
+use automanager_e2e::SetupError;
+use automanager_e2e::bench::{env_usize, percentile as pct, sorted};
+use automanager_e2e::stack::Stack;
+use manager_client::proto::{JobRole, JobState, NodeState};
+use manager_client::{ClientConfig, ManagerClient, MirrorChange, MirrorState};
+use tokio::sync::broadcast;
+
+const BUNDLES: usize = 4;
+const WARM: usize = 2;
+const START_DELAY_MS: u64 = 1000;
+const PROVISION_DELAY_MS: u64 = 3000;
+const JOB_START_DELAY_MS: u64 = 20;
+const WAIT: Duration = Duration::from_secs(120);
+
+fn sim_config() -> String {
+    format!(
+        "listen: 127.0.0.1:0
+timing: {{provisionDelayMs: {PROVISION_DELAY_MS}, jobStartDelayMs: {JOB_START_DELAY_MS}, jobStopDelayMs: 20, startDelayMs: {START_DELAY_MS}, stopDelayMs: 200}}
+pools:
+  - name: gold
+    kind: aws
+    region: eu-west-1
+    zones: [eu-west-1a, eu-west-1b]
+    scaleOut: elastic
+    instanceTypes:
+      - {{instanceType: m5.xlarge, capacity: 100, cores: 16}}
+"
+    )
+}
+
+const POOL: &str = "apiVersion: automanager.norsk.io/v1alpha1
+kind: PlacementPool
+metadata: {name: gold}
+spec:
+  kind: aws
+  region: eu-west-1
+  zones: [eu-west-1a, eu-west-1b]
+  packingStrategy: binpack
+  scaleOut: elastic
+  candidateInstanceTypes: [{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16}]
+";
+
+fn spare_target() -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: HotSpareTarget
+metadata: {{name: gold-warm}}
+spec:
+  pool: gold
+  forBand: gold
+  hot: {{count: 0}}
+  warm: {{count: {WARM}}}
+  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
+"
+    )
+}
+
+fn bundle(i: usize) -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{name: gold-{i:02}, namespace: default}}
+spec:
+  replicas: 1
+  pools: [gold]
+  jobs:
+    - jobName: enc
+      requirements: {{requiredCapacity: 60, requiredCores: 2, priorityBand: gold}}
+"
+    )
+}
+
+fn job(i: usize) -> String {
+    format!("default.gold-{:02}/0/enc", i % BUNDLES)
+}
+
+fn err(e: impl std::fmt::Display) -> SetupError {
+    SetupError(e.to_string())
+}
+
+fn is_live(state: i32) -> bool {
+    [JobState::Starting, JobState::Running, JobState::Stopping]
+        .iter()
+        .any(|s| *s as i32 == state)
+}
+
+fn settled_node(m: &MirrorState, job_id: &str) -> Option<String> {
+    let job = m.jobs.get(job_id)?;
+    let live: Vec<_> = job.instances.iter().filter(|i| is_live(i.state)).collect();
+    let single = matches!(live.as_slice(), [i] if i.state == JobState::Running as i32
+        && i.role != JobRole::MigrationTarget as i32);
+    (job.state == JobState::Running as i32 && single && !job.node_id.is_empty())
+        .then(|| job.node_id.clone())
+}
+
+fn is_spare(m: &MirrorState, node_id: &str) -> bool {
+    m.nodes
+        .get(node_id)
+        .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
+}
+
+fn warm_ready(m: &MirrorState) -> usize {
+    m.nodes
+        .values()
+        .filter(|n| {
+            n.pool == "gold" && n.state == NodeState::PoweredOff as i32 && is_spare(m, &n.node_id)
+        })
+        .count()
+}
+
+async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
+    let out = stack.env.apply_yaml(yaml).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(SetupError(out.stderr))
+    }
+}
+
+/// One kill: (node terminated → job running elsewhere on Manager's clock, landed on a spare).
+async fn kill_and_wait(
+    stack: &Stack,
+    client: &ManagerClient,
+    job_id: &str,
+    warm: usize,
+) -> Result<(f64, bool), SetupError> {
+    client
+        .wait_until(WAIT, |m| {
+            warm_ready(m) >= warm && settled_node(m, job_id).is_some()
+        })
+        .await
+        .map_err(|e| err(format!("waiting for {warm} warm spares and {job_id}: {e}")))?;
+    let node = client
+        .mirror()
+        .read(|m| settled_node(m, job_id))
+        .ok_or_else(|| err(format!("{job_id} is not running")))?;
+    let mut rx = client.subscribe();
+    stack.chaos(&["kill-node", &node])?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let change = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .map_err(|_| err(format!("{job_id} did not run again within {WAIT:?}")))?;
+        match change {
+            Ok(MirrorChange::JobUpserted(j))
+                if j.job_id == job_id
+                    && j.state == JobState::Running as i32
+                    && !j.node_id.is_empty()
+                    && j.node_id != node =>
+            {
+                let killed_ms = client
+                    .mirror()
+                    .node(&node)
+                    .map(|n| n.state_changed_at_ms)
+                    .ok_or_else(|| err(format!("node {node} vanished")))?;
+                let spare = client.mirror().read(|m| is_spare(m, &j.node_id));
+                return Ok(((j.updated_at_ms - killed_ms) as f64, spare));
+            }
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                return Err(err(format!("the bench's mirror lagged by {n} changes")));
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                return Err(err("the Manager connection closed"));
+            }
+        }
+    }
+}
+
+async fn run() -> Result<(), SetupError> {
+    let kills = env_usize("BENCH_KILLS", 20)?;
+    let dir = tempfile::tempdir().map_err(err)?;
+    let sim_path = dir.path().join("sim.yaml");
+    std::fs::write(&sim_path, sim_config()).map_err(err)?;
+    eprintln!(
+        "bench-warm-recovery: starting control plane, manager-sim and the operator (release)"
+    );
+    let stack = Stack::start_custom(&sim_path, &[], |c| {
+        c.insert("watchNamespaces".into(), serde_json::json!(["default"]));
+        c.insert(
+            "bands".into(),
+            serde_json::json!({"gold": {"maxRestartsPerHour": 1000}}),
+        );
+        // Back-to-back kills are single failures here, not a zone outage.
+        c.insert("zoneBrake".into(), serde_json::json!({"enabled": false}));
+        c.insert(
+            "provisioning".into(),
+            serde_json::json!({"perPoolPerMinute": 10000}),
+        );
+    })
+    .await?;
+    measure(&stack, kills).await.map_err(|e| {
+        let log = stack.operator.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+        SetupError(format!("{e}\noperator log tail:\n{tail}"))
+    })
+}
+
+async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
+    let mut config = ClientConfig::new(stack.sim_endpoint.clone());
+    config.change_buffer = 1 << 20;
+    let client = ManagerClient::connect(config).await.map_err(err)?;
+    client.wait_ready(WAIT).await.map_err(err)?;
+
+    apply(stack, POOL).await?;
+    apply(stack, &spare_target()).await?;
+    client
+        .wait_until(WAIT, |m| warm_ready(m) >= WARM)
+        .await
+        .map_err(|e| err(format!("waiting for {WARM} warm spares: {e}")))?;
+    for i in 0..BUNDLES {
+        apply(stack, &bundle(i)).await?;
+    }
+    client
+        .wait_until(WAIT, |m| {
+            (0..BUNDLES).all(|i| settled_node(m, &job(i)).is_some())
+        })
+        .await
+        .map_err(|e| err(format!("waiting for every gold job to run: {e}")))?;
+
+    eprintln!(
+        "bench-warm-recovery: {kills} sequential kills with {WARM} warm spares ready before each"
+    );
+    let mut warm = Vec::with_capacity(kills);
+    let mut on_warm = 0usize;
+    for i in 0..kills {
+        let (ms, spare) = kill_and_wait(stack, &client, &job(i), WARM).await?;
+        warm.push(ms);
+        on_warm += usize::from(spare);
+    }
+    let warm = sorted(warm);
+    let floor = (START_DELAY_MS + JOB_START_DELAY_MS) as f64;
+    let share: Vec<f64> = sorted(warm.iter().map(|w| w - floor).collect());
+
+    // Baseline: no spares at all; the same recovery provisions a node.
+    stack
+        .env
+        .run_kubectl(["delete", "hotsparetarget", "gold-warm", "--wait=true"])
+        .await?;
+    client
+        .wait_until(WAIT, |m| warm_ready(m) == 0)
+        .await
+        .map_err(|e| err(format!("waiting for the warm spares to go: {e}")))?;
+    eprintln!("bench-warm-recovery: baseline, {kills} kills recovered by provisioning");
+    let mut provision = Vec::with_capacity(kills);
+    for i in 0..kills {
+        let (ms, _) = kill_and_wait(stack, &client, &job(i), 0).await?;
+        provision.push(ms);
+    }
+    let provision = sorted(provision);
+    eprintln!(
+        "bench-warm-recovery: warm p50 {:.0} ms p99 {:.0} ms (operator share p50 {:.0} ms p99 {:.0} ms beside the sim's {START_DELAY_MS} ms start and {JOB_START_DELAY_MS} ms job start); provisioning baseline p50 {:.0} ms p99 {:.0} ms ({PROVISION_DELAY_MS} ms provisioning)",
+        pct(&warm, 0.5),
+        pct(&warm, 0.99),
+        pct(&share, 0.5),
+        pct(&share, 0.99),
+        pct(&provision, 0.5),
+        pct(&provision, 0.99),
+    );
+    client.close().await;
+    println!(
+        "warm-recovery kills={kills} warm_to_running_p99_ms={:.0} operator_share_p99_ms={:.0} start_delay_ms={START_DELAY_MS} provision_baseline_p99_ms={:.0} provision_delay_ms={PROVISION_DELAY_MS} on_warm={on_warm}",
+        pct(&warm, 0.99),
+        pct(&share, 0.99),
+        pct(&provision, 0.99),
+    );
+    Ok(())
+}
+
+fn main() {
+    automanager_e2e::bench_main("bench-warm-recovery", run);
+}
