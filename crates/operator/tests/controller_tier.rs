@@ -19,6 +19,8 @@ mod consolidation;
 mod migrations;
 #[path = "controller_tier/nodes.rs"]
 mod nodes;
+#[path = "controller_tier/pools.rs"]
+mod pools;
 #[path = "controller_tier/rebalance.rs"]
 mod rebalance;
 #[path = "controller_tier/recovery.rs"]

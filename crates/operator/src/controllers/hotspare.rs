@@ -186,6 +186,8 @@ enum Pass {
     },
 }
 
+/// The target's pool and its spares, unless the pass stalls first: a pool name no object can
+/// have, no such pool, an instance type it lacks, Manager unreachable.
 async fn observe(target: &HotSpareTarget, ctx: &Context) -> Result<Observed, Error> {
     let spec = &target.spec;
     // A name no object can have goes into no request: the apiserver would never be asked.

@@ -86,7 +86,7 @@ impl Pass<'_> {
             outcome.preempted = crate::controllers::preempt::pending(ctx, &self.bundle_id, rep.r);
         }
         if outcome.preempted.is_some() {
-            (ctx.state().bundles_mut()).note_preempted(
+            ctx.state().bundles_mut().note_preempted(
                 &self.name(),
                 rep.r,
                 outcome.preempted.clone(),
@@ -105,7 +105,7 @@ impl Pass<'_> {
         request: &pl::PlacementRequest,
         job_ids: &HashMap<String, String>,
     ) -> pl::Decision {
-        let keys: Vec<pl::JobKey> = (rep.jobs.iter()).map(|j| self.key(rep.r, j)).collect();
+        let keys: Vec<pl::JobKey> = rep.jobs.iter().map(|j| self.key(rep.r, j)).collect();
         let decision = ctx.with_mirror(|m, state| {
             let model = state.model_mut();
             for k in &keys {
@@ -299,7 +299,9 @@ impl Pass<'_> {
         // Counted only once every start was answered (the metric's help says so).
         ctx.metrics.placement_succeeded();
         outcome.started = true;
-        (outcome.started_jobs).extend(starts.started.into_iter().map(|(_, id, at)| (id, at)));
+        outcome
+            .started_jobs
+            .extend(starts.started.into_iter().map(|(_, id, at)| (id, at)));
         self.announce_start(ctx, placed, outcome).await;
         Ok(())
     }
@@ -311,7 +313,8 @@ impl Pass<'_> {
         let starts = placed.assignments.iter().filter_map(|a| {
             let job_id = placed.job_ids.get(&a.job_name)?;
             Some(async move {
-                let answer = (ctx.manager)
+                let answer = ctx
+                    .manager
                     .start_job(job_id, &a.node, proto::JobRole::Normal)
                     .await;
                 (a, job_id, answer)
@@ -367,7 +370,12 @@ impl Pass<'_> {
             outcome.placed_note = Some(note);
         }
         let trace = &placed.decision.trace;
-        if (self.engine_bundle.pools_for_replica(r).first()).is_some_and(|p| p != pool) {
+        if self
+            .engine_bundle
+            .pools_for_replica(r)
+            .first()
+            .is_some_and(|p| p != pool)
+        {
             let note = format!("replica {r} spilled to pool {pool}: {}", trace.message);
             ctx.event(
                 self.bundle,
@@ -475,7 +483,8 @@ impl Pass<'_> {
 
 /// Manager's id of each job to place, by name; `None` while the mirror does not show them all.
 fn job_ids(rep: &Replica<'_>) -> Option<HashMap<String, String>> {
-    (rep.jobs.iter())
+    rep.jobs
+        .iter()
         .map(|name| {
             let seen = rep.seen.iter().find(|s| &s.job.job_name == name)?;
             Some((name.clone(), seen.job_id.clone()?))
