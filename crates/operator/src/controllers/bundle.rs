@@ -17,6 +17,7 @@ use automanager_policy::bundle::{
     ReplicaPlan, StopCause,
 };
 use automanager_policy::ledger::ReplicaKey;
+use automanager_policy::recovery_first;
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -1238,6 +1239,9 @@ impl<'a> Pass<'a> {
         if transient {
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
+        if let Some(after) = self.defer_status(ctx, &status) {
+            return Ok(Action::requeue(after));
+        }
         write_status(ctx, self.bundle, &self.prev, status).await?;
         // A replica whose restart count clears soon is looked at again then (not at the
         // settled interval), so status shows the cleared count when it happens.
@@ -1289,6 +1293,26 @@ impl<'a> Pass<'a> {
                     .map_or(REQUEUE_BUSY, |d| d.max(REQUEUE_BUSY)),
             ),
         })
+    }
+
+    /// While bundles that lost jobs wait for their pass, this pass's status write waits
+    /// ([`recovery_first`]): `Some(after)` to look again then instead of writing now.
+    fn defer_status(&self, ctx: &Context, status: &BundleStatus) -> Option<Duration> {
+        let name = self.name();
+        let now = ctx.clock.instant();
+        let mut state = ctx.state();
+        let after = if *status == self.prev {
+            None
+        } else {
+            let backlog = state.wake_mut().backlog(now);
+            let since = state.bundles().status_deferred_since(&name);
+            recovery_first::defer_status(backlog, since, now)
+        };
+        match after {
+            Some(_) => state.bundles_mut().defer_status(&name, now),
+            None => state.bundles_mut().status_recorded(&name),
+        }
+        after
     }
 
     /// The rebalancer's look at a Ready bundle with `spec.rebalance` (see
@@ -1534,6 +1558,11 @@ fn observe_job(m: &MirrorState, bundle_id: &str, r: u32, job_name: &str, band: B
 /// the pass records them running instead of leaving that to a second pass.
 async fn settle_starts(ctx: &Context, started: &[&str]) {
     if started.is_empty() {
+        return;
+    }
+    // Not while bundles that lost jobs wait for a pass: this one's slot is theirs sooner.
+    let backlog = ctx.state().wake_mut().backlog(ctx.clock.instant());
+    if !recovery_first::settle_starts(backlog) {
         return;
     }
     let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
