@@ -54,9 +54,14 @@ for _ in $(seq 1 100); do
 done
 [ -n "${addr:-}" ] || { cat "$dir/manager-sim.log" >&2; echo "manager-sim did not start" >&2; exit 1; }
 
-free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
-http_port=${DEMO_HTTP_PORT:-$(free_port)}
-debug_port=${DEMO_DEBUG_PORT:-$(free_port)}
+# Both ports in one go, each socket held until both are picked: two separate picks can return the
+# same port, and the operator refuses a debugging port equal to its HTTP port.
+read -r free_http free_debug < <(python3 -c "import socket
+s = [socket.socket() for _ in range(2)]
+for x in s: x.bind(('127.0.0.1', 0))
+print(*(x.getsockname()[1] for x in s))")
+http_port=${DEMO_HTTP_PORT:-$free_http}
+debug_port=${DEMO_DEBUG_PORT:-$free_debug}
 cat >"$dir/operator.yaml" <<YAML
 manager:
   url: http://$addr

@@ -60,6 +60,8 @@ pub struct Wakes {
     pub nodes: HashSet<String>,
     /// Bundles (by Manager id) whose jobs changed.
     pub bundles: HashSet<String>,
+    /// Of those, the bundles with a job now failed or stopped: they have a recovery to make.
+    pub lost_jobs: HashSet<String>,
     /// Pools where capacity came or went (node changes, stopped instances).
     pub pools_capacity: HashSet<String>,
     /// Pools where a job changed (spares may have been taken).
@@ -100,6 +102,12 @@ pub fn classify(
             }
             MirrorChange::JobUpserted(job) => {
                 w.bundles.insert(job.bundle_id.clone());
+                if matches!(
+                    job.state(),
+                    manager_proto::JobState::Failed | manager_proto::JobState::Stopped
+                ) {
+                    w.lost_jobs.insert(job.bundle_id.clone());
+                }
                 w.jobs.insert(job.job_id.clone());
                 for i in &job.instances {
                     w.nodes.insert(i.node_id.clone());
@@ -214,10 +222,15 @@ fn deliver(ctx: &Context, w: &Wakes) {
         // A bundle in a pass now gets the change when the pass ends, unless it is that pass's
         // own start coming up (see `WakeIndex::hold_for_pass`).
         let mut state = ctx.state();
+        let now = ctx.clock.instant();
         for b in &w.bundles {
             if let Some(r) = bundle_ref(b)
                 && !state.wake_mut().hold_for_pass(&r)
             {
+                if w.lost_jobs.contains(b) {
+                    // Its recovery goes before other passes' paperwork (`recovery_first`).
+                    state.wake_mut().lost_jobs(&r, now);
+                }
                 let _ = ctx.wake.bundles.send(r);
             }
         }
@@ -666,6 +679,31 @@ mod tests {
         );
         assert_eq!(w.pools_capacity, HashSet::from(["p".to_owned()]));
         assert!(!w.everything);
+    }
+
+    #[test]
+    fn a_job_that_failed_or_stopped_marks_its_bundle_as_having_a_recovery_to_make() {
+        let m = manager_client::MirrorState::default();
+        let with_state = |id: &str, bundle: &str, state: proto::JobState| {
+            let mut j = job(id, bundle, "n1", state);
+            j.state = state as i32;
+            MirrorChange::JobUpserted(j)
+        };
+        let w = classify(
+            &[
+                with_state("ns.a/0/j", "ns.a", proto::JobState::Failed),
+                with_state("ns.b/0/j", "ns.b", proto::JobState::Stopped),
+                with_state("ns.c/0/j", "ns.c", proto::JobState::Running),
+                with_state("ns.d/0/j", "ns.d", proto::JobState::Starting),
+            ],
+            &m,
+            |_| None,
+        );
+        assert_eq!(w.bundles.len(), 4);
+        assert_eq!(
+            w.lost_jobs,
+            HashSet::from(["ns.a".to_owned(), "ns.b".to_owned()])
+        );
     }
 
     #[test]

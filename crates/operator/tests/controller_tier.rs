@@ -780,3 +780,80 @@ async fn a_pass_that_fails_says_why_in_the_bundles_conditions_and_waits_longer_e
         api::BundlePhase::Ready
     );
 }
+
+#[tokio::test]
+async fn while_bundles_that_lost_jobs_wait_a_pass_starts_its_jobs_and_writes_its_status_after() {
+    use automanager_policy::recovery_first::MAX_DEFER;
+    use kube::runtime::reflector::ObjectRef;
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 1, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.api.clear_calls();
+    // The mirror pump woke another bundle whose job failed; its pass has not begun.
+    let waiting = ObjectRef::<Bundle>::new("recovering").within("live");
+    t.ctx
+        .state()
+        .wake_mut()
+        .lost_jobs(&waiting, t.ctx.clock.instant());
+
+    t.bundle_pass("news").await.expect("the pass");
+
+    assert_eq!(t.manager_jobs("news").len(), 1, "the start is made at once");
+    assert_eq!(
+        t.api.writes(),
+        Vec::<String>::new(),
+        "the status waits for the recovering bundle's pass"
+    );
+    t.bundle_pass("news")
+        .await
+        .expect("a pass while it still waits");
+    assert_eq!(t.api.writes(), Vec::<String>::new());
+
+    // Its pass begins: the status is written.
+    t.ctx.state().wake_mut().begin_pass(&waiting);
+    t.ctx.state().wake_mut().end_pass(&waiting);
+    let id = automanager_operator::mapping::bundle_id("live", "news");
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.jobs_of_bundle(&id)
+                .all(|j| j.state() == manager_client::proto::JobState::Running)
+        })
+        .await
+        .expect("the job runs");
+    t.bundle_pass("news").await.expect("the pass after");
+    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news/status")]);
+    assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
+
+    // A backlog that does not drain puts a status off for MAX_DEFER at most.
+    t.bundle("late", 1, &["onprem"]);
+    t.bundle_pass("late").await.expect("the finalizer pass");
+    t.api.clear_calls();
+    t.ctx
+        .state()
+        .wake_mut()
+        .lost_jobs(&waiting, t.ctx.clock.instant());
+    t.bundle_pass("late").await.expect("the pass");
+    let id = automanager_operator::mapping::bundle_id("live", "late");
+    t.ctx
+        .manager
+        .wait_until(BOUND, |m| {
+            m.jobs_of_bundle(&id)
+                .all(|j| j.state() == manager_client::proto::JobState::Running)
+        })
+        .await
+        .expect("the job runs");
+    t.bundle_pass("late")
+        .await
+        .expect("the pass with Ready to write");
+    assert_eq!(t.api.writes(), Vec::<String>::new());
+    t.clock.advance(MAX_DEFER);
+    t.ctx.state().wake_mut().lost_jobs(
+        &ObjectRef::new("another").within("live"),
+        t.ctx.clock.instant(),
+    );
+    t.bundle_pass("late")
+        .await
+        .expect("the pass past the bound");
+    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/late/status")]);
+}

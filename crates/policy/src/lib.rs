@@ -31,6 +31,7 @@
 //! | [`notice`] | which jobs of nodes Manager will reclaim move, how, in what order, and what is left to recovery |
 //! | [`preempt`] | which bronze jobs a gold (or silver) recovery with no room may stop |
 //! | [`rebalance`] | whether a replica whose soft rules are broken moves back now, and where |
+//! | [`recovery_first`] | whether a pass waits for its starts and writes its status now, or leaves that until bundles that lost jobs have had their pass |
 //! | [`start_settle`] | whether a pass that started jobs waits a moment for them to run before it records |
 //! | [`zone_brake`] | which zones have lost so many nodes that provisioning into them pauses |
 //! | [`orphans`] | Manager's bundles and nodes whose custom resource is gone, after a grace period |
@@ -60,6 +61,7 @@ pub mod provision_budget;
 pub mod provision_keys;
 pub mod provision_refusals;
 pub mod rebalance;
+pub mod recovery_first;
 pub mod spares;
 pub mod start_settle;
 pub mod tags;

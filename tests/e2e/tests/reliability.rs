@@ -1513,29 +1513,72 @@ async fn cordon() {
 
     let v = finish(&stack, monitor, "cordon", killed).await;
     assert!(v.placed_after_cordon.is_empty());
-    // The scenario placed something while the cordons held: the killed node's jobs started
-    // again on other nodes.
-    let mut recovered = 0;
+    // Every job that had an instance on the killed node is accounted for: its normal instance
+    // started again on another node, or its band dropped it (its Bundle's status says
+    // `dropped`), or what died there was only a migration target (the drain's; its job runs on
+    // at its source or moves again).
+    let mut fates: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for j in jobs.iter().filter(|j| {
         j.instances
             .iter()
             .any(|i| i.node_id == victim && i.state != reliability::InstanceState::Ended)
     }) {
         let id = format!("{}/{}/{}", j.bundle_id, j.replica, j.job_name);
-        if job_starts(&stack, &id)
+        let normal_there = j.instances.iter().any(|i| {
+            i.node_id == victim && i.normal && i.state != reliability::InstanceState::Ended
+        });
+        let started_elsewhere = job_starts(&stack, &id).await.iter().any(|s| {
+            s.at_ms >= killed_ms
+                && s.node_id != victim
+                && s.role() != manager_client::proto::JobRole::MigrationTarget
+        });
+        let name = j.bundle_id.strip_prefix("default.").unwrap_or(&j.bundle_id);
+        let b = stack
+            .get_json(&["bundle", name, "-n", "default"])
             .await
-            .iter()
-            .any(|s| s.at_ms >= killed_ms && s.node_id != victim)
-        {
-            recovered += 1;
-        }
+            .unwrap();
+        let state = b["status"]["replicas"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["replica"] == j.replica)
+            .flat_map(|r| r["jobs"].as_array().into_iter().flatten())
+            .find(|x| x["jobName"] == j.job_name.as_str())
+            .and_then(|x| x["state"].as_str())
+            .unwrap_or("none")
+            .to_owned();
+        let fate = if !normal_there {
+            "migrationTargetOnly"
+        } else if state == "dropped" {
+            "dropped"
+        } else if started_elsewhere {
+            "restarted"
+        } else {
+            "unaccounted"
+        };
+        fates
+            .entry(fate)
+            .or_default()
+            .push(format!("{id} ({state})"));
     }
+    let count = |f: &str| fates.get(f).map_or(0, Vec::len);
     eprintln!(
-        "cordon: {recovered} of {} jobs of the killed node started again elsewhere",
-        load(&victim)
+        "cordon: {} jobs had an instance on the killed node: {} started again elsewhere, {} dropped by their band, {} only a migration target there, {} unaccounted {:?}",
+        fates.values().map(Vec::len).sum::<usize>(),
+        count("restarted"),
+        count("dropped"),
+        count("migrationTargetOnly"),
+        count("unaccounted"),
+        fates.get("unaccounted"),
     );
+    assert_eq!(
+        count("unaccounted"),
+        0,
+        "jobs of the killed node neither restarted, dropped nor only moving there: {fates:?}"
+    );
+    // The scenario placed something while the cordons held.
     assert!(
-        recovered > 0,
+        count("restarted") > 0,
         "no job of the killed node was placed again during the cordons"
     );
 }
@@ -1550,8 +1593,9 @@ async fn migration_targets(stack: &Stack, job_id: &str) -> usize {
 }
 
 /// A stack on the patient sim with 40 calm Bundles and `n` handover Bundles `<prefix>-<i>` on
-/// the fixed pool, each Ready, whose source answers `cutover-ready` only after 3 s. The temporary
-/// directory holds the sim's config and must live as long as the stack.
+/// the fixed pool, each Ready, whose source answers `cutover-ready` only after 3 s, and every job
+/// of the calm ones running. The temporary directory holds the sim's config and must live as
+/// long as the stack.
 async fn slow_handover_stack(mut rng: Rng, prefix: &str, n: usize) -> (Stack, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sim_config = automanager_e2e::stack::patient_sim_config(dir.path()).unwrap();
@@ -1586,6 +1630,15 @@ async fn slow_handover_stack(mut rng: Rng, prefix: &str, n: usize) -> (Stack, te
             ])
             .unwrap();
     }
+    // The calm wave is on elastic pools: its jobs start once their nodes are up, after the
+    // handover Bundles on the fixed pool are Ready. A scenario that counts every job's starts
+    // must not begin before they have all started (a job never started has no history yet).
+    let (v, took) = settle(&stack, SETTLE).await.unwrap();
+    assert!(
+        v.is_clean(),
+        "the calm wave did not settle in {took:?}:\n{}",
+        v.details()
+    );
     (stack, dir)
 }
 
@@ -1764,6 +1817,10 @@ async fn handover_kill() {
         "handover-kill: phases {finals:?} {:.1}s after the restart",
         restarted.elapsed().as_secs_f64()
     );
+    // What Manager recorded: a handover it completed moved the job, whatever the operator saw of
+    // it, so its Migration must say `Completed` (not `Aborted`, not `Failed`).
+    let manager = manager_state(&stack.sim_endpoint).await.unwrap();
+    let mut manager_completed = 0;
     for (i, phase) in finals.iter().enumerate() {
         let m = stack
             .get_json(&["migration", &format!("moving-{i}"), "-n", "default"])
@@ -1773,6 +1830,18 @@ async fn handover_kill() {
             "handover-kill: moving-{i} {phase}: {}",
             serde_json::to_string(&m["status"]["conditions"]).unwrap_or_default()
         );
+        let job_id = format!("default.moving-{i}/0/enc");
+        let completed_by_manager = manager.migrations.values().any(|mg| {
+            mg.job_id == job_id && mg.phase() == manager_client::proto::MigrationPhase::Completed
+        });
+        if completed_by_manager {
+            manager_completed += 1;
+            if phase != "Completed" {
+                failures.push(format!(
+                    "moving-{i} {phase}, though Manager completed its handover"
+                ));
+            }
+        }
         if phase == "Failed" {
             failures.push(format!(
                 "moving-{i} Failed: a handover resumed by a new operator must complete or abort"
@@ -1786,6 +1855,10 @@ async fn handover_kill() {
             ));
         }
     }
+    eprintln!(
+        "handover-kill: Manager completed {manager_completed} of {JOBS} handovers; the operator says Completed for {}",
+        finals.iter().filter(|p| *p == "Completed").count()
+    );
     let (mut v, _) = settle(&stack, SETTLE).await.unwrap();
     let took = restarted.elapsed();
     v.merge(&monitor.stop().await.0);

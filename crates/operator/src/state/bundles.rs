@@ -36,6 +36,8 @@ pub struct BundleBook {
     preemptions: HashMap<(String, u32), PendingPreemption>,
     /// How long recent passes waited for the jobs they started to run.
     start_settle: StartSettle,
+    /// Bundles whose status write was put off while others recover, and since when.
+    status_deferred: HashMap<BundleName, Instant>,
 }
 
 impl BundleBook {
@@ -46,7 +48,23 @@ impl BundleBook {
             broken: HashSet::new(),
             preemptions: HashMap::new(),
             start_settle: StartSettle::new(start_settle),
+            status_deferred: HashMap::new(),
         }
+    }
+
+    /// Since when `bundle`'s status write has been put off (`None`: it is not).
+    pub fn status_deferred_since(&self, bundle: &BundleName) -> Option<Instant> {
+        self.status_deferred.get(bundle).copied()
+    }
+
+    /// `bundle`'s status write is put off at `now` (the first time counts).
+    pub fn defer_status(&mut self, bundle: &BundleName, now: Instant) {
+        self.status_deferred.entry(bundle.clone()).or_insert(now);
+    }
+
+    /// `bundle`'s status is written (or needs no write).
+    pub fn status_recorded(&mut self, bundle: &BundleName) {
+        self.status_deferred.remove(bundle);
     }
 
     /// Takes in the restart times a replica's status recorded (an operator restart loses none).
@@ -174,6 +192,7 @@ impl BundleBook {
     pub fn forget(&mut self, bundle: &BundleName, bundle_id: &str) {
         self.ledger.forget_bundle(bundle_id);
         self.traces.remove(bundle);
+        self.status_deferred.remove(bundle);
     }
 }
 

@@ -2,8 +2,10 @@
 //! concerns.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use automanager_api::{Bundle, HotSpareTarget, Migration};
+use automanager_policy::recovery_first::Backlog;
 use kube::runtime::reflector::ObjectRef;
 
 /// Who to wake when something changes in Manager, so that one node event costs only the
@@ -25,6 +27,9 @@ pub struct WakeIndex {
     /// is held back: it may be the pass's own starts coming up, which its status already
     /// shows; the pass's end wakes the bundle again if anything else changed.
     in_pass: HashMap<ObjectRef<Bundle>, bool>,
+    /// Bundles woken to recover lost jobs whose pass has not begun
+    /// ([`automanager_policy::recovery_first`]).
+    backlog: Backlog<ObjectRef<Bundle>>,
 }
 
 impl WakeIndex {
@@ -104,6 +109,17 @@ impl WakeIndex {
     /// A pass of `bundle` begins.
     pub fn begin_pass(&mut self, bundle: &ObjectRef<Bundle>) {
         self.in_pass.insert(bundle.clone(), false);
+        self.backlog.pass_began(bundle);
+    }
+
+    /// `bundle` was woken at `now` because a job of it failed or was lost.
+    pub fn lost_jobs(&mut self, bundle: &ObjectRef<Bundle>, now: Instant) {
+        self.backlog.lost_jobs(bundle, now);
+    }
+
+    /// How many bundles woken to recover lost jobs wait for their pass.
+    pub fn backlog(&mut self, now: Instant) -> usize {
+        self.backlog.waiting(now)
     }
 
     /// A change of `bundle`'s jobs: true when a pass of it runs now (the change is held for

@@ -11,6 +11,7 @@ use automanager_api::{self as api, BundlePhase, BundleStatus};
 use automanager_policy::bundle::{Need, ReplicaIntent, ReplicaPlan};
 use automanager_policy::bundle_pass::{self, Recorded};
 use automanager_policy::ledger::ReplicaKey;
+use automanager_policy::recovery_first;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -61,6 +62,9 @@ impl Pass<'_> {
         if recorded.write_waits() {
             return Ok(Action::requeue(WRITE_WAITS));
         }
+        if let Some(after) = self.defer_status(ctx, &status) {
+            return Ok(Action::requeue(after));
+        }
         write_status(ctx, self.bundle, &self.prev, status).await?;
         let next = bundle_pass::next_look(
             recorded.phase,
@@ -70,6 +74,26 @@ impl Pass<'_> {
             outcomes.values().filter_map(|o| o.retry_in).min(),
         );
         Ok(crate::controllers::next_action(next))
+    }
+
+    /// While bundles that lost jobs wait for their pass, this pass's status write waits
+    /// ([`recovery_first`]): `Some(after)` to look again then instead of writing now.
+    fn defer_status(&self, ctx: &Context, status: &BundleStatus) -> Option<Duration> {
+        let name = self.name();
+        let now = ctx.clock.instant();
+        let mut state = ctx.state();
+        let after = if *status == self.prev {
+            None
+        } else {
+            let backlog = state.wake_mut().backlog(now);
+            let since = state.bundles().status_deferred_since(&name);
+            recovery_first::defer_status(backlog, since, now)
+        };
+        match after {
+            Some(_) => state.bundles_mut().defer_status(&name, now),
+            None => state.bundles_mut().status_recorded(&name),
+        }
+        after
     }
 
     /// Why the bundle is Broken, when a replica is past its restart ceiling.
@@ -377,6 +401,11 @@ fn restarted<'a>(
 /// job as it was before (failed, for a recovery), which is no sign the start ran.
 async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) {
     if started.is_empty() {
+        return;
+    }
+    // Not while bundles that lost jobs wait for a pass: this one's slot is theirs sooner.
+    let backlog = ctx.state().wake_mut().backlog(ctx.clock.instant());
+    if !recovery_first::settle_starts(backlog) {
         return;
     }
     let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
