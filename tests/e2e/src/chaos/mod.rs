@@ -79,7 +79,7 @@ impl ChaosConfig {
             bundles,
             window_ms: window_s.max(1) * 1000,
             lease_ms: 6_000,
-            faults: (6, 14),
+            faults: (8, 16),
         }
     }
 

@@ -688,7 +688,10 @@ impl Fleet {
         let (v, err) = self.settle(seed).await;
         outcome.settle = since.elapsed();
         let (seen, samples) = monitor.stop().await;
-        eprintln!("chaos seed={seed}: the monitor took {samples} samples");
+        eprintln!(
+            "chaos seed={seed}: the monitor took {samples} samples; {}",
+            self.moves().await
+        );
         let mut v = v;
         v.merge(&seen);
         outcome.violations = v;
@@ -709,6 +712,7 @@ impl Fleet {
                 Ok(world) => {
                     let v = check(&world);
                     if v.is_clean() {
+                        eprintln!("chaos seed={seed}: settled: {}", census(&world));
                         return (v, None);
                     }
                     last = (v, None);
@@ -720,6 +724,28 @@ impl Fleet {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
+    }
+
+    /// How the seed's Migrations and drains ended, for the log: the Migrations by phase, and
+    /// the drains completed of those started.
+    async fn moves(&self) -> String {
+        let mut phases: std::collections::BTreeMap<String, usize> = Default::default();
+        if let Ok(list) = self.stack.get_json(&["migrations", "-n", NAMESPACE]).await {
+            for m in list["items"].as_array().into_iter().flatten() {
+                let phase = m["status"]["phase"].as_str().unwrap_or("none").to_owned();
+                *phases.entry(phase).or_default() += 1;
+            }
+        }
+        let (mut drains, mut drained) = (0, 0);
+        if let Ok(list) = self.stack.get_json(&["managernodes"]).await {
+            for n in list["items"].as_array().into_iter().flatten() {
+                if n["spec"]["drain"].is_object() {
+                    drains += 1;
+                    drained += usize::from(n["status"]["drain"]["completedAt"].is_string());
+                }
+            }
+        }
+        format!("Migrations {phases:?}; drains completed {drained} of {drains} still listed")
     }
 
     /// Does one step of a fault; what happened, for the log.
@@ -970,6 +996,28 @@ fn keep_logs(
             outcome.violations.details(),
             outcome.error.as_deref().unwrap_or_default()
         ),
+    )
+}
+
+/// How much the settled system runs: Bundles, running jobs, the nodes they run on.
+fn census(world: &reliability::World) -> String {
+    let running: Vec<&str> = world
+        .jobs
+        .iter()
+        .filter_map(|j| {
+            j.instances
+                .iter()
+                .find(|i| i.normal && i.state == reliability::InstanceState::Running)
+                .map(|i| i.node_id.as_str())
+        })
+        .collect();
+    let nodes: std::collections::BTreeSet<&str> = running.iter().copied().collect();
+    format!(
+        "{} Bundles, {} jobs running on {} nodes ({} nodes started)",
+        world.bundles.len(),
+        running.len(),
+        nodes.len(),
+        world.nodes.iter().filter(|n| n.started).count()
     )
 }
 

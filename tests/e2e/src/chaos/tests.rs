@@ -230,7 +230,10 @@ fn default_schedules_keep_every_bound_and_draw_enough_faults() {
         faults += s.events.len();
     }
     // Most drawn faults fit: the bounds do not starve the schedules.
-    assert!(faults >= 500 * 6, "{faults} faults in 500 schedules");
+    assert!(
+        faults >= 500 * c.faults.0,
+        "{faults} faults in 500 schedules"
+    );
 }
 
 #[test]
