@@ -99,7 +99,10 @@ pub struct Outcome {
     pub seed: u64,
     pub faults: usize,
     pub violations: Violations,
-    /// From the end of the last fault to the first check with nothing broken (or to giving up).
+    /// Migrations not ended and drains not done once settled (see [`unfinished_moves`]).
+    pub unfinished: std::collections::BTreeSet<String>,
+    /// From the end of the last fault to the first check with nothing broken and every move
+    /// ended (or to giving up).
     pub settle: Duration,
     /// The runner could not do what the schedule says (set-up, a reset): the seed failed
     /// without a verdict on the invariants.
@@ -110,15 +113,16 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn ok(&self) -> bool {
-        self.error.is_none() && self.violations.is_clean()
+        self.error.is_none() && self.violations.is_clean() && self.unfinished.is_empty()
     }
 
     /// `chaos seed=… faults=… duplicates=… lost=… overcapacity=… orphans=… rules=…
-    /// disagreements=… settle_s=…`, then `cordon`, `ok`, `took_s` and, last, any `error`.
+    /// disagreements=… settle_s=…`, then `cordon`, `unfinished`, `ok`, `took_s` and, last, any
+    /// `error`.
     pub fn line(&self) -> String {
         let v = &self.violations;
         let mut line = format!(
-            "chaos seed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} settle_s={:.1} cordon={} ok={} took_s={:.0}",
+            "chaos seed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} settle_s={:.1} cordon={} unfinished={} ok={} took_s={:.0}",
             self.seed,
             self.faults,
             v.duplicates.len(),
@@ -129,6 +133,7 @@ impl Outcome {
             v.disagreements.len(),
             self.settle.as_secs_f64(),
             v.placed_after_cordon.len(),
+            self.unfinished.len(),
             self.ok(),
             self.took.as_secs_f64(),
         );
@@ -161,7 +166,7 @@ pub fn summary(outcomes: &[Outcome], took: Duration) -> String {
         settles.iter().sum::<f64>() / settles.len() as f64
     };
     format!(
-        "chaos summary seeds={} failed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} cordon={} errors={} settle_s_mean={mean_settle:.1} settle_s_max={max_settle:.1} took_s={:.0} failed_seeds={}",
+        "chaos summary seeds={} failed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} cordon={} unfinished={} errors={} settle_s_mean={mean_settle:.1} settle_s_max={max_settle:.1} took_s={:.0} failed_seeds={}",
         outcomes.len(),
         failed.len(),
         outcomes.iter().map(|o| o.faults).sum::<usize>(),
@@ -172,6 +177,7 @@ pub fn summary(outcomes: &[Outcome], took: Duration) -> String {
         sum(&|v| v.rules.len()),
         sum(&|v| v.disagreements.len()),
         sum(&|v| v.placed_after_cordon.len()),
+        outcomes.iter().map(|o| o.unfinished.len()).sum::<usize>(),
         outcomes.iter().filter(|o| o.error.is_some()).count(),
         took.as_secs_f64(),
         if failed.is_empty() {
@@ -210,6 +216,7 @@ pub async fn run(run: &RunConfig) -> Result<Vec<Outcome>, SetupError> {
                         seed,
                         faults: schedule.events.len(),
                         violations: Violations::default(),
+                        unfinished: Default::default(),
                         settle: Duration::ZERO,
                         error: Some(format!("reset: {e}")),
                         took: Duration::ZERO,
@@ -606,6 +613,7 @@ impl Fleet {
             seed,
             faults: schedule.events.len(),
             violations: Violations::default(),
+            unfinished: Default::default(),
             settle: Duration::ZERO,
             error: None,
             took: Duration::ZERO,
@@ -685,8 +693,9 @@ impl Fleet {
             eprintln!("chaos seed={seed} {note}");
         }
         let since = Instant::now();
-        let (v, err) = self.settle(seed).await;
+        let (v, unfinished, err) = self.settle(seed).await;
         outcome.settle = since.elapsed();
+        outcome.unfinished = unfinished;
         let (seen, samples) = monitor.stop().await;
         eprintln!(
             "chaos seed={seed}: the monitor took {samples} samples; {}",
@@ -699,25 +708,40 @@ impl Fleet {
         outcome
     }
 
-    /// Polls the invariants until nothing is broken or [`SETTLE`] has passed, starting again any
-    /// operator that exits meanwhile.
-    async fn settle(&mut self, seed: u64) -> (Violations, Option<String>) {
+    /// Polls the invariants until nothing is broken and every Migration and drain has ended,
+    /// or [`SETTLE`] has passed, starting again any operator that exits meanwhile.
+    async fn settle(
+        &mut self,
+        seed: u64,
+    ) -> (
+        Violations,
+        std::collections::BTreeSet<String>,
+        Option<String>,
+    ) {
         let start = Instant::now();
-        let mut last = (Violations::default(), None);
+        let mut last = (Violations::default(), Default::default(), None);
         loop {
             for note in self.revive() {
                 eprintln!("chaos seed={seed} settling: {note}");
             }
-            match observe(&self.stack).await {
-                Ok(world) => {
+            let moves = async {
+                let migrations = self
+                    .stack
+                    .get_json(&["migrations", "-n", NAMESPACE])
+                    .await?;
+                let nodes = self.stack.get_json(&["managernodes"]).await?;
+                Ok::<_, SetupError>(unfinished_moves(&migrations, &nodes))
+            };
+            match (observe(&self.stack).await, moves.await) {
+                (Ok(world), Ok(unfinished)) => {
                     let v = check(&world);
-                    if v.is_clean() {
+                    if v.is_clean() && unfinished.is_empty() {
                         eprintln!("chaos seed={seed}: settled: {}", census(&world));
-                        return (v, None);
+                        return (v, unfinished, None);
                     }
-                    last = (v, None);
+                    last = (v, unfinished, None);
                 }
-                Err(e) => last.1 = Some(format!("observing the stack: {e}")),
+                (Err(e), _) | (_, Err(e)) => last.2 = Some(format!("observing the stack: {e}")),
             }
             if start.elapsed() > SETTLE {
                 return last;
@@ -950,9 +974,10 @@ impl Fleet {
     async fn report_failure(&self, schedule: &Schedule, outcome: &Outcome, run: &RunConfig) {
         eprintln!("{schedule}");
         eprintln!(
-            "chaos seed={} failed:\n{}{}",
+            "chaos seed={} failed:\n{}{}{}",
             outcome.seed,
             outcome.violations.details(),
+            unfinished_lines(&outcome.unfinished),
             outcome.error.as_deref().unwrap_or_default()
         );
         eprintln!(
@@ -991,12 +1016,64 @@ fn keep_logs(
     std::fs::write(
         to.join("violations.txt"),
         format!(
-            "{}\n{}{}\n",
+            "{}\n{}{}{}\n",
             outcome.line(),
             outcome.violations.details(),
+            unfinished_lines(&outcome.unfinished),
             outcome.error.as_deref().unwrap_or_default()
         ),
     )
+}
+
+/// The phases a Migration ends in.
+const ENDED: [&str; 5] = ["Completed", "Aborted", "Refused", "Rejected", "Failed"];
+
+/// What has not finished moving, from `kubectl get migrations` and `kubectl get managernodes`
+/// (JSON lists): every Migration not in an ending phase (with its reason), and every drain of a
+/// node still started whose `status.drain.completedAt` is not set. A drain of a node that was
+/// killed or terminated meanwhile has nothing left to move.
+pub fn unfinished_moves(
+    migrations: &serde_json::Value,
+    nodes: &serde_json::Value,
+) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for m in migrations["items"].as_array().into_iter().flatten() {
+        let phase = m["status"]["phase"].as_str().unwrap_or("");
+        if !ENDED.contains(&phase) {
+            let why = m["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["status"] == "True")
+                .map(|c| {
+                    format!(
+                        "{} {}: {}",
+                        c["type"].as_str().unwrap_or_default(),
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default()
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            out.insert(format!(
+                "Migration {}: phase {:?} ({why})",
+                m["metadata"]["name"].as_str().unwrap_or_default(),
+                phase
+            ));
+        }
+    }
+    for n in nodes["items"].as_array().into_iter().flatten() {
+        let draining = n["spec"]["drain"].is_object();
+        let done = n["status"]["drain"]["completedAt"].is_string();
+        if draining && !done && n["status"]["state"] == "started" {
+            out.insert(format!(
+                "drain of {}: not completed ({} jobs remaining)",
+                n["metadata"]["name"].as_str().unwrap_or_default(),
+                n["status"]["drain"]["jobsRemaining"]
+            ));
+        }
+    }
+    out
 }
 
 /// How much the settled system runs: Bundles, running jobs, the nodes they run on.
@@ -1021,6 +1098,14 @@ fn census(world: &reliability::World) -> String {
     )
 }
 
+/// One `unfinished: …` line per unfinished move.
+fn unfinished_lines(unfinished: &std::collections::BTreeSet<String>) -> String {
+    unfinished
+        .iter()
+        .map(|u| format!("unfinished: {u}\n"))
+        .collect()
+}
+
 fn name(i: usize) -> &'static str {
     if i == 0 { "a" } else { "b" }
 }
@@ -1034,6 +1119,7 @@ mod tests {
             seed,
             faults: 9,
             violations: Violations::default(),
+            unfinished: Default::default(),
             settle: Duration::from_millis(4_250),
             error: None,
             took: Duration::from_secs(61),
@@ -1045,12 +1131,46 @@ mod tests {
         let mut o = outcome(17);
         assert_eq!(
             o.line(),
-            "chaos seed=17 faults=9 duplicates=0 lost=0 overcapacity=0 orphans=0 rules=0 disagreements=0 settle_s=4.2 cordon=0 ok=true took_s=61"
+            "chaos seed=17 faults=9 duplicates=0 lost=0 overcapacity=0 orphans=0 rules=0 disagreements=0 settle_s=4.2 cordon=0 unfinished=0 ok=true took_s=61"
         );
         o.violations.lost.insert("x".into());
         o.error = Some("reset:\nno".into());
         assert!(o.line().contains(" lost=1 "));
         assert!(o.line().ends_with(" ok=false took_s=61 error=reset: no"));
+        let mut o = outcome(18);
+        o.unfinished.insert("drain of n".into());
+        assert!(!o.ok());
+        assert!(o.line().contains(" unfinished=1 ok=false "));
+    }
+
+    #[test]
+    fn moves_not_ended_are_unfinished_and_a_drain_of_a_dead_node_is_not() {
+        let migrations = serde_json::json!({"items": [
+            {"metadata": {"name": "done"}, "status": {"phase": "Completed"}},
+            {"metadata": {"name": "refused"}, "status": {"phase": "Rejected"}},
+            {"metadata": {"name": "waiting"}, "status": {"phase": "Pending", "conditions": [
+                {"type": "Queued", "status": "True", "reason": "DisruptionBudget", "message": "one replica down"},
+                {"type": "Ready", "status": "False", "reason": "Pending", "message": ""}]}},
+            {"metadata": {"name": "new"}},
+        ]});
+        let nodes = serde_json::json!({"items": [
+            {"metadata": {"name": "n1"}, "spec": {"drain": {"mode": "migrate"}},
+             "status": {"state": "started", "drain": {"jobsRemaining": 2}}},
+            {"metadata": {"name": "n2"}, "spec": {"drain": {"mode": "migrate"}},
+             "status": {"state": "started", "drain": {"completedAt": "2026-01-01T00:00:00Z"}}},
+            {"metadata": {"name": "n3"}, "spec": {"drain": {"mode": "terminate"}},
+             "status": {"state": "terminated"}},
+            {"metadata": {"name": "n4"}, "spec": {"cordoned": true}, "status": {"state": "started"}},
+        ]});
+        let u = unfinished_moves(&migrations, &nodes);
+        assert_eq!(
+            u.iter().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "Migration new: phase \"\" ()",
+                "Migration waiting: phase \"Pending\" (Queued DisruptionBudget: one replica down)",
+                "drain of n1: not completed (2 jobs remaining)",
+            ]
+        );
     }
 
     #[test]
@@ -1061,7 +1181,7 @@ mod tests {
         let line = summary(&[outcome(1), bad, outcome(3)], Duration::from_secs(200));
         assert_eq!(
             line,
-            "chaos summary seeds=3 failed=1 faults=27 duplicates=1 lost=0 overcapacity=0 orphans=1 rules=0 disagreements=0 cordon=0 errors=0 settle_s_mean=4.2 settle_s_max=4.2 took_s=200 failed_seeds=2"
+            "chaos summary seeds=3 failed=1 faults=27 duplicates=1 lost=0 overcapacity=0 orphans=1 rules=0 disagreements=0 cordon=0 unfinished=0 errors=0 settle_s_mean=4.2 settle_s_max=4.2 took_s=200 failed_seeds=2"
         );
     }
 }
