@@ -1,6 +1,6 @@
 # The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
 # Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
-.PHONY: test-reliability test-soak
+.PHONY: test-reliability test-soak test-chaos
 
 RELIABILITY_LOG ?= .tmp/reliability.log
 # Extra libtest arguments, e.g. a scenario name.
@@ -20,3 +20,14 @@ test-reliability: control-plane ## fault scenarios (operator kill -9, zone outag
 test-soak: control-plane ## the memory soak: 7 minutes of create/delete churn to warm up, then 10 measured (RELIABILITY_SOAK_WARM_UP_S, RELIABILITY_SOAK_S); RSS within ±10 % and every invariant held
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
 	  --test reliability -- --test-threads=1 --nocapture --ignored soak
+
+CHAOS_LOG ?= .tmp/chaos.log
+
+test-chaos: control-plane ## seeded chaos schedules on one shared stack (CHAOS_SEEDS=n from CHAOS_SEED_FROM, or CHAOS_SEED=s to replay one); one line per seed and a summary
+	@mkdir -p $(dir $(CHAOS_LOG))
+	@echo "==> cargo test -p automanager-e2e --features reliability --test chaos (CHAOS_SEEDS=$${CHAOS_SEEDS:-10} CHAOS_SEED_FROM=$${CHAOS_SEED_FROM:-1} CHAOS_SEED=$${CHAOS_SEED:-}; log: $(CHAOS_LOG))"
+	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
+	  --test chaos -- --nocapture 2>&1 | tee $(CHAOS_LOG) || status=$$?; \
+	echo "==> summary"; \
+	grep -E '^chaos (run|seed=[0-9]+ faults=|summary)' $(CHAOS_LOG) || echo "no seed reported"; \
+	exit $$status

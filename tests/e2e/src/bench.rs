@@ -46,8 +46,21 @@ impl FleetPool {
         }
     }
 
-    fn zones(&self) -> [String; 2] {
+    /// Its two zones.
+    pub fn zones(&self) -> [String; 2] {
         [format!("{}-z-a", self.name), format!("{}-z-b", self.name)]
+    }
+
+    /// Its nodes as the sim declares them, `(id, zone)`: `<name>-00000` and every other node in
+    /// the first zone, the rest in the second.
+    pub fn node_ids(&self) -> Vec<(String, String)> {
+        let [a, b] = self.zones();
+        (0..self.nodes)
+            .map(|i| {
+                let zone = if i % 2 == 0 { &a } else { &b };
+                (format!("{}-{i:05}", self.name), zone.clone())
+            })
+            .collect()
     }
 
     /// The PlacementPool object for this pool (`packing`: `spread` or `binpack`).
@@ -83,11 +96,10 @@ pub fn fleet_sim_config(pools: &[FleetPool]) -> String {
             "  - name: {name}\n    kind: cluster\n    region: {name}-dc\n    zones: [{a}, {b}]\n    scaleOut: fixed\n    nodes:\n",
             name = p.name
         ));
-        for i in 0..p.nodes {
-            let zone = if i % 2 == 0 { &a } else { &b };
+        for (id, zone) in p.node_ids() {
             out.push_str(&format!(
-                "      - {{id: {}-{i:05}, zone: {zone}, capacity: {}, cores: {}}}\n",
-                p.name, p.capacity, p.cores
+                "      - {{id: {id}, zone: {zone}, capacity: {}, cores: {}}}\n",
+                p.capacity, p.cores
             ));
         }
     }

@@ -5,6 +5,7 @@
 //! removes their directory, also when the test fails.
 
 pub mod bench;
+pub mod chaos;
 pub mod cluster;
 pub mod hostile_peers;
 pub mod install;
