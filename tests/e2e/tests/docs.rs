@@ -246,8 +246,13 @@ fn the_chart_serves_the_debugging_api_as_docs_cli_md_says() {
     assert_eq!(values["debug"]["enabled"], false);
     assert_eq!(values["debug"]["address"], "127.0.0.1");
     assert_eq!(values["debug"]["port"], 8082);
-    for e in std::fs::read_dir(chart_dir().join("templates")).unwrap() {
+    let templates = chart_dir().join("templates");
+    let tests = std::fs::read_dir(templates.join("tests")).unwrap();
+    for e in std::fs::read_dir(&templates).unwrap().chain(tests) {
         let p = e.unwrap().path();
+        if p.is_dir() {
+            continue;
+        }
         let text = std::fs::read_to_string(&p).unwrap();
         if text.contains("kind: Service\n") {
             assert!(
