@@ -782,10 +782,14 @@ async fn a_pass_that_fails_says_why_in_the_bundles_conditions_and_waits_longer_e
 }
 
 #[tokio::test]
-async fn while_bundles_that_lost_jobs_wait_a_pass_starts_its_jobs_and_writes_its_status_after() {
+async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_its_status_after() {
     use automanager_policy::recovery_first::MAX_DEFER;
     use kube::runtime::reflector::ObjectRef;
-    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    // One slot: one bundle waiting for a pass is a queue.
+    let t = Tier::start(|c| c.concurrency.bundles = 1)
+        .await
+        .with_example_pools()
+        .await;
     t.bundle("news", 1, &["onprem"]);
     t.bundle_pass("news").await.expect("the finalizer pass");
     t.api.clear_calls();

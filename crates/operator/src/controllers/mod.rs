@@ -263,6 +263,11 @@ impl Context {
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
 
+    /// How many Bundle passes run at a time (`concurrency.bundles`).
+    pub fn bundle_slots(&self) -> usize {
+        usize::from(self.settings.bundle_concurrency)
+    }
+
     /// Records whether a bundle is Broken and updates the gauges.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
         let count = self.state().bundles_mut().set_broken(bundle_id, broken);

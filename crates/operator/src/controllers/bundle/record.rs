@@ -87,7 +87,7 @@ impl Pass<'_> {
         } else {
             let backlog = state.wake_mut().backlog(now);
             let since = state.bundles().status_deferred_since(&name);
-            recovery_first::defer_status(backlog, since, now)
+            recovery_first::defer_status(backlog, ctx.bundle_slots(), since, now)
         };
         match after {
             Some(_) => state.bundles_mut().defer_status(&name, now),
@@ -403,9 +403,9 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
     if started.is_empty() {
         return;
     }
-    // Not while bundles that lost jobs wait for a pass: this one's slot is theirs sooner.
+    // Not while bundles that lost jobs queue for a pass: this one's slot is theirs sooner.
     let backlog = ctx.state().wake_mut().backlog(ctx.clock.instant());
-    if !recovery_first::settle_starts(backlog) {
+    if !recovery_first::settle_starts(backlog, ctx.bundle_slots()) {
         return;
     }
     let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
