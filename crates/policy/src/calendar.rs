@@ -353,6 +353,14 @@ impl Calendar {
     }
 }
 
+/// Whose disruption windows a move answers to: its bundle's own (`spec.disruption.windows`)
+/// or its job's band's (the operator's `bands.<band>.disruptionWindows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WindowSource {
+    Bundle,
+    Band(crate::vocab::PriorityBand),
+}
+
 /// How many times [`permit_all`] moves ahead to the next opening of a calendar that still holds,
 /// looking for a time every calendar admits.
 const JOINT_LOOKAHEAD: usize = 64;
