@@ -27,6 +27,11 @@ impl Tier {
     /// A Migration `name` of replica 0 of bundle `live/bundle`'s job `enc`, labelled as
     /// consolidation creates them.
     fn consolidation_migration(&self, name: &str, bundle: &str) {
+        self.labelled_migration(name, bundle, api::PURPOSE_LABEL, "consolidation");
+    }
+
+    /// The same, with one label `key: value` (a drain's Migration carries the node's).
+    fn labelled_migration(&self, name: &str, bundle: &str, key: &str, value: &str) {
         let mut m = Migration::new(
             name,
             serde_json::from_value(serde_json::json!({
@@ -35,10 +40,7 @@ impl Tier {
             .unwrap(),
         );
         m.metadata.namespace = Some("live".into());
-        m.metadata.labels = Some(BTreeMap::from([(
-            api::PURPOSE_LABEL.to_owned(),
-            "consolidation".to_owned(),
-        )]));
+        m.metadata.labels = Some(BTreeMap::from([(key.to_owned(), value.to_owned())]));
         self.api.insert(&m);
     }
 }
@@ -135,4 +137,64 @@ async fn a_band_window_never_holds_a_recovery() {
         2,
         "both silver jobs restart while the band's window is closed"
     );
+}
+
+#[tokio::test]
+async fn a_band_window_holds_a_drains_move_and_a_bundle_window_adds_its_own_hold() {
+    let t = Tier::start(|c| silver_window(c, vec![VoluntaryReason::Drain]))
+        .await
+        .with_example_pools()
+        .await;
+    t.running_bundle_moving_by("news", 1, "overlap").await;
+    t.labelled_migration("drain-move", "news", api::DRAIN_NODE_LABEL, "n1");
+    t.migration_pass("drain-move")
+        .await
+        .expect("the finalizer pass");
+
+    t.migration_pass("drain-move").await.expect("the held pass");
+
+    let status = t.migration_status("drain-move");
+    assert_eq!(status.phase, MigrationPhase::Pending);
+    let (_, reason, message) = condition_of(&status.conditions, "Queued");
+    assert_eq!(reason, "DisruptionWindow");
+    assert!(
+        message.starts_with("waiting until 2026-03-01T14:00:00Z: the silver band's"),
+        "{message}"
+    );
+    assert!(message.contains("hold drain moves"), "{message}");
+
+    // The bundle's own window for drains opens only at 14:30: both calendars hold now, and
+    // the move waits for the first time both admit it.
+    t.api.edit::<api::Bundle>(Some("live"), "news", |b| {
+        b.spec.disruption = Some(
+            serde_json::from_value(serde_json::json!({
+                "windows": [{"schedule": "30 14 * * *", "duration": "2h", "reasons": ["drain"]}],
+            }))
+            .unwrap(),
+        );
+    });
+    t.migration_pass("drain-move")
+        .await
+        .expect("a pass with both");
+    let message = condition_of(&t.migration_status("drain-move").conditions, "Queued").2;
+    assert_eq!(
+        message,
+        "waiting until 2026-03-01T14:30:00Z: Bundle live/news's disruption windows (disruption.windows) and the silver band's disruption windows (bands.silver.disruptionWindows in the operator's settings) hold drain moves until then"
+    );
+
+    // 14:10: the band's window is open, the bundle's is not yet.
+    t.clock.advance(Duration::from_secs(2 * 3600 + 600));
+    t.migration_pass("drain-move")
+        .await
+        .expect("a pass at 14:10");
+    let status = t.migration_status("drain-move");
+    assert_eq!(status.phase, MigrationPhase::Pending);
+    assert_eq!(
+        condition_of(&status.conditions, "Queued").2,
+        "waiting until 2026-03-01T14:30:00Z: Bundle live/news's disruption windows hold drain moves until then (disruption.windows)"
+    );
+
+    t.clock.advance(Duration::from_secs(20 * 60));
+    t.migration_until("drain-move", MigrationPhase::Completed)
+        .await;
 }
