@@ -526,6 +526,22 @@ fn the_values_schema_refuses_bad_values_naming_them() {
             "/config/bands/gold/maxRestartsPerHour",
         ),
         (
+            "a band window for a reason that does not exist",
+            &[
+                "--set-json",
+                r#"config.bands.gold.disruptionWindows=[{"schedule":"0 2 * * *","duration":"2h","reasons":["recovery"]}]"#,
+            ],
+            "/config/bands/gold/disruptionWindows/0/reasons/0",
+        ),
+        (
+            "a band window without a schedule",
+            &[
+                "--set-json",
+                r#"config.bands.silver.disruptionWindows=[{"duration":"2h"}]"#,
+            ],
+            "/config/bands/silver/disruptionWindows/0",
+        ),
+        (
             "a URL that is not Manager's",
             &["--set", "manager.url=ftp://manager"],
             "/manager/url",
