@@ -363,7 +363,7 @@ pub enum WindowSource {
 
 /// How many times [`permit_all`] moves ahead to the next opening of a calendar that still holds,
 /// looking for a time every calendar admits.
-const JOINT_LOOKAHEAD: usize = 64;
+pub const JOINT_LOOKAHEAD: usize = 64;
 
 /// Why [`permit_all`] holds a move.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -532,7 +532,8 @@ fn window_message(shown: &str, reason: VoluntaryReason, hold: &WindowHold) -> St
         format!("waiting until {at}: {who} hold {what} until then{shown_where}")
     } else {
         format!(
-            "waiting: {who} hold {what}, and the bundle's and the band's windows do not open together in the weeks ahead; looked at again at {at}{shown_where}"
+            "waiting: {who} hold {what}, and the bundle's and the band's windows do not open together within their next {} openings; looked at again at {at}{shown_where}",
+            automanager_policy::calendar::JOINT_LOOKAHEAD
         )
     }
 }
