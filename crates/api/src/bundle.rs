@@ -139,10 +139,11 @@ pub struct DisruptionBudget {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_stop_then_start_consolidation: bool,
     /// When voluntary moves (drains, consolidation, rebalance, spare rotation) of this
-    /// bundle's jobs may happen. Empty: at any time (the bands' windows in the operator's
-    /// configuration still apply). Outside every window naming a reason, moves for it wait and
-    /// the `DisruptionWindow` condition says until when; recovery from a failure and moves ahead
-    /// of a reclaim notice are never held. At most 16.
+    /// bundle's jobs may happen. Empty: at any time. The windows of each job's band in the
+    /// operator's settings (`bands.<band>.disruptionWindows`) apply as well: a move waits until
+    /// both admit it. Outside every window naming a reason, moves for it wait and their
+    /// condition (reason `DisruptionWindow`) says until when and whose windows hold them;
+    /// recovery from a failure and moves ahead of a reclaim notice are never held. At most 16.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub windows: Vec<crate::window::DisruptionWindow>,

@@ -28,6 +28,8 @@
 
 /// Status fields bounded by construction (defined with the policy, which writes them).
 pub use automanager_policy::bounded;
+/// The window calendar a Bundle's `disruption.windows` are read with (the plugin shows it).
+pub use automanager_policy::calendar;
 pub mod bundle;
 pub mod common;
 pub mod condition;

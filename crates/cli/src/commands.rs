@@ -35,6 +35,13 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Get {
             what: GetWhat::Broken { all_namespaces },
         } => broken(g, all_namespaces).await,
+        Command::Get {
+            what:
+                GetWhat::Windows {
+                    bundle,
+                    all_namespaces,
+                },
+        } => windows(g, bundle.as_deref(), all_namespaces).await,
         Command::Cordon { node } => cordon(g, &node, true).await,
         Command::Uncordon { node } => cordon(g, &node, false).await,
         Command::Drain { node, mode, wait } => drain(g, &node, mode.to_api(), &wait).await,
@@ -447,7 +454,7 @@ async fn trace(
 }
 
 // ---------------------------------------------------------------------------------------------
-// top, get broken
+// top, get broken, get windows
 
 async fn top(g: &GlobalArgs, what: TopWhat) -> Result<(), CliError> {
     let c = cluster(g).await?;
@@ -550,6 +557,37 @@ async fn broken(g: &GlobalArgs, all_namespaces: bool) -> Result<(), CliError> {
         print_data(&g.output, &rows, &names)
     } else {
         write_out(&render::broken::render(&rows, chrono::Utc::now()))
+    }
+}
+
+async fn windows(
+    g: &GlobalArgs,
+    bundle: Option<&str>,
+    all_namespaces: bool,
+) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let (bundles, migrations): (Api<api::Bundle>, Api<api::Migration>) = if all_namespaces {
+        (Api::all(c.client.clone()), Api::all(c.client.clone()))
+    } else {
+        (
+            Api::namespaced(c.client.clone(), &c.namespace),
+            Api::namespaced(c.client.clone(), &c.namespace),
+        )
+    };
+    let bundles = match bundle {
+        Some(name) => vec![self::bundle(&c, name).await?],
+        None => list(&bundles).await?,
+    };
+    let view = render::windows::view(&bundles, &list(&migrations).await?, chrono::Utc::now());
+    if g.output.is_data() {
+        let mut names = names_of(
+            &serde_json::to_value(&view.rows).unwrap_or_default(),
+            "bundle",
+        );
+        names.dedup();
+        print_data(&g.output, &view, &names)
+    } else {
+        write_out(&render::windows::render(&view))
     }
 }
 

@@ -10,6 +10,7 @@
 //! | `trace BUNDLE [--replica R] [--job J]` | the last placement decisions as a tree |
 //! | `top pools`, `top nodes` | capacity and cores in use, spares live/target |
 //! | `get broken` | Broken bundles and why |
+//! | `get windows [BUNDLE]` | per bundle and reason: moves allowed or held by its disruption windows, until when |
 //! | `cordon`, `uncordon`, `drain NODE` | the ManagerNode spec a person would patch |
 //! | `migrate BUNDLE/REPLICA/JOB`, `abort MIGRATION` | a Migration created or aborted |
 //! | `retry BUNDLE` | the retry annotation |
@@ -339,6 +340,15 @@ pub enum GetWhat {
     Broken {
         /// In every namespace.
         #[arg(short = 'A', long)]
+        all_namespaces: bool,
+    },
+    /// Per bundle and voluntary reason: whether its disruption windows allow moves now (until
+    /// when) or hold them (until the next window opens), and the moves the operator holds.
+    Windows {
+        /// One bundle (in --namespace); all of the namespace's without it.
+        bundle: Option<String>,
+        /// In every namespace.
+        #[arg(short = 'A', long, conflicts_with = "bundle")]
         all_namespaces: bool,
     },
 }

@@ -498,3 +498,128 @@ fn top_nodes_from_the_apiservers_table() {
     old["columnDefinitions"] = serde_json::json!([{"name": "Name"}, {"name": "Pool"}]);
     assert!(render::top::node_rows_from_table(&old, None).is_none());
 }
+
+#[test]
+fn disruption_windows_per_bundle_and_reason() {
+    let bundles: Vec<api::Bundle> = objects(
+        r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {name: news, namespace: video}
+spec:
+  replicas: 2
+  pools: [aws-east]
+  jobs: [{jobName: encode, requirements: {requiredCapacity: 8, priorityBand: silver}}]
+  disruption:
+    windows:
+      - {schedule: "0 2 * * *", duration: 3h, timeZone: Europe/Oslo}
+      - {schedule: "0 10 * * SUN", duration: 2h, timeZone: Europe/Oslo, reasons: [drain]}
+---
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {name: sport, namespace: video}
+spec:
+  replicas: 1
+  pools: [aws-east]
+  jobs: [{jobName: encode, requirements: {requiredCapacity: 8, priorityBand: gold}}]
+  disruption:
+    windows: [{schedule: "0 6 * * *", duration: 2h, timeZone: America/New_York, reasons: [consolidation]}]
+---
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {name: quiet, namespace: video}
+spec: {replicas: 1, pools: [aws-east], jobs: [{jobName: encode, requirements: {requiredCapacity: 8, priorityBand: gold}}]}
+---
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {name: mars, namespace: video}
+spec:
+  replicas: 1
+  pools: [aws-east]
+  jobs: [{jobName: encode, requirements: {requiredCapacity: 8, priorityBand: gold}}]
+  disruption:
+    windows: [{schedule: "@daily", duration: 1h, timeZone: Mars/Olympus}]
+"#,
+    );
+    let migrations: Vec<api::Migration> = objects(
+        r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Migration
+metadata: {name: news-consolidate-1, namespace: video}
+spec: {job: {bundle: news, replica: 0, jobName: encode}}
+status:
+  phase: Pending
+  conditions:
+    - {type: Queued, status: "True", reason: DisruptionWindow, lastTransitionTime: "2026-11-06T11:00:00Z",
+       message: "waiting until 2026-11-07T01:00:00Z: Bundle video/news's disruption windows (disruption.windows) and the silver band's disruption windows (bands.silver.disruptionWindows in the operator's settings) hold consolidation moves until then"}
+---
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Migration
+metadata: {name: other-1, namespace: video}
+spec: {job: {bundle: elsewhere, replica: 0, jobName: encode}}
+status:
+  phase: Pending
+  conditions:
+    - {type: Queued, status: "True", reason: DisruptionWindow, lastTransitionTime: "2026-11-06T11:00:00Z", message: "not shown"}
+"#,
+    );
+    // Friday 6 November 2026, 12:00 UTC: 13:00 in Oslo (CET), 07:00 in New York (EST).
+    let now = Utc
+        .with_ymd_and_hms(2026, 11, 6, 12, 0, 0)
+        .single()
+        .expect("time");
+    let v = render::windows::view(&bundles, &migrations, now);
+    let row = |bundle: &str, reason: &str| {
+        v.rows
+            .iter()
+            .find(|r| r.bundle == bundle && r.reason == reason)
+            .unwrap_or_else(|| panic!("no row {bundle} {reason}"))
+    };
+    use render::windows::WindowState::*;
+    // news: every reason waits for 02:00 in Oslo (01:00 UTC); the Sunday window, for drains
+    // only, opens later.
+    let drain = row("news", "drain");
+    assert_eq!(drain.state, Held);
+    assert_eq!(
+        drain.until,
+        Some(
+            Utc.with_ymd_and_hms(2026, 11, 7, 1, 0, 0)
+                .single()
+                .expect("time")
+        )
+    );
+    assert_eq!(drain.until_local.as_deref(), Some("2026-11-07 02:00 CET"));
+    assert_eq!(drain.time_zone.as_deref(), Some("Europe/Oslo"));
+    // sport: consolidation is allowed until 08:00 in New York; nothing else is restricted.
+    let consolidation = row("sport", "consolidation");
+    assert_eq!(consolidation.state, Allowed);
+    assert_eq!(
+        consolidation.until,
+        Some(
+            Utc.with_ymd_and_hms(2026, 11, 6, 13, 0, 0)
+                .single()
+                .expect("time")
+        )
+    );
+    assert_eq!(
+        consolidation.until_local.as_deref(),
+        Some("2026-11-06 08:00 EST")
+    );
+    assert_eq!(row("sport", "drain").state, AnyTime);
+    assert_eq!(row("quiet", "rebalance").state, AnyTime);
+    let mars = row("mars", "drain");
+    assert_eq!(mars.state, Invalid);
+    assert!(
+        mars.problem
+            .as_deref()
+            .is_some_and(|p| p.contains("Mars/Olympus")),
+        "{mars:?}"
+    );
+    // Only the held moves of the bundles shown.
+    assert_eq!(v.held.len(), 1);
+    assert_eq!(v.held[0].migration, "news-consolidate-1");
+    let json = serde_json::to_value(&v).expect("json");
+    assert_eq!(json["rows"][0]["bundle"], "mars");
+    assert_eq!(json["held"][0]["bundle"], "news");
+    insta::assert_snapshot!(render::windows::render(&v));
+}

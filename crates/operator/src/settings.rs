@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use automanager_api as api;
 
+use automanager_policy::calendar::Calendar;
 use automanager_policy::node_health::FlapSettings;
 use automanager_policy::zone_brake::ZoneBrakeSettings;
 
@@ -15,6 +16,8 @@ pub struct Settings {
     pub pending_window: Duration,
     pub remove_stopped_nodes_after: Duration,
     pub bands: BandsConfig,
+    /// The bands' disruption windows (`bands.<band>.disruptionWindows`), read once.
+    pub band_calendars: BandCalendars,
     pub rejection_threshold: u32,
     pub rejection_window: Duration,
     pub status_write_interval: Duration,
@@ -38,6 +41,41 @@ pub struct Settings {
     pub rebalance_per_minute: u32,
 }
 
+/// Each band's disruption windows as a calendar.
+#[derive(Debug, Clone, Default)]
+pub struct BandCalendars {
+    gold: Calendar,
+    silver: Calendar,
+    bronze: Calendar,
+}
+
+impl BandCalendars {
+    /// Validation read every window already; one that could not be read (a settings value
+    /// built in code) is left out with a warning rather than stopping the operator.
+    pub fn from_config(bands: &BandsConfig) -> Self {
+        let read = |band: api::PriorityBand| {
+            crate::config::band_calendar(&bands.get(band).disruption_windows).unwrap_or_else(|e| {
+                tracing::warn!(band = band.as_str(), error = %e, "band disruption windows cannot be read: not applied");
+                Calendar::default()
+            })
+        };
+        BandCalendars {
+            gold: read(api::PriorityBand::Gold),
+            silver: read(api::PriorityBand::Silver),
+            bronze: read(api::PriorityBand::Bronze),
+        }
+    }
+
+    /// The windows of `band`.
+    pub fn get(&self, band: api::PriorityBand) -> &Calendar {
+        match band {
+            api::PriorityBand::Gold => &self.gold,
+            api::PriorityBand::Silver => &self.silver,
+            api::PriorityBand::Bronze => &self.bronze,
+        }
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Settings::from_config(&OperatorConfig::default())
@@ -49,7 +87,8 @@ impl Settings {
         Settings {
             pending_window: c.pending_window,
             remove_stopped_nodes_after: c.remove_stopped_nodes_after,
-            bands: c.bands,
+            bands: c.bands.clone(),
+            band_calendars: BandCalendars::from_config(&c.bands),
             rejection_threshold: c.node_health.rejection_threshold,
             rejection_window: c.node_health.rejection_window,
             status_write_interval: c.status_write_interval,

@@ -31,6 +31,8 @@ mod spare_tiers;
 mod spares;
 #[path = "controller_tier/sweep.rs"]
 mod sweep;
+#[path = "controller_tier/windows.rs"]
+mod windows;
 
 use std::path::PathBuf;
 use std::sync::Arc;

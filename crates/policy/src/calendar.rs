@@ -353,6 +353,71 @@ impl Calendar {
     }
 }
 
+/// Whose disruption windows a move answers to: its bundle's own (`spec.disruption.windows`)
+/// or its job's band's (the operator's `bands.<band>.disruptionWindows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WindowSource {
+    Bundle,
+    Band(crate::vocab::PriorityBand),
+}
+
+/// How many times [`permit_all`] moves ahead to the next opening of a calendar that still holds,
+/// looking for a time every calendar admits.
+pub const JOINT_LOOKAHEAD: usize = 64;
+
+/// Why [`permit_all`] holds a move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hold<K> {
+    /// The calendars that hold the move at the time asked about, in the order given.
+    pub by: Vec<K>,
+    /// The first time every calendar admits the move together; `None` when there is none
+    /// within the look-ahead (their windows never meet: the move waits until one changes).
+    pub until: Option<DateTime<Utc>>,
+    /// When to ask again: `until`, or the furthest time the search reached.
+    pub recheck: DateTime<Utc>,
+}
+
+/// Whether a voluntary move for `reason` may happen at `t` under several calendars at once (a
+/// bundle's and its job's band's): only when each of them permits it. An empty calendar, or one
+/// whose windows do not name the reason, does not restrict it. When held, the answer names the
+/// calendars that hold it now and the first time all of them admit it.
+pub fn permit_all<K: Clone>(
+    calendars: &[(K, &Calendar)],
+    reason: VoluntaryReason,
+    t: DateTime<Utc>,
+) -> Result<(), Hold<K>> {
+    let holding = |at: DateTime<Utc>| -> Vec<(K, DateTime<Utc>)> {
+        calendars
+            .iter()
+            .filter_map(|(k, c)| c.permit(reason, at).held_until().map(|u| (k.clone(), u)))
+            .collect()
+    };
+    let now = holding(t);
+    let Some(mut at) = now.iter().map(|(_, u)| *u).max() else {
+        return Ok(());
+    };
+    let by: Vec<K> = now.into_iter().map(|(k, _)| k).collect();
+    // Until `at`, the calendar with the latest opening holds the move throughout; from there,
+    // follow whichever still holds.
+    for _ in 0..JOINT_LOOKAHEAD {
+        match holding(at).into_iter().map(|(_, u)| u).max() {
+            None => {
+                return Err(Hold {
+                    by,
+                    until: Some(at),
+                    recheck: at,
+                });
+            }
+            Some(u) => at = u.max(at + TimeDelta::seconds(1)),
+        }
+    }
+    Err(Hold {
+        by,
+        until: None,
+        recheck: at,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -608,6 +673,73 @@ mod tests {
         );
     }
 
+    #[test]
+    fn two_calendars_admit_a_move_only_where_both_are_open() {
+        let bundle = Calendar::new(vec![Window::parse("0 1 * * *", "4h", "UTC", &[]).unwrap()]);
+        let band = Calendar::new(vec![
+            Window::parse("0 3 * * *", "4h", "UTC", &[VoluntaryReason::Consolidation]).unwrap(),
+        ]);
+        let both = [("bundle", &bundle), ("band", &band)];
+        let c = VoluntaryReason::Consolidation;
+        // Noon: both hold; they meet at 03:00.
+        assert_eq!(
+            permit_all(&both, c, utc(2026, 5, 5, 12, 0)),
+            Err(Hold {
+                by: vec!["bundle", "band"],
+                until: Some(utc(2026, 5, 6, 3, 0)),
+                recheck: utc(2026, 5, 6, 3, 0),
+            })
+        );
+        // 02:00: the bundle's window is open, the band's holds until 03:00.
+        assert_eq!(
+            permit_all(&both, c, utc(2026, 5, 6, 2, 0)).unwrap_err().by,
+            vec!["band"]
+        );
+        assert_eq!(permit_all(&both, c, utc(2026, 5, 6, 4, 0)), Ok(()));
+        // 06:00: the band's window is open, the bundle's closed at 05:00 and reopens at 01:00,
+        // when the band's is closed: they meet at 03:00 the next day.
+        assert_eq!(
+            permit_all(&both, c, utc(2026, 5, 6, 6, 0)),
+            Err(Hold {
+                by: vec!["bundle"],
+                until: Some(utc(2026, 5, 7, 3, 0)),
+                recheck: utc(2026, 5, 7, 3, 0),
+            })
+        );
+        // The band's window names consolidation only: a drain answers to the bundle alone.
+        assert_eq!(
+            permit_all(&both, VoluntaryReason::Drain, utc(2026, 5, 6, 2, 0)),
+            Ok(())
+        );
+        // Empty calendars restrict nothing.
+        let none = Calendar::default();
+        assert_eq!(
+            permit_all(
+                &[("bundle", &none), ("band", &none)],
+                c,
+                utc(2026, 5, 6, 6, 0)
+            ),
+            Ok(())
+        );
+        assert_eq!(permit_all::<&str>(&[], c, utc(2026, 5, 6, 6, 0)), Ok(()));
+    }
+
+    #[test]
+    fn calendars_whose_windows_never_meet_hold_with_no_time_and_a_later_recheck() {
+        let night = Calendar::new(vec![Window::parse("0 1 * * *", "1h", "UTC", &[]).unwrap()]);
+        let day = Calendar::new(vec![Window::parse("0 13 * * *", "1h", "UTC", &[]).unwrap()]);
+        let t = utc(2026, 5, 5, 12, 0);
+        let hold = permit_all(
+            &[("night", &night), ("day", &day)],
+            VoluntaryReason::Drain,
+            t,
+        )
+        .unwrap_err();
+        assert_eq!(hold.by, vec!["night", "day"]);
+        assert_eq!(hold.until, None);
+        assert!(hold.recheck > t + TimeDelta::days(7), "{}", hold.recheck);
+    }
+
     fn arb_window() -> impl Strategy<Value = Window> {
         let schedules = prop_oneof![
             Just("0 18 * * FRI"),
@@ -671,6 +803,46 @@ mod tests {
                         let mid = t + TimeDelta::seconds((span as f64 * p) as i64);
                         if mid < until {
                             prop_assert!(!cal.permit(reason, mid).allows(), "open at {mid} before {until}");
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Two calendars together: a move is admitted exactly when each calendar admits it;
+        /// a held answer names exactly the calendars that hold, and its `until` is a time both
+        /// admit with no such time between (probed).
+        #[test]
+        fn permit_all_is_each_calendar_admitting(
+            first in proptest::collection::vec(arb_window(), 0..3),
+            second in proptest::collection::vec(arb_window(), 0..3),
+            reason in arb_reason(),
+            start_min in 0i64..(2 * 365 * 24 * 60),
+            probes in proptest::collection::vec(0.0f64..1.0, 1..4),
+        ) {
+            let (a, b) = (Calendar::new(first), Calendar::new(second));
+            let t = utc(2026, 1, 1, 0, 0) + TimeDelta::minutes(start_min);
+            let both = |at| a.permit(reason, at).allows() && b.permit(reason, at).allows();
+            match permit_all(&[(0u8, &a), (1u8, &b)], reason, t) {
+                Ok(()) => prop_assert!(both(t)),
+                Err(hold) => {
+                    prop_assert!(!both(t));
+                    let expected: Vec<u8> = [(0u8, &a), (1u8, &b)]
+                        .iter()
+                        .filter(|(_, c)| !c.permit(reason, t).allows())
+                        .map(|(k, _)| *k)
+                        .collect();
+                    prop_assert_eq!(&hold.by, &expected);
+                    prop_assert!(hold.recheck > t);
+                    if let Some(until) = hold.until {
+                        prop_assert_eq!(until, hold.recheck);
+                        prop_assert!(both(until), "not admitted at {}", until);
+                        for p in probes {
+                            let span = (until - t).num_seconds();
+                            let mid = t + TimeDelta::seconds((span as f64 * p) as i64);
+                            if mid < until {
+                                prop_assert!(!both(mid), "admitted at {} before {}", mid, until);
+                            }
                         }
                     }
                 }

@@ -100,12 +100,17 @@ pub enum WaitReason<B> {
     GlobalLimit { running: usize, limit: usize },
     /// `node` takes part in `per_node` migrations already.
     NodeLimit { node: String, limit: usize },
-    /// The bundle's disruption windows hold moves for `reason` until `until` (decided by the
-    /// caller with [`crate::calendar`]; the queue itself never answers this).
+    /// Disruption windows hold moves for `reason` of the bundle's job: `held_by` are the
+    /// calendars closed now (the bundle's, the job's band's), `until` the first time all admit
+    /// it, or when to look again when `found` is false (they never opened together within the
+    /// look-ahead). Decided by the caller with [`crate::calendar::permit_all`]; the queue
+    /// itself never answers this.
     Window {
         bundle: B,
         reason: crate::vocab::VoluntaryReason,
         until: chrono::DateTime<chrono::Utc>,
+        held_by: Vec<crate::calendar::WindowSource>,
+        found: bool,
     },
 }
 

@@ -348,7 +348,7 @@ fn named_values(root: &Value, leaf: &Value) -> Vec<Value> {
 }
 
 /// A valid value other than `current` for a leaf: another named value, the other boolean, the
-/// next integer in range, a duration one unit longer, a namespace list.
+/// next integer in range, a duration one unit longer, a namespace list, a disruption window.
 fn another_value(root: &Value, leaf: &Value, current: &Value) -> Option<Value> {
     let named = named_values(root, leaf);
     if !named.is_empty() {
@@ -367,6 +367,10 @@ fn another_value(root: &Value, leaf: &Value, current: &Value) -> Option<Value> {
             let n: u64 = digits.parse().ok()?;
             Some(Value::from(format!("{}{unit}", n + 1)))
         }
+        // A list of disruption windows, or of namespaces.
+        Value::Array(_) if leaf["items"]["properties"]["schedule"].is_object() => Some(
+            serde_json::json!([{"schedule": "0 2 * * *", "duration": "3h", "timeZone": "Europe/Oslo"}]),
+        ),
         Value::Array(_) => Some(serde_json::json!(["video"])),
         _ => None,
     }
@@ -520,6 +524,22 @@ fn the_values_schema_refuses_bad_values_naming_them() {
             "a restart ceiling out of range",
             &["--set", "config.bands.gold.maxRestartsPerHour=0"],
             "/config/bands/gold/maxRestartsPerHour",
+        ),
+        (
+            "a band window for a reason that does not exist",
+            &[
+                "--set-json",
+                r#"config.bands.gold.disruptionWindows=[{"schedule":"0 2 * * *","duration":"2h","reasons":["recovery"]}]"#,
+            ],
+            "/config/bands/gold/disruptionWindows/0/reasons/0",
+        ),
+        (
+            "a band window without a schedule",
+            &[
+                "--set-json",
+                r#"config.bands.silver.disruptionWindows=[{"duration":"2h"}]"#,
+            ],
+            "/config/bands/silver/disruptionWindows/0",
         ),
         (
             "a URL that is not Manager's",

@@ -6,6 +6,7 @@ pub mod top;
 pub mod trace;
 pub mod validate;
 pub mod whatif;
+pub mod windows;
 
 /// A tree of labelled lines, drawn with box-drawing characters.
 #[derive(Debug, Clone, Default)]

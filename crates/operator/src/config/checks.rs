@@ -4,6 +4,8 @@
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 
+use automanager_policy::calendar::Recurrence;
+
 use super::{ConfigError, FileChecks, OperatorConfig, err};
 
 /// A check of one string: its error message and, maybe, a suggested spelling.
@@ -63,6 +65,30 @@ pub(crate) fn file_path(s: &str) -> Result<(), (String, Option<String>)> {
         return Err(plain("must not be empty"));
     }
     Ok(())
+}
+
+/// The fields of a disruption window, each read by the calendar the operator applies, with a
+/// fixed value for the other two.
+pub(crate) fn cron_schedule(s: &str) -> Result<(), (String, Option<String>)> {
+    Recurrence::parse(s, "1h", "UTC")
+        .map(drop)
+        .map_err(|e| plain(e.to_string()))
+}
+
+pub(crate) fn window_duration(s: &str) -> Result<(), (String, Option<String>)> {
+    Recurrence::parse("@daily", s, "UTC")
+        .map(drop)
+        .map_err(|e| {
+            plain(format!(
+                "{e} (a Go duration such as 2h or 5h30m, 1m to 744h)"
+            ))
+        })
+}
+
+pub(crate) fn time_zone(s: &str) -> Result<(), (String, Option<String>)> {
+    Recurrence::parse("@daily", "1h", s)
+        .map(drop)
+        .map_err(|e| plain(e.to_string()))
 }
 
 pub(crate) fn manager_url(s: &str) -> Result<(), (String, Option<String>)> {

@@ -28,6 +28,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use automanager_api::{BandOverrides, BandPolicy, OnFailure, PriorityBand, RestartPlacement};
+use automanager_policy::calendar::{Calendar, Window, WindowError};
+use automanager_policy::vocab::VoluntaryReason;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -213,8 +215,58 @@ impl Default for ManagerConfig {
     }
 }
 
-/// One band's failure policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// A band's disruption window: when voluntary moves of the band's jobs may happen, written as
+/// a Bundle's `spec.disruption.windows[]` is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BandWindow {
+    /// A five-field cron pattern (minute hour day-of-month month day-of-week, e.g.
+    /// `0 2 * * SAT`) or `@daily`, `@weekly`, ...; each match opens the window.
+    #[schemars(length(min = 1, max = 128), extend("format" = "cron-schedule"))]
+    pub schedule: String,
+    /// How long each window lasts: elapsed time, a Go duration such as `2h` or `5h30m`, 1m to
+    /// 744h.
+    #[schemars(length(min = 1, max = 32), extend("format" = "window-duration"))]
+    pub duration: String,
+    /// The IANA time zone the pattern is read in, e.g. `Europe/Oslo`.
+    #[serde(default = "utc_zone")]
+    #[schemars(length(min = 1, max = 64), extend("format" = "time-zone"))]
+    pub time_zone: String,
+    /// The voluntary reasons this window admits (`drain`, `consolidation`, `rebalance`,
+    /// `spareRotation`), each once; none listed: all of them. A reason no window names is not
+    /// held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4), extend("uniqueItems" = true))]
+    pub reasons: Vec<VoluntaryReason>,
+}
+
+fn utc_zone() -> String {
+    "UTC".to_owned()
+}
+
+impl BandWindow {
+    /// The window as the calendar reads it.
+    pub fn to_policy(&self) -> Result<Window, WindowError> {
+        Window::parse(
+            &self.schedule,
+            &self.duration,
+            &self.time_zone,
+            &self.reasons,
+        )
+    }
+}
+
+/// The calendar of a band's windows; the first that cannot be read is the error.
+pub fn band_calendar(windows: &[BandWindow]) -> Result<Calendar, WindowError> {
+    windows
+        .iter()
+        .map(BandWindow::to_policy)
+        .collect::<Result<Vec<_>, _>>()
+        .map(Calendar::new)
+}
+
+/// One band's failure policy and disruption windows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BandConfig {
     /// `restart` or `drop`.
@@ -230,6 +282,9 @@ pub struct BandConfig {
     /// Whether a recovery of this band that finds no capacity and no spare may stop bronze jobs
     /// on one node to make room (preemption). Never true for bronze.
     pub preempt: bool,
+    /// When voluntary moves of the band's jobs may happen (empty: at any time, as far as the
+    /// band is concerned); a Bundle's own windows apply as well.
+    pub disruption_windows: Vec<BandWindow>,
 }
 
 /// One band in the file; a key left out takes that band's default.
@@ -260,6 +315,14 @@ struct BandFile {
     /// must be a decision the fleet's owner makes. Bronze cannot preempt. Not overridden by a
     /// Bundle.
     preempt: Option<bool>,
+    /// When voluntary moves (drains, consolidation, rebalance, spare rotation) of this band's
+    /// jobs may happen, written as a Bundle's `spec.disruption.windows`: each a `schedule`
+    /// (cron), a `duration` (1m to 744h), a `timeZone` (default `UTC`) and the `reasons` it
+    /// admits (none: all). Empty: at any time. A move is made only when both the band's
+    /// windows and its Bundle's own admit it; recovery from a failure and moves ahead of a
+    /// reclaim notice are never held. Not overridden by a Bundle.
+    #[schemars(length(max = 16))]
+    disruption_windows: Option<Vec<BandWindow>>,
 }
 
 impl BandFile {
@@ -272,6 +335,7 @@ impl BandFile {
                 .unwrap_or(base.max_restarts_per_hour),
             restart_clear_after: self.restart_clear_after.unwrap_or(base.restart_clear_after),
             preempt: self.preempt.unwrap_or(base.preempt),
+            disruption_windows: self.disruption_windows.unwrap_or(base.disruption_windows),
         }
     }
 }
@@ -302,7 +366,7 @@ impl From<BandsFile> for BandsConfig {
 }
 
 /// The band defaults (a bundle's `spec.bands` overrides them per field).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(from = "BandsFile")]
 pub struct BandsConfig {
     /// Default: restart, preferHotSpare, 6, 10 minutes.
@@ -335,6 +399,7 @@ impl Default for BandsConfig {
             max_restarts_per_hour: 6,
             restart_clear_after: RESTART_CLEAR_AFTER,
             preempt: false,
+            disruption_windows: Vec::new(),
         };
         BandsConfig {
             gold: band(OnFailure::Restart, RestartPlacement::PreferHotSpare),
@@ -346,11 +411,11 @@ impl Default for BandsConfig {
 
 impl BandsConfig {
     /// The configured defaults of `band`.
-    pub fn get(&self, band: PriorityBand) -> BandConfig {
+    pub fn get(&self, band: PriorityBand) -> &BandConfig {
         match band {
-            PriorityBand::Gold => self.gold,
-            PriorityBand::Silver => self.silver,
-            PriorityBand::Bronze => self.bronze,
+            PriorityBand::Gold => &self.gold,
+            PriorityBand::Silver => &self.silver,
+            PriorityBand::Bronze => &self.bronze,
         }
     }
 
@@ -365,7 +430,7 @@ impl BandsConfig {
             PriorityBand::Bronze => o.bronze.as_ref(),
         });
         let Some(p) = policy else {
-            return base;
+            return base.clone();
         };
         BandConfig {
             on_failure: p.on_failure.unwrap_or(base.on_failure),
@@ -377,6 +442,7 @@ impl BandsConfig {
                 }),
             restart_clear_after: base.restart_clear_after,
             preempt: base.preempt,
+            disruption_windows: base.disruption_windows.clone(),
         }
     }
 }

@@ -178,6 +178,17 @@ pub(crate) const FORMATS: &[(&str, &str, checks::Check)] = &[
     ("ip-and-port", "an IP address and port", checks::ip_and_port),
     ("manager-url", "`http(s)://host:port`", checks::manager_url),
     ("file-path", "a file path", checks::file_path),
+    (
+        "cron-schedule",
+        "a five-field cron pattern or `@daily`, `@weekly`, ...",
+        checks::cron_schedule,
+    ),
+    (
+        "window-duration",
+        "a Go duration, 1m to 744h",
+        checks::window_duration,
+    ),
+    ("time-zone", "an IANA time zone name", checks::time_zone),
 ];
 
 /// `extend("format" = ..)` on a field; the same string in [`FORMATS`].
@@ -516,10 +527,18 @@ pub(crate) fn suggest<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
 }
 
 /// Drops the value a problem is about, so the rest can still be read and checked: the key
-/// itself, or the whole list an item belongs to. A problem with the document as a whole leaves
-/// an empty mapping.
+/// itself, or the whole list an item belongs to (a list item's key too: an item missing a
+/// required key could not be read). A problem with the document as a whole leaves an empty
+/// mapping.
 pub(crate) fn drop_at(doc: &mut Value, at: &[Step]) {
-    let Some(cut) = at.iter().rposition(|s| matches!(s, Step::Key(_))) else {
+    let before_list = at
+        .iter()
+        .position(|s| matches!(s, Step::Index(_)))
+        .unwrap_or(at.len());
+    let Some(cut) = at[..before_list]
+        .iter()
+        .rposition(|s| matches!(s, Step::Key(_)))
+    else {
         *doc = Value::Object(Map::new());
         return;
     };
@@ -638,6 +657,12 @@ mod tests {
         let mut doc = serde_json::json!({"a": {"b": 1, "c": 2}, "l": ["x", 3]});
         drop_at(&mut doc, &[Step::Key("a".into()), Step::Key("b".into())]);
         drop_at(&mut doc, &[Step::Key("l".into()), Step::Index(1)]);
+        let mut windows = serde_json::json!({"w": [{"s": 1}], "k": 2});
+        drop_at(
+            &mut windows,
+            &[Step::Key("w".into()), Step::Index(0), Step::Key("s".into())],
+        );
+        assert_eq!(windows, serde_json::json!({"k": 2}));
         drop_at(
             &mut doc,
             &[Step::Key("missing".into()), Step::Key("x".into())],

@@ -50,6 +50,7 @@ fn a_minimal_file_takes_every_default() {
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
             preempt: false,
+            disruption_windows: Vec::new(),
         }
     );
     assert_eq!(
@@ -60,6 +61,7 @@ fn a_minimal_file_takes_every_default() {
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
             preempt: false,
+            disruption_windows: Vec::new(),
         }
     );
     assert_eq!(c.bands.bronze.on_failure, OnFailure::Drop);
@@ -394,6 +396,131 @@ fn watch_deadlines_are_bounded_and_the_idle_timeout_outlasts_the_heartbeat() {
     ok(&format!(
         "{URL}  heartbeatInterval: 20s\n  idleTimeout: 1m\n"
     ));
+}
+
+#[test]
+fn band_disruption_windows_read_as_a_bundles_and_default_to_none() {
+    assert!(ok(URL).bands.gold.disruption_windows.is_empty());
+    let c = ok(&format!(
+        "{URL}bands:\n  silver:\n    disruptionWindows:\n      - {{ schedule: '0 2 * * SAT', duration: 5h30m, timeZone: Europe/Oslo, reasons: [consolidation, drain] }}\n      - {{ schedule: '@daily', duration: 1m }}\n"
+    ));
+    let w = &c.bands.silver.disruption_windows;
+    assert_eq!(w.len(), 2);
+    assert_eq!(
+        w[0],
+        BandWindow {
+            schedule: "0 2 * * SAT".into(),
+            duration: "5h30m".into(),
+            time_zone: "Europe/Oslo".into(),
+            reasons: vec![VoluntaryReason::Consolidation, VoluntaryReason::Drain],
+        }
+    );
+    assert_eq!(w[1].time_zone, "UTC");
+    let cal = band_calendar(w).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cal.windows().len(), 2);
+    assert!(c.bands.gold.disruption_windows.is_empty());
+    // The settings written back read the same (what `validate` and the flags go through).
+    assert!(c.validate().is_empty(), "{:?}", c.validate());
+}
+
+#[test]
+fn a_bad_band_window_is_refused_at_its_key_path() {
+    let at = |window: &str| {
+        errors(&format!(
+            "{URL}bands: {{ gold: {{ disruptionWindows: [ {window} ] }} }}\n"
+        ))
+    };
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "{ schedule: '0 2 * *', duration: 2h }",
+            "bands.gold.disruptionWindows[0].schedule",
+            "is not a five-field cron pattern",
+        ),
+        (
+            "{ schedule: '0 0 31 2 *', duration: 2h }",
+            "bands.gold.disruptionWindows[0].schedule",
+            "never matches",
+        ),
+        (
+            "{ schedule: '@daily', duration: 2h, timeZone: Europe/Olso }",
+            "bands.gold.disruptionWindows[0].timeZone",
+            "is not an IANA time zone name",
+        ),
+        (
+            "{ schedule: '@daily', duration: 30s }",
+            "bands.gold.disruptionWindows[0].duration",
+            "shorter than the 1m minimum",
+        ),
+        (
+            "{ schedule: '@daily', duration: 745h }",
+            "bands.gold.disruptionWindows[0].duration",
+            "longer than 31 days (744h)",
+        ),
+        (
+            "{ schedule: '@daily', duration: 1d }",
+            "bands.gold.disruptionWindows[0].duration",
+            "a Go duration such as 2h",
+        ),
+        (
+            "{ schedule: '@daily', duration: 2h, reasons: [drian] }",
+            "bands.gold.disruptionWindows[0].reasons[0]",
+            "must be one of drain, consolidation, rebalance, spareRotation, not `drian`",
+        ),
+        (
+            "{ schedule: '@daily', duration: 2h, reasons: [drain, rebalance, drain] }",
+            "bands.gold.disruptionWindows[0].reasons[2]",
+            "`drain` is listed twice",
+        ),
+        (
+            "{ duration: 2h }",
+            "bands.gold.disruptionWindows[0].schedule",
+            "is required",
+        ),
+        (
+            "{ schedule: '@daily', duration: 2h, timezone: UTC }",
+            "bands.gold.disruptionWindows[0].timezone",
+            "unknown key",
+        ),
+    ];
+    for (window, path, want) in cases {
+        let e = at(window);
+        let found = error_at(&e, path);
+        assert!(
+            found.message.contains(want),
+            "{window}: {path}: {}",
+            found.message
+        );
+    }
+    assert_eq!(
+        error_at(
+            &at("{ schedule: '@daily', duration: 2h, reasons: [spareRotaton] }"),
+            "bands.gold.disruptionWindows[0].reasons[0]"
+        )
+        .suggestion
+        .as_deref(),
+        Some("spareRotation")
+    );
+    assert_eq!(
+        error_at(
+            &at("{ schedule: '@daily', duration: 2h, timezone: UTC }"),
+            "bands.gold.disruptionWindows[0].timezone"
+        )
+        .suggestion
+        .as_deref(),
+        Some("timeZone")
+    );
+    // A bad window does not hide the other problems of the file.
+    let e = errors(&format!(
+        "{URL}bands: {{ gold: {{ maxRestartsPerHour: 0, disruptionWindows: [ {{ schedule: nope, duration: 2h }} ] }}, bronze: {{ preempt: true }} }}\n"
+    ));
+    assert!(e.has("bands.gold.maxRestartsPerHour"), "{e}");
+    assert!(e.has("bands.gold.disruptionWindows[0].schedule"), "{e}");
+    assert!(e.has("bands.bronze.preempt"), "{e}");
+    let many = (0..17)
+        .map(|_| "{ schedule: '@daily', duration: 2h }")
+        .collect::<Vec<_>>()
+        .join(", ");
+    assert!(at(&many).has("bands.gold.disruptionWindows"));
 }
 
 #[test]

@@ -12,11 +12,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use automanager_api::{self as api, Bundle, Migration, MigrationPhase};
-use automanager_policy::calendar::Calendar;
+use automanager_policy::calendar::{Calendar, WindowSource, permit_all};
 use automanager_policy::disruption::{self, DEFAULT_MAX_UNAVAILABLE, Ledger, ReplicaStanding};
 use automanager_policy::migration::is_terminal;
 use automanager_policy::migration_queue::{self as queue, Admission, Purpose, WaitReason};
-use automanager_policy::vocab::VoluntaryReason;
+use automanager_policy::vocab::{PriorityBand, VoluntaryReason};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -25,6 +25,7 @@ use manager_proto as proto;
 
 use super::{Context, Error};
 use crate::mapping;
+use crate::settings::BandCalendars;
 use crate::state::{AdmittedMigration, OperatorState};
 
 /// What a bundle's budget needs: its replicas, budget and job names.
@@ -33,6 +34,8 @@ struct BundleFacts {
     replicas: u32,
     max_unavailable: u32,
     jobs: Vec<String>,
+    /// Each job's band, whose windows (the operator's settings) a move of it answers to too.
+    bands: HashMap<String, PriorityBand>,
     /// Its disruption windows (empty when it declares none, or when they cannot be read: the
     /// Bundle's own pass says why).
     calendar: Calendar,
@@ -48,6 +51,12 @@ fn facts(b: &Bundle) -> BundleFacts {
             .max_unavailable_replicas()
             .unwrap_or(DEFAULT_MAX_UNAVAILABLE),
         jobs: b.spec.jobs.iter().map(|j| j.job_name.clone()).collect(),
+        bands: b
+            .spec
+            .jobs
+            .iter()
+            .map(|j| (j.job_name.clone(), j.requirements.priority_band))
+            .collect(),
         calendar: b.spec.disruption_calendar().unwrap_or_else(|e| {
             tracing::warn!(bundle = %b.name_any(), error = %e, "disruption windows cannot be read: not applied");
             Calendar::default()
@@ -184,18 +193,28 @@ impl Fleet {
         out
     }
 
-    /// Until when `bundle_id`'s disruption windows hold a voluntary move for `reason` at `now`,
-    /// if they do.
+    /// Whether the disruption windows of `bundle_id` and of its job `job`'s band hold a
+    /// voluntary move for `reason` at `now`, and until when. A bundle not known holds nothing.
     fn window_hold(
         &self,
+        bands: &BandCalendars,
         bundle_id: &str,
+        job: &str,
         reason: VoluntaryReason,
         now: DateTime<Utc>,
-    ) -> Option<DateTime<Utc>> {
-        self.bundles
-            .get(bundle_id)
-            .and_then(Option::as_ref)
-            .and_then(|f| f.calendar.permit(reason, now).held_until())
+    ) -> Option<WindowHold> {
+        let f = self.bundles.get(bundle_id)?.as_ref()?;
+        let mut calendars = vec![(WindowSource::Bundle, &f.calendar)];
+        if let Some(band) = f.bands.get(job) {
+            calendars.push((WindowSource::Band(*band), bands.get(*band)));
+        }
+        permit_all(&calendars, reason, now)
+            .err()
+            .map(|h| WindowHold {
+                until: h.until.unwrap_or(h.recheck),
+                found: h.until.is_some(),
+                held_by: h.by,
+            })
     }
 
     /// Every known bundle's replicas as the budget sees them now.
@@ -233,6 +252,17 @@ impl Fleet {
         }
         ledger
     }
+}
+
+/// A voluntary move the disruption windows hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WindowHold {
+    /// The first time every calendar admits the move, or when to look again (`found` false).
+    until: DateTime<Utc>,
+    /// The calendars closed now.
+    held_by: Vec<WindowSource>,
+    /// Whether the calendars open together within the look-ahead.
+    found: bool,
 }
 
 /// Every budget the given bundles (and the Migrations in flight) have now, as one ledger: what
@@ -288,7 +318,13 @@ pub(crate) fn decide_migration(
     };
     let bundle_id = bundle_id_of(mig);
     if let Some(reason) = governed
-        && let Some(until) = fleet.window_hold(&bundle_id, reason, now)
+        && let Some(hold) = fleet.window_hold(
+            &ctx.settings.band_calendars,
+            &bundle_id,
+            &mig.spec.job.job_name,
+            reason,
+            now,
+        )
         && !fleet.running(&ctx.state()).contains_key(&me)
     {
         return (
@@ -297,7 +333,9 @@ pub(crate) fn decide_migration(
                 reason: WaitReason::Window {
                     bundle: bundle_id,
                     reason,
-                    until,
+                    until: hold.until,
+                    held_by: hold.held_by,
+                    found: hold.found,
                 },
             },
             0,
@@ -437,18 +475,66 @@ pub(crate) fn describe_wait(
             bundle,
             reason,
             until,
+            held_by,
+            found,
         } => {
             let shown = shown_bundle(bundle);
+            let hold = WindowHold {
+                until: *until,
+                held_by: held_by.clone(),
+                found: *found,
+            };
             (
                 "DisruptionWindow",
-                format!(
-                    "waiting until {}: Bundle {shown}'s disruption windows hold {} moves until then (disruption.windows)",
-                    until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                    reason.as_str()
-                ),
+                window_message(&shown, *reason, &hold),
                 Some(shown),
             )
         }
+    }
+}
+
+/// The words for a move the windows hold: until when, for which reason, and whose windows
+/// (the bundle's, its job's band's in the operator's settings, or both).
+fn window_message(shown: &str, reason: VoluntaryReason, hold: &WindowHold) -> String {
+    let reason = reason.as_str();
+    let band_of = |b: &PriorityBand| {
+        let b = b.as_str();
+        format!(
+            "the {b} band's disruption windows (bands.{b}.disruptionWindows in the operator's settings)"
+        )
+    };
+    let (who, what) = match hold.held_by.as_slice() {
+        [WindowSource::Band(b)] => (
+            band_of(b),
+            format!("{reason} moves of Bundle {shown}'s {} jobs", b.as_str()),
+        ),
+        [WindowSource::Bundle, WindowSource::Band(b)] => (
+            format!(
+                "Bundle {shown}'s disruption windows (disruption.windows) and {}",
+                band_of(b)
+            ),
+            format!("{reason} moves"),
+        ),
+        _ => (
+            format!("Bundle {shown}'s disruption windows"),
+            format!("{reason} moves"),
+        ),
+    };
+    let at = hold
+        .until
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let shown_where = if hold.held_by.as_slice() == [WindowSource::Bundle] {
+        " (disruption.windows)"
+    } else {
+        ""
+    };
+    if hold.found {
+        format!("waiting until {at}: {who} hold {what} until then{shown_where}")
+    } else {
+        format!(
+            "waiting: {who} hold {what}, and the bundle's and the band's windows do not open together within their next {} openings; looked at again at {at}{shown_where}",
+            automanager_policy::calendar::JOINT_LOOKAHEAD
+        )
     }
 }
 
@@ -504,33 +590,38 @@ pub(crate) async fn allow_node_terminate(
     node_id: &str,
     reason: VoluntaryReason,
 ) -> Result<Result<(), String>, Error> {
-    let on_node: Vec<String> = ctx.manager.mirror().read(|m| {
+    // Each job on the node: its bundle and its name (its band's windows apply to it).
+    let on_node: Vec<(String, String)> = ctx.manager.mirror().read(|m| {
         m.jobs_on(node_id)
             .filter(|j| {
                 j.instances
                     .iter()
                     .any(|i| i.node_id == node_id && i.holds_capacity())
             })
-            .map(|j| j.bundle_id.clone())
+            .map(|j| (j.bundle_id.clone(), j.job_name.clone()))
             .collect()
     });
-    let fleet = Fleet::gather(ctx, &on_node).await?;
+    let bundles: Vec<String> = on_node.iter().map(|(b, _)| b.clone()).collect();
+    let fleet = Fleet::gather(ctx, &bundles).await?;
     let now = ctx.clock.now();
     Ok(ctx.with_mirror(|mirror, state| {
         if state.disruptions().is_terminating(node_id) {
             return Ok(());
         }
-        let mut held: Vec<(&String, DateTime<Utc>)> = on_node
+        let mut held: Vec<(&String, WindowHold)> = on_node
             .iter()
-            .filter_map(|b| fleet.window_hold(b, reason, now).map(|u| (b, u)))
+            .filter_map(|(b, job)| {
+                fleet
+                    .window_hold(&ctx.settings.band_calendars, b, job, reason, now)
+                    .map(|h| (b, h))
+            })
             .collect();
-        held.sort_by_key(|(_, u)| std::cmp::Reverse(*u));
-        if let Some((bundle, until)) = held.first() {
+        // The hold that lasts longest is the one the node waits for.
+        held.sort_by_key(|(_, h)| std::cmp::Reverse(h.until));
+        if let Some((bundle, hold)) = held.first() {
             return Err(format!(
-                "waiting until {}: Bundle {}'s disruption windows hold {} moves until then; terminating node {node_id} would move its jobs",
-                until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                shown_bundle(bundle),
-                reason.as_str()
+                "{}; terminating node {node_id} would move its jobs",
+                window_message(&shown_bundle(bundle), reason, hold)
             ));
         }
         let running = fleet.running(state);
@@ -579,6 +670,8 @@ mod tests {
                 bundle: "live.news".into(),
                 reason: VoluntaryReason::Consolidation,
                 until,
+                held_by: vec![WindowSource::Bundle],
+                found: true,
             },
             0,
         );
@@ -588,6 +681,48 @@ mod tests {
             "waiting until 2026-03-07T02:00:00Z: Bundle live/news's disruption windows hold consolidation moves until then (disruption.windows)"
         );
         assert_eq!(bundle.as_deref(), Some("live/news"));
+    }
+
+    #[test]
+    fn a_window_wait_names_the_band_calendar_when_the_band_holds() {
+        let until = DateTime::parse_from_rfc3339("2026-03-07T02:00:00Z")
+            .map(|t| t.to_utc())
+            .unwrap_or_default();
+        let band = |held_by: Vec<WindowSource>, found: bool| {
+            describe_wait(
+                1,
+                &WaitReason::Window {
+                    bundle: "live.news".into(),
+                    reason: VoluntaryReason::Drain,
+                    until,
+                    held_by,
+                    found,
+                },
+                0,
+            )
+            .1
+        };
+        assert_eq!(
+            band(vec![WindowSource::Band(PriorityBand::Silver)], true),
+            "waiting until 2026-03-07T02:00:00Z: the silver band's disruption windows (bands.silver.disruptionWindows in the operator's settings) hold drain moves of Bundle live/news's silver jobs until then"
+        );
+        assert_eq!(
+            band(
+                vec![WindowSource::Bundle, WindowSource::Band(PriorityBand::Gold)],
+                true
+            ),
+            "waiting until 2026-03-07T02:00:00Z: Bundle live/news's disruption windows (disruption.windows) and the gold band's disruption windows (bands.gold.disruptionWindows in the operator's settings) hold drain moves until then"
+        );
+        let never = band(
+            vec![WindowSource::Bundle, WindowSource::Band(PriorityBand::Gold)],
+            false,
+        );
+        assert!(never.starts_with("waiting: "), "{never}");
+        assert!(never.contains("do not open together"), "{never}");
+        assert!(
+            never.contains("looked at again at 2026-03-07T02:00:00Z"),
+            "{never}"
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ const BUNDLES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundl
 
 impl Tier {
     /// Bundle `live/name`: one replica of `band` jobs `enc` and `pkg` (co-located) on onprem.
-    fn pair_bundle(&self, name: &str, band: PriorityBand) {
+    pub(crate) fn pair_bundle(&self, name: &str, band: PriorityBand) {
         let mut b = Bundle::new(
             name,
             serde_json::from_value(serde_json::json!({
@@ -47,7 +47,7 @@ impl Tier {
 
     /// Kills the node replica 0 of `name` runs on and waits until the mirror shows its jobs
     /// failed; answers the node.
-    async fn lose_node_of(&self, name: &str) -> String {
+    pub(crate) async fn lose_node_of(&self, name: &str) -> String {
         let node = self.node_of(name);
         self._sim
             .with_world(|w, now| w.kill_node(&node, now))
@@ -73,7 +73,7 @@ impl Tier {
         });
     }
 
-    async fn running(&self, name: &str) {
+    pub(crate) async fn running(&self, name: &str) {
         let id = mapping::bundle_id("live", name);
         self.until_mirror("the bundle's jobs run", |m| {
             m.jobs_of_bundle(&id)

@@ -19,7 +19,7 @@ const MIGRATIONS: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/mi
 impl Tier {
     /// Bundle `live/name`: `replicas` of one silver job declaring `strategy`, on onprem, placed
     /// and running.
-    async fn running_bundle_moving_by(&self, name: &str, replicas: i32, strategy: &str) {
+    pub(crate) async fn running_bundle_moving_by(&self, name: &str, replicas: i32, strategy: &str) {
         let mut b = Bundle::new(
             name,
             serde_json::from_value(serde_json::json!({

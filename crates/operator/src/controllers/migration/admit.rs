@@ -212,10 +212,11 @@ pub(super) async fn queue(
         now,
     );
     // Once per wait (and again when the blocking bundle changes), not on every poll.
+    // A budget's message names the bundle as `Bundle ns/name `, a window's as `Bundle ns/name's`.
     let blocked_by = |m: &str| {
-        blocking
-            .as_ref()
-            .is_some_and(|b| m.contains(&format!("Bundle {b} ")))
+        blocking.as_ref().is_some_and(|b| {
+            m.contains(&format!("Bundle {b} ")) || m.contains(&format!("Bundle {b}'s "))
+        })
     };
     let new_wait = match &was {
         None => true,
