@@ -101,7 +101,7 @@ pub fn placement_request(ask: &Ask<'_>) -> pl::PlacementRequest {
             .jobs
             .iter()
             .filter(|j| ask.jobs.contains(&j.job_name))
-            .cloned()
+            .map(|j| without_dropped(j, ask.needs))
             .collect(),
         pools: ask.bundle.pools_for_replica(ask.replica).to_vec(),
         kind: if ask.recovery {
@@ -114,6 +114,18 @@ pub fn placement_request(ask: &Ask<'_>) -> pl::PlacementRequest {
         other_replicas,
         placed_siblings,
     }
+}
+
+/// `job` without its `coLocateWith` and `separateFrom` entries naming a job its band dropped:
+/// a job that stays down binds nothing, and the engine refuses a rule naming a job that is
+/// neither placed now nor running (a silver `pkg` co-located with a dropped bronze `enc` would
+/// never be restarted).
+fn without_dropped(job: &pl::JobSpec, needs: &BTreeMap<String, Need>) -> pl::JobSpec {
+    let mut job = job.clone();
+    let dropped = |name: &String| needs.get(name) == Some(&Need::Dropped);
+    job.co_locate_with.retain(|t| !dropped(t));
+    job.separate_from.retain(|t| !dropped(t));
+    job
 }
 
 /// What the pass recorded, for whether its write waits and when it looks again.
@@ -273,6 +285,33 @@ mod tests {
             ["n9", "n1", "n5"],
             "decided, running, a start in flight"
         );
+    }
+
+    #[test]
+    fn rules_naming_a_dropped_job_are_left_out_and_the_others_kept() {
+        let mut b = bundle(1);
+        b.jobs
+            .push(pl::JobSpec::new("thumb", 1.0, 1, pl::PriorityBand::Gold));
+        b.jobs[1].co_locate_with = vec!["enc".into(), "thumb".into()];
+        b.jobs[1].separate_from = vec!["enc".into()];
+        let needs: BTreeMap<String, Need> = [
+            ("enc".into(), Need::Dropped),
+            ("pkg".into(), Need::Recover),
+            ("thumb".into(), Need::Recover),
+        ]
+        .into();
+        let r = placement_request(&Ask {
+            bundle: &b,
+            replica: 0,
+            jobs: &["pkg".to_owned(), "thumb".to_owned()],
+            recovery: true,
+            needs: &needs,
+            seen: &[],
+            decided_elsewhere: &[],
+        });
+        assert_eq!(r.jobs[0].job_name, "pkg");
+        assert_eq!(r.jobs[0].co_locate_with, ["thumb"]);
+        assert!(r.jobs[0].separate_from.is_empty());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The Bundle pass's outcomes beyond a first placement: a refused start, Manager unreachable,
-//! a bronze job dropped, the restart ceiling and the retry, restart counts clearing on the
+//! a bronze job dropped (and a silver one co-located with it restarted), the restart ceiling and the retry, restart counts clearing on the
 //! clock, deletion, a status write refused as invalid.
 
 use std::time::Duration;
@@ -320,4 +320,50 @@ async fn a_status_write_refused_as_invalid_is_the_passs_error_and_the_next_pass_
         2,
         "the jobs started once: the next pass found them running"
     );
+}
+
+/// A silver job co-located with a bronze one whose node is lost: the bronze job is dropped, and
+/// the silver one is restarted.
+#[tokio::test]
+async fn a_silver_job_colocated_with_a_dropped_bronze_job_is_restarted() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    let mut b = Bundle::new(
+        "mixed",
+        serde_json::from_value(serde_json::json!({
+            "replicas": 1, "pools": ["onprem"],
+            "jobs": [
+                {"jobName": "enc", "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "bronze"}},
+                {"jobName": "pkg", "requirements": {"requiredCapacity": 1, "requiredCores": 1, "priorityBand": "silver"}, "coLocateWith": ["enc"]}
+            ],
+        }))
+        .unwrap(),
+    );
+    b.metadata.namespace = Some("live".into());
+    t.api.insert(&b);
+    t.bundle_pass("mixed").await.expect("the finalizer pass");
+    t.bundle_pass("mixed").await.expect("the placing pass");
+    t.running("mixed").await;
+    t.lose_node_of("mixed").await;
+
+    t.bundle_pass("mixed")
+        .await
+        .expect("the pass after the loss");
+    t.bundle_pass("mixed").await.expect("a second pass");
+
+    let starts = t.manager.calls_named("StartJob");
+    let jobs: Vec<(String, JobState)> = t.bundle_status("mixed").replicas[0]
+        .jobs
+        .iter()
+        .map(|j| (j.job_name.clone(), j.state))
+        .collect();
+    assert_eq!(starts.len(), 1, "{starts:?} {jobs:?}");
+    assert!(format!("{:?}", starts[0]).contains("/0/pkg"), "{starts:?}");
+    assert_eq!(jobs[0], ("enc".to_owned(), JobState::Dropped));
+    assert_ne!(jobs[1].1, JobState::Unplaceable, "{jobs:?}");
+    let id = mapping::bundle_id("live", "mixed");
+    t.until_mirror("pkg runs again", |m| {
+        m.jobs_of_bundle(&id)
+            .any(|j| j.job_name == "pkg" && j.state() == proto::JobState::Running)
+    })
+    .await;
 }
