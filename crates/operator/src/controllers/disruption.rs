@@ -300,50 +300,69 @@ pub(crate) fn decide_migration(
     mig: &Migration,
     source: &str,
 ) -> (Admission<String>, usize) {
-    let ns = mig.namespace().unwrap_or_default();
-    let me = key(&ns, &mig.name_any());
-    let now = ctx.clock.now();
-    // A drain's, consolidation's or rebalance's Migration waits for the bundle's window; a
-    // Migration a person created is not held.
+    let me = key(&mig.namespace().unwrap_or_default(), &mig.name_any());
+    if let Some(wait) = window_wait(ctx, fleet, mig, &me) {
+        return (wait, 0);
+    }
+    queue_answer(ctx, fleet, mig, source, &me)
+}
+
+/// A drain's, consolidation's or rebalance's Migration waits for its bundle's and band's
+/// windows; a Migration a person created is not held, nor one admitted already.
+fn window_wait(
+    ctx: &Context,
+    fleet: &Fleet,
+    mig: &Migration,
+    me: &String,
+) -> Option<Admission<String>> {
     let labels = mig.labels();
-    let governed = if labels.contains_key(api::DRAIN_NODE_LABEL) {
-        Some(VoluntaryReason::Drain)
+    let reason = if labels.contains_key(api::DRAIN_NODE_LABEL) {
+        VoluntaryReason::Drain
     } else {
         match labels.get(api::PURPOSE_LABEL).map(String::as_str) {
             Some(p @ ("rebalance" | "consolidation")) => {
-                Some(Purpose::from_label(Some(p)).voluntary_reason())
+                Purpose::from_label(Some(p)).voluntary_reason()
             }
-            _ => None,
+            _ => return None,
         }
     };
     let bundle_id = bundle_id_of(mig);
-    if let Some(reason) = governed
-        && let Some(hold) = fleet.window_hold(
-            &ctx.settings.band_calendars,
-            &bundle_id,
-            &mig.spec.job.job_name,
-            reason,
-            now,
-        )
-        && !fleet.running(&ctx.state()).contains_key(&me)
-    {
-        return (
-            Admission::Wait {
-                position: 1,
-                reason: WaitReason::Window {
-                    bundle: bundle_id,
-                    reason,
-                    until: hold.until,
-                    held_by: hold.held_by,
-                    found: hold.found,
-                },
-            },
-            0,
-        );
+    let hold = fleet.window_hold(
+        &ctx.settings.band_calendars,
+        &bundle_id,
+        &mig.spec.job.job_name,
+        reason,
+        ctx.clock.now(),
+    )?;
+    if fleet.running(&ctx.state()).contains_key(me) {
+        return None;
     }
+    Some(Admission::Wait {
+        position: 1,
+        reason: WaitReason::Window {
+            bundle: bundle_id,
+            reason,
+            until: hold.until,
+            held_by: hold.held_by,
+            found: hold.found,
+        },
+    })
+}
+
+/// The migration queue's answer for `mig` among every waiting Migration, and how many wait
+/// after this pass; a Migration that may begin is recorded as running before the lock is
+/// released.
+fn queue_answer(
+    ctx: &Context,
+    fleet: &Fleet,
+    mig: &Migration,
+    source: &str,
+    me: &String,
+) -> (Admission<String>, usize) {
+    let now = ctx.clock.now();
     ctx.with_mirror(|mirror, state| {
         let running = fleet.running(state);
-        if running.contains_key(&me) {
+        if running.contains_key(me) {
             // Admitted already (a status write that did not land): it keeps its slot.
             return (Admission::Begin, 0);
         }
@@ -359,7 +378,7 @@ pub(crate) fn decide_migration(
             .migrations
             .iter()
             .filter(|m| waits(m))
-            .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != me)
+            .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != *me)
             .map(|m| waiting_entry(mirror, m, None, now))
             .collect();
         waiting.push(waiting_entry(mirror, mig, Some(source), now));
@@ -370,7 +389,7 @@ pub(crate) fn decide_migration(
             .count();
         let mine = answers
             .into_iter()
-            .find(|(k, _)| *k == me)
+            .find(|(k, _)| k == me)
             .map(|(_, a)| a)
             .unwrap_or(Admission::Begin);
         if mine == Admission::Begin {
@@ -378,7 +397,10 @@ pub(crate) fn decide_migration(
             state.disruptions_mut().admit(
                 me.clone(),
                 AdmittedMigration {
-                    bundle_id: mapping::bundle_id(&ns, &job.bundle),
+                    bundle_id: mapping::bundle_id(
+                        &mig.namespace().unwrap_or_default(),
+                        &job.bundle,
+                    ),
                     replica: u32::try_from(job.replica).unwrap_or(0),
                     source_node: source.to_owned(),
                     target_node: mig.spec.target_node.clone(),

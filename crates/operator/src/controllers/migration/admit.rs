@@ -211,18 +211,7 @@ pub(super) async fn queue(
         generation,
         now,
     );
-    // Once per wait (and again when the blocking bundle changes), not on every poll.
-    // A budget's message names the bundle as `Bundle ns/name `, a window's as `Bundle ns/name's`.
-    let blocked_by = |m: &str| {
-        blocking.as_ref().is_some_and(|b| {
-            m.contains(&format!("Bundle {b} ")) || m.contains(&format!("Bundle {b}'s "))
-        })
-    };
-    let new_wait = match &was {
-        None => true,
-        Some((r, m)) => r != reason || (blocking.is_some() && !blocked_by(m)),
-    };
-    if new_wait {
+    if new_wait(was.as_ref(), reason, blocking.as_deref()) {
         if let Some(bundle) = &blocking {
             ctx.metrics.disruption_blocked("migration");
             ctx.event(
@@ -240,6 +229,22 @@ pub(super) async fn queue(
     }
     write_status(ctx, mig, &prev, status.clone()).await?;
     Ok(false)
+}
+
+/// Whether a wait is new and worth an Event: once per wait (and again when the blocking
+/// bundle changes), not on every poll. `was` is the `Queued` condition's reason and message
+/// when it was True. A budget's message names the bundle as `Bundle ns/name `, a window's as
+/// `Bundle ns/name's`.
+fn new_wait(was: Option<&(String, String)>, reason: &str, blocking: Option<&str>) -> bool {
+    let blocked_by = |m: &str| {
+        blocking.is_some_and(|b| {
+            m.contains(&format!("Bundle {b} ")) || m.contains(&format!("Bundle {b}'s "))
+        })
+    };
+    match was {
+        None => true,
+        Some((r, m)) => r != reason || (blocking.is_some() && !blocked_by(m)),
+    }
 }
 
 /// `now` stands in for a creation time the object does not have yet.
