@@ -9,13 +9,14 @@
 //! lasted as long as all those writes divided by the slots (2.9 s), while the StartJobs
 //! themselves took a few milliseconds.
 //!
-//! So while bundles that lost a job queue for a pass (the **backlog**, as many as the controller
-//! has slots or more), a pass does not wait for the jobs it started to run, and does not write
-//! its status: it starts what it must and is looked at again shortly, to write once the queue is
-//! gone. A status is put off for at most [`MAX_DEFER`], so failures that never stop cannot keep
-//! status from being written. A backlog smaller than the slots is no queue: those passes begin
-//! as soon as they are woken, and a single node's loss (a few bundles) keeps one pass per
-//! recovery, which waits for its starts and writes once.
+//! So while bundles that lost a job queue for a pass (the **backlog**: they wait, and with the
+//! passes running they are more than the controller's slots), a pass does not wait for the jobs
+//! it started to run, and does not write its status: it starts what it must and is looked at
+//! again shortly, to write once the queue is gone. A status is put off for at most
+//! [`MAX_DEFER`], so failures that never stop cannot keep status from being written. A backlog
+//! that finds free slots is no queue: those passes begin as soon as they are woken, and a single
+//! node's loss (a few bundles) keeps one pass per recovery, which waits for its starts and
+//! writes once.
 //!
 //! Pure: the caller passes the clock.
 
@@ -66,29 +67,39 @@ impl<K: Hash + Eq + Clone> Backlog<K> {
     }
 }
 
-/// Whether bundles that lost jobs queue for a pass: `backlog` of them wait and the controller
-/// runs `slots` passes at a time.
-pub fn queued(backlog: usize, slots: usize) -> bool {
-    backlog >= slots.max(1)
+/// How many bundles that lost jobs wait for a pass, how many passes run now (this one among
+/// them), and how many the controller runs at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slots {
+    pub backlog: usize,
+    pub running: usize,
+    pub slots: usize,
+}
+
+impl Slots {
+    /// Whether bundles that lost jobs queue for a pass: some wait, and with the passes running
+    /// they are more than the slots.
+    pub fn queued(self) -> bool {
+        self.backlog > 0 && self.backlog.saturating_add(self.running) > self.slots.max(1)
+    }
 }
 
 /// Whether a pass that started jobs waits for them to run before it records: not while others
 /// queue for a pass.
-pub fn settle_starts(backlog: usize, slots: usize) -> bool {
-    !queued(backlog, slots)
+pub fn settle_starts(slots: Slots) -> bool {
+    !slots.queued()
 }
 
 /// When a pass writes the status it decided: `None` now, `Some(after)` to be looked at again
 /// after that instead, while bundles queue for a pass and the write was first put off less than
 /// [`MAX_DEFER`] ago (`deferred_since`).
 pub fn defer_status(
-    backlog: usize,
-    slots: usize,
+    slots: Slots,
     deferred_since: Option<Instant>,
     now: Instant,
 ) -> Option<Duration> {
     let put_off = deferred_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-    (queued(backlog, slots) && put_off < MAX_DEFER).then_some(RECHECK)
+    (slots.queued() && put_off < MAX_DEFER).then_some(RECHECK)
 }
 
 #[cfg(test)]
@@ -109,28 +120,52 @@ mod tests {
         assert_eq!(b.waiting(t + FORGET_AFTER), 0, "a pass that never came");
     }
 
-    #[test]
-    fn the_status_waits_for_the_backlog_but_not_forever() {
-        let t = Instant::now();
-        assert_eq!(defer_status(0, 2, None, t), None);
-        assert_eq!(defer_status(3, 2, None, t), Some(RECHECK));
-        assert_eq!(
-            defer_status(3, 2, Some(t), t + MAX_DEFER - Duration::from_millis(1)),
-            Some(RECHECK)
-        );
-        assert_eq!(defer_status(3, 2, Some(t), t + MAX_DEFER), None);
-        assert!(settle_starts(0, 2));
-        assert!(!settle_starts(3, 2));
+    fn q(backlog: usize, running: usize, slots: usize) -> Slots {
+        Slots {
+            backlog,
+            running,
+            slots,
+        }
     }
 
     #[test]
-    fn a_backlog_smaller_than_the_slots_is_no_queue() {
+    fn the_status_waits_for_the_backlog_but_not_forever() {
         let t = Instant::now();
-        assert_eq!(defer_status(9, 32, None, t), None, "a node's few bundles");
-        assert!(settle_starts(9, 32));
-        assert_eq!(defer_status(334, 32, None, t), Some(RECHECK), "a zone's");
-        assert!(!settle_starts(32, 32));
-        assert!(queued(1, 0), "no slots reads as one");
+        assert_eq!(defer_status(q(0, 2, 2), None, t), None);
+        assert_eq!(defer_status(q(3, 2, 2), None, t), Some(RECHECK));
+        assert_eq!(
+            defer_status(
+                q(3, 2, 2),
+                Some(t),
+                t + MAX_DEFER - Duration::from_millis(1)
+            ),
+            Some(RECHECK)
+        );
+        assert_eq!(defer_status(q(3, 2, 2), Some(t), t + MAX_DEFER), None);
+        assert!(settle_starts(q(0, 2, 2)));
+        assert!(!settle_starts(q(3, 2, 2)));
+    }
+
+    #[test]
+    fn a_backlog_that_finds_free_slots_is_no_queue() {
+        let t = Instant::now();
+        assert_eq!(
+            defer_status(q(9, 9, 32), None, t),
+            None,
+            "a node's few bundles"
+        );
+        assert!(settle_starts(q(9, 9, 32)));
+        assert_eq!(
+            defer_status(q(334, 32, 32), None, t),
+            Some(RECHECK),
+            "a zone's"
+        );
+        assert!(
+            !settle_starts(q(5, 32, 32)),
+            "the tail of a zone's, every slot busy"
+        );
+        assert!(settle_starts(q(5, 27, 32)), "the last ones, a slot each");
+        assert!(q(1, 1, 0).queued(), "no slots reads as one");
     }
 
     proptest! {
@@ -144,7 +179,7 @@ mod tests {
             let mut now = t0;
             let mut since: Option<Instant> = None;
             for backlog in backlogs {
-                match defer_status(backlog, 2, since, now) {
+                match defer_status(q(backlog, 2, 2), since, now) {
                     Some(after) => {
                         since.get_or_insert(now);
                         now += after;

@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use automanager_api::{Bundle, HotSpareTarget, Migration};
-use automanager_policy::recovery_first::Backlog;
+use automanager_policy::recovery_first::{Backlog, Slots};
 use kube::runtime::reflector::ObjectRef;
 
 /// Who to wake when something changes in Manager, so that one node event costs only the
@@ -117,9 +117,14 @@ impl WakeIndex {
         self.backlog.lost_jobs(bundle, now);
     }
 
-    /// How many bundles woken to recover lost jobs wait for their pass.
-    pub fn backlog(&mut self, now: Instant) -> usize {
-        self.backlog.waiting(now)
+    /// The backlog, the Bundle passes running now and the controller's `slots`, for
+    /// [`automanager_policy::recovery_first`].
+    pub fn slots(&mut self, now: Instant, slots: usize) -> Slots {
+        Slots {
+            backlog: self.backlog.waiting(now),
+            running: self.in_pass.len(),
+            slots,
+        }
     }
 
     /// A change of `bundle`'s jobs: true when a pass of it runs now (the change is held for

@@ -85,9 +85,9 @@ impl Pass<'_> {
         let after = if *status == self.prev {
             None
         } else {
-            let backlog = state.wake_mut().backlog(now);
+            let slots = state.wake_mut().slots(now, ctx.bundle_slots());
             let since = state.bundles().status_deferred_since(&name);
-            recovery_first::defer_status(backlog, ctx.bundle_slots(), since, now)
+            recovery_first::defer_status(slots, since, now)
         };
         match after {
             Some(_) => state.bundles_mut().defer_status(&name, now),
@@ -404,8 +404,11 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
         return;
     }
     // Not while bundles that lost jobs queue for a pass: this one's slot is theirs sooner.
-    let backlog = ctx.state().wake_mut().backlog(ctx.clock.instant());
-    if !recovery_first::settle_starts(backlog, ctx.bundle_slots()) {
+    let slots = ctx
+        .state()
+        .wake_mut()
+        .slots(ctx.clock.instant(), ctx.bundle_slots());
+    if !recovery_first::settle_starts(slots) {
         return;
     }
     let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
