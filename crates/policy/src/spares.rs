@@ -286,17 +286,26 @@ impl SparePlan {
     }
 }
 
+/// The `SpareUnderflow` condition for spares `live` of `target` (status, reason, message).
+pub fn underflow_condition(
+    underflow: Option<&Underflow>,
+    live: u32,
+    target: u32,
+) -> (bool, &'static str, String) {
+    match underflow {
+        Some(u) => (true, "BelowTarget", u.message()),
+        None => (
+            false,
+            "AtTarget",
+            format!("{live} live spares, target {target}"),
+        ),
+    }
+}
+
 impl SparePlan {
     /// The `SpareUnderflow` condition: (status, reason, message).
     pub fn underflow_condition(&self) -> (bool, &'static str, String) {
-        match &self.underflow {
-            Some(u) => (true, "BelowTarget", u.message()),
-            None => (
-                false,
-                "AtTarget",
-                format!("{} live spares, target {}", self.live, self.target),
-            ),
-        }
+        underflow_condition(self.underflow.as_ref(), self.live, self.target)
     }
 
     /// The `maxNodes` brake, when it holds back spares the target needs: the target cannot be

@@ -267,14 +267,7 @@ impl TierPlan {
 impl TierPlan {
     /// The `SpareUnderflow` condition for the hot tier: (status, reason, message).
     pub fn underflow_condition(&self) -> (bool, &'static str, String) {
-        match &self.underflow {
-            Some(u) => (true, "BelowTarget", u.message()),
-            None => (
-                false,
-                "AtTarget",
-                format!("{} live spares, target {}", self.hot.ready, self.hot.target),
-            ),
-        }
+        crate::spares::underflow_condition(self.underflow.as_ref(), self.hot.ready, self.hot.target)
     }
 
     /// The `maxNodes` brake, when it holds back spares a tier needs: the target cannot be met

@@ -41,7 +41,9 @@ use std::time::{Duration, Instant};
 
 use automanager_api::{Migration, MigrationPhase};
 use automanager_e2e::SetupError;
-use automanager_e2e::bench::{env_usize, percentile as pct, sorted};
+use automanager_e2e::bench::{
+    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted,
+};
 use automanager_e2e::stack::Stack;
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
@@ -157,41 +159,6 @@ fn handover_job(i: usize) -> String {
     format!("default.hand-{:02}/0/enc", i % HANDOVER_BUNDLES)
 }
 
-fn err(e: impl std::fmt::Display) -> SetupError {
-    SetupError(e.to_string())
-}
-
-fn is_live(state: i32) -> bool {
-    [JobState::Starting, JobState::Running, JobState::Stopping]
-        .iter()
-        .any(|s| *s as i32 == state)
-}
-
-/// The node of `job_id` when it runs with exactly one live instance (its normal one) and no
-/// migration of it is in flight: the state a kill or a migration starts from.
-fn settled_node(m: &MirrorState, job_id: &str) -> Option<String> {
-    let job = m.jobs.get(job_id)?;
-    let live: Vec<_> = job.instances.iter().filter(|i| is_live(i.state)).collect();
-    let single = matches!(live.as_slice(), [i] if i.state == JobState::Running as i32
-        && i.role != JobRole::MigrationTarget as i32);
-    let migrating = m.migrations.values().any(|mg| {
-        mg.job_id == job_id
-            && ![
-                manager_client::proto::MigrationPhase::Completed as i32,
-                manager_client::proto::MigrationPhase::Aborted as i32,
-            ]
-            .contains(&mg.phase)
-    });
-    (job.state == JobState::Running as i32 && single && !migrating && !job.node_id.is_empty())
-        .then(|| job.node_id.clone())
-}
-
-fn is_spare(m: &MirrorState, node_id: &str) -> bool {
-    m.nodes
-        .get(node_id)
-        .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
-}
-
 /// Started, spare-tagged nodes of the gold pool that hold no live job instance.
 fn live_spares(m: &MirrorState) -> usize {
     let busy: BTreeSet<&str> = m
@@ -210,15 +177,6 @@ fn live_spares(m: &MirrorState) -> usize {
                 && !busy.contains(n.node_id.as_str())
         })
         .count()
-}
-
-async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
-    let out = stack.env.apply_yaml(yaml).await?;
-    if out.success() {
-        Ok(())
-    } else {
-        Err(SetupError(out.stderr))
-    }
 }
 
 /// What one kill measured.

@@ -22,9 +22,11 @@
 use std::time::Duration;
 
 use automanager_e2e::SetupError;
-use automanager_e2e::bench::{env_usize, percentile as pct, sorted};
+use automanager_e2e::bench::{
+    apply, env_usize, err, is_spare, percentile as pct, settled_node, sorted,
+};
 use automanager_e2e::stack::Stack;
-use manager_client::proto::{JobRole, JobState, NodeState};
+use manager_client::proto::{JobState, NodeState};
 use manager_client::{ClientConfig, ManagerClient, MirrorChange, MirrorState};
 use tokio::sync::broadcast;
 
@@ -97,31 +99,6 @@ fn job(i: usize) -> String {
     format!("default.gold-{:02}/0/enc", i % BUNDLES)
 }
 
-fn err(e: impl std::fmt::Display) -> SetupError {
-    SetupError(e.to_string())
-}
-
-fn is_live(state: i32) -> bool {
-    [JobState::Starting, JobState::Running, JobState::Stopping]
-        .iter()
-        .any(|s| *s as i32 == state)
-}
-
-fn settled_node(m: &MirrorState, job_id: &str) -> Option<String> {
-    let job = m.jobs.get(job_id)?;
-    let live: Vec<_> = job.instances.iter().filter(|i| is_live(i.state)).collect();
-    let single = matches!(live.as_slice(), [i] if i.state == JobState::Running as i32
-        && i.role != JobRole::MigrationTarget as i32);
-    (job.state == JobState::Running as i32 && single && !job.node_id.is_empty())
-        .then(|| job.node_id.clone())
-}
-
-fn is_spare(m: &MirrorState, node_id: &str) -> bool {
-    m.nodes
-        .get(node_id)
-        .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
-}
-
 fn warm_ready(m: &MirrorState) -> usize {
     m.nodes
         .values()
@@ -129,15 +106,6 @@ fn warm_ready(m: &MirrorState) -> usize {
             n.pool == "gold" && n.state == NodeState::PoweredOff as i32 && is_spare(m, &n.node_id)
         })
         .count()
-}
-
-async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
-    let out = stack.env.apply_yaml(yaml).await?;
-    if out.success() {
-        Ok(())
-    } else {
-        Err(SetupError(out.stderr))
-    }
 }
 
 /// One kill: (node terminated → job running elsewhere on Manager's clock, landed on a spare).

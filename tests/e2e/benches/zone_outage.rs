@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use automanager_api::Bundle;
 use automanager_e2e::SetupError;
-use automanager_e2e::bench::{ReadyWatch, create_bundles, env_usize, percentile, sorted};
+use automanager_e2e::bench::{ReadyWatch, create_bundles, env_usize, err, percentile, sorted};
 use automanager_e2e::reliability::sim_admin;
 use automanager_e2e::stack::Stack;
 use futures::StreamExt;
@@ -43,10 +43,6 @@ use manager_client::{ClientConfig, ManagerClient, MirrorState};
 const POOL: &str = "zoned";
 const ZONES: [&str; 3] = ["z-a", "z-b", "z-c"];
 const WAIT: Duration = Duration::from_secs(600);
-
-fn err(e: impl std::fmt::Display) -> SetupError {
-    SetupError(e.to_string())
-}
 
 fn sim_config() -> String {
     format!(

@@ -405,3 +405,53 @@ impl Drop for SeenMigrations {
         self.task.abort();
     }
 }
+
+/// `e` as a set-up error.
+pub fn err(e: impl std::fmt::Display) -> SetupError {
+    SetupError(e.to_string())
+}
+
+/// A job instance state that holds its node: starting, running or stopping.
+pub fn is_live(state: i32) -> bool {
+    use manager_client::proto::JobState;
+    [JobState::Starting, JobState::Running, JobState::Stopping]
+        .iter()
+        .any(|s| *s as i32 == state)
+}
+
+/// The node of `job_id` when it runs with exactly one live instance (its normal one) and no
+/// migration of it is in flight: the state a kill or a migration starts from.
+pub fn settled_node(m: &manager_client::MirrorState, job_id: &str) -> Option<String> {
+    use manager_client::proto::{JobRole, JobState, MigrationPhase};
+    let job = m.jobs.get(job_id)?;
+    let live: Vec<_> = job.instances.iter().filter(|i| is_live(i.state)).collect();
+    let single = matches!(live.as_slice(), [i] if i.state == JobState::Running as i32
+        && i.role != JobRole::MigrationTarget as i32);
+    let migrating = m.migrations.values().any(|mg| {
+        mg.job_id == job_id
+            && ![
+                MigrationPhase::Completed as i32,
+                MigrationPhase::Aborted as i32,
+            ]
+            .contains(&mg.phase)
+    });
+    (job.state == JobState::Running as i32 && single && !migrating && !job.node_id.is_empty())
+        .then(|| job.node_id.clone())
+}
+
+/// Whether `node_id` is tagged a spare.
+pub fn is_spare(m: &manager_client::MirrorState, node_id: &str) -> bool {
+    m.nodes
+        .get(node_id)
+        .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
+}
+
+/// `kubectl apply` of `yaml`; its stderr as the error when it fails.
+pub async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
+    let out = stack.env.apply_yaml(yaml).await?;
+    if out.success() {
+        Ok(())
+    } else {
+        Err(SetupError(out.stderr))
+    }
+}
