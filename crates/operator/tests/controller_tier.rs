@@ -544,7 +544,7 @@ impl Tier {
         self.api.insert(&b)
     }
 
-    fn events_for(&self, name: &str, reason: &str) -> Vec<String> {
+    pub(crate) fn events_for(&self, name: &str, reason: &str) -> Vec<String> {
         self.api
             .events()
             .into_iter()

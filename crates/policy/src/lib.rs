@@ -13,6 +13,7 @@
 //! | [`bundle`] | per job of a bundle: nothing, wait, place, recover, drop or broken |
 //! | [`bundle_pass`] | a replica's placement request, whether a Bundle pass's status write waits, when the bundle is looked at again |
 //! | [`calendar`] | when voluntary moves may happen (disruption windows) and when spare schedules apply |
+//! | [`co_location`] | a job that shares its node by rule moves with its group: the target for the group, the members left behind follow |
 //! | [`ledger`] | restarts per replica in a sliding hour (`maxRestartsPerHour`) |
 //! | [`node_health`] | nodes whose workers refuse too many starts, and how long a flapping one is kept out |
 //! | [`spares`] | what a HotSpareTarget needs done to its pool's spares |
@@ -43,6 +44,7 @@ pub mod bounded;
 pub mod bundle;
 pub mod bundle_pass;
 pub mod calendar;
+pub mod co_location;
 pub mod consolidation;
 pub mod disruption;
 pub mod drain;

@@ -112,6 +112,10 @@ pub enum WaitReason<B> {
         held_by: Vec<crate::calendar::WindowSource>,
         found: bool,
     },
+    /// A Migration of `job`, which shares the job's node by rule ([`crate::co_location`]),
+    /// runs now: the group moves one job at a time. Decided by the caller; the queue itself
+    /// never answers this.
+    CoLocated { bundle: B, job: String },
 }
 
 /// The answer for one waiting migration.

@@ -8,11 +8,12 @@
 //! a spare that took a job meanwhile. Involuntary failures are never asked about; the Bundle
 //! controller counts them (`automanager_involuntary_disruptions_total`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use automanager_api::{self as api, Bundle, Migration, MigrationPhase};
 use automanager_policy::calendar::{Calendar, WindowSource, permit_all};
+use automanager_policy::co_location;
 use automanager_policy::disruption::{self, DEFAULT_MAX_UNAVAILABLE, Ledger, ReplicaStanding};
 use automanager_policy::migration::is_terminal;
 use automanager_policy::migration_queue::{self as queue, Admission, Purpose, WaitReason};
@@ -39,6 +40,9 @@ struct BundleFacts {
     /// Its disruption windows (empty when it declares none, or when they cannot be read: the
     /// Bundle's own pass says why).
     calendar: Calendar,
+    /// Each job's co-location group ([`co_location::group`]), for jobs in a group of two or
+    /// more.
+    groups: HashMap<String, BTreeSet<String>>,
 }
 
 fn facts(b: &Bundle) -> BundleFacts {
@@ -61,6 +65,16 @@ fn facts(b: &Bundle) -> BundleFacts {
             tracing::warn!(bundle = %b.name_any(), error = %e, "disruption windows cannot be read: not applied");
             Calendar::default()
         }),
+        groups: {
+            let spec = mapping::bundle("", &b.spec);
+            (spec.jobs.iter())
+                .map(|j| {
+                    let g = co_location::group(&spec.jobs, &spec.intra_replica_placement, &j.job_name);
+                    (j.job_name.clone(), g)
+                })
+                .filter(|(_, g)| g.len() > 1)
+                .collect()
+        },
     }
 }
 
@@ -180,6 +194,7 @@ impl Fleet {
             out.entry(k).or_insert(AdmittedMigration {
                 bundle_id: bundle_id_of(m),
                 replica: u32::try_from(m.spec.job.replica).unwrap_or(0),
+                job_name: m.spec.job.job_name.clone(),
                 source_node: status.source_node.unwrap_or_default(),
                 target_node: status.target_node,
             });
@@ -301,10 +316,47 @@ pub(crate) fn decide_migration(
     source: &str,
 ) -> (Admission<String>, usize) {
     let me = key(&mig.namespace().unwrap_or_default(), &mig.name_any());
-    if let Some(wait) = window_wait(ctx, fleet, mig, &me) {
+    if let Some(wait) =
+        window_wait(ctx, fleet, mig, &me).or_else(|| group_wait(ctx, fleet, mig, &me))
+    {
         return (wait, 0);
     }
     queue_answer(ctx, fleet, mig, source, &me)
+}
+
+/// A Migration waits while another of its job's co-location group runs ([`co_location`]): the
+/// group moves one job at a time, each pinned to where the one before put the group.
+fn group_wait(
+    ctx: &Context,
+    fleet: &Fleet,
+    mig: &Migration,
+    me: &String,
+) -> Option<Admission<String>> {
+    let bundle_id = bundle_id_of(mig);
+    let group = fleet
+        .bundles
+        .get(&bundle_id)?
+        .as_ref()?
+        .groups
+        .get(&mig.spec.job.job_name)?;
+    let replica = u32::try_from(mig.spec.job.replica).unwrap_or(0);
+    let running = fleet.running(&ctx.state());
+    if running.contains_key(me) {
+        return None;
+    }
+    let other = running.values().find(|a| {
+        a.bundle_id == bundle_id
+            && a.replica == replica
+            && a.job_name != mig.spec.job.job_name
+            && group.contains(&a.job_name)
+    })?;
+    Some(Admission::Wait {
+        position: 1,
+        reason: WaitReason::CoLocated {
+            bundle: bundle_id,
+            job: other.job_name.clone(),
+        },
+    })
 }
 
 /// A drain's, consolidation's or rebalance's Migration waits for its bundle's and band's
@@ -402,6 +454,7 @@ fn queue_answer(
                         &job.bundle,
                     ),
                     replica: u32::try_from(job.replica).unwrap_or(0),
+                    job_name: job.job_name.clone(),
                     source_node: source.to_owned(),
                     target_node: mig.spec.target_node.clone(),
                 },
@@ -512,6 +565,14 @@ pub(crate) fn describe_wait(
                 Some(shown),
             )
         }
+        WaitReason::CoLocated { bundle, job } => (
+            "CoLocatedMigration",
+            format!(
+                "waiting: job {job} of Bundle {}'s replica {replica} shares this job's node by coLocateWith and is being moved; the group moves one job at a time, this one then to where {job} went",
+                shown_bundle(bundle)
+            ),
+            None,
+        ),
     }
 }
 

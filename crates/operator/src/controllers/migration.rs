@@ -24,6 +24,7 @@
 //! point of no return does not interrupt it: the finalizer stays until the migration ends.
 
 mod admit;
+pub mod follow;
 mod place;
 
 use std::collections::VecDeque;
@@ -183,8 +184,19 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
     let result = run.drive(deleting).await;
     run.record_conditions(ctx.clock.now());
     let requeue = run.requeue();
+    let moved = (run.status.phase == MigrationPhase::Completed
+        && prev.phase != MigrationPhase::Completed)
+        .then(|| {
+            (
+                run.status.source_node.clone(),
+                run.status.target_node.clone(),
+            )
+        });
     write_status(ctx, mig, &prev, run.status).await?;
     result?;
+    if let Some((Some(source), Some(target))) = moved {
+        follow::create_followers(ctx, mig, &source, &target).await?;
+    }
     Ok(requeue)
 }
 

@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 pub struct AdmittedMigration {
     pub bundle_id: String,
     pub replica: u32,
+    pub job_name: String,
     pub source_node: String,
     pub target_node: Option<String>,
 }

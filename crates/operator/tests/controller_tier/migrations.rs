@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{Bundle, Migration, MigrationPhase, MigrationStatus};
+use automanager_api::{self as api, Bundle, Migration, MigrationPhase, MigrationStatus};
 use automanager_operator::controllers;
 use automanager_operator::mapping;
 use http::Method;
@@ -312,4 +312,124 @@ async fn a_stale_status_write_fails_the_pass_as_a_conflict() {
     assert_eq!(t.migration_status("move").phase, MigrationPhase::Pending);
     t.migration_pass("move").await.expect("the retry");
     assert_eq!(t.migration_status("move").phase, MigrationPhase::Rejected);
+}
+
+impl Tier {
+    /// Where each job of replica 0 of bundle `live/name` runs, by the mirror.
+    fn nodes_of(&self, name: &str) -> std::collections::BTreeMap<String, String> {
+        let id = mapping::bundle_id("live", name);
+        self.ctx.manager.mirror().read(|m| {
+            m.jobs_of_bundle(&id)
+                .filter(|j| j.replica == 0 && j.state() == proto::JobState::Running)
+                .map(|j| (j.job_name.clone(), j.node_id.clone()))
+                .collect()
+        })
+    }
+}
+
+/// Moving `enc`, which `pkg` declares `coLocateWith`: the target is chosen for both, and once
+/// `enc` has moved a Migration of `pkg` follows it to the same node.
+#[tokio::test]
+async fn a_job_another_is_co_located_with_moves_and_the_other_follows_it() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", api::PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    let before = t.nodes_of("news");
+    assert_eq!(before["enc"], before["pkg"]);
+    t.migration("move", "news", 0, serde_json::json!({}));
+    t.migration_pass("move").await.expect("the finalizer pass");
+
+    t.migration_until("move", MigrationPhase::Completed).await;
+
+    let target = t.migration_status("move").target_node.expect("a target");
+    assert_ne!(target, before["enc"]);
+    let pkg_id = mapping::bundle_id("live", "news") + "/0/pkg";
+    let follower = controllers::drain::named_migration("follow", "move", &pkg_id);
+    let f = t
+        .api
+        .get::<Migration>(Some("live"), &follower)
+        .expect("a Migration of pkg follows");
+    assert_eq!(f.spec.job.job_name, "pkg");
+    assert_eq!(f.spec.target_node.as_deref(), Some(target.as_str()));
+    assert!(t.ctx.events.flush(super::BOUND).await);
+    assert_eq!(t.events_for("move", "FollowerCreated").len(), 1);
+
+    t.migration_pass(&follower)
+        .await
+        .expect("the finalizer pass");
+    t.migration_until(&follower, MigrationPhase::Completed)
+        .await;
+    t.until_mirror("the pair runs together on the target", |m| {
+        let id = mapping::bundle_id("live", "news");
+        m.jobs_of_bundle(&id)
+            .all(|j| j.node_id == target && j.state() == proto::JobState::Running)
+    })
+    .await;
+    // A second pass of the ended Migration asks for no second follower.
+    t.migration_pass("move")
+        .await
+        .expect("a pass after the end");
+    assert_eq!(t.events_for("move", "FollowerCreated").len(), 1);
+}
+
+/// Two Migrations of one co-location group (as a drain makes them): the second waits while the
+/// first runs, then goes where the first put the group.
+#[tokio::test]
+async fn the_second_migration_of_a_co_located_pair_waits_for_the_first_then_joins_it() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", api::PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    let before = t.nodes_of("news");
+    t.migration("move", "news", 0, serde_json::json!({}));
+    let mut pkg = Migration::new(
+        "move-pkg",
+        serde_json::from_value(serde_json::json!({
+            "job": {"bundle": "news", "replica": 0, "jobName": "pkg"},
+        }))
+        .unwrap(),
+    );
+    pkg.metadata.namespace = Some("live".into());
+    t.api.insert(&pkg);
+    t.migration_pass("move").await.expect("the finalizer pass");
+    t.migration_pass("move-pkg")
+        .await
+        .expect("the finalizer pass");
+    t.migration_pass("move")
+        .await
+        .expect("enc's Migration begins");
+
+    t.migration_pass("move-pkg").await.expect("pkg's pass");
+
+    let status = t.migration_status("move-pkg");
+    assert_eq!(status.phase, MigrationPhase::Pending);
+    let (on, reason, message) = condition_of(&status.conditions, "Queued");
+    assert_eq!(
+        (on.as_str(), reason.as_str()),
+        ("True", "CoLocatedMigration")
+    );
+    assert!(message.contains("job enc"), "{message}");
+
+    t.migration_until("move", MigrationPhase::Completed).await;
+    let target = t.migration_status("move").target_node.expect("a target");
+    assert_ne!(target, before["enc"]);
+    t.migration_until("move-pkg", MigrationPhase::Completed)
+        .await;
+    assert_eq!(
+        t.migration_status("move-pkg").target_node.as_deref(),
+        Some(target.as_str()),
+        "pinned to where enc went"
+    );
+    let follower = controllers::drain::named_migration(
+        "follow",
+        "move",
+        &(mapping::bundle_id("live", "news") + "/0/pkg"),
+    );
+    assert!(
+        t.api.get::<Migration>(Some("live"), &follower).is_none(),
+        "pkg had a Migration of its own: no follower"
+    );
 }

@@ -1,10 +1,14 @@
-//! Where a migration's target goes: `spec.targetNode`, or the placement engine for the one job
-//! with the source node as another replica's position and inter-replica `differentNode: hard`
-//! (so the source is never chosen), requiring `norsk.io/job-socket` for a handover only; an
-//! elastic pool is asked for a node when none has room.
+//! Where a migration's target goes: `spec.targetNode`, or the placement engine for the job (with
+//! the members of its co-location group on the same node, [`co_location`], so the node has
+//! room for the group) with the source node as another replica's position and inter-replica
+//! `differentNode: hard` (so the source is never chosen), requiring `norsk.io/job-socket` for a
+//! handover only; an elastic pool is asked for a node when none has room.
+
+use std::collections::BTreeMap;
 
 use automanager_api::Bundle;
 use automanager_placement as pl;
+use automanager_policy::co_location;
 use automanager_policy::migration::{self as plan, MigrationEvent};
 use kube::api::Api;
 use kube::runtime::events::EventType;
@@ -82,18 +86,36 @@ impl Run<'_> {
         let bundle_id = mapping::bundle_id(&self.ns, &job.bundle);
         let engine_bundle = mapping::bundle(&bundle_id, &bundle.spec);
         let replica = u32::try_from(job.replica).unwrap_or(0);
-        let mut spec = mapping::job(spec_job);
+        let (other_replicas, mut placed_siblings) = self.positions(&bundle_id, replica);
+        // The job moves with the members of its co-location group that share its node: the
+        // target is a node with room for all of them, pinned to the members elsewhere.
+        let source = self.machine.source_node().unwrap_or_default();
+        let running: BTreeMap<String, String> = placed_siblings
+            .iter()
+            .map(|s| (s.job_name.clone(), s.node.clone()))
+            .chain([(spec_job.job_name.clone(), source.to_owned())])
+            .collect();
+        let (mut jobs, _) = co_location::move_request(
+            &engine_bundle.jobs,
+            &engine_bundle.intra_replica_placement,
+            &spec_job.job_name,
+            source,
+            &running,
+        );
+        if jobs.is_empty() {
+            jobs.push(mapping::job(spec_job));
+        }
         plan::require_target_capability(
             self.machine.strategy(),
-            &mut spec.requirements.required_capabilities,
+            &mut jobs[0].requirements.required_capabilities,
         );
-        let (other_replicas, placed_siblings) = self.positions(&bundle_id, replica);
+        placed_siblings.retain(|s| !jobs.iter().any(|j| j.job_name == s.job_name));
         let mut inter = engine_bundle.inter_replica_placement;
         inter.different_node = Some(pl::Strength::Hard);
         Ok(Ok(pl::PlacementRequest {
             bundle_id,
             replica_index: replica,
-            jobs: vec![spec],
+            jobs,
             pools: engine_bundle.pools_for_replica(replica).to_vec(),
             kind: pl::PlacementKind::First,
             intra_replica: engine_bundle.intra_replica_placement,
@@ -147,7 +169,11 @@ impl Run<'_> {
         let summary = decision.summary();
         Ok(match decision.outcome {
             pl::Outcome::Placed { assignments, .. } => {
-                match assignments.into_iter().find(|a| a.node != source) {
+                let job = &self.mig.spec.job.job_name;
+                match assignments
+                    .into_iter()
+                    .find(|a| a.job_name == *job && a.node != source)
+                {
                     Some(a) if !a.node_pending => TargetChoice::Node(a.node),
                     Some(_) => TargetChoice::Wait,
                     None => {
