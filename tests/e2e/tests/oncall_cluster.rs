@@ -424,8 +424,22 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     wait_service_endpoint(&c, &leader).await;
+    // The new leader has the traces of the decisions it made since it started: a Bundle placed
+    // now.
+    let routed = dir.path().join("routed.yaml");
+    std::fs::write(
+        &routed,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: routed, namespace: default}\nspec:\n  replicas: 2\n  pools: [onprem]\n  jobs:\n    - {jobName: enc, requirements: {requiredCapacity: 1, priorityBand: bronze}}\n",
+    )
+    .unwrap();
+    let out = c
+        .kubectl(&["apply", "-f", routed.to_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    wait_ready(&c, "routed").await;
 
-    let out = run_service(&c, &["trace", "news-gold", "-o", "json"]);
+    let out = run_service(&c, &["trace", "routed", "-o", "json"]);
     ok(&out);
     assert!(
         out.stderr
@@ -434,9 +448,9 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         out.stderr
     );
     let by_service = out.json();
-    assert_eq!(by_service["bundleId"], "default.news-gold");
+    assert_eq!(by_service["bundleId"], "default.routed");
     // The leader's trace, as the port-forward route has it: the same decisions.
-    let out = run(&c, &["trace", "news-gold", "-o", "json", "-v"]);
+    let out = run(&c, &["trace", "routed", "-o", "json", "-v"]);
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
     let by_portforward = out.json();
@@ -475,7 +489,7 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         .args([
             "automanager",
             "trace",
-            "news-gold",
+            "routed",
             "--replica",
             "0",
             "--operator-service",
@@ -502,7 +516,7 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     mark_service_target(&c, &leader, false).await;
     mark_service_target(&c, &standby, true).await;
     wait_service_endpoint(&c, &standby).await;
-    let out = run_service(&c, &["trace", "news-gold"]);
+    let out = run_service(&c, &["trace", "routed"]);
     assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
     assert!(
         out.stderr.contains(&format!(
