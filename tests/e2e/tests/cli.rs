@@ -452,6 +452,33 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         &["trace", "news", "--operator-service", "no-such-service"],
     );
     fails(&out, 1, "services \"no-such-service\" not found");
+    // A Service with no endpoint: the apiserver's 503 is the answer, told at once rather than
+    // retried until the request timeout.
+    let out = stack
+        .env
+        .apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: no-endpoints, namespace: {ns}}}\nspec:\n  ports: [{{name: debug, port: 8082}}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: no-endpoints, namespace: {ns}}}\n",
+            ns = plugin::OPERATOR_NAMESPACE
+        ))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = plugin::run_through_apiserver(
+        &stack,
+        &[
+            "trace",
+            "news",
+            "--operator-service",
+            "no-endpoints",
+            "--request-timeout",
+            "20s",
+        ],
+    );
+    fails(
+        &out,
+        1,
+        "no endpoints available for service \"no-endpoints\"",
+    );
     let out = run(&["trace", "news", "--operator-url", "http://127.0.0.1:9"]);
     fails(&out, 1, "cannot reach the operator at http://127.0.0.1:9");
 }
