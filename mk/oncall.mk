@@ -37,7 +37,7 @@ bench-cli: control-plane ## trace and top nodes latency at CLI_BENCH_NODES (2000
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench cli
 
 # Root: a real node (tools/node), the operator's image in its registry. One node per machine.
-test-oncall-cluster: control-plane image ## the plugin with no URL flag against the chart's two Pods on a real node: trace, what-if, top, map, migrate --wait, also after the leader is killed; prints cli map_ms=... trace_ms=... through=leader-portforward
+test-oncall-cluster: control-plane image ## the plugin with no URL flag against the chart's two Pods on a real node: trace, what-if, top, map, migrate --wait, also after the leader is killed; then --operator-service through a Service over the leader's debug port; prints cli map_ms=... trace_ms=... through=leader-portforward
 	@tools/node/build.sh > /dev/null
 	@tools/go-tool.sh helm > /dev/null
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" AUTOMANAGER_IMAGE="$(CURDIR)/$(IMAGE_TAR)" \

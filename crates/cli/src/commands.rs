@@ -172,6 +172,19 @@ fn write_out(text: &str) -> Result<(), CliError> {
 struct Cluster {
     client: kube::Client,
     namespace: String,
+    config: kube::Config,
+}
+
+impl Cluster {
+    /// A client for the operator's debugging API through the apiserver, without kube's default
+    /// retry of 429/503/504: through the service proxy those are the answer (a standby's 503
+    /// naming the leader, the proxy's "no endpoints available"), and retrying them with
+    /// kube's backoff only turns them into a wait until --request-timeout.
+    fn operator_client(&self) -> Result<kube::Client, CliError> {
+        let mut config = self.config.clone();
+        config.default_retry = false;
+        kube::Client::try_from(config).map_err(|e| CliError::Kubeconfig(e.to_string()))
+    }
 }
 
 async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
@@ -208,8 +221,13 @@ async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
-    let client = kube::Client::try_from(config).map_err(|e| CliError::Kubeconfig(e.to_string()))?;
-    Ok(Cluster { client, namespace })
+    let client =
+        kube::Client::try_from(config.clone()).map_err(|e| CliError::Kubeconfig(e.to_string()))?;
+    Ok(Cluster {
+        client,
+        namespace,
+        config,
+    })
 }
 
 fn endpoint(g: &GlobalArgs) -> OperatorEndpoint {
@@ -375,7 +393,7 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
     body["metadata"]["namespace"] = serde_json::Value::String(namespace.clone());
     let client = OperatorClient::new(
         endpoint,
-        cluster.as_ref().map(|c| c.client.clone()),
+        cluster.as_ref().map(Cluster::operator_client).transpose()?,
         g.request_timeout,
     );
     let raw = client.what_if(&body).await?;
@@ -417,7 +435,7 @@ async fn trace(
 ) -> Result<(), CliError> {
     let c = cluster(g).await?;
     let b = bundle(&c, name).await?;
-    let client = OperatorClient::new(endpoint(g), Some(c.client.clone()), g.request_timeout);
+    let client = OperatorClient::new(endpoint(g), Some(c.operator_client()?), g.request_timeout);
     let found = client.trace(&c.namespace, name).await?;
     say_route(g, &client)?;
     let Some(raw) = found else {

@@ -1,21 +1,22 @@
 //! `make bench-cli`: how fast `kubectl automanager trace` and `top nodes` answer on a big
 //! cluster: the real apiserver, manager-sim with `CLI_BENCH_NODES` nodes (default 2,000) in one
 //! fixed pool, the operator with `CLI_BENCH_BUNDLES` placed one-replica bundles (default
-//! 10,000), the plugin reaching the operator through the apiserver's service proxy. Release
-//! builds.
+//! 10,000), the plugin reaching the operator's debugging API on loopback (`--operator-url`;
+//! the port-forward to a leader Pod is measured on a real node by `make test-oncall-cluster`).
+//! Release builds.
 //!
 //! Prints one line: `cli nodes=<n> bundles=<n> trace_ms=<median> top_ms=<median>
 //! trace_max_ms=<x> top_max_ms=<x> baseline_kubectl_get_managernodes_ms=<median>
-//! baseline_kubectl_raw_trace_ms=<median>`. The baselines are kubectl fetching the same data
-//! (`kubectl get managernodes -o json`, `kubectl get --raw` of the trace through the same proxy)
-//! in the same run, so the figures separate the plugin's own cost from the apiserver's.
+//! baseline_curl_trace_ms=<median>`. The baselines are other clients fetching the same data in
+//! the same run (`kubectl get managernodes -o json`; `curl` of the trace from the same URL), so
+//! the figures separate the plugin's own cost from the apiserver's and the operator's.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use automanager_api::Bundle;
 use automanager_e2e::bench::{FleetPool, create_bundles, env_usize, fleet_sim_config};
-use automanager_e2e::plugin::{self, expose_operator, listen_on_all_addresses};
+use automanager_e2e::plugin;
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{SetupError, bench_main};
 use kube::api::{Api, ListParams};
@@ -75,7 +76,6 @@ async fn run() -> Result<(), SetupError> {
         .map_err(|e| SetupError(e.to_string()))?;
     eprintln!("bench-cli: starting the stack with {nodes} nodes");
     let stack = Stack::start_custom(&config, &["--no-job-socket"], |c| {
-        listen_on_all_addresses(c);
         c.insert("concurrency".into(), serde_json::json!({"bundles": 32}));
         c.insert("statusWriteInterval".into(), "1s".into());
     })
@@ -87,7 +87,6 @@ async fn run() -> Result<(), SetupError> {
     if !out.success() {
         return Err(SetupError(out.stderr));
     }
-    expose_operator(&stack).await?;
 
     eprintln!("bench-cli: creating {bundles} bundles");
     let client = stack.env.client();
@@ -150,7 +149,7 @@ async fn run() -> Result<(), SetupError> {
         let mut c = Command::new(bin);
         c.args(args)
             .env("KUBECONFIG", &kubeconfig)
-            .env("AUTOMANAGER_OPERATOR_SERVICE", plugin::OPERATOR_SERVICE);
+            .env("AUTOMANAGER_OPERATOR_URL", &stack.operator_debug_http);
         c
     };
     let picks: Vec<String> = (0..20)
@@ -175,25 +174,18 @@ async fn run() -> Result<(), SetupError> {
     let mut base_trace = Vec::new();
     for p in picks.iter().take(5) {
         base_trace.extend(time_runs(1, || {
-            let mut c = Command::new(&kubectl);
+            let mut c = Command::new("curl");
             c.args([
-                "get",
-                "--raw",
-                &format!(
-                    "/api/v1/namespaces/{}/services/{}:{}/proxy/debug/trace/default/{p}",
-                    plugin::OPERATOR_NAMESPACE,
-                    plugin::OPERATOR_SERVICE,
-                    plugin::OPERATOR_PORT_NAME
-                ),
-            ])
-            .env("KUBECONFIG", &kubeconfig);
+                "-fsS",
+                &format!("{}/debug/trace/default/{p}", stack.operator_debug_http),
+            ]);
             c
         })?);
     }
     let trace_max = trace.iter().copied().fold(0.0, f64::max);
     let top_max = top.iter().copied().fold(0.0, f64::max);
     println!(
-        "cli nodes={nodes} bundles={bundles} trace_ms={:.0} top_ms={:.0} trace_max_ms={trace_max:.0} top_max_ms={top_max:.0} baseline_kubectl_get_managernodes_ms={:.0} baseline_kubectl_raw_trace_ms={:.0}",
+        "cli nodes={nodes} bundles={bundles} trace_ms={:.0} top_ms={:.0} trace_max_ms={trace_max:.0} top_max_ms={top_max:.0} baseline_kubectl_get_managernodes_ms={:.0} baseline_curl_trace_ms={:.0}",
         median(&mut trace),
         median(&mut top),
         median(&mut base_nodes),

@@ -1,16 +1,9 @@
-//! Running `kubectl-automanager` against a [`Stack`], and making the operator (which runs as a
-//! process, not in a Pod: there is no kubelet here, so the plugin's default route, a
-//! port-forward to the leader Pod, has nothing to reach) reachable through the apiserver all
-//! the same: by the plugin's `--operator-service` route, the apiserver's service proxy.
-//!
-//! What the apiserver needs for that, found by trying it against kube-apiserver v1.35:
-//! - the proxy resolves a Service through its legacy `v1` Endpoints (EndpointSlices alone are
-//!   not read), so the selector-less Service gets an Endpoints object written by hand;
-//! - it proxies only to an endpoint address whose `targetRef` is a Pod with that `podIP`, so a
-//!   Pod object stands in for the operator (Pending forever, its status patched with the IP);
-//! - loopback is refused twice over (Endpoints validation: "may not be in the loopback range";
-//!   the pod proxy: "address not allowed"), so the operator listens on `0.0.0.0` and the
-//!   endpoint is this machine's own non-loopback address. Traffic stays on the machine.
+//! Running `kubectl-automanager` against a [`Stack`]. The operator runs there as a process on
+//! loopback, not in a Pod (testenv has no kubelet), so the plugin reaches its debugging API
+//! with `--operator-url` (as `AUTOMANAGER_OPERATOR_URL`) at `http://127.0.0.1:<port>`; nothing
+//! listens on another address. The routes through the apiserver to a real Pod, the
+//! leader port-forward and the `--operator-service` proxy, are proven on a real node by
+//! tests/e2e/tests/oncall_cluster.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,7 +12,8 @@ use std::sync::OnceLock;
 use crate::stack::Stack;
 use crate::{SetupError, repo_root};
 
-/// The namespace, Service and port name the plugin uses by default.
+/// The namespace the plugin looks in by default; the Service the tests name with
+/// `--operator-service`, and its port name (the plugin's default `--operator-port`).
 pub const OPERATOR_NAMESPACE: &str = "automanager-system";
 pub const OPERATOR_SERVICE: &str = "automanager-operator";
 pub const OPERATOR_PORT_NAME: &str = "debug";
@@ -58,13 +52,21 @@ pub fn plugin_binary() -> Result<&'static Path, SetupError> {
     .map_err(|e| SetupError(e.clone()))
 }
 
-/// Runs the plugin with the stack's kubeconfig, reaching the operator through the Service
-/// [`expose_operator`] makes; `AUTOMANAGER_*` variables of the test's own environment are not
-/// passed on.
+/// Runs the plugin with the stack's kubeconfig, reaching the operator directly on loopback
+/// (`AUTOMANAGER_OPERATOR_URL`, the stack's debugging address); `AUTOMANAGER_*` variables of
+/// the test's own environment are not passed on.
 pub fn run(stack: &Stack, args: &[&str]) -> PluginOutput {
     run_with(args, |cmd| {
         cmd.env("KUBECONFIG", stack.env.kubeconfig_path())
-            .env("AUTOMANAGER_OPERATOR_SERVICE", OPERATOR_SERVICE);
+            .env("AUTOMANAGER_OPERATOR_URL", &stack.operator_debug_http);
+    })
+}
+
+/// Runs the plugin with the stack's kubeconfig and no operator URL: it takes the route through
+/// the apiserver its flags choose (the leader port-forward by default, `--operator-service`).
+pub fn run_through_apiserver(stack: &Stack, args: &[&str]) -> PluginOutput {
+    run_with(args, |cmd| {
+        cmd.env("KUBECONFIG", stack.env.kubeconfig_path());
     })
 }
 
@@ -88,98 +90,6 @@ pub fn run_with(args: &[&str], setup: impl FnOnce(&mut Command)) -> PluginOutput
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
-/// This machine's first non-loopback IPv4 address (from `ip -4 -o addr show scope global`).
-pub fn host_ip() -> Result<String, SetupError> {
-    let out = Command::new("ip")
-        .args(["-4", "-o", "addr", "show", "scope", "global"])
-        .output()
-        .map_err(|e| SetupError(format!("running `ip` (iproute2): {e}")))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .filter_map(|l| {
-            let mut words = l.split_whitespace();
-            words.find(|w| *w == "inet")?;
-            words.next()?.split('/').next().map(str::to_owned)
-        })
-        .find(|ip| !ip.starts_with("127."))
-        .ok_or_else(|| {
-            SetupError(
-                "this machine has no non-loopback IPv4 address; the apiserver's service proxy refuses loopback endpoints".into(),
-            )
-        })
-}
-
-/// The port the stack's operator serves its debugging API (`/debug/trace`, `/v1/what-if`) on.
-pub fn operator_port(stack: &Stack) -> u16 {
-    stack
-        .operator_debug_http
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no port in {}", stack.operator_debug_http))
-}
-
-/// Makes the stack's operator reachable as Service `automanager-system/automanager-operator`,
-/// port `debug`, through the apiserver (see the module docs for why it takes these objects).
-/// The operator must listen on `0.0.0.0` (see [`listen_on_all_addresses`]).
-pub async fn expose_operator(stack: &Stack) -> Result<(), SetupError> {
-    let ip = host_ip()?;
-    let port = operator_port(stack);
-    let pod = format!(
-        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {OPERATOR_NAMESPACE}}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {{name: automanager-operator-0, namespace: {OPERATOR_NAMESPACE}, labels: {{app: automanager-operator}}}}\nspec:\n  automountServiceAccountToken: false\n  containers: [{{name: operator, image: automanager-operator:e2e}}]\n"
-    );
-    apply_ok(stack, &pod).await?;
-    let patch =
-        format!(r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}]}}}}"#);
-    let out = stack
-        .env
-        .run_kubectl([
-            "patch",
-            "pod",
-            "automanager-operator-0",
-            "-n",
-            OPERATOR_NAMESPACE,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ])
-        .await?;
-    if !out.success() {
-        return Err(SetupError(format!("patching the pod's IP: {}", out.stderr)));
-    }
-    let pod = stack
-        .get_json(&["pod", "automanager-operator-0", "-n", OPERATOR_NAMESPACE])
-        .await?;
-    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
-    let service = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: {OPERATOR_SERVICE}, namespace: {OPERATOR_NAMESPACE}}}\nspec:\n  ports: [{{name: {OPERATOR_PORT_NAME}, port: 8080, targetPort: {port}}}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: {OPERATOR_SERVICE}, namespace: {OPERATOR_NAMESPACE}}}\nsubsets:\n  - addresses: [{{ip: {ip}, targetRef: {{kind: Pod, namespace: {OPERATOR_NAMESPACE}, name: automanager-operator-0, uid: {uid}}}}}]\n    ports: [{{name: {OPERATOR_PORT_NAME}, port: {port}}}]\n"
-    );
-    apply_ok(stack, &service).await
-}
-
-async fn apply_ok(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
-    let out = stack.env.apply_yaml(yaml).await?;
-    if out.success() {
-        Ok(())
-    } else {
-        Err(SetupError(format!("kubectl apply failed: {}", out.stderr)))
-    }
-}
-
-/// A [`Stack::start_with`] adjustment: the operator listens on every address (same port), so
-/// the apiserver can reach it at this machine's address.
-pub fn listen_on_all_addresses(config: &mut serde_json::Map<String, serde_json::Value>) {
-    let Some(serde_json::Value::Object(http)) = config.get_mut("http") else {
-        return;
-    };
-    for key in ["bindAddress", "debugBindAddress"] {
-        if let Some(serde_json::Value::String(addr)) = http.get_mut(key) {
-            *addr = addr.replace("127.0.0.1", "0.0.0.0");
-        }
     }
 }
 

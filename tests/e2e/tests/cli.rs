@@ -1,15 +1,16 @@
 //! `kubectl-automanager` end to end: the real apiserver, manager-sim and operator, the plugin
-//! binary run as a person runs it (also as `kubectl automanager`), the operator reached through
-//! the apiserver's service proxy. Every command's happy path and its error paths; JSON output
-//! parsed. Also: every metric the dashboard and the alert rules name is one the running
-//! operator exports.
+//! binary run as a person runs it (also as `kubectl automanager`), the operator (a process on
+//! loopback) reached with `--operator-url http://127.0.0.1:<port>`. Every command's happy path
+//! and its error paths; JSON output parsed; how the routes through the apiserver fail when
+//! there is no Pod to reach (the same routes to real Pods: oncall_cluster.rs, on a node). Also:
+//! every metric the dashboard and the alert rules name is one the running operator exports.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use automanager_e2e::plugin::{self, PluginOutput, expose_operator, listen_on_all_addresses};
+use automanager_e2e::plugin::{self, PluginOutput};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{
     apply, apply_example_pools, demo_sim_config_with_job_socket, examples_dir, repo_root,
@@ -19,9 +20,7 @@ use serde_json::Value;
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn start() -> Stack {
-    let stack = Stack::start_with(listen_on_all_addresses)
-        .await
-        .expect("stack");
+    let stack = Stack::start().await.expect("stack");
     apply_example_pools(&stack).await.unwrap();
     stack
 }
@@ -75,16 +74,23 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         .map(|r| r["jobs"][0]["nodeId"].as_str().unwrap().to_owned())
         .collect();
 
-    // The operator is not exposed yet: a clear error naming the way it was tried.
-    let out = run(&["trace", "news"]);
+    // Through the apiserver's service proxy to a Service that does not exist: a clear error
+    // naming the way it was tried.
+    let out = plugin::run_through_apiserver(
+        &stack,
+        &[
+            "trace",
+            "news",
+            "--operator-service",
+            plugin::OPERATOR_SERVICE,
+        ],
+    );
     fails(
         &out,
         1,
         "cannot reach the operator through the apiserver's proxy to service automanager-system/automanager-operator port debug",
     );
     assert!(out.stderr.contains("not found"), "{}", out.stderr);
-
-    expose_operator(&stack).await.unwrap();
 
     // map -o json agrees with the ManagerNode objects, node by node, once they list both
     // replicas' jobs (the operator writes ManagerNode status after the Bundle's).
@@ -210,8 +216,8 @@ async fn reads_validate_what_if_trace_top_and_broken() {
             "news",
             "--replica",
             "0",
-            "--operator-service",
-            plugin::OPERATOR_SERVICE,
+            "--operator-url",
+            &stack.operator_debug_http,
         ])
         .env("PATH", &path)
         .env("KUBECONFIG", stack.env.kubeconfig_path())
@@ -440,9 +446,39 @@ async fn reads_validate_what_if_trace_top_and_broken() {
         "bundle default/nosuch not found",
     );
 
-    // The operator stops answering: the same command fails cleanly, with the reason.
-    let out = run(&["trace", "news", "--operator-service", "no-such-service"]);
+    // Where no operator answers: the same command fails cleanly, with the reason.
+    let out = plugin::run_through_apiserver(
+        &stack,
+        &["trace", "news", "--operator-service", "no-such-service"],
+    );
     fails(&out, 1, "services \"no-such-service\" not found");
+    // A Service with no endpoint: the apiserver's 503 is the answer, told at once rather than
+    // retried until the request timeout.
+    let out = stack
+        .env
+        .apply_yaml(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: no-endpoints, namespace: {ns}}}\nspec:\n  ports: [{{name: debug, port: 8082}}]\n---\napiVersion: v1\nkind: Endpoints\nmetadata: {{name: no-endpoints, namespace: {ns}}}\n",
+            ns = plugin::OPERATOR_NAMESPACE
+        ))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = plugin::run_through_apiserver(
+        &stack,
+        &[
+            "trace",
+            "news",
+            "--operator-service",
+            "no-endpoints",
+            "--request-timeout",
+            "20s",
+        ],
+    );
+    fails(
+        &out,
+        1,
+        "no endpoints available for service \"no-endpoints\"",
+    );
     let out = run(&["trace", "news", "--operator-url", "http://127.0.0.1:9"]);
     fails(&out, 1, "cannot reach the operator at http://127.0.0.1:9");
 }
@@ -624,7 +660,7 @@ async fn writes_cordon_drain_migrate_abort_with_wait() {
         &serde_json::json!({"answerTimeoutMs": 600000}),
     )
     .unwrap();
-    let stack = Stack::start_custom(&config, &[], listen_on_all_addresses)
+    let stack = Stack::start_custom(&config, &[], |_| {})
         .await
         .expect("stack");
     apply_example_pools(&stack).await.unwrap();

@@ -9,8 +9,14 @@
 //!    nodes`, `map` (`-o json` agrees with the ManagerNode objects) and `migrate --wait` to the
 //!    end; `-v` says the leader Pod answered.
 //! 3. The standby's debugging port, reached by hand, answers 503 naming the leader.
-//! 4. The leader's process is killed: once the standby holds the Lease, the same commands go to
-//!    it (a Bundle placed after the change has its trace there).
+//! 4. The leader's Pod is killed: once another Pod holds the Lease, the same commands go to it
+//!    (a Bundle placed after the change has its trace there).
+//! 5. The other route through the apiserver, `--operator-service` (its service proxy): with no
+//!    such Service, a clear error; then the chart upgraded to `debug.address=0.0.0.0` (the
+//!    proxy dials the Pod's address on the node's bridge) and a Service over the `debug` port
+//!    of the Pod holding the Lease (picked by a label put on it here: the plugin does not follow
+//!    a standby's 503 on this route): `trace` and `what-if` through it, also as `kubectl
+//!    automanager`; the same Service moved onto the standby carries its 503 naming the leader.
 //!
 //! Prints `cli map_ms=… trace_ms=… through=leader-portforward` (medians of the plugin's whole
 //! run, process start to exit, beside `kubectl get managernodes -o json` measured in the same run).
@@ -29,6 +35,8 @@ const NS: &str = "automanager-system";
 const RELEASE: &str = "am";
 const FULLNAME: &str = "am-automanager";
 const WAIT: Duration = Duration::from_secs(300);
+/// The label that puts an operator Pod behind the Service of step 5.
+const SERVICE_TARGET_LABEL: &str = "e2e.automanager.norsk.io/debug-route";
 const VALUES: &[&str] = &[
     "--set",
     "replicaCount=2",
@@ -42,6 +50,13 @@ fn run(c: &Cluster, args: &[&str]) -> PluginOutput {
     plugin::run_with(args, |cmd| {
         cmd.env("KUBECONFIG", c.env.kubeconfig_path());
     })
+}
+
+/// The plugin through the Service of step 5 (`--operator-service`), with `-v`.
+fn run_service(c: &Cluster, args: &[&str]) -> PluginOutput {
+    let mut all = args.to_vec();
+    all.extend(["--operator-service", plugin::OPERATOR_SERVICE, "-v"]);
+    run(c, &all)
 }
 
 fn ok(out: &PluginOutput) {
@@ -102,8 +117,44 @@ fn answered_by(out: &PluginOutput) -> String {
         .lines()
         .find_map(|l| l.strip_prefix("operator: answered by pod "))
         .and_then(|l| l.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no route on stderr:\n{}", out.stderr))
+        .filter(|_| out.stderr.contains(" through=leader-portforward"))
+        .unwrap_or_else(|| panic!("no leader port-forward on stderr:\n{}", out.stderr))
         .to_owned()
+}
+
+/// Labels a Pod as (or no longer as) the one behind the Service of step 5.
+async fn mark_service_target(c: &Cluster, pod: &str, on: bool) {
+    let label = if on {
+        format!("{SERVICE_TARGET_LABEL}=true")
+    } else {
+        format!("{SERVICE_TARGET_LABEL}-")
+    };
+    c.kubectl_ok(&["label", "pod", pod, "-n", NS, &label, "--overwrite"])
+        .await
+        .unwrap();
+}
+
+/// Waits until the Service's Endpoints (what the apiserver's proxy reads) name `pod` alone.
+async fn wait_service_endpoint(c: &Cluster, pod: &str) {
+    c.wait_for(
+        &format!("the Service's endpoints to be {pod} alone"),
+        WAIT,
+        || async {
+            let e = c
+                .get_json(&["endpoints", plugin::OPERATOR_SERVICE, "-n", NS])
+                .await?;
+            let names: Vec<String> = e["subsets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|s| s["addresses"].as_array().cloned().unwrap_or_default())
+                .filter_map(|a| a["targetRef"]["name"].as_str().map(str::to_owned))
+                .collect();
+            Ok((names == [pod]).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test]
@@ -166,8 +217,9 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         &c,
         &["what-if", "-f", file.to_str().unwrap(), "-o", "json", "-v"],
     );
+    ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
-    assert!(out.json().get("kind").is_some(), "{}", out.stdout);
+    assert_eq!(out.json()["kind"], "ok", "{}", out.stdout);
 
     ok(&run(&c, &["top", "nodes"]));
     ok(&run(&c, &["top", "pools"]));
@@ -224,8 +276,9 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         let (out, ms) = timed(&c, &["map", "-o", "json"]);
         ok(&out);
         map_ms.push(ms);
-        let (out, ms) = timed(&c, &["trace", "sports-silver", "-o", "json"]);
+        let (out, ms) = timed(&c, &["trace", "sports-silver", "-o", "json", "-v"]);
         ok(&out);
+        assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
         trace_ms.push(ms);
     }
     let mut kubectl_ms = Vec::new();
@@ -253,16 +306,28 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     assert_eq!(v["leader"], leader.as_str(), "{body}");
     drop(pf);
 
-    // 4. The leader dies; the standby takes over; the plugin follows the Lease.
-    c.kill_container(NS, &leader, "operator").await.unwrap();
-    c.wait_for("the standby to take the Lease over", WAIT, || async {
-        Ok(
-            (c.lease_holder(NS, FULLNAME).await.ok().as_deref() == Some(standby.as_str()))
-                .then_some(()),
+    // 4. The leader's Pod dies as with its machine (a crashed container alone would come back
+    // in the same Pod, under the same name, which is the Lease's identity, and keep the
+    // Lease); another Pod takes over (the standby, or the Pod replacing the dead one if it
+    // wins the race once the Lease expires); the plugin follows the Lease.
+    c.kill_pod(NS, &leader).await.unwrap();
+    let leader = c
+        .wait_for(
+            "another running Pod to take the Lease over",
+            WAIT,
+            || async {
+                let Ok(holder) = c.lease_holder(NS, FULLNAME).await else {
+                    return Ok(None);
+                };
+                let running = operator_pods(&c)
+                    .await
+                    .iter()
+                    .any(|p| name(p) == holder && p["status"]["phase"] == "Running");
+                Ok((holder != leader && running).then_some(holder))
+            },
         )
-    })
-    .await
-    .unwrap();
+        .await
+        .unwrap();
     let out = c
         .kubectl(&["apply", "-f", file.to_str().unwrap()])
         .await
@@ -271,15 +336,29 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     wait_ready(&c, "probe").await;
     let out = run(&c, &["trace", "probe", "-o", "json", "-v"]);
     ok(&out);
-    assert_eq!(answered_by(&out), format!("{NS}/{standby}"));
+    assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
     let out = run(&c, &["what-if", "-f", file.to_str().unwrap(), "-v"]);
+    ok(&out);
     assert_eq!(
         answered_by(&out),
-        format!("{NS}/{standby}"),
+        format!("{NS}/{leader}"),
         "{}",
         out.stderr
     );
+    assert!(
+        out.stdout.contains("Bundle default/probe: fits"),
+        "{}",
+        out.stdout
+    );
     ok(&run(&c, &["top", "nodes"]));
+    ok(&run(&c, &["top", "pools"]));
+    let out = run(&c, &["map", "--bundle", "probe"]);
+    ok(&out);
+    assert!(
+        out.stdout.contains("default/probe (#, [ ]):"),
+        "{}",
+        out.stdout
+    );
     let out = run(&c, &["map", "-o", "json"]);
     ok(&out);
     let nodes = c.get_json(&["managernodes"]).await.unwrap();
@@ -291,6 +370,161 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         &["migrate", "probe/0/enc", "--wait", "--timeout", "240s"],
     );
     ok(&out);
+    assert!(out.stdout.contains("completed"), "{}", out.stdout);
+
+    // 5. --operator-service, the apiserver's service proxy. No such Service yet.
+    let out = run_service(&c, &["trace", "news-gold"]);
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "cannot reach the operator through the apiserver's proxy to service {NS}/{} port debug",
+            plugin::OPERATOR_SERVICE
+        )),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("not found"), "{}", out.stderr);
+    // The proxy dials the Pod's address: the debugging API listens on every address of the
+    // Pod's own network namespace (its loopback and its veth on the node's bridge).
+    let template = |p: &Value| p["metadata"]["labels"]["pod-template-hash"].clone();
+    let before: Vec<Value> = operator_pods(&c).await.iter().map(template).collect();
+    let out = c
+        .upgrade(RELEASE, NS, &["--set", "debug.address=0.0.0.0"])
+        .unwrap();
+    assert!(out.success(), "helm upgrade: {}", out.stderr);
+    let names: Vec<String> = c
+        .wait_for("two new operator Pods Ready", WAIT, || async {
+            let pods = operator_pods(&c).await;
+            Ok((pods.len() == 2
+                && pods.iter().all(ready)
+                && pods.iter().all(|p| !before.contains(&template(p))))
+            .then(|| pods.iter().map(name).collect()))
+        })
+        .await
+        .unwrap();
+    let leader = c
+        .wait_for("a new Pod to hold the Lease", WAIT, || async {
+            Ok(c.lease_holder(NS, FULLNAME)
+                .await
+                .ok()
+                .filter(|h| names.contains(h)))
+        })
+        .await
+        .unwrap();
+    let standby = names.iter().find(|n| **n != leader).unwrap().clone();
+    mark_service_target(&c, &leader, true).await;
+    let out = c
+        .env
+        .apply_yaml(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: {}, namespace: {NS}}}\nspec:\n  selector: {{app.kubernetes.io/instance: {RELEASE}, app.kubernetes.io/component: operator, {SERVICE_TARGET_LABEL}: \"true\"}}\n  ports: [{{name: {}, port: 8082, targetPort: debug}}]\n",
+            plugin::OPERATOR_SERVICE,
+            plugin::OPERATOR_PORT_NAME
+        ))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    wait_service_endpoint(&c, &leader).await;
+    // The new leader has the traces of the decisions it made since it started: a Bundle placed
+    // now.
+    let routed = dir.path().join("routed.yaml");
+    std::fs::write(
+        &routed,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: routed, namespace: default}\nspec:\n  replicas: 2\n  pools: [onprem]\n  jobs:\n    - {jobName: enc, requirements: {requiredCapacity: 1, priorityBand: bronze}}\n",
+    )
+    .unwrap();
+    let out = c
+        .kubectl(&["apply", "-f", routed.to_str().unwrap()])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    wait_ready(&c, "routed").await;
+
+    let out = run_service(&c, &["trace", "routed", "-o", "json"]);
+    ok(&out);
+    assert!(
+        out.stderr
+            .contains("operator: answered through=service-proxy"),
+        "{}",
+        out.stderr
+    );
+    let by_service = out.json();
+    assert_eq!(by_service["bundleId"], "default.routed");
+    // The leader's trace, as the port-forward route has it: the same decisions.
+    let out = run(&c, &["trace", "routed", "-o", "json", "-v"]);
+    ok(&out);
+    assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
+    let by_portforward = out.json();
+    let outcomes = |t: &Value| -> Vec<Value> {
+        t["replicas"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no replicas in {t:#}"))
+            .iter()
+            .map(|r| r["decision"]["outcome"]["kind"].clone())
+            .collect()
+    };
+    assert_eq!(outcomes(&by_service).len(), 2, "{by_service:#}");
+    assert_eq!(outcomes(&by_service), outcomes(&by_portforward));
+    let out = run_service(&c, &["what-if", "-f", file.to_str().unwrap(), "-o", "json"]);
+    ok(&out);
+    assert!(
+        out.stderr
+            .contains("operator: answered through=service-proxy"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.json()["kind"], "ok", "{}", out.stdout);
+    // As `kubectl automanager`, the plugin found on PATH.
+    let plugin_dir = plugin::plugin_binary()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}:{}",
+        plugin_dir.display(),
+        c.env.bin_dir().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(c.env.bin_dir().join("kubectl"))
+        .args([
+            "automanager",
+            "trace",
+            "routed",
+            "--replica",
+            "0",
+            "--operator-service",
+            plugin::OPERATOR_SERVICE,
+        ])
+        .env("PATH", &path)
+        .env("KUBECONFIG", c.env.kubeconfig_path())
+        .env_remove("AUTOMANAGER_OPERATOR_URL")
+        .output()
+        .unwrap();
+    let out = PluginOutput {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    ok(&out);
+    assert!(
+        out.stdout.contains("replica 0 · placed in "),
+        "{}",
+        out.stdout
+    );
+    // The Service moved onto the standby: this route does not follow it to the leader, and the
+    // error carries the standby's answer naming the leader.
+    mark_service_target(&c, &leader, false).await;
+    mark_service_target(&c, &standby, true).await;
+    wait_service_endpoint(&c, &standby).await;
+    let out = run_service(&c, &["trace", "routed"]);
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains(&format!(
+            "the operator answered 503: this replica is standby and holds no placement state; the leader is {leader}"
+        )),
+        "{}",
+        out.stderr
+    );
 
     println!(
         "cli map_ms={:.0} trace_ms={:.0} through=leader-portforward baseline_kubectl_get_managernodes_ms={:.0}",
