@@ -102,6 +102,28 @@ fn ready(p: &Value) -> bool {
     })
 }
 
+/// Until the ManagerNode objects list `count` jobs of `bundle` (`namespace/name`): the operator
+/// writes their status after the Bundle's, so a Ready Bundle may not be on the map yet.
+async fn wait_nodes_list(c: &Cluster, bundle: &str, count: usize) {
+    c.wait_for(
+        &format!("the ManagerNodes to list {bundle}'s {count} job(s)"),
+        WAIT,
+        || async {
+            let nodes = c.get_json(&["managernodes"]).await?;
+            let jobs = nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
+                .filter(|j| j["bundle"] == bundle)
+                .count();
+            Ok((jobs == count).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
 async fn wait_ready(c: &Cluster, bundle: &str) {
     c.wait_for(&format!("bundle {bundle} Ready"), WAIT, || async {
         let b = c.get_json(&["bundle", bundle, "-n", "default"]).await?;
@@ -225,23 +247,7 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     ok(&run(&c, &["top", "pools"]));
     // The operator writes ManagerNode status after the Bundle's: wait until it lists both
     // replicas of news-gold, then the map must show the same.
-    c.wait_for(
-        "the ManagerNodes to list news-gold's two jobs",
-        WAIT,
-        || async {
-            let nodes = c.get_json(&["managernodes"]).await?;
-            let jobs = nodes["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .flat_map(|n| n["status"]["jobs"].as_array().cloned().unwrap_or_default())
-                .filter(|j| j["bundle"] == "default/news-gold")
-                .count();
-            Ok((jobs == 2).then_some(()))
-        },
-    )
-    .await
-    .unwrap();
+    wait_nodes_list(&c, "default/news-gold", 2).await;
     let out = run(&c, &["map", "-o", "json"]);
     ok(&out);
     let nodes = c.get_json(&["managernodes"]).await.unwrap();
@@ -334,6 +340,7 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     wait_ready(&c, "probe").await;
+    wait_nodes_list(&c, "default/probe", 1).await;
     let out = run(&c, &["trace", "probe", "-o", "json", "-v"]);
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
