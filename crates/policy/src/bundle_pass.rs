@@ -101,7 +101,7 @@ pub fn placement_request(ask: &Ask<'_>) -> pl::PlacementRequest {
             .jobs
             .iter()
             .filter(|j| ask.jobs.contains(&j.job_name))
-            .map(|j| without_dropped(j, ask.needs))
+            .map(|j| pinned_to_group(&without_dropped(j, ask.needs), ask, &placed_siblings))
             .collect(),
         pools: ask.bundle.pools_for_replica(ask.replica).to_vec(),
         kind: if ask.recovery {
@@ -114,6 +114,32 @@ pub fn placement_request(ask: &Ask<'_>) -> pl::PlacementRequest {
         other_replicas,
         placed_siblings,
     }
+}
+
+/// `job` with `coLocateWith` naming every member of its co-location group that stays where it
+/// runs ([`crate::co_location::group`], both directions): the engine pins a job to the siblings
+/// it names itself, so without this an `enc` restarted alone would not be pinned to the running
+/// `pkg` that declares `coLocateWith: [enc]`.
+fn pinned_to_group(
+    job: &pl::JobSpec,
+    ask: &Ask<'_>,
+    placed_siblings: &[pl::SiblingPosition],
+) -> pl::JobSpec {
+    let mut job = job.clone();
+    let group = crate::co_location::group(
+        &ask.bundle.jobs,
+        &ask.bundle.intra_replica_placement,
+        &job.job_name,
+    );
+    for s in placed_siblings {
+        if group.contains(&s.job_name)
+            && s.job_name != job.job_name
+            && !job.co_locate_with.contains(&s.job_name)
+        {
+            job.co_locate_with.push(s.job_name.clone());
+        }
+    }
+    job
 }
 
 /// `job` without its `coLocateWith` and `separateFrom` entries naming a job its band dropped:
@@ -312,6 +338,42 @@ mod tests {
         assert_eq!(r.jobs[0].job_name, "pkg");
         assert_eq!(r.jobs[0].co_locate_with, ["thumb"]);
         assert!(r.jobs[0].separate_from.is_empty());
+    }
+
+    #[test]
+    fn a_job_restarted_alone_is_pinned_to_the_running_job_that_shares_its_node() {
+        let mut b = bundle(1);
+        b.jobs[1].co_locate_with = vec!["enc".into()];
+        let needs: BTreeMap<String, Need> =
+            [("enc".into(), Need::Recover), ("pkg".into(), Need::Nothing)].into();
+        let seen = vec![
+            at(0, "enc", JobPhase::Failed, "n1"),
+            at(0, "pkg", JobPhase::Running, "n2"),
+        ];
+        let r = placement_request(&Ask {
+            bundle: &b,
+            replica: 0,
+            jobs: &["enc".to_owned()],
+            recovery: true,
+            needs: &needs,
+            seen: &seen,
+            decided_elsewhere: &[],
+        });
+        assert_eq!(r.jobs[0].job_name, "enc");
+        assert_eq!(r.jobs[0].co_locate_with, ["pkg"], "pinned to pkg's node");
+        // Jobs with no rule between them stay free.
+        let mut free = bundle(1);
+        free.jobs[1].co_locate_with.clear();
+        let r = placement_request(&Ask {
+            bundle: &free,
+            replica: 0,
+            jobs: &["enc".to_owned()],
+            recovery: true,
+            needs: &needs,
+            seen: &seen,
+            decided_elsewhere: &[],
+        });
+        assert!(r.jobs[0].co_locate_with.is_empty());
     }
 
     #[test]

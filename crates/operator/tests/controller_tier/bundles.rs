@@ -367,3 +367,37 @@ async fn a_silver_job_colocated_with_a_dropped_bronze_job_is_restarted() {
     })
     .await;
 }
+
+/// `enc` fails alone while `pkg`, which declares `coLocateWith: [enc]`, keeps running: the
+/// restart goes to `pkg`'s node (spread packing would pick an emptier one).
+#[tokio::test]
+async fn a_job_restarted_alone_joins_the_running_job_co_located_with_it() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    let node = t.node_of("news");
+    let enc = mapping::bundle_id("live", "news") + "/0/enc";
+    t._sim
+        .with_world(|w, now| w.fail_job(&enc, "encoder crashed", now))
+        .expect("failed");
+    t.until_mirror("enc failed", |m| {
+        m.jobs[&enc].state() == proto::JobState::Failed
+    })
+    .await;
+    t.sync_model();
+
+    t.bundle_pass("news").await.expect("the recovery pass");
+
+    t.until_mirror("enc runs again", |m| {
+        m.jobs[&enc].state() == proto::JobState::Running
+    })
+    .await;
+    let on = t
+        .ctx
+        .manager
+        .mirror()
+        .read(|m| m.jobs[&enc].node_id.clone());
+    assert_eq!(on, node, "restarted beside pkg");
+}
