@@ -483,6 +483,34 @@ async fn reads_validate_what_if_trace_top_and_broken() {
     fails(&out, 1, "cannot reach the operator at http://127.0.0.1:9");
 }
 
+/// Creates the operator Pods `manifests` (one Pod each) and marks them Running, as a kubelet
+/// would (there is none here).
+async fn running_pods(env: &automanager_e2e::TestEnv, manifests: &[String]) {
+    let out = env.apply_yaml(&manifests.concat()).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for m in manifests {
+        let name = m
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("name: "))
+            .expect("a Pod name");
+        let out = env
+            .run_kubectl([
+                "patch",
+                "pod",
+                name,
+                "-n",
+                "automanager-system",
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                r#"{"status":{"phase":"Running"}}"#,
+            ])
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+}
+
 /// The plugin's default route without flags: the chart's operator Pods, the leader Lease, a
 /// port-forward to the holder's `debug` port. There is no kubelet here, so the port-forward
 /// itself fails; the error says which Pod and port the plugin chose, and each way it can go
@@ -526,32 +554,14 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
     );
 
     // Two Pods, debugging port off.
-    let out = env
-        .apply_yaml(&format!(
-            "{}{}",
+    running_pods(
+        &env,
+        &[
             pod("automanager-5d8c7b9f4-aaaaa", false),
-            pod("automanager-5d8c7b9f4-bbbbb", false)
-        ))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    for name in ["automanager-5d8c7b9f4-aaaaa", "automanager-5d8c7b9f4-bbbbb"] {
-        let out = env
-            .run_kubectl([
-                "patch",
-                "pod",
-                name,
-                "-n",
-                "automanager-system",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"phase":"Running"}}"#,
-            ])
-            .await
-            .unwrap();
-        assert!(out.success(), "{}", out.stderr);
-    }
+            pod("automanager-5d8c7b9f4-bbbbb", false),
+        ],
+    )
+    .await;
     fails(
         &run(&["trace", "news"]),
         1,
@@ -572,32 +582,14 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     // Deleted at once: no kubelet holds them.
-    let out = env
-        .apply_yaml(&format!(
-            "{}{}",
+    running_pods(
+        &env,
+        &[
             pod("automanager-5d8c7b9f4-ccccc", true),
-            pod("automanager-5d8c7b9f4-ddddd", true)
-        ))
-        .await
-        .unwrap();
-    assert!(out.success(), "{}", out.stderr);
-    for name in ["automanager-5d8c7b9f4-ccccc", "automanager-5d8c7b9f4-ddddd"] {
-        let out = env
-            .run_kubectl([
-                "patch",
-                "pod",
-                name,
-                "-n",
-                "automanager-system",
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                r#"{"status":{"phase":"Running"}}"#,
-            ])
-            .await
-            .unwrap();
-        assert!(out.success(), "{}", out.stderr);
-    }
+            pod("automanager-5d8c7b9f4-ddddd", true),
+        ],
+    )
+    .await;
     fails(
         &run(&["trace", "news"]),
         1,
