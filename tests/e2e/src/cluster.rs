@@ -468,27 +468,18 @@ impl Cluster {
         &self,
         what: &str,
         timeout: Duration,
-        mut probe: F,
+        probe: F,
     ) -> Result<T, SetupError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SetupError>>,
     {
-        let deadline = Instant::now() + timeout;
-        let mut last_err = String::new();
-        loop {
-            match probe().await {
-                Ok(Some(v)) => return Ok(v),
-                Ok(None) => {}
-                Err(e) => last_err = e.0,
-            }
-            if Instant::now() > deadline {
-                return Err(SetupError(format!(
-                    "timed out after {timeout:?} waiting for {what} ({last_err})\n{}",
-                    self.diagnostics().await
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
+        match crate::poll_until(timeout, Duration::from_millis(250), probe).await {
+            Ok(v) => Ok(v),
+            Err(last_err) => Err(SetupError(format!(
+                "timed out after {timeout:?} waiting for {what} ({last_err})\n{}",
+                self.diagnostics().await
+            ))),
         }
     }
 

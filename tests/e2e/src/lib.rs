@@ -197,3 +197,30 @@ where
         std::process::exit(1);
     }
 }
+
+/// Polls `probe` every `every` until it returns `Some`; after `timeout`, `Err` with the last
+/// error the probe gave (empty when it only ever answered `None`). The harnesses' `wait_for`
+/// add what they can show about a failed wait.
+pub async fn poll_until<T, F, Fut>(
+    timeout: Duration,
+    every: Duration,
+    mut probe: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, SetupError>>,
+{
+    let deadline = std::time::Instant::now() + timeout;
+    let mut last_err = String::new();
+    loop {
+        match probe().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = e.0,
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(last_err);
+        }
+        tokio::time::sleep(every).await;
+    }
+}

@@ -527,37 +527,29 @@ impl Stack {
         &self,
         what: &str,
         timeout: Duration,
-        mut probe: F,
+        probe: F,
     ) -> Result<T, SetupError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, SetupError>>,
     {
-        let deadline = Instant::now() + timeout;
-        let mut last_err = String::new();
-        loop {
-            match probe().await {
-                Ok(Some(v)) => return Ok(v),
-                Ok(None) => {}
-                Err(e) => last_err = e.0,
-            }
-            if Instant::now() > deadline {
-                let log = self.operator.log_text();
-                let tail: Vec<&str> = log
-                    .lines()
-                    .rev()
-                    .take(60)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect();
-                return Err(SetupError(format!(
-                    "timed out after {timeout:?} waiting for {what} ({last_err})\noperator log tail:\n{}",
-                    tail.join("\n")
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        let last_err = match crate::poll_until(timeout, Duration::from_millis(200), probe).await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let log = self.operator.log_text();
+        let tail: Vec<&str> = log
+            .lines()
+            .rev()
+            .take(60)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        Err(SetupError(format!(
+            "timed out after {timeout:?} waiting for {what} ({last_err})\noperator log tail:\n{}",
+            tail.join("\n")
+        )))
     }
 
     /// Waits for a bundle to be Ready with none of its jobs on `node`; returns the bundle.
