@@ -26,6 +26,7 @@ use automanager_policy::ids::BundleId;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::scheduler::{ScheduleRequest, debounced_scheduler};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use manager_client::MirrorChange;
@@ -224,14 +225,17 @@ fn deliver(ctx: &Context, w: &Wakes) {
         let mut state = ctx.state();
         let now = ctx.clock.instant();
         for b in &w.bundles {
+            let loss = w.lost_jobs.contains(b);
             if let Some(r) = bundle_ref(b)
-                && !state.wake_mut().hold_for_pass(&r)
+                && !state.wake_mut().hold_for_pass(&r, loss)
             {
-                if w.lost_jobs.contains(b) {
+                if loss {
                     // Its recovery goes before other passes' paperwork (`recovery_first`).
                     state.wake_mut().lost_jobs(&r, now);
+                    let _ = ctx.wake.bundles_now.send(r);
+                } else {
+                    let _ = ctx.wake.bundles.send(r);
                 }
-                let _ = ctx.wake.bundles.send(r);
             }
         }
     }
@@ -244,7 +248,7 @@ fn deliver(ctx: &Context, w: &Wakes) {
         } else if let Some((bundle, _)) = tag.rsplit_once(".r")
             && let Some(r) = bundle_ref(bundle)
         {
-            let _ = ctx.wake.bundles.send(r);
+            let _ = ctx.wake.bundles_now.send(r);
         }
     }
     for pool in &w.pools_capacity {
@@ -324,6 +328,28 @@ fn unwrap_lean<K>(event: watcher::Event<Lean<K>>) -> watcher::Event<K> {
     }
 }
 
+/// How long a Bundle's settling wake-ups ([`controllers::Wakers::bundles`]) wait for more of
+/// the same burst: a job's starting and running echoes, say, make one pass, not two.
+const BUNDLE_SETTLE_DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The Bundle controller's wake-ups: `soon` debounced by [`BUNDLE_SETTLE_DEBOUNCE`] (kube's
+/// own scheduler, as a controller's `debounce` would), `now` (a recovery, or the capacity a
+/// waiting bundle asked for) passed on at once. The controller still runs one pass of an
+/// object at a time and folds a wake-up during it into one more pass.
+pub fn bundle_wakes(
+    soon: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    now: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+) -> impl futures::Stream<Item = ObjectRef<Bundle>> + Send + 'static {
+    let soon = debounced_scheduler(
+        UnboundedReceiverStream::new(soon).map(|r| ScheduleRequest {
+            message: r,
+            run_at: tokio::time::Instant::now(),
+        }),
+        BUNDLE_SETTLE_DEBOUNCE,
+    );
+    futures::stream::select(UnboundedReceiverStream::new(now), soon)
+}
+
 fn everything(ctx: &Context) -> impl futures::Stream<Item = ()> + Send + 'static {
     BroadcastStream::new(ctx.wake.everything.subscribe()).filter_map(|r| async move { r.ok() })
 }
@@ -374,11 +400,11 @@ pub async fn run_controllers(
     let bundle_store_synced = bundle_store.clone();
     let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
         .with_config(
-            ControllerConfig::default()
-                .concurrency(ctx.settings.bundle_concurrency)
-                .debounce(Duration::from_millis(100)),
+            // No debounce here: the wake-ups that may come in bursts are debounced in
+            // `bundle_wakes`, so a recovery's are not.
+            ControllerConfig::default().concurrency(ctx.settings.bundle_concurrency),
         )
-        .reconcile_on(UnboundedReceiverStream::new(rx.bundles))
+        .reconcile_on(bundle_wakes(rx.bundles, rx.bundles_now))
         .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
@@ -755,5 +781,35 @@ mod tests {
         let annotated = spec_changes(&b);
         b.metadata.generation = Some(2);
         assert_ne!(spec_changes(&b), annotated, "a spec change is");
+    }
+
+    fn bundle(name: &str) -> ObjectRef<Bundle> {
+        ObjectRef::new(name).within("live")
+    }
+
+    /// On tokio's paused clock: no test here waits on the wall clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_recovery_wake_goes_at_once_and_settling_wakes_fold_after_the_debounce() {
+        let (soon_tx, soon_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (now_tx, now_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut wakes = Box::pin(bundle_wakes(soon_rx, now_rx));
+        let start = tokio::time::Instant::now();
+
+        soon_tx.send(bundle("echoes")).expect("sent");
+        now_tx.send(bundle("recovering")).expect("sent");
+        assert_eq!(wakes.next().await, Some(bundle("recovering")));
+        assert_eq!(tokio::time::Instant::now(), start, "no wait for a recovery");
+
+        // More of the same burst within the debounce fold into one wake-up, which comes once
+        // the burst has been quiet for the debounce.
+        tokio::time::advance(Duration::from_millis(60)).await;
+        soon_tx.send(bundle("echoes")).expect("sent");
+        assert_eq!(wakes.next().await, Some(bundle("echoes")));
+        assert_eq!(
+            tokio::time::Instant::now() - start,
+            Duration::from_millis(60) + BUNDLE_SETTLE_DEBOUNCE
+        );
+        drop((soon_tx, now_tx));
+        assert_eq!(wakes.next().await, None, "no second wake-up for the burst");
     }
 }

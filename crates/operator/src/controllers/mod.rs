@@ -127,7 +127,12 @@ impl Error {
 /// Where the mirror pump and the controllers send "look at this object again".
 #[derive(Clone)]
 pub struct Wakers {
+    /// A Bundle to look at again once a burst of changes has settled: its jobs' echoes, a
+    /// drain or a Migration that moved it. The runtime debounces these ([`crate::runtime`]).
     pub bundles: mpsc::UnboundedSender<ObjectRef<Bundle>>,
+    /// A Bundle with a recovery to make, or whose awaited capacity came: passed on at once,
+    /// since every millisecond here is a viewer's gap.
+    pub bundles_now: mpsc::UnboundedSender<ObjectRef<Bundle>>,
     pub pools: mpsc::UnboundedSender<ObjectRef<PlacementPool>>,
     pub spare_targets: mpsc::UnboundedSender<ObjectRef<HotSpareTarget>>,
     pub migrations: mpsc::UnboundedSender<ObjectRef<Migration>>,
@@ -140,6 +145,7 @@ pub struct Wakers {
 /// The receiving ends of [`Wakers`], taken once by the runtime.
 pub struct WakeReceivers {
     pub bundles: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    pub bundles_now: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
     pub pools: mpsc::UnboundedReceiver<ObjectRef<PlacementPool>>,
     pub spare_targets: mpsc::UnboundedReceiver<ObjectRef<HotSpareTarget>>,
     pub migrations: mpsc::UnboundedReceiver<ObjectRef<Migration>>,
@@ -148,6 +154,7 @@ pub struct WakeReceivers {
 
 fn wake_channels() -> (Wakers, WakeReceivers) {
     let (bundles, bundles_rx) = mpsc::unbounded_channel();
+    let (bundles_now, bundles_now_rx) = mpsc::unbounded_channel();
     let (pools, pools_rx) = mpsc::unbounded_channel();
     let (spare_targets, spare_targets_rx) = mpsc::unbounded_channel();
     let (migrations, migrations_rx) = mpsc::unbounded_channel();
@@ -156,6 +163,7 @@ fn wake_channels() -> (Wakers, WakeReceivers) {
     (
         Wakers {
             bundles,
+            bundles_now,
             pools,
             spare_targets,
             migrations,
@@ -164,6 +172,7 @@ fn wake_channels() -> (Wakers, WakeReceivers) {
         },
         WakeReceivers {
             bundles: bundles_rx,
+            bundles_now: bundles_now_rx,
             pools: pools_rx,
             spare_targets: spare_targets_rx,
             migrations: migrations_rx,
@@ -249,7 +258,7 @@ impl Context {
     pub fn wake_pool(&self, pool: &str) {
         let state = self.state();
         for b in state.wake().waiting_on(pool) {
-            let _ = self.wake.bundles.send(b.clone());
+            let _ = self.wake.bundles_now.send(b.clone());
         }
         for t in state.wake().spare_targets_of(pool) {
             let _ = self.wake.spare_targets.send(t.clone());

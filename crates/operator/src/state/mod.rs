@@ -44,7 +44,7 @@ pub use bundles::BundleBook;
 pub use disruptions::{AdmittedMigration, Disruptions};
 pub use nodes::{DrainProgress, NodeBook};
 pub use provisioning::Provisioning;
-pub use wake::WakeIndex;
+pub use wake::{Held, WakeIndex};
 
 /// How often at most the engine snapshot for what-if is refreshed while the engine changes.
 pub const SNAPSHOT_EVERY: Duration = Duration::from_millis(200);

@@ -8,6 +8,18 @@ use automanager_api::{Bundle, HotSpareTarget, Migration};
 use automanager_policy::recovery_first::{Backlog, Slots};
 use kube::runtime::reflector::ObjectRef;
 
+/// What a pass of a bundle holds for its end: the weightiest change of its jobs that came
+/// during it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Held {
+    #[default]
+    Nothing,
+    /// A job changed: its next pass may wait for the burst to settle.
+    Change,
+    /// A job failed or was lost: its next pass is a recovery and goes at once.
+    Loss,
+}
+
 /// Who to wake when something changes in Manager, so that one node event costs only the
 /// reconciles it concerns (not every object of every kind).
 #[derive(Debug, Default)]
@@ -23,10 +35,10 @@ pub struct WakeIndex {
     migrations_by_job: HashMap<String, ObjectRef<Migration>>,
     /// HotSpareTargets by pool.
     spare_targets_by_pool: HashMap<String, HashSet<ObjectRef<HotSpareTarget>>>,
-    /// Bundles in a pass now, and whether a change of their jobs came during it. Such a change
-    /// is held back: it may be the pass's own starts coming up, which its status already
-    /// shows; the pass's end wakes the bundle again if anything else changed.
-    in_pass: HashMap<ObjectRef<Bundle>, bool>,
+    /// Bundles in a pass now, and what change of their jobs came during it. Such a change is
+    /// held back: it may be the pass's own starts coming up, which its status already shows;
+    /// the pass's end wakes the bundle again if anything else changed.
+    in_pass: HashMap<ObjectRef<Bundle>, Held>,
     /// Bundles woken to recover lost jobs whose pass has not begun
     /// ([`automanager_policy::recovery_first`]).
     backlog: Backlog<ObjectRef<Bundle>>,
@@ -108,7 +120,7 @@ impl WakeIndex {
 
     /// A pass of `bundle` begins.
     pub fn begin_pass(&mut self, bundle: &ObjectRef<Bundle>) {
-        self.in_pass.insert(bundle.clone(), false);
+        self.in_pass.insert(bundle.clone(), Held::Nothing);
         self.backlog.pass_began(bundle);
     }
 
@@ -127,21 +139,22 @@ impl WakeIndex {
         }
     }
 
-    /// A change of `bundle`'s jobs: true when a pass of it runs now (the change is held for
-    /// [`Self::end_pass`]), false when the caller should wake it.
-    pub fn hold_for_pass(&mut self, bundle: &ObjectRef<Bundle>) -> bool {
+    /// A change of `bundle`'s jobs (`loss`: one failed or was lost): true when a pass of it
+    /// runs now (the change is held for [`Self::end_pass`]), false when the caller should wake
+    /// it.
+    pub fn hold_for_pass(&mut self, bundle: &ObjectRef<Bundle>, loss: bool) -> bool {
         match self.in_pass.get_mut(bundle) {
             Some(held) => {
-                *held = true;
+                *held = (*held).max(if loss { Held::Loss } else { Held::Change });
                 true
             }
             None => false,
         }
     }
 
-    /// The pass of `bundle` ends: whether a change of its jobs was held during it.
-    pub fn end_pass(&mut self, bundle: &ObjectRef<Bundle>) -> bool {
-        self.in_pass.remove(bundle).unwrap_or(false)
+    /// The pass of `bundle` ends: what change of its jobs was held during it.
+    pub fn end_pass(&mut self, bundle: &ObjectRef<Bundle>) -> Held {
+        self.in_pass.remove(bundle).unwrap_or_default()
     }
 }
 
@@ -167,19 +180,42 @@ mod tests {
         let mut w = WakeIndex::default();
         let b = ObjectRef::<Bundle>::new("b").within("ns");
         let other = ObjectRef::<Bundle>::new("c").within("ns");
-        assert!(!w.hold_for_pass(&b), "no pass: wake it now");
+        assert!(!w.hold_for_pass(&b, false), "no pass: wake it now");
         w.begin_pass(&b);
-        assert!(!w.end_pass(&b), "nothing came during the pass");
-        w.begin_pass(&b);
-        assert!(w.hold_for_pass(&b));
-        assert!(!w.hold_for_pass(&other), "another bundle is woken as usual");
-        assert!(
+        assert_eq!(
             w.end_pass(&b),
+            Held::Nothing,
+            "nothing came during the pass"
+        );
+        w.begin_pass(&b);
+        assert!(w.hold_for_pass(&b, false));
+        assert!(
+            !w.hold_for_pass(&other, false),
+            "another bundle is woken as usual"
+        );
+        assert_eq!(
+            w.end_pass(&b),
+            Held::Change,
             "the held change is handed to the pass's end"
         );
         assert!(
-            !w.hold_for_pass(&b),
+            !w.hold_for_pass(&b, false),
             "after the pass, changes wake it again"
+        );
+    }
+
+    #[test]
+    fn a_loss_during_a_pass_outweighs_the_changes_around_it() {
+        let mut w = WakeIndex::default();
+        let b = ObjectRef::<Bundle>::new("b").within("ns");
+        w.begin_pass(&b);
+        assert!(w.hold_for_pass(&b, false));
+        assert!(w.hold_for_pass(&b, true));
+        assert!(w.hold_for_pass(&b, false));
+        assert_eq!(
+            w.end_pass(&b),
+            Held::Loss,
+            "a recovery is owed: its wake goes at once"
         );
     }
 

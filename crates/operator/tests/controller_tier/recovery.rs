@@ -48,7 +48,11 @@ impl Runtime {
         let dispatch = tokio::spawn(dispatch(
             t.clone_parts(),
             worker.clone(),
-            receivers.bundles,
+            // The runtime's own two lanes: settling wake-ups debounced, recoveries at once.
+            Box::pin(runtime::bundle_wakes(
+                receivers.bundles,
+                receivers.bundles_now,
+            )),
             done_tx,
             done_rx,
         ));
@@ -87,7 +91,7 @@ impl Tier {
 async fn dispatch(
     (api, ctx): Parts,
     worker: Arc<Mutex<Worker>>,
-    mut wakes: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    mut wakes: std::pin::Pin<Box<dyn futures::Stream<Item = ObjectRef<Bundle>> + Send>>,
     done_tx: mpsc::UnboundedSender<ObjectRef<Bundle>>,
     mut done_rx: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
 ) {
@@ -108,7 +112,7 @@ async fn dispatch(
     };
     loop {
         tokio::select! {
-            Some(r) = wakes.recv() => {
+            Some(r) = futures::StreamExt::next(&mut wakes) => {
                 let mut w = worker.lock().unwrap();
                 if w.running.contains(&r.name) {
                     w.again.insert(r.name.clone());
@@ -237,5 +241,55 @@ async fn each_bundle_recovers_from_a_lost_node_in_one_pass() {
     assert!(
         others.is_empty(),
         "bundles the node did not hold were left alone: {others:?}"
+    );
+}
+
+/// A lost node's bundles are woken on the lane that skips the settling debounce: a recovery
+/// starts as soon as the mirror shows the loss, while echoes of the same bundles' jobs
+/// starting would wait for their burst to settle.
+#[tokio::test]
+async fn a_lost_nodes_bundles_are_woken_at_once_not_after_the_settling_debounce() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    let names = t.fleet_of_bundles("news", 4).await;
+    let on_a1: BTreeSet<String> = names
+        .iter()
+        .filter(|n| {
+            let s = t.stored_bundle(n).status.unwrap();
+            s.replicas
+                .iter()
+                .flat_map(|r| &r.jobs)
+                .any(|j| j.node_id.as_deref() == Some("onprem-a1"))
+        })
+        .cloned()
+        .collect();
+    assert!(!on_a1.is_empty());
+    let mut receivers = t.ctx.take_receivers().expect("the wake receivers");
+    let pump = tokio::spawn(runtime::run_mirror_pump(t.ctx.clone()));
+
+    t._sim
+        .with_world(|w, now| w.kill_node("onprem-a1", now))
+        .expect("killed");
+
+    let mut now = BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + BOUND;
+    while now != on_a1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "woken at once: {now:?}, expected {on_a1:?}"
+        );
+        if let Ok(Some(r)) =
+            tokio::time::timeout(Duration::from_millis(10), receivers.bundles_now.recv()).await
+        {
+            now.insert(r.name);
+        }
+    }
+    pump.abort();
+    let mut soon = BTreeSet::new();
+    while let Ok(r) = receivers.bundles.try_recv() {
+        soon.insert(r.name);
+    }
+    assert!(
+        soon.is_disjoint(&on_a1),
+        "a recovering bundle was also put on the settling lane: {soon:?}"
     );
 }

@@ -33,7 +33,7 @@ mod record;
 use super::{Context, Error, is_final_answer, ns_name};
 use crate::mapping;
 use crate::model::StartMark;
-use crate::state::OperatorState;
+use crate::state::{Held, OperatorState};
 
 /// How long a pass that registered a bundle waits for Manager's jobs to reach the mirror.
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
@@ -239,11 +239,18 @@ impl<'c> PassMark<'c> {
 
 impl Drop for PassMark<'_> {
     fn drop(&mut self) {
-        let again = self
-            .ctx
-            .with_mirror(|m, s| s.wake_mut().end_pass(&self.bundle) && self.moved_past(m));
-        if again {
-            let _ = self.ctx.wake.bundles.send(self.bundle.clone());
+        let again = self.ctx.with_mirror(|m, s| {
+            let held = s.wake_mut().end_pass(&self.bundle);
+            (held != Held::Nothing && self.moved_past(m)).then_some(held)
+        });
+        match again {
+            Some(Held::Loss) => {
+                let _ = self.ctx.wake.bundles_now.send(self.bundle.clone());
+            }
+            Some(_) => {
+                let _ = self.ctx.wake.bundles.send(self.bundle.clone());
+            }
+            None => {}
         }
     }
 }
