@@ -30,6 +30,8 @@ use manager_proto as proto;
 mod place;
 mod record;
 
+use record::write_status;
+
 use super::{Context, Error, is_final_answer, ns_name};
 use crate::mapping;
 use crate::model::StartMark;
@@ -760,27 +762,6 @@ fn band_rule(ctx: &Context, spec: &api::BundleSpec, job: &api::BundleJob) -> Ban
 fn is_condition(status: &BundleStatus, type_: &str, reason: &str) -> bool {
     api::find_condition(&status.conditions, type_)
         .is_some_and(|c| c.is_true() && c.reason == reason)
-}
-
-/// Writes status by server-side apply, only when it changed.
-async fn write_status(
-    ctx: &Context,
-    bundle: &Bundle,
-    prev: &BundleStatus,
-    status: BundleStatus,
-) -> Result<(), Error> {
-    if &status == prev {
-        return Ok(());
-    }
-    let (ns, name) = ns_name(bundle)?;
-    // Conditional: status holds the restart history, which a stale writer must not roll back.
-    super::apply_status_if(
-        &Api::<Bundle>::namespaced(ctx.client.clone(), &ns),
-        &name,
-        bundle.metadata.resource_version.as_deref(),
-        &status,
-    )
-    .await
 }
 
 /// Deletion: stop the bundle's jobs and unregister it before the finalizer goes.

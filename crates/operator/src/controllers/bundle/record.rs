@@ -1,25 +1,27 @@
 //! The pass's record: wait a moment for its starts to run, look again, build the status from
 //! what it saw and did ([`automanager_mapping::bundle_status`]), let the rebalancer look at a
 //! Ready bundle, note the pools it waits on, tell what happened in Events, and write the status
-//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]).
+//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]). Every status
+//! write of a Bundle goes through [`write_status`] here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use automanager_api::{self as api, BundlePhase, BundleStatus};
+use automanager_api::{self as api, Bundle, BundlePhase, BundleStatus};
 use automanager_policy::bundle::{Need, ReplicaIntent, ReplicaPlan};
 use automanager_policy::bundle_pass::{self, Recorded};
 use automanager_policy::ledger::ReplicaKey;
 use automanager_policy::recovery_first;
 use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use manager_client::MirrorState;
 use manager_proto as proto;
 
-use super::{Outcome, Pass, PassMark, Seen, is_condition, write_status};
-use crate::controllers::{Context, Error};
+use super::{Outcome, Pass, PassMark, Seen, is_condition};
+use crate::controllers::{Context, Error, ns_name};
 use crate::mapping::bundle_status::{self, Decided, JobFacts, ReplicaFacts, StatusFacts};
 use crate::model::StartMark;
 
@@ -433,4 +435,25 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
         .ok()
         .map(|()| ctx.clock.instant().saturating_duration_since(began));
     ctx.state().bundles_mut().record_settle(took);
+}
+
+/// Writes status by server-side apply, only when it changed.
+pub(super) async fn write_status(
+    ctx: &Context,
+    bundle: &Bundle,
+    prev: &BundleStatus,
+    status: BundleStatus,
+) -> Result<(), Error> {
+    if &status == prev {
+        return Ok(());
+    }
+    let (ns, name) = ns_name(bundle)?;
+    // Conditional: status holds the restart history, which a stale writer must not roll back.
+    crate::controllers::apply_status_if(
+        &Api::<Bundle>::namespaced(ctx.client.clone(), &ns),
+        &name,
+        bundle.metadata.resource_version.as_deref(),
+        &status,
+    )
+    .await
 }
