@@ -4,8 +4,11 @@
 //!
 //! Prints one line:
 //! `warm-recovery kills=<n> warm_to_running_p99_ms=<x> operator_share_p99_ms=<x>
-//! start_delay_ms=<x> provision_baseline_p99_ms=<x> provision_delay_ms=<x> on_warm=<n>`.
-//! Goal: the operator's share of a warm recovery at most 200 ms.
+//! start_delay_ms=<x> provision_baseline_p99_ms=<x> provision_delay_ms=<x> on_warm=<n>`,
+//! then `spare-schedule gold_recovery_in_window_p99_ms=<x> flat_hot_p99_ms=<x>
+//! hot_up_at_open=<n>/<n> kills=<n>`.
+//! Goals: the operator's share of a warm recovery at most 200 ms; a gold recovery inside a
+//! schedule's window no slower than with a flat hot target sized for the same peak.
 //!
 //! **Set-up.** manager-sim with an elastic `gold` pool whose stopped nodes start in
 //! `START_DELAY_MS` and whose new nodes take `PROVISION_DELAY_MS` (a cloud's tens of seconds
@@ -18,12 +21,16 @@
 //! Manager's clock. The operator's share is that less the sim's start delay and job start.
 //! **Baseline, same run:** the HotSpareTarget is deleted and the same kills recover by
 //! provisioning a node. `BENCH_KILLS` (default 20) sets the count of each.
+//!
+//! **Schedules.** A HotSpareTarget with no spare outside a window and two hot ones inside it,
+//! applied before the window opens: the same kills from the moment it opens, each once two hot
+//! spares are up. **Baseline, same run:** a flat target of two hot spares.
 
 use std::time::Duration;
 
 use automanager_e2e::SetupError;
 use automanager_e2e::bench::{
-    apply, env_usize, err, is_spare, percentile as pct, settled_node, sorted,
+    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted,
 };
 use automanager_e2e::stack::Stack;
 use manager_client::proto::{JobState, NodeState};
@@ -108,19 +115,63 @@ fn warm_ready(m: &MirrorState) -> usize {
         .count()
 }
 
+/// Hot spares of the gold pool that are up and empty.
+fn hot_ready(m: &MirrorState) -> usize {
+    m.nodes
+        .values()
+        .filter(|n| {
+            n.pool == "gold"
+                && n.state == NodeState::Started as i32
+                && is_spare(m, &n.node_id)
+                && !m
+                    .jobs
+                    .values()
+                    .any(|j| j.node_id == n.node_id && is_live(j.state))
+        })
+        .count()
+}
+
+/// What must be ready before a kill: this many spares of one tier.
+#[derive(Clone, Copy)]
+enum Ready {
+    Warm(usize),
+    Hot(usize),
+}
+
+impl Ready {
+    fn holds(self, m: &MirrorState) -> bool {
+        match self {
+            Ready::Warm(n) => warm_ready(m) >= n,
+            Ready::Hot(n) => hot_ready(m) >= n,
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Ready::Warm(n) => format!("{n} warm spares"),
+            Ready::Hot(n) => format!("{n} hot spares"),
+        }
+    }
+}
+
 /// One kill: (node terminated → job running elsewhere on Manager's clock, landed on a spare).
 async fn kill_and_wait(
     stack: &Stack,
     client: &ManagerClient,
     job_id: &str,
-    warm: usize,
+    ready: Ready,
 ) -> Result<(f64, bool), SetupError> {
     client
         .wait_until(WAIT, |m| {
-            warm_ready(m) >= warm && settled_node(m, job_id).is_some()
+            ready.holds(m) && settled_node(m, job_id).is_some()
         })
         .await
-        .map_err(|e| err(format!("waiting for {warm} warm spares and {job_id}: {e}")))?;
+        .map_err(|e| {
+            err(format!(
+                "waiting for {} and {job_id}: {e}",
+                ready.describe()
+            ))
+        })?;
     let node = client
         .mirror()
         .read(|m| settled_node(m, job_id))
@@ -216,7 +267,7 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
     let mut warm = Vec::with_capacity(kills);
     let mut on_warm = 0usize;
     for i in 0..kills {
-        let (ms, spare) = kill_and_wait(stack, &client, &job(i), WARM).await?;
+        let (ms, spare) = kill_and_wait(stack, &client, &job(i), Ready::Warm(WARM)).await?;
         warm.push(ms);
         on_warm += usize::from(spare);
     }
@@ -236,10 +287,12 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
     eprintln!("bench-warm-recovery: baseline, {kills} kills recovered by provisioning");
     let mut provision = Vec::with_capacity(kills);
     for i in 0..kills {
-        let (ms, _) = kill_and_wait(stack, &client, &job(i), 0).await?;
+        let (ms, _) = kill_and_wait(stack, &client, &job(i), Ready::Warm(0)).await?;
         provision.push(ms);
     }
     let provision = sorted(provision);
+    let (in_window, at_open) = scheduled_window(stack, &client, kills).await?;
+    let flat = flat_hot(stack, &client, kills).await?;
     eprintln!(
         "bench-warm-recovery: warm p50 {:.0} ms p99 {:.0} ms (operator share p50 {:.0} ms p99 {:.0} ms beside the sim's {START_DELAY_MS} ms start and {JOB_START_DELAY_MS} ms job start); provisioning baseline p50 {:.0} ms p99 {:.0} ms ({PROVISION_DELAY_MS} ms provisioning)",
         pct(&warm, 0.5),
@@ -249,6 +302,20 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
         pct(&provision, 0.5),
         pct(&provision, 0.99),
     );
+    eprintln!(
+        "bench-warm-recovery: gold recovery inside a schedule's window p50 {:.0} ms p99 {:.0} ms max {:.0} ms ({at_open} of {HOT} hot spares up as it opened); flat hot target p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
+        pct(&in_window, 0.5),
+        pct(&in_window, 0.99),
+        pct(&in_window, 1.0),
+        pct(&flat, 0.5),
+        pct(&flat, 0.99),
+        pct(&flat, 1.0),
+    );
+    println!(
+        "spare-schedule gold_recovery_in_window_p99_ms={:.0} flat_hot_p99_ms={:.0} hot_up_at_open={at_open}/{HOT} kills={kills}",
+        pct(&in_window, 0.99),
+        pct(&flat, 0.99),
+    );
     client.close().await;
     println!(
         "warm-recovery kills={kills} warm_to_running_p99_ms={:.0} operator_share_p99_ms={:.0} start_delay_ms={START_DELAY_MS} provision_baseline_p99_ms={:.0} provision_delay_ms={PROVISION_DELAY_MS} on_warm={on_warm}",
@@ -257,6 +324,97 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
         pct(&provision, 0.99),
     );
     Ok(())
+}
+
+/// The hot spares a schedule's window asks for, and the flat target sized for the same peak.
+const HOT: usize = 2;
+
+/// A HotSpareTarget with no spare outside its window and [`HOT`] inside one that opens at the
+/// next UTC minute at least `lead` away: the operator must have them up as it opens (it
+/// applies a schedule ahead by the pool's start latency).
+fn scheduled_target(opens: chrono::DateTime<chrono::Utc>) -> String {
+    use chrono::Timelike;
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: HotSpareTarget
+metadata: {{name: gold-scheduled}}
+spec:
+  pool: gold
+  forBand: gold
+  hot: {{count: 0}}
+  schedules:
+    - {{schedule: '{} {} * * *', timeZone: UTC, duration: 30m, hot: {{count: {HOT}}}}}
+  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
+",
+        opens.minute(),
+        opens.hour()
+    )
+}
+
+fn flat_target() -> String {
+    format!(
+        "apiVersion: automanager.norsk.io/v1alpha1
+kind: HotSpareTarget
+metadata: {{name: gold-flat}}
+spec:
+  pool: gold
+  forBand: gold
+  hot: {{count: {HOT}}}
+  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
+"
+    )
+}
+
+/// Gold recoveries inside a schedule's window (sequential kills from the moment it opens), and
+/// how many of its hot spares were up as it opened.
+async fn scheduled_window(
+    stack: &Stack,
+    client: &ManagerClient,
+    kills: usize,
+) -> Result<(Vec<f64>, usize), SetupError> {
+    use chrono::{DurationRound, TimeDelta, Utc};
+    // Room for the spares' provisioning (3 s here) ahead of the open, and for the apply.
+    let lead = TimeDelta::seconds(30);
+    let opens = (Utc::now() + lead + TimeDelta::minutes(1))
+        .duration_trunc(TimeDelta::minutes(1))
+        .map_err(err)?;
+    apply(stack, &scheduled_target(opens)).await?;
+    eprintln!("bench-warm-recovery: a schedule's window opens at {opens} with {HOT} hot spares");
+    let wait = (opens - Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let at_open = client.mirror().read(hot_ready);
+    let mut times = Vec::with_capacity(kills);
+    for i in 0..kills {
+        times.push(
+            kill_and_wait(stack, client, &job(i), Ready::Hot(HOT))
+                .await?
+                .0,
+        );
+    }
+    stack
+        .env
+        .run_kubectl(["delete", "hotsparetarget", "gold-scheduled", "--wait=true"])
+        .await?;
+    Ok((sorted(times), at_open))
+}
+
+/// The same kills against a flat hot target sized for the window's peak.
+async fn flat_hot(
+    stack: &Stack,
+    client: &ManagerClient,
+    kills: usize,
+) -> Result<Vec<f64>, SetupError> {
+    apply(stack, &flat_target()).await?;
+    eprintln!("bench-warm-recovery: a flat target of {HOT} hot spares, {kills} kills");
+    let mut times = Vec::with_capacity(kills);
+    for i in 0..kills {
+        times.push(
+            kill_and_wait(stack, client, &job(i), Ready::Hot(HOT))
+                .await?
+                .0,
+        );
+    }
+    Ok(sorted(times))
 }
 
 fn main() {
