@@ -17,7 +17,7 @@ test: $(TEST_PREREQS) ## the whole test suite: unit, property, component and e2e
 	@echo "==> cargo test --workspace (control plane binaries: $(K8S_BIN))"
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test --workspace --no-fail-fast
 	@echo "==> demo smoke test (the README's first command, stopping once every bundle is Ready)"
-	$(MAKE) --no-print-directory demo-smoke
+	$(MAKE) --no-print-directory demo-smoke DEMO_BUILD_ARGS="--workspace --bins --tests --examples"
 
 test-unit: ## tests that need no control plane
 	$(CARGO) test --workspace --exclude automanager-e2e --exclude testenv

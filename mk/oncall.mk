@@ -24,14 +24,17 @@ test-cli: control-plane ## the plugin's unit and snapshot tests, then its end-to
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo test -p automanager-e2e --test cli
 
 JOB_EXAMPLE_TS := examples/job-socket/typescript
-.PHONY: job-socket-examples
+.PHONY: job-socket-examples job-socket-example-ts
 
-job-socket-examples: ## install (npm ci) and build the TypeScript handover job example; build the Rust one
-	cd $(JOB_EXAMPLE_TS) && npm ci --no-audit --no-fund --loglevel=error && npm run -s build
+job-socket-examples: job-socket-example-ts ## install (npm ci) and build the TypeScript handover job example; build the Rust one
 	cargo build -p job-socket --example handover_job
 
-# The e2e suite runs both example jobs under manager-sim.
-test: job-socket-examples
+job-socket-example-ts:
+	cd $(JOB_EXAMPLE_TS) && npm ci --no-audit --no-fund --loglevel=error && npm run -s build
+
+# The e2e suite runs both example jobs under manager-sim; it builds the Rust one itself, as
+# `cargo test --workspace` already did (tests/e2e/src/stack.rs, `cargo_build`).
+test: job-socket-example-ts
 
 bench-cli: control-plane ## trace and top nodes latency at CLI_BENCH_NODES (2000) / CLI_BENCH_BUNDLES (10000): cli trace_ms=... top_ms=...
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench cli

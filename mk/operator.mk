@@ -14,7 +14,7 @@ demo: control-plane ## the whole product locally: control plane + manager-sim + 
 	scripts/demo.sh
 
 demo-smoke: control-plane ## run the demo to the point where the bundles are Ready, print, and stop
-	DEMO_EXIT=1 DEMO_DIR=$(CURDIR)/.tmp/demo-smoke scripts/demo.sh
+	DEMO_BUILD_ARGS="$(DEMO_BUILD_ARGS)" DEMO_EXIT=1 DEMO_DIR=$(CURDIR)/.tmp/demo-smoke scripts/demo.sh
 
 bench-e2e: control-plane ## end-to-end Bundle throughput vs a client making the same four writes per bundle: e2e bundles=... ratio=... operator_cpu_ms_per_bundle=... rss_mib=...
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench e2e

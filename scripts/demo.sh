@@ -26,7 +26,9 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 say "building the operator, manager-sim and testenv (first build takes a few minutes)"
-cargo build --bins -p automanager-operator -p manager-sim -p testenv -p automanager-cli
+# DEMO_BUILD_ARGS: `make test` builds as its `cargo test --workspace` did, so nothing compiles again.
+# shellcheck disable=SC2086
+cargo build ${DEMO_BUILD_ARGS:---bins -p automanager-operator -p manager-sim -p testenv -p automanager-cli}
 bin_dir=$(tools/control-plane/build.sh)
 # kubectl runs the plugin (kubectl-automanager) from PATH.
 export PATH="$bin_dir:$target/debug:$PATH"

@@ -19,15 +19,22 @@ pub struct Binaries {
     pub sim: PathBuf,
 }
 
-/// Runs `cargo build ARGS` with the cargo that runs the tests, in the same profile as the test
-/// executable, and returns that profile's target directory.
+/// What `cargo build` selects to build as `cargo test --workspace` does: every member, with
+/// dev-dependencies active. Cargo resolves features per selection, so a narrower `-p` build
+/// after that run resolves them differently and compiles the workspace and part of its
+/// dependencies again (about two minutes of a cold `make test`); this one finds them fresh.
+pub const AS_WORKSPACE_TESTS: [&str; 4] = ["--workspace", "--bins", "--tests", "--examples"];
+
+/// Builds what `narrow` names with the cargo that runs the tests, in the same profile as the
+/// test executable, and returns that profile's target directory.
 ///
-/// A test executable under `<target>/release` was built by `cargo bench` or `cargo test
-/// --release`, both in the `bench` profile: building the binaries in that profile too (its
-/// output directory is also `release`) lets them share the dependencies just compiled, where
+/// In the test profile it builds [`AS_WORKSPACE_TESTS`] instead, which includes `narrow`'s
+/// targets. A test executable under `<target>/release` was built by `cargo bench` or `cargo
+/// test --release`, both in the `bench` profile: building `narrow` in that profile too (its
+/// output directory is also `release`) lets it share the dependencies just compiled, where
 /// `--release` would rebuild those dependencies in the `release` profile on every run, and the
 /// next `cargo bench` rebuild them back.
-pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
+pub fn cargo_build(narrow: &[&str]) -> Result<PathBuf, SetupError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // The test executable lives in <target>/<profile>/deps/.
     let exe = std::env::current_exe().map_err(|e| SetupError(e.to_string()))?;
@@ -37,9 +44,11 @@ pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
         .ok_or_else(|| SetupError("no target dir".into()))?
         .to_path_buf();
     let mut cmd = Command::new(&cargo);
-    cmd.arg("build").args(args);
+    cmd.arg("build");
     if profile_dir.file_name().is_some_and(|n| n == "release") {
-        cmd.args(["--profile", "bench"]);
+        cmd.args(narrow).args(["--profile", "bench"]);
+    } else {
+        cmd.args(AS_WORKSPACE_TESTS);
     }
     let status = cmd
         .current_dir(repo_root())
@@ -47,7 +56,7 @@ pub fn cargo_build(args: &[&str]) -> Result<PathBuf, SetupError> {
         .map_err(|e| SetupError(format!("running {cargo} build: {e}")))?;
     if !status.success() {
         return Err(SetupError(format!(
-            "cargo build {args:?} failed ({status})"
+            "cargo build for {narrow:?} failed ({status})"
         )));
     }
     Ok(profile_dir)
