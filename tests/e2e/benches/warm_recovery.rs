@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use automanager_e2e::SetupError;
 use automanager_e2e::bench::{
-    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted,
+    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted, spread_ms,
 };
 use automanager_e2e::stack::Stack;
 use manager_client::proto::{JobState, NodeState};
@@ -294,22 +294,15 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
     let (in_window, at_open) = scheduled_window(stack, &client, kills).await?;
     let flat = flat_hot(stack, &client, kills).await?;
     eprintln!(
-        "bench-warm-recovery: warm p50 {:.0} ms p99 {:.0} ms (operator share p50 {:.0} ms p99 {:.0} ms beside the sim's {START_DELAY_MS} ms start and {JOB_START_DELAY_MS} ms job start); provisioning baseline p50 {:.0} ms p99 {:.0} ms ({PROVISION_DELAY_MS} ms provisioning)",
-        pct(&warm, 0.5),
-        pct(&warm, 0.99),
-        pct(&share, 0.5),
-        pct(&share, 0.99),
-        pct(&provision, 0.5),
-        pct(&provision, 0.99),
+        "bench-warm-recovery: warm {} (operator share {} beside the sim's {START_DELAY_MS} ms start and {JOB_START_DELAY_MS} ms job start); provisioning baseline {} ({PROVISION_DELAY_MS} ms provisioning)",
+        spread_ms(&warm),
+        spread_ms(&share),
+        spread_ms(&provision),
     );
     eprintln!(
-        "bench-warm-recovery: gold recovery inside a schedule's window p50 {:.0} ms p99 {:.0} ms max {:.0} ms ({at_open} of {HOT} hot spares up as it opened); flat hot target p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
-        pct(&in_window, 0.5),
-        pct(&in_window, 0.99),
-        pct(&in_window, 1.0),
-        pct(&flat, 0.5),
-        pct(&flat, 0.99),
-        pct(&flat, 1.0),
+        "bench-warm-recovery: gold recovery inside a schedule's window {} ({at_open} of {HOT} hot spares up as it opened); flat hot target {}",
+        spread_ms(&in_window),
+        spread_ms(&flat),
     );
     println!(
         "spare-schedule gold_recovery_in_window_p99_ms={:.0} flat_hot_p99_ms={:.0} hot_up_at_open={at_open}/{HOT} kills={kills}",

@@ -359,6 +359,16 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
+/// "p50 … ms p99 … ms max … ms" of `sorted` (ascending), for a bench's human-readable lines.
+pub fn spread_ms(sorted: &[f64]) -> String {
+    format!(
+        "p50 {:.0} ms p99 {:.0} ms max {:.0} ms",
+        percentile(sorted, 0.5),
+        percentile(sorted, 0.99),
+        percentile(sorted, 1.0)
+    )
+}
+
 /// `v` sorted ascending.
 pub fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v.sort_by(f64::total_cmp);

@@ -170,6 +170,24 @@ impl Tier {
         names
     }
 
+    /// Those of `names` with a job on `node`, as their status records it.
+    fn bundles_on<'n>(
+        &'n self,
+        names: &'n [String],
+        node: &'n str,
+    ) -> impl Iterator<Item = String> + 'n {
+        names
+            .iter()
+            .filter(move |n| {
+                let s = self.stored_bundle(n).status.unwrap_or_default();
+                s.replicas
+                    .iter()
+                    .flat_map(|r| &r.jobs)
+                    .any(|j| j.node_id.as_deref() == Some(node))
+            })
+            .cloned()
+    }
+
     fn ready_off(&self, name: &str, node: &str) -> bool {
         ready_off(self.stored_bundle(name).status.as_ref(), node)
     }
@@ -198,17 +216,7 @@ async fn each_bundle_recovers_from_a_lost_node_in_one_pass() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     let names = t.fleet_of_bundles("news", 6).await;
     let rt = Runtime::start(&t);
-    let on_a1: Vec<String> = names
-        .iter()
-        .filter(|n| {
-            let s = t.stored_bundle(n).status.unwrap();
-            s.replicas
-                .iter()
-                .flat_map(|r| &r.jobs)
-                .any(|j| j.node_id.as_deref() == Some("onprem-a1"))
-        })
-        .cloned()
-        .collect();
+    let on_a1: Vec<String> = t.bundles_on(&names, "onprem-a1").collect();
     assert!(!on_a1.is_empty());
 
     t._sim
@@ -251,17 +259,7 @@ async fn each_bundle_recovers_from_a_lost_node_in_one_pass() {
 async fn a_lost_nodes_bundles_are_woken_at_once_not_after_the_settling_debounce() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     let names = t.fleet_of_bundles("news", 4).await;
-    let on_a1: BTreeSet<String> = names
-        .iter()
-        .filter(|n| {
-            let s = t.stored_bundle(n).status.unwrap();
-            s.replicas
-                .iter()
-                .flat_map(|r| &r.jobs)
-                .any(|j| j.node_id.as_deref() == Some("onprem-a1"))
-        })
-        .cloned()
-        .collect();
+    let on_a1: BTreeSet<String> = t.bundles_on(&names, "onprem-a1").collect();
     assert!(!on_a1.is_empty());
     let mut receivers = t.ctx.take_receivers().expect("the wake receivers");
     let pump = tokio::spawn(runtime::run_mirror_pump(t.ctx.clone()));
