@@ -36,20 +36,19 @@
 //! `BENCH_KILLS` (default 100) and `BENCH_HANDOVERS` (default 40) set the counts;
 //! `BENCH_RECOVERY_LOG=<file>` keeps the operator's log (debug level) for a timing breakdown.
 
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use automanager_api::{Migration, MigrationPhase};
 use automanager_e2e::SetupError;
 use automanager_e2e::bench::{
-    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted,
+    apply, empty_spares, env_usize, err, is_spare, percentile as pct, settled_node, sorted,
 };
 use automanager_e2e::stack::Stack;
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use manager_client::proto::{JobRole, JobState, NodeState};
-use manager_client::{ClientConfig, ManagerClient, MirrorChange, MirrorState};
+use manager_client::{ClientConfig, ManagerClient, MirrorChange};
 use tokio::sync::{broadcast, mpsc};
 
 const GOLD_BUNDLES: usize = 10;
@@ -159,26 +158,6 @@ fn handover_job(i: usize) -> String {
     format!("default.hand-{:02}/0/enc", i % HANDOVER_BUNDLES)
 }
 
-/// Started, spare-tagged nodes of the gold pool that hold no live job instance.
-fn live_spares(m: &MirrorState) -> usize {
-    let busy: BTreeSet<&str> = m
-        .jobs
-        .values()
-        .flat_map(|j| j.instances.iter())
-        .filter(|i| is_live(i.state))
-        .map(|i| i.node_id.as_str())
-        .collect();
-    m.nodes
-        .values()
-        .filter(|n| {
-            n.pool == "gold"
-                && n.state == NodeState::Started as i32
-                && is_spare(m, &n.node_id)
-                && !busy.contains(n.node_id.as_str())
-        })
-        .count()
-}
-
 /// What one kill measured.
 struct Kill {
     /// Node terminated → job running again, on Manager's clock.
@@ -200,7 +179,7 @@ async fn kill_and_wait(
 ) -> Result<Kill, SetupError> {
     client
         .wait_until(WAIT, |m| {
-            live_spares(m) >= SPARES && settled_node(m, job_id).is_some()
+            empty_spares(m, "gold") >= SPARES && settled_node(m, job_id).is_some()
         })
         .await
         .map_err(|e| {
@@ -402,7 +381,7 @@ async fn measure(stack: &Stack, kills: usize, handovers: usize) -> Result<(), Se
     apply(stack, POOLS).await?;
     apply(stack, &spare_target()).await?;
     client
-        .wait_until(WAIT, |m| live_spares(m) >= SPARES)
+        .wait_until(WAIT, |m| empty_spares(m, "gold") >= SPARES)
         .await
         .map_err(|e| err(format!("waiting for {SPARES} live spares: {e}")))?;
     for i in 0..GOLD_BUNDLES {

@@ -30,7 +30,8 @@ use std::time::Duration;
 
 use automanager_e2e::SetupError;
 use automanager_e2e::bench::{
-    apply, env_usize, err, is_live, is_spare, percentile as pct, settled_node, sorted, spread_ms,
+    apply, empty_spares, env_usize, err, is_spare, percentile as pct, settled_node, sorted,
+    spread_ms,
 };
 use automanager_e2e::stack::Stack;
 use manager_client::proto::{JobState, NodeState};
@@ -72,18 +73,24 @@ spec:
   candidateInstanceTypes: [{instanceType: m5.xlarge, totalCapacity: 100, totalCores: 16}]
 ";
 
-fn spare_target() -> String {
+/// A HotSpareTarget of the gold pool for gold, with `tiers` (indented spec lines).
+fn gold_target(name: &str, tiers: &str) -> String {
     format!(
         "apiVersion: automanager.norsk.io/v1alpha1
 kind: HotSpareTarget
-metadata: {{name: gold-warm}}
+metadata: {{name: {name}}}
 spec:
   pool: gold
   forBand: gold
-  hot: {{count: 0}}
-  warm: {{count: {WARM}}}
-  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
+{tiers}  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
 "
+    )
+}
+
+fn spare_target() -> String {
+    gold_target(
+        "gold-warm",
+        &format!("  hot: {{count: 0}}\n  warm: {{count: {WARM}}}\n"),
     )
 }
 
@@ -115,22 +122,6 @@ fn warm_ready(m: &MirrorState) -> usize {
         .count()
 }
 
-/// Hot spares of the gold pool that are up and empty.
-fn hot_ready(m: &MirrorState) -> usize {
-    m.nodes
-        .values()
-        .filter(|n| {
-            n.pool == "gold"
-                && n.state == NodeState::Started as i32
-                && is_spare(m, &n.node_id)
-                && !m
-                    .jobs
-                    .values()
-                    .any(|j| j.node_id == n.node_id && is_live(j.state))
-        })
-        .count()
-}
-
 /// What must be ready before a kill: this many spares of one tier.
 #[derive(Clone, Copy)]
 enum Ready {
@@ -142,7 +133,7 @@ impl Ready {
     fn holds(self, m: &MirrorState) -> bool {
         match self {
             Ready::Warm(n) => warm_ready(m) >= n,
-            Ready::Hot(n) => hot_ready(m) >= n,
+            Ready::Hot(n) => empty_spares(m, "gold") >= n,
         }
     }
 
@@ -209,6 +200,24 @@ async fn kill_and_wait(
     }
 }
 
+/// `kills` sequential kills, each once `ready` holds: the recoveries' times, sorted, and how
+/// many landed on a spare.
+async fn kill_each(
+    stack: &Stack,
+    client: &ManagerClient,
+    kills: usize,
+    ready: Ready,
+) -> Result<(Vec<f64>, usize), SetupError> {
+    let mut times = Vec::with_capacity(kills);
+    let mut on_spare = 0usize;
+    for i in 0..kills {
+        let (ms, spare) = kill_and_wait(stack, client, &job(i), ready).await?;
+        times.push(ms);
+        on_spare += usize::from(spare);
+    }
+    Ok((sorted(times), on_spare))
+}
+
 async fn run() -> Result<(), SetupError> {
     let kills = env_usize("BENCH_KILLS", 20)?;
     let dir = tempfile::tempdir().map_err(err)?;
@@ -264,14 +273,7 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
     eprintln!(
         "bench-warm-recovery: {kills} sequential kills with {WARM} warm spares ready before each"
     );
-    let mut warm = Vec::with_capacity(kills);
-    let mut on_warm = 0usize;
-    for i in 0..kills {
-        let (ms, spare) = kill_and_wait(stack, &client, &job(i), Ready::Warm(WARM)).await?;
-        warm.push(ms);
-        on_warm += usize::from(spare);
-    }
-    let warm = sorted(warm);
+    let (warm, on_warm) = kill_each(stack, &client, kills, Ready::Warm(WARM)).await?;
     let floor = (START_DELAY_MS + JOB_START_DELAY_MS) as f64;
     let share: Vec<f64> = sorted(warm.iter().map(|w| w - floor).collect());
 
@@ -285,12 +287,7 @@ async fn measure(stack: &Stack, kills: usize) -> Result<(), SetupError> {
         .await
         .map_err(|e| err(format!("waiting for the warm spares to go: {e}")))?;
     eprintln!("bench-warm-recovery: baseline, {kills} kills recovered by provisioning");
-    let mut provision = Vec::with_capacity(kills);
-    for i in 0..kills {
-        let (ms, _) = kill_and_wait(stack, &client, &job(i), Ready::Warm(0)).await?;
-        provision.push(ms);
-    }
-    let provision = sorted(provision);
+    let (provision, _) = kill_each(stack, &client, kills, Ready::Warm(0)).await?;
     let (in_window, at_open) = scheduled_window(stack, &client, kills).await?;
     let flat = flat_hot(stack, &client, kills).await?;
     eprintln!(
@@ -327,35 +324,19 @@ const HOT: usize = 2;
 /// applies a schedule ahead by the pool's start latency).
 fn scheduled_target(opens: chrono::DateTime<chrono::Utc>) -> String {
     use chrono::Timelike;
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: HotSpareTarget
-metadata: {{name: gold-scheduled}}
-spec:
-  pool: gold
-  forBand: gold
-  hot: {{count: 0}}
-  schedules:
-    - {{schedule: '{} {} * * *', timeZone: UTC, duration: 30m, hot: {{count: {HOT}}}}}
-  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
-",
+    let window = format!(
+        "{{schedule: '{} {} * * *', timeZone: UTC, duration: 30m, hot: {{count: {HOT}}}}}",
         opens.minute(),
         opens.hour()
+    );
+    gold_target(
+        "gold-scheduled",
+        &format!("  hot: {{count: 0}}\n  schedules:\n    - {window}\n"),
     )
 }
 
 fn flat_target() -> String {
-    format!(
-        "apiVersion: automanager.norsk.io/v1alpha1
-kind: HotSpareTarget
-metadata: {{name: gold-flat}}
-spec:
-  pool: gold
-  forBand: gold
-  hot: {{count: {HOT}}}
-  spec: {{instanceType: m5.xlarge, region: eu-west-1}}
-"
-    )
+    gold_target("gold-flat", &format!("  hot: {{count: {HOT}}}\n"))
 }
 
 /// Gold recoveries inside a schedule's window (sequential kills from the moment it opens), and
@@ -375,20 +356,13 @@ async fn scheduled_window(
     eprintln!("bench-warm-recovery: a schedule's window opens at {opens} with {HOT} hot spares");
     let wait = (opens - Utc::now()).to_std().unwrap_or_default();
     tokio::time::sleep(wait).await;
-    let at_open = client.mirror().read(hot_ready);
-    let mut times = Vec::with_capacity(kills);
-    for i in 0..kills {
-        times.push(
-            kill_and_wait(stack, client, &job(i), Ready::Hot(HOT))
-                .await?
-                .0,
-        );
-    }
+    let at_open = client.mirror().read(|m| empty_spares(m, "gold"));
+    let (times, _) = kill_each(stack, client, kills, Ready::Hot(HOT)).await?;
     stack
         .env
         .run_kubectl(["delete", "hotsparetarget", "gold-scheduled", "--wait=true"])
         .await?;
-    Ok((sorted(times), at_open))
+    Ok((times, at_open))
 }
 
 /// The same kills against a flat hot target sized for the window's peak.
@@ -399,15 +373,8 @@ async fn flat_hot(
 ) -> Result<Vec<f64>, SetupError> {
     apply(stack, &flat_target()).await?;
     eprintln!("bench-warm-recovery: a flat target of {HOT} hot spares, {kills} kills");
-    let mut times = Vec::with_capacity(kills);
-    for i in 0..kills {
-        times.push(
-            kill_and_wait(stack, client, &job(i), Ready::Hot(HOT))
-                .await?
-                .0,
-        );
-    }
-    Ok(sorted(times))
+    let (times, _) = kill_each(stack, client, kills, Ready::Hot(HOT)).await?;
+    Ok(times)
 }
 
 fn main() {

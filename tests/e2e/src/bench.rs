@@ -456,6 +456,28 @@ pub fn is_spare(m: &manager_client::MirrorState, node_id: &str) -> bool {
         .is_some_and(|n| n.tags.get("spare").is_some_and(|v| v == "true"))
 }
 
+/// Started, spare-tagged nodes of `pool` that hold no live job instance: hot spares ready to
+/// take a recovery.
+pub fn empty_spares(m: &manager_client::MirrorState, pool: &str) -> usize {
+    use manager_client::proto::NodeState;
+    let busy: std::collections::BTreeSet<&str> = m
+        .jobs
+        .values()
+        .flat_map(|j| j.instances.iter())
+        .filter(|i| is_live(i.state))
+        .map(|i| i.node_id.as_str())
+        .collect();
+    m.nodes
+        .values()
+        .filter(|n| {
+            n.pool == pool
+                && n.state == NodeState::Started as i32
+                && is_spare(m, &n.node_id)
+                && !busy.contains(n.node_id.as_str())
+        })
+        .count()
+}
+
 /// `kubectl apply` of `yaml`; its stderr as the error when it fails.
 pub async fn apply(stack: &Stack, yaml: &str) -> Result<(), SetupError> {
     let out = stack.env.apply_yaml(yaml).await?;
