@@ -25,6 +25,25 @@ pub struct Binaries {
 /// dependencies again (about two minutes of a cold `make test`); this one finds them fresh.
 pub const AS_WORKSPACE_TESTS: [&str; 4] = ["--workspace", "--bins", "--tests", "--examples"];
 
+/// Whether cargo sets `key` for the crate it compiles or the test it runs (The Cargo Book,
+/// "Environment variables Cargo sets for crates").
+fn set_by_cargo_for_tests(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || key.starts_with("CARGO_BIN_EXE_")
+        || [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_MANIFEST_LINKS",
+            "CARGO_CRATE_NAME",
+            "CARGO_BIN_NAME",
+            "CARGO_PRIMARY_PACKAGE",
+            "CARGO_TARGET_TMPDIR",
+            "CARGO_RUSTC_CURRENT_DIR",
+            "OUT_DIR",
+        ]
+        .contains(&key)
+}
+
 /// Builds what `narrow` names with the cargo that runs the tests, in the same profile as the
 /// test executable, and returns that profile's target directory.
 ///
@@ -45,6 +64,15 @@ pub fn cargo_build(narrow: &[&str]) -> Result<PathBuf, SetupError> {
         .to_path_buf();
     let mut cmd = Command::new(&cargo);
     cmd.arg("build");
+    // What cargo sets for a test executable describes the test's package, not the build's.
+    // Build scripts that declare them (`rerun-if-env-changed`, as ring's does for
+    // CARGO_MANIFEST_DIR and CARGO_PKG_NAME) would otherwise see them change and rebuild
+    // everything above them.
+    for (key, _) in std::env::vars_os() {
+        if key.to_str().is_some_and(set_by_cargo_for_tests) {
+            cmd.env_remove(&key);
+        }
+    }
     if profile_dir.file_name().is_some_and(|n| n == "release") {
         cmd.args(narrow).args(["--profile", "bench"]);
     } else {
