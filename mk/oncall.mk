@@ -5,7 +5,7 @@
 promtool: ## build promtool from the Prometheus Go module v0.316.0 (cached; ~5 CPU-minutes cold) and print its path
 	@tools/promtool/build.sh
 
-test-alerts: ## check deploy/prometheus/rules.yaml and run its unit tests with promtool (builds promtool first; `make test` runs the same through tests/e2e/tests/alerts.rs)
+test-alerts: ## check deploy/prometheus/rules.yaml and run its unit tests with promtool (builds promtool first; `make test` runs the same through crates/operator/tests/alert_rules.rs)
 	@p=$$(tools/promtool/build.sh) && cd deploy/prometheus && \
 	  echo "==> promtool check rules" && $$p check rules rules.yaml && \
 	  echo "==> promtool test rules" && $$p test rules rules.test.yaml

@@ -1,15 +1,19 @@
 //! The Prometheus alert rules (deploy/prometheus/rules.yaml) pass `promtool check rules` and
 //! their unit tests (rules.test.yaml) pass `promtool test rules`, with promtool built from the
-//! Prometheus Go module pinned in tools/promtool (part of `make test`; `make test-alerts` runs
-//! the same by hand). That every alert has a test, a runbook section and per-release grouping is
-//! checked by crates/operator/tests/alert_names.rs.
+//! Prometheus Go module pinned in tools/promtool. Part of `make test`, which starts a cold
+//! promtool build in the background before the tests run, so that it is ready by the time the
+//! operator's tests come after the end-to-end ones; `make test-alerts` runs the same by hand.
+//! That every alert has a test, a runbook section and per-release grouping is checked by
+//! crates/operator/tests/alert_names.rs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use automanager_e2e::repo_root;
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
 
 fn promtool() -> PathBuf {
     let out = Command::new(repo_root().join("tools/promtool/build.sh"))
