@@ -732,10 +732,11 @@ impl Fleet {
                     .get_json(&["migrations", "-n", NAMESPACE])
                     .await?;
                 let nodes = self.stack.get_json(&["managernodes"]).await?;
-                Ok::<_, SetupError>(unfinished_moves(&migrations, &nodes))
+                Ok::<_, SetupError>((migrations, nodes))
             };
             match (observe(&self.stack).await, moves.await) {
-                (Ok(world), Ok(unfinished)) => {
+                (Ok(world), Ok((migrations, nodes))) => {
+                    let unfinished = unfinished_moves(&migrations, &nodes, &world);
                     let v = check(&world);
                     if v.is_clean() && unfinished.is_empty() {
                         eprintln!("chaos seed={seed}: settled: {}", census(&world));
@@ -1033,15 +1034,17 @@ const ENDED: [&str; 5] = ["Completed", "Aborted", "Refused", "Rejected", "Failed
 /// What has not finished moving, from `kubectl get migrations` and `kubectl get managernodes`
 /// (JSON lists): every Migration not in an ending phase (with its reason), and every drain of a
 /// node still started whose `status.drain.completedAt` is not set. A drain of a node that was
-/// killed or terminated meanwhile has nothing left to move.
+/// killed or terminated meanwhile has nothing left to move. A Migration its bundle's budget
+/// holds for good ([`held_by_a_dropped_replica`]) has its answer and is not counted.
 pub fn unfinished_moves(
     migrations: &serde_json::Value,
     nodes: &serde_json::Value,
+    world: &reliability::World,
 ) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
     for m in migrations["items"].as_array().into_iter().flatten() {
         let phase = m["status"]["phase"].as_str().unwrap_or("");
-        if !ENDED.contains(&phase) {
+        if !ENDED.contains(&phase) && !held_by_a_dropped_replica(m, world) {
             let why = m["status"]["conditions"]
                 .as_array()
                 .into_iter()
@@ -1076,6 +1079,44 @@ pub fn unfinished_moves(
         }
     }
     out
+}
+
+/// Whether Migration `m` waits on its bundle's disruption budget (`Queued`, reason
+/// `DisruptionBudget`) while another replica of that bundle is down for good: a job of it that
+/// the bundle's status records `dropped` (a bronze job is not restarted) and that Manager runs
+/// no instance of. The budget then stays spent until a person acts (the retry annotation, a
+/// budget change), so the Migration rightly waits and says why; it will not end by itself.
+fn held_by_a_dropped_replica(m: &serde_json::Value, world: &reliability::World) -> bool {
+    let budget = m["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["type"] == "Queued" && c["status"] == "True" && c["reason"] == "DisruptionBudget"
+        });
+    let ns = m["metadata"]["namespace"].as_str().unwrap_or(NAMESPACE);
+    let (Some(bundle), Some(replica)) = (
+        m["spec"]["job"]["bundle"].as_str(),
+        m["spec"]["job"]["replica"].as_u64(),
+    ) else {
+        return false;
+    };
+    let id = format!("{ns}.{bundle}");
+    let running = |r: u32, job: &str| {
+        world.jobs.iter().any(|j| {
+            j.bundle_id == id
+                && j.replica == r
+                && j.job_name == job
+                && (j.instances.iter())
+                    .any(|i| i.normal && i.state == reliability::InstanceState::Running)
+        })
+    };
+    budget
+        && (world.bundles.iter().filter(|b| b.id == id)).any(|b| {
+            b.dropped
+                .iter()
+                .any(|(r, job)| u64::from(*r) != replica && !running(*r, job))
+        })
 }
 
 /// How much the settled system runs: Bundles, running jobs, the nodes they run on.
@@ -1164,7 +1205,7 @@ mod tests {
              "status": {"state": "terminated"}},
             {"metadata": {"name": "n4"}, "spec": {"cordoned": true}, "status": {"state": "started"}},
         ]});
-        let u = unfinished_moves(&migrations, &nodes);
+        let u = unfinished_moves(&migrations, &nodes, &reliability::World::default());
         assert_eq!(
             u.iter().map(String::as_str).collect::<Vec<_>>(),
             [
@@ -1173,6 +1214,59 @@ mod tests {
                 "drain of n1: not completed (2 jobs remaining)",
             ]
         );
+    }
+
+    /// A Migration of replica 0 held by the budget while replica 1's bronze job was dropped
+    /// has its answer; held while replica 1 runs, or with replica 1 only recovering (not
+    /// dropped), it is unfinished.
+    #[test]
+    fn a_migration_held_by_a_budget_a_dropped_replica_spends_is_not_unfinished() {
+        let held = serde_json::json!({"items": [{
+            "metadata": {"name": "m", "namespace": "default"},
+            "spec": {"job": {"bundle": "b", "replica": 0, "jobName": "enc"}},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "Queued", "status": "True", "reason": "DisruptionBudget", "message": "replica 1 down"}]}}]});
+        let nodes = serde_json::json!({"items": []});
+        let job = |replica: u32, running: bool| reliability::JobFact {
+            bundle_id: "default.b".into(),
+            replica,
+            job_name: "enc".into(),
+            required_capacity: 1.0,
+            required_cores: 1,
+            instances: vec![reliability::InstanceFact {
+                node_id: "n".into(),
+                normal: true,
+                state: if running {
+                    reliability::InstanceState::Running
+                } else {
+                    reliability::InstanceState::Ended
+                },
+                started_at_ms: 0,
+                reserved: None,
+            }],
+            max_running_ever: None,
+        };
+        let world = |dropped: bool, replica_1_runs: bool| reliability::World {
+            jobs: vec![job(0, true), job(1, replica_1_runs)],
+            bundles: vec![reliability::BundleFact {
+                id: "default.b".into(),
+                replicas: 2,
+                job_names: vec!["enc".into()],
+                dropped: if dropped {
+                    [(1, "enc".to_owned())].into()
+                } else {
+                    Default::default()
+                },
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(unfinished_moves(&held, &nodes, &world(true, false)).is_empty());
+        assert_eq!(
+            unfinished_moves(&held, &nodes, &world(false, false)).len(),
+            1
+        );
+        assert_eq!(unfinished_moves(&held, &nodes, &world(true, true)).len(), 1);
     }
 
     #[test]
