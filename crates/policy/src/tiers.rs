@@ -128,9 +128,19 @@ pub struct TiersInEffect {
     pub next_change: Option<DateTime<Utc>>,
 }
 
+/// How far ahead of its window a schedule applies, for a pool that brings a spare up in
+/// `start_latency`: that latency and a quarter more, at least 10 s more. Applied exactly
+/// `start_latency` ahead, the spares came up just after the window opened: the target's own
+/// pass and Manager's call come on top of the latency.
+pub fn schedule_lead(start_latency: TimeDelta) -> TimeDelta {
+    let margin = (start_latency / 4).max(TimeDelta::seconds(10));
+    start_latency + margin
+}
+
 /// The tier counts at `now`: the largest of every active schedule's (a schedule is active from
 /// `lead` before its window opens until the window ends), or the base sizes when none is
-/// active. `working_nodes` resolves shares; `lead` is the pool's start latency.
+/// active. `working_nodes` resolves shares; `lead` is [`schedule_lead`] of the pool's start
+/// latency.
 pub fn tiers_in_effect(
     base: &TierSizes,
     schedules: &[TierSchedule],
@@ -586,6 +596,17 @@ pub fn plan_tiers(input: TierInput<'_>) -> Result<TierPlan, SpareSpecError> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+
+    #[test]
+    fn a_schedule_applies_its_pools_start_latency_and_a_margin_ahead() {
+        assert_eq!(schedule_lead(TimeDelta::zero()), TimeDelta::seconds(10));
+        assert_eq!(schedule_lead(TimeDelta::seconds(3)), TimeDelta::seconds(13));
+        assert_eq!(
+            schedule_lead(TimeDelta::seconds(120)),
+            TimeDelta::seconds(150),
+            "a quarter more once that is over 10 s"
+        );
+    }
     use super::*;
     use crate::vocab::PriorityBand;
     use chrono::TimeZone;

@@ -727,8 +727,8 @@ pub async fn start_warm_spare(
 }
 
 /// The tier counts in effect now: the schedules applied ahead by the pool's start latency (as
-/// Manager reports it), else `hot` (or `targetCount`) and `warm`. An error is a message for
-/// the `Stalled` condition.
+/// Manager reports it) and a margin ([`tiers::schedule_lead`]), else `hot` (or `targetCount`)
+/// and `warm`. An error is a message for the `Stalled` condition.
 async fn tier_sizes(
     ctx: &Context,
     target: &HotSpareTarget,
@@ -773,7 +773,7 @@ async fn tier_sizes(
     let lead = if schedules.is_empty() {
         chrono::TimeDelta::zero()
     } else {
-        start_latency(ctx, &spec.pool).await
+        tiers::schedule_lead(start_latency(ctx, &spec.pool).await)
     };
     Ok(tiers::tiers_in_effect(
         &base,
