@@ -350,30 +350,24 @@ mod tests {
             at(0, "enc", JobPhase::Failed, "n1"),
             at(0, "pkg", JobPhase::Running, "n2"),
         ];
-        let r = placement_request(&Ask {
-            bundle: &b,
-            replica: 0,
-            jobs: &["enc".to_owned()],
-            recovery: true,
-            needs: &needs,
-            seen: &seen,
-            decided_elsewhere: &[],
-        });
+        let recover_enc = |b: &pl::BundleSpec| {
+            placement_request(&Ask {
+                bundle: b,
+                replica: 0,
+                jobs: &["enc".to_owned()],
+                recovery: true,
+                needs: &needs,
+                seen: &seen,
+                decided_elsewhere: &[],
+            })
+        };
+        let r = recover_enc(&b);
         assert_eq!(r.jobs[0].job_name, "enc");
         assert_eq!(r.jobs[0].co_locate_with, ["pkg"], "pinned to pkg's node");
         // Jobs with no rule between them stay free.
         let mut free = bundle(1);
         free.jobs[1].co_locate_with.clear();
-        let r = placement_request(&Ask {
-            bundle: &free,
-            replica: 0,
-            jobs: &["enc".to_owned()],
-            recovery: true,
-            needs: &needs,
-            seen: &seen,
-            decided_elsewhere: &[],
-        });
-        assert!(r.jobs[0].co_locate_with.is_empty());
+        assert!(recover_enc(&free).jobs[0].co_locate_with.is_empty());
     }
 
     #[test]
