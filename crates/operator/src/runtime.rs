@@ -232,10 +232,8 @@ fn deliver(ctx: &Context, w: &Wakes) {
                 if loss {
                     // Its recovery goes before other passes' paperwork (`recovery_first`).
                     state.wake_mut().lost_jobs(&r, now);
-                    let _ = ctx.wake.bundles_now.send(r);
-                } else {
-                    let _ = ctx.wake.bundles.send(r);
                 }
+                ctx.wake.bundle(r, loss);
             }
         }
     }
@@ -248,7 +246,7 @@ fn deliver(ctx: &Context, w: &Wakes) {
         } else if let Some((bundle, _)) = tag.rsplit_once(".r")
             && let Some(r) = bundle_ref(bundle)
         {
-            let _ = ctx.wake.bundles_now.send(r);
+            ctx.wake.bundle(r, true);
         }
     }
     for pool in &w.pools_capacity {

@@ -142,6 +142,19 @@ pub struct Wakers {
     pub everything: broadcast::Sender<()>,
 }
 
+impl Wakers {
+    /// Wakes Bundle `b` on its lane: `at_once` for a recovery or the capacity it waits on
+    /// ([`Self::bundles_now`]), otherwise once its burst settles ([`Self::bundles`]).
+    pub fn bundle(&self, b: ObjectRef<Bundle>, at_once: bool) {
+        let lane = if at_once {
+            &self.bundles_now
+        } else {
+            &self.bundles
+        };
+        let _ = lane.send(b);
+    }
+}
+
 /// The receiving ends of [`Wakers`], taken once by the runtime.
 pub struct WakeReceivers {
     pub bundles: mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
@@ -258,7 +271,7 @@ impl Context {
     pub fn wake_pool(&self, pool: &str) {
         let state = self.state();
         for b in state.wake().waiting_on(pool) {
-            let _ = self.wake.bundles_now.send(b.clone());
+            self.wake.bundle(b.clone(), true);
         }
         for t in state.wake().spare_targets_of(pool) {
             let _ = self.wake.spare_targets.send(t.clone());

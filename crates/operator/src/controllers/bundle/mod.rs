@@ -245,14 +245,10 @@ impl Drop for PassMark<'_> {
             let held = s.wake_mut().end_pass(&self.bundle);
             (held != Held::Nothing && self.moved_past(m)).then_some(held)
         });
-        match again {
-            Some(Held::Loss) => {
-                let _ = self.ctx.wake.bundles_now.send(self.bundle.clone());
-            }
-            Some(_) => {
-                let _ = self.ctx.wake.bundles.send(self.bundle.clone());
-            }
-            None => {}
+        if let Some(held) = again {
+            self.ctx
+                .wake
+                .bundle(self.bundle.clone(), held == Held::Loss);
         }
     }
 }
