@@ -9,6 +9,7 @@
 use std::collections::{HashMap, HashSet};
 
 use automanager_placement as pl;
+use automanager_policy as policy;
 use manager_client::MirrorState;
 
 use crate::mapping::{self, NodeOverlay};
@@ -263,8 +264,24 @@ impl ClusterModel {
         }
     }
 
+    /// What the engine answers `request` with, every reservation held (rebalance and Migration
+    /// dry runs; a Bundle's placement decides through [`Self::reserving`]).
     pub fn place(&self, request: &pl::PlacementRequest, now_ms: u64) -> pl::Decision {
         self.engine.place(request, now_ms)
+    }
+
+    /// The model as the Bundle pass's reservation book ([`policy::bundle_pass::decide`]):
+    /// `job_ids` maps the replica's job names to Manager's job ids.
+    pub fn reserving<'a>(
+        &'a mut self,
+        mirror: &'a MirrorState,
+        job_ids: &'a HashMap<String, String>,
+    ) -> Reserving<'a> {
+        Reserving {
+            model: self,
+            mirror,
+            job_ids,
+        }
     }
 
     /// Reserves a placed decision's capacity until the mirror shows the starts.
@@ -337,6 +354,28 @@ impl ClusterModel {
         for k in keys {
             self.abandon(&k, mirror);
         }
+    }
+}
+
+/// [`ClusterModel::reserving`]: the model, the mirror its nodes are re-read from, and the
+/// Manager ids of the jobs being placed.
+pub struct Reserving<'a> {
+    model: &'a mut ClusterModel,
+    mirror: &'a MirrorState,
+    job_ids: &'a HashMap<String, String>,
+}
+
+impl policy::bundle_pass::Reservations for Reserving<'_> {
+    fn engine(&self) -> &pl::Engine {
+        &self.model.engine
+    }
+
+    fn release(&mut self, key: &pl::JobKey) {
+        self.model.abandon(key, self.mirror);
+    }
+
+    fn reserve(&mut self, decision: &pl::Decision) -> Result<(), pl::CommitError> {
+        self.model.commit(decision, self.job_ids)
     }
 }
 

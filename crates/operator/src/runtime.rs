@@ -418,7 +418,7 @@ pub async fn run_controllers(
                         if !watched {
                             return Ok(kube::runtime::controller::Action::await_change());
                         }
-                        controllers::bundle::reconcile(b, ctx).await
+                        controllers::reconcile_finalized(b, ctx).await
                     }
                 }
             },
@@ -483,7 +483,7 @@ pub async fn run_controllers(
         .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            controllers::hotspare::reconcile,
+            controllers::reconcile_finalized::<HotSpareTarget>,
             controllers::error_policy,
             ctx.clone(),
         )

@@ -370,7 +370,7 @@ impl Tier {
         name: &str,
     ) -> Result<kube::runtime::controller::Action, controllers::Error> {
         let b = self.stored_bundle(name);
-        controllers::bundle::reconcile(Arc::new(b), self.ctx.clone()).await
+        controllers::reconcile_finalized(Arc::new(b), self.ctx.clone()).await
     }
 
     /// Manager's jobs of the bundle `live/<name>`.

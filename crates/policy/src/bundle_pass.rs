@@ -8,6 +8,10 @@
 //!   starting, or a start Manager accepted that the mirror does not show yet) as another
 //!   replica's position, plus the replicas this same pass placed a moment before (the mirror
 //!   does not show them yet).
+//! - **The decision.** [`decide`] gives back what an earlier, unstarted placement of the same
+//!   jobs reserved, asks the engine, and reserves a placed answer in the caller's
+//!   [`Reservations`] book (the operator's cluster model), so placement is reached through
+//!   policy.
 //! - **A write that waits.** While the only thing left is jobs just started (running, or
 //!   starting for less than [`TRANSIENT_START_MS`]), a `Placing` status is not written: the
 //!   starts coming up wake the bundle, and a wave of starts is one settled write per bundle. A
@@ -113,6 +117,53 @@ pub fn placement_request(ask: &Ask<'_>) -> pl::PlacementRequest {
         inter_replica: ask.bundle.inter_replica_placement,
         other_replicas,
         placed_siblings,
+    }
+}
+
+/// The engine with what the caller has reserved in it: placements made and not yet shown by
+/// Manager's state. The operator's cluster model keeps the book (it knows the mirror); the pass
+/// decides through it here, so a replica's placement goes controller → policy → placement.
+pub trait Reservations {
+    /// The engine to place in, with every reservation held.
+    fn engine(&self) -> &pl::Engine;
+    /// Gives back what an earlier placement of `key` reserved and never started.
+    fn release(&mut self, key: &pl::JobKey);
+    /// Holds a placed decision's capacity until Manager's state shows the starts.
+    fn reserve(&mut self, decision: &pl::Decision) -> Result<(), pl::CommitError>;
+}
+
+/// A replica's placement as [`decide`] made it.
+#[derive(Debug)]
+pub struct Decided {
+    pub request: pl::PlacementRequest,
+    pub decision: pl::Decision,
+    /// A placed decision whose capacity could not be reserved (the engine refused the commit):
+    /// the pass still acts on it, and the mirror catches up with what really started.
+    pub unreserved: Option<pl::CommitError>,
+}
+
+/// Places one replica: its request ([`placement_request`]), with what an earlier, unstarted
+/// placement of the same jobs reserved given back first, the engine's decision, and that
+/// decision reserved in `book` when it placed the replica.
+pub fn decide(book: &mut impl Reservations, ask: &Ask<'_>, now_ms: u64) -> Decided {
+    let request = placement_request(ask);
+    for job_name in ask.jobs {
+        book.release(&pl::JobKey {
+            bundle_id: ask.bundle.bundle_id.clone(),
+            replica_index: ask.replica,
+            job_name: job_name.clone(),
+        });
+    }
+    let decision = book.engine().place(&request, now_ms);
+    let unreserved = if decision.is_placed() {
+        book.reserve(&decision).err()
+    } else {
+        None
+    };
+    Decided {
+        request,
+        decision,
+        unreserved,
     }
 }
 
@@ -263,6 +314,88 @@ mod tests {
             node: node.into(),
             zone: Some(format!("z-{node}")),
         }
+    }
+
+    /// A book that is the engine itself, recording what the pass asked of it.
+    struct Book {
+        engine: pl::Engine,
+        released: Vec<pl::JobKey>,
+    }
+
+    impl Reservations for Book {
+        fn engine(&self) -> &pl::Engine {
+            &self.engine
+        }
+        fn release(&mut self, key: &pl::JobKey) {
+            self.engine.release_job(key);
+            self.released.push(key.clone());
+        }
+        fn reserve(&mut self, decision: &pl::Decision) -> Result<(), pl::CommitError> {
+            self.engine.commit(decision)
+        }
+    }
+
+    fn book(nodes: &[(&str, f64)]) -> Book {
+        let pool = |name: &str| pl::PoolSpec {
+            name: name.into(),
+            kind: pl::PoolKind::Cluster,
+            region: "r".into(),
+            zones: vec![],
+            packing_strategy: pl::PackingStrategy::Binpack,
+            scale_out: pl::ScaleOut::Fixed,
+            candidate_instance_types: vec![],
+            max_nodes: None,
+            terminating: false,
+        };
+        let snapshot = pl::ClusterSnapshot {
+            pools: vec![pool("east"), pool("west")],
+            nodes: nodes
+                .iter()
+                .map(|(id, cap)| pl::NodeSpec::ready(id, "east", None, *cap, 16))
+                .collect(),
+            ..pl::ClusterSnapshot::default()
+        };
+        Book {
+            engine: pl::Engine::new(snapshot).expect("valid snapshot"),
+            released: vec![],
+        }
+    }
+
+    #[test]
+    fn a_decision_gives_back_the_jobs_earlier_reservation_places_and_reserves_what_it_placed() {
+        let b = bundle(2);
+        let jobs = vec!["enc".to_string(), "pkg".to_string()];
+        let needs: BTreeMap<String, Need> = BTreeMap::new();
+        let ask = Ask {
+            bundle: &b,
+            replica: 0,
+            jobs: &jobs,
+            recovery: false,
+            needs: &needs,
+            seen: &[],
+            decided_elsewhere: &[],
+        };
+        let mut book = book(&[("n1", 11.0)]);
+        let first = decide(&mut book, &ask, 0);
+        assert!(first.decision.is_placed(), "{:?}", first.decision.outcome);
+        assert!(first.unreserved.is_none());
+        assert_eq!(first.request, placement_request(&ask));
+        let keys: Vec<_> = book.released.drain(..).map(|k| k.job_name).collect();
+        assert_eq!(
+            keys, jobs,
+            "what the replica's jobs held before is given back first"
+        );
+        // The placement holds n1's room: deciding again for the same replica gives it back
+        // and lands there again, where a placement that kept it would find n1 full.
+        let again = decide(&mut book, &ask, 0);
+        assert!(again.decision.is_placed(), "{:?}", again.decision.outcome);
+        let other = Ask { replica: 2, ..ask };
+        let full = decide(&mut book, &other, 0);
+        assert!(!full.decision.is_placed(), "n1 is reserved for replica 0");
+        assert!(
+            full.unreserved.is_none(),
+            "nothing placed, nothing reserved"
+        );
     }
 
     #[test]

@@ -32,30 +32,29 @@ const CREATED_GRACE: Duration = Duration::from_secs(30);
 /// on a cloud, then the recovery places onto it).
 const CLAIM_GRACE: Duration = Duration::from_secs(180);
 
-/// Reconciles one HotSpareTarget, inside its cleanup finalizer: a deleted target terminates
-/// the spares it provisioned that hold no job (a spare that took a job is a working node now).
-pub async fn reconcile(target: Arc<HotSpareTarget>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if !ctx.settings.owns_cluster_scope {
-        // Spares are provisioned and reported by the operator that owns the cluster scope.
-        return Ok(Action::await_change());
+/// A HotSpareTarget is reconciled inside its cleanup finalizer
+/// ([`super::reconcile_finalized`]`::<HotSpareTarget>`): a deleted target terminates the spares
+/// it provisioned that hold no job (a spare that took a job is a working node now).
+impl super::Finalized for HotSpareTarget {
+    const CONTROLLER: &'static str = "hotsparetarget";
+    const FINALIZER: &'static str = api::SPARE_TARGET_FINALIZER;
+
+    /// Spares are provisioned and reported by the operator that owns the cluster scope.
+    fn reconciled_here(ctx: &Context) -> bool {
+        ctx.settings.owns_cluster_scope
     }
-    let api: Api<HotSpareTarget> = Api::all(ctx.client.clone());
-    super::reconcile_finalized(
-        "hotsparetarget",
-        &ctx,
-        api,
-        api::SPARE_TARGET_FINALIZER,
-        target,
-        |t| {
-            let ctx = &ctx;
-            async move { apply(&t, ctx).await }
-        },
-        |t| {
-            let ctx = &ctx;
-            async move { cleanup(&t, ctx).await }
-        },
-    )
-    .await
+
+    fn api(&self, ctx: &Context) -> Result<Api<HotSpareTarget>, Error> {
+        Ok(Api::all(ctx.client.clone()))
+    }
+
+    async fn apply(self: Arc<Self>, ctx: Arc<Context>) -> Result<Action, Error> {
+        apply(&self, &ctx).await
+    }
+
+    async fn cleanup(self: Arc<Self>, ctx: Arc<Context>) -> Result<Action, Error> {
+        cleanup(&self, &ctx).await
+    }
 }
 
 /// Deletion: terminate this target's spares that hold no job, then let the object go.

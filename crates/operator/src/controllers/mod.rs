@@ -355,39 +355,64 @@ impl Context {
     }
 }
 
-/// The wrapper every finalized controller's reconcile goes through: the kind's cleanup
-/// finalizer, the `automanager_reconcile_duration_seconds{controller, result}` metric and the
-/// error mapping, in one place.
-pub async fn reconcile_finalized<K, A, AFut, C, CFut>(
-    controller: &'static str,
-    ctx: &Context,
-    api: kube::Api<K>,
-    finalizer_name: &str,
-    obj: Arc<K>,
-    apply: A,
-    cleanup: C,
-) -> Result<kube::runtime::controller::Action, Error>
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + serde::Serialize
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    A: FnOnce(Arc<K>) -> AFut,
-    AFut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
-    C: FnOnce(Arc<K>) -> CFut,
-    CFut: std::future::Future<Output = Result<kube::runtime::controller::Action, Error>>,
+/// A kind reconciled inside its cleanup finalizer, as kube's `finalizer()` runs it. Its
+/// controller's entry is [`reconcile_finalized`], which calls the kind's [`Finalized::apply`]
+/// or [`Finalized::cleanup`] once: the pass moves inward and does not come back through here.
+pub trait Finalized:
+    Resource<DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + serde::Serialize
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
 {
+    /// The controller's name in `automanager_reconcile_duration_seconds`.
+    const CONTROLLER: &'static str;
+    /// The finalizer the kind's objects carry.
+    const FINALIZER: &'static str;
+
+    /// Whether this operator reconciles the kind at all (a cluster-scoped kind is reconciled
+    /// only by the operator that owns the cluster scope).
+    fn reconciled_here(_ctx: &Context) -> bool {
+        true
+    }
+
+    /// Where the finalizer is added and removed.
+    fn api(&self, ctx: &Context) -> Result<kube::Api<Self>, Error>;
+
+    /// The pass over a live object.
+    fn apply(
+        self: Arc<Self>,
+        ctx: Arc<Context>,
+    ) -> impl std::future::Future<Output = Result<kube::runtime::controller::Action, Error>> + Send;
+
+    /// The pass over an object being deleted; the finalizer goes once it succeeds.
+    fn cleanup(
+        self: Arc<Self>,
+        ctx: Arc<Context>,
+    ) -> impl std::future::Future<Output = Result<kube::runtime::controller::Action, Error>> + Send;
+}
+
+/// The entry of every finalized controller: the kind's cleanup finalizer, the
+/// `automanager_reconcile_duration_seconds{controller, result}` metric and the error mapping,
+/// in one place, around the kind's own pass.
+pub async fn reconcile_finalized<K: Finalized>(
+    obj: Arc<K>,
+    ctx: Arc<Context>,
+) -> Result<kube::runtime::controller::Action, Error> {
     use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+    if !K::reconciled_here(&ctx) {
+        return Ok(kube::runtime::controller::Action::await_change());
+    }
+    let api = obj.api(&ctx)?;
     let name = (obj.namespace(), obj.name_any());
-    let result = timed(controller, ctx, async {
-        finalizer(&api, finalizer_name, obj, |event| async {
+    let result = timed(K::CONTROLLER, &ctx, async {
+        finalizer(&api, K::FINALIZER, obj, |event| async {
             match event {
-                Finalizer::Apply(o) => apply(o).await,
-                Finalizer::Cleanup(o) => cleanup(o).await,
+                Finalizer::Apply(o) => o.apply(ctx.clone()).await,
+                Finalizer::Cleanup(o) => o.cleanup(ctx.clone()).await,
             }
         })
         .await

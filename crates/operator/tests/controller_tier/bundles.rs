@@ -282,7 +282,7 @@ async fn a_deleted_bundle_stops_its_jobs_in_manager_then_lets_go() {
         .api
         .get::<Bundle>(Some("live"), "news")
         .expect("held by its finalizer");
-    controllers::bundle::reconcile(std::sync::Arc::new(b), t.ctx.clone())
+    controllers::reconcile_finalized(std::sync::Arc::new(b), t.ctx.clone())
         .await
         .expect("the cleanup pass");
 

@@ -100,7 +100,7 @@ async fn dispatch(
         tokio::spawn(async move {
             let ns = r.namespace.clone().unwrap_or_default();
             if let Some(b) = api.get::<Bundle>(Some(&ns), &r.name) {
-                let result = controllers::bundle::reconcile(Arc::new(b), ctx).await;
+                let result = controllers::reconcile_finalized(Arc::new(b), ctx).await;
                 let left = api.get::<Bundle>(Some(&ns), &r.name).and_then(|b| b.status);
                 let mut w = worker.lock().unwrap();
                 *w.passes.entry(r.name.clone()).or_default() += 1;

@@ -23,7 +23,7 @@ impl Tier {
             .api
             .get::<api::HotSpareTarget>(None, name)
             .expect("the target is stored");
-        controllers::hotspare::reconcile(Arc::new(t), self.ctx.clone())
+        controllers::reconcile_finalized(Arc::new(t), self.ctx.clone())
             .await
             .expect("the spare pass")
     }

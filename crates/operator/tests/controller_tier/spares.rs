@@ -54,7 +54,7 @@ impl Tier {
     /// One HotSpareTarget pass over the target as stored now.
     async fn spare_pass(&self, name: &str) -> Result<Action, controllers::Error> {
         let t = self.stored_target(name).expect("the target is stored");
-        controllers::hotspare::reconcile(Arc::new(t), self.ctx.clone()).await
+        controllers::reconcile_finalized(Arc::new(t), self.ctx.clone()).await
     }
 
     /// The target stored and its finalizer pass done: the next pass is its first look.

@@ -40,26 +40,25 @@ use crate::state::{Held, OperatorState};
 /// How long a pass that registered a bundle waits for Manager's jobs to reach the mirror.
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
 
-/// Reconciles one Bundle, inside the cleanup finalizer.
-pub async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let (ns, _) = ns_name(bundle.as_ref())?;
-    let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), &ns);
-    super::reconcile_finalized(
-        "bundle",
-        &ctx,
-        api,
-        api::BUNDLE_FINALIZER,
-        bundle,
-        |b| {
-            let ctx = &ctx;
-            async move { apply(&b, ctx).await }
-        },
-        |b| {
-            let ctx = &ctx;
-            async move { cleanup(&b, ctx).await }
-        },
-    )
-    .await
+/// A Bundle is reconciled inside its cleanup finalizer
+/// ([`super::reconcile_finalized`]`::<Bundle>`): [`apply`] places and records it, [`cleanup`]
+/// stops its jobs on Manager.
+impl super::Finalized for Bundle {
+    const CONTROLLER: &'static str = "bundle";
+    const FINALIZER: &'static str = api::BUNDLE_FINALIZER;
+
+    fn api(&self, ctx: &Context) -> Result<Api<Bundle>, Error> {
+        let (ns, _) = ns_name(self)?;
+        Ok(Api::namespaced(ctx.client.clone(), &ns))
+    }
+
+    async fn apply(self: Arc<Self>, ctx: Arc<Context>) -> Result<Action, Error> {
+        apply(&self, &ctx).await
+    }
+
+    async fn cleanup(self: Arc<Self>, ctx: Arc<Context>) -> Result<Action, Error> {
+        cleanup(&self, &ctx).await
+    }
 }
 
 /// One job of one replica as observed: the planner's view plus where it runs.

@@ -1,7 +1,7 @@
-//! The pass's act on one replica the planner says to place: the placement request
-//! ([`automanager_policy::bundle_pass::placement_request`]), the engine's decision reserved
-//! under the state lock, then Manager: start the jobs, provision a node, or (a recovery with
-//! no room) preempt bronze jobs.
+//! The pass's act on one replica the planner says to place: policy's decision
+//! ([`automanager_policy::bundle_pass::decide`]: the request, the engine's answer and its
+//! reservation, with the cluster model as the book, under the state lock), then Manager: start
+//! the jobs, provision a node, or (a recovery with no room) preempt bronze jobs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -66,19 +66,7 @@ impl Pass<'_> {
         let Some(job_ids) = job_ids(rep) else {
             return Ok(Outcome::default());
         };
-        let request = ctx.manager.mirror().read(|m| {
-            let seen = jobs_at(m, all);
-            bundle_pass::placement_request(&bundle_pass::Ask {
-                bundle: &self.engine_bundle,
-                replica: rep.r,
-                jobs: rep.jobs,
-                recovery: rep.recovery,
-                needs: &rep.plan.needs,
-                seen: &seen,
-                decided_elsewhere: decided,
-            })
-        });
-        let decision = self.decide(ctx, rep, &request, &job_ids);
+        let (request, decision) = self.decide(ctx, rep, all, decided, &job_ids);
         let mut outcome = self.act_on(ctx, rep, &request, &decision, &job_ids).await?;
         if outcome.started {
             outcome.preempted = crate::controllers::preempt::placed(ctx, &self.bundle_id, rep.r);
@@ -96,29 +84,36 @@ impl Pass<'_> {
         Ok(outcome)
     }
 
-    /// The engine's decision for `request`, reserved under the state lock (acted on after it is
-    /// released) and remembered for the trace.
+    /// Policy's decision for the replica, reserved in the model under the state lock (acted on
+    /// after it is released), with its request, and remembered for the trace.
     fn decide(
         &self,
         ctx: &Context,
         rep: &Replica<'_>,
-        request: &pl::PlacementRequest,
+        all: &BTreeMap<u32, Vec<Seen>>,
+        decided: &[pl::Position],
         job_ids: &HashMap<String, String>,
-    ) -> pl::Decision {
-        let keys: Vec<pl::JobKey> = rep.jobs.iter().map(|j| self.key(rep.r, j)).collect();
-        let decision = ctx.with_mirror(|m, state| {
-            let model = state.model_mut();
-            for k in &keys {
-                model.abandon(k, m); // a previous, unstarted reservation of these jobs
-            }
-            let decision = model.place(request, now_ms(self.now));
-            if decision.is_placed()
-                && let Err(e) = model.commit(&decision, job_ids)
-            {
-                tracing::warn!(bundle = %self.bundle_id, replica = rep.r, error = %e, "could not reserve a placement");
-            }
-            decision
+    ) -> (pl::PlacementRequest, pl::Decision) {
+        let made = ctx.with_mirror(|m, state| {
+            let seen = jobs_at(m, all);
+            let ask = bundle_pass::Ask {
+                bundle: &self.engine_bundle,
+                replica: rep.r,
+                jobs: rep.jobs,
+                recovery: rep.recovery,
+                needs: &rep.plan.needs,
+                seen: &seen,
+                decided_elsewhere: decided,
+            };
+            let mut book = state.model_mut().reserving(m, job_ids);
+            bundle_pass::decide(&mut book, &ask, now_ms(self.now))
         });
+        if let Some(e) = &made.unreserved {
+            tracing::warn!(bundle = %self.bundle_id, replica = rep.r, error = %e, "could not reserve a placement");
+        }
+        let bundle_pass::Decided {
+            request, decision, ..
+        } = made;
         ctx.metrics.placement_attempted();
         ctx.state().bundles_mut().record_decision(
             self.name(),
@@ -130,7 +125,7 @@ impl Pass<'_> {
                 preempted: None,
             },
         );
-        decision
+        (request, decision)
     }
 
     /// Acts on the engine's decision: start the jobs (their node is up), wait for a node
