@@ -62,10 +62,12 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
     let name = target.name_any();
     // A pool waiting to be deleted no longer counts this target as a user.
     ctx.wake_pool_controller(&target.spec.pool);
-    ctx.state()
-        .wake_mut()
-        .set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);
-    ctx.state().provisioning_mut().forget_spares(&name);
+    {
+        let mut state = ctx.state();
+        let target_ref = kube::runtime::reflector::ObjectRef::from(target);
+        state.wake_mut().set_spare_target(&target_ref, None);
+        state.provisioning_mut().forget_spares(&name);
+    }
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
@@ -259,31 +261,25 @@ fn bounds(ctx: &Context, pool: &PlacementPool, nodes: &[SpareNode]) -> tiers::Ti
 /// The pool's spare-tagged nodes, plus nodes just asked for that the mirror does not show yet.
 fn spare_nodes(target: &HotSpareTarget, ctx: &Context) -> Vec<SpareNode> {
     let pool = &target.spec.pool;
-    let mut nodes: Vec<SpareNode> = ctx.manager.mirror().read(|m| {
-        m.nodes
-            .values()
+    let now = ctx.clock.instant();
+    ctx.with_mirror(|m, state| {
+        let book = state.provisioning_mut();
+        let mut nodes: Vec<SpareNode> = (m.nodes.values())
             .filter(|n| n.pool == *pool && mapping::spare_of(n).0)
             .map(|n| {
                 // A warm spare a recovery started counts as taken until the recovery had time
                 // to use it.
                 let (capacity, cores) = m.node_usage(&n.node_id);
-                let claimed = ctx.state().provisioning_mut().is_claimed(
-                    &n.node_id,
-                    ctx.clock.instant(),
-                    CLAIM_GRACE,
-                );
+                let claimed = book.is_claimed(&n.node_id, now, CLAIM_GRACE);
                 spare_node(n, capacity > 0.0 || cores > 0 || claimed)
             })
-            .collect()
-    });
-    let asked = ctx.state().provisioning_mut().spares_not_shown(
-        &target.name_any(),
-        ctx.clock.instant(),
-        CREATED_GRACE,
-        |id| nodes.iter().any(|s| s.node_id == id),
-    );
-    nodes.extend(asked.iter().map(|n| spare_node(n, false)));
-    nodes
+            .collect();
+        let asked = book.spares_not_shown(&target.name_any(), now, CREATED_GRACE, |id| {
+            nodes.iter().any(|s| s.node_id == id)
+        });
+        nodes.extend(asked.iter().map(|n| spare_node(n, false)));
+        nodes
+    })
 }
 
 /// The pool's nodes that count against `maxNodes`: those starting or started, and spares

@@ -593,30 +593,35 @@ pub async fn request_node(
     zone: Option<&str>,
     tag: String,
 ) -> Result<Option<proto::Node>, Error> {
-    if ctx.manager.mirror().read(|m| provision_in_flight(m, &tag)) {
-        return Ok(None);
-    }
-    let Some(spec) = ctx.state().model().pool(pool).cloned() else {
+    // One look at the mirror and the state: nothing can change between the checks and the
+    // rate this ask takes.
+    let (now, wall) = (ctx.clock.instant(), ctx.clock.now());
+    let spec = ctx.with_mirror(|m, state| {
+        if provision_in_flight(m, &tag) {
+            return Ok(None);
+        }
+        let Some(spec) = state.model().pool(pool).cloned() else {
+            return Ok(None);
+        };
+        // A refused or backed-off ask takes nothing of the pool's rate.
+        if let Some(held) = provision_held(state, &m.epoch, now, &tag, pool, instance_type) {
+            return Err(held);
+        }
+        if let Some(z) = zone
+            && state.provisioning().zone_brake().is_degraded(pool, z)
+        {
+            tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
+            return Ok(None);
+        }
+        if !state.provisioning_mut().take_request(pool, wall) {
+            tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
+            return Ok(None);
+        }
+        Ok(Some(spec))
+    })?;
+    let Some(spec) = spec else {
         return Ok(None);
     };
-    // A refused or backed-off ask takes nothing of the pool's rate.
-    if let Some(held) = provision_held(ctx, &tag, pool, instance_type) {
-        return Err(held);
-    }
-    if let Some(z) = zone
-        && ctx.state().provisioning().zone_brake().is_degraded(pool, z)
-    {
-        tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
-        return Ok(None);
-    }
-    if !ctx
-        .state()
-        .provisioning_mut()
-        .take_request(pool, ctx.clock.now())
-    {
-        tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
-        return Ok(None);
-    }
     let req = proto::CreateNodeRequest {
         pool: pool.to_owned(),
         provider: mapping::provider_of(spec.kind) as i32,
@@ -641,33 +646,29 @@ pub async fn create_node(
     intent: &str,
     mut req: proto::CreateNodeRequest,
 ) -> Result<proto::Node, Error> {
-    // A pool being deleted gets no new node, for a replica or a spare.
-    if ctx
-        .state()
-        .model()
-        .pool(&req.pool)
-        .is_some_and(|p| p.terminating)
-    {
-        return Err(Error::ProvisioningPaused(format!(
-            "PlacementPool {} is being deleted: no new node is made in it",
-            req.pool
-        )));
-    }
-    if let Some(held) = provision_held(ctx, intent, &req.pool, &req.instance_type) {
-        return Err(held);
-    }
-    req.zone = ctx
-        .with_mirror(|m, s| zones::provision_zone(m, s, &req.pool, &req.zone))
-        .map_err(Error::ProvisioningPaused)?;
     let now = ctx.clock.instant();
     let key = ctx.with_mirror(|m, state| {
-        state.provisioning_mut().request_key(
+        // A pool being deleted gets no new node, for a replica or a spare.
+        if state.model().pool(&req.pool).is_some_and(|p| p.terminating) {
+            return Err(Error::ProvisioningPaused(format!(
+                "PlacementPool {} is being deleted: no new node is made in it",
+                req.pool
+            )));
+        }
+        if let Some(held) =
+            provision_held(state, &m.epoch, now, intent, &req.pool, &req.instance_type)
+        {
+            return Err(held);
+        }
+        req.zone = zones::provision_zone(m, state, &req.pool, &req.zone)
+            .map_err(Error::ProvisioningPaused)?;
+        Ok(state.provisioning_mut().request_key(
             intent,
             |key| m.nodes.values().any(|n| n.request_id == key),
             now,
             || format!("automanager-{:032x}", rand::random::<u128>()),
-        )
-    });
+        ))
+    })?;
     req.request_id.clone_from(&key);
     let (pool, instance_type) = (req.pool.clone(), req.instance_type.clone());
     match ctx.manager.create_node(req).await {
@@ -712,14 +713,19 @@ pub async fn create_node(
 }
 
 /// Why `intent` may not ask for a node of `instance_type` in `pool` now, as the error its
-/// caller reports: a refusal that stands, or the back-off of its last failed ask.
-fn provision_held(ctx: &Context, intent: &str, pool: &str, instance_type: &str) -> Option<Error> {
-    let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
-    let now = ctx.clock.instant();
-    let hold = ctx
-        .state()
+/// caller reports: a refusal that stands (for Manager's `epoch`), or the back-off of its last
+/// failed ask.
+fn provision_held(
+    state: &mut OperatorState,
+    epoch: &str,
+    now: std::time::Instant,
+    intent: &str,
+    pool: &str,
+    instance_type: &str,
+) -> Option<Error> {
+    let hold = state
         .provisioning_mut()
-        .hold(intent, pool, instance_type, &epoch, now)?;
+        .hold(intent, pool, instance_type, epoch, now)?;
     Some(match hold {
         Hold::Refused(r) => Error::ProvisioningRefused(r),
         Hold::BackingOff {

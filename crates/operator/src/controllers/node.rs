@@ -481,24 +481,20 @@ fn node_status(
     now: DateTime<Utc>,
 ) -> ManagerNodeStatus {
     let id = &n.node_id;
-    let (rejections, blocked) = {
-        let state = ctx.state();
-        (
-            state.nodes().rejections(id),
-            state.nodes().drain_blocked(id),
-        )
+    // What the node book says of the node, in one hold of the state lock.
+    let (mut status, generation) = {
+        let mut state = ctx.state();
+        let book = state.nodes_mut();
+        let (rejections, blocked) = (book.rejections(id), book.drain_blocked(id));
+        let mut status = desired_status(n, load, overlay, rejections, blocked, prev, now);
+        if let Some(e) = book.episodes(id) {
+            status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
+            status.held_out_until = (e.held_until > now).then_some(e.held_until);
+        }
+        let gone = matches!(status.state, NodeState::Unreachable | NodeState::Terminated);
+        status.drain = book.drain_status(id, status.jobs.len(), gone, now);
+        (status, book.generation(id))
     };
-    let mut status = desired_status(n, load, overlay, rejections, blocked, prev, now);
-    if let Some(e) = ctx.state().nodes().episodes(id) {
-        status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
-        status.held_out_until = (e.held_until > now).then_some(e.held_until);
-    }
-    let gone = matches!(status.state, NodeState::Unreachable | NodeState::Terminated);
-    status.drain = ctx
-        .state()
-        .nodes_mut()
-        .drain_status(id, status.jobs.len(), gone, now);
-    let generation = ctx.state().nodes().generation(id);
     status.observed_generation = generation;
     api::kstatus::observe_generation(&mut status.conditions, generation);
     let (standing, reason, message) = node_standing(&status);

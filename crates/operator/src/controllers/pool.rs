@@ -56,16 +56,27 @@ async fn pass(pool: &Arc<PlacementPool>, ctx: &Arc<Context>) -> Result<Action, E
     .await
 }
 
+/// Loads `spec` into the placement model; whether it changed. A changed spec may make what
+/// Manager refused acceptable: its refusals are forgotten, so the next ask is made.
+fn load(
+    state: &mut crate::state::OperatorState,
+    mirror: &manager_client::MirrorState,
+    spec: automanager_placement::PoolSpec,
+) -> Result<bool, automanager_placement::InputError> {
+    let name = spec.name.clone();
+    let changed = state.model_mut().upsert_pool(spec, mirror)?;
+    if changed {
+        state.provisioning_mut().pool_changed(&name);
+    }
+    Ok(changed)
+}
+
 /// Loads the pool into the placement model, and wakes the bundles waiting for it when it changed.
 fn observe(pool: &PlacementPool, ctx: &Context) {
     let name = pool.name_any();
     let spec = engine_pool(pool);
-    match ctx.with_mirror(|m, s| s.model_mut().upsert_pool(spec, m)) {
-        Ok(true) => {
-            // A changed spec may make what Manager refused acceptable: ask again.
-            ctx.state().provisioning_mut().pool_changed(&name);
-            ctx.wake_pool(&name);
-        }
+    match ctx.with_mirror(|m, s| load(s, m, spec)) {
+        Ok(true) => ctx.wake_pool(&name),
         Ok(false) => {}
         Err(e) => tracing::debug!(pool = %name, error = %e, "pool not loaded"),
     }
@@ -199,12 +210,8 @@ struct Seen {
 async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
     let name = pool.name_any();
     let loaded = ctx
-        .with_mirror(|m, s| s.model_mut().upsert_pool(engine_pool(pool), m))
+        .with_mirror(|m, s| load(s, m, engine_pool(pool)))
         .map_err(|e| e.to_string());
-    if let Ok(true) = loaded {
-        // A changed spec may make what Manager refused acceptable: ask again.
-        ctx.state().provisioning_mut().pool_changed(&name);
-    }
     let manager = match &loaded {
         Ok(_) if ctx.manager_ready() => managers_view(pool, ctx).await,
         _ => policy::ManagerView::NotAsked,
@@ -215,16 +222,14 @@ async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
         // woken too, and an unconditional wake would loop.
         ctx.wake_pool(&name);
     }
-    let usage = ctx.state().model().engine().pool_usage(&name);
-    let degraded = {
+    let (usage, degraded) = {
         let s = ctx.state();
+        let usage = s.model().engine().pool_usage(&name);
         let window = ctx.settings.zone_brake.map(|b| b.window);
-        s.provisioning()
-            .zone_brake()
-            .degraded_in(&name)
-            .into_iter()
+        let degraded = (s.provisioning().zone_brake().degraded_in(&name).into_iter())
             .map(|d| super::zones::degraded_message(d, window))
-            .collect()
+            .collect();
+        (usage, degraded)
     };
     Seen {
         loaded,

@@ -67,17 +67,37 @@ pub fn recovering_band(spec: &api::BundleSpec, jobs: &[String]) -> Option<Priori
 }
 
 /// The preemption under way for this replica, if one is (made before and not yet placed).
-pub fn pending(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
+fn pending(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
     ctx.state()
         .bundles_mut()
         .pending_preemption(bundle_id, replica, ctx.clock.instant(), HOLD)
 }
 
-/// The replica was placed: its preemption is done. Returns it, for the trace.
-pub fn placed(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
-    ctx.state()
-        .bundles_mut()
-        .preemption_placed(bundle_id, replica)
+/// The replica's preemption after its placement, noted on its last decision for the trace:
+/// done when the replica `started` (returned once, for the trace), else the one `made` by this
+/// placement, else one made before and still under way. One hold of the state lock.
+pub fn settle(
+    ctx: &Context,
+    bundle: &(String, String),
+    bundle_id: &str,
+    replica: u32,
+    started: bool,
+    made: Option<api::Preemption>,
+) -> Option<api::Preemption> {
+    let now = ctx.clock.instant();
+    let mut state = ctx.state();
+    let book = state.bundles_mut();
+    let preempted = if started {
+        book.preemption_placed(bundle_id, replica)
+    } else if made.is_some() {
+        made
+    } else {
+        book.pending_preemption(bundle_id, replica, now, HOLD)
+    };
+    if preempted.is_some() {
+        book.note_preempted(bundle, replica, preempted.clone());
+    }
+    preempted
 }
 
 /// Preempts for `rec` when its band may and some node can be freed: `Some` is the preemption

@@ -446,17 +446,17 @@ impl<'a> Pass<'a> {
     /// keeps the bundle's jobs as this same read of the mirror shows them, so a change after
     /// it wakes the bundle again.
     fn observe(&self, ctx: &Context, mark: Option<&mut PassMark<'_>>) -> BTreeMap<u32, Vec<Seen>> {
-        for rs in &self.prev.replicas {
-            let Ok(r) = u32::try_from(rs.replica) else {
-                continue;
-            };
-            ctx.state().bundles_mut().merge_restarts(
-                &ReplicaKey::new(&self.bundle_id, r),
-                rs.restart_times.iter().copied(),
-                self.now,
-            );
-        }
         ctx.with_mirror(|m, state| {
+            for rs in &self.prev.replicas {
+                let Ok(r) = u32::try_from(rs.replica) else {
+                    continue;
+                };
+                state.bundles_mut().merge_restarts(
+                    &ReplicaKey::new(&self.bundle_id, r),
+                    rs.restart_times.iter().copied(),
+                    self.now,
+                );
+            }
             if let Some(mark) = mark {
                 mark.observed = Some(bundle_jobs(m, &self.bundle_id));
             }

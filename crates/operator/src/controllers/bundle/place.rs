@@ -68,24 +68,20 @@ impl Pass<'_> {
         };
         let (request, decision) = self.decide(ctx, rep, all, decided, &job_ids);
         let mut outcome = self.act_on(ctx, rep, &request, &decision, &job_ids).await?;
-        if outcome.started {
-            outcome.preempted = crate::controllers::preempt::placed(ctx, &self.bundle_id, rep.r);
-        } else if outcome.preempted.is_none() {
-            outcome.preempted = crate::controllers::preempt::pending(ctx, &self.bundle_id, rep.r);
-        }
-        if outcome.preempted.is_some() {
-            ctx.state().bundles_mut().note_preempted(
-                &self.name(),
-                rep.r,
-                outcome.preempted.clone(),
-            );
-        }
+        outcome.preempted = crate::controllers::preempt::settle(
+            ctx,
+            &self.name(),
+            &self.bundle_id,
+            rep.r,
+            outcome.started,
+            outcome.preempted.take(),
+        );
         outcome.decision = Some((decision, rep.recovery));
         Ok(outcome)
     }
 
-    /// Policy's decision for the replica, reserved in the model under the state lock (acted on
-    /// after it is released), with its request, and remembered for the trace.
+    /// Policy's decision for the replica, reserved in the model and remembered for the trace
+    /// under one hold of the state lock (acted on after it is released), with its request.
     fn decide(
         &self,
         ctx: &Context,
@@ -106,25 +102,26 @@ impl Pass<'_> {
                 decided_elsewhere: decided,
             };
             let mut book = state.model_mut().reserving(m, job_ids);
-            bundle_pass::decide(&mut book, &ask, now_ms(self.now))
+            let made = bundle_pass::decide(&mut book, &ask, now_ms(self.now));
+            state.bundles_mut().record_decision(
+                self.name(),
+                rep.r,
+                crate::controllers::LastDecision {
+                    decision: made.decision.clone(),
+                    recovery: rep.recovery,
+                    at: self.now,
+                    preempted: None,
+                },
+            );
+            made
         });
         if let Some(e) = &made.unreserved {
             tracing::warn!(bundle = %self.bundle_id, replica = rep.r, error = %e, "could not reserve a placement");
         }
+        ctx.metrics.placement_attempted();
         let bundle_pass::Decided {
             request, decision, ..
         } = made;
-        ctx.metrics.placement_attempted();
-        ctx.state().bundles_mut().record_decision(
-            self.name(),
-            rep.r,
-            crate::controllers::LastDecision {
-                decision: decision.clone(),
-                recovery: rep.recovery,
-                at: self.now,
-                preempted: None,
-            },
-        );
         (request, decision)
     }
 
