@@ -144,19 +144,14 @@ impl Fleet {
             .map(bundle_id_of)
             .collect();
         wanted.extend(extra.iter().cloned());
+        // The bundles of nodes being terminated and of Migrations admitted, in one look.
         wanted.extend(ctx.with_mirror(|m, s| {
-            s.disruptions()
-                .terminating()
+            let book = s.disruptions();
+            (book.terminating())
                 .flat_map(|node| m.jobs_on(node).map(|j| j.bundle_id.clone()))
+                .chain(book.admitted().map(|(_, a)| a.bundle_id.clone()))
                 .collect::<Vec<_>>()
         }));
-        wanted.extend(
-            ctx.state()
-                .disruptions()
-                .admitted()
-                .map(|(_, a)| a.bundle_id.clone())
-                .collect::<Vec<_>>(),
-        );
         wanted.sort();
         wanted.dedup();
         let mut bundles = HashMap::new();

@@ -405,15 +405,18 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
     if started.is_empty() {
         return;
     }
-    // Not while bundles that lost jobs queue for a pass: this one's slot is theirs sooner.
-    let slots = ctx
-        .state()
-        .wake_mut()
-        .slots(ctx.clock.instant(), ctx.bundle_slots());
-    if !recovery_first::settle_starts(slots) {
-        return;
-    }
-    let Some(bound) = ctx.state().bundles_mut().settle_bound() else {
+    let bound = {
+        let mut state = ctx.state();
+        // Not while bundles that lost jobs queue for a pass: this one's slot is theirs sooner.
+        let slots = state
+            .wake_mut()
+            .slots(ctx.clock.instant(), ctx.bundle_slots());
+        if !recovery_first::settle_starts(slots) {
+            return;
+        }
+        state.bundles_mut().settle_bound()
+    };
+    let Some(bound) = bound else {
         return;
     };
     let began = ctx.clock.instant();
