@@ -41,7 +41,7 @@ use crate::state::{Held, OperatorState};
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
 
 /// A Bundle is reconciled inside its cleanup finalizer
-/// ([`super::reconcile_finalized`]`::<Bundle>`): [`apply`] places and records it, [`cleanup`]
+/// ([`super::reconcile_finalized`]`::<Bundle>`): `apply` places and records it, `cleanup`
 /// stops its jobs on Manager.
 impl super::Finalized for Bundle {
     const CONTROLLER: &'static str = "bundle";

@@ -1,0 +1,222 @@
+//! Asking Manager for nodes: a replica's or a Migration target's node ([`request_node`]) and
+//! every CreateNode with its idempotency key, refusals and back-off ([`create_node`]).
+
+use automanager_policy::provision_refusals::{Hold, Refusal};
+use manager_client::ClientError;
+use manager_proto as proto;
+
+use super::{Context, Error, zones};
+use crate::mapping;
+use crate::state::OperatorState;
+
+/// Asks Manager for a node of `instance_type` in `pool` (zone optional) for whatever `tag` names,
+/// unless one asked for it is still on its way ([`provision_in_flight`]), and tells the engine a
+/// node is coming. `None` when nothing was asked (one is on its way, the pool is not loaded, or
+/// the pool's provisioning rate is used up for this minute).
+pub async fn request_node(
+    ctx: &Context,
+    pool: &str,
+    instance_type: &str,
+    zone: Option<&str>,
+    tag: String,
+) -> Result<Option<proto::Node>, Error> {
+    // One look at the mirror and the state: nothing can change between the checks and the
+    // rate this ask takes.
+    let (now, wall) = (ctx.clock.instant(), ctx.clock.now());
+    let spec = ctx.with_mirror(|m, state| {
+        if provision_in_flight(m, &tag) {
+            return Ok(None);
+        }
+        let Some(spec) = state.model().pool(pool).cloned() else {
+            return Ok(None);
+        };
+        // A refused or backed-off ask takes nothing of the pool's rate.
+        if let Some(held) = provision_held(state, &m.epoch, now, &tag, pool, instance_type) {
+            return Err(held);
+        }
+        if let Some(z) = zone
+            && state.provisioning().zone_brake().is_degraded(pool, z)
+        {
+            tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
+            return Ok(None);
+        }
+        if !state.provisioning_mut().take_request(pool, wall) {
+            tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
+            return Ok(None);
+        }
+        Ok(Some(spec))
+    })?;
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    let req = proto::CreateNodeRequest {
+        pool: pool.to_owned(),
+        provider: mapping::provider_of(spec.kind) as i32,
+        region: spec.region.clone(),
+        instance_type: instance_type.to_owned(),
+        zone: zone.unwrap_or_default().to_owned(),
+        tags: [(mapping::PROVISIONED_FOR_TAG.to_owned(), tag.clone())]
+            .into_iter()
+            .collect(),
+        request_id: String::new(),
+    };
+    let node = create_node(ctx, &tag, req).await?;
+    ctx.state().model_mut().add_provisioned(&node);
+    Ok(Some(node))
+}
+
+/// CreateNode for `intent` (a replica's tag, a spare target) with an idempotency key: an ask
+/// whose answer was lost is repeated with its key, so Manager answers with the node it made
+/// rather than making a second (see `automanager_policy::provision_keys`).
+pub async fn create_node(
+    ctx: &Context,
+    intent: &str,
+    mut req: proto::CreateNodeRequest,
+) -> Result<proto::Node, Error> {
+    let now = ctx.clock.instant();
+    let key = ctx.with_mirror(|m, state| {
+        // A pool being deleted gets no new node, for a replica or a spare.
+        if state.model().pool(&req.pool).is_some_and(|p| p.terminating) {
+            return Err(Error::ProvisioningPaused(format!(
+                "PlacementPool {} is being deleted: no new node is made in it",
+                req.pool
+            )));
+        }
+        if let Some(held) =
+            provision_held(state, &m.epoch, now, intent, &req.pool, &req.instance_type)
+        {
+            return Err(held);
+        }
+        req.zone = zones::provision_zone(m, state, &req.pool, &req.zone)
+            .map_err(Error::ProvisioningPaused)?;
+        Ok(state.provisioning_mut().request_key(
+            intent,
+            |key| m.nodes.values().any(|n| n.request_id == key),
+            now,
+            || format!("automanager-{:032x}", rand::random::<u128>()),
+        ))
+    })?;
+    req.request_id.clone_from(&key);
+    let (pool, instance_type) = (req.pool.clone(), req.instance_type.clone());
+    match ctx.manager.create_node(req).await {
+        Ok(node) => {
+            ctx.state().provisioning_mut().ask_answered(intent);
+            Ok(node)
+        }
+        Err(e) => {
+            if let Some(code) = refused_for_good(&e) {
+                let refusal = Refusal {
+                    pool: pool.clone(),
+                    instance_type,
+                    code: code.to_owned(),
+                    message: refusal_message(&e),
+                };
+                tracing::warn!(intent, pool = %pool, instance_type = %refusal.instance_type, error = %e, "Manager refused CreateNode; not asking again until the pool or Manager changes");
+                let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
+                ctx.state()
+                    .provisioning_mut()
+                    .refused(refusal.clone(), &epoch);
+                // The pool's status says so too.
+                ctx.wake_pool_controller(&pool);
+                return Err(Error::ProvisioningRefused(refusal));
+            }
+            if outcome_unknown(&e) {
+                tracing::info!(intent, request_id = %key, error = %e, "CreateNode got no answer; the next ask repeats its key");
+                ctx.state().provisioning_mut().unanswered(intent, key, now);
+            }
+            if matches!(e, ClientError::Fenced(_) | ClientError::Closed) {
+                // Not Manager's answer: this operator may not write now.
+                return Err(e.into());
+            }
+            let message = e.to_string();
+            let retry_in = ctx
+                .state()
+                .provisioning_mut()
+                .ask_failed(intent, message.clone(), now);
+            tracing::info!(intent, pool = %pool, error = %e, retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX), "CreateNode failed; asking again after a back-off");
+            Err(Error::ProvisioningRetry { message, retry_in })
+        }
+    }
+}
+
+/// Why `intent` may not ask for a node of `instance_type` in `pool` now, as the error its
+/// caller reports: a refusal that stands (for Manager's `epoch`), or the back-off of its last
+/// failed ask.
+fn provision_held(
+    state: &mut OperatorState,
+    epoch: &str,
+    now: std::time::Instant,
+    intent: &str,
+    pool: &str,
+    instance_type: &str,
+) -> Option<Error> {
+    let hold = state
+        .provisioning_mut()
+        .hold(intent, pool, instance_type, epoch, now)?;
+    Some(match hold {
+        Hold::Refused(r) => Error::ProvisioningRefused(r),
+        Hold::BackingOff {
+            remaining, message, ..
+        } => Error::ProvisioningRetry {
+            message,
+            retry_in: remaining,
+        },
+    })
+}
+
+/// Manager's answers to CreateNode that no retry changes, as the code's CamelCase word: the
+/// request is wrong for this pool (an instance type or zone it does not offer, a fixed pool, an
+/// unknown pool).
+fn refused_for_good(e: &ClientError) -> Option<&'static str> {
+    match e {
+        ClientError::InvalidArgument(_) => Some("InvalidArgument"),
+        ClientError::FailedPrecondition(_) => Some("FailedPrecondition"),
+        ClientError::NotFound(_) => Some("NotFound"),
+        _ => None,
+    }
+}
+
+/// Manager's own words of a refusal, without the client's prefix.
+fn refusal_message(e: &ClientError) -> String {
+    match e {
+        ClientError::InvalidArgument(m)
+        | ClientError::FailedPrecondition(m)
+        | ClientError::NotFound(m) => m.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether Manager may have carried out a call that failed: it was not refused, only not
+/// answered. (Keeping a key that did make nothing costs nothing: its repeat makes the node.)
+fn outcome_unknown(e: &ClientError) -> bool {
+    matches!(
+        e,
+        ClientError::Timeout(_) | ClientError::Unavailable(_) | ClientError::Rpc { .. }
+    )
+}
+
+/// Whether a node asked for the replica (or migration target) tagged `tag` is still on its way to it: starting, or
+/// started and still empty (the engine may not have seen it yet). A started node that another
+/// bundle's job took in the meantime is not: the replica must ask again, or it would wait forever.
+pub fn provision_in_flight(m: &manager_client::MirrorState, tag: &str) -> bool {
+    m.nodes.values().any(|n| {
+        if n.tags.get(mapping::PROVISIONED_FOR_TAG).map(String::as_str) != Some(tag) {
+            return false;
+        }
+        match proto::NodeState::try_from(n.state) {
+            Ok(proto::NodeState::Starting) => true,
+            Ok(proto::NodeState::Started) => !m.jobs.values().any(|j| {
+                j.instances.iter().any(|i| {
+                    i.node_id == n.node_id
+                        && matches!(
+                            proto::JobState::try_from(i.state),
+                            Ok(proto::JobState::Starting
+                                | proto::JobState::Running
+                                | proto::JobState::Stopping)
+                        )
+                })
+            }),
+            _ => false,
+        }
+    })
+}
