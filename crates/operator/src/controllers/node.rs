@@ -558,20 +558,22 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
 /// rejection rate trips the threshold is marked unhealthy (placement avoids it), with a
 /// `NodeUnhealthy` Event on its ManagerNode (the library's `onNodeUnhealthy`).
 pub async fn record_rejection(ctx: &Context, node_id: &str) {
-    let change = ctx
-        .state()
-        .nodes_mut()
-        .record_rejection(node_id, ctx.clock.now());
-    if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
-        return;
-    }
-    ctx.with_mirror(|m, s| {
+    let now = ctx.clock.now();
+    let became_unhealthy = ctx.with_mirror(|m, s| {
+        let change = s.nodes_mut().record_rejection(node_id, now);
+        if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
+            return false;
+        }
         let overlay = NodeOverlay {
             unhealthy: true,
             ..s.model().overlay(node_id)
         };
         s.model_mut().set_overlay(node_id, overlay, m);
+        true
     });
+    if !became_unhealthy {
+        return;
+    }
     tracing::warn!(node = %node_id, "node marked unhealthy: too many rejected starts");
     let name = mapping::node_object_name(node_id);
     let obj = ManagerNode::new(&name, ManagerNodeSpec::default());

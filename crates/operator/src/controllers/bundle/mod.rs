@@ -343,10 +343,12 @@ impl<'a> Pass<'a> {
         }
         if self.retried {
             // A retry clears the ceiling (and, below, un-drops dropped jobs).
-            for r in 0..self.replicas() {
-                ctx.state()
-                    .bundles_mut()
-                    .clear_restarts(&ReplicaKey::new(&self.bundle_id, r), self.now);
+            {
+                let mut state = ctx.state();
+                for r in 0..self.replicas() {
+                    let key = ReplicaKey::new(&self.bundle_id, r);
+                    state.bundles_mut().clear_restarts(&key, self.now);
+                }
             }
             ctx.event(
                 self.bundle,
