@@ -2,10 +2,8 @@
 //! client or wire types (tonic, prost, axum), which the mapping crate keeps behind its `wire`
 //! feature.
 
-use std::path::Path;
-
 fn manifest(path: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let p = package_dir().join(path);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -68,4 +66,12 @@ fn a_client_for_an_https_apiserver_can_be_built() {
     runtime.block_on(async {
         kube::Client::try_from(config).expect("a client");
     });
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

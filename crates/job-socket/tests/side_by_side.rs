@@ -4,7 +4,7 @@
 //! `node_modules` cannot be installed (`make job-socket-reference` installs it with `npm ci`).
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 #[derive(serde::Deserialize)]
@@ -20,7 +20,7 @@ struct Case {
 }
 
 fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("reference")
+    package_dir().join("reference")
 }
 
 /// Why the comparison cannot run here, if it cannot.
@@ -66,7 +66,7 @@ fn run(mut cmd: Command, stdin: &[u8]) -> String {
 }
 
 fn vector_files() -> Vec<(PathBuf, Vectors, String)> {
-    let vectors = Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors");
+    let vectors = package_dir().join("vectors");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&vectors)
         .expect("vectors dir")
         .map(|e| e.expect("entry").path())
@@ -143,4 +143,12 @@ fn reference_and_binary_print_the_same_lines_for_every_vector() {
             );
         }
     }
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

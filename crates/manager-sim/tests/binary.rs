@@ -55,7 +55,8 @@ fn serve(args: &[&str]) -> (Killed, std::net::SocketAddr) {
 #[test]
 fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     let dir = tempfile::tempdir().unwrap();
-    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml");
+    let config = package_dir().join("examples/demo.yaml");
+    let config = &*config.to_string_lossy();
     let state_dir = dir.path().to_str().unwrap();
     let (child, addr) = serve(&["--config", config, "--state-dir", state_dir]);
     assert!(addr.ip().is_loopback());
@@ -169,10 +170,8 @@ fn check_config_lists_every_problem() {
     assert!(err.contains("at least one zone"), "{err}");
     assert!(err.contains("must be scaleOut: elastic"), "{err}");
     let ok = Command::new(bin())
-        .args([
-            "check-config",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/examples/demo.yaml"),
-        ])
+        .arg("check-config")
+        .arg(package_dir().join("examples/demo.yaml"))
         .output()
         .unwrap();
     assert!(ok.status.success());
@@ -184,4 +183,12 @@ fn chaos_against_nothing_fails_cleanly() {
     assert!(!ok && out.contains("cannot reach"), "{out}");
     let (ok, out) = chaos("not a url", &["cut-streams"]);
     assert!(!ok && out.contains("bad --addr"), "{out}");
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use manager_proto::manager_client::ManagerClient;
@@ -18,8 +18,8 @@ impl Drop for Killed {
     }
 }
 
-fn root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+fn root() -> PathBuf {
+    package_dir().join("../..")
 }
 
 /// The first ```json block of the overrides doc: the shape people are told to write.
@@ -111,4 +111,12 @@ fn a_bad_file_stops_the_sim_with_every_problem() {
     let (_sim, url, err) = serve(&file);
     assert!(url.is_empty());
     assert!(err.contains("regoin"), "{err}");
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

@@ -7,13 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use automanager_operator::metrics::Metrics;
 use serde_json::Value;
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    package_dir().join("../..")
 }
 
 fn read(path: &str) -> String {
@@ -194,4 +194,12 @@ fn every_alert_is_per_release_with_a_runbook_section_and_a_firing_test() {
             "{name} has no promtool test that makes it fire"
         );
     }
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

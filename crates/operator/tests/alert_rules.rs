@@ -8,11 +8,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    package_dir().join("../..")
 }
 
 fn promtool() -> PathBuf {
@@ -45,4 +45,12 @@ fn the_alert_rules_are_valid_and_their_unit_tests_pass() {
     assert!(said.contains("SUCCESS"), "{said}");
     let said = run_ok(&["test", "rules", "rules.test.yaml"]);
     assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

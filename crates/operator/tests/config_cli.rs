@@ -18,11 +18,8 @@ fn text(b: &[u8]) -> String {
 
 #[test]
 fn check_accepts_the_demo_settings() {
-    let demo = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../config/demo-operator.yaml"
-    );
-    let out = run(&["config", "check", demo]);
+    let demo = package_dir().join("../../config/demo-operator.yaml");
+    let out = run(&["config", "check", &demo.to_string_lossy()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).ends_with(": valid\n"));
 }
@@ -112,11 +109,9 @@ fn docs_prints_or_rewrites_the_reference() {
 
 #[test]
 fn the_charts_config_schema_is_the_settings_schema() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../deploy/helm/automanager/values.schema.json"
-    );
-    let file = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let schema = package_dir().join("../../deploy/helm/automanager/values.schema.json");
+    let path = schema.display();
+    let file = std::fs::read_to_string(&schema).unwrap_or_else(|e| panic!("{path}: {e}"));
     let committed: serde_json::Value =
         serde_json::from_str(&file).unwrap_or_else(|e| panic!("{path}: {e}"));
     assert!(
@@ -166,4 +161,12 @@ fn the_chart_schema_flag_rewrites_only_the_config_part() {
         text(&out.stderr)
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap_or_default(), "{}\n");
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

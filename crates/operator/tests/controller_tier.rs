@@ -57,7 +57,7 @@ const BOUND: Duration = Duration::from_secs(60);
 const POOLS: &str = "/apis/automanager.norsk.io/v1alpha1/placementpools";
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    package_dir().join("../..")
 }
 
 /// The in-memory apiserver, Manager (the demo's simulator behind a scripted port) and a context
@@ -862,4 +862,12 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
         .await
         .expect("the pass past the bound");
     assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/late/status")]);
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }

@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 const BOUND: Duration = Duration::from_secs(90);
 
 fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    package_dir().join("../..")
 }
 
 /// The control plane, Manager and the controllers, running until dropped.
@@ -1147,4 +1147,12 @@ async fn queued_events_are_all_published_in_order_even_past_the_queue_bound() {
         );
     }
     h.shutdown().await;
+}
+
+/// This package's directory, as cargo tells the running test: a test executable cargo finds
+/// fresh may have been built in another checkout that shares the target dir, and the path
+/// compiled into it would read that checkout's files.
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
