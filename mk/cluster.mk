@@ -22,10 +22,10 @@ dist: image dist-plugin ## push the image and the chart (helm push, OCI) to REGI
 	@if [ "$(REGISTRY)" = 127.0.0.1:5000 ]; then $(MAKE) --no-print-directory registry-up; fi
 	@tools/dist.sh $(REGISTRY) --image $(IMAGE_TAR)
 
-chart-files: ## copy the alerts, the dashboard and the user roles into the chart (files/), from their one source in deploy/
+chart-files: ## copy the alerts and the dashboard into the chart (files/) from their source in deploy/, and the chart's user roles out to deploy/rbac/
 	cp deploy/prometheus/rules.yaml $(CHART_DIR)/files/prometheus/rules.yaml
 	cp deploy/grafana/automanager.json $(CHART_DIR)/files/grafana/automanager.json
-	cp deploy/rbac/user-roles.yaml $(CHART_DIR)/files/user-roles.yaml
+	cp $(CHART_DIR)/files/user-roles.yaml deploy/rbac/user-roles.yaml
 
 chart-readme: ## regenerate the chart's README.md from values.yaml's comments (helm-docs, built from its Go module)
 	@tool=$$(tools/go-tool.sh helm-docs) && "$$tool" --chart-search-root $(CHART_DIR) --template-files README.md.gotmpl --skip-version-footer

@@ -17,6 +17,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The namespace of every namespaced object of the release: namespaceOverride, or the release's. */}}
+{{- define "automanager.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* Labels on every object: the chart's, then commonLabels (which may not replace them). */}}
 {{- define "automanager.labels" -}}
 {{- $own := dict "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-") "app.kubernetes.io/managed-by" .Release.Service "app.kubernetes.io/part-of" "automanager" "app.kubernetes.io/version" .Chart.AppVersion -}}
@@ -28,6 +33,43 @@
 app.kubernetes.io/name: {{ include "automanager.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
+{{- end -}}
+
+{{/* The labels of a Deployment's Pods, one key each: commonLabels, then podLabels over them,
+then the selector labels over both. A selector label keeps the chart's value whatever the
+values say: the Deployment's selector cannot change after install, and Pods that did not match
+it would be refused. Called with (dict "root" $ "selector" <the selector labels' YAML> "podLabels" <map>). */}}
+{{- define "automanager.podLabels" -}}
+{{- $labels := dict -}}
+{{- $_ := merge $labels (fromYaml .selector) (.podLabels | default dict) (.root.Values.commonLabels | default dict) -}}
+{{- toYaml $labels -}}
+{{- end -}}
+
+{{/* A Pod's affinity: `affinity` as given (or, when empty, `default`; with "user" false, only
+`default`), with a required node affinity to `image.architectures` added to every node selector
+term, so no Pod of the image lands on a node whose architecture it cannot run on.
+Called with (dict "root" $ "default" <map> "user" <bool>). */}}
+{{- define "automanager.affinity" -}}
+{{- $v := .root.Values -}}
+{{- $given := ternary $v.affinity dict (.user | default false) -}}
+{{- $affinity := deepCopy (default (.default | default dict) $given | default dict) -}}
+{{- with $v.image.architectures -}}
+{{- $arch := dict "key" "kubernetes.io/arch" "operator" "In" "values" . -}}
+{{- $node := $affinity.nodeAffinity | default dict -}}
+{{- $required := get $node "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := list -}}
+{{- range (get $required "nodeSelectorTerms" | default (list dict)) -}}
+{{- $term := deepCopy . -}}
+{{- $_ := set $term "matchExpressions" (append (get $term "matchExpressions" | default list) $arch) -}}
+{{- $terms = append $terms $term -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ := set $node "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ := set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- if $affinity -}}
+{{- toYaml $affinity -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Selector labels of the simulator pod. */}}
@@ -64,7 +106,7 @@ app.kubernetes.io/component: manager-sim
 {{- end -}}
 {{- define "automanager.managerUrl" -}}
 {{- if .Values.managerSim.enabled -}}
-{{- printf "http://%s.%s.svc:%d" (include "automanager.simName" .) .Release.Namespace (int .Values.managerSim.port) -}}
+{{- printf "http://%s.%s.svc:%d" (include "automanager.simName" .) (include "automanager.namespace" .) (int .Values.managerSim.port) -}}
 {{- else -}}
 {{- .Values.manager.url -}}
 {{- end -}}
@@ -111,7 +153,7 @@ keys it derives from other values (where Manager is, the ports, the Lease's name
 {{- $out := deepCopy $c -}}
 {{- $le := deepCopy ($c.leaderElection | default dict) -}}
 {{- $_ := set $le "leaseName" (include "automanager.fullname" .) -}}
-{{- $_ := set $le "leaseNamespace" .Release.Namespace -}}
+{{- $_ := set $le "leaseNamespace" (include "automanager.namespace" .) -}}
 {{- $_ := set $out "leaderElection" $le -}}
 {{- $_ := set $out "manager" $manager -}}
 {{- $_ := set $out "http" $http -}}
