@@ -15,8 +15,9 @@ use manager_proto::{
     AdminResponse, CallCountsRequest, CallCountsResponse, CreateNodeRequest, CreateNodeResponse,
     CutStreamsRequest, DeleteBundleRequest, DeleteBundleResponse, Event, EventBatch,
     FailJobRequest, Heartbeat, JobHistoryRequest, JobHistoryResponse, KillNodeRequest,
-    ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse, MigrationResponse,
-    NodeControllerMigrationAbort, NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    KillZoneRequest, KillZoneResponse, ListNodesRequest, ListNodesResponse, ListPoolsRequest,
+    ListPoolsResponse, MigrationResponse, NodeControllerMigrationAbort,
+    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
     NodeControllerMigrationPrepareTarget, NoticeNodeRequest, PartitionZoneRequest,
     RegisterBundleRequest, RegisterBundleResponse, RejectNextRequest, RejectionReason,
     SetMigrationBehaviourRequest, SlowProvisionRequest, Snapshot, SnapshotReason, StartJobRequest,
@@ -1067,6 +1068,28 @@ impl SimAdmin for AdminSvc {
             ids.len(),
             ids.join(", ")
         ))
+    }
+
+    async fn kill_zone(
+        &self,
+        req: Request<KillZoneRequest>,
+    ) -> Result<Response<KillZoneResponse>, Status> {
+        let req = req.into_inner();
+        let node_ids = self
+            .0
+            .apply(|w, now| w.kill_zone(&req.zone, req.revive, now))
+            .map_err(status)?;
+        let summary = if req.revive {
+            format!("zone {} revived: nodes come up there again", req.zone)
+        } else {
+            format!(
+                "zone {} died ({} nodes: {}); nodes that come up there die until it is revived",
+                req.zone,
+                node_ids.len(),
+                node_ids.join(", ")
+            )
+        };
+        Ok(Response::new(KillZoneResponse { summary, node_ids }))
     }
 
     async fn call_counts(

@@ -270,6 +270,9 @@ pub struct PersistedWorld {
     pub log: Vec<Event>,
     /// Provisioning delay per pool (changed by slow-provision).
     pub pool_delays: BTreeMap<String, u64>,
+    /// Zones killed by `KillZone` and not revived: a node coming up there dies instead.
+    #[serde(default)]
+    pub dead_zones: BTreeSet<String>,
     /// Written by a clean shutdown, after which nothing was published: the file is the whole
     /// state. A periodic write may be behind what watchers saw (a `kill -9` loses the rest),
     /// so a world restored from one takes a new epoch.
@@ -331,6 +334,8 @@ pub struct World {
     /// Chaos: CreateNode calls still to answer `UNAVAILABLE`.
     unavailable_creates: u32,
     partitioned: BTreeSet<String>,
+    /// Chaos: zones that died (`kill_zone`) and were not revived.
+    dead_zones: BTreeSet<String>,
     history: BTreeMap<String, JobRecord>,
     /// CreateNode idempotency keys: `request_id` → the node it created (every node that has
     /// one, so it lasts as long as the node and is rebuilt from the nodes on restore).
@@ -456,6 +461,7 @@ impl World {
             reject_next: 0,
             unavailable_creates: 0,
             partitioned: BTreeSet::new(),
+            dead_zones: BTreeSet::new(),
             history: BTreeMap::new(),
             node_by_request: BTreeMap::new(),
         }
@@ -513,6 +519,7 @@ impl World {
         let mut world = World::empty(pools, timing, event_log_capacity, saved.epoch);
         world.revision = saved.revision;
         world.next_node_seq = saved.next_node_seq;
+        world.dead_zones = saved.dead_zones;
         world.nodes = saved
             .nodes
             .into_iter()
@@ -670,6 +677,7 @@ impl World {
                 .iter()
                 .map(|(k, p)| (k.clone(), p.provision_delay_ms))
                 .collect(),
+            dead_zones: self.dead_zones.clone(),
             clean_shutdown: false,
         }
     }
@@ -1145,6 +1153,11 @@ impl World {
             return;
         };
         if node.state != NodeState::Starting as i32 {
+            return;
+        }
+        if self.dead_zones.contains(&node.zone) {
+            // Nothing comes up in a dead zone: the node is lost before it starts.
+            let _ = self.kill_node(id, now_ms);
             return;
         }
         let Some(pool) = self.pools.get(&node.pool) else {
@@ -2496,6 +2509,41 @@ impl World {
             }
         }
         Ok(())
+    }
+
+    /// Chaos: a zone dies, the way a zone outage takes it: every node in it that is not yet
+    /// TERMINATED (starting, started, stopped, powered off) is killed as by
+    /// [`World::kill_node`], in this one step, and until the zone is revived a node that would
+    /// come up there (a new node, a started one) is killed instead. `revive` ends the outage:
+    /// nodes come up there again; the killed ones stay TERMINATED. Returns the killed node ids
+    /// (none when reviving).
+    pub fn kill_zone(
+        &mut self,
+        zone: &str,
+        revive: bool,
+        now_ms: i64,
+    ) -> Result<Vec<String>, CommandError> {
+        validate::id("zone", zone)?;
+        if revive {
+            self.dead_zones.remove(zone);
+            return Ok(Vec::new());
+        }
+        self.dead_zones.insert(zone.to_owned());
+        let ids: Vec<String> = self
+            .nodes
+            .values()
+            .filter(|n| n.zone == zone && n.state != NodeState::Terminated as i32)
+            .map(|n| n.node_id.clone())
+            .collect();
+        for id in &ids {
+            self.kill_node(id, now_ms)?;
+        }
+        Ok(ids)
+    }
+
+    /// Whether `zone` is dead ([`World::kill_zone`]).
+    pub fn zone_dead(&self, zone: &str) -> bool {
+        self.dead_zones.contains(zone)
     }
 
     /// Chaos: partition (STARTED nodes → STOPPED, instances FAIL) or heal

@@ -531,6 +531,83 @@ fn a_partitioned_zone_loses_its_nodes_and_healing_brings_them_back() {
     );
 }
 
+fn create_in(w: &mut World, zone: &str, now: i64) -> String {
+    w.create_node(
+        &CreateNodeRequest {
+            pool: "e".into(),
+            zone: zone.into(),
+            ..Default::default()
+        },
+        now,
+    )
+    .unwrap()
+    .node_id
+}
+
+#[test]
+fn a_killed_zone_loses_every_node_in_it_at_once_starting_ones_too() {
+    let mut w = world();
+    w.register_bundle(&bundle("b", 1, 10.0, 1), 0).unwrap();
+    w.start_job("b/0/enc", "f1", 0, 0).unwrap();
+    let up = create_in(&mut w, "z1", 0);
+    w.advance(100);
+    let starting = create_in(&mut w, "z1", 150);
+    let elsewhere = create_in(&mut w, "z2", 150);
+    w.take_events();
+    let mut killed = w.kill_zone("z1", false, 160).unwrap();
+    killed.sort();
+    let mut want = vec!["f1".to_owned(), up.clone(), starting.clone()];
+    want.sort();
+    assert_eq!(killed, want);
+    for id in &want {
+        assert_eq!(w.node(id).unwrap().state(), NodeState::Terminated, "{id}");
+    }
+    assert_eq!(w.job("b/0/enc").unwrap().state(), JobState::Failed);
+    assert_eq!(
+        w.job("b/0/enc").unwrap().instances[0].stop_reason(),
+        StopReason::NodeLost
+    );
+    assert_eq!(
+        kinds(&w.take_events())
+            .iter()
+            .filter(|k| **k == "NodeTerminated")
+            .count(),
+        3,
+        "one step"
+    );
+    // The other zone lives on; a node asked for in the dead zone never comes up.
+    w.advance(260);
+    assert_eq!(w.node(&elsewhere).unwrap().state(), NodeState::Started);
+    let doomed = create_in(&mut w, "z1", 300);
+    assert_eq!(w.node(&doomed).unwrap().state(), NodeState::Starting);
+    w.advance(400);
+    assert_eq!(w.node(&doomed).unwrap().state(), NodeState::Terminated);
+    assert!(w.zone_dead("z1"));
+    // Revived: nodes come up there again; the dead stay dead.
+    assert!(w.kill_zone("z1", true, 500).unwrap().is_empty());
+    let fresh = create_in(&mut w, "z1", 500);
+    w.advance(600);
+    assert_eq!(w.node(&fresh).unwrap().state(), NodeState::Started);
+    assert_eq!(w.node(&up).unwrap().state(), NodeState::Terminated);
+    assert!(!w.zone_dead("z1"));
+}
+
+#[test]
+fn a_dead_zone_survives_a_restart() {
+    let mut w = world();
+    w.kill_zone("z1", false, 0).unwrap();
+    let saved = w.persisted();
+    let cfg_pools = w
+        .pools
+        .values()
+        .map(|p| p.config.clone())
+        .collect::<Vec<_>>();
+    let mut back = World::restore(&cfg_pools, TIMING, 1000, saved, 10);
+    let doomed = create_in(&mut back, "z1", 10);
+    back.advance(200);
+    assert_eq!(back.node(&doomed).unwrap().state(), NodeState::Terminated);
+}
+
 fn running_job(w: &mut World) {
     w.register_bundle(&bundle("b", 1, 10.0, 1), 0).unwrap();
     w.start_job("b/0/enc", "f1", 0, 0).unwrap();

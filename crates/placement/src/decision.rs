@@ -147,6 +147,9 @@ pub enum RejectReason {
     /// A hot spare dedicated to another band.
     SpareForOtherBand,
     MissingCapability,
+    /// The node is in a zone the zone brake holds as degraded: used only when no other node
+    /// fits (a placement that does so says `lastResort` on its pool).
+    ZoneDegraded,
     /// `separateFrom` names a job on this node.
     SeparateFrom,
     /// `coLocateWith` names a running job on another node.
@@ -164,13 +167,14 @@ pub enum RejectReason {
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 18] = [
+    pub const ALL: [RejectReason; 19] = [
         RejectReason::Cordoned,
         RejectReason::Unhealthy,
         RejectReason::PendingExpired,
         RejectReason::SpareReserved,
         RejectReason::SpareForOtherBand,
         RejectReason::MissingCapability,
+        RejectReason::ZoneDegraded,
         RejectReason::SeparateFrom,
         RejectReason::CoLocateWith,
         RejectReason::IntraSameNode,
@@ -193,6 +197,7 @@ impl RejectReason {
             RejectReason::SpareReserved => "spareReserved",
             RejectReason::SpareForOtherBand => "spareForOtherBand",
             RejectReason::MissingCapability => "missingCapability",
+            RejectReason::ZoneDegraded => "zoneDegraded",
             RejectReason::SeparateFrom => "separateFrom",
             RejectReason::CoLocateWith => "coLocateWith",
             RejectReason::IntraSameNode => "intraSameNode",
@@ -316,6 +321,10 @@ pub struct PoolAttempt {
     /// When the pool was left: every node of the pool, counted under the first reason it could
     /// not host `failedJob`. When the pool was used: empty.
     pub rejections: Vec<RejectionCount>,
+    /// Tried again with the nodes of degraded zones allowed, because no pool could take the
+    /// replica without them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_resort: bool,
 }
 
 /// The full trace, for tools (`what-if`, the operator's trace endpoint).
@@ -343,6 +352,9 @@ pub struct PoolTry {
     pub pool: String,
     pub outcome: PoolOutcome,
     pub reason: Option<PoolLeftReason>,
+    /// See [`PoolAttempt::last_resort`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub last_resort: bool,
 }
 
 /// The bounded trace for status: the same size whatever the cluster or replica size.
@@ -447,6 +459,7 @@ impl Decision {
                 pool: p.pool.clone(),
                 outcome: p.outcome,
                 reason: p.reason,
+                last_resort: p.last_resort,
             })
             .collect();
         let pools_omitted = u32::try_from(self.trace.pools.len().saturating_sub(SUMMARY_MAX_POOLS))

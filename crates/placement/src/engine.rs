@@ -388,7 +388,8 @@ pub struct Engine {
     /// and every published snapshot does, costs O(1) here rather than a copy of every job.
     reservations: imbl::HashMap<JobKey, Reservation>,
     pub(crate) probe_name: Arc<str>,
-    /// Zones no node may be provisioned into, by pool name (the operator's zone brake).
+    /// Degraded zones, by pool name (the operator's zone brake): never provisioned into, their
+    /// nodes used only as a last resort.
     pub(crate) paused_zones: HashMap<String, BTreeSet<String>>,
 }
 
@@ -514,8 +515,10 @@ impl Engine {
         z.and_then(|z| self.zones.name(z)).map(str::to_owned)
     }
 
-    /// Pauses (or resumes) provisioning into `zone` of `pool`: placement still uses the zone's
-    /// nodes, but never asks for a new one there. Kept across pool updates.
+    /// Marks `zone` of `pool` degraded (the operator's zone brake), or clears it: no node is
+    /// provisioned there, and its nodes are the last resort: a replica goes to them only when no
+    /// other zone or pool (a new node included) can take it, and its trace says so
+    /// (`lastResort`). Kept across pool updates.
     pub fn set_provisioning_paused(&mut self, pool: &str, zone: &str, paused: bool) {
         if paused {
             self.paused_zones

@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::decision::{
-    Assignment, Decision, JobUnplaceable, NodeScore, Outcome, PoolAttempt, PoolLeftReason,
-    PoolOutcome, RejectReason, RejectionCount, SoftRule, Tier, Trace, UnplaceableReason, strongest,
+    Assignment, Decision, JobUnplaceable, NodeScore, Outcome, OutcomeKind, PoolAttempt,
+    PoolLeftReason, PoolOutcome, RejectReason, RejectionCount, SoftRule, Tier, Trace,
+    UnplaceableReason, strongest,
 };
 use crate::engine::{
     Class, Engine, NodeIdx, PoolIdx, VIRTUAL, ZoneId, check_cores, from_milli, set_bit, to_milli,
@@ -141,6 +142,85 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
         Ok(p) => p,
         Err((jobs, message)) => return unplaceable(req, jobs, Vec::new(), message),
     };
+    let degraded = degraded_zones(e, req);
+    if degraded.is_empty() {
+        return place_in_pools(e, s, req, &prepared, &degraded, now);
+    }
+    // A degraded zone is losing its nodes: its survivors are the last place to put a replica,
+    // after every other zone and pool (a new node elsewhere included).
+    let first = place_in_pools(e, s, req, &prepared, &degraded, now);
+    if first.kind() != OutcomeKind::Unplaceable {
+        return first;
+    }
+    let mut last = place_in_pools(e, s, req, &prepared, &HashMap::new(), now);
+    if last.kind() == OutcomeKind::Unplaceable {
+        return last;
+    }
+    let used: BTreeSet<String> = match &last.outcome {
+        Outcome::Placed { pool, assignments } => assignments
+            .iter()
+            .filter_map(|a| a.zone.as_deref())
+            .filter(|z| e.provisioning_paused(pool, z))
+            .map(str::to_owned)
+            .collect(),
+        _ => BTreeSet::new(),
+    };
+    for p in &mut last.trace.pools {
+        p.last_resort = true;
+    }
+    let mut pools = first.trace.pools;
+    pools.append(&mut last.trace.pools);
+    last.trace.pools = pools;
+    let zones: Vec<&str> = if used.is_empty() {
+        degraded_names(e, &degraded)
+    } else {
+        used.iter().map(String::as_str).collect()
+    };
+    last.trace.message.push_str(&format!(
+        "; last resort: on nodes of degraded zone {}, as nothing outside degraded zones could take the replica",
+        zones.join(", ")
+    ));
+    last
+}
+
+/// The zones of the request's pools that the zone brake holds as degraded, by pool; only zones
+/// some node has (a zone no node is in has nothing to avoid).
+fn degraded_zones(e: &Engine, req: &PlacementRequest) -> HashMap<PoolIdx, Vec<ZoneId>> {
+    let mut out = HashMap::new();
+    for name in &req.pools {
+        let (Some(&pidx), Some(zones)) = (e.pool_by_name.get(name), e.paused_zones.get(name))
+        else {
+            continue;
+        };
+        let ids: Vec<ZoneId> = zones.iter().filter_map(|z| e.zones.get(z)).collect();
+        if !ids.is_empty() {
+            out.insert(pidx, ids);
+        }
+    }
+    out
+}
+
+fn degraded_names<'a>(e: &'a Engine, degraded: &HashMap<PoolIdx, Vec<ZoneId>>) -> Vec<&'a str> {
+    let mut names: Vec<&str> = degraded
+        .values()
+        .flatten()
+        .filter_map(|&z| e.zones.name(z))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// The pools of the request in order; nodes in the `avoid` zones of a pool are rejected
+/// (`zoneDegraded`).
+fn place_in_pools<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    avoid: &HashMap<PoolIdx, Vec<ZoneId>>,
+    now: u64,
+) -> Decision {
     let mut pools_tried: Vec<PoolAttempt> = Vec::new();
     // Per group: the first pool's rejection counts where it did not fit.
     let mut group_fail: BTreeMap<usize, Option<RejectReason>> = BTreeMap::new();
@@ -153,6 +233,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
             reason: Some(reason),
             failed_job: None,
             rejections: Vec::new(),
+            last_resort: false,
         };
         if seen.contains(&name.as_str()) {
             pools_tried.push(left(PoolLeftReason::Duplicate));
@@ -171,7 +252,8 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
             pools_tried.push(left(PoolLeftReason::Terminating));
             continue;
         }
-        let failure = match attempt(e, s, req, &prepared, pidx, None, now) {
+        let avoid = avoid.get(&pidx).map_or(&[][..], Vec::as_slice);
+        let failure = match attempt(e, s, req, prepared, pidx, None, avoid, now) {
             Ok(a) => {
                 pools_tried.push(PoolAttempt {
                     pool: name.clone(),
@@ -179,8 +261,9 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
                     reason: None,
                     failed_job: None,
                     rejections: Vec::new(),
+                    last_resort: false,
                 });
-                return placed(e, req, &prepared, name, a, pools_tried);
+                return placed(e, req, prepared, name, a, pools_tried);
             }
             Err(f) => f,
         };
@@ -193,7 +276,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
         {
             PoolLeftReason::MaxNodesReached
         } else {
-            match provision(e, s, req, &prepared, pidx, now) {
+            match provision(e, s, req, prepared, pidx, avoid, now) {
                 Some((type_name, zone, broken)) => {
                     pools_tried.push(PoolAttempt {
                         pool: name.clone(),
@@ -201,6 +284,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
                         reason: None,
                         failed_job: None,
                         rejections: Vec::new(),
+                        last_resort: false,
                     });
                     let message = format!(
                         "no node of pool {name} can take the replica; provision a {type_name} node{}",
@@ -225,7 +309,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
                 None => PoolLeftReason::NoInstanceTypeFits,
             }
         };
-        let rejections = diagnose(e, s, req, &prepared, pidx, &failure, now);
+        let rejections = diagnose(e, s, req, prepared, pidx, &failure, now);
         let dominant = rejections
             .iter()
             .max_by(|a, b| a.count.cmp(&b.count).then(b.reason.cmp(&a.reason)));
@@ -245,9 +329,10 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
             reason: Some(reason),
             failed_job,
             rejections,
+            last_resort: false,
         });
     }
-    let jobs = unplaceable_jobs(req, &prepared, &group_fail, first_blocking);
+    let jobs = unplaceable_jobs(req, prepared, &group_fail, first_blocking);
     let message = if first_blocking.is_none() {
         "no usable pool in the preference list".to_owned()
     } else {
@@ -798,6 +883,7 @@ fn attempt<S: Searcher>(
     p: &Prepared,
     pool: PoolIdx,
     virt: Option<&VirtualNode>,
+    avoid: &[ZoneId],
     now: u64,
 ) -> Result<Attempt, Failure> {
     let Some(state) = e.pool(pool) else {
@@ -812,7 +898,16 @@ fn attempt<S: Searcher>(
     let mut landings: Vec<Option<Landing>> = vec![None; p.groups.len()];
     let mut broken = BTreeSet::new();
     for (gi, g) in p.groups.iter().enumerate() {
-        let (hard, soft) = rules_for(req, p, gi, &landings);
+        let (mut hard, soft) = rules_for(req, p, gi, &landings);
+        if !avoid.is_empty() {
+            hard.insert(
+                0,
+                Rule {
+                    reason: RejectReason::ZoneDegraded,
+                    cons: Cons::ZoneNotIn(avoid.to_vec()),
+                },
+            );
+        }
         let tier_list = tiers(req.kind, g.need.band);
         let find = |rules: &[Rule], overlay: &Overlay| -> Option<Landing> {
             for readiness in [Readiness::Ready, Readiness::Pending] {
@@ -904,6 +999,7 @@ fn provision<S: Searcher>(
     req: &PlacementRequest,
     p: &Prepared,
     pool: PoolIdx,
+    avoid: &[ZoneId],
     now: u64,
 ) -> Option<(String, Option<String>, BTreeSet<SoftRule>)> {
     let state = e.pool(pool)?;
@@ -921,7 +1017,7 @@ fn provision<S: Searcher>(
                 capset: t.capset,
                 zone,
             };
-            if let Ok(a) = attempt(e, s, req, p, pool, Some(&v), now)
+            if let Ok(a) = attempt(e, s, req, p, pool, Some(&v), avoid, now)
                 && best.as_ref().is_none_or(|(_, b)| a.broken.len() < b.len())
             {
                 best = Some((zone, a.broken));

@@ -820,6 +820,7 @@ mod tests {
             reason: Some(reason),
             failed_job: Some("enc".into()),
             rejections: Vec::new(),
+            last_resort: false,
         };
         let bound = |p: &str| (p == "aws").then_some(2);
         let b = unplaceable(

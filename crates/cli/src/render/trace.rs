@@ -233,6 +233,11 @@ fn pool_tree(n: usize, p: &pl::PoolAttempt, view: &TraceView) -> Tree {
             format!("{n}. {}: left, {why}{job}", p.pool)
         }
     };
+    let label = if p.last_resort {
+        format!("{label} (last resort: nodes of degraded zones allowed, as nothing else fits)")
+    } else {
+        label
+    };
     let mut t = Tree::new(label);
     if !p.rejections.is_empty() {
         let mut sorted = p.rejections.clone();
@@ -300,7 +305,7 @@ pub fn left_reason(r: pl::PoolLeftReason) -> &'static str {
             "no node can take the whole replica and a fixed pool cannot grow"
         }
         pl::PoolLeftReason::MaxNodesReached => {
-            "no node can take the whole replica and the pool is at maxNodes"
+            "no node can take the whole replica and the pool is at (or above) its maxNodes"
         }
         pl::PoolLeftReason::NoInstanceTypeFits => {
             "no node can take the whole replica and no candidate instance type would"

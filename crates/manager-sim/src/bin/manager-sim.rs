@@ -11,6 +11,7 @@
 //! manager-sim chaos cut-streams
 //! manager-sim chaos slow-provision MS
 //! manager-sim chaos partition-zone ZONE [--heal]
+//! manager-sim chaos kill-zone ZONE [--revive]
 //! manager-sim chaos migration-behaviour JOB_ID cooperative|refuse-state|slow-cutover MS|fail-participant ID|abort-at POINT
 //! manager-sim chaos job-history JOB_ID
 //! manager-sim calls                     --addr http://127.0.0.1:PORT [--token T]
@@ -35,8 +36,8 @@ use clap::{Parser, Subcommand};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
     CallCountsRequest, CutStreamsRequest, FailJobRequest, JobHistoryRequest, JobHistoryResponse,
-    JobRole, KillNodeRequest, MigrationBehaviour, NoticeNodeRequest, PartitionZoneRequest,
-    RejectNextRequest, SetMigrationBehaviourRequest, SlowProvisionRequest,
+    JobRole, KillNodeRequest, KillZoneRequest, MigrationBehaviour, NoticeNodeRequest,
+    PartitionZoneRequest, RejectNextRequest, SetMigrationBehaviourRequest, SlowProvisionRequest,
 };
 use manager_sim::{AbortAt, JobBehaviour, Sim, SimSetup};
 
@@ -159,6 +160,15 @@ enum Fault {
         /// Heal instead.
         #[arg(long)]
         heal: bool,
+    },
+    /// Kill a zone: every node in it dies at once, starting ones too, and
+    /// nodes that come up there die until it is revived (--revive).
+    KillZone {
+        /// Zone name.
+        zone: String,
+        /// End the outage instead.
+        #[arg(long)]
+        revive: bool,
     },
     /// Script how a job answers its job socket during a handover (replaces
     /// its earlier behaviour).
@@ -438,6 +448,15 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
             client
                 .partition_zone(PartitionZoneRequest { zone, heal })
                 .await
+        }
+        Fault::KillZone { zone, revive } => {
+            let r = client
+                .kill_zone(KillZoneRequest { zone, revive })
+                .await
+                .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?
+                .into_inner();
+            println!("{}", r.summary);
+            return Ok(());
         }
         Fault::MigrationBehaviour { job_id, behaviour } => {
             let behaviour = Some(behaviour.into_proto()?);

@@ -147,6 +147,8 @@ struct Scenario {
     pools: Vec<PoolSpec>,
     nodes: Vec<NodeSpec>,
     request: PlacementRequest,
+    /// (pool, zone) pairs the zone brake holds as degraded.
+    degraded: Vec<(usize, usize)>,
 }
 
 fn job_gen() -> impl Strategy<Value = (u32, u32, Vec<String>, PriorityBand, Vec<usize>, Vec<usize>)>
@@ -172,10 +174,22 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             rules(),
             proptest::collection::vec((0usize..30, proptest::option::of(0usize..3)), 0..3),
         ),
-        proptest::sample::subsequence(vec![0usize, 1, 2, 3], 1..=4).prop_shuffle(),
+        (
+            proptest::sample::subsequence(vec![0usize, 1, 2, 3], 1..=4).prop_shuffle(),
+            prop_oneof![
+                2 => Just(Vec::new()),
+                1 => proptest::collection::vec((0usize..3, 0usize..3), 1..3),
+            ],
+        ),
     )
         .prop_map(
-            |((p0, p1, p2), nodes, jobs, (recovery, intra, inter, others), pool_order)| {
+            |(
+                (p0, p1, p2),
+                nodes,
+                jobs,
+                (recovery, intra, inter, others),
+                (pool_order, degraded),
+            )| {
                 let n = jobs.len();
                 let jobs: Vec<JobSpec> = jobs
                     .into_iter()
@@ -233,18 +247,33 @@ fn scenario() -> impl Strategy<Value = Scenario> {
                     pools: vec![p0, p1, p2],
                     nodes,
                     request,
+                    degraded,
                 }
             },
         )
 }
 
 fn load(s: &Scenario) -> Engine {
-    Engine::new(ClusterSnapshot {
+    let mut e = Engine::new(ClusterSnapshot {
         pools: s.pools.clone(),
         nodes: s.nodes.clone(),
         pending_window_ms: 60_000,
     })
-    .expect("generated snapshot is valid")
+    .expect("generated snapshot is valid");
+    for &(p, z) in &s.degraded {
+        e.set_provisioning_paused(POOLS[p], ZONES[z], true);
+    }
+    e
+}
+
+/// Whether node `id` is in a zone the scenario holds as degraded in its pool.
+fn in_degraded_zone(s: &Scenario, id: &str) -> bool {
+    s.nodes.iter().any(|n| {
+        n.id == id
+            && s.degraded
+                .iter()
+                .any(|&(p, z)| n.pool == POOLS[p] && n.zone.as_deref() == Some(ZONES[z]))
+    })
 }
 
 fn milli_up(v: f64) -> u64 {
@@ -411,6 +440,38 @@ proptest! {
     fn the_engine_decides_exactly_as_the_naive_full_scan(s in scenario()) {
         let e = load(&s);
         prop_assert_eq!(e.place(&s.request, NOW), naive::place(&e, &s.request, NOW));
+    }
+
+    #[test]
+    fn a_node_in_a_degraded_zone_is_used_only_when_nothing_else_fits(s in scenario()) {
+        let e = load(&s);
+        let d = e.place(&s.request, NOW);
+        let uses_degraded = match &d.outcome {
+            Outcome::Placed { assignments, .. } => {
+                assignments.iter().any(|a| in_degraded_zone(&s, &a.node))
+            }
+            _ => false,
+        };
+        let last_resort = d.trace.pools.iter().any(|p| p.last_resort);
+        if uses_degraded {
+            prop_assert!(last_resort, "{:?}", d.trace);
+        }
+        if last_resort {
+            // The same cluster with every node of the degraded zones cordoned cannot take the
+            // replica: nothing outside them fitted.
+            let mut without = e.clone();
+            for n in &s.nodes {
+                if in_degraded_zone(&s, &n.id) {
+                    without.set_cordoned(&n.id, true).expect("known node");
+                }
+            }
+            prop_assert_eq!(without.place(&s.request, NOW).kind(), OutcomeKind::Unplaceable);
+        }
+        if !s.degraded.is_empty() && d.kind() == OutcomeKind::Provision
+            && let Outcome::Provision { pool, zone: Some(z), .. } = &d.outcome
+        {
+            prop_assert!(!e.provisioning_paused(pool, z), "provisions into degraded {}/{}", pool, z);
+        }
     }
 
     #[test]

@@ -720,6 +720,94 @@ fn a_paused_zone_is_never_provisioned_into_and_resumes_when_unpaused() {
     assert_eq!(zone_of(&e.place(&req, 0)).as_deref(), Some("z1"));
 }
 
+/// Nodes `a1` (zone a, binpack's choice: the fullest) and `b1` (zone b) in fixed pool `p`.
+fn two_zone_pool() -> Engine {
+    engine(
+        vec![binpack_pool()],
+        vec![
+            node("a1", "p", "a", 100.0, 50.0),
+            node("b1", "p", "b", 100.0, 0.0),
+        ],
+    )
+}
+
+#[test]
+fn a_degraded_zone_is_avoided_while_another_zone_fits() {
+    let mut e = two_zone_pool();
+    let mut req = request(vec![job("j", 10.0)], &["p"]);
+    req.kind = PlacementKind::Recovery;
+    assert_eq!(node_of(&e.place(&req, 0), "j"), "a1");
+    e.set_provisioning_paused("p", "a", true);
+    let d = e.place(&req, 0);
+    assert_eq!(node_of(&d, "j"), "b1");
+    assert!(
+        d.trace.pools.iter().all(|p| !p.last_resort),
+        "{:?}",
+        d.trace
+    );
+}
+
+#[test]
+fn a_degraded_zone_comes_after_other_pools_and_new_nodes() {
+    let mut e = engine(
+        vec![binpack_pool(), elastic(vec![itype("m", 100.0, 16, &[])])],
+        vec![node("a1", "p", "a", 100.0, 50.0)],
+    );
+    e.set_provisioning_paused("p", "a", true);
+    let mut req = request(vec![job("j", 10.0)], &["p", "e"]);
+    req.kind = PlacementKind::Recovery;
+    let d = e.place(&req, 0);
+    assert!(
+        matches!(&d.outcome, Outcome::Provision { pool, .. } if pool == "e"),
+        "a new node in another pool beats a survivor of a degraded zone: {d:?}"
+    );
+    assert_eq!(d.trace.pools[0].reason, Some(PoolLeftReason::NoNodeFits));
+    assert_eq!(
+        d.trace.pools[0].rejections,
+        vec![RejectionCount {
+            reason: RejectReason::ZoneDegraded,
+            count: 1
+        }]
+    );
+}
+
+#[test]
+fn a_node_in_a_degraded_zone_is_the_last_resort_and_the_trace_says_so() {
+    let mut e = two_zone_pool();
+    e.set_provisioning_paused("p", "a", true);
+    // b1 is cordoned: nothing outside zone a can take the job.
+    e.set_cordoned("b1", true).expect("known node");
+    let d = e.place(&request(vec![job("j", 10.0)], &["p"]), 0);
+    assert_eq!(node_of(&d, "j"), "a1");
+    let attempts: Vec<(PoolOutcome, bool)> = d
+        .trace
+        .pools
+        .iter()
+        .map(|p| (p.outcome, p.last_resort))
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![(PoolOutcome::Left, false), (PoolOutcome::Placed, true)]
+    );
+    assert!(
+        d.trace.message.contains("last resort") && d.trace.message.contains("degraded zone a"),
+        "{}",
+        d.trace.message
+    );
+    let summary = d.summary();
+    assert!(summary.pools_tried.iter().any(|p| p.last_resort));
+    assert!(
+        summary
+            .rejections
+            .iter()
+            .any(|r| r.reason == RejectReason::ZoneDegraded)
+    );
+    e.set_provisioning_paused("p", "a", false);
+    let d = e.place(&request(vec![job("j", 10.0)], &["p"]), 0);
+    assert!(d.trace.pools.iter().all(|p| !p.last_resort));
+    assert!(!d.trace.message.contains("last resort"));
+}
+
 #[test]
 fn an_elastic_pool_with_no_type_big_enough_is_left() {
     let e = engine(vec![elastic(vec![itype("s", 10.0, 4, &[])])], vec![]);
