@@ -1,5 +1,11 @@
-//! Generated Rust code for the Norsk Manager gRPC API, package
-//! `norsk.manager.v1` (`proto/norsk/manager/v1/manager.proto`).
+//! Generated Rust code for Norsk Manager's gRPC APIs:
+//!
+//! - [`api`]: the published API, packages `norsk.api.manager` and `norsk.api.common`
+//!   (`proto/norsk/api/`), transcribed from `@norskvideo/norsk-api` 1.0.384 and checked against
+//!   that package's own tables and encodings by `tests/published_api.rs`;
+//! - [`v1`] (re-exported at the top): `norsk.manager.v1` (`proto/norsk/manager/v1/manager.proto`),
+//!   the API this project designed before the published one was known, still served by
+//!   manager-sim and spoken by the operator until they move over.
 //!
 //! Generated code: messages (prost 0.14), the `Manager` and `SimAdmin` clients
 //! and servers (tonic 0.14); and, in [`ext`], a few helpers on the generated
@@ -14,7 +20,28 @@
 //! Every message also derives `serde::Serialize`/`Deserialize` (enums appear
 //! as their `i32` values); `manager-sim` uses that to persist its world.
 
-/// `norsk.manager.v1`: the Manager API.
+/// Norsk Manager's published API (see docs/manager-api.md).
+pub mod api {
+    /// `norsk.api.manager`: the `Manager` service and its messages.
+    pub mod manager {
+        #![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+        tonic::include_proto!("norsk.api.manager");
+    }
+
+    /// `norsk.api.common`: ids, node metadata, services, ports, volumes and log lines.
+    pub mod common {
+        #![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+        tonic::include_proto!("norsk.api.common");
+    }
+
+    /// Every published message by full name, and a decode-and-encode through our generated
+    /// type for each (the conformance tests put the package's own encodings through it).
+    pub mod registry {
+        include!(concat!(env!("OUT_DIR"), "/published_registry.rs"));
+    }
+}
+
+/// `norsk.manager.v1`: the API this project designed first.
 pub mod v1 {
     #![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
     tonic::include_proto!("norsk.manager.v1");
