@@ -16,16 +16,19 @@
 //!   it stays down until the retry annotation or a spec change.
 //! - More than `maxRestartsPerHour` restarts of a replica within a sliding hour marks the bundle
 //!   **Broken**: with a ceiling of 6, six restarts are made and the seventh is refused.
-//! - "A successful restart clears the count": a replica whose every job has been Running for its
-//!   band's `restartClearAfter` since the newest start has its count cleared. Success is staying
-//!   up, so a job that crashes right after each start still reaches the ceiling.
+//! - "A successful restart clears the count". By default (`ClearRestartsOn::StableRunning`, this
+//!   project's rule) a replica whose every job has been Running for its band's
+//!   `restartClearAfter` since the newest start has its count cleared: success is staying up, so
+//!   a job that crashes right after each start still reaches the ceiling. With
+//!   `ClearRestartsOn::SuccessfulRestart` (the library's rule, read literally) the count clears
+//!   as soon as every job of the replica is Running again.
 //!
 //! Pure: the caller observes (the mirror, the previous status, the ledger) and passes plain data.
 
 use std::collections::BTreeMap;
 
 use crate::bounded::{MAX_CONDITION_MESSAGE, join_bounded};
-use crate::vocab::{BundlePhase, JobState, OnFailure, Standing};
+use crate::vocab::{BundlePhase, ClearRestartsOn, JobState, OnFailure, Standing};
 
 /// Where Manager says a job's normal instance is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,8 +92,22 @@ pub struct BandRule {
     pub on_failure: OnFailure,
     /// The restart ceiling per replica per sliding hour.
     pub max_restarts_per_hour: u32,
-    /// How long a restarted replica must run before its count is cleared (ms).
+    /// How long a restarted replica must run before its count is cleared (ms), under
+    /// [`ClearRestartsOn::StableRunning`].
     pub restart_clear_after_ms: i64,
+    /// Which rule clears the count.
+    pub clear_restarts_on: ClearRestartsOn,
+}
+
+impl BandRule {
+    /// How long every job of a restarted replica must have been Running before its count
+    /// clears (ms): 0 under the library's rule, where being Running again is the success.
+    pub fn clear_after_ms(&self) -> i64 {
+        match self.clear_restarts_on {
+            ClearRestartsOn::StableRunning => self.restart_clear_after_ms,
+            ClearRestartsOn::SuccessfulRestart => 0,
+        }
+    }
 }
 
 /// What one job needs now.
@@ -231,11 +248,13 @@ pub fn plan_replica(input: &ReplicaInput<'_>) -> ReplicaPlan {
             let clear_after = input
                 .jobs
                 .iter()
-                .map(|(_, b)| b.restart_clear_after_ms)
+                .map(|(_, b)| b.clear_after_ms())
                 .max()
                 .unwrap_or(0);
             let up_for = input.now_ms.saturating_sub(newest);
-            let clear_restarts = all_running && up_for >= clear_after;
+            // Nothing to wait for under the library's rule, even when Manager's clock runs
+            // ahead of ours (the start would look as if it were in the future).
+            let clear_restarts = all_running && (clear_after <= 0 || up_for >= clear_after);
             ReplicaIntent::Settled {
                 clear_restarts,
                 clear_in_ms: (all_running && !clear_restarts && input.restarts_in_window > 0)
@@ -503,6 +522,15 @@ mod tests {
             on_failure: OnFailure::Restart,
             max_restarts_per_hour: 3,
             restart_clear_after_ms: 600_000,
+            clear_restarts_on: ClearRestartsOn::StableRunning,
+        }
+    }
+
+    /// Gold under the TypeScript library's rule: a restart that runs clears the count.
+    fn gold_library_rule() -> BandRule {
+        BandRule {
+            clear_restarts_on: ClearRestartsOn::SuccessfulRestart,
+            ..gold()
         }
     }
 
@@ -711,6 +739,92 @@ mod tests {
             },
             "nothing to clear, nothing to wait for"
         );
+    }
+
+    #[test]
+    fn under_the_librarys_rule_a_restart_clears_the_count_as_soon_as_the_replica_runs() {
+        let mut a = job("a", JobPhase::Running, StopCause::Unknown);
+        a.started_at_ms = HOUR_MS - 1_000;
+        let settled = |clear_restarts| ReplicaIntent::Settled {
+            clear_restarts,
+            clear_in_ms: None,
+        };
+        assert_eq!(
+            plan(&[(a.clone(), gold_library_rule())], 2).intent,
+            settled(true),
+            "running one second after the restart is success"
+        );
+        assert_eq!(
+            plan(&[(a.clone(), gold())], 2).intent,
+            ReplicaIntent::Settled {
+                clear_restarts: false,
+                clear_in_ms: Some(599_000)
+            },
+            "our rule waits for restartClearAfter"
+        );
+        // Manager's clock a little ahead of ours: the start looks as if it were in the future.
+        a.started_at_ms = HOUR_MS + 5_000;
+        assert_eq!(
+            plan(&[(a.clone(), gold_library_rule())], 2).intent,
+            settled(true)
+        );
+        // Not every job of the replica runs yet: no success.
+        let b = job("b", JobPhase::Starting, StopCause::Unknown);
+        assert_eq!(
+            plan(
+                &[(a.clone(), gold_library_rule()), (b, gold_library_rule())],
+                2
+            )
+            .intent,
+            settled(false)
+        );
+        // A replica whose jobs are in bands under both rules waits for the longest.
+        a.started_at_ms = HOUR_MS - 1_000;
+        let c = ObservedJob {
+            started_at_ms: HOUR_MS - 1_000,
+            ..job("c", JobPhase::Running, StopCause::Unknown)
+        };
+        assert_eq!(
+            plan(&[(a, gold_library_rule()), (c, gold())], 2).intent,
+            ReplicaIntent::Settled {
+                clear_restarts: false,
+                clear_in_ms: Some(599_000)
+            }
+        );
+    }
+
+    /// A job that runs for a minute after each restart, then fails: our rule counts every
+    /// restart and breaks the bundle past the ceiling; the library's clears the count at each
+    /// restart seen running, so the loop goes on.
+    #[test]
+    fn a_crash_loop_seen_running_breaks_the_bundle_under_our_rule_only() {
+        let run = |band: BandRule| {
+            let mut restarts = 0;
+            for cycle in 0..10 {
+                let mut up = job("a", JobPhase::Running, StopCause::Unknown);
+                up.started_at_ms = HOUR_MS - 60_000;
+                if let ReplicaIntent::Settled {
+                    clear_restarts: true,
+                    ..
+                } = plan(&[(up, band)], restarts).intent
+                {
+                    restarts = 0;
+                }
+                let down = job("a", JobPhase::Failed, StopCause::Unknown);
+                match plan(&[(down, band)], restarts).intent {
+                    ReplicaIntent::Place { recovery: true, .. } => restarts += 1,
+                    ReplicaIntent::Broken { .. } => return Some(cycle),
+                    other => panic!("{other:?}"),
+                }
+            }
+            None
+        };
+        assert_eq!(
+            run(gold()),
+            Some(3),
+            "broken at the fourth failure (ceiling 3)"
+        );
+        assert_eq!(run(gold_library_rule()), None, "never broken");
     }
 
     #[test]
@@ -949,6 +1063,7 @@ mod tests {
                         },
                         max_restarts_per_hour: max,
                         restart_clear_after_ms: 600_000,
+                        clear_restarts_on: ClearRestartsOn::StableRunning,
                     };
                     let job = ObservedJob {
                         job_name: format!("j{n}"),

@@ -122,6 +122,21 @@ pub enum RestartPlacement {
     Any,
 }
 
+/// When a restarted replica's restart count is cleared (`bands.<band>.clearRestartsOn`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ClearRestartsOn {
+    /// Once every job of the replica has been Running without interruption for the band's
+    /// `restartClearAfter` (this project's rule): a job that crashes soon after each start
+    /// still reaches `maxRestartsPerHour`.
+    #[default]
+    StableRunning,
+    /// As soon as every job of the restarted replica is Running again (the TypeScript
+    /// library's "a successful restart clears the count"): a job that crashes after each
+    /// start is seen Running may never reach `maxRestartsPerHour`.
+    SuccessfulRestart,
+}
+
 /// Whether the pool can grow.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]

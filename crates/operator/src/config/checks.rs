@@ -95,25 +95,29 @@ pub(crate) fn manager_url(s: &str) -> Result<(), (String, Option<String>)> {
     parse_manager_url(s).map(drop)
 }
 
-/// Whether Manager's URL asks for TLS.
+/// Whether Manager's URL asks for TLS: `None` for a bare `host:port`, which says nothing
+/// (the TLS settings decide), or for a URL that is not valid.
 fn is_https(url: &str) -> Option<bool> {
-    parse_manager_url(url).ok()
+    parse_manager_url(url).ok().flatten()
 }
 
-/// `http(s)://host:port` with an optional trailing `/`; host a DNS name, IPv4 or `[IPv6]`.
-/// Answers whether it is `https`.
-fn parse_manager_url(url: &str) -> Result<bool, (String, Option<String>)> {
+/// `http(s)://host:port` with an optional trailing `/`, or a bare `host:port` (the TypeScript
+/// library's form, a gRPC target); host a DNS name, IPv4 or `[IPv6]`. Answers whether it is
+/// `https` (`None`: no scheme).
+fn parse_manager_url(url: &str) -> Result<Option<bool>, (String, Option<String>)> {
     if url.trim().is_empty() {
         return Err(plain(
             "is required: Manager's gRPC address, e.g. http://127.0.0.1:6789",
         ));
     }
     if !url.contains("://") {
-        return Err((
-            "must start with http:// or https:// (Manager's gRPC address, e.g. http://127.0.0.1:6789)".to_owned(),
-            Some(format!("http://{}", url.chars().take(200).collect::<String>())),
-        ));
+        // Checked as the URL it resolves to; the scheme is the TLS settings' to decide.
+        return parse_with_scheme(&format!("http://{url}")).map(|_| None);
     }
+    parse_with_scheme(url).map(Some)
+}
+
+fn parse_with_scheme(url: &str) -> Result<bool, (String, Option<String>)> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| plain(format!("is not a valid URL ({e})")))?;
@@ -180,7 +184,7 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
     match (&m.tls, is_https(&m.url)) {
         (Some(_), Some(false)) => errors.push(err(
             "manager.tls",
-            "is set but manager.url uses http://; use https:// to connect with TLS",
+            "is set but manager.url uses http://; use https:// (or a bare host:port) to connect with TLS",
         )),
         (None, Some(true)) => errors.push(err(
             "manager.tls.caFile",
@@ -332,11 +336,36 @@ mod tests {
         ] {
             assert!(parse_manager_url(bad).is_err(), "{bad}");
         }
-        assert_eq!(parse_manager_url("https://[::1]:443"), Ok(true));
-        assert_eq!(parse_manager_url("http://h:1"), Ok(false));
-        let (m, s) = parse_manager_url("manager:6789").err().unwrap_or_default();
-        assert!(m.contains("http://"));
-        assert_eq!(s.as_deref(), Some("http://manager:6789"));
+        assert_eq!(parse_manager_url("https://[::1]:443"), Ok(Some(true)));
+        assert_eq!(parse_manager_url("http://h:1"), Ok(Some(false)));
+    }
+
+    /// The TypeScript library's `url: "manager.example.com:6789"`: a gRPC target with no
+    /// scheme, accepted; whether it is TLS is left to the TLS settings.
+    #[test]
+    fn a_bare_host_and_port_is_accepted_and_says_nothing_of_tls() {
+        for good in [
+            "manager.example.com:6789",
+            "10.0.0.7:6789",
+            "[::1]:6789",
+            "m:1/",
+        ] {
+            assert_eq!(parse_manager_url(good), Ok(None), "{good}");
+        }
+        for bad in [
+            "manager.example.com",
+            "manager:0",
+            "manager:6789/path",
+            "user@manager:6789",
+            "bad_host:1",
+            ":6789",
+        ] {
+            assert!(parse_manager_url(bad).is_err(), "{bad}");
+        }
+        let (m, _) = parse_manager_url("manager.example.com")
+            .err()
+            .unwrap_or_default();
+        assert!(m.contains("port"), "{m}");
     }
 
     #[test]

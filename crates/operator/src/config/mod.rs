@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use automanager_api::{BandOverrides, BandPolicy, OnFailure, PriorityBand, RestartPlacement};
 use automanager_policy::calendar::{Calendar, Window, WindowError};
-use automanager_policy::vocab::VoluntaryReason;
+use automanager_policy::vocab::{ClearRestartsOn, VoluntaryReason};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -153,7 +153,8 @@ pub struct TlsConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ManagerConfig {
     /// Manager's gRPC address, `http://host:port` or `https://host:port` (a trailing `/` is
-    /// allowed; no path). Required, here or with `--manager-url`.
+    /// allowed; no path), or a bare `host:port` as the TypeScript library takes it: TLS when
+    /// `tls` is set, plaintext otherwise. Required, here or with `--manager-url`.
     #[serde(skip_serializing_if = "String::is_empty")]
     #[schemars(length(max = 2048), extend("format" = "manager-url"))]
     pub url: String,
@@ -162,7 +163,8 @@ pub struct ManagerConfig {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 4096), extend("format" = "file-path"))]
     pub token_file: Option<PathBuf>,
-    /// TLS towards Manager: required with an `https://` URL, refused with `http://`.
+    /// TLS towards Manager: required with an `https://` URL, refused with `http://`; with a
+    /// bare `host:port`, setting it is what turns TLS on.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
     /// Connect timeout.
@@ -279,6 +281,9 @@ pub struct BandConfig {
     /// TypeScript library's "a successful restart clears the count").
     #[serde(with = "duration")]
     pub restart_clear_after: Duration,
+    /// When a restarted replica's count is cleared: after `restart_clear_after` of stable
+    /// running (ours, the default), or at a successful restart (the library's).
+    pub clear_restarts_on: ClearRestartsOn,
     /// Whether a recovery of this band that finds no capacity and no spare may stop bronze jobs
     /// on one node to make room (preemption). Never true for bronze.
     pub preempt: bool,
@@ -309,6 +314,13 @@ struct BandFile {
     #[serde(default, with = "duration::option")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
     restart_clear_after: Option<Duration>,
+    /// Which rule clears a replica's restart count. `stableRunning` (this project's rule):
+    /// once every job of the restarted replica has been Running for `restartClearAfter`, so a
+    /// crash loop still reaches `maxRestartsPerHour`. `successfulRestart` (the TypeScript
+    /// library's "a successful restart clears the count"): as soon as every job of the
+    /// restarted replica is Running again, so a job that crashes some time after each start
+    /// may never reach it. Not overridden by a Bundle.
+    clear_restarts_on: Option<ClearRestartsOn>,
     /// A recovery of this band that finds no capacity and no hot spare may stop bronze jobs
     /// (the fewest, then the newest, on one node) to make room; they are dropped as a bronze job
     /// whose node failed would be. Off by default in every band: stopping someone else's output
@@ -334,6 +346,7 @@ impl BandFile {
                 .max_restarts_per_hour
                 .unwrap_or(base.max_restarts_per_hour),
             restart_clear_after: self.restart_clear_after.unwrap_or(base.restart_clear_after),
+            clear_restarts_on: self.clear_restarts_on.unwrap_or(base.clear_restarts_on),
             preempt: self.preempt.unwrap_or(base.preempt),
             disruption_windows: self.disruption_windows.unwrap_or(base.disruption_windows),
         }
@@ -398,6 +411,7 @@ impl Default for BandsConfig {
             restart_placement,
             max_restarts_per_hour: 6,
             restart_clear_after: RESTART_CLEAR_AFTER,
+            clear_restarts_on: ClearRestartsOn::StableRunning,
             preempt: false,
             disruption_windows: Vec::new(),
         };
@@ -420,7 +434,7 @@ impl BandsConfig {
     }
 
     /// The policy for `band` in a bundle: its `spec.bands` fields where set, the defaults
-    /// otherwise (`restartClearAfter` has no bundle field). An out-of-range
+    /// otherwise (`restartClearAfter` and `clearRestartsOn` have no bundle field). An out-of-range
     /// `maxRestartsPerHour` (the CRD schema bounds it to 1..=1000) is clamped into range.
     pub fn effective(&self, band: PriorityBand, overrides: Option<&BandOverrides>) -> BandConfig {
         let base = self.get(band);
@@ -441,6 +455,7 @@ impl BandsConfig {
                     m.clamp(1, 1000).unsigned_abs()
                 }),
             restart_clear_after: base.restart_clear_after,
+            clear_restarts_on: base.clear_restarts_on,
             preempt: base.preempt,
             disruption_windows: base.disruption_windows.clone(),
         }
@@ -780,7 +795,7 @@ impl Default for OperatorConfig {
 /// Settings given on the command line or in the environment; they win over the file.
 #[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConfigOverrides {
-    /// Manager's address, `http(s)://host:port` (overrides `manager.url`).
+    /// Manager's address, `http(s)://host:port` or `host:port` (overrides `manager.url`).
     #[arg(
         long = "manager-url",
         env = "AUTOMANAGER_MANAGER_URL",
@@ -1121,7 +1136,7 @@ pub enum ManagerConfigError {
         source: std::io::Error,
     },
     /// The token file does not hold one bearer token.
-    #[error("the token file {path}: {problem}")]
+    #[error("manager.tokenFile {path}: {problem}")]
     Token {
         path: PathBuf,
         problem: TokenProblem,
@@ -1146,9 +1161,17 @@ pub enum TokenProblem {
     /// CR, LF, NUL or another control character inside the token: not a valid HTTP header
     /// value, so every call would fail.
     #[error(
-        "has a control character ({0}) inside the token; it must be one line of printable text"
+        "has a control character ({what}) at character {position} of the token; it must be one line of visible ASCII"
     )]
-    ControlCharacter(String),
+    ControlCharacter { what: String, position: usize },
+    /// A character that is not visible ASCII (a space, or anything past `~`): the token rides
+    /// in gRPC metadata, which carries only visible ASCII, so Manager would never see it as
+    /// written and the operator would never authenticate. Only the position is told: the
+    /// token is a secret.
+    #[error(
+        "has {what} at character {position} of the token; a token must be visible ASCII (`!` to `~`), as gRPC metadata carries it"
+    )]
+    NotVisibleAscii { what: String, position: usize },
 }
 
 /// Reads the bearer token at `path` as the Manager client sends it: one line, surrounding
@@ -1167,19 +1190,56 @@ pub fn read_token(path: &Path) -> Result<String, TokenProblem> {
     if token.is_empty() {
         return Err(TokenProblem::Empty);
     }
-    if let Some(c) = token.chars().find(|c| c.is_control()) {
-        let name = match c {
+    check_token(token)?;
+    Ok(token.to_owned())
+}
+
+/// Refuses a token gRPC metadata cannot carry: the first offending character, by its
+/// 1-based position and kind, never the token itself.
+pub fn check_token(token: &str) -> Result<(), TokenProblem> {
+    let Some((i, c)) = token
+        .chars()
+        .enumerate()
+        .find(|(_, c)| !c.is_ascii_graphic())
+    else {
+        return Ok(());
+    };
+    let position = i + 1;
+    if c.is_control() {
+        let what = match c {
             '\r' => "CR".to_owned(),
             '\n' => "LF".to_owned(),
             '\0' => "NUL".to_owned(),
             other => format!("U+{:04X}", u32::from(other)),
         };
-        return Err(TokenProblem::ControlCharacter(name));
+        return Err(TokenProblem::ControlCharacter { what, position });
     }
-    Ok(token.to_owned())
+    // Which non-ASCII character is not told: it would be a piece of the secret.
+    let what = if c == ' ' {
+        "a space"
+    } else {
+        "a non-ASCII character"
+    }
+    .to_owned();
+    Err(TokenProblem::NotVisibleAscii { what, position })
 }
 
 impl ManagerConfig {
+    /// The URL the client connects to. A bare `host:port` (the TypeScript library's form) is
+    /// a gRPC target: the address carries no scheme, and a gRPC client's credentials decide
+    /// TLS. Here those are `tls`: set, `https://host:port`; not set, `http://host:port`
+    /// (plaintext, as a client given no credentials connects).
+    pub fn endpoint(&self) -> String {
+        let url = self.url.trim().trim_end_matches('/');
+        if url.contains("://") {
+            url.to_owned()
+        } else if self.tls.is_some() {
+            format!("https://{url}")
+        } else {
+            format!("http://{url}")
+        }
+    }
+
     /// The `manager-client` settings: reads the token and PEM files now.
     pub fn client_config(&self) -> Result<manager_client::ClientConfig, ManagerConfigError> {
         let read = |what: &'static str, path: &Path| {
@@ -1189,7 +1249,7 @@ impl ManagerConfig {
                 source,
             })
         };
-        let mut config = manager_client::ClientConfig::new(self.url.trim_end_matches('/'));
+        let mut config = manager_client::ClientConfig::new(self.endpoint());
         config.connect_timeout = self.connect_timeout;
         config.request_timeout = self.request_timeout;
         config.sync_timeout = self.sync_timeout;

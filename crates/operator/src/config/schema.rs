@@ -176,7 +176,11 @@ pub(crate) const FORMATS: &[(&str, &str, checks::Check)] = &[
         checks::dns_subdomain,
     ),
     ("ip-and-port", "an IP address and port", checks::ip_and_port),
-    ("manager-url", "`http(s)://host:port`", checks::manager_url),
+    (
+        "manager-url",
+        "`http(s)://host:port` or `host:port`",
+        checks::manager_url,
+    ),
     ("file-path", "a file path", checks::file_path),
     (
         "cron-schedule",

@@ -49,6 +49,7 @@ fn a_minimal_file_takes_every_default() {
             restart_placement: RestartPlacement::PreferHotSpare,
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
+            clear_restarts_on: ClearRestartsOn::StableRunning,
             preempt: false,
             disruption_windows: Vec::new(),
         }
@@ -60,6 +61,7 @@ fn a_minimal_file_takes_every_default() {
             restart_placement: RestartPlacement::Any,
             max_restarts_per_hour: 6,
             restart_clear_after: d(600),
+            clear_restarts_on: ClearRestartsOn::StableRunning,
             preempt: false,
             disruption_windows: Vec::new(),
         }
@@ -698,7 +700,7 @@ fn an_unknown_key_far_from_any_known_one_gets_no_suggestion() {
 #[test]
 fn several_errors_are_all_reported_one_per_line() {
     let e = errors(
-        "manager: { url: localhost:6789 }\npendingWindow: -1\nbands: { gold: { maxRestartsPerHour: 0 } }\nfoo: 1\nleaderElection: { leaseName: Not_A_Name }\nmigration: { drainParallelism: 0 }\n",
+        "manager: { url: \"localhost:6789/v1\" }\npendingWindow: -1\nbands: { gold: { maxRestartsPerHour: 0 } }\nfoo: 1\nleaderElection: { leaseName: Not_A_Name }\nmigration: { drainParallelism: 0 }\n",
     );
     for p in [
         "manager.url",
@@ -740,17 +742,6 @@ fn an_empty_document_reports_only_the_missing_manager_url() {
         error_at(&e, "manager.url")
             .message
             .starts_with("is required")
-    );
-}
-
-#[test]
-fn a_manager_url_without_scheme_suggests_one() {
-    let e = errors("manager: { url: \"manager.example.com:6789\" }\n");
-    let u = error_at(&e, "manager.url");
-    assert!(u.message.contains("http://"));
-    assert_eq!(
-        u.suggestion.as_deref(),
-        Some("http://manager.example.com:6789")
     );
 }
 
@@ -1096,6 +1087,40 @@ fn a_token_file_is_checked_as_the_operator_reads_it() {
             "{says}: {refused:?}"
         );
     }
+    // Not visible ASCII: refused by position, and the token is never shown.
+    let cases: [(&str, &str); 4] = [
+        (
+            "s3cr\u{e9}t-token\n",
+            "has a non-ASCII character at character 5 of the token",
+        ),
+        ("s3cret token\n", "has a space at character 7 of the token"),
+        (
+            "\u{2003}s3cret\u{2003}\u{200b}x",
+            "has a non-ASCII character at character 7",
+        ),
+        ("s3cret\u{7f}", "control character (U+007F) at character 7"),
+    ];
+    for (contents, says) in cases {
+        std::fs::write(&token, contents).unwrap_or_else(|e| panic!("{e}"));
+        let e = errors(&config);
+        let message = &error_at(&e, "manager.tokenFile").message;
+        assert!(message.contains(says), "{says}: {message}");
+        assert!(message.contains("visible ASCII"), "{message}");
+        assert!(
+            !message.contains("s3cr"),
+            "the secret is not echoed: {message}"
+        );
+        let mut c = ok(URL);
+        c.manager.token_file = Some(token.clone());
+        let refused = c.manager.client_config().err().map(|e| e.to_string());
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|r| r.contains(says) && r.starts_with("manager.tokenFile ")),
+            "{says}: {refused:?}"
+        );
+        assert!(!refused.unwrap_or_default().contains("s3cr"));
+    }
     // A token and its trailing newline, as `kubectl create token > file` writes it, is fine.
     std::fs::write(&token, "eyJhbGciOi.payload.sig\n").unwrap_or_else(|e| panic!("{e}"));
     ok(&config);
@@ -1174,6 +1199,78 @@ fn restart_clear_after_is_per_band_bounded_and_reaches_the_settings() {
         "must be between 1s and 86400s (got 0s)"
     );
     assert!(e.has("bands.gold.restartClearAfter"));
+}
+
+#[test]
+fn clear_restarts_on_selects_the_librarys_rule_per_band_and_ours_is_the_default() {
+    let c = ok(&format!(
+        "{URL}bands: {{ silver: {{ clearRestartsOn: successfulRestart }} }}\n"
+    ));
+    assert_eq!(
+        c.bands.silver.clear_restarts_on,
+        ClearRestartsOn::SuccessfulRestart
+    );
+    assert_eq!(
+        c.bands.gold.clear_restarts_on,
+        ClearRestartsOn::StableRunning
+    );
+    let settings = crate::settings::Settings::from_config(&c);
+    let o = BandOverrides {
+        silver: Some(BandPolicy {
+            max_restarts_per_hour: Some(2),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert_eq!(
+        settings
+            .band(PriorityBand::Silver, Some(&o))
+            .clear_restarts_on,
+        ClearRestartsOn::SuccessfulRestart,
+        "a Bundle's overrides keep the band's rule"
+    );
+    let e = errors(&format!(
+        "{URL}bands: {{ gold: {{ clearRestartsOn: onSuccess }} }}\n"
+    ));
+    let message = &error_at(&e, "bands.gold.clearRestartsOn").message;
+    assert!(
+        message.contains("stableRunning") && message.contains("successfulRestart"),
+        "{message}"
+    );
+}
+
+/// The TypeScript library's README writes `url: "manager.example.com:6789"`: a gRPC target
+/// with no scheme. It is accepted; as for a gRPC client, the credentials decide TLS: plaintext
+/// without `manager.tls`, TLS with it.
+#[test]
+fn the_librarys_bare_host_and_port_is_accepted_plaintext_unless_tls_is_set() {
+    let c = ok("manager: { url: \"manager.example.com:6789\" }\n");
+    assert_eq!(c.manager.endpoint(), "http://manager.example.com:6789");
+    let cc = c.manager.client_config().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cc.endpoint, "http://manager.example.com:6789");
+
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "pem").unwrap_or_else(|e| panic!("{e}"));
+    let c = ok(&format!(
+        "manager: {{ url: \"manager.example.com:6789\", tls: {{ caFile: {} }} }}\n",
+        ca.display()
+    ));
+    assert_eq!(c.manager.endpoint(), "https://manager.example.com:6789");
+    let cc = c.manager.client_config().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(cc.endpoint, "https://manager.example.com:6789");
+
+    // A URL with a scheme is taken as written.
+    assert_eq!(ok(URL).manager.endpoint(), "http://127.0.0.1:6789");
+    assert_eq!(
+        ok("manager: { url: \"http://10.1.2.3:6789/\" }\n")
+            .manager
+            .endpoint(),
+        "http://10.1.2.3:6789"
+    );
+    // Still a host and a port.
+    let e = errors("manager: { url: \"manager.example.com\" }\n");
+    assert!(error_at(&e, "manager.url").message.contains("port"), "{e}");
 }
 
 #[test]

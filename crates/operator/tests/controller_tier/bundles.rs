@@ -7,6 +7,7 @@ use std::time::Duration;
 use automanager_api::{self as api, Bundle, BundlePhase, JobState, PriorityBand};
 use automanager_operator::controllers;
 use automanager_operator::mapping;
+use automanager_policy::vocab::ClearRestartsOn;
 use http::Method;
 use manager_client::proto;
 
@@ -266,6 +267,59 @@ async fn a_restart_count_clears_once_the_replica_stayed_up_for_its_band_on_the_o
     let status = t.bundle_status("news");
     assert_eq!(status.replicas[0].restarts_last_hour, 0, "{status:?}");
     assert_eq!(status.phase, BundlePhase::Ready);
+}
+
+/// `bands.<band>.clearRestartsOn: successfulRestart`, the TypeScript library's rule: the
+/// restart that runs clears the count at the next pass (due at once), with no wait on the
+/// clock; so with a ceiling of one restart a second loss is restarted again, where our rule
+/// (the test above it) breaks the bundle.
+#[tokio::test]
+async fn under_the_librarys_rule_a_restart_that_runs_clears_the_count_and_a_second_loss_restarts() {
+    let t = Tier::start(|c| {
+        c.bands.silver.max_restarts_per_hour = 1;
+        c.bands.silver.clear_restarts_on = ClearRestartsOn::SuccessfulRestart;
+    })
+    .await
+    .with_example_pools()
+    .await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    t.lose_node_of("news").await;
+
+    let next = t.bundle_pass("news").await.expect("the recovery");
+
+    assert_eq!(t.manager.calls_named("StartJob").len(), 2, "restarted");
+    assert_eq!(t.bundle_status("news").replicas[0].restarts_last_hour, 1);
+    assert_eq!(
+        next,
+        requeue(Duration::from_millis(50)),
+        "looked at again at once: the count may clear as soon as the replica runs"
+    );
+    t.running("news").await;
+
+    t.bundle_pass("news")
+        .await
+        .expect("the pass after the restart ran");
+
+    let status = t.bundle_status("news");
+    assert_eq!(status.replicas[0].restarts_last_hour, 0, "{status:?}");
+    assert_eq!(status.phase, BundlePhase::Ready);
+
+    t.lose_node_of("news").await;
+    t.bundle_pass("news").await.expect("the second recovery");
+
+    assert_eq!(
+        t.manager.calls_named("StartJob").len(),
+        2,
+        "restarted again, not Broken"
+    );
+    let status = t.bundle_status("news");
+    assert_ne!(status.phase, BundlePhase::Broken, "{status:?}");
+    assert_eq!(status.replicas[0].restarts_last_hour, 1);
+    assert_eq!(t.events_with("Restarted").await, 2, "one per recovery");
+    assert_eq!(t.events_with("BundleBroken").await, 0);
 }
 
 #[tokio::test]

@@ -753,6 +753,7 @@ fn band_rule(ctx: &Context, spec: &api::BundleSpec, job: &api::BundleJob) -> Ban
         max_restarts_per_hour: b.max_restarts_per_hour,
         restart_clear_after_ms: i64::try_from(b.restart_clear_after.as_millis())
             .unwrap_or(i64::MAX),
+        clear_restarts_on: b.clear_restarts_on,
     }
 }
 
@@ -823,6 +824,7 @@ mod tests {
             on_failure: automanager_api::OnFailure::Restart,
             max_restarts_per_hour: 6,
             restart_clear_after_ms: 600_000,
+            clear_restarts_on: Default::default(),
         }
     }
 

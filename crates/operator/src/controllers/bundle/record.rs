@@ -376,8 +376,8 @@ struct ReplicaPass<'s> {
     remembered: Option<Decided<'s>>,
 }
 
-/// For each replica this pass restarted, its band's `restartClearAfter` (the longest of its
-/// jobs').
+/// For each replica this pass restarted, how long until its count may clear: its band's
+/// `restartClearAfter` (the longest of its jobs'), or nothing under the library's rule.
 fn restarted<'a>(
     plans: &'a BTreeMap<u32, ReplicaPlan>,
     outcomes: &'a BTreeMap<u32, Outcome>,
@@ -390,7 +390,7 @@ fn restarted<'a>(
             seen.get(r)
                 .into_iter()
                 .flatten()
-                .map(|s| s.band.restart_clear_after_ms)
+                .map(|s| s.band.clear_after_ms())
                 .max()
                 .unwrap_or(0)
         })
