@@ -93,6 +93,7 @@
 mod client;
 pub mod mirror;
 pub mod port;
+pub mod published;
 
 pub use client::{
     AuthInterceptor, ClientConfig, ClientError, ConnectionState, ManagerClient, TlsOptions,

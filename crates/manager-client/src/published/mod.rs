@@ -1,0 +1,11 @@
+//! Manager's published API (`norsk.api.manager`): the mirror of its event stream.
+//!
+//! The operator still speaks `norsk.manager.v1` through [`crate::ManagerClient`]; this module is
+//! the published API's side of the same job, built to replace it.
+
+mod mirror;
+
+pub use mirror::{
+    InstanceKey, InstancePhase, InstanceView, JobListing, JobView, Malformed, NodeState, NodeView,
+    PublishedChange, PublishedMirror, SnapshotBuilder, SnapshotStep, instances_of,
+};
