@@ -9,7 +9,7 @@ IMAGE_NAME ?= automanager-operator
 IMAGE_DIR ?= dist
 IMAGE_TAR = $(IMAGE_DIR)/automanager-operator-$(VERSION).oci.tar
 CHART = deploy/helm/automanager
-INSTALL_TOOLS = helm kstatus argo-health oci-image dockerfile-config
+INSTALL_TOOLS = helm kstatus argo-health oci-image dockerfile-config kube-score
 
 .PHONY: static sbom image install-tools helm-lint test-install lint-install
 

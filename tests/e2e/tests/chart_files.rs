@@ -113,11 +113,14 @@ fn every_value_is_documented() {
     );
 }
 
-/// The alerts, the dashboard and the user roles have one source each in deploy/; the chart
-/// carries copies (a chart can read only its own files), written by `make chart-files`.
+/// The alerts, the dashboard and the user roles have one source each; the other place holds a
+/// copy written by `make chart-files`. The alerts and the dashboard are written in deploy/ and
+/// copied into the chart (a chart can read only its own files); the user roles are the chart's
+/// (its aggregated roles are rendered from them) and copied out to deploy/rbac/ for
+/// `kubectl apply`.
 #[test]
 fn the_charts_alerts_dashboard_and_user_roles_are_those_of_deploy() {
-    for (copy, source) in [
+    for (in_chart, in_deploy) in [
         (
             "files/prometheus/rules.yaml",
             "deploy/prometheus/rules.yaml",
@@ -128,12 +131,78 @@ fn the_charts_alerts_dashboard_and_user_roles_are_those_of_deploy() {
         ),
         ("files/user-roles.yaml", "deploy/rbac/user-roles.yaml"),
     ] {
-        let copy_text = std::fs::read_to_string(chart_dir().join(copy)).unwrap();
-        let source_text = std::fs::read_to_string(repo_root().join(source)).unwrap();
+        let chart_text = std::fs::read_to_string(chart_dir().join(in_chart)).unwrap();
+        let deploy_text = std::fs::read_to_string(repo_root().join(in_deploy)).unwrap();
         assert!(
-            copy_text == source_text,
-            "{copy} differs from {source}: run `make chart-files`"
+            chart_text == deploy_text,
+            "{in_chart} differs from {in_deploy}: run `make chart-files`"
         );
+    }
+}
+
+/// JSON Schema has no messages of its own, so the schema says what a duration is in the one
+/// message helm prints as written (a one-value `enum`). Every duration of the operator's
+/// settings (`x-duration` in the generated `config` part) is listed in the hand-written
+/// `allOf` entry that does so, at the same path, and every Manager timeout refers to the same
+/// kind of check.
+#[test]
+fn every_duration_of_the_values_is_explained_when_it_is_not_one() {
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart_dir().join("values.schema.json")).unwrap(),
+    )
+    .unwrap();
+    fn durations(node: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        if node.get("x-duration").is_some() {
+            out.push(path.clone());
+        }
+        for (k, v) in node["properties"].as_object().into_iter().flatten() {
+            path.push(k.clone());
+            durations(v, path, out);
+            path.pop();
+        }
+    }
+    let mut found = Vec::new();
+    durations(&schema["properties"]["config"], &mut Vec::new(), &mut found);
+    assert!(found.len() >= 10, "{found:?}");
+    let entry = schema["allOf"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["properties"]["config"].is_object())
+        .expect("no allOf entry explains the config's durations");
+    let mut missing = Vec::new();
+    for path in &found {
+        let at = path
+            .iter()
+            .fold(&entry["properties"]["config"], |n, k| &n["properties"][k]);
+        if at["$ref"] != "#/definitions/duration" {
+            missing.push(path.join("."));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "durations without the explanation (add them to the allOf entry of values.schema.json): {missing:?}"
+    );
+    for def in ["duration", "managerDuration"] {
+        let reason = &schema["definitions"][def]["then"]["enum"][0];
+        assert!(
+            reason
+                .as_str()
+                .is_some_and(|r| r.starts_with("a duration: ")),
+            "{def}: {reason}"
+        );
+    }
+    for (k, v) in schema["properties"]["manager"]["properties"]
+        .as_object()
+        .unwrap()
+    {
+        if v["description"]
+            .as_str()
+            .is_some_and(|d| d.contains(" to "))
+            && v["type"].is_array()
+        {
+            assert_eq!(v["$ref"], "#/definitions/managerDuration", "manager.{k}");
+        }
     }
 }
 

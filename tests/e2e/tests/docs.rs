@@ -19,12 +19,13 @@ fn read(rel: &str) -> String {
     std::fs::read_to_string(repo_root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
-/// The user-facing Markdown pages: README, CHANGELOG, BENCHMARKS and docs/*.md.
+/// The user-facing Markdown pages: README, CHANGELOG, BENCHMARKS, SECURITY and docs/*.md.
 fn pages() -> Vec<String> {
     let mut out = vec![
         "README.md".to_owned(),
         "CHANGELOG.md".to_owned(),
         "BENCHMARKS.md".to_owned(),
+        "SECURITY.md".to_owned(),
     ];
     for e in std::fs::read_dir(repo_root().join("docs")).unwrap() {
         let p = e.unwrap().path();

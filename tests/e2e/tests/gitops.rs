@@ -184,7 +184,7 @@ fn the_argo_cd_app_of_apps_points_at_what_exists() {
 fn the_flux_objects_point_at_the_chart_and_the_objects() {
     let flux = gitops().join("flux");
     let top = docs_of(&flux.join("automanager.yaml"));
-    let operator: Vec<Value> = ["helmrepository.yaml", "helmrelease.yaml"]
+    let operator: Vec<Value> = ["ocirepository.yaml", "helmrelease.yaml"]
         .iter()
         .flat_map(|f| docs_of(&flux.join("operator").join(f)))
         .collect();
@@ -196,7 +196,7 @@ fn the_flux_objects_point_at_the_chart_and_the_objects() {
     };
     for d in &all {
         let want = match d["kind"].as_str().unwrap() {
-            "GitRepository" | "HelmRepository" => "source.toolkit.fluxcd.io/v1",
+            "GitRepository" | "OCIRepository" => "source.toolkit.fluxcd.io/v1",
             "Kustomization" => "kustomize.toolkit.fluxcd.io/v1",
             "HelmRelease" => "helm.toolkit.fluxcd.io/v2",
             other => panic!("unexpected kind {other}"),
@@ -205,18 +205,35 @@ fn the_flux_objects_point_at_the_chart_and_the_objects() {
         assert_eq!(d["metadata"]["namespace"], "flux-system");
     }
 
-    let repo = get("HelmRepository", "automanager");
-    assert_eq!(repo["spec"]["type"], "oci");
-    assert!(repo["spec"]["url"].as_str().unwrap().starts_with("oci://"));
+    // The chart from an OCIRepository through `chartRef`, as Flux recommends for OCI charts: the
+    // repository is the chart's (its last path element is the chart's name), at the chart's
+    // version, its Helm chart layer copied as is.
+    let repo = get("OCIRepository", "automanager");
     let chart: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("Chart.yaml")).unwrap())
             .unwrap();
+    let url = repo["spec"]["url"].as_str().unwrap();
+    assert!(url.starts_with("oci://"), "{url}");
+    assert_eq!(
+        Some(url.rsplit('/').next().unwrap()),
+        chart["name"].as_str()
+    );
+    assert_eq!(repo["spec"]["ref"]["tag"], chart["version"]);
+    assert_eq!(
+        repo["spec"]["layerSelector"]["mediaType"],
+        "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+    );
+    assert_eq!(repo["spec"]["layerSelector"]["operation"], "copy");
     let release = get("HelmRelease", "automanager");
-    let spec = &release["spec"]["chart"]["spec"];
-    assert_eq!(spec["chart"], chart["name"]);
-    assert_eq!(spec["version"], chart["version"]);
-    assert_eq!(spec["sourceRef"]["kind"], "HelmRepository");
-    assert_eq!(spec["sourceRef"]["name"], repo["metadata"]["name"]);
+    assert!(
+        release["spec"]["chart"].is_null(),
+        "the HelmRelease names its chart with chartRef only"
+    );
+    assert_eq!(release["spec"]["chartRef"]["kind"], "OCIRepository");
+    assert_eq!(
+        release["spec"]["chartRef"]["name"],
+        repo["metadata"]["name"]
+    );
     // The values are the chart's: every top-level key exists in its values.yaml.
     let values: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(chart_dir().join("values.yaml")).unwrap())
@@ -240,7 +257,7 @@ fn the_flux_objects_point_at_the_chart_and_the_objects() {
     let kustomization = docs_of(&flux.join("operator/kustomization.yaml"));
     assert_eq!(
         kustomization[0]["resources"],
-        serde_json::json!(["helmrepository.yaml", "helmrelease.yaml"])
+        serde_json::json!(["ocirepository.yaml", "helmrelease.yaml"])
     );
     assert_eq!(
         operator_ks["spec"]["healthChecks"][0]["kind"],
@@ -265,4 +282,22 @@ fn the_flux_objects_point_at_the_chart_and_the_objects() {
         })
         .collect();
     assert_eq!(exprs, KINDS);
+    // No expression reads status.conditions unguarded: each read follows a
+    // `has(status.conditions) &&` in the same parenthesised term, so an object whose status has
+    // no conditions yet evaluates (to false) instead of failing.
+    for e in objects_ks["spec"]["healthCheckExprs"].as_array().unwrap() {
+        for key in ["inProgress", "failed", "current"] {
+            let expr = e[key].as_str().unwrap();
+            let reads = expr.matches("status.conditions.").count();
+            let guarded = expr
+                .matches("has(status.conditions) && status.conditions.")
+                .count();
+            assert!(reads > 0, "{} {key}: {expr}", e["kind"]);
+            assert_eq!(
+                reads, guarded,
+                "{} {key} reads status.conditions unguarded: {expr}",
+                e["kind"]
+            );
+        }
+    }
 }

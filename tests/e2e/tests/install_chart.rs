@@ -557,9 +557,39 @@ fn the_values_schema_refuses_bad_values_naming_them() {
             "/manager/tls/secretName",
         ),
         (
-            "a CA with plain http",
-            &["--set", "manager.url=http://manager:6789"],
-            "/manager/url",
+            "a duration that is not one, said in words",
+            &["--set", "config.pendingWindow=forever"],
+            "at '/config/pendingWindow': value must be 'a duration: a number and a unit, e.g. 60s",
+        ),
+        (
+            "a Manager timeout that is not a duration, said in words",
+            &["--set", "manager.connectTimeout=5parsecs"],
+            "at '/manager/connectTimeout': value must be 'a duration: numbers with the units",
+        ),
+        (
+            "a probe that never waits",
+            &["--set", "livenessProbe.periodSeconds=0"],
+            "/livenessProbe/periodSeconds",
+        ),
+        (
+            "a grace period of none",
+            &["--set", "terminationGracePeriodSeconds=0"],
+            "/terminationGracePeriodSeconds",
+        ),
+        (
+            "an architecture that does not exist",
+            &["--set", "image.architectures[0]=x86"],
+            "/image/architectures/0",
+        ),
+        (
+            "a namespace override that is not a namespace",
+            &["--set", "namespaceOverride=Ops_NS"],
+            "/namespaceOverride",
+        ),
+        (
+            "an extra object that is neither an object nor a string",
+            &["--set", "extraObjects[0]=3"],
+            "/extraObjects/0",
         ),
         (
             "no token secret when TLS is off and a token is required",
@@ -802,6 +832,16 @@ fn the_values_schema_refuses_bad_values_naming_them() {
     // What the schema cannot say (two values that must agree, a value that must be given) the
     // templates say, naming the value.
     let template_cases: &[(&[&str], &str)] = &[
+        // A CA with plain http: the reason, not a pattern.
+        (
+            &[
+                IMAGE_VALUES[0],
+                IMAGE_VALUES[1],
+                "--set",
+                "manager.url=http://manager:6789",
+            ],
+            "manager.url is a plain http:// address (http://manager:6789) but manager.tls.secretName is set (automanager-manager-tls): TLS to Manager needs an https:// URL",
+        ),
         (
             &[IMAGE_VALUES[0], IMAGE_VALUES[1], "--set", "debug.port=8080"],
             "debug.port (8080) must differ from metrics.port",
@@ -930,8 +970,8 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
         ],
         vec!["clusterrole", FULLNAME],
         vec!["clusterrolebinding", FULLNAME],
-        vec!["clusterrole", "am-automanager-view"],
-        vec!["clusterrole", "am-automanager-edit"],
+        vec!["clusterrole", "am-automanager-aggregate-to-view"],
+        vec!["clusterrole", "am-automanager-aggregate-to-edit"],
     ] {
         assert!(exists(&env, &what).await, "{what:?} was not installed");
     }
@@ -1029,8 +1069,8 @@ async fn install_upgrade_and_uninstall_keep_the_crds_and_the_users_objects() {
         vec!["serviceaccount", FULLNAME, "-n", RELEASE_NAMESPACE],
         vec!["clusterrole", FULLNAME],
         vec!["clusterrolebinding", FULLNAME],
-        vec!["clusterrole", "am-automanager-view"],
-        vec!["clusterrole", "am-automanager-edit"],
+        vec!["clusterrole", "am-automanager-aggregate-to-view"],
+        vec!["clusterrole", "am-automanager-aggregate-to-edit"],
     ] {
         assert!(
             !exists(&env, &what).await,
@@ -1102,4 +1142,631 @@ async fn the_gitops_kustomizations_are_accepted_by_the_apiserver() {
     assert_eq!(built.len(), in_examples);
     // The Argo CD Applications and the Flux objects are checked without a cluster in
     // tests/gitops.rs (`make test`).
+}
+
+/// The rendered chart's documents with `args`, each with its source text.
+fn rendered(helm: &Helm, args: &[&str]) -> (String, Vec<Value>) {
+    let text = helm.template(&chart_dir(), args).unwrap();
+    let docs = documents(&text).unwrap();
+    (text, docs)
+}
+
+/// Every Pod spec the chart renders: the Deployments' templates and the `helm test` Pod.
+fn pod_specs(docs: &[Value]) -> Vec<(String, &Value)> {
+    docs.iter()
+        .filter_map(|d| {
+            let name = d["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            match d["kind"].as_str() {
+                Some("Deployment") => Some((name, &d["spec"]["template"]["spec"])),
+                Some("Pod") => Some((name, &d["spec"])),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// The keys of the YAML block that follows `header` (a line of its own) in `text`, one per line
+/// at the block's indentation, as written (so a key written twice is there twice).
+fn block_keys(text: &str, header: &str) -> Vec<String> {
+    let mut lines = text.lines().skip_while(|l| *l != header).skip(1);
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let Some(first) = lines.next() else {
+        return Vec::new();
+    };
+    let level = indent(first);
+    std::iter::once(first)
+        .chain(lines)
+        .take_while(|l| indent(l) >= level && !l.trim().is_empty())
+        .filter(|l| indent(l) == level && !l.trim_start().starts_with('#'))
+        .map(|l| l.trim().split(':').next().unwrap().to_owned())
+        .collect()
+}
+
+/// A `podLabels` key that repeats a selector label used to be written twice into the Pod
+/// template, which the apiserver refuses to parse. Now each key is written once; a selector
+/// label keeps the chart's value (the selector cannot change after install), and `podLabels`
+/// wins over `commonLabels`.
+#[test]
+fn pod_labels_merge_with_the_selector_and_common_labels_never_repeating_a_key() {
+    let helm = Helm::offline().unwrap();
+    let (text, docs) = rendered(
+        &helm,
+        &[
+            "--set",
+            "podLabels.app\\.kubernetes\\.io/name=automanager",
+            "--set",
+            "podLabels.app\\.kubernetes\\.io/component=something-else",
+            "--set",
+            "podLabels.team=news",
+            "--set",
+            "commonLabels.team=video",
+            "--set",
+            "commonLabels.cost-centre=c42",
+        ],
+    );
+    let keys = block_keys(
+        text.split("# Source: automanager/templates/deployment.yaml")
+            .nth(1)
+            .unwrap(),
+        "      labels:",
+    );
+    let mut unique = keys.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(
+        keys.len(),
+        unique.len(),
+        "a Pod label written twice: {keys:?}"
+    );
+    let d = find(&docs, "Deployment", Some(FULLNAME)).unwrap();
+    let labels = &d["spec"]["template"]["metadata"]["labels"];
+    for (k, v) in d["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(
+            &labels[k], v,
+            "the Pods no longer match the selector on {k}"
+        );
+    }
+    assert_eq!(labels["app.kubernetes.io/component"], "operator");
+    assert_eq!(labels["team"], "news", "podLabels win over commonLabels");
+    assert_eq!(labels["cost-centre"], "c42");
+}
+
+/// Memory is requested as much as its limit in every container the chart runs.
+#[test]
+fn every_container_requests_the_memory_it_may_use() {
+    let helm = Helm::offline().unwrap();
+    for extra in [&[][..], ALL_ON] {
+        let (_, docs) = rendered(&helm, extra);
+        let specs = pod_specs(&docs);
+        assert!(specs.len() >= 2, "{extra:?}: {} pod specs", specs.len());
+        for (name, spec) in specs {
+            for c in spec["containers"].as_array().unwrap() {
+                let r = &c["resources"];
+                assert!(r["limits"]["memory"].is_string(), "{name}: no memory limit");
+                assert_eq!(
+                    r["requests"]["memory"], r["limits"]["memory"],
+                    "{name}/{}: memory request and limit differ",
+                    c["name"]
+                );
+            }
+        }
+    }
+}
+
+/// The probes' timing and the grace period come from the values; the paths stay the chart's.
+#[test]
+fn probes_and_grace_period_are_values() {
+    let helm = Helm::offline().unwrap();
+    let (_, docs) = rendered(
+        &helm,
+        &[
+            "--set",
+            "livenessProbe.periodSeconds=20",
+            "--set",
+            "livenessProbe.timeoutSeconds=4",
+            "--set",
+            "livenessProbe.failureThreshold=6",
+            "--set",
+            "readinessProbe.periodSeconds=7",
+            "--set",
+            "readinessProbe.timeoutSeconds=3",
+            "--set",
+            "readinessProbe.failureThreshold=2",
+            "--set",
+            "startupProbe.timeoutSeconds=5",
+            "--set",
+            "terminationGracePeriodSeconds=45",
+        ],
+    );
+    let spec = &find(&docs, "Deployment", Some(FULLNAME)).unwrap()["spec"]["template"]["spec"];
+    assert_eq!(spec["terminationGracePeriodSeconds"], 45);
+    let c = &spec["containers"][0];
+    let want = [
+        ("livenessProbe", "/healthz", [20, 4, 6]),
+        ("readinessProbe", "/readyz", [7, 3, 2]),
+    ];
+    for (probe, path, [period, timeout, failures]) in want {
+        let p = &c[probe];
+        assert_eq!(p["httpGet"]["path"], path, "{probe}");
+        assert_eq!(p["periodSeconds"], period, "{probe}");
+        assert_eq!(p["timeoutSeconds"], timeout, "{probe}");
+        assert_eq!(p["failureThreshold"], failures, "{probe}");
+    }
+    assert_eq!(c["startupProbe"]["timeoutSeconds"], 5);
+    // The defaults are those the chart always had.
+    let (_, docs) = rendered(&helm, &[]);
+    let spec = &find(&docs, "Deployment", Some(FULLNAME)).unwrap()["spec"]["template"]["spec"];
+    assert_eq!(spec["terminationGracePeriodSeconds"], 30);
+    assert_eq!(spec["containers"][0]["livenessProbe"]["periodSeconds"], 10);
+    assert_eq!(spec["containers"][0]["readinessProbe"]["periodSeconds"], 5);
+}
+
+/// The image is built for amd64 only: by default every Pod of it needs an amd64 node, ANDed into
+/// each of the user's own node selector terms; `image.architectures=[]` lifts it.
+#[test]
+fn pods_of_the_image_keep_to_its_architectures() {
+    let helm = Helm::offline().unwrap();
+    let arch_of = |term: &Value| -> Option<Value> {
+        term["matchExpressions"]
+            .as_array()?
+            .iter()
+            .find(|e| e["key"] == "kubernetes.io/arch")
+            .map(|e| {
+                assert_eq!(e["operator"], "In");
+                e["values"].clone()
+            })
+    };
+    let terms = |spec: &Value| -> Vec<Value> {
+        spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    // Every Pod, with every feature on (the simulator and the test Pod run the image too).
+    let (_, docs) = rendered(&helm, ALL_ON);
+    for (name, spec) in pod_specs(&docs) {
+        let t = terms(spec);
+        assert_eq!(t.len(), 1, "{name}: {t:?}");
+        assert_eq!(arch_of(&t[0]), Some(serde_json::json!(["amd64"])), "{name}");
+    }
+    // The operator still prefers spreading its replicas.
+    let d = find(&docs, "Deployment", Some(FULLNAME)).unwrap();
+    assert!(d["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"].is_object());
+    // The user's terms keep their own expressions and fields, each with the architecture added.
+    let (_, docs) = rendered(
+        &helm,
+        &[
+            "--set-json",
+            r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["ops"]}]},{"matchFields":[{"key":"metadata.name","operator":"In","values":["n1"]}]}]}}}"#,
+        ],
+    );
+    let spec = &find(&docs, "Deployment", Some(FULLNAME)).unwrap()["spec"]["template"]["spec"];
+    let t = terms(spec);
+    assert_eq!(t.len(), 2, "{t:?}");
+    assert_eq!(t[0]["matchExpressions"][0]["key"], "pool");
+    assert_eq!(t[1]["matchFields"][0]["key"], "metadata.name");
+    for term in &t {
+        assert_eq!(arch_of(term), Some(serde_json::json!(["amd64"])), "{term}");
+    }
+    // Lifted.
+    let (_, docs) = rendered(&helm, &["--set-json", "image.architectures=[]"]);
+    for (name, spec) in pod_specs(&docs) {
+        assert!(terms(spec).is_empty(), "{name}: {}", spec["affinity"]);
+    }
+}
+
+/// `extraObjects`, maps or strings, go through `tpl`.
+#[test]
+fn extra_objects_are_rendered_with_tpl() {
+    let helm = Helm::offline().unwrap();
+    let (_, docs) = rendered(
+        &helm,
+        &[
+            "--set-json",
+            r#"extraObjects=[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"{{ include \"automanager.fullname\" . }}-extra","namespace":"{{ include \"automanager.namespace\" . }}"},"data":{"release":"{{ .Release.Name }}"}},"apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}-token\nstringData:\n  token: t\n"]"#,
+        ],
+    );
+    let cm = find(&docs, "ConfigMap", Some("am-automanager-extra")).unwrap();
+    assert_eq!(cm["metadata"]["namespace"], RELEASE_NAMESPACE);
+    assert_eq!(cm["data"]["release"], RELEASE);
+    find(&docs, "Secret", Some("am-token")).unwrap();
+}
+
+/// `namespaceOverride` moves every namespaced object of the release, and everything that names
+/// the release's namespace (the Lease, the simulator's address, the test's URLs, the bindings'
+/// subjects); the Roles in the watched namespaces and in `default` stay where they must be.
+#[test]
+fn namespace_override_moves_every_namespaced_object() {
+    let helm = Helm::offline().unwrap();
+    let mut args = ALL_ON.to_vec();
+    args.extend_from_slice(&["--set", "namespaceOverride=ops"]);
+    let (text, docs) = rendered(&helm, &args);
+    assert!(
+        !text.contains(RELEASE_NAMESPACE),
+        "the release namespace is still named:\n{}",
+        text.lines()
+            .filter(|l| l.contains(RELEASE_NAMESPACE))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for d in &docs {
+        let Some(ns) = d["metadata"]["namespace"].as_str() else {
+            continue;
+        };
+        let role_elsewhere = matches!(d["kind"].as_str(), Some("Role" | "RoleBinding"))
+            && (ns == "video" || ns == "default");
+        assert!(
+            ns == "ops" || role_elsewhere,
+            "{} {} is in {ns}",
+            d["kind"],
+            d["metadata"]["name"]
+        );
+    }
+    let cm = find(&docs, "ConfigMap", Some(FULLNAME)).unwrap();
+    let config: Value =
+        serde_saphyr::from_str(cm["data"]["operator.yaml"].as_str().unwrap()).unwrap();
+    assert_eq!(config["leaderElection"]["leaseNamespace"], "ops");
+    assert_eq!(
+        config["manager"]["url"],
+        "http://am-automanager-manager-sim.ops.svc:6789"
+    );
+}
+
+/// The chart's ClusterRoles never take the name of a role of deploy/rbac/user-roles.yaml,
+/// whatever the release is called: the aggregated ones have names no user role has, and a
+/// release whose full name is a user role's (the operator's own ClusterRole is named after it)
+/// is refused, naming the clash.
+#[test]
+fn the_charts_cluster_roles_never_take_a_user_roles_name() {
+    let helm = Helm::offline().unwrap();
+    let loose: Vec<String> = documents(
+        &std::fs::read_to_string(repo_root().join("deploy/rbac/user-roles.yaml")).unwrap(),
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r["metadata"]["name"].as_str().unwrap().to_owned())
+    .collect();
+    for release in [
+        "automanager",
+        "am",
+        "automanager-fleet",
+        "automanager-views",
+    ] {
+        let out = helm
+            .run([
+                "template",
+                release,
+                chart_dir().to_str().unwrap(),
+                IMAGE_VALUES[0],
+                IMAGE_VALUES[1],
+            ])
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+        let docs = documents(&out.stdout).unwrap();
+        let roles: Vec<&str> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRole")
+            .filter_map(|d| d["metadata"]["name"].as_str())
+            .collect();
+        assert!(
+            roles.iter().any(|r| r.ends_with("-aggregate-to-view")),
+            "{release}: {roles:?}"
+        );
+        for r in &roles {
+            assert!(
+                !loose.iter().any(|l| l == r),
+                "release {release}: the chart's ClusterRole {r} is a user role's name"
+            );
+        }
+    }
+    for release in &loose {
+        let out = helm
+            .run([
+                "template",
+                release,
+                chart_dir().to_str().unwrap(),
+                IMAGE_VALUES[0],
+                IMAGE_VALUES[1],
+            ])
+            .unwrap();
+        assert!(!out.success(), "release {release} was rendered");
+        assert!(
+            out.stderr.contains(&format!(
+                "the operator's ClusterRole would be named {release}, like a user role of deploy/rbac/user-roles.yaml"
+            )),
+            "{release}: {}",
+            out.stderr
+        );
+    }
+}
+
+/// As docs/user-rbac.md and docs/install.md say, with the documented release name: the user
+/// roles applied first, then `helm install`; applied again after it; `helm uninstall` leaves
+/// every one of them (and the chart's aggregated roles go with the release).
+#[tokio::test]
+async fn the_user_roles_applied_before_or_after_the_install_survive_the_uninstall() {
+    let env = TestEnv::start().await.unwrap();
+    let helm = Helm::on(&env).unwrap();
+    let chart = chart_dir();
+    let user_roles = repo_root().join("deploy/rbac/user-roles.yaml");
+    let loose: Vec<String> = documents(&std::fs::read_to_string(&user_roles).unwrap())
+        .unwrap()
+        .iter()
+        .map(|r| r["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(loose.len(), 5, "{loose:?}");
+    let out = env.apply_file(&user_roles).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = helm
+        .run([
+            "install",
+            "automanager",
+            chart.to_str().unwrap(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--create-namespace",
+            IMAGE_VALUES[0],
+            IMAGE_VALUES[1],
+        ])
+        .unwrap();
+    assert!(
+        out.success(),
+        "helm install after the user roles: {}",
+        out.stderr
+    );
+    for r in [
+        "automanager-aggregate-to-view",
+        "automanager-aggregate-to-edit",
+    ] {
+        assert!(exists(&env, &["clusterrole", r]).await, "{r} not installed");
+    }
+    // The user's roles are still the user's: helm did not adopt them.
+    for r in &loose {
+        let role = get_json(&env, &["clusterrole", r]).await;
+        assert!(
+            role["metadata"]["annotations"]["meta.helm.sh/release-name"].is_null(),
+            "{r} belongs to the release: {role:#}"
+        );
+    }
+    // Applied again after the install (the other documented order) changes nothing.
+    let out = env.apply_file(&user_roles).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = helm
+        .run(["uninstall", "automanager", "--namespace", RELEASE_NAMESPACE])
+        .unwrap();
+    assert!(out.success(), "helm uninstall: {}", out.stderr);
+    for r in &loose {
+        assert!(
+            exists(&env, &["clusterrole", r]).await,
+            "helm uninstall deleted the user role {r}"
+        );
+    }
+    for r in [
+        "automanager-aggregate-to-view",
+        "automanager-aggregate-to-edit",
+    ] {
+        assert!(
+            !exists(&env, &["clusterrole", r]).await,
+            "{r} survived the uninstall"
+        );
+    }
+}
+
+/// `kubectl auth can-i` with a TokenRequest token of the operator's ServiceAccount (`ARGS`).
+async fn operator_can(kubeconfig: &Path, env: &TestEnv, args: &[&str]) -> bool {
+    let mut cmd = env.kubectl();
+    cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["auth", "can-i"])
+        .args(args);
+    let out = run(cmd, None).unwrap();
+    match out.stdout.trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!("kubectl auth can-i {args:?}: {other} {}", out.stderr),
+    }
+}
+
+/// The operator's rights on Bundles, Migrations and Events, asked with its ServiceAccount's own
+/// token: granted in every watched namespace and, with one watched namespace, refused anywhere
+/// else (`default` keeps Events only, for the cluster-scoped kinds).
+#[tokio::test]
+async fn the_operator_has_its_namespaced_rights_where_it_watches() {
+    // The CRDs, so that kubectl knows the kinds it asks about.
+    let env = automanager_e2e::env_with_crds().await.unwrap();
+    let helm = Helm::on(&env).unwrap();
+    let chart = chart_dir();
+    let dir = tempfile::tempdir().unwrap();
+    for ns in ["news", "sports", "weather"] {
+        kubectl_ok(&env, &["create", "namespace", ns]).await;
+    }
+    // (release, its namespace, the watched namespaces)
+    let releases: &[(&str, &str, &[&str])] = &[
+        ("one", "op-one", &["news"]),
+        ("two", "op-two", &["news", "sports"]),
+    ];
+    let bundles = "bundles.automanager.norsk.io";
+    let migrations = "migrations.automanager.norsk.io";
+    let mut wrong = Vec::new();
+    for (release, release_ns, watched) in releases {
+        let mut args = vec![
+            "install".to_owned(),
+            (*release).to_owned(),
+            chart.to_str().unwrap().to_owned(),
+            "--namespace".into(),
+            (*release_ns).to_owned(),
+            "--create-namespace".into(),
+            "--set".into(),
+            "crds.install=false".into(),
+            IMAGE_VALUES[0].into(),
+            IMAGE_VALUES[1].into(),
+        ];
+        for (i, ns) in watched.iter().enumerate() {
+            args.push("--set".into());
+            args.push(format!("config.watchNamespaces[{i}]={ns}"));
+        }
+        let out = helm.run(&args).unwrap();
+        assert!(out.success(), "helm install {release}: {}", out.stderr);
+        let sa = format!("{release}-automanager");
+        let kubeconfig =
+            automanager_e2e::install::service_account_kubeconfig(&env, release_ns, &sa, dir.path())
+                .await
+                .unwrap();
+        for ns in ["news", "sports", "weather", "default"] {
+            let in_watched = watched.contains(&ns);
+            // With several watched namespaces the operator still lists Bundles and Migrations
+            // cluster-wide, so it holds them everywhere (docs/install.md#rbac).
+            let scoped = watched.len() == 1;
+            let want = in_watched || !scoped;
+            for (verb, what) in [
+                ("list", bundles),
+                ("watch", bundles),
+                ("patch", bundles),
+                ("create", migrations),
+                ("list", migrations),
+            ] {
+                if operator_can(&kubeconfig, &env, &[verb, what, "-n", ns]).await != want {
+                    wrong.push(format!("{release}: {verb} {what} -n {ns}: want {want}"));
+                }
+            }
+            let events = in_watched || ns == "default" || !scoped;
+            if operator_can(
+                &kubeconfig,
+                &env,
+                &["create", "events.events.k8s.io", "-n", ns],
+            )
+            .await
+                != events
+            {
+                wrong.push(format!("{release}: create events -n {ns}: want {events}"));
+            }
+            // Never: reading Events, deleting Bundles, Secrets.
+            for (verb, what) in [
+                ("list", "events.events.k8s.io"),
+                ("delete", bundles),
+                ("get", "secrets"),
+            ] {
+                if operator_can(&kubeconfig, &env, &[verb, what, "-n", ns]).await {
+                    wrong.push(format!("{release}: {verb} {what} -n {ns}: want false"));
+                }
+            }
+        }
+        if watched.len() == 1 && operator_can(&kubeconfig, &env, &["list", bundles, "-A"]).await {
+            wrong.push(format!("{release}: list {bundles} -A: want false"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The kube-score checks the chart does not meet, each with why (docs/install.md lists them).
+const KUBE_SCORE_IGNORED: &[(&str, &str)] = &[
+    (
+        "container-image-pull-policy",
+        "the image is pinned by digest (image.digest), which never changes: IfNotPresent pulls it once, and Always would make every Pod start depend on the registry",
+    ),
+    (
+        "container-ephemeral-storage-request-and-limit",
+        "the root filesystem is read-only and no container writes files; their only ephemeral storage is their log, which the kubelet's log rotation bounds, and a limit would evict a replica for logging more than usual",
+    ),
+    (
+        "pod-networkpolicy",
+        "the NetworkPolicy is opt-in (networkPolicy.enabled: it needs your scrapers and, for egress, your Manager's address) and covers the operator's Pods; the helm test Pod and the simulator are not production workloads",
+    ),
+    (
+        "pod-probes-identical",
+        "manager-sim serves gRPC only, so both its probes are a TCP connect; the operator's differ (/healthz and /readyz)",
+    ),
+    (
+        "deployment-replicas",
+        "manager-sim runs one replica: it keeps its simulated fleet in memory, and two would be two different fleets",
+    ),
+];
+
+/// kube-score (built from its Go module) on the rendered chart, with the defaults and with
+/// every feature on: no critical finding and no warning but the ignored ones, and memory
+/// requested as much as its limit (an optional check, turned on).
+#[test]
+fn kube_score_finds_nothing_unexplained() {
+    let helm = Helm::offline().unwrap();
+    let kube_score = automanager_e2e::install::tool("kube-score").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let digest = format!("image.digest=sha256:{}", "a".repeat(64));
+    let mut unexplained = Vec::new();
+    // Every feature on, with the chart's user and group (ALL_ON clears them, as under
+    // OpenShift, where the platform assigns a UID that kube-score cannot see).
+    let all_on: Vec<&str> = ALL_ON
+        .chunks(2)
+        .filter(|flag| !flag[1].starts_with("podSecurityContext.runAs"))
+        .flatten()
+        .copied()
+        .collect();
+    for (name, extra) in [("defaults", &[][..]), ("all-on", &all_on[..])] {
+        let mut args = vec!["--set", digest.as_str()];
+        args.extend_from_slice(extra);
+        let rendered = helm.template(&chart_dir(), &args).unwrap();
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, rendered).unwrap();
+        let mut cmd = std::process::Command::new(&kube_score);
+        cmd.args([
+            "score",
+            "--kubernetes-version",
+            "v1.35",
+            "--output-format",
+            "json",
+            "--enable-optional-test",
+            "container-memory-requests-equal-limits",
+        ]);
+        for (check, _) in KUBE_SCORE_IGNORED {
+            cmd.args(["--ignore-test", check]);
+        }
+        cmd.arg(&file);
+        let out = run(cmd, None).unwrap();
+        let objects: Vec<Value> = serde_json::from_str(&out.stdout)
+            .unwrap_or_else(|e| panic!("kube-score {name}: {e}: {}{}", out.stdout, out.stderr));
+        // It scores the workloads, Services, budgets and policies.
+        assert!(objects.len() >= 4, "{name}: {} objects", objects.len());
+        let mut memory_checked = 0;
+        for o in &objects {
+            for c in o["checks"].as_array().unwrap() {
+                let id = c["check"]["id"].as_str().unwrap();
+                if c["skipped"] == true {
+                    continue;
+                }
+                if id == "container-memory-requests-equal-limits" {
+                    memory_checked += 1;
+                }
+                // kube-score's grades: 1 critical, 5 warning, 7 almost OK, 10 OK.
+                if c["grade"].as_i64().unwrap() <= 5 {
+                    let comments: Vec<String> = c["comments"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|m| format!("{} {}", m["summary"], m["description"]))
+                        .collect();
+                    unexplained.push(format!(
+                        "{name}: {} {id}: {}",
+                        o["object_name"],
+                        comments.join("; ")
+                    ));
+                }
+            }
+        }
+        assert!(
+            memory_checked >= 2,
+            "{name}: the memory check ran on {memory_checked} Pods"
+        );
+    }
+    println!("kube_score_unexplained={}", unexplained.len());
+    assert!(unexplained.is_empty(), "{}", unexplained.join("\n"));
+    // Each ignored check is explained where users read it.
+    let doc = std::fs::read_to_string(repo_root().join("docs/install.md")).unwrap();
+    for (check, _) in KUBE_SCORE_IGNORED {
+        assert!(
+            doc.contains(&format!("`{check}`")),
+            "docs/install.md does not explain why {check} is ignored"
+        );
+    }
 }
