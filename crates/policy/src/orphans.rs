@@ -3,8 +3,9 @@
 //!
 //! Deleting an object normally cleans up through its finalizer (a Bundle's jobs, a
 //! HotSpareTarget's idle spares). The sweep catches what that path missed: a restore of etcd, a
-//! finalizer removed by hand, a bug. It is owner-checked (only what the operator's own ids and
-//! tags say it created is considered) and patient: a candidate must stay orphaned for the whole
+//! finalizer removed by hand, a bug. It considers only what has the operator's own id form and
+//! tags (it cannot tell who made a thing: anything else with those ids or tags is taken for the
+//! operator's) and is patient: a candidate must stay orphaned for the whole
 //! grace period, continuously, before it is removed, so an object whose creation the operator's
 //! caches have not seen yet is never mistaken for a gone one. The caller re-reads the owner from
 //! the apiserver before removing anything.

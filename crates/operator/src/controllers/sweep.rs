@@ -2,10 +2,11 @@
 //! resource is gone, once they have stayed orphaned for `orphanSweep.grace`
 //! ([`automanager_policy::orphans`] decides; this module observes and acts).
 //!
-//! Owner-checked: only bundles with the ids the operator gives (`<namespace>.<name>`) in the
-//! namespaces it watches, and nodes whose tags name an owner the operator created them for, are
-//! considered; and before anything is removed its owner is read once more from the apiserver
-//! (not the cache), so a slow cache never removes a live object's work. Each removal gets a
+//! Checked by ids, names and tags, not by who made a thing (which Manager does not record):
+//! only bundles whose id has the form the operator gives (`<namespace>.<name>`) in the
+//! namespaces it watches, and nodes whose tags name an owner the operator creates nodes for,
+//! are considered; and before anything is removed its owner is read once more from the
+//! apiserver (not the cache), so a slow cache never removes a live object's work. Each removal gets a
 //! Warning Event `OrphanRemoved` on the owner's reference (the object itself is gone) and counts
 //! in `automanager_orphans_removed_total{kind}`.
 

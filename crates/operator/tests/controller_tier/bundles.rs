@@ -322,6 +322,59 @@ async fn under_the_librarys_rule_a_restart_that_runs_clears_the_count_and_a_seco
     assert_eq!(t.events_with("BundleBroken").await, 0);
 }
 
+/// A changed `spec.jobs[].config` is pushed to the running job (the library's
+/// `onJobConfigUpdated`: Event `JobConfigUpdated`); one Manager refuses is said in a Warning
+/// Event `JobConfigRejected` naming the job, Manager keeps the old one, and the next pass
+/// pushes it again.
+#[tokio::test]
+async fn a_config_manager_refuses_is_a_job_config_rejected_event_and_one_it_takes_job_config_updated()
+ {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    let tuned = |bitrate: u32| -> api::BundleSpec {
+        serde_json::from_value(serde_json::json!({
+            "replicas": 1, "pools": ["onprem"],
+            "jobs": [{"jobName": "enc", "config": {"bitrate": bitrate},
+                      "requirements": {"requiredCapacity": 10, "requiredCores": 1, "priorityBand": "silver"}}],
+        }))
+        .unwrap()
+    };
+    let mut b = Bundle::new("tuned", tuned(5000));
+    b.metadata.namespace = Some("live".into());
+    t.api.insert(&b);
+    t.bundle_pass("tuned").await.expect("the finalizer pass");
+    t.bundle_pass("tuned").await.expect("the placing pass");
+    t.running("tuned").await;
+    let job = "live.tuned/0/enc";
+    let config_in_manager = || t._sim.with_world(|w, _| w.job(job).unwrap().config.clone());
+    assert_eq!(config_in_manager(), br#"{"bitrate":5000}"#.to_vec());
+    t.api
+        .edit::<Bundle>(Some("live"), "tuned", |b| b.spec = tuned(8000));
+    t.manager.refuse_next(
+        "UpdateJobConfig",
+        tonic::Status::failed_precondition("the job takes no runtime configuration"),
+    );
+
+    t.bundle_pass("tuned").await.expect("the refused push");
+
+    assert_eq!(config_in_manager(), br#"{"bitrate":5000}"#.to_vec());
+    t.events().await; // flushed
+    let rejected = t.events_for("tuned", "JobConfigRejected");
+    assert_eq!(rejected.len(), 1, "{:?}", t.events().await);
+    assert!(
+        rejected[0].contains(job) && rejected[0].contains("no runtime configuration"),
+        "{rejected:?}"
+    );
+    assert_eq!(t.events_with("JobConfigUpdated").await, 0);
+
+    t.bundle_pass("tuned").await.expect("the next pass");
+
+    assert_eq!(config_in_manager(), br#"{"bitrate":8000}"#.to_vec());
+    t.events().await;
+    let updated = t.events_for("tuned", "JobConfigUpdated");
+    assert_eq!(updated, [job.to_owned()]);
+    assert_eq!(t.events_with("JobConfigRejected").await, 1, "said once");
+}
+
 #[tokio::test]
 async fn a_deleted_bundle_stops_its_jobs_in_manager_then_lets_go() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;

@@ -181,6 +181,8 @@ async fn an_overlap_migration_moves_the_job_through_managers_handshake_phase_by_
         "{:?}",
         status.conditions
     );
+    // The library's onMigrationCompleted.
+    assert_eq!(t.events_with("MigrationCompleted").await, 1);
 }
 
 #[tokio::test]
@@ -251,6 +253,14 @@ async fn an_abort_before_the_start_ends_the_migration_without_touching_manager()
     let status = t.migration_status("move");
     assert_eq!(status.phase, MigrationPhase::Aborted);
     assert!(t.manager.calls().is_empty(), "{:?}", t.manager.calls());
+    // The library's onMigrationAborted, with the reason.
+    let events = t.events().await;
+    let aborted: Vec<&String> = (events.iter())
+        .filter(|(r, _)| r == "MigrationAborted")
+        .map(|(_, note)| note)
+        .collect();
+    assert_eq!(aborted.len(), 1, "{events:?}");
+    assert!(aborted[0].contains("changed my mind"), "{aborted:?}");
 }
 
 #[tokio::test]

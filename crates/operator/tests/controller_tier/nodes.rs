@@ -135,6 +135,153 @@ async fn a_node_manager_loses_is_written_terminated_with_its_lifecycle_event() {
     assert_eq!(t.events_with("NodeTerminated").await, 1);
 }
 
+impl Tier {
+    /// Moves the operator's clock to `ms` after Manager's record of the node's last state
+    /// change (Manager's clock stamps it; the operator reads time through its own).
+    fn clock_past_state_change(&self, node_id: &str, ms: i64) {
+        let changed = self
+            .ctx
+            .manager
+            .mirror()
+            .read(|m| m.nodes[node_id].state_changed_at_ms);
+        let ahead = changed + ms - self.ctx.clock.now().timestamp_millis();
+        assert!(ahead >= 0, "the operator's clock is already past that");
+        self.clock
+            .advance(Duration::from_millis(u64::try_from(ahead).unwrap()));
+    }
+
+    fn node_deletes(&self) -> Vec<String> {
+        (self.api.writes().into_iter())
+            .filter(|w| w.starts_with("DELETE"))
+            .collect()
+    }
+}
+
+/// `removeStoppedNodesAfter`: the object of a node Manager terminated stays while the node
+/// has been gone for less than the setting (20 minutes here, not the default hour), and is
+/// deleted once it has been gone for longer, and not written again.
+#[tokio::test]
+async fn a_terminated_nodes_object_is_removed_only_after_remove_stopped_nodes_after() {
+    let (t, mut sync) = Tier::start(|c| {
+        c.remove_stopped_nodes_after = Duration::from_secs(20 * 60);
+    })
+    .await
+    .with_node_objects()
+    .await;
+    t._sim
+        .with_world(|w, now| w.kill_node("onprem-b1", now))
+        .expect("killed");
+    t.until_mirror("onprem-b1 terminated", |m| {
+        m.nodes["onprem-b1"].state == proto::NodeState::Terminated as i32
+    })
+    .await;
+    sync.pass().await;
+    assert_eq!(
+        t.stored_node("onprem-b1")
+            .and_then(|o| o.status)
+            .map(|s| s.state),
+        Some(NodeState::Terminated)
+    );
+    t.api.clear_calls();
+
+    t.clock_past_state_change("onprem-b1", 19 * 60 * 1000);
+    sync.pass().await;
+
+    assert_eq!(t.node_deletes(), Vec::<String>::new(), "19 minutes: kept");
+    assert!(t.stored_node("onprem-b1").is_some());
+
+    t.clock.advance(Duration::from_secs(2 * 60));
+    sync.pass().await;
+
+    assert_eq!(
+        t.node_deletes(),
+        [format!("DELETE {NODES}/onprem-b1")],
+        "21 minutes: removed"
+    );
+    assert!(t.stored_node("onprem-b1").is_none());
+    assert!(t.stored_node("onprem-a1").is_some(), "the others stay");
+    t.api.clear_calls();
+    t.clock.advance(Duration::from_secs(60));
+    sync.pass().await;
+    assert!(
+        t.stored_node("onprem-b1").is_none(),
+        "not recreated: {:?}",
+        t.api.writes()
+    );
+}
+
+/// A node Manager provisions, then powers off (a warm spare): its object carries each
+/// lifecycle Event of the library's `onNodeStarting / onNodeStarted / onNodeStopped`, and
+/// stays however long the node is powered off: `removeStoppedNodesAfter` removes the
+/// objects of nodes gone (terminated or unreachable), not those of warm spares.
+#[tokio::test]
+async fn a_provisioned_node_powered_off_has_its_lifecycle_events_and_its_object_is_kept() {
+    let t = Tier::start_with_sim(
+        |sim| {
+            // Long enough for a pass to see the node starting, whatever the machine's load.
+            for p in sim.pools.iter_mut().filter(|p| p.name == "aws-east") {
+                p.provision_delay_ms = Some(1_500);
+                p.stop_delay_ms = Some(100);
+            }
+        },
+        |_| {},
+    )
+    .await;
+    let (t, mut sync) = t.with_node_objects().await;
+    let node = t
+        ._sim
+        .with_world(|w, now| {
+            w.create_node(
+                &proto::CreateNodeRequest {
+                    pool: "aws-east".into(),
+                    instance_type: "m5.xlarge".into(),
+                    ..Default::default()
+                },
+                now,
+            )
+        })
+        .expect("created")
+        .node_id;
+    t.until_mirror("the node starting", |m| m.nodes.contains_key(&node))
+        .await;
+
+    sync.pass().await;
+
+    let status = t.stored_node(&node).and_then(|o| o.status).unwrap();
+    assert_eq!(status.state, NodeState::Starting);
+    assert_eq!(t.events_with("NodeStarting").await, 1);
+
+    t.until_mirror("the node started", |m| {
+        m.nodes[&node].state == proto::NodeState::Started as i32
+    })
+    .await;
+    sync.pass().await;
+    assert_eq!(t.events_with("NodeStarted").await, 1);
+
+    t._sim
+        .with_world(|w, now| w.stop_node(&node, now))
+        .expect("stopped");
+    t.until_mirror("the node powered off", |m| {
+        m.nodes[&node].state == proto::NodeState::PoweredOff as i32
+    })
+    .await;
+    sync.pass().await;
+
+    let status = t.stored_node(&node).and_then(|o| o.status).unwrap();
+    assert_eq!(status.state, NodeState::Stopped);
+    assert_eq!(condition_of(&status.conditions, "Ready").1, "Stopped");
+    assert_eq!(t.events_with("NodeStopped").await, 1);
+
+    t.api.clear_calls();
+    t.clock_past_state_change(&node, 2 * 3_600_000);
+    sync.pass().await;
+    assert_eq!(t.node_deletes(), Vec::<String>::new());
+    assert!(
+        t.stored_node(&node).is_some(),
+        "a warm spare's object stays past removeStoppedNodesAfter"
+    );
+}
+
 #[tokio::test]
 async fn a_refused_status_write_is_written_on_the_next_pass() {
     let t = Tier::start(|_| {}).await;
