@@ -282,6 +282,113 @@ async fn a_provisioned_node_powered_off_has_its_lifecycle_events_and_its_object_
     );
 }
 
+/// Flap damping through the operator: a node whose workers refuse starts (two within a
+/// minute trips it here) is held out for the rejection window the first time, twice as long
+/// when it trips again within `flapMemory`, four times the third; its ManagerNode says so in
+/// `unhealthyEpisodes`, `heldOutUntil`, `healthy` and the `FlappingHeldOut` reason, and placement
+/// avoids it until `heldOutUntil` even once its rejections are out of the window. A node quiet
+/// for longer than `flapMemory` starts again from one.
+#[tokio::test]
+async fn a_node_that_trips_unhealthy_again_and_again_is_held_out_longer_each_time() {
+    let (t, mut sync) = Tier::start(|c| {
+        c.node_health.rejection_threshold = 2;
+        c.node_health.rejection_window = Duration::from_secs(60);
+        c.node_health.flap_max_hold = Duration::from_secs(10 * 60);
+        c.node_health.flap_memory = Duration::from_secs(60 * 60);
+    })
+    .await
+    .with_node_objects()
+    .await;
+    let node = "onprem-a1";
+    let status = || t.stored_node(node).and_then(|o| o.status).unwrap();
+    let avoided = || t.ctx.state().model().overlay(node).unhealthy;
+    // Two starts its workers refuse, as a Bundle pass records them.
+    let trip = || async {
+        controllers::node::record_rejection(&t.ctx, node).await;
+        controllers::node::record_rejection(&t.ctx, node).await;
+    };
+
+    // Episode 1: held out for the rejection window.
+    let t1 = t.ctx.clock.now();
+    trip().await;
+    sync.pass().await;
+    let s = status();
+    assert!(!s.healthy);
+    assert_eq!(s.unhealthy_episodes, 1);
+    assert_eq!(s.held_out_until, Some(t1 + chrono::Duration::seconds(60)));
+    assert_eq!(
+        condition_of(&s.conditions, "Stalled").1,
+        "RejectionRateTripped"
+    );
+    assert_eq!(condition_of(&s.conditions, "Unhealthy").0, "True");
+    assert!(avoided());
+
+    t.clock.advance(Duration::from_secs(61));
+    sync.pass().await;
+    let s = status();
+    assert!(s.healthy, "the window passed quietly: {s:?}");
+    assert_eq!(s.held_out_until, None);
+    assert_eq!(s.unhealthy_episodes, 1, "remembered");
+    assert_eq!(condition_of(&s.conditions, "Ready").1, "Started");
+    assert!(!avoided());
+
+    // Episode 2, within flapMemory: held out twice as long.
+    let t2 = t.ctx.clock.now();
+    trip().await;
+    sync.pass().await;
+    let s = status();
+    assert_eq!(s.unhealthy_episodes, 2);
+    assert_eq!(s.held_out_until, Some(t2 + chrono::Duration::seconds(120)));
+    let (stalled, reason, message) = condition_of(&s.conditions, "Stalled");
+    assert_eq!(
+        (stalled.as_str(), reason.as_str()),
+        ("True", "FlappingHeldOut")
+    );
+    assert!(message.contains("unhealthy 2 times in a row"), "{message}");
+
+    t.clock.advance(Duration::from_secs(61));
+    sync.pass().await;
+    let s = status();
+    assert!(
+        !s.healthy && avoided(),
+        "its rejections are out of the window, but it is still held out: {s:?}"
+    );
+    assert_eq!(s.recent_rejections, 0);
+    assert_eq!(condition_of(&s.conditions, "Stalled").1, "FlappingHeldOut");
+
+    t.clock.advance(Duration::from_secs(60));
+    sync.pass().await;
+    assert!(
+        status().healthy && !avoided(),
+        "back after twice the window"
+    );
+
+    // Episode 3: four times the window.
+    let t3 = t.ctx.clock.now();
+    trip().await;
+    sync.pass().await;
+    let s = status();
+    assert_eq!(s.unhealthy_episodes, 3);
+    assert_eq!(s.held_out_until, Some(t3 + chrono::Duration::seconds(240)));
+    assert_eq!(condition_of(&s.conditions, "Stalled").1, "FlappingHeldOut");
+    assert_eq!(t.events_with("NodeUnhealthy").await, 3, "one per episode");
+
+    // Quiet for longer than flapMemory: the next episode is the first again.
+    t.clock.advance(Duration::from_secs(2 * 3600));
+    sync.pass().await;
+    assert!(status().healthy);
+    let t4 = t.ctx.clock.now();
+    trip().await;
+    sync.pass().await;
+    let s = status();
+    assert_eq!(s.unhealthy_episodes, 1);
+    assert_eq!(s.held_out_until, Some(t4 + chrono::Duration::seconds(60)));
+    assert_eq!(
+        condition_of(&s.conditions, "Stalled").1,
+        "RejectionRateTripped"
+    );
+}
+
 #[tokio::test]
 async fn a_refused_status_write_is_written_on_the_next_pass() {
     let t = Tier::start(|_| {}).await;
