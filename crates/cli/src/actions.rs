@@ -25,6 +25,33 @@ pub fn retry_patch(value: &str) -> Value {
     json!({"metadata": {"annotations": {api::RETRY_ANNOTATION: value}}})
 }
 
+/// The bundles (`namespace/name`) whose status says a job of theirs runs on Manager's node
+/// `node_id`, sorted. The operator mirrors a node into its ManagerNode a moment after Manager
+/// reports it, so a node a bundle already names may not have its object yet.
+pub fn bundles_naming(bundles: &[api::Bundle], node_id: &str) -> Vec<String> {
+    let mut names: Vec<String> = bundles
+        .iter()
+        .filter(|b| {
+            b.status.as_ref().is_some_and(|s| {
+                s.replicas
+                    .iter()
+                    .flat_map(|r| &r.jobs)
+                    .any(|j| j.node_id.as_deref() == Some(node_id))
+            })
+        })
+        .map(|b| {
+            format!(
+                "{}/{}",
+                b.metadata.namespace.as_deref().unwrap_or_default(),
+                b.metadata.name.as_deref().unwrap_or_default()
+            )
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// A job of a bundle: `BUNDLE/REPLICA/JOB`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobRef {
@@ -267,6 +294,31 @@ mod tests {
         let e = parse_job_ref("news-1/99/encode").expect_err("out of range");
         assert!(e.contains("0 to 15"), "{e}");
         assert!(parse_job_ref("/0/encode").is_err());
+    }
+
+    #[test]
+    fn a_node_is_expected_when_a_bundle_status_names_it() {
+        let bundle = |ns: &str, name: &str, nodes: &[&str]| -> api::Bundle {
+            serde_json::from_value(json!({
+                "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "Bundle",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"replicas": 1, "pools": ["p"],
+                         "jobs": [{"jobName": "enc", "requirements": {"requiredCapacity": 1, "priorityBand": "gold"}}]},
+                "status": {"replicas": [{"replica": 0, "jobs": nodes.iter().map(|n| json!(
+                    {"jobName": "enc", "state": "running", "nodeId": n})).collect::<Vec<_>>()}]}
+            }))
+            .expect("bundle")
+        };
+        let bundles = [
+            bundle("video", "b", &["onprem-a1"]),
+            bundle("default", "a", &["onprem-b1", "onprem-a1"]),
+            bundle("default", "c", &[]),
+        ];
+        assert_eq!(
+            bundles_naming(&bundles, "onprem-a1"),
+            ["default/a", "video/b"]
+        );
+        assert!(bundles_naming(&bundles, "no-such-node").is_empty());
     }
 
     #[test]

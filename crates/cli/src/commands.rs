@@ -290,23 +290,78 @@ async fn bundle(c: &Cluster, name: &str) -> Result<api::Bundle, CliError> {
         })
 }
 
-/// The ManagerNode called `name`, or the one of Manager's node id `name`.
+/// How long a write waits for the ManagerNode of a node a bundle already names: longer than
+/// the operator takes to write an object again after it was deleted by hand (its sweep runs
+/// every 30 s).
+const MIRROR_WAIT: Duration = Duration::from_secs(60);
+/// How often it looks again meanwhile.
+const MIRROR_POLL: Duration = Duration::from_millis(250);
+
+/// The ManagerNode called `name`, or the one of Manager's node id `name`. The operator mirrors
+/// a node into its object a moment after Manager reports it, so a node a bundle's status
+/// already names may have none yet: then this says so and waits for it (at most
+/// [`MIRROR_WAIT`]), as `kubectl wait` would; a name nothing knows is not found at once.
 async fn manager_node(c: &Cluster, name: &str) -> Result<api::ManagerNode, CliError> {
-    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
-    if let Some(n) = get_opt(&nodes, name).await? {
+    if let Some(n) = find_manager_node(c, name).await? {
         return Ok(n);
     }
-    let object_name = crate::engine::node_object_name(name);
-    if object_name != name
-        && let Some(n) = get_opt(&nodes, &object_name).await?
+    let named_by = expecting_node(c, name).await;
+    let Some(first) = named_by.first() else {
+        return Err(CliError::NotFound {
+            kind: "managernode",
+            name: name.to_owned(),
+            hint: " (kubectl automanager top nodes lists them)".into(),
+        });
+    };
     {
-        return Ok(n);
+        use std::io::Write;
+        let line = format!(
+            "managernode {name}: still being mirrored (bundle {first} runs a job there); waiting up to {}s\n",
+            MIRROR_WAIT.as_secs()
+        );
+        std::io::stderr().lock().write_all(line.as_bytes())?;
+    }
+    let deadline = tokio::time::Instant::now() + MIRROR_WAIT;
+    while tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(MIRROR_POLL).await;
+        if let Some(n) = find_manager_node(c, name).await? {
+            return Ok(n);
+        }
     }
     Err(CliError::NotFound {
         kind: "managernode",
         name: name.to_owned(),
-        hint: " (kubectl automanager top nodes lists them)".into(),
+        hint: format!(
+            " (bundle {first} names the node, but the operator did not mirror it within {}s: is it running? kubectl automanager top nodes lists the nodes)",
+            MIRROR_WAIT.as_secs()
+        ),
     })
+}
+
+async fn find_manager_node(c: &Cluster, name: &str) -> Result<Option<api::ManagerNode>, CliError> {
+    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
+    if let Some(n) = get_opt(&nodes, name).await? {
+        return Ok(Some(n));
+    }
+    let object_name = crate::engine::node_object_name(name);
+    if object_name != name {
+        return get_opt(&nodes, &object_name).await;
+    }
+    Ok(None)
+}
+
+/// The bundles whose status names Manager's node `name`: in every namespace when the user may
+/// list them there, else in the current one; none when neither is allowed.
+async fn expecting_node(c: &Cluster, name: &str) -> Vec<String> {
+    let all: Api<api::Bundle> = Api::all(c.client.clone());
+    let bundles = match list(&all).await {
+        Ok(b) => b,
+        Err(_) => {
+            let here: Api<api::Bundle> = Api::namespaced(c.client.clone(), &c.namespace);
+            list(&here).await.unwrap_or_default()
+        }
+    };
+    actions::bundles_naming(&bundles, name)
 }
 
 async fn packing(c: &Cluster) -> BTreeMap<String, String> {

@@ -701,6 +701,26 @@ async fn writes_cordon_drain_migrate_abort_with_wait() {
         1,
         "managernode no-such-node not found",
     );
+    // A node a bundle names before the operator has mirrored it into its ManagerNode: the
+    // plugin says it is still being mirrored and waits for it, as `kubectl wait` would.
+    // Deleting the object by hand opens that window on purpose (the operator writes it again).
+    let out = stack
+        .env
+        .run_kubectl(&["delete", "managernode", &source])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = run(&["cordon", &source]);
+    ok(&out);
+    assert!(
+        out.stderr.contains(&format!(
+            "managernode {source}: still being mirrored (bundle default/mover runs a job there)"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stdout.trim(), format!("managernode/{source} cordoned"));
+    ok(&run(&["uncordon", &source]));
 
     // migrate --wait: the phases as plain lines (not a terminal), the final object as JSON.
     let out = run(&[
