@@ -87,6 +87,17 @@ impl Scenario {
         assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
     }
 
+    /// Waits until the ManagerNode `name` exists: the operator writes it a moment after
+    /// Manager reports the node, which may be after a Bundle names it.
+    async fn node_object(&self, name: &str) -> Value {
+        self.stack
+            .wait_for(&format!("managernode {name}"), WAIT, || async {
+                Ok(self.stack.get_json(&["managernode", name]).await.ok())
+            })
+            .await
+            .unwrap()
+    }
+
     fn chaos(&self, args: &[&str]) {
         self.stack.chaos(args).unwrap();
     }
@@ -210,14 +221,21 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
         |b| b["status"]["phase"] == "Placing" && is(b, "Reconciling", "True", "Provisioning"),
     )
     .await;
-    let nodes = s.get(&["managernodes"]).await;
-    let starting = nodes["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|n| n["status"]["pool"] == "aws-east" && n["status"]["state"] == "starting")
-        .map(|n| n["metadata"]["name"].as_str().unwrap().to_owned())
-        .expect("a starting aws-east node");
+    // The node's ManagerNode is written a moment after Manager reports it: wait for it.
+    let starting = s
+        .stack
+        .wait_for("a starting aws-east ManagerNode", WAIT, || async {
+            let nodes = s.stack.get_json(&["managernodes"]).await?;
+            Ok(nodes["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|n| n["status"]["pool"] == "aws-east" && n["status"]["state"] == "starting")
+                .and_then(|n| n["metadata"]["name"].as_str())
+                .map(str::to_owned))
+        })
+        .await
+        .unwrap();
     s.capture(
         "node starting",
         &["managernode", &starting],
@@ -465,6 +483,7 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
     // A migrate drain of talk's node, held while talk's handover waits for its cutover.
     let b = s.get(&["bundle", "talk", "-n", "default"]).await;
     let drained = job_node(&b);
+    s.node_object(&drained).await;
     s.chaos(&[
         "migration-behaviour",
         "default.talk/0/enc",
