@@ -113,7 +113,7 @@ fn is_utc(s: &str) -> bool {
     doc = "Warm, empty nodes a pool keeps ready so a failed job can restart at once; optionally dedicated to one priority band.",
     printcolumn(name = "Pool", type_ = "string", json_path = ".spec.pool"),
     printcolumn(name = "Band", type_ = "string", json_path = ".spec.forBand"),
-    printcolumn(name = "Target", type_ = "integer", json_path = ".spec.targetCount"),
+    printcolumn(name = "Target", type_ = "integer", json_path = ".status.targetCount"),
     printcolumn(name = "Live", type_ = "integer", json_path = ".status.liveSpares"),
     printcolumn(name = "Warm", type_ = "integer", json_path = ".status.warmSpares"),
     printcolumn(

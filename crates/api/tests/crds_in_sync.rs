@@ -143,3 +143,25 @@ fn package_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
+
+/// `kubectl get hst` shows the hot target in effect, whichever way it is given (`targetCount`,
+/// `hot` as a count or a share, a schedule): the operator writes it to `status.targetCount`,
+/// while `spec.targetCount` is 0 when `hot` is used.
+#[test]
+fn the_hot_spare_targets_target_column_is_the_target_in_effect() {
+    let crd = automanager_api::crd::all()
+        .into_iter()
+        .find(|c| c.spec.names.kind == "HotSpareTarget")
+        .expect("the HotSpareTarget CRD");
+    let columns: Vec<(String, String)> = crd
+        .spec
+        .versions
+        .iter()
+        .flat_map(|v| v.additional_printer_columns.iter().flatten())
+        .map(|c| (c.name.clone(), c.json_path.clone()))
+        .collect();
+    assert!(
+        columns.contains(&("Target".to_owned(), ".status.targetCount".to_owned())),
+        "{columns:?}"
+    );
+}
