@@ -318,6 +318,13 @@ pub enum BlockedCause {
     NoCapacity,
 }
 
+/// A pool's `maxNodes` and the nodes it counts against it now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaxNodes {
+    pub bound: u32,
+    pub nodes: u32,
+}
+
 impl BlockedCause {
     /// The conditions' reason.
     pub fn reason(self) -> &'static str {
@@ -330,27 +337,35 @@ impl BlockedCause {
 }
 
 /// Why replica `r` cannot be placed, from the engine's unplaceable decision: its jobs' reasons
-/// and the pools it tried. A pool left because it is at its `maxNodes` is named first, with the
-/// bound (`max_nodes` answers it per pool): raising it, or freeing nodes there, is what places
-/// the replica, whatever the rejections of the nodes it has.
+/// and the pools it tried. A pool left because it is at (or above) its `maxNodes` is named
+/// first, with the bound and, when it has more, its nodes (`max_nodes` answers both per pool):
+/// raising it, or freeing nodes there, is what places the replica, whatever the rejections of
+/// the nodes it has.
 pub fn unplaceable(
     r: u32,
     jobs: &[automanager_placement::JobUnplaceable],
     pools: &[automanager_placement::PoolAttempt],
-    max_nodes: impl Fn(&str) -> Option<u32>,
+    max_nodes: impl Fn(&str) -> Option<MaxNodes>,
 ) -> Blocked {
     use automanager_placement::PoolLeftReason;
     let at_max: Vec<String> = pools
         .iter()
         .filter(|p| p.reason == Some(PoolLeftReason::MaxNodesReached))
         .map(|p| {
-            let bound = max_nodes(&p.pool).map_or(String::new(), |m| format!(" ({m})"));
+            let (where_, bound) = match max_nodes(&p.pool) {
+                Some(m) if m.nodes > m.bound => (
+                    "above",
+                    format!(" ({}; it has {} nodes)", m.bound, m.nodes),
+                ),
+                Some(m) => ("at", format!(" ({})", m.bound)),
+                None => ("at", String::new()),
+            };
             match &p.failed_job {
                 Some(job) => format!(
-                    "pool {} is at its maxNodes{bound} and none of its nodes can take job {job}",
+                    "pool {} is {where_} its maxNodes{bound} and none of its nodes can take job {job}",
                     p.pool
                 ),
-                None => format!("pool {} is at its maxNodes{bound}", p.pool),
+                None => format!("pool {} is {where_} its maxNodes{bound}", p.pool),
             }
         })
         .collect();
@@ -936,7 +951,7 @@ mod tests {
             rejections: Vec::new(),
             last_resort: false,
         };
-        let bound = |p: &str| (p == "aws").then_some(2);
+        let bound = |p: &str| (p == "aws").then_some(MaxNodes { bound: 2, nodes: 2 });
         let b = unplaceable(
             1,
             &jobs,
@@ -961,6 +976,17 @@ mod tests {
         assert_eq!(
             b.message,
             "replica 1 cannot be placed: enc: no node fits (mostly: insufficientCapacity)"
+        );
+        // A lowered bound leaves the pool above it: it says so, and how many nodes it has.
+        let b = unplaceable(
+            1,
+            &jobs,
+            &[left("aws", PoolLeftReason::MaxNodesReached)],
+            |_| Some(MaxNodes { bound: 2, nodes: 5 }),
+        );
+        assert_eq!(
+            b.message,
+            "replica 1 cannot be placed: pool aws is above its maxNodes (2; it has 5 nodes) and none of its nodes can take job enc; no new node is made there until nodes go or maxNodes is raised"
         );
     }
 

@@ -250,7 +250,14 @@ impl Pass<'_> {
             let blocked = {
                 let state = ctx.state();
                 plan::unplaceable(r, jobs, &decision.trace.pools, |pool| {
-                    state.model().pool(pool).and_then(|p| p.max_nodes)
+                    let bound = state.model().pool(pool).and_then(|p| p.max_nodes)?;
+                    // The nodes the engine counts against the bound.
+                    let nodes = state
+                        .model()
+                        .engine()
+                        .pool_usage(pool)
+                        .map_or(0, |u| u.node_count);
+                    Some(plan::MaxNodes { bound, nodes })
                 })
             };
             if !is_condition(&self.prev, api::kstatus::STALLED, blocked.cause.reason()) {
