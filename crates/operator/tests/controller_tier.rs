@@ -15,6 +15,8 @@ mod bundles;
 mod common;
 #[path = "controller_tier/consolidation.rs"]
 mod consolidation;
+#[path = "controller_tier/finalizers.rs"]
+mod finalizers;
 #[path = "controller_tier/migrations.rs"]
 mod migrations;
 #[path = "controller_tier/nodes.rs"]

@@ -171,7 +171,7 @@ pub async fn reconcile_finalized<K: Finalized>(
     let api = obj.api(&ctx)?;
     let name = (obj.namespace(), obj.name_any());
     let result = timed(K::CONTROLLER, &ctx, async {
-        finalizer(&api, K::FINALIZER, obj, |event| async {
+        let result = finalizer(&api, K::FINALIZER, obj, |event| async {
             match event {
                 Finalizer::Apply(o) => o.apply(ctx.clone()).await,
                 Finalizer::Cleanup(o) => o.cleanup(ctx.clone()).await,
@@ -181,8 +181,23 @@ pub async fn reconcile_finalized<K: Finalized>(
         .map_err(|e| match e {
             kube::runtime::finalizer::Error::ApplyFailed(e)
             | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+            kube::runtime::finalizer::Error::AddFinalizer(e)
+            | kube::runtime::finalizer::Error::RemoveFinalizer(e)
+                if is_not_found(&e) =>
+            {
+                Error::Kube(e)
+            }
             other => Error::Finalizer(other.to_string()),
-        })
+        });
+        match result {
+            // A pass over an object that is gone meanwhile (its finalizer was removed, by an
+            // earlier pass on a fresher copy): nothing is left to do, which is success.
+            Err(Error::Kube(e)) if is_not_found(&e) && gone(&api, &name.1).await => {
+                tracing::debug!(controller = K::CONTROLLER, name = %name.1, namespace = ?name.0, "object gone during its pass; nothing left to do");
+                Ok(kube::runtime::controller::Action::await_change())
+            }
+            other => other,
+        }
     })
     .await;
     if result.is_ok() {
@@ -193,6 +208,18 @@ pub async fn reconcile_finalized<K: Finalized>(
         ));
     }
     result
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(ae) if ae.code == 404)
+}
+
+/// Whether the object `name` no longer exists (a failed look says no).
+async fn gone<K>(api: &kube::Api<K>, name: &str) -> bool
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    matches!(api.get_opt(name).await, Ok(None))
 }
 
 /// Runs one reconcile and records its duration and result under `controller`.
