@@ -9,7 +9,7 @@ IMAGE_NAME ?= automanager-operator
 IMAGE_DIR ?= dist
 IMAGE_TAR = $(IMAGE_DIR)/automanager-operator-$(VERSION).oci.tar
 CHART = deploy/helm/automanager
-INSTALL_TOOLS = helm kstatus argo-health oci-image dockerfile-config kube-score
+INSTALL_TOOLS = helm kstatus argo-health oci-image dockerfile-config kube-score kubeconform
 
 .PHONY: static sbom image install-tools helm-lint test-install lint-install
 
@@ -44,7 +44,7 @@ image: static sbom ## the operator's OCI image, no container engine: writes dist
 	echo "$$digest" > $(IMAGE_TAR).digest && \
 	echo "image: $(IMAGE_TAR) ($(IMAGE_NAME):$(VERSION))" && echo "$$digest"
 
-install-tools: ## build helm, the kstatus checker, the Argo CD health runner and oci-image from Go modules (cached)
+install-tools: ## build helm, the kstatus checker, the Argo CD health runner, oci-image, dockerfile-config, kube-score and kubeconform from Go modules (cached)
 	@for t in $(INSTALL_TOOLS); do echo "==> tools/$$t"; tools/go-tool.sh $$t; done
 
 helm-lint: ## helm lint the chart, with the defaults and with every optional feature on

@@ -1770,3 +1770,315 @@ fn kube_score_finds_nothing_unexplained() {
         );
     }
 }
+
+/// A schema node made ready for kubeconform: `additionalProperties: false` on every object that
+/// lists its properties (what makes kubeconform's `-strict` schemas strict; not where unknown
+/// fields are kept on purpose), int-or-string as either, and every `$ref` collected.
+fn strict_schema(node: &mut Value, refs: &mut std::collections::BTreeSet<String>) {
+    match node {
+        Value::Object(map) => {
+            let int_or_string = map.get("format").and_then(Value::as_str) == Some("int-or-string")
+                || map.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+            if int_or_string {
+                map.remove("type");
+                map.remove("format");
+                map.insert(
+                    "oneOf".into(),
+                    serde_json::json!([{"type": "string"}, {"type": "integer"}]),
+                );
+            }
+            if let Some(r) = map.get("$ref").and_then(Value::as_str) {
+                refs.insert(r.trim_start_matches("#/definitions/").to_owned());
+            }
+            let keeps_unknown =
+                map.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            if map.contains_key("properties")
+                && !map.contains_key("additionalProperties")
+                && !keeps_unknown
+            {
+                map.insert("additionalProperties".into(), Value::Bool(false));
+            }
+            for (k, v) in map.iter_mut() {
+                // `properties` maps names to schemas: walk the schemas, not the map as one.
+                if k == "properties" || k == "definitions" {
+                    for s in v.as_object_mut().into_iter().flat_map(|m| m.values_mut()) {
+                        strict_schema(s, refs);
+                    }
+                } else {
+                    strict_schema(v, refs);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| strict_schema(v, refs)),
+        _ => {}
+    }
+}
+
+/// kubeconform's schemas, one file per kind the apiserver serves, written from its OpenAPI v2
+/// document (so no schema is downloaded, and they are exactly the served ones, the CRDs'
+/// included): `<dir>/<group or v1>/<version>/<kind>.json`, each with the definitions it refers
+/// to. Returns how many were written.
+fn kubeconform_schemas(openapi: &Value, dir: &Path) -> usize {
+    let defs = openapi["definitions"].as_object().unwrap();
+    let mut written = 0;
+    for (name, def) in defs {
+        let Some(gvks) = def["x-kubernetes-group-version-kind"].as_array() else {
+            continue;
+        };
+        // The definition and everything it refers to, made strict.
+        let mut out = serde_json::Map::new();
+        let mut todo = vec![name.clone()];
+        while let Some(n) = todo.pop() {
+            if out.contains_key(&n) {
+                continue;
+            }
+            let mut d = defs[&n].clone();
+            if n == "io.k8s.apimachinery.pkg.api.resource.Quantity" {
+                d = serde_json::json!({"oneOf": [{"type": "string"}, {"type": "number"}]});
+            }
+            let mut refs = std::collections::BTreeSet::new();
+            strict_schema(&mut d, &mut refs);
+            out.insert(n, d);
+            todo.extend(refs);
+        }
+        let schema = serde_json::json!({
+            "definitions": out,
+            "$ref": format!("#/definitions/{name}"),
+        });
+        for gvk in gvks {
+            let group = gvk["group"].as_str().unwrap_or_default();
+            let version = gvk["version"].as_str().unwrap();
+            let kind = gvk["kind"].as_str().unwrap().to_lowercase();
+            let group_dir = if group.is_empty() { version } else { group };
+            let path = dir
+                .join(group_dir)
+                .join(version)
+                .join(format!("{kind}.json"));
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, schema.to_string()).unwrap();
+            written += 1;
+        }
+    }
+    written
+}
+
+/// kubeconform, strict (no field the schema does not know, no key written twice), on the chart
+/// rendered with every values variant the suites use, on the user roles and on every example
+/// (examples/, the deploy/gitops kustomization and the Argo CD health checks' ConfigMap), against
+/// the schemas of the apiserver they are applied to (1.35.4, with the CRDs installed). The
+/// Flux and Argo CD objects of deploy/gitops are not: neither tool's CRDs are here (the
+/// gitops suite checks their fields).
+#[tokio::test]
+async fn kubeconform_strict_finds_no_error_in_any_variant_or_example() {
+    let env = automanager_e2e::env_with_crds().await.unwrap();
+    for fixture in ["servicemonitor-crd.yaml", "prometheusrule-crd.yaml"] {
+        let out = env
+            .apply_file(repo_root().join("tests/e2e/fixtures").join(fixture))
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+    env.wait_for_crds_established(
+        [
+            "servicemonitors.monitoring.coreos.com",
+            "prometheusrules.monitoring.coreos.com",
+        ],
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    // The CRDs' schemas reach /openapi/v2 a moment after they are established.
+    let mut openapi = Value::Null;
+    for _ in 0..60 {
+        openapi = serde_json::from_str(&kubectl_ok(&env, &["get", "--raw", "/openapi/v2"]).await)
+            .unwrap();
+        let defs = openapi["definitions"].as_object().unwrap();
+        if defs.keys().any(|k| k.ends_with(".v1alpha1.Bundle"))
+            && defs.keys().any(|k| k.ends_with(".v1.ServiceMonitor"))
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let schemas = dir.path().join("schemas");
+    let written = kubeconform_schemas(&openapi, &schemas);
+    assert!(written > 50, "{written} schemas");
+    assert!(
+        schemas
+            .join("automanager.norsk.io/v1alpha1/bundle.json")
+            .is_file()
+    );
+
+    // What is validated: every values variant, the user roles, every example.
+    let helm = Helm::offline().unwrap();
+    let digest = format!("image.digest=sha256:{}", "a".repeat(64));
+    let variants: Vec<(&str, Vec<&str>)> = vec![
+        ("defaults", vec![]),
+        ("all-on", ALL_ON.to_vec()),
+        ("digest", vec!["--set", &digest]),
+        (
+            "details",
+            vec![
+                "--set",
+                "namespaceOverride=ops",
+                "--set",
+                "podLabels.app\\.kubernetes\\.io/name=automanager",
+                "--set",
+                "podLabels.team=news",
+                "--set",
+                "commonLabels.team=video",
+                "--set",
+                "config.watchNamespaces[0]=news",
+                "--set",
+                "config.watchNamespaces[1]=sports",
+                "--set-json",
+                "image.architectures=[]",
+                "--set",
+                "startupProbe.enabled=false",
+                "--set-json",
+                r#"extraObjects=[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"extra"},"data":{"a":"b"}}]"#,
+                "--set-json",
+                r#"affinity={"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"pool","operator":"In","values":["ops"]}]}]}}}"#,
+            ],
+        ),
+        (
+            "one-replica",
+            vec![
+                "--set",
+                "replicaCount=1",
+                "--set",
+                "config.leaderElection.enabled=false",
+                "--set",
+                "podDisruptionBudget.maxUnavailable=50%",
+                "--set",
+                "rbac.aggregateToDefaultRoles=false",
+                "--set",
+                "crds.install=false",
+            ],
+        ),
+    ];
+    let mut files = Vec::new();
+    for (name, args) in &variants {
+        let path = dir.path().join(format!("chart-{name}.yaml"));
+        std::fs::write(&path, helm.template(&chart_dir(), args).unwrap()).unwrap();
+        files.push(path);
+    }
+    files.push(repo_root().join("deploy/rbac/user-roles.yaml"));
+    for entry in std::fs::read_dir(repo_root().join("examples")).unwrap() {
+        let p = entry.unwrap().path();
+        if p.extension().is_some_and(|e| e == "yaml") {
+            files.push(p);
+        }
+    }
+    for (name, kustomization) in [
+        ("gitops", "deploy/gitops"),
+        ("argocd-cm", "deploy/gitops/argocd/resource_customizations"),
+    ] {
+        let built = kubectl_ok(
+            &env,
+            &[
+                "kustomize",
+                repo_root().join(kustomization).to_str().unwrap(),
+            ],
+        )
+        .await;
+        let path = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, built).unwrap();
+        files.push(path);
+    }
+
+    let mut cmd =
+        std::process::Command::new(automanager_e2e::install::tool("kubeconform").unwrap());
+    cmd.arg("-strict")
+        .arg("-summary")
+        .args(["-output", "json"])
+        .arg("-schema-location")
+        .arg(format!(
+            "{}/{{{{ .Group }}}}/{{{{ .ResourceAPIVersion }}}}/{{{{ .ResourceKind }}}}.json",
+            schemas.display()
+        ))
+        .args(&files);
+    let out = run(cmd, None).unwrap();
+    let report: Value = serde_json::from_str(&out.stdout)
+        .unwrap_or_else(|e| panic!("kubeconform: {e}: {}{}", out.stdout, out.stderr));
+    let summary = &report["summary"];
+    let problems: Vec<String> = report["resources"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["status"] != "statusValid")
+        .map(|r| {
+            format!(
+                "{} {} {}: {} {}",
+                r["filename"], r["kind"], r["name"], r["status"], r["msg"]
+            )
+        })
+        .collect();
+    let errors =
+        summary["invalid"].as_i64().unwrap_or(-1) + summary["errors"].as_i64().unwrap_or(-1);
+    println!(
+        "kubeconform_errors={errors} valid={} skipped={}",
+        summary["valid"], summary["skipped"]
+    );
+    assert!(
+        problems.is_empty() && errors == 0,
+        "{summary}\n{}",
+        problems.join("\n")
+    );
+    assert!(summary["valid"].as_i64().unwrap() >= 100, "{summary}");
+    assert_eq!(summary["skipped"], 0, "{summary}");
+
+    // The check is real: a field no schema knows (in a built-in kind and in ours), a wrong type,
+    // and a label written twice (what podLabels repeating a selector label used to render) are
+    // each refused.
+    // (name, document, what the refusal names)
+    let bad = [
+        (
+            "unknown-field",
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\nspec:\n  replicass: 2\n  selector: {matchLabels: {a: b}}\n  template:\n    metadata: {labels: {a: b}}\n    spec: {containers: [{name: c, image: x}]}\n",
+            "'replicass' not allowed",
+        ),
+        (
+            "unknown-bundle-field",
+            "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: b}\nspec: {replicas: 1, pools: [p], jobs: [], colour: red}\n",
+            "'colour' not allowed",
+        ),
+        (
+            "wrong-type",
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: http}]}\n",
+            "/spec/ports/0/port",
+        ),
+        (
+            "duplicate-label",
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n  labels:\n    app.kubernetes.io/name: automanager\n    app.kubernetes.io/name: other\n",
+            "app.kubernetes.io/name",
+        ),
+    ];
+    for (name, yaml, names) in bad {
+        let path = dir.path().join(format!("bad-{name}.yaml"));
+        std::fs::write(&path, yaml).unwrap();
+        let mut cmd =
+            std::process::Command::new(automanager_e2e::install::tool("kubeconform").unwrap());
+        cmd.arg("-strict")
+            .arg("-schema-location")
+            .arg(format!(
+                "{}/{{{{ .Group }}}}/{{{{ .ResourceAPIVersion }}}}/{{{{ .ResourceKind }}}}.json",
+                schemas.display()
+            ))
+            .arg(&path);
+        let out = run(cmd, None).unwrap();
+        assert!(
+            !out.success(),
+            "{name} passed kubeconform: {}{}",
+            out.stdout,
+            out.stderr
+        );
+        assert!(
+            out.stdout.contains(names) || out.stderr.contains(names),
+            "{name}: the refusal does not name {names}: {}{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}
