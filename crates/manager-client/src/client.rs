@@ -247,6 +247,25 @@ pub struct AuthInterceptor {
     header: Option<MetadataValue<Ascii>>,
 }
 
+impl AuthInterceptor {
+    /// Sends `Bearer <token>` on every call, or nothing without a token.
+    pub(crate) fn new(token: Option<&str>) -> Result<Self, ClientError> {
+        let header = match token {
+            Some(t) => Some(
+                format!("Bearer {t}")
+                    .parse::<MetadataValue<Ascii>>()
+                    .map_err(|_| {
+                        ClientError::Config(
+                            "the token has characters not allowed in a header".to_owned(),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        Ok(AuthInterceptor { header })
+    }
+}
+
 impl Interceptor for AuthInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
         if let Some(h) = &self.header {
@@ -349,7 +368,7 @@ fn validate(config: &ClientConfig) -> Result<(), ClientError> {
     }
 }
 
-fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
+pub(crate) fn build_channel(cfg: &ClientConfig) -> Result<Channel, ClientError> {
     let bad = |e: &dyn std::fmt::Display| {
         ClientError::Config(format!("endpoint {:?}: {e}", cfg.endpoint))
     };
@@ -391,22 +410,11 @@ impl ManagerClient {
     /// to wait for the first sync. Must be called inside a tokio runtime.
     pub async fn connect(config: ClientConfig) -> Result<ManagerClient, ClientError> {
         validate(&config)?;
-        let header = match &config.token {
-            Some(t) => Some(
-                format!("Bearer {t}")
-                    .parse::<MetadataValue<Ascii>>()
-                    .map_err(|_| {
-                        ClientError::Config(
-                            "the token has characters not allowed in a header".to_owned(),
-                        )
-                    })?,
-            ),
-            None => None,
-        };
         let channel = build_channel(&config)?;
-        let rpc = GrpcClient::with_interceptor(channel, AuthInterceptor { header })
-            .max_decoding_message_size(config.max_message_bytes)
-            .max_encoding_message_size(config.max_message_bytes);
+        let rpc =
+            GrpcClient::with_interceptor(channel, AuthInterceptor::new(config.token.as_deref())?)
+                .max_decoding_message_size(config.max_message_bytes)
+                .max_encoding_message_size(config.max_message_bytes);
         Ok(ManagerClient::start(Arc::new(GrpcPort::new(rpc)), &config))
     }
 

@@ -7,7 +7,7 @@
 //! [`PublishedMirror::replace`] reports only what differs from what was held: a reconnect that
 //! finds nothing changed yields no change at all, so nothing downstream acts on it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use manager_proto::api::common::{
     ActiveJobKey, JobInfoMessage, NodeId, NodeMetadata, RunningNodeMetadata,
@@ -46,8 +46,6 @@ pub struct NodeView {
     pub running: Option<RunningNodeMetadata>,
     /// `NodeStopping.Reason`, while stopping.
     pub stopping_reason: Option<i32>,
-    /// The instances the node reported running (snapshot and connect events only).
-    pub reported_instances: BTreeSet<InstanceKey>,
 }
 
 /// An instance of a job: the job and the role it runs under.
@@ -211,14 +209,6 @@ fn job_id_of(job: &Job) -> &str {
     job.job_id.as_ref().map_or("", |j| j.job_id.as_str())
 }
 
-fn key_of(r: &RunningJob) -> Option<InstanceKey> {
-    let key: &ActiveJobKey = r.job_key.as_ref()?;
-    Some(InstanceKey {
-        job_id: key.job_id.as_ref()?.job_id.clone(),
-        role: key.role.clone(),
-    })
-}
-
 /// Each role's latest step in `history`, and whether the job completed.
 pub fn instances_of(history: &[JobHistoryEntry]) -> (BTreeMap<String, InstanceView>, bool) {
     let mut out: BTreeMap<String, InstanceView> = BTreeMap::new();
@@ -284,7 +274,9 @@ impl PublishedMirror {
                 let mut view = self.node_from(meta, false)?;
                 view.state = NodeState::Running;
                 view.running = n.running_node_metadata;
-                view.reported_instances = n.instances.iter().filter_map(key_of).collect();
+                // The instances it lists are the jobs' too (their histories, sent as JobActive);
+                // the mirror keeps them once, on the jobs, so the live path (NodeStarted, which
+                // lists none) and the snapshot path agree.
                 self.upsert_node(view)
             }
             Event::PhysicalNodeConnected(p) => {
@@ -302,7 +294,6 @@ impl PublishedMirror {
                     metadata: None,
                     running: None,
                     stopping_reason: None,
-                    reported_instances: p.instances.iter().filter_map(key_of).collect(),
                 };
                 self.upsert_node(view)
             }
@@ -314,7 +305,6 @@ impl PublishedMirror {
                 // A node that starts (again) runs nothing yet.
                 view.state = NodeState::Starting;
                 view.running = None;
-                view.reported_instances.clear();
                 self.upsert_node(view)
             }
             Event::NodeStarted(n) => {
@@ -423,14 +413,12 @@ impl PublishedMirror {
             PhysicalNode, PhysicalNodeConnected,
         };
         let running_jobs = |v: &NodeView| -> Vec<RunningJob> {
-            v.reported_instances
-                .iter()
+            self.instances_on(&v.node_id)
+                .into_iter()
                 .map(|k| RunningJob {
                     job_key: Some(ActiveJobKey {
-                        job_id: Some(manager_proto::api::common::JobId {
-                            job_id: k.job_id.clone(),
-                        }),
-                        role: k.role.clone(),
+                        job_id: Some(manager_proto::api::common::JobId { job_id: k.job_id }),
+                        role: k.role,
                     }),
                     node_id: Some(NodeId {
                         node_id: v.node_id.clone(),
@@ -500,6 +488,21 @@ impl PublishedMirror {
         out
     }
 
+    /// The instances running (or provisioned) on `node_id`, from the jobs' histories.
+    pub fn instances_on(&self, node_id: &str) -> Vec<InstanceKey> {
+        self.jobs
+            .values()
+            .flat_map(|j| {
+                j.live_instances()
+                    .filter(|i| i.node_id == node_id)
+                    .map(|i| InstanceKey {
+                        job_id: j.job_id().to_owned(),
+                        role: i.role.clone(),
+                    })
+            })
+            .collect()
+    }
+
     /// The node an event's metadata names, starting from what the mirror holds of it.
     fn node_from(&self, meta: NodeMetadata, physical: bool) -> Result<NodeView, Malformed> {
         let id = id_of(meta.node_id.as_ref()).to_owned();
@@ -514,7 +517,6 @@ impl PublishedMirror {
             metadata: None,
             running: None,
             stopping_reason: None,
-            reported_instances: BTreeSet::new(),
         });
         view.tags = meta.tags.clone();
         view.metadata = Some(meta);
@@ -560,6 +562,8 @@ mod tests {
         NodeRunning, NodeStarted, NodeStarting, NodeStopped, NodeStopping, PhysicalNode,
         PhysicalNodeConnected,
     };
+    use std::collections::BTreeSet;
+
     use proptest::prelude::*;
 
     use super::*;
