@@ -69,6 +69,10 @@ fn serve_prints_a_parseable_address_and_chaos_commands_reach_it() {
     assert!(ok && out.contains("2 nodes"), "{out}");
     let (ok, out) = chaos(&url, &["partition-zone", "rack-b", "--heal"]);
     assert!(ok && out.contains("healed"), "{out}");
+    let (ok, out) = chaos(&url, &["kill-zone", "rack-b"]);
+    assert!(ok && out.contains("zone rack-b died (2 nodes"), "{out}");
+    let (ok, out) = chaos(&url, &["kill-zone", "rack-b", "--revive"]);
+    assert!(ok && out.contains("revived"), "{out}");
     for args in [
         &["reject-next", "2"][..],
         &["cut-streams"],
