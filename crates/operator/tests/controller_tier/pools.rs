@@ -1,8 +1,9 @@
 //! The PlacementPool pass while Manager is unreachable: the pool is loaded for placement and
 //! keeps its standing (an unreachable Manager says nothing about the pool), and nothing is
-//! asked of Manager.
+//! asked of Manager. A pool Manager has as another provider kind: what it says, and what
+//! placement still does there.
 
-use automanager_api::PlacementPool;
+use automanager_api::{self as api, PlacementPool, PoolKind};
 
 use super::Tier;
 use super::common::condition_of;
@@ -34,4 +35,70 @@ async fn while_manager_is_unreachable_a_pool_is_loaded_keeps_its_standing_and_as
         Some(7),
         "the new spec is in the placement model"
     );
+}
+
+/// A PlacementPool whose `kind` is not the kind of Manager's pool of that name is `Stalled`
+/// with reason `KindMismatch`, and stays loaded for placement: the nodes Manager runs there are
+/// real, so jobs are still placed on them (a Bundle recovering into the pool is not cut off
+/// while the PlacementPool is replaced), while a new node is asked for with the declared kind,
+/// which Manager refuses (`ProvisioningRefused`).
+#[tokio::test]
+async fn a_pool_of_another_kind_than_managers_is_stalled_and_places_only_on_managers_nodes() {
+    let t = Tier::start(|_| {}).await;
+    // Manager's onprem is a cluster pool; this PlacementPool says aws.
+    t.pool("onprem");
+    t.api
+        .edit::<PlacementPool>(None, "onprem", |p| p.spec.kind = PoolKind::Aws);
+
+    t.pool_pass("onprem").await.expect("the pool pass");
+
+    let status = t.stored_pool("onprem").unwrap().status.unwrap();
+    let (on, reason, message) = condition_of(&status.conditions, "Stalled");
+    assert_eq!((on.as_str(), reason.as_str()), ("True", "KindMismatch"));
+    assert!(message.contains("another provider kind"), "{message}");
+    assert_eq!(condition_of(&status.conditions, "Ready").0, "False");
+
+    t.bundle_of("news", 10, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+
+    let news = t.stored_bundle("news").status.unwrap();
+    let node = news.replicas[0].jobs[0].node_id.clone();
+    assert!(
+        node.as_deref().is_some_and(|n| n.starts_with("onprem-")),
+        "placed on one of Manager's onprem nodes: {news:?}"
+    );
+
+    // Manager's aws-east is aws; this PlacementPool says oci, and has no node yet.
+    t.pool("aws-east");
+    t.api
+        .edit::<PlacementPool>(None, "aws-east", |p| p.spec.kind = PoolKind::Oci);
+    t.pool_pass("aws-east").await.expect("the pool pass");
+    assert_eq!(
+        condition_of(
+            &t.stored_pool("aws-east")
+                .unwrap()
+                .status
+                .unwrap()
+                .conditions,
+            "Stalled"
+        )
+        .1,
+        "KindMismatch"
+    );
+    t.bundle_of("west", 10, &["aws-east"]);
+    t.bundle_pass("west").await.expect("the finalizer pass");
+    t.bundle_pass("west")
+        .await
+        .expect("a refusal is the bundle's state");
+
+    assert_eq!(t.creates(), 1, "asked once");
+    let west = t.stored_bundle("west").status.unwrap();
+    let (on, reason, message) = condition_of(&west.conditions, "Stalled");
+    assert_eq!(
+        (on.as_str(), reason.as_str()),
+        ("True", "ProvisioningRefused")
+    );
+    assert!(message.contains("does not match pool"), "{message}");
+    assert_eq!(west.replicas[0].jobs[0].state, api::JobState::Unplaceable);
 }
