@@ -1571,8 +1571,10 @@ async fn operator_can(kubeconfig: &Path, env: &TestEnv, args: &[&str]) -> bool {
 }
 
 /// The operator's rights on Bundles, Migrations and Events, asked with its ServiceAccount's own
-/// token: granted in every watched namespace and, with one watched namespace, refused anywhere
-/// else (`default` keeps Events only, for the cluster-scoped kinds).
+/// token: granted in every watched namespace by a Role there; anywhere else no write (no patch,
+/// no status, no Migration, no Event but in `default`, for the cluster-scoped kinds), and no
+/// read either with one watched namespace (with several the operator still lists Bundles and
+/// Migrations across the cluster, so it may read them there).
 #[tokio::test]
 async fn the_operator_has_its_namespaced_rights_where_it_watches() {
     // The CRDs, so that kubectl knows the kinds it asks about.
@@ -1617,22 +1619,33 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
                 .unwrap();
         for ns in ["news", "sports", "weather", "default"] {
             let in_watched = watched.contains(&ns);
-            // With several watched namespaces the operator still lists Bundles and Migrations
-            // cluster-wide, so it holds them everywhere (docs/install.md#rbac).
-            let scoped = watched.len() == 1;
-            let want = in_watched || !scoped;
-            for (verb, what) in [
-                ("list", bundles),
-                ("watch", bundles),
-                ("patch", bundles),
-                ("create", migrations),
-                ("list", migrations),
-            ] {
+            // Reading: only where it watches, but with several watched namespaces the operator
+            // still lists and watches Bundles and Migrations across the cluster, so it reads
+            // them everywhere (docs/install.md#rbac).
+            let reads = in_watched || watched.len() > 1;
+            // Writing: only where it watches.
+            let checks = [
+                ("list", bundles, reads),
+                ("watch", bundles, reads),
+                ("list", migrations, reads),
+                ("patch", bundles, in_watched),
+                ("create", migrations, in_watched),
+                ("patch", migrations, in_watched),
+            ];
+            for (verb, what, want) in checks {
                 if operator_can(&kubeconfig, &env, &[verb, what, "-n", ns]).await != want {
                     wrong.push(format!("{release}: {verb} {what} -n {ns}: want {want}"));
                 }
             }
-            let events = in_watched || ns == "default" || !scoped;
+            for what in [bundles, migrations] {
+                let args = ["patch", what, "--subresource=status", "-n", ns];
+                if operator_can(&kubeconfig, &env, &args).await != in_watched {
+                    wrong.push(format!(
+                        "{release}: patch {what}/status -n {ns}: want {in_watched}"
+                    ));
+                }
+            }
+            let events = in_watched || ns == "default";
             if operator_can(
                 &kubeconfig,
                 &env,
@@ -1654,8 +1667,16 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
                 }
             }
         }
-        if watched.len() == 1 && operator_can(&kubeconfig, &env, &["list", bundles, "-A"]).await {
-            wrong.push(format!("{release}: list {bundles} -A: want false"));
+        let everywhere = watched.len() > 1;
+        for (verb, what) in [
+            ("list", bundles),
+            ("patch", bundles),
+            ("create", migrations),
+        ] {
+            let want = everywhere && verb == "list";
+            if operator_can(&kubeconfig, &env, &[verb, what, "-A"]).await != want {
+                wrong.push(format!("{release}: {verb} {what} -A: want {want}"));
+            }
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
@@ -2079,6 +2100,125 @@ async fn kubeconform_strict_finds_no_error_in_any_variant_or_example() {
             "{name}: the refusal does not name {names}: {}{}",
             out.stdout,
             out.stderr
+        );
+    }
+}
+
+/// The operator itself, authenticated with a token of the chart's ServiceAccount, with two
+/// watched namespaces: it places the Bundles of both, writes their Events there, leaves a Bundle
+/// of an unwatched namespace alone, and is never refused (no 403 in its log): the Roles per
+/// watched namespace (and the cluster-wide reads) are what it needs.
+#[tokio::test]
+async fn the_operator_works_with_the_charts_rights_over_two_watched_namespaces() {
+    let env = TestEnv::start().await.unwrap();
+    let helm = Helm::on(&env).unwrap();
+    for ns in ["news", "sports", "weather"] {
+        kubectl_ok(&env, &["create", "namespace", ns]).await;
+    }
+    let out = helm
+        .run([
+            "install",
+            RELEASE,
+            chart_dir().to_str().unwrap(),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            "--create-namespace",
+            "--set",
+            "config.watchNamespaces[0]=news",
+            "--set",
+            "config.watchNamespaces[1]=sports",
+            IMAGE_VALUES[0],
+            IMAGE_VALUES[1],
+        ])
+        .unwrap();
+    assert!(out.success(), "helm install: {}", out.stderr);
+    env.wait_for_crds_established(crd_names(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = automanager_e2e::install::service_account_kubeconfig(
+        &env,
+        RELEASE_NAMESPACE,
+        FULLNAME,
+        dir.path(),
+    )
+    .await
+    .unwrap();
+    let sim_config = stack::patient_sim_config(dir.path()).unwrap();
+    let stack = stack::Stack::start_on(env, &sim_config, &[], Some(kubeconfig), |c| {
+        c.insert(
+            "leaderElection".into(),
+            serde_json::json!(
+                {"enabled": true, "leaseName": FULLNAME, "leaseNamespace": RELEASE_NAMESPACE}
+            ),
+        );
+        c.insert(
+            "watchNamespaces".into(),
+            serde_json::json!(["news", "sports"]),
+        );
+    })
+    .await
+    .unwrap();
+    let out = stack
+        .env
+        .apply_file(repo_root().join("examples/pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for ns in ["news", "sports", "weather"] {
+        let out = stack
+            .env
+            .apply_yaml(&format!(
+                "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {{name: channel, namespace: {ns}}}\nspec:\n  replicas: 1\n  pools: [aws-east]\n  jobs:\n    - jobName: enc\n      requirements: {{requiredCapacity: 10, requiredCores: 1, priorityBand: gold}}\n"
+            ))
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+    }
+    for ns in ["news", "sports"] {
+        stack
+            .wait_bundle_phase(ns, "channel", "Ready", Duration::from_secs(120))
+            .await
+            .unwrap();
+    }
+    // Its Events, in the watched namespaces (they are published off the reconcile path).
+    stack
+        .wait_for(
+            "Placed Events in news and sports",
+            Duration::from_secs(30),
+            || async {
+                let events = stack.get_json(&["events.events.k8s.io", "-A"]).await?;
+                let placed = |ns: &str| {
+                    events["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|e| e["metadata"]["namespace"] == ns && e["reason"] == "Placed")
+                };
+                Ok((placed("news") && placed("sports")).then_some(()))
+            },
+        )
+        .await
+        .unwrap();
+    let weather = stack
+        .get_json(&["bundle", "channel", "-n", "weather"])
+        .await
+        .unwrap();
+    assert!(
+        weather["status"].is_null() && weather["metadata"]["finalizers"].is_null(),
+        "the operator touched a Bundle of an unwatched namespace: {weather:#}"
+    );
+    let log = stack.operator.log_text();
+    for refused in ["forbidden", "Forbidden", " 403"] {
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains(refused))
+            .take(10)
+            .collect();
+        assert!(
+            lines.is_empty(),
+            "the ServiceAccount was refused something:\n{}",
+            lines.join("\n")
         );
     }
 }
