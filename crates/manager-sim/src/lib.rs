@@ -74,6 +74,7 @@ pub mod behaviour;
 pub mod config;
 pub mod exec;
 pub mod overrides;
+pub mod published;
 pub mod server;
 pub mod socket_agent;
 pub mod validate;

@@ -1216,6 +1216,17 @@ impl Sim {
                 .max_encoding_message_size(64 * 1024 * 1024),
             move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
         );
+        let t3 = token.clone();
+        let published = InterceptedService::new(
+            crate::published::PublishedService::start(crate::published::PublishedWorld::new(
+                &config,
+                now_ms(),
+            ))
+            .into_server()
+            .max_decoding_message_size(config.limits.max_request_bytes)
+            .max_encoding_message_size(64 * 1024 * 1024),
+            move |r: Request<()>| authorize(t3.as_ref(), &r).map(|()| r),
+        );
         let t2 = token;
         let admin = InterceptedService::new(
             SimAdminServer::new(AdminSvc(inner.clone()))
@@ -1232,6 +1243,7 @@ impl Sim {
         let router = builder
             .http2_keepalive_interval(Some(Duration::from_secs(20)))
             .add_service(manager)
+            .add_service(published)
             .add_service(admin);
         let mut stop = inner.shutdown.subscribe();
         let serve_inner = inner.clone();

@@ -1,0 +1,274 @@
+//! `norsk.api.manager.Manager` over a [`PublishedWorld`]: the calls answer as the published API
+//! does (`Empty` or a job hash; outcomes on the event stream), every `EventStream` gets the
+//! world's snapshot closed by `InitialDataComplete` and then the live events, and a timer task
+//! starts nodes when their provisioning delay has passed.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::{Stream, StreamExt};
+use manager_proto::api::common::{JobId, NodeId};
+use manager_proto::api::manager::manager_server::Manager;
+use manager_proto::api::manager::{
+    CreateAwsNodeRequest, CreateOciNodeRequest, CurrentJob, EventStreamEvent, EventStreamRequest,
+    Hello, Job, JobHash, JobSearchRequest, NorskStatusEvent, StartJobRequest, StopJobRequest,
+    UpdatePhysicalNodeRequest, norsk_status_event,
+};
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::world::PublishedWorld;
+use crate::server::now_ms;
+use crate::world::CommandError;
+
+/// How many events a stream may have waiting beyond its snapshot before it is cut (its client
+/// then reconnects and reads a fresh snapshot).
+const STREAM_BACKLOG: usize = 4096;
+
+struct Inner {
+    world: Mutex<PublishedWorld>,
+    streams: Mutex<Vec<mpsc::Sender<Result<EventStreamEvent, Status>>>>,
+    timer: Arc<Notify>,
+}
+
+/// The published Manager service of manager-sim (see the module docs). Cloning shares it.
+#[derive(Clone)]
+pub struct PublishedService(Arc<Inner>);
+
+impl std::fmt::Debug for PublishedService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PublishedService").finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn status(e: CommandError) -> Status {
+    match e {
+        CommandError::InvalidArgument(m) => Status::invalid_argument(m),
+        CommandError::NotFound(m) => Status::not_found(m),
+        CommandError::FailedPrecondition(m) => Status::failed_precondition(m),
+        CommandError::AlreadyExists(m) => Status::already_exists(m),
+        CommandError::Unavailable(m) => Status::unavailable(m),
+    }
+}
+
+fn job_id(id: Option<JobId>) -> String {
+    id.map(|j| j.job_id).unwrap_or_default()
+}
+
+fn node_id(id: Option<NodeId>) -> String {
+    id.map(|n| n.node_id).unwrap_or_default()
+}
+
+impl PublishedService {
+    /// A service over `world`, with its timer task (ended when the last clone is dropped).
+    pub fn start(world: PublishedWorld) -> PublishedService {
+        let svc = PublishedService(Arc::new(Inner {
+            world: Mutex::new(world),
+            streams: Mutex::new(Vec::new()),
+            timer: Arc::new(Notify::new()),
+        }));
+        tokio::spawn(run_timer(Arc::downgrade(&svc.0), Arc::clone(&svc.0.timer)));
+        svc
+    }
+
+    /// The tonic server of this service.
+    pub fn into_server(self) -> manager_proto::api::manager::manager_server::ManagerServer<Self> {
+        manager_proto::api::manager::manager_server::ManagerServer::new(self)
+    }
+
+    /// Runs a command at the current time and sends what it did to every open stream.
+    fn apply<R>(
+        &self,
+        f: impl FnOnce(&mut PublishedWorld, i64) -> Result<R, CommandError>,
+    ) -> Result<R, Status> {
+        let now = now_ms();
+        let mut w = lock(&self.0.world);
+        w.advance(now);
+        let r = f(&mut w, now).map_err(status);
+        let events = w.take_events();
+        // Sent under the world's lock, so every stream sees events in the world's order and
+        // none between its snapshot and its first live event is lost.
+        broadcast(&self.0, events);
+        drop(w);
+        self.0.timer.notify_one();
+        r
+    }
+}
+
+fn broadcast(inner: &Inner, events: Vec<EventStreamEvent>) {
+    if events.is_empty() {
+        return;
+    }
+    let mut streams = lock(&inner.streams);
+    streams.retain(|tx| {
+        events.iter().all(|e| match tx.try_send(Ok(e.clone())) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                tracing::warn!("cutting a published event stream that fell behind");
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        })
+    });
+}
+
+/// Starts nodes when their delay has passed. Holds the service only while it works, and ends
+/// within a second of the service being dropped.
+async fn run_timer(inner: std::sync::Weak<Inner>, timer: Arc<Notify>) {
+    const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let due = lock(&strong.world).next_due_ms();
+        drop(strong);
+        let wait = due.map_or(RECHECK, |d| {
+            std::time::Duration::from_millis(u64::try_from(d.saturating_sub(now_ms())).unwrap_or(0))
+                .min(RECHECK)
+        });
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = timer.notified() => {}
+        }
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let mut w = lock(&strong.world);
+        w.advance(now_ms());
+        let events = w.take_events();
+        broadcast(&strong, events);
+    }
+}
+
+type EventStreamOf<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Manager for PublishedService {
+    type CreateStatusChannelStream = EventStreamOf<NorskStatusEvent>;
+    type JobSearchStream = EventStreamOf<CurrentJob>;
+    type EventStreamStream = EventStreamOf<EventStreamEvent>;
+
+    async fn create_status_channel(
+        &self,
+        _req: Request<()>,
+    ) -> Result<Response<Self::CreateStatusChannelStream>, Status> {
+        // A Hello, then nothing: the sim writes no log lines to its clients.
+        let hello = NorskStatusEvent {
+            message: Some(norsk_status_event::Message::Hello(Hello { version: None })),
+        };
+        let stream = futures::stream::once(async { Ok(hello) }).chain(futures::stream::pending());
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn create_job(&self, req: Request<Job>) -> Result<Response<JobHash>, Status> {
+        let job = req.into_inner();
+        let hash = self.apply(|w, now| w.create_job(job, now))?;
+        Ok(Response::new(JobHash { hash }))
+    }
+
+    async fn update_job(&self, req: Request<Job>) -> Result<Response<JobHash>, Status> {
+        let job = req.into_inner();
+        let hash = self.apply(|w, now| w.update_job(job, now))?;
+        Ok(Response::new(JobHash { hash }))
+    }
+
+    async fn delete_job(&self, req: Request<JobId>) -> Result<Response<()>, Status> {
+        let id = req.into_inner().job_id;
+        self.apply(|w, _| w.delete_job(&id))?;
+        Ok(Response::new(()))
+    }
+
+    async fn job_search(
+        &self,
+        req: Request<JobSearchRequest>,
+    ) -> Result<Response<Self::JobSearchStream>, Status> {
+        let filters = req.into_inner().job_filter;
+        let found = lock(&self.0.world).job_search(&filters).map_err(status)?;
+        Ok(Response::new(Box::pin(futures::stream::iter(
+            found.into_iter().map(Ok),
+        ))))
+    }
+
+    async fn create_aws_node(
+        &self,
+        req: Request<CreateAwsNodeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        self.apply(|w, now| w.create_aws_node(&req, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn create_oci_node(
+        &self,
+        req: Request<CreateOciNodeRequest>,
+    ) -> Result<Response<()>, Status> {
+        let req = req.into_inner();
+        self.apply(|w, now| w.create_oci_node(&req, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn update_physical_node(
+        &self,
+        _req: Request<UpdatePhysicalNodeRequest>,
+    ) -> Result<Response<()>, Status> {
+        Err(Status::unimplemented(
+            "manager-sim does not simulate a physical node's daemon version",
+        ))
+    }
+
+    async fn terminate_node(&self, req: Request<NodeId>) -> Result<Response<()>, Status> {
+        let id = req.into_inner().node_id;
+        self.apply(|w, now| w.terminate_node(&id, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn start_job(&self, req: Request<StartJobRequest>) -> Result<Response<()>, Status> {
+        let r = req.into_inner();
+        let (job, node) = (job_id(r.job_id), node_id(r.node_id));
+        self.apply(|w, now| w.start_job(&job, &r.role, &node, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn stop_job(&self, req: Request<StopJobRequest>) -> Result<Response<()>, Status> {
+        let r = req.into_inner();
+        let (job, node) = (job_id(r.job_id), node_id(r.node_id));
+        self.apply(|w, now| w.stop_job(&job, &r.role, &node, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn complete_job(&self, req: Request<JobId>) -> Result<Response<()>, Status> {
+        let id = req.into_inner().job_id;
+        self.apply(|w, now| w.complete_job(&id, now))?;
+        Ok(Response::new(()))
+    }
+
+    async fn event_stream(
+        &self,
+        req: Request<EventStreamRequest>,
+    ) -> Result<Response<Self::EventStreamStream>, Status> {
+        let window = req.into_inner().pending_window_s;
+        if window < 0 {
+            return Err(Status::invalid_argument(format!(
+                "pending_window_s must be >= 0, not {window}"
+            )));
+        }
+        let mut w = lock(&self.0.world);
+        w.advance(now_ms());
+        let pending = w.take_events();
+        broadcast(&self.0, pending);
+        let snapshot = w.snapshot();
+        let (tx, rx) = mpsc::channel(snapshot.len() + STREAM_BACKLOG);
+        for e in snapshot {
+            // The channel was sized for the snapshot.
+            let _ = tx.try_send(Ok(e));
+        }
+        lock(&self.0.streams).push(tx);
+        drop(w);
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,743 @@
+//! The published API's world: nodes under ids their callers chose, stored jobs, and instances of
+//! them under free-text roles. Pure: every command takes the time and queues the events a
+//! Manager would send on `EventStream`; [`PublishedWorld::take_events`] hands them out.
+//!
+//! What it simulates of the providers comes from the sim's pools: `CreateAwsNode` must name a
+//! region and instance type an `aws` pool offers, `CreateOciNode` a shape (an instance type) and
+//! availability domain (a zone) of an `oci` pool; the node starts after the pool's provisioning
+//! delay. The nodes of `cluster` pools are physical nodes that connected at start. 1.0.384 jobs
+//! carry no requirements, so nothing here checks capacity.
+
+use std::collections::BTreeMap;
+
+use manager_proto::api::common::provider_metadata::Metadata;
+use manager_proto::api::common::running_node_provider_metadata::Instance;
+use manager_proto::api::common::{
+    ActiveJobKey, AwsMetadata, JobId, NodeId, NodeMetadata, ProviderMetadata, RunningAwsMetadata,
+    RunningNodeMetadata, RunningNodeProviderMetadata, RunningOciMetadata,
+};
+use manager_proto::api::manager::event_stream_event::Event;
+use manager_proto::api::manager::job_history_entry::HistoryEntry;
+use manager_proto::api::manager::{
+    AwsHealth, AwsRegionHealth, CreateAwsNodeRequest, CreateOciNodeRequest, CurrentJob,
+    EventStreamEvent, InitialDataComplete, Job, JobActive, JobDeleted, JobFilter, JobHistoryEntry,
+    JobHistoryJobCompleted, JobHistoryJobCreated, JobHistoryJobProvisioned, JobHistoryJobRunning,
+    JobHistoryJobStopped, JobHistoryJobStopping, JobUpdated, JobWithHistory, NodeRunning,
+    NodeStarted, NodeStarting, NodeStopped, NodeStopping, OciHealth, OciRegionHealth, PhysicalNode,
+    PhysicalNodeConnected, ProviderHealth, RunningJob, job_filter,
+};
+use prost_types::Timestamp;
+
+use crate::config::{PoolKind, SimConfig};
+use crate::world::CommandError;
+
+/// `NodeStopping.Reason` for a node its caller terminated (the first value, 0).
+const STOPPING_TERMINATED: i32 = 0;
+/// `JobHistoryJobStopping.Reason` for an instance its caller stopped (the first value, 0).
+const JOB_STOPPING_REQUESTED: i32 = 0;
+/// The longest id, tag key or tag value the sim accepts.
+const MAX_ID: usize = 253;
+/// The most tags on one node or job.
+const MAX_TAGS: usize = 64;
+
+#[derive(Debug, Clone)]
+struct Node {
+    meta: NodeMetadata,
+    physical: bool,
+    /// When a starting node runs; `None` once it does.
+    ready_at_ms: Option<i64>,
+    running: Option<RunningNodeMetadata>,
+}
+
+#[derive(Debug, Clone)]
+struct StoredJob {
+    job: Job,
+    history: Vec<JobHistoryEntry>,
+    /// Live instances: role → node.
+    instances: BTreeMap<String, String>,
+}
+
+/// An elastic pool as the provider calls see it.
+#[derive(Debug, Clone)]
+struct Offer {
+    kind: PoolKind,
+    region: String,
+    zones: Vec<String>,
+    instance_types: Vec<String>,
+    provision_delay_ms: u64,
+}
+
+/// The published API's world (see the module docs).
+#[derive(Debug, Clone, Default)]
+pub struct PublishedWorld {
+    nodes: BTreeMap<String, Node>,
+    jobs: BTreeMap<String, StoredJob>,
+    offers: Vec<Offer>,
+    hashes: i64,
+    events: Vec<EventStreamEvent>,
+}
+
+fn ts(ms: i64) -> Option<Timestamp> {
+    Some(Timestamp {
+        seconds: ms.div_euclid(1000),
+        nanos: i32::try_from(ms.rem_euclid(1000) * 1_000_000).unwrap_or(0),
+    })
+}
+
+fn ev(event: Event) -> EventStreamEvent {
+    EventStreamEvent { event: Some(event) }
+}
+
+fn node_id(id: &str) -> Option<NodeId> {
+    Some(NodeId {
+        node_id: id.to_owned(),
+    })
+}
+
+fn checked_id(what: &str, id: &str) -> Result<(), CommandError> {
+    if id.is_empty() {
+        return Err(CommandError::InvalidArgument(format!("{what} is required")));
+    }
+    if id.len() > MAX_ID || id.chars().any(char::is_control) {
+        return Err(CommandError::InvalidArgument(format!(
+            "{what} must be at most {MAX_ID} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+fn checked_tags(tags: &BTreeMap<String, String>) -> Result<(), CommandError> {
+    if tags.len() > MAX_TAGS {
+        return Err(CommandError::InvalidArgument(format!(
+            "at most {MAX_TAGS} tags, not {}",
+            tags.len()
+        )));
+    }
+    for (k, v) in tags {
+        checked_id("a tag key", k)?;
+        if v.len() > MAX_ID {
+            return Err(CommandError::InvalidArgument(format!(
+                "tag {k}: a value must be at most {MAX_ID} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn entry(e: HistoryEntry) -> JobHistoryEntry {
+    JobHistoryEntry {
+        history_entry: Some(e),
+    }
+}
+
+impl PublishedWorld {
+    /// The world of `config` at `now_ms`: its elastic pools as offers, its fixed pools' nodes
+    /// connected.
+    pub fn new(config: &SimConfig, now_ms: i64) -> Self {
+        let mut world = PublishedWorld::default();
+        for pool in &config.pools {
+            if pool.kind == PoolKind::Cluster {
+                for n in &pool.nodes {
+                    let tags = BTreeMap::from([
+                        ("pool".to_owned(), pool.name.clone()),
+                        ("zone".to_owned(), n.zone.clone()),
+                    ]);
+                    world.nodes.insert(
+                        n.id.clone(),
+                        Node {
+                            meta: NodeMetadata {
+                                node_id: node_id(&n.id),
+                                tags,
+                                created_at: ts(now_ms),
+                                provider_metadata: None,
+                            },
+                            physical: true,
+                            ready_at_ms: None,
+                            running: None,
+                        },
+                    );
+                }
+                continue;
+            }
+            world.offers.push(Offer {
+                kind: pool.kind,
+                region: pool.region.clone(),
+                zones: pool.zones.clone(),
+                instance_types: pool
+                    .instance_types
+                    .iter()
+                    .map(|t| t.instance_type.clone())
+                    .collect(),
+                provision_delay_ms: pool
+                    .provision_delay_ms
+                    .unwrap_or(config.timing.provision_delay_ms),
+            });
+        }
+        world
+    }
+
+    /// The events queued since the last call, in order.
+    pub fn take_events(&mut self) -> Vec<EventStreamEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// When the next starting node runs, if one is starting.
+    pub fn next_due_ms(&self) -> Option<i64> {
+        self.nodes.values().filter_map(|n| n.ready_at_ms).min()
+    }
+
+    /// Starts the nodes whose provisioning delay has passed.
+    pub fn advance(&mut self, now_ms: i64) {
+        for (id, node) in &mut self.nodes {
+            if node.ready_at_ms.is_some_and(|t| t <= now_ms) {
+                node.ready_at_ms = None;
+                let aws = matches!(
+                    node.meta.provider_metadata,
+                    Some(ProviderMetadata {
+                        metadata: Some(Metadata::Aws(_))
+                    })
+                );
+                node.running = Some(RunningNodeMetadata {
+                    private_dns_name: format!("{id}.sim.internal"),
+                    private_ip_address: "127.0.0.1".to_owned(),
+                    provider_metadata: Some(RunningNodeProviderMetadata {
+                        instance: Some(if aws {
+                            Instance::Aws(RunningAwsMetadata {
+                                instance_id: format!("i-{id}"),
+                            })
+                        } else {
+                            Instance::Oci(RunningOciMetadata {})
+                        }),
+                    }),
+                    ..Default::default()
+                });
+                self.events.push(ev(Event::NodeStarted(NodeStarted {
+                    node_metadata: Some(node.meta.clone()),
+                    running_node_metadata: node.running.clone(),
+                })));
+            }
+        }
+    }
+
+    /// CreateAwsNode: a node under the caller's id, in an `aws` pool offering the region and
+    /// instance type.
+    pub fn create_aws_node(
+        &mut self,
+        req: &CreateAwsNodeRequest,
+        now_ms: i64,
+    ) -> Result<(), CommandError> {
+        let id = req.node_id.as_ref().map_or("", |n| n.node_id.as_str());
+        let offer = self.offer(PoolKind::Aws, &req.region, &req.instance_type, None)?;
+        let delay = offer.provision_delay_ms;
+        let metadata = Metadata::Aws(AwsMetadata {
+            instance_type: req.instance_type.clone(),
+            region: req.region.clone(),
+            architecture: 0,
+        });
+        self.create_node(id, &req.tags, metadata, delay, now_ms)
+    }
+
+    /// CreateOciNode: a node under the caller's id, in an `oci` pool offering the shape (an
+    /// instance type) in the availability domain (a zone).
+    pub fn create_oci_node(
+        &mut self,
+        req: &CreateOciNodeRequest,
+        now_ms: i64,
+    ) -> Result<(), CommandError> {
+        let id = req.node_id.as_ref().map_or("", |n| n.node_id.as_str());
+        let offer = self.offer(
+            PoolKind::Oci,
+            "",
+            &req.shape,
+            Some(&req.availability_domain),
+        )?;
+        let delay = offer.provision_delay_ms;
+        self.create_node(
+            id,
+            &req.tags,
+            Metadata::Oci(Default::default()),
+            delay,
+            now_ms,
+        )
+    }
+
+    fn offer(
+        &self,
+        kind: PoolKind,
+        region: &str,
+        instance_type: &str,
+        zone: Option<&str>,
+    ) -> Result<&Offer, CommandError> {
+        self.offers
+            .iter()
+            .find(|o| {
+                o.kind == kind
+                    && (region.is_empty() || o.region == region)
+                    && o.instance_types.iter().any(|t| t == instance_type)
+                    && zone.is_none_or(|z| o.zones.iter().any(|x| x == z))
+            })
+            .ok_or_else(|| {
+                CommandError::InvalidArgument(format!(
+                    "no {kind:?} pool of this sim offers {instance_type:?}{}{}",
+                    if region.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" in region {region:?}")
+                    },
+                    zone.map(|z| format!(" in {z:?}")).unwrap_or_default()
+                ))
+            })
+    }
+
+    fn create_node(
+        &mut self,
+        id: &str,
+        tags: &BTreeMap<String, String>,
+        metadata: Metadata,
+        delay_ms: u64,
+        now_ms: i64,
+    ) -> Result<(), CommandError> {
+        checked_id("node_id", id)?;
+        checked_tags(tags)?;
+        if self.nodes.contains_key(id) {
+            return Err(CommandError::AlreadyExists(format!("node {id} exists")));
+        }
+        let meta = NodeMetadata {
+            node_id: node_id(id),
+            tags: tags.clone(),
+            created_at: ts(now_ms),
+            provider_metadata: Some(ProviderMetadata {
+                metadata: Some(metadata),
+            }),
+        };
+        self.events.push(ev(Event::NodeStarting(NodeStarting {
+            node_metadata: Some(meta.clone()),
+        })));
+        self.nodes.insert(
+            id.to_owned(),
+            Node {
+                meta,
+                physical: false,
+                ready_at_ms: Some(
+                    now_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
+                ),
+                running: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// TerminateNode: its instances stop, then the node.
+    pub fn terminate_node(&mut self, id: &str, now_ms: i64) -> Result<(), CommandError> {
+        let Some(node) = self.nodes.get(id) else {
+            return Err(CommandError::NotFound(format!("node {id}")));
+        };
+        if node.physical {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {id} is a physical node: it is not Manager's to terminate"
+            )));
+        }
+        self.events.push(ev(Event::NodeStopping(NodeStopping {
+            node_id: node_id(id),
+            reason: STOPPING_TERMINATED,
+        })));
+        let hosted: Vec<(String, String)> = self
+            .jobs
+            .iter()
+            .flat_map(|(j, s)| {
+                s.instances
+                    .iter()
+                    .filter(|(_, n)| n.as_str() == id)
+                    .map(|(role, _)| (j.clone(), role.clone()))
+            })
+            .collect();
+        for (job, role) in hosted {
+            self.stop_instance(&job, &role, now_ms);
+        }
+        self.nodes.remove(id);
+        self.events.push(ev(Event::NodeStopped(NodeStopped {
+            node_id: node_id(id),
+        })));
+        Ok(())
+    }
+
+    /// CreateJob: stores the definition; answers its hash.
+    pub fn create_job(&mut self, job: Job, now_ms: i64) -> Result<i64, CommandError> {
+        let id = job
+            .job_id
+            .as_ref()
+            .map_or("", |j| j.job_id.as_str())
+            .to_owned();
+        checked_id("job_id", &id)?;
+        checked_tags(&job.tags)?;
+        if self.jobs.contains_key(&id) {
+            return Err(CommandError::AlreadyExists(format!("job {id} exists")));
+        }
+        self.hashes += 1;
+        let mut job = job;
+        job.current_hash = self.hashes;
+        let stored = StoredJob {
+            job,
+            history: vec![entry(HistoryEntry::JobCreated(JobHistoryJobCreated {
+                timestamp: ts(now_ms),
+            }))],
+            instances: BTreeMap::new(),
+        };
+        self.events.push(ev(Event::JobActive(JobActive {
+            job_with_history: Some(with_history(&stored)),
+        })));
+        self.jobs.insert(id, stored);
+        Ok(self.hashes)
+    }
+
+    /// UpdateJob: replaces the definition; answers its hash.
+    pub fn update_job(&mut self, job: Job, now_ms: i64) -> Result<i64, CommandError> {
+        let id = job
+            .job_id
+            .as_ref()
+            .map_or("", |j| j.job_id.as_str())
+            .to_owned();
+        checked_tags(&job.tags)?;
+        let Some(stored) = self.jobs.get_mut(&id) else {
+            return Err(CommandError::NotFound(format!("job {id}")));
+        };
+        self.hashes += 1;
+        let mut job = job;
+        job.current_hash = self.hashes;
+        let previous = std::mem::replace(&mut stored.job, job);
+        stored.history.push(entry(HistoryEntry::JobUpdated(
+            manager_proto::api::manager::JobHistoryJobUpdated {
+                timestamp: ts(now_ms),
+                previous_job: Some(previous),
+            },
+        )));
+        self.events.push(ev(Event::JobUpdated(JobUpdated {
+            job_with_history: Some(with_history(stored)),
+        })));
+        Ok(self.hashes)
+    }
+
+    /// DeleteJob: a job with no live instance.
+    pub fn delete_job(&mut self, id: &str) -> Result<(), CommandError> {
+        let Some(stored) = self.jobs.get(id) else {
+            return Err(CommandError::NotFound(format!("job {id}")));
+        };
+        if !stored.instances.is_empty() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {id} still runs under {}: stop or complete it first",
+                stored
+                    .instances
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        self.jobs.remove(id);
+        self.events.push(ev(Event::JobDeleted(JobDeleted {
+            job_id: Some(JobId {
+                job_id: id.to_owned(),
+            }),
+        })));
+        Ok(())
+    }
+
+    /// StartJob: an instance of `job` under `role` on a running node.
+    pub fn start_job(
+        &mut self,
+        job: &str,
+        role: &str,
+        node: &str,
+        now_ms: i64,
+    ) -> Result<(), CommandError> {
+        checked_id("role", role)?;
+        let Some(n) = self.nodes.get(node) else {
+            return Err(CommandError::NotFound(format!("node {node}")));
+        };
+        if n.ready_at_ms.is_some() {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node} is still starting"
+            )));
+        }
+        let meta = n.meta.clone();
+        let running = n.running.clone();
+        let Some(stored) = self.jobs.get_mut(job) else {
+            return Err(CommandError::NotFound(format!("job {job}")));
+        };
+        if let Some(on) = stored.instances.get(role) {
+            return Err(CommandError::FailedPrecondition(format!(
+                "job {job} already runs under role {role} on {on}"
+            )));
+        }
+        stored.instances.insert(role.to_owned(), node.to_owned());
+        stored.history.push(entry(HistoryEntry::JobProvisioned(
+            JobHistoryJobProvisioned {
+                timestamp: ts(now_ms),
+                role: role.to_owned(),
+                node_metadata: Some(meta.clone()),
+                running_node_metadata: running.clone(),
+            },
+        )));
+        stored
+            .history
+            .push(entry(HistoryEntry::JobRunning(JobHistoryJobRunning {
+                timestamp: ts(now_ms),
+                role: role.to_owned(),
+                node_metadata: Some(meta),
+                running_node_metadata: running,
+                service_port_mappings: BTreeMap::new(),
+            })));
+        self.events.push(ev(Event::JobUpdated(JobUpdated {
+            job_with_history: Some(with_history(stored)),
+        })));
+        Ok(())
+    }
+
+    /// StopJob: the instance of `job` under `role`, which must be on `node`.
+    pub fn stop_job(
+        &mut self,
+        job: &str,
+        role: &str,
+        node: &str,
+        now_ms: i64,
+    ) -> Result<(), CommandError> {
+        let Some(stored) = self.jobs.get(job) else {
+            return Err(CommandError::NotFound(format!("job {job}")));
+        };
+        match stored.instances.get(role) {
+            Some(on) if on == node => {}
+            Some(on) => {
+                return Err(CommandError::NotFound(format!(
+                    "job {job} runs under role {role} on {on}, not on {node}"
+                )));
+            }
+            None => {
+                return Err(CommandError::NotFound(format!(
+                    "job {job} does not run under role {role}"
+                )));
+            }
+        }
+        self.stop_instance(job, role, now_ms);
+        Ok(())
+    }
+
+    /// CompleteJob: every instance stops and the job completes.
+    pub fn complete_job(&mut self, id: &str, now_ms: i64) -> Result<(), CommandError> {
+        let Some(stored) = self.jobs.get(id) else {
+            return Err(CommandError::NotFound(format!("job {id}")));
+        };
+        let roles: Vec<String> = stored.instances.keys().cloned().collect();
+        for role in roles {
+            self.stop_instance(id, &role, now_ms);
+        }
+        if let Some(stored) = self.jobs.get_mut(id) {
+            stored
+                .history
+                .push(entry(HistoryEntry::JobCompleted(JobHistoryJobCompleted {
+                    timestamp: ts(now_ms),
+                })));
+            self.events.push(ev(Event::JobUpdated(JobUpdated {
+                job_with_history: Some(with_history(stored)),
+            })));
+        }
+        Ok(())
+    }
+
+    fn stop_instance(&mut self, job: &str, role: &str, now_ms: i64) {
+        let Some(stored) = self.jobs.get_mut(job) else {
+            return;
+        };
+        let Some(node) = stored.instances.remove(role) else {
+            return;
+        };
+        let meta = self.nodes.get(&node).map(|n| n.meta.clone());
+        stored
+            .history
+            .push(entry(HistoryEntry::JobStopping(JobHistoryJobStopping {
+                timestamp: ts(now_ms),
+                role: role.to_owned(),
+                node_metadata: meta.clone(),
+                running_node_metadata: None,
+                reason: JOB_STOPPING_REQUESTED,
+            })));
+        stored
+            .history
+            .push(entry(HistoryEntry::JobStopped(JobHistoryJobStopped {
+                timestamp: ts(now_ms),
+                role: role.to_owned(),
+                node_metadata: meta,
+                running_node_metadata: None,
+            })));
+        self.events.push(ev(Event::JobUpdated(JobUpdated {
+            job_with_history: Some(with_history(stored)),
+        })));
+    }
+
+    /// JobSearch: every job matching all the filters, with its running instances.
+    pub fn job_search(&self, filters: &[JobFilter]) -> Result<Vec<CurrentJob>, CommandError> {
+        let mut out = Vec::new();
+        for (id, stored) in &self.jobs {
+            let mut all = true;
+            for f in filters {
+                if !matches(f, id, &stored.job)? {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                out.push(CurrentJob {
+                    job: Some(stored.job.clone()),
+                    instances: instances(id, stored),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// What a new EventStream is sent first: nodes, jobs, then `InitialDataComplete` with every
+    /// offered region's (or availability domain's) health.
+    pub fn snapshot(&self) -> Vec<EventStreamEvent> {
+        let mut out = Vec::new();
+        for (id, node) in &self.nodes {
+            let on_node: Vec<RunningJob> = self
+                .jobs
+                .iter()
+                .flat_map(|(j, s)| instances(j, s).into_iter())
+                .filter(|r| r.node_id.as_ref().is_some_and(|n| &n.node_id == id))
+                .collect();
+            let event = if node.physical {
+                Event::PhysicalNodeConnected(PhysicalNodeConnected {
+                    node: Some(PhysicalNode {
+                        id: id.clone(),
+                        tags: node.meta.tags.clone(),
+                        ip_address: String::new(),
+                    }),
+                    instances: on_node,
+                })
+            } else if node.ready_at_ms.is_some() {
+                Event::NodeStarting(NodeStarting {
+                    node_metadata: Some(node.meta.clone()),
+                })
+            } else {
+                Event::NodeRunning(NodeRunning {
+                    node_metadata: Some(node.meta.clone()),
+                    running_node_metadata: node.running.clone(),
+                    instances: on_node,
+                })
+            };
+            out.push(ev(event));
+        }
+        for stored in self.jobs.values() {
+            out.push(ev(Event::JobActive(JobActive {
+                job_with_history: Some(with_history(stored)),
+            })));
+        }
+        out.push(ev(Event::InitialDataComplete(InitialDataComplete {
+            health: self.health(),
+        })));
+        out
+    }
+
+    fn health(&self) -> Vec<ProviderHealth> {
+        use manager_proto::api::manager::provider_health::Health;
+        let mut aws = Vec::new();
+        let mut oci = Vec::new();
+        for o in &self.offers {
+            match o.kind {
+                PoolKind::Aws => aws.push(AwsRegionHealth {
+                    region: o.region.clone(),
+                    health: 0,
+                }),
+                PoolKind::Oci => oci.extend(o.zones.iter().map(|z| OciRegionHealth {
+                    availability_domain: z.clone(),
+                    health: 0,
+                })),
+                PoolKind::Cluster => {}
+            }
+        }
+        let mut out = Vec::new();
+        if !aws.is_empty() {
+            out.push(ProviderHealth {
+                health: Some(Health::Aws(AwsHealth { region_health: aws })),
+            });
+        }
+        if !oci.is_empty() {
+            out.push(ProviderHealth {
+                health: Some(Health::Oci(OciHealth { region_health: oci })),
+            });
+        }
+        out
+    }
+}
+
+fn with_history(stored: &StoredJob) -> JobWithHistory {
+    JobWithHistory {
+        job: Some(stored.job.clone()),
+        history_entry: stored.history.clone(),
+    }
+}
+
+fn instances(id: &str, stored: &StoredJob) -> Vec<RunningJob> {
+    stored
+        .instances
+        .iter()
+        .map(|(role, node)| RunningJob {
+            job_key: Some(ActiveJobKey {
+                job_id: Some(JobId {
+                    job_id: id.to_owned(),
+                }),
+                role: role.clone(),
+            }),
+            node_id: node_id(node),
+        })
+        .collect()
+}
+
+/// Whether a job matches one filter. Regular expressions are not evaluated by the sim.
+fn matches(f: &JobFilter, id: &str, job: &Job) -> Result<bool, CommandError> {
+    use manager_proto::api::manager::date_filter::Comparison as D;
+    use manager_proto::api::manager::id_filter::Comparison as I;
+    use manager_proto::api::manager::tag_filter::Comparison as T;
+    let unsupported = |what: &str| {
+        Err(CommandError::InvalidArgument(format!(
+            "manager-sim does not evaluate {what} filters"
+        )))
+    };
+    Ok(match &f.job_filter {
+        None => true,
+        Some(job_filter::JobFilter::TagFilter(t)) => {
+            let v = job.tags.get(&t.tag_name);
+            match &t.comparison {
+                None => true,
+                Some(T::Eq(x)) => v == Some(x),
+                Some(T::Neq(x)) => v != Some(x),
+                Some(T::Exists(e)) => v.is_some() == *e,
+                Some(T::Re(_)) => return unsupported("regular-expression"),
+            }
+        }
+        Some(job_filter::JobFilter::IdFilter(i)) => match &i.comparison {
+            None => true,
+            Some(I::Eq(x)) => id == x,
+            Some(I::Neq(x)) => id != x,
+            Some(I::Re(_)) => return unsupported("regular-expression"),
+        },
+        Some(job_filter::JobFilter::DateFilter(d)) => {
+            let key = |t: &Timestamp| (t.seconds, t.nanos);
+            let Some(start) = job.start_date_time.as_ref().map(key) else {
+                return Ok(false);
+            };
+            match &d.comparison {
+                None => true,
+                Some(D::Eq(t)) => start == key(t),
+                Some(D::Lt(t)) => start < key(t),
+                Some(D::Lte(t)) => start <= key(t),
+                Some(D::Gt(t)) => start > key(t),
+                Some(D::Gte(t)) => start >= key(t),
+                Some(D::Within(w)) => {
+                    w.start_date.as_ref().is_none_or(|s| start >= key(s))
+                        && w.end_date.as_ref().is_none_or(|e| start <= key(e))
+                }
+            }
+        }
+    })
+}
