@@ -1554,6 +1554,7 @@ async fn the_user_roles_applied_before_or_after_the_install_survive_the_uninstal
             "{r} survived the uninstall"
         );
     }
+    println!("doc_order_install=pass roles_survive_uninstall=yes");
 }
 
 /// `kubectl auth can-i` with a TokenRequest token of the operator's ServiceAccount (`ARGS`).
@@ -1680,6 +1681,8 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let watched: usize = releases.iter().map(|(_, _, w)| w.len()).sum();
+    println!("namespaces_rbac={watched}/{watched}");
 }
 
 /// The kube-score checks the chart does not meet, each with why (docs/install.md lists them).
