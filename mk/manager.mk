@@ -18,6 +18,11 @@ bench-manager: ## mirror ingest, 10k-node sync and StartJob rate over loopback; 
 	if cargo bench -q -p manager-client --bench manager 2>"$$log" | grep '^manager '; then rm -f "$$log"; \
 	else cat "$$log" >&2; rm -f "$$log"; exit 1; fi
 
+bench-published-mirror: ## the published API's client: a forced reconnect at 10k jobs / 2k nodes vs a first snapshot; prints one summary line
+	@log=$$(mktemp); \
+	if cargo bench -q -p manager-client --bench published_mirror 2>"$$log" | grep '^published-mirror '; then rm -f "$$log"; \
+	else cat "$$log" >&2; rm -f "$$log"; exit 1; fi
+
 manager-sim: ## run the Manager simulator (jobs on the real job socket) with the demo config (MANAGER_SIM_ARGS for more flags, e.g. --no-job-socket)
 	cargo run -q -p manager-sim --bin manager-sim -- serve --config crates/manager-sim/examples/demo.yaml $(MANAGER_SIM_ARGS)
 

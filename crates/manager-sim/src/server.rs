@@ -1138,6 +1138,8 @@ pub struct SimHandle {
     addr: Option<SocketAddr>,
     tls: bool,
     inner: Arc<Inner>,
+    /// The published API's service; `None` when started in process.
+    published: Option<crate::published::PublishedService>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -1217,14 +1219,15 @@ impl Sim {
             move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
         );
         let t3 = token.clone();
+        let published_service = crate::published::PublishedService::start(
+            crate::published::PublishedWorld::new(&config, now_ms()),
+        );
         let published = InterceptedService::new(
-            crate::published::PublishedService::start(crate::published::PublishedWorld::new(
-                &config,
-                now_ms(),
-            ))
-            .into_server()
-            .max_decoding_message_size(config.limits.max_request_bytes)
-            .max_encoding_message_size(64 * 1024 * 1024),
+            published_service
+                .clone()
+                .into_server()
+                .max_decoding_message_size(config.limits.max_request_bytes)
+                .max_encoding_message_size(64 * 1024 * 1024),
             move |r: Request<()>| authorize(t3.as_ref(), &r).map(|()| r),
         );
         let t2 = token;
@@ -1269,6 +1272,7 @@ impl Sim {
             addr: Some(addr),
             tls: is_tls,
             inner,
+            published: Some(published_service),
             task: Some(task),
         })
     }
@@ -1293,6 +1297,7 @@ impl Sim {
             addr: None,
             tls: false,
             inner,
+            published: None,
             task: Some(task),
         })
     }
@@ -1476,6 +1481,14 @@ impl SimHandle {
     /// is cut like any slow watcher. In-process only (tests).
     pub fn stall_watches(&self, stalled: bool) {
         self.inner.stalled.send_replace(stalled);
+    }
+
+    /// Ends every open `EventStream` of the published API (its clients reconnect and read a new
+    /// snapshot); how many were open. 0 for a sim started in process.
+    pub fn cut_published_streams(&self) -> usize {
+        self.published
+            .as_ref()
+            .map_or(0, crate::published::PublishedService::cut_streams)
     }
 
     /// Stops serving, ends every stream with UNAVAILABLE, writes the state

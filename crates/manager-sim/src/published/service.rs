@@ -81,6 +81,14 @@ impl PublishedService {
         manager_proto::api::manager::manager_server::ManagerServer::new(self)
     }
 
+    /// Ends every open event stream; how many were open.
+    pub fn cut_streams(&self) -> usize {
+        let mut streams = lock(&self.0.streams);
+        let open = streams.iter().filter(|tx| !tx.is_closed()).count();
+        streams.clear();
+        open
+    }
+
     /// Runs a command at the current time and sends what it did to every open stream.
     fn apply<R>(
         &self,
