@@ -732,7 +732,10 @@ async fn a_pool_whose_max_nodes_is_lowered_below_its_nodes_says_so_and_a_bundle_
         (status.as_str(), reason.as_str()),
         ("True", "MaxNodesReached")
     );
-    assert!(message.contains("maxNodes (1)"), "{message}");
+    assert!(
+        message.contains("pool aws-east is above its maxNodes (1; it has 2 nodes)"),
+        "{message}"
+    );
     assert!(!message.contains("insufficientCapacity"), "{message}");
     assert!(t.ctx.events.flush(BOUND).await);
     let failed = t.events_for("c", "PlacementFailed");
