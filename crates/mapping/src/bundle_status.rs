@@ -121,6 +121,9 @@ pub struct StatusFacts<'a> {
     pub now: DateTime<Utc>,
     /// Why the bundle is Broken, when it is.
     pub broken: Option<&'a str>,
+    /// Why its disruption windows cannot be read, when they cannot (its voluntary moves are
+    /// held meanwhile).
+    pub unreadable_windows: Option<&'a str>,
     pub replicas: Vec<ReplicaFacts<'a>>,
 }
 
@@ -152,11 +155,29 @@ pub fn bundle_status(f: &StatusFacts<'_>) -> api::BundleStatus {
     status.phase = v.phase;
     status.placed_replicas = i32::try_from(v.placed_replicas).unwrap_or(i32::MAX);
     status.observed_generation = f.generation;
+    // Windows that cannot be read stall the bundle (its jobs still run and recover), unless it
+    // is Broken, which says more: the person must fix the spec either way.
+    let (standing, reason, message) = match f.unreadable_windows {
+        Some(why) if f.broken.is_none() => (
+            automanager_policy::Standing::Stalled,
+            "InvalidSpec",
+            api::bounded::join_bounded(
+                &[
+                    format!("spec.disruption.windows cannot be read: {why}"),
+                    "every voluntary move of this bundle (drain, consolidation, rebalance) is held until they are fixed; its jobs still run and recover".to_owned(),
+                    v.message,
+                ],
+                "; ",
+                api::bounded::MAX_CONDITION_MESSAGE,
+            ),
+        ),
+        _ => (v.standing, v.reason, v.message),
+    };
     api::set_standing(
         &mut status.conditions,
-        v.standing,
-        v.reason,
-        v.message,
+        standing,
+        reason,
+        message,
         f.generation,
         f.now,
     );
@@ -304,6 +325,7 @@ mod tests {
             generation: Some(3),
             now: at(0),
             broken: None,
+            unreadable_windows: None,
             replicas: vec![
                 ReplicaFacts {
                     replica: 0,
@@ -342,5 +364,44 @@ mod tests {
         assert_eq!(stalled, Some(true), "{:?}", status.conditions);
         let broken = api::find_condition(&status.conditions, "Broken").map(|c| c.reason.clone());
         assert_eq!(broken.as_deref(), Some("WithinRestartCeiling"));
+    }
+
+    #[test]
+    fn windows_that_cannot_be_read_stall_a_running_bundle_naming_the_window() {
+        let prev = api::BundleStatus::default();
+        let ok = PlacementResult::default();
+        let facts = |unreadable| StatusFacts {
+            prev: &prev,
+            retry: None,
+            generation: Some(2),
+            now: at(0),
+            broken: None,
+            unreadable_windows: unreadable,
+            replicas: vec![ReplicaFacts {
+                replica: 0,
+                restarts: 0,
+                restart_times: Vec::new(),
+                result: &ok,
+                jobs: vec![job(JobPhase::Running, Need::Nothing, "n1")],
+            }],
+        };
+        let ready = bundle_status(&facts(None));
+        assert!(api::find_condition(&ready.conditions, "Ready").is_some_and(|c| c.is_true()));
+        let why = "schedule \"0 0 31 2 *\" never matches a date (within nine years)";
+        let status = bundle_status(&facts(Some(why)));
+        let stalled = api::find_condition(&status.conditions, "Stalled").expect("Stalled");
+        assert!(stalled.is_true());
+        assert_eq!(stalled.reason, "InvalidSpec");
+        assert!(
+            stalled.message.contains("0 0 31 2 *") && stalled.message.contains("held"),
+            "{}",
+            stalled.message
+        );
+        assert!(api::find_condition(&status.conditions, "Ready").is_some_and(|c| !c.is_true()));
+        assert_eq!(
+            status.replicas[0].jobs[0].state,
+            api::JobState::Running,
+            "its jobs still run"
+        );
     }
 }

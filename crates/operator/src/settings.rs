@@ -50,13 +50,14 @@ pub struct BandCalendars {
 }
 
 impl BandCalendars {
-    /// Validation read every window already; one that could not be read (a settings value
-    /// built in code) is left out with a warning rather than stopping the operator.
+    /// Validation read every window already; a band whose windows could not be read (a
+    /// settings value built in code) holds its voluntary moves, with a warning, rather than
+    /// stopping the operator or dropping the protection.
     pub fn from_config(bands: &BandsConfig) -> Self {
         let read = |band: api::PriorityBand| {
             crate::config::band_calendar(&bands.get(band).disruption_windows).unwrap_or_else(|e| {
-                tracing::warn!(band = band.as_str(), error = %e, "band disruption windows cannot be read: not applied");
-                Calendar::default()
+                tracing::warn!(band = band.as_str(), error = %e, "band disruption windows cannot be read: its voluntary moves are held");
+                Calendar::unreadable(e.to_string())
             })
         };
         BandCalendars {

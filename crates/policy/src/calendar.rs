@@ -278,15 +278,35 @@ impl Permit {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Calendar {
     windows: Vec<Window>,
+    /// Why the windows as written cannot be read, when they cannot.
+    unreadable: Option<String>,
 }
 
 impl Calendar {
     pub fn new(windows: Vec<Window>) -> Self {
-        Calendar { windows }
+        Calendar {
+            windows,
+            unreadable: None,
+        }
+    }
+
+    /// The calendar of windows that cannot be read (`why`): it fails closed, holding every
+    /// voluntary move, since the protection they were meant to give is unknown. Dropping them
+    /// instead would let a drain go at once.
+    pub fn unreadable(why: impl Into<String>) -> Self {
+        Calendar {
+            windows: Vec::new(),
+            unreadable: Some(why.into()),
+        }
+    }
+
+    /// Why the windows cannot be read, for a calendar that holds everything because of it.
+    pub fn unreadable_reason(&self) -> Option<&str> {
+        self.unreadable.as_deref()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.windows.is_empty()
+        self.windows.is_empty() && self.unreadable.is_none()
     }
 
     pub fn windows(&self) -> &[Window] {
@@ -295,6 +315,13 @@ impl Calendar {
 
     /// Whether a voluntary move for `reason` may happen at `t`, and until when either way.
     pub fn permit(&self, reason: VoluntaryReason, t: DateTime<Utc>) -> Permit {
+        if self.unreadable.is_some() {
+            // No opening is known: held for as long as a readable pattern may take to match
+            // (a fixed spec, or a later look, ends it sooner).
+            return Permit::Held {
+                until: t + MATCH_HORIZON,
+            };
+        }
         let covering: Vec<&Recurrence> = self
             .windows
             .iter()
@@ -578,6 +605,34 @@ mod tests {
             (o.start, o.end),
             (utc(2026, 10, 25, 0, 0), utc(2026, 10, 25, 2, 0))
         );
+    }
+
+    #[test]
+    fn windows_that_cannot_be_read_hold_every_voluntary_move() {
+        let t = utc(2026, 12, 7, 12, 0);
+        let why = Recurrence::parse("0 0 31 2 *", "1h", "UTC").unwrap_err();
+        assert!(why.to_string().contains("never matches"), "{why}");
+        let c = Calendar::unreadable(why.to_string());
+        assert!(!c.is_empty());
+        assert_eq!(c.unreadable_reason(), Some(why.to_string().as_str()));
+        for reason in [
+            VoluntaryReason::Drain,
+            VoluntaryReason::Consolidation,
+            VoluntaryReason::Rebalance,
+            VoluntaryReason::SpareRotation,
+        ] {
+            let p = c.permit(reason, t);
+            assert!(!p.allows(), "{reason:?} is held");
+            assert!(p.held_until().is_some_and(|u| u > t + TimeDelta::days(365)));
+        }
+        // Under several calendars at once, the unreadable one holds too.
+        let open = Calendar::default();
+        let held = permit_all(
+            &[("bundle", &c), ("band", &open)],
+            VoluntaryReason::Drain,
+            t,
+        );
+        assert!(held.is_err_and(|h| h.by == ["bundle"]));
     }
 
     #[test]

@@ -27,8 +27,8 @@ pub enum WindowState {
     Held,
     /// No window names the reason: the bundle does not restrict it.
     AnyTime,
-    /// The windows cannot be read (the operator applies none of them and says why on the
-    /// Bundle).
+    /// The windows cannot be read (the operator holds every voluntary move of the bundle and
+    /// says why on the Bundle: `Stalled`, `InvalidSpec`).
     Invalid,
 }
 

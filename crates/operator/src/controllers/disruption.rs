@@ -37,8 +37,8 @@ struct BundleFacts {
     jobs: Vec<String>,
     /// Each job's band, whose windows (the operator's settings) a move of it answers to too.
     bands: HashMap<String, PriorityBand>,
-    /// Its disruption windows (empty when it declares none, or when they cannot be read: the
-    /// Bundle's own pass says why).
+    /// Its disruption windows (empty when it declares none; holding everything when they
+    /// cannot be read: the Bundle's own pass says why).
     calendar: Calendar,
     /// Each job's co-location group ([`co_location::group`]), for jobs in a group of two or
     /// more.
@@ -61,9 +61,11 @@ fn facts(b: &Bundle) -> BundleFacts {
             .iter()
             .map(|j| (j.job_name.clone(), j.requirements.priority_band))
             .collect(),
+        // Windows that cannot be read fail closed: every voluntary move is held (the Bundle's
+        // own pass says why), never let through as if there were none.
         calendar: b.spec.disruption_calendar().unwrap_or_else(|e| {
-            tracing::warn!(bundle = %b.name_any(), error = %e, "disruption windows cannot be read: not applied");
-            Calendar::default()
+            tracing::warn!(bundle = %b.name_any(), error = %e, "disruption windows cannot be read: voluntary moves held");
+            Calendar::unreadable(e.to_string())
         }),
         groups: {
             let spec = mapping::bundle("", &b.spec);

@@ -198,3 +198,62 @@ async fn a_band_window_holds_a_drains_move_and_a_bundle_window_adds_its_own_hold
     t.migration_until("drain-move", MigrationPhase::Completed)
         .await;
 }
+
+#[tokio::test]
+async fn a_bundle_window_that_never_opens_holds_its_moves_and_stalls_the_bundle() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.running_bundle_moving_by("news", 1, "overlap").await;
+    // The apiserver would refuse this window at admission only if it could read cron; one
+    // stored anyway (an older CRD, a window the operator reads differently) must not let a
+    // drain through as if the bundle had no windows.
+    t.api.edit::<api::Bundle>(Some("live"), "news", |b| {
+        b.spec.disruption = Some(
+            serde_json::from_value(serde_json::json!({
+                "windows": [{"schedule": "0 0 31 2 *", "duration": "1h"}],
+            }))
+            .unwrap(),
+        );
+    });
+    t.labelled_migration("drain-move", "news", api::DRAIN_NODE_LABEL, "n1");
+    t.migration_pass("drain-move")
+        .await
+        .expect("the finalizer pass");
+    t.migration_pass("drain-move").await.expect("the held pass");
+    let status = t.migration_status("drain-move");
+    assert_eq!(status.phase, MigrationPhase::Pending);
+    assert_eq!(
+        condition_of(&status.conditions, "Queued").1,
+        "DisruptionWindow"
+    );
+    assert!(
+        !t.manager.calls().iter().any(|c| c.starts_with("Migration")),
+        "{:?}",
+        t.manager.calls()
+    );
+
+    // The bundle says why: Stalled, InvalidSpec, naming the window; its job still runs.
+    t.bundle_pass("news").await.expect("the bundle's pass");
+    let b = t
+        .api
+        .get::<api::Bundle>(Some("live"), "news")
+        .expect("the bundle");
+    let conditions = b
+        .status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let (on, reason, message) = condition_of(&conditions, "Stalled");
+    assert_eq!((on.as_str(), reason.as_str()), ("True", "InvalidSpec"));
+    assert!(
+        message.contains("0 0 31 2 *") && message.contains("held"),
+        "{message}"
+    );
+
+    // A day later it is still held.
+    t.clock.advance(Duration::from_secs(24 * 3600));
+    t.migration_pass("drain-move").await.expect("a later pass");
+    assert_eq!(
+        t.migration_status("drain-move").phase,
+        MigrationPhase::Pending
+    );
+}

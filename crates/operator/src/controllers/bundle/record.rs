@@ -266,12 +266,19 @@ impl Pass<'_> {
                 })
                 .collect()
         });
+        let unreadable_windows = self
+            .bundle
+            .spec
+            .disruption_calendar()
+            .err()
+            .map(|e| e.to_string());
         bundle_status::bundle_status(&StatusFacts {
             prev: &self.prev,
             retry: self.retry.clone(),
             generation: self.generation,
             now: self.now,
             broken,
+            unreadable_windows: unreadable_windows.as_deref(),
             replicas,
         })
     }
