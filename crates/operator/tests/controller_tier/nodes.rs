@@ -220,7 +220,7 @@ async fn a_provisioned_node_powered_off_has_its_lifecycle_events_and_its_object_
         |sim| {
             // Long enough for a pass to see the node starting, whatever the machine's load.
             for p in sim.pools.iter_mut().filter(|p| p.name == "aws-east") {
-                p.provision_delay_ms = Some(1_500);
+                p.provision_delay_ms = Some(5_000);
                 p.stop_delay_ms = Some(100);
             }
         },
