@@ -88,6 +88,9 @@ pub const PURPOSE_LABEL: &str = "automanager.norsk.io/purpose";
 /// Annotation on a reclaim Migration that goes ahead past its bundle's disruption budget (the
 /// node is taken at its deadline either way): the notice planner's reason.
 pub const BUDGET_OVERRIDE_ANNOTATION: &str = "automanager.norsk.io/budget-override";
+/// Annotation on a move with a deadline (a reclaim notice's Migration): when its node is
+/// taken, RFC 3339. Such a move takes over its job's held voluntary Migration.
+pub const DEADLINE_ANNOTATION: &str = "automanager.norsk.io/deadline";
 /// Label on the Migrations consolidation creates; its value identifies the node being emptied
 /// (a short hash of the node id, as for [`DRAIN_NODE_LABEL`]).
 pub const CONSOLIDATION_NODE_LABEL: &str = "automanager.norsk.io/consolidation-node";

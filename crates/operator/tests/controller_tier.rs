@@ -21,6 +21,8 @@ mod finalizers;
 mod migrations;
 #[path = "controller_tier/nodes.rs"]
 mod nodes;
+#[path = "controller_tier/notices.rs"]
+mod notices;
 #[path = "controller_tier/pools.rs"]
 mod pools;
 #[path = "controller_tier/rebalance.rs"]

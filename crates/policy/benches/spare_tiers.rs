@@ -228,6 +228,7 @@ fn reclaim() -> ReclaimFigures {
                 cores: 1,
                 pools: vec!["p".into()],
                 in_flight: false,
+                move_ended: None,
             });
         }
     }

@@ -236,11 +236,12 @@ pub enum Progress {
     Done { total: usize },
 }
 
-/// Where the node's moves stand: `migrations` is (name, outcome, phase) per Migration.
+/// Where the node's moves stand: `migrations` is (name, outcome, phase) per Migration. A move a
+/// deadline took over (a reclaim notice: the node is taken anyway) gives the node up too.
 pub fn progress(migrations: &[(String, MigrationOutcome, String)]) -> Progress {
     if let Some((name, _, phase)) = migrations
         .iter()
-        .find(|(_, o, _)| *o == MigrationOutcome::Failed)
+        .find(|(_, o, _)| matches!(o, MigrationOutcome::Failed | MigrationOutcome::TakenOver))
     {
         return Progress::Failed {
             migration: name.clone(),

@@ -17,6 +17,9 @@
 //!   and only that job — is handed to its band's recovery (gold and silver restart elsewhere,
 //!   bronze is dropped). A job whose Migration completed is never handed over, even while the
 //!   mirror still shows it on the node (it is about to disappear).
+//! - **A move with a deadline takes over.** A job whose drain Migration was superseded (a
+//!   reclaim notice's move took the job over while the drain's waited) is that move's: the
+//!   drain creates no other Migration for it and never hands it to recovery.
 //! - **Jobs that belong to no Bundle** cannot be migrated by the operator (it knows neither their
 //!   rules nor their owner); they do not hold the drain up and stop with the node.
 //! - **Done** when no managed job is left on the node and no Migration is in flight: the node is
@@ -44,6 +47,10 @@ pub enum MigrationOutcome {
     Completed,
     /// Ended without moving the job (aborted, refused, rejected, failed).
     Failed,
+    /// Ended before it began because a move with a deadline (a reclaim notice's) took the job
+    /// over: that move owns the job now, so the drain neither moves it nor hands it to
+    /// recovery, and waits while the job is still on the node.
+    TakenOver,
 }
 
 /// One of the drain's Migrations, by the job it moves.
@@ -85,8 +92,9 @@ pub fn plan_drain(
     for m in migrations {
         let rank = |o: MigrationOutcome| match o {
             MigrationOutcome::Failed => 0,
-            MigrationOutcome::InFlight => 1,
-            MigrationOutcome::Completed => 2,
+            MigrationOutcome::TakenOver => 1,
+            MigrationOutcome::InFlight => 2,
+            MigrationOutcome::Completed => 3,
         };
         outcome
             .entry(m.job_id.as_str())
@@ -190,6 +198,19 @@ mod tests {
     }
 
     #[test]
+    fn a_job_a_deadline_move_took_over_is_neither_moved_again_nor_handed_over() {
+        let migs = [mig("a", MigrationOutcome::TakenOver)];
+        let plan = plan_drain(&[job("a"), job("b")], &migs, 1);
+        assert!(plan.fall_back.is_empty(), "{plan:?}");
+        assert_eq!(plan.migrate, ["b"], "no slot held for it: {plan:?}");
+        assert_eq!((plan.migrated, plan.fell_back), (0, 0));
+        assert!(!plan.done, "a is still on the node");
+        // Once its move took it off the node, the drain ends.
+        let plan = plan_drain(&[], &migs, 1);
+        assert!(plan.done, "{plan:?}");
+    }
+
+    #[test]
     fn a_completed_job_the_mirror_still_shows_is_not_handed_over() {
         let plan = plan_drain(&[job("a")], &[mig("a", MigrationOutcome::Completed)], 2);
         assert!(plan.fall_back.is_empty() && plan.migrate.is_empty());
@@ -255,6 +276,7 @@ mod tests {
             Just(Some(MigrationOutcome::InFlight)),
             Just(Some(MigrationOutcome::Completed)),
             Just(Some(MigrationOutcome::Failed)),
+            Just(Some(MigrationOutcome::TakenOver)),
         ]
     }
 

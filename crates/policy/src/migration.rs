@@ -1194,6 +1194,9 @@ pub struct MigrationRecord {
     pub phase: MigrationPhase,
     /// Its creation time.
     pub created_at: DateTime<Utc>,
+    /// It moves the job ahead of a deadline (a reclaim notice: the node is taken at a time
+    /// Manager announced), rather than when it suits the fleet.
+    pub deadline: bool,
 }
 
 /// A second migration of a job that is already being migrated.
@@ -1210,32 +1213,130 @@ pub struct ConcurrentMigration {
     pub phase: MigrationPhase,
 }
 
-/// Whether `candidate` (in Pending) may start: refused when another Migration of the same job
-/// is in progress, or is still Pending but was created first (ties broken by name), so two
-/// Migrations created together never both start and never both get refused.
+/// What the one-at-a-time rule lets a Pending Migration do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// It may go on; the held (Pending) Migrations named give way to it and end, superseded.
+    Go { supersede: Vec<String> },
+    /// A move with a deadline takes the job over: this one ends, superseded by `by`, and never
+    /// acts.
+    Superseded { by: String },
+}
+
+impl Claim {
+    /// Go, superseding nothing.
+    pub fn go() -> Claim {
+        Claim::Go {
+            supersede: Vec::new(),
+        }
+    }
+}
+
+/// Whether `candidate` (in Pending) may start.
+///
+/// - A Migration under way (past Pending, not ended) owns the job: any other is refused.
+/// - Among Pending ones, a move with a deadline beats a held voluntary one (a drain's, a
+///   consolidation's, a rebalance's, a person's, whatever holds it: a window, a budget, the
+///   queue): the held one is superseded, since waiting for it would let the deadline pass and
+///   lose the job's output at it.
+/// - Otherwise the one created first wins (ties broken by name) and the others are refused, so
+///   two Migrations created together never both start and never both get refused.
+///
 /// A candidate already past Pending has won earlier and is always allowed.
 pub fn one_at_a_time(
     existing: &[MigrationRecord],
     candidate: &MigrationRecord,
-) -> Result<(), ConcurrentMigration> {
+) -> Result<Claim, ConcurrentMigration> {
     if candidate.phase != MigrationPhase::Pending {
-        return Ok(());
+        return Ok(Claim::go());
     }
-    let holder = existing
+    let rivals: Vec<&MigrationRecord> = existing
         .iter()
         .filter(|m| m.name != candidate.name && m.job == candidate.job && !is_terminal(m.phase))
-        .filter(|m| {
-            m.phase != MigrationPhase::Pending
-                || (m.created_at, &m.name) < (candidate.created_at, &candidate.name)
-        })
-        .min_by(|a, b| (a.created_at, &a.name).cmp(&(b.created_at, &b.name)));
-    match holder {
-        Some(m) => Err(ConcurrentMigration {
-            job: candidate.job.clone(),
-            by: m.name.clone(),
-            phase: m.phase,
+        .collect();
+    let first = |a: &&&MigrationRecord, b: &&&MigrationRecord| {
+        (a.created_at, &a.name).cmp(&(b.created_at, &b.name))
+    };
+    let refused = |m: &MigrationRecord| ConcurrentMigration {
+        job: candidate.job.clone(),
+        by: m.name.clone(),
+        phase: m.phase,
+    };
+    if let Some(m) = rivals
+        .iter()
+        .filter(|m| m.phase != MigrationPhase::Pending)
+        .min_by(first)
+    {
+        return Err(refused(m));
+    }
+    if !candidate.deadline
+        && let Some(m) = rivals.iter().filter(|m| m.deadline).min_by(first)
+    {
+        return Ok(Claim::Superseded { by: m.name.clone() });
+    }
+    // Rivals of the candidate's own kind: the one created first goes.
+    let earlier = rivals
+        .iter()
+        .filter(|m| m.deadline == candidate.deadline)
+        .filter(|m| (m.created_at, &m.name) < (candidate.created_at, &candidate.name))
+        .min_by(first);
+    if let Some(m) = earlier {
+        return Err(refused(m));
+    }
+    let mut supersede: Vec<String> = if candidate.deadline {
+        rivals
+            .iter()
+            .filter(|m| !m.deadline)
+            .map(|m| m.name.clone())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    supersede.sort();
+    Ok(Claim::Go { supersede })
+}
+
+/// Why a held (Pending) Migration has nothing left to do: the job it was made for is no longer
+/// where it was made for. Letting it act later would move the job from wherever its recovery
+/// put it, outside any window that held it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SourceGone {
+    #[error(
+        "its source node {node} is gone ({why}); the job no longer runs there, so this Migration ends instead of moving it from wherever it runs now"
+    )]
+    NodeGone { node: String, why: String },
+    #[error(
+        "the job no longer runs on its source node {node} (it runs on {now}); this Migration ends instead of moving it from there"
+    )]
+    JobMoved { node: String, now: String },
+}
+
+/// The node a held Migration was made for (the job's node when it was made or first held),
+/// and, when that node is gone, why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldSource<'a> {
+    pub node: &'a str,
+    /// `Some` when Manager no longer has the node, or has terminated it.
+    pub gone: Option<&'a str>,
+}
+
+/// Whether a held Migration ends because its source is gone ([`SourceGone`]). `running_on` is
+/// the node the job runs on now; a job not running now is not decided here (admission refuses
+/// it as not running).
+pub fn source_gone(source: Option<HeldSource<'_>>, running_on: Option<&str>) -> Option<SourceGone> {
+    let source = source?;
+    if let Some(why) = source.gone {
+        return Some(SourceGone::NodeGone {
+            node: source.node.to_owned(),
+            why: why.to_owned(),
+        });
+    }
+    match running_on {
+        Some(now) if now != source.node => Some(SourceGone::JobMoved {
+            node: source.node.to_owned(),
+            now: now.to_owned(),
         }),
-        None => Ok(()),
+        _ => None,
     }
 }
 
@@ -2168,6 +2269,14 @@ mod tests {
             job: job(),
             phase,
             created_at: at(created_secs),
+            deadline: false,
+        }
+    }
+
+    fn deadline_move(name: &str, phase: MigrationPhase, created_secs: i64) -> MigrationRecord {
+        MigrationRecord {
+            deadline: true,
+            ..record(name, phase, created_secs)
         }
     }
 
@@ -2202,7 +2311,7 @@ mod tests {
         ];
         assert_eq!(
             one_at_a_time(&existing, &record("new", P::Pending, 10)),
-            Ok(())
+            Ok(Claim::go())
         );
     }
 
@@ -2211,11 +2320,11 @@ mod tests {
         let a = record("a", P::Pending, 5);
         let b = record("b", P::Pending, 5);
         let all = [a.clone(), b.clone()];
-        assert_eq!(one_at_a_time(&all, &a), Ok(()));
+        assert_eq!(one_at_a_time(&all, &a), Ok(Claim::go()));
         assert!(one_at_a_time(&all, &b).is_err());
         let older = record("z", P::Pending, 1);
         let all = [older.clone(), a.clone()];
-        assert_eq!(one_at_a_time(&all, &older), Ok(()));
+        assert_eq!(one_at_a_time(&all, &older), Ok(Claim::go()));
         assert!(one_at_a_time(&all, &a).is_err());
     }
 
@@ -2224,8 +2333,78 @@ mod tests {
         let existing = [record("x", P::Pending, 0)];
         assert_eq!(
             one_at_a_time(&existing, &record("y", P::PlacingTarget, 10)),
-            Ok(())
+            Ok(Claim::go())
         );
+    }
+
+    #[test]
+    fn a_move_with_a_deadline_supersedes_the_held_migrations_of_its_job() {
+        // A drain's Migration created long before waits (a window, a budget, the queue).
+        let held = record("drain-n1-abc", P::Pending, 0);
+        let user = record("move-encode", P::Pending, 5);
+        let notice = deadline_move("reclaim-n1-abc", P::Pending, 60);
+        let all = [held.clone(), user.clone(), notice.clone()];
+        assert_eq!(
+            one_at_a_time(&all, &notice),
+            Ok(Claim::Go {
+                supersede: vec!["drain-n1-abc".into(), "move-encode".into()]
+            })
+        );
+        // Whichever pass comes first, the held ones end the same way.
+        for m in [&held, &user] {
+            assert_eq!(
+                one_at_a_time(&all, m),
+                Ok(Claim::Superseded {
+                    by: "reclaim-n1-abc".into()
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn a_held_migration_whose_source_is_gone_ends_and_one_whose_source_stands_does_not() {
+        let held = |gone| Some(HeldSource { node: "n1", gone });
+        assert_eq!(source_gone(None, Some("n2")), None, "nothing recorded yet");
+        assert_eq!(source_gone(held(None), Some("n1")), None);
+        assert_eq!(
+            source_gone(held(None), None),
+            None,
+            "not running: not decided here"
+        );
+        let gone = source_gone(held(Some("terminated")), Some("n2"));
+        assert_eq!(
+            gone.as_ref().map(ToString::to_string).as_deref(),
+            Some(
+                "its source node n1 is gone (terminated); the job no longer runs there, so this Migration ends instead of moving it from wherever it runs now"
+            )
+        );
+        assert_eq!(
+            source_gone(held(None), Some("n2")),
+            Some(SourceGone::JobMoved {
+                node: "n1".into(),
+                now: "n2".into()
+            })
+        );
+    }
+
+    #[test]
+    fn a_move_under_way_is_never_superseded_and_refuses_a_deadline_move_too() {
+        let moving = record("drain-n1-abc", P::StartingTarget, 0);
+        let notice = deadline_move("reclaim-n1-abc", P::Pending, 60);
+        let err = one_at_a_time(&[moving, notice.clone()], &notice);
+        assert!(
+            matches!(&err, Err(e) if e.by == "drain-n1-abc" && e.phase == P::StartingTarget),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn of_two_deadline_moves_the_older_goes_and_the_other_is_refused() {
+        let a = deadline_move("a", P::Pending, 5);
+        let b = deadline_move("b", P::Pending, 9);
+        let all = [a.clone(), b.clone()];
+        assert_eq!(one_at_a_time(&all, &a), Ok(Claim::go()));
+        assert!(matches!(one_at_a_time(&all, &b), Err(e) if e.by == "a"));
     }
 
     // ---- properties ----
@@ -2277,6 +2456,45 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Any set of Pending Migrations of one job: exactly one goes; when a move with a
+        /// deadline is among them, the one that goes has a deadline and every held voluntary
+        /// one is superseded, by its own pass and in the winner's list alike; the rest are
+        /// refused naming a rival.
+        #[test]
+        fn exactly_one_pending_migration_of_a_job_goes_and_a_deadline_beats_every_held_one(
+            pending in prop::collection::vec((0i64..5, any::<bool>()), 1..8),
+        ) {
+            let all: Vec<MigrationRecord> = pending
+                .iter()
+                .enumerate()
+                .map(|(i, (created, d))| MigrationRecord {
+                    deadline: *d,
+                    ..record(&format!("m{i}"), P::Pending, *created)
+                })
+                .collect();
+            let answers: Vec<_> = all.iter().map(|m| one_at_a_time(&all, m)).collect();
+            let going: Vec<usize> = answers
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| matches!(a, Ok(Claim::Go { .. })))
+                .map(|(i, _)| i)
+                .collect();
+            prop_assert_eq!(going.len(), 1, "{:?}", answers);
+            let winner = &all[going[0]];
+            let any_deadline = all.iter().any(|m| m.deadline);
+            prop_assert_eq!(winner.deadline, any_deadline);
+            let Ok(Claim::Go { supersede }) = &answers[going[0]] else { unreachable!() };
+            for (m, a) in all.iter().zip(&answers) {
+                if any_deadline && !m.deadline {
+                    prop_assert!(matches!(a, Ok(Claim::Superseded { .. })), "{:?}", a);
+                    prop_assert!(supersede.contains(&m.name));
+                } else if m.name != winner.name {
+                    prop_assert!(a.is_err(), "{:?}", a);
+                    prop_assert!(!supersede.contains(&m.name));
+                }
+            }
+        }
 
         /// Random event sequences: nothing panics, every accepted event keeps the phase, moves to
         /// the strategy's next phase or ends the migration, refused events change nothing, and a

@@ -8,7 +8,8 @@
 //! library here; KubeVirt limits parallel migrations the same way):
 //!
 //! - **Order.** Waiting migrations are taken by priority, then age (older first), then
-//!   namespace/name: drains first, then rebalancing, then consolidation. A Migration a person
+//!   namespace/name: moves with a deadline (a reclaim notice's) first, then drains, then
+//!   rebalancing, then consolidation. A Migration a person
 //!   created ranks with drains: someone asked for it now, and like a drain it usually makes
 //!   room for maintenance.
 //! - **Parallelism.** At most `global` migrations run at once in the fleet, and at most
@@ -17,6 +18,10 @@
 //!   the budget blocks waits without holding a slot, and the migrations behind it may go.
 //!   One whose node is full waits too, and those behind it for other nodes may go; once the
 //!   global limit is reached everything else waits.
+//! - **Deadlines.** A move with a deadline is never held by the parallelism limits (the node
+//!   is taken at its deadline whatever the fleet's pace); it counts in them, so voluntary moves
+//!   wait behind it. Its budget is checked like any other's (the notice planner decides when a
+//!   deadline lets a move go past a budget, and such a move carries no budget here).
 
 use std::collections::BTreeMap;
 
@@ -25,6 +30,8 @@ use crate::disruption::{Ledger, Verdict};
 /// Why a migration is run: its rank in the queue (lower goes first).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Purpose {
+    /// A move ahead of a deadline: a reclaim notice's.
+    Deadline,
     /// A node drain, or a Migration a person created.
     Drain,
     Rebalance,
@@ -34,16 +41,18 @@ pub enum Purpose {
 impl Purpose {
     pub fn as_str(self) -> &'static str {
         match self {
+            Purpose::Deadline => "reclaim",
             Purpose::Drain => "drain",
             Purpose::Rebalance => "rebalance",
             Purpose::Consolidation => "consolidation",
         }
     }
 
-    /// The reason a disruption window governs this purpose.
+    /// The reason a disruption window governs this purpose (a deadline's move is not
+    /// voluntary and no window holds it; it reads as the drain it usually overtakes).
     pub fn voluntary_reason(self) -> crate::vocab::VoluntaryReason {
         match self {
-            Purpose::Drain => crate::vocab::VoluntaryReason::Drain,
+            Purpose::Deadline | Purpose::Drain => crate::vocab::VoluntaryReason::Drain,
             Purpose::Rebalance => crate::vocab::VoluntaryReason::Rebalance,
             Purpose::Consolidation => crate::vocab::VoluntaryReason::Consolidation,
         }
@@ -52,6 +61,7 @@ impl Purpose {
     /// From the purpose label's value; anything else (a person's Migration) ranks with drains.
     pub fn from_label(value: Option<&str>) -> Purpose {
         match value {
+            Some("reclaim") => Purpose::Deadline,
             Some("rebalance") => Purpose::Rebalance,
             Some("consolidation") => Purpose::Consolidation,
             _ => Purpose::Drain,
@@ -151,12 +161,14 @@ pub fn admit<B: Ord + Clone>(
     let mut out = Vec::with_capacity(order.len());
     let mut position = 0;
     for w in order {
-        let reason = if in_flight >= global {
+        let paced = w.purpose != Purpose::Deadline;
+        let reason = if paced && in_flight >= global {
             Some(WaitReason::GlobalLimit {
                 running: in_flight,
                 limit: global,
             })
         } else if let Some(full) = nodes(&w.source_node, w.target_node.as_deref())
+            .filter(|_| paced)
             .find(|n| on_node.get(n).copied().unwrap_or(0) >= per_node)
         {
             Some(WaitReason::NodeLimit {
@@ -230,6 +242,60 @@ mod tests {
             .filter(|(_, a)| *a == Admission::Begin)
             .map(|(k, _)| k.as_str())
             .collect()
+    }
+
+    #[test]
+    fn a_deadline_move_goes_first_and_past_the_limits_and_voluntary_moves_wait_behind_it() {
+        let running = [Running {
+            source_node: "n1".into(),
+            target_node: Some("n2".into()),
+        }];
+        let waiting = [
+            w("drain", Purpose::Drain, 0, "n1"),
+            w("reclaim", Purpose::Deadline, 9, "n1"),
+        ];
+        let out = admit(&running, &waiting, limits(1, 1), &mut Ledger::new());
+        assert_eq!(begun(&out), ["reclaim"]);
+        assert_eq!(out[0].0, "reclaim", "first in the queue");
+        assert!(matches!(
+            out[1].1,
+            Admission::Wait {
+                reason: WaitReason::GlobalLimit { running: 2, .. },
+                ..
+            }
+        ));
+        assert_eq!(Purpose::from_label(Some("reclaim")), Purpose::Deadline);
+    }
+
+    #[test]
+    fn a_deadline_move_still_answers_to_its_budget() {
+        let mut ledger = Ledger::new();
+        ledger.insert(
+            "b".to_owned(),
+            1,
+            vec![
+                ReplicaStanding {
+                    replica: 0,
+                    running: true,
+                    disrupted: false,
+                },
+                ReplicaStanding {
+                    replica: 1,
+                    running: true,
+                    disrupted: true,
+                },
+            ],
+        );
+        let mut reclaim = w("reclaim", Purpose::Deadline, 0, "n1");
+        reclaim.replica = Some(("b".to_owned(), 0));
+        let out = admit(&[], &[reclaim], limits(5, 5), &mut ledger);
+        assert!(matches!(
+            out[0].1,
+            Admission::Wait {
+                reason: WaitReason::Budget { .. },
+                ..
+            }
+        ));
     }
 
     #[test]

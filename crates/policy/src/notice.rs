@@ -53,8 +53,12 @@ pub struct NoticedJob {
     pub cores: u32,
     /// The job's pools, in preference order.
     pub pools: Vec<String>,
-    /// A move of this job is already under way.
+    /// A move of this job is already under way (its reclaim Migration, or any other that has
+    /// begun moving it).
     pub in_flight: bool,
+    /// This notice's move of the job ended without moving it (refused, aborted, failed): why.
+    /// It is not tried again; the job is left to band recovery at the deadline, and said so.
+    pub move_ended: Option<String>,
 }
 
 /// Room on a node that is not being taken.
@@ -164,6 +168,8 @@ pub enum LeftReason {
     NoCapacity,
     /// A target is (or will be) there, but the move cannot finish before the deadline.
     TooLate { needed: TimeDelta, left: TimeDelta },
+    /// Its move was made and ended without moving the job (the words say why).
+    MoveEnded { why: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,6 +301,14 @@ pub fn plan_notice(input: NoticeInput<'_>) -> NoticePlan {
         }
         if job.in_flight {
             plan.in_flight.push(job.job_id.clone());
+            continue;
+        }
+        if let Some(why) = &job.move_ended {
+            plan.left.push(Left {
+                job_id: job.job_id.clone(),
+                band: job.band,
+                why: LeftReason::MoveEnded { why: why.clone() },
+            });
             continue;
         }
         let handover = job.strategy == MigrationStrategy::Handover;
@@ -472,6 +486,7 @@ mod tests {
             cores: 1,
             pools: vec!["p".into()],
             in_flight: false,
+            move_ended: None,
         }
     }
 
@@ -681,6 +696,33 @@ mod tests {
         );
         assert_eq!(p.in_flight, vec!["moving".to_owned()]);
         assert!(p.moves.is_empty() && p.waiting.is_empty() && p.left.is_empty());
+    }
+
+    #[test]
+    fn a_move_that_ended_without_moving_the_job_is_left_to_recovery_with_its_reason() {
+        let mut ended = job("g", "n", "a", 0, Gold, Overlap);
+        ended.move_ended = Some("Migration reclaim-n-1 ended Rejected: no room".into());
+        let p = run(
+            &[noticed("n", 120)],
+            &[ended],
+            &[free("f", 100.0, true)],
+            &[],
+            &Ledger::new(),
+        );
+        assert!(
+            p.moves.is_empty() && p.waiting.is_empty(),
+            "not tried again: {p:?}"
+        );
+        assert_eq!(
+            p.left,
+            vec![Left {
+                job_id: "g".into(),
+                band: Gold,
+                why: LeftReason::MoveEnded {
+                    why: "Migration reclaim-n-1 ended Rejected: no room".into()
+                }
+            }]
+        );
     }
 
     // ---- properties ----

@@ -75,8 +75,13 @@ pub(crate) fn job_bundle(ctx: &Context, job_id: &str) -> Option<ObjectRef<Bundle
 
 pub(crate) fn outcome(m: &Migration) -> MigrationOutcome {
     use MigrationPhase as P;
+    // A move with a deadline took the job over before this one began: that move's to finish.
+    let taken_over = m.status.as_ref().is_some_and(|s| {
+        api::find_condition(&s.conditions, "Aborted").is_some_and(|c| c.reason == "Superseded")
+    });
     match m.status.as_ref().map(|s| s.phase).unwrap_or_default() {
         P::Completed => MigrationOutcome::Completed,
+        P::Aborted if taken_over => MigrationOutcome::TakenOver,
         P::Aborted | P::Refused | P::Rejected | P::Failed => MigrationOutcome::Failed,
         _ => MigrationOutcome::InFlight,
     }

@@ -405,12 +405,12 @@ impl<'a> Run<'a> {
     ) -> Result<Result<MigrationMachine, Begin<'a>>, Error> {
         let (ns, name) = ns_name(mig)?;
         match admit::admit(mig, ctx, &ns, &name, job_id).await? {
-            Ok((_, source))
+            admit::Verdict::Admitted(_, source)
                 if mig.spec.abort.is_none() && !admit::queue(ctx, mig, status, &source).await? =>
             {
                 Ok(Err(Begin::Queued))
             }
-            Ok((strategy, source)) => {
+            admit::Verdict::Admitted(strategy, source) => {
                 status.strategy = Some(strategy);
                 status.job_id = Some(job_id.to_owned());
                 status.migration_id = Some(migration_id.to_owned());
@@ -418,10 +418,15 @@ impl<'a> Run<'a> {
                 let now = ctx.clock.now();
                 Ok(Ok(MigrationMachine::new(strategy, Some(source), now)))
             }
-            Err((reason, message)) => {
+            admit::Verdict::Refused((reason, message)) => {
                 let prev = mig.status.clone().unwrap_or_default();
                 let now = ctx.clock.now();
                 admit::reject(ctx, mig, &prev, status.clone(), reason, message, now).await?;
+                Ok(Err(Begin::Ended))
+            }
+            admit::Verdict::Ends(why) => {
+                let prev = mig.status.clone().unwrap_or_default();
+                admit::end(ctx, mig, &prev, status.clone(), why).await?;
                 Ok(Err(Begin::Ended))
             }
         }

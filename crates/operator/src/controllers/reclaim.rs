@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
-    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationSpec, PlacementPool,
+    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, MigrationSpec,
+    PlacementPool,
 };
 use automanager_policy::notice::{
     self, BudgetUse, FreeNode, LeftReason, MoveTimes, NoticeInput, NoticePlan, NoticedJob,
@@ -99,7 +100,11 @@ pub async fn pass(ctx: &Arc<Context>, told: &mut HashMap<String, String>) -> Res
         .iter()
         .map(|(j, _)| (j.job_id.as_str(), j.node_id.as_str()))
         .collect();
-    record(ctx, &nodes, &plan, &node_of, told).await;
+    let held: HashMap<&str, &[String]> = jobs
+        .iter()
+        .map(|(j, p)| (j.job_id.as_str(), p.held.as_slice()))
+        .collect();
+    record(ctx, &nodes, &plan, (&node_of, &held), told).await;
     Ok(())
 }
 
@@ -110,6 +115,57 @@ struct JobPlace {
     bundle: String,
     replica: i32,
     job_name: String,
+    /// The job's held voluntary Migrations (Pending: a window, a budget or the queue holds
+    /// them), which its move here takes over.
+    held: Vec<String>,
+}
+
+/// Where a job's Migrations stand for its notice: whether a move of it is under way, why
+/// its reclaim Migration ended without moving it, and the held ones its move takes over.
+fn job_migrations(
+    listed: &[Migration],
+    place: &JobPlace,
+    reclaim_name: &str,
+) -> (bool, Option<String>, Vec<String>) {
+    let of_job: Vec<&Migration> = listed
+        .iter()
+        .filter(|m| {
+            let j = &m.spec.job;
+            j.bundle == place.bundle && j.replica == place.replica && j.job_name == place.job_name
+        })
+        .collect();
+    let phase = |m: &Migration| m.status.as_ref().map(|s| s.phase).unwrap_or_default();
+    let mut in_flight = false;
+    let mut ended = None;
+    let mut held = Vec::new();
+    for m in of_job {
+        let p = phase(m);
+        let ours = m.name_any() == reclaim_name;
+        if ours && matches!(p, MigrationPhase::Completed) {
+            // Done: the mirror shows the job on the noticed node a moment longer.
+            in_flight = true;
+        } else if ours && automanager_policy::migration::is_terminal(p) {
+            let why = m
+                .status
+                .as_ref()
+                .and_then(|s| {
+                    ["Rejected", "Aborted", "Progressing"]
+                        .iter()
+                        .find_map(|t| api::find_condition(&s.conditions, t))
+                        .map(|c| c.message.clone())
+                })
+                .unwrap_or_default();
+            ended = Some(format!("Migration {} ended {p:?}: {why}", m.name_any()));
+        } else if ours
+            || !(p == MigrationPhase::Pending || automanager_policy::migration::is_terminal(p))
+        {
+            // Ours, on its way; or another already moving the job (it owns the job now).
+            in_flight = true;
+        } else if p == MigrationPhase::Pending && m.spec.abort.is_none() {
+            held.push(m.name_any());
+        }
+    }
+    (in_flight, ended.filter(|_| !in_flight), held)
 }
 
 async fn observe_jobs(
@@ -132,6 +188,7 @@ async fn observe_jobs(
             .collect()
     });
     let mut bundles: HashMap<(String, String), Option<Bundle>> = HashMap::new();
+    let mut migrations: HashMap<String, Vec<Migration>> = HashMap::new();
     let mut out = Vec::new();
     for (job, node_id) in on {
         let Some(id) = mapping::BundleId::parse(&job.bundle_id) else {
@@ -153,16 +210,24 @@ async fn observe_jobs(
         };
         let replica = i32::try_from(job.replica).unwrap_or(0);
         let req = job.requirements.clone().unwrap_or_default();
-        let place = JobPlace {
+        let mut place = JobPlace {
             namespace: ns.to_owned(),
             bundle: name.to_owned(),
             replica,
             job_name: job.job_name.clone(),
+            held: Vec::new(),
         };
-        let in_flight = Api::<Migration>::namespaced(ctx.client.clone(), ns)
-            .get_opt(&migration_name(&node_id, &job.job_id))
-            .await?
-            .is_some();
+        if !migrations.contains_key(ns) {
+            let listed = Api::<Migration>::namespaced(ctx.client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            migrations.insert(ns.to_owned(), listed);
+        }
+        let listed = migrations.get(ns).map(Vec::as_slice).unwrap_or_default();
+        let (in_flight, move_ended, held) =
+            job_migrations(listed, &place, &migration_name(&node_id, &job.job_id));
+        place.held = held;
         out.push((
             NoticedJob {
                 job_id: job.job_id.clone(),
@@ -179,6 +244,7 @@ async fn observe_jobs(
                 cores: u32::try_from(req.required_cores).unwrap_or(0),
                 pools: bundle.spec.pools_for_replica(replica).to_vec(),
                 in_flight,
+                move_ended,
             },
             place,
         ));
@@ -275,7 +341,12 @@ async fn act(
         let Some((_, place)) = jobs.iter().find(|(j, _)| j.job_id == m.job_id) else {
             continue;
         };
-        let mut annotations = BTreeMap::new();
+        // The deadline marks it as a move that takes over the job's held Migration.
+        let mut annotations = BTreeMap::from([(
+            api::DEADLINE_ANNOTATION.to_owned(),
+            m.deadline
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        )]);
         if let BudgetUse::Broken { reason } = &m.budget {
             annotations.insert(
                 api::BUDGET_OVERRIDE_ANNOTATION.to_owned(),
@@ -287,7 +358,7 @@ async fn act(
                 name: Some(migration_name(&m.from, &m.job_id)),
                 namespace: Some(place.namespace.clone()),
                 labels: Some([(api::PURPOSE_LABEL.to_owned(), "reclaim".to_owned())].into()),
-                annotations: (!annotations.is_empty()).then_some(annotations),
+                annotations: Some(annotations),
                 ..Default::default()
             },
             spec: MigrationSpec {
@@ -310,7 +381,7 @@ async fn act(
             .await
         {
             Ok(_) => {
-                tracing::info!(node = %m.from, job = %m.job_id, strategy = m.strategy.as_str(), deadline = %m.deadline, "reclaim: moving job")
+                tracing::info!(node = %m.from, job = %m.job_id, strategy = m.strategy.as_str(), deadline = %m.deadline, takes_over = ?place.held, "reclaim: moving job")
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),
@@ -347,7 +418,7 @@ async fn record(
     ctx: &Context,
     nodes: &[NoticedNode],
     plan: &NoticePlan,
-    node_of: &HashMap<&str, &str>,
+    (node_of, held): (&HashMap<&str, &str>, &HashMap<&str, &[String]>),
     told: &mut HashMap<String, String>,
 ) {
     for n in nodes {
@@ -367,7 +438,15 @@ async fn record(
                     needed.num_seconds(),
                     left.num_seconds()
                 ),
+                LeftReason::MoveEnded { why } => format!("{} ({why})", l.job_id),
             })
+            .collect();
+        let taken_over: Vec<&str> = plan
+            .moves
+            .iter()
+            .filter(|m| m.from == n.node_id)
+            .flat_map(|m| held.get(m.job_id.as_str()).copied().unwrap_or_default())
+            .map(String::as_str)
             .collect();
         let broken: Vec<&str> = plan
             .moves
@@ -378,10 +457,15 @@ async fn record(
             })
             .collect();
         let summary = format!(
-            "node {} is reclaimed at {}: {moving} job(s) moving now, {in_flight} in flight, {waiting} waiting; left to band recovery: {}{}",
+            "node {} is reclaimed at {}: {moving} job(s) moving now{}, {in_flight} in flight, {waiting} waiting; left to band recovery: {}{}",
             n.node_id,
             n.deadline
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            if taken_over.is_empty() {
+                String::new()
+            } else {
+                format!(" (taking over held Migration(s) {})", taken_over.join(", "))
+            },
             if left.is_empty() {
                 "none".to_owned()
             } else {

@@ -27,7 +27,7 @@ impl Tier {
     }
 
     /// The ManagerNode objects of Manager's nodes, written by one sync pass.
-    async fn with_node_objects(self) -> (Tier, MirrorSync) {
+    pub(crate) async fn with_node_objects(self) -> (Tier, MirrorSync) {
         let mut sync = MirrorSync::start(self.ctx.clone()).await;
         sync.pass().await;
         self.api.clear_calls();
@@ -36,7 +36,7 @@ impl Tier {
     }
 
     /// The user sets `spec` on the node's object.
-    fn set_node_spec(&self, node_id: &str, spec: ManagerNodeSpec) {
+    pub(crate) fn set_node_spec(&self, node_id: &str, spec: ManagerNodeSpec) {
         self.api
             .edit::<ManagerNode>(None, &mapping::node_object_name(node_id), |n| {
                 n.spec = spec;
@@ -44,7 +44,7 @@ impl Tier {
     }
 
     /// One pass over the node's object as stored now.
-    async fn node_pass(&self, node_id: &str) -> Result<Action, controllers::Error> {
+    pub(crate) async fn node_pass(&self, node_id: &str) -> Result<Action, controllers::Error> {
         let n = self.stored_node(node_id).expect("the node's object");
         controllers::node::reconcile(Arc::new(n), self.ctx.clone()).await
     }

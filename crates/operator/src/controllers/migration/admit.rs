@@ -4,7 +4,7 @@
 use automanager_api::{
     self as api, Bundle, Migration, MigrationPhase, MigrationStatus, MigrationStrategy,
 };
-use automanager_policy::migration::{self as plan, MigrationRecord, SourceJob};
+use automanager_policy::migration::{self as plan, Claim, HeldSource, MigrationRecord, SourceJob};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -19,30 +19,95 @@ use automanager_policy::migration_queue::Admission;
 /// Why admission refuses a Migration: the condition's reason and message.
 type Refusal = (&'static str, String);
 
+/// What admission answers a Pending Migration.
+pub(super) enum Verdict {
+    /// It may go on (to the queue): the strategy in effect and the source node.
+    Admitted(MigrationStrategy, String),
+    /// It is refused: it ends `Rejected`.
+    Refused(Refusal),
+    /// It has nothing left to do and ends `Aborted` before it began, with the reason
+    /// (`Superseded`, `SourceGone`) and the words.
+    Ends(Refusal),
+}
+
 /// The admission checks of a Pending Migration: the strategy in effect and the source node, or
-/// why it is rejected (condition reason, message).
+/// why it is rejected or ends.
 pub(super) async fn admit(
     mig: &Migration,
     ctx: &Context,
     ns: &str,
     name: &str,
     job_id: &str,
-) -> Result<Result<(MigrationStrategy, String), Refusal>, Error> {
+) -> Result<Verdict, Error> {
     let strategy = match check_job(mig, ctx, ns).await? {
         Ok(strategy) => strategy,
-        Err(refusal) => return Ok(Err(refusal)),
+        Err(refusal) => return Ok(Verdict::Refused(refusal)),
     };
-    if let Err(refusal) = check_one_at_a_time(mig, ctx, ns).await? {
-        return Ok(Err(refusal));
+    if let Some(gone) = check_source_gone(mig, ctx, job_id) {
+        return Ok(Verdict::Ends(("SourceGone", gone.to_string())));
+    }
+    match check_one_at_a_time(mig, ctx, ns).await? {
+        Err(refusal) => return Ok(Verdict::Refused(refusal)),
+        Ok(None) => {}
+        Ok(Some(by)) => return Ok(Verdict::Ends(("Superseded", superseded_by(&by)))),
     }
     let checked = check_source(mig, ctx, job_id)
         .and_then(|source| check_target(mig, ctx, strategy, &source).map(|()| source));
     let source = match checked {
         Ok(source) => source,
-        Err(refusal) => return Ok(Err(refusal)),
+        Err(refusal) => return Ok(Verdict::Refused(refusal)),
     };
     tracing::debug!(migration = %name, job = %job_id, strategy = strategy.as_str(), source = %source, "migration admitted");
-    Ok(Ok((strategy, source)))
+    Ok(Verdict::Admitted(strategy, source))
+}
+
+/// Whether the Migration was made for a node its job has left, or that is gone: the node it
+/// recorded as its source while held, or a drain's or consolidation's node.
+fn check_source_gone(mig: &Migration, ctx: &Context, job_id: &str) -> Option<plan::SourceGone> {
+    let recorded = mig.status.as_ref().and_then(|s| s.source_node.clone());
+    ctx.manager.mirror().read(|m| {
+        let node = recorded.or_else(|| {
+            let annotations = mig.annotations();
+            if let Some(id) = annotations.get(api::CONSOLIDATION_NODE_ANNOTATION) {
+                return Some(id.clone());
+            }
+            // A drain names its node's object; the node is the one whose object that is.
+            let object = annotations.get(api::DRAIN_NODE_ANNOTATION)?;
+            m.nodes
+                .keys()
+                .find(|id| mapping::node_object_name(id) == *object)
+                .cloned()
+                .or_else(|| Some(object.clone()))
+        })?;
+        let gone = match m.nodes.get(&node).map(proto::Node::state) {
+            None => Some("Manager no longer has it"),
+            Some(proto::NodeState::Terminated) => Some("terminated"),
+            Some(_) => None,
+        };
+        let running_on = m.jobs.get(job_id).and_then(|j| {
+            j.instances
+                .iter()
+                .find(|i| i.is_normal() && i.state() == proto::JobState::Running)
+                .map(|i| i.node_id.clone())
+        });
+        plan::source_gone(
+            Some(HeldSource { node: &node, gone }),
+            running_on.as_deref(),
+        )
+    })
+}
+
+/// The words for a Migration a move with a deadline took over (`by`: that Migration).
+fn superseded_by(by: &Migration) -> String {
+    let deadline = by
+        .annotations()
+        .get(api::DEADLINE_ANNOTATION)
+        .map(|d| format!(" (its node is taken at {d})"))
+        .unwrap_or_default();
+    format!(
+        "superseded by Migration {}, which moves the job ahead of a reclaim notice{deadline}; this Migration ends without acting, the job is that one's to move",
+        by.name_any()
+    )
 }
 
 /// The job exists in its Bundle: the strategy in effect (the job's declared one, or a safer one
@@ -74,23 +139,40 @@ async fn check_job(
         .map_err(|e| ("StrategyRefused", e.to_string())))
 }
 
-/// No other Migration object of the namespace moves the job now.
+/// No other Migration object of the namespace moves the job now. A move with a deadline ends
+/// the held Migrations of its job here (superseded); `Ok(Some(by))` when this one is held and
+/// such a move, `by`, takes its job over.
 async fn check_one_at_a_time(
     mig: &Migration,
     ctx: &Context,
     ns: &str,
-) -> Result<Result<(), Refusal>, Error> {
+) -> Result<Result<Option<Migration>, Refusal>, Error> {
     let all: Api<Migration> = Api::namespaced(ctx.client.clone(), ns);
     let now = ctx.clock.now();
-    let records: Vec<MigrationRecord> = all
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|m| record(m, now))
-        .collect();
-    Ok(plan::one_at_a_time(&records, &record(mig, now))
-        .map_err(|e| ("ConcurrentMigration", e.to_string())))
+    let listed = all.list(&ListParams::default()).await?.items;
+    let records: Vec<MigrationRecord> = listed.iter().map(|m| record(m, now)).collect();
+    let claim = match plan::one_at_a_time(&records, &record(mig, now)) {
+        Ok(claim) => claim,
+        Err(e) => return Ok(Err(("ConcurrentMigration", e.to_string()))),
+    };
+    match claim {
+        Claim::Superseded { by } => Ok(Ok(listed.into_iter().find(|m| m.name_any() == by))),
+        Claim::Go { supersede } => {
+            for held in listed.iter().filter(|m| supersede.contains(&m.name_any())) {
+                let prev = held.status.clone().unwrap_or_default();
+                end(
+                    ctx,
+                    held,
+                    &prev,
+                    prev.clone(),
+                    ("Superseded", superseded_by(mig)),
+                )
+                .await?;
+                tracing::info!(migration = %held.name_any(), by = %mig.name_any(), "held migration superseded by a move with a deadline");
+            }
+            Ok(Ok(None))
+        }
+    }
 }
 
 /// The node the job runs on now, unless Manager holds a migration of the job that no Migration
@@ -182,6 +264,9 @@ pub(super) async fn queue(
         return Ok(true);
     };
     let prev = mig.status.clone().unwrap_or_default();
+    // The node the job is on as it waits: a held Migration made for it ends if the job leaves
+    // it or it goes, rather than moving the job later from wherever it runs then.
+    status.source_node = Some(source.to_owned());
     let (reason, message, blocking) =
         disruption::describe_wait(position, &reason, mig.spec.job.replica);
     let was = api::find_condition(&prev.conditions, "Queued")
@@ -264,7 +349,60 @@ pub(super) fn record(m: &Migration, now: DateTime<Utc>) -> MigrationRecord {
             .as_ref()
             .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
             .unwrap_or(now),
+        deadline: has_deadline(m),
     }
+}
+
+/// A move with a deadline: a reclaim notice's.
+pub(crate) fn has_deadline(m: &Migration) -> bool {
+    m.annotations().contains_key(api::DEADLINE_ANNOTATION)
+        || m.labels().get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim")
+}
+
+/// Ends a Migration that never began and has nothing left to do (superseded by a move with a
+/// deadline, or its source gone): `Aborted` by the operator in `Pending`, with `reason` on its
+/// conditions. Nothing in Manager was touched. It is what should happen, so it reads as ready.
+pub(super) async fn end(
+    ctx: &Context,
+    mig: &Migration,
+    prev: &MigrationStatus,
+    mut status: MigrationStatus,
+    (reason, message): Refusal,
+) -> Result<(), Error> {
+    let (generation, now) = (mig.metadata.generation, ctx.clock.now());
+    let message: String = message.chars().take(1000).collect();
+    status.phase = MigrationPhase::Aborted;
+    status.queue_position = None;
+    push_phase(&mut status, MigrationPhase::Aborted, now);
+    status.abort = Some(api::AbortInfo {
+        reason: message.clone(),
+        phase: MigrationPhase::Pending,
+        by: plan::AbortBy::Operator.as_str().to_owned(),
+        at: now,
+    });
+    for (type_, value) in [("Aborted", true), ("Progressing", false), ("Queued", false)] {
+        if type_ == "Queued" && api::find_condition(&status.conditions, type_).is_none() {
+            continue;
+        }
+        api::set_condition(
+            &mut status.conditions,
+            condition(type_, value, reason, message.clone(), generation, now),
+        );
+    }
+    api::set_standing(
+        &mut status.conditions,
+        api::Standing::Ready,
+        reason,
+        message.clone(),
+        generation,
+        now,
+    );
+    if let Ok((ns, name)) = crate::controllers::ns_name(mig) {
+        disruption::forget_migration(ctx, &ns, &name);
+    }
+    ctx.event(mig, EventType::Normal, "MigrationEnded", "Admit", message)
+        .await;
+    write_status(ctx, mig, prev, status).await
 }
 
 pub(super) async fn reject(
