@@ -737,7 +737,8 @@ pub struct OperatorConfig {
     #[serde(with = "duration")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "1d"}))]
     pub pending_window: Duration,
-    /// How long a stopped node's `ManagerNode` is kept before it is removed.
+    /// How long the `ManagerNode` of a node Manager reports terminated or unreachable is kept
+    /// before it is removed. A node Manager has powered off (a warm spare) keeps its object.
     #[serde(with = "duration")]
     #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "30d"}))]
     pub remove_stopped_nodes_after: Duration,
