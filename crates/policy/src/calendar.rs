@@ -115,7 +115,14 @@ impl Recurrence {
             duration,
         };
         // A pattern such as `0 0 31 2 *` parses but never opens: refuse it rather than hold
-        // moves forever. The probe starts at a fixed date so the answer does not depend on now.
+        // moves forever. Days no month has are told from the fields at once; searching years
+        // for a match that never comes took a tenth of a second per pattern.
+        if no_day_matches(&r.schedule) {
+            return Err(WindowError::NeverMatches {
+                schedule: r.schedule,
+            });
+        }
+        // The probe starts at a fixed date so the answer does not depend on now.
         let probe = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
         match r.next_start(probe, true) {
             Some(s) if s - probe <= MATCH_HORIZON => Ok(r),
@@ -203,6 +210,76 @@ impl Recurrence {
         }
         .filter(|c| *c > t)
     }
+}
+
+/// Whether a five-field pattern (already parsed) names only days of the month that none of
+/// its months has (`0 0 31 2 *`, `0 0 31 4,6,9,11 *`), so it can never match. Only a pattern
+/// whose day of week is `*` or `?` (the day of month alone decides) with plain numbers,
+/// ranges, steps and month names is judged; anything else answers `false` and is left to the
+/// search.
+fn no_day_matches(schedule: &str) -> bool {
+    const MONTHS: [&str; 12] = [
+        "JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC",
+    ];
+    // The most days each month has (February in a leap year).
+    const DAYS: [u32; 12] = [31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    let fields: Vec<&str> = schedule.split_whitespace().collect();
+    let [_, _, dom, month, dow] = fields.as_slice() else {
+        return false;
+    };
+    if !matches!(*dow, "*" | "?") || matches!(*dom, "*" | "?") {
+        return false;
+    }
+    let (Some(days), Some(months)) = (
+        field_values(dom, 1, 31, &[]),
+        field_values(month, 1, 12, &MONTHS),
+    ) else {
+        return false;
+    };
+    !months.iter().any(|m| {
+        let most = usize::try_from(*m - 1)
+            .ok()
+            .and_then(|i| DAYS.get(i))
+            .copied()
+            .unwrap_or(31);
+        days.iter().any(|d| *d <= most)
+    })
+}
+
+/// The values a cron field lists (`*`, `5`, `1-5`, `*/2`, `1-10/3`, comma lists; `names` for
+/// values from `min`), or `None` for anything else.
+fn field_values(field: &str, min: u32, max: u32, names: &[&str]) -> Option<BTreeSet<u32>> {
+    let value = |v: &str| -> Option<u32> {
+        let n = match v.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                let i = names.iter().position(|x| x.eq_ignore_ascii_case(v))?;
+                min + u32::try_from(i).ok()?
+            }
+        };
+        (min..=max).contains(&n).then_some(n)
+    };
+    let mut out = BTreeSet::new();
+    for part in field.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((r, s)) => (r, s.parse::<u32>().ok().filter(|s| *s > 0)?),
+            None => (part, 1),
+        };
+        let (lo, hi) = match range {
+            "*" => (min, max),
+            r => match r.split_once('-') {
+                Some((a, b)) => (value(a)?, value(b)?),
+                // `5/10` runs from 5 to the end, as cron reads it.
+                None if step > 1 => (value(r)?, max),
+                None => (value(r)?, value(r)?),
+            },
+        };
+        if lo > hi {
+            return None;
+        }
+        out.extend((lo..=hi).step_by(usize::try_from(step).ok()?));
+    }
+    Some(out)
 }
 
 fn parse_duration(value: &str) -> Result<TimeDelta, WindowError> {
@@ -824,6 +901,62 @@ mod tests {
 
     fn arb_reason() -> impl Strategy<Value = VoluntaryReason> {
         proptest::sample::select(all_reasons().to_vec())
+    }
+
+    #[test]
+    fn impossible_days_are_told_from_the_fields_and_the_rest_is_left_to_the_search() {
+        for never in [
+            "0 0 31 2 *",
+            "0 0 30 2 *",
+            "0 0 31 4,6,9,11 *",
+            "0 0 31 FEB ?",
+            "0 0 30-31 feb *",
+            "0 0 31 APR-JUN/2 *",
+        ] {
+            assert!(no_day_matches(never), "{never}");
+            assert!(
+                matches!(
+                    Recurrence::parse(never, "1h", "UTC"),
+                    Err(WindowError::NeverMatches { .. })
+                ),
+                "{never}"
+            );
+        }
+        for may in [
+            "0 0 29 2 *",
+            "0 0 31 * *",
+            "0 0 31 2 MON",
+            "0 2 * * SAT",
+            "0 0 L 2 *",
+            "@daily",
+            "0 0 31 1-12/2 *",
+        ] {
+            assert!(!no_day_matches(may), "{may}");
+        }
+    }
+
+    proptest! {
+        /// The quick answer never disagrees with the search it stands in for.
+        #[test]
+        fn the_quick_never_matches_answer_agrees_with_the_search(
+            days in proptest::collection::btree_set(1u32..=31, 1..4),
+            months in proptest::collection::btree_set(1u32..=12, 1..4),
+        ) {
+            let list = |s: &BTreeSet<u32>| s.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+            let schedule = format!("0 0 {} {} *", list(&days), list(&months));
+            let cron = CronParser::builder()
+                .seconds(Seconds::Disallowed)
+                .year(Year::Disallowed)
+                .build()
+                .parse(&schedule)
+                .unwrap();
+            let probe = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
+            let found = cron
+                .find_next_occurrence(&probe, true)
+                .ok()
+                .is_some_and(|s| s - probe <= MATCH_HORIZON);
+            prop_assert_eq!(no_day_matches(&schedule), !found, "{}", schedule);
+        }
     }
 
     proptest! {
