@@ -17,6 +17,7 @@ pub use automanager_mapping as mapping;
 pub mod metrics;
 pub mod model;
 pub mod probe;
+pub mod process_metrics;
 pub mod runtime;
 pub mod settings;
 pub mod state;

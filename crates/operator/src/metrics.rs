@@ -30,8 +30,11 @@
 //!   `ready` (hot: running and empty; warm: stopped), `pending` (on their way) and the `target`
 //!   in effect (a schedule's while it applies).
 //! - `automanager_leader` is 1 while this replica holds the leader lease.
-//! - `automanager_build_info{version}` is 1: the running version as a label, and the series
-//!   whose absence says a release's operator is gone.
+//! - `automanager_build_info{version, revision, rustc}` is 1: the running version, the source
+//!   revision it was built from and the compiler as labels, and the series whose absence says a
+//!   release's operator is gone.
+//! - The `process_*` metrics (CPU, memory, file descriptors, threads) are read from `/proc` at
+//!   each scrape ([`crate::process_metrics`]), unprefixed as every client library names them.
 //! - Broken bundles, three ideas under three names: `automanager_broken_bundles` is how many
 //!   are Broken now, `automanager_broken_bundle_info{bundle_namespace, bundle}` is 1 for each of
 //!   them (the TypeScript library's `brokenBundleIds`), and `automanager_bundle_breaks_total`
@@ -145,6 +148,8 @@ struct MigrationSeen {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
+    revision: String,
+    rustc: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -256,6 +261,8 @@ impl Metrics {
         build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
+                revision: env!("AUTOMANAGER_REVISION").to_owned(),
+                rustc: env!("AUTOMANAGER_RUSTC").to_owned(),
             })
             .set(1);
         start_time_seconds.set(
@@ -427,9 +434,10 @@ impl Metrics {
         );
         registry.register(
             "automanager_build_info",
-            "1, with the operator's version as a label",
+            "1, with the operator's version, source revision and compiler as labels",
             build_info,
         );
+        registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
 
         let metrics = Metrics {
             inner: Arc::new(Inner {
@@ -965,9 +973,12 @@ mod tests {
             .unwrap_or(-1.0);
         assert!(start > 1.7e9, "{text}");
         assert!(text.contains(&format!(
-            "automanager_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+            "automanager_build_info{{version=\"{}\",revision=\"{}\",rustc=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            env!("AUTOMANAGER_REVISION"),
+            env!("AUTOMANAGER_RUSTC")
         )));
+        assert!(env!("AUTOMANAGER_RUSTC").starts_with("rustc "), "{text}");
     }
 
     #[test]
@@ -978,7 +989,11 @@ mod tests {
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let mut words = line.split_whitespace().skip(2);
             let (name, kind) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            assert!(name.starts_with("automanager_"), "{line}");
+            // The process_* metrics keep the names every client library gives them.
+            assert!(
+                name.starts_with("automanager_") || name.starts_with("process_"),
+                "{line}"
+            );
             assert!(
                 !name.contains("fraction") && !name.contains("percent"),
                 "{line}: a fraction is _ratio"

@@ -556,12 +556,26 @@ pub async fn run_controllers(
     }
 }
 
-/// Publishes Manager's connection state as a metric, and re-reads the mirror after a reconnect.
+/// Keeps `automanager_manager_connection_state` equal to the Manager client's state, from the
+/// moment the client exists until it is dropped: on every replica (a standby mirrors Manager
+/// too) and while the leader still waits for its first sync.
+pub async fn follow_connection_state(
+    mut rx: tokio::sync::watch::Receiver<manager_client::ConnectionState>,
+    metrics: crate::metrics::Metrics,
+) {
+    loop {
+        metrics.set_connection_state(rx.borrow_and_update().as_str());
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Re-reads the mirror after a reconnect.
 async fn watch_connection(ctx: Arc<Context>) {
     let mut rx = ctx.manager.state();
     loop {
         let state = *rx.borrow_and_update();
-        ctx.metrics.set_connection_state(state.as_str());
         if state == manager_client::ConnectionState::Ready {
             ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
             let _ = ctx.wake.everything.send(());
@@ -651,6 +665,36 @@ impl crate::http::DebugApi for DebugState {
 mod tests {
     use super::*;
     use manager_proto as proto;
+
+    /// The gauge follows the client from the first state on, whatever the replica's role: a
+    /// Manager that cannot be reached reads `transientFailure`, never `idle`.
+    #[tokio::test]
+    async fn the_connection_gauge_follows_the_client_from_the_start() {
+        use manager_client::ConnectionState;
+        let metrics = crate::metrics::Metrics::new();
+        let (tx, rx) = tokio::sync::watch::channel(ConnectionState::Connecting);
+        let task = tokio::spawn(follow_connection_state(rx, metrics.clone()));
+        let reads = |state: &str| {
+            let m = metrics.clone();
+            let line = format!("automanager_manager_connection_state{{state=\"{state}\"}} 1");
+            async move {
+                for _ in 0..500 {
+                    if m.encode().contains(&line) {
+                        return true;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+                false
+            }
+        };
+        assert!(reads("connecting").await);
+        tx.send_replace(ConnectionState::TransientFailure);
+        assert!(reads("transientFailure").await);
+        tx.send_replace(ConnectionState::Ready);
+        assert!(reads("ready").await);
+        drop(tx);
+        task.await.expect("the follower ends with the client");
+    }
 
     fn node(id: &str, pool: &str) -> proto::Node {
         proto::Node {

@@ -470,6 +470,10 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     let manager = manager.map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
     manager.fence_writes(election.fence.for_manager());
     let metrics = Metrics::new();
+    tokio::spawn(automanager_operator::runtime::follow_connection_state(
+        manager.state(),
+        metrics.clone(),
+    ));
     let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
     let settings = Settings::from_config(&config);
     let ctx = Context::new(
