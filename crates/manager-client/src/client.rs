@@ -110,8 +110,8 @@ impl From<tonic::Status> for ClientError {
     }
 }
 
-/// TLS settings (PEM).
-#[derive(Debug, Clone, Default)]
+/// TLS settings (PEM). Its `Debug` shows sizes, not the PEM bytes, so no key reaches a log.
+#[derive(Clone, Default)]
 pub struct TlsOptions {
     /// CA certificate(s) that sign Manager's certificate. Required: the
     /// workspace builds tonic without system or webpki roots.
@@ -122,8 +122,24 @@ pub struct TlsOptions {
     pub identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-/// How to reach Manager.
-#[derive(Debug, Clone)]
+impl std::fmt::Debug for TlsOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsOptions")
+            .field("ca_pem", &format_args!("<{} bytes>", self.ca_pem.len()))
+            .field("domain", &self.domain)
+            .field(
+                "identity",
+                &self
+                    .identity
+                    .as_ref()
+                    .map(|_| format_args!("<certificate and key>")),
+            )
+            .finish()
+    }
+}
+
+/// How to reach Manager. Its `Debug` never shows the token (nor, through [`TlsOptions`], a key).
+#[derive(Clone)]
 pub struct ClientConfig {
     /// `http://host:port` or `https://host:port`.
     pub endpoint: String,
@@ -153,6 +169,28 @@ pub struct ClientConfig {
     /// retried with backoff (default 15 s). Longer than `heartbeat_interval`. A Manager that
     /// sends no heartbeats has its quiet streams reopened (resumed) this often.
     pub idle_timeout: Duration,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("endpoint", &self.endpoint)
+            .field(
+                "token",
+                &self.token.as_ref().map(|_| format_args!("<redacted>")),
+            )
+            .field("tls", &self.tls)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("backoff_initial", &self.backoff_initial)
+            .field("backoff_max", &self.backoff_max)
+            .field("change_buffer", &self.change_buffer)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("sync_timeout", &self.sync_timeout)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish()
+    }
 }
 
 impl ClientConfig {
@@ -1125,6 +1163,30 @@ async fn one_stream(shared: &Shared) -> StreamEnd {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_output_never_shows_the_token_or_a_key() {
+        let mut c = ClientConfig::new("https://manager:6789");
+        c.token = Some("s3cret-token".to_owned());
+        c.tls = Some(TlsOptions {
+            ca_pem: b"-----BEGIN CERTIFICATE-----".to_vec(),
+            domain: Some("manager".to_owned()),
+            identity: Some((b"CERT-BYTES".to_vec(), b"PRIVATE-KEY-BYTES".to_vec())),
+        });
+        let shown = format!("{c:?} {c:#?}");
+        for secret in [
+            "s3cret-token",
+            "PRIVATE-KEY-BYTES",
+            "CERT-BYTES",
+            "BEGIN CERTIFICATE",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(
+            shown.contains("<redacted>") && shown.contains("https://manager:6789"),
+            "{shown}"
+        );
+    }
     use rand::SeedableRng;
 
     #[test]
