@@ -381,6 +381,21 @@ fn another_value(root: &Value, leaf: &Value, current: &Value) -> Option<Value> {
 /// check`, and it changes the Pods' checksum (so they roll). The chart owns only the Manager
 /// connection, the listeners and the Lease's name and namespace.
 #[test]
+fn the_librarys_bare_host_port_manager_url_renders_as_given() {
+    let helm = Helm::offline().unwrap();
+    let (_, config, _) = rendered_config(&helm, &["--set", "manager.url=manager.example.com:6789"]);
+    assert_eq!(config["manager"]["url"], "manager.example.com:6789");
+    // Not a scheme the operator knows, nor a port-less host: still refused.
+    for bad in ["manager.example.com", "grpc://manager.example.com:6789"] {
+        let err = helm
+            .template(&chart_dir(), &["--set", &format!("manager.url={bad}")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/manager/url"), "{bad}: {err}");
+    }
+}
+
+#[test]
 fn every_config_value_reaches_the_operator_and_rolls_the_pods() {
     let bins = stack::binaries().unwrap();
     let helm = Helm::offline().unwrap();
