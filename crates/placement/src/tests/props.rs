@@ -508,11 +508,21 @@ proptest! {
     fn a_later_pool_is_used_only_when_earlier_ones_cannot_take_the_replica(s in scenario()) {
         let e = load(&s);
         let d = e.place(&s.request, NOW);
+        // A degraded zone's nodes come after every pool: unless the decision had to use them,
+        // an earlier pool is judged without them.
+        let mut judge = e.clone();
+        if !d.trace.pools.iter().any(|p| p.last_resort) {
+            for n in &s.nodes {
+                if in_degraded_zone(&s, &n.id) {
+                    judge.set_cordoned(&n.id, true).expect("known node");
+                }
+            }
+        }
         if let Some(k) = pool_index(&s.request, &d) {
             for earlier in &s.request.pools[..k] {
                 let mut alone = s.request.clone();
                 alone.pools = vec![earlier.clone()];
-                let d = e.place(&alone, NOW);
+                let d = judge.place(&alone, NOW);
                 prop_assert_eq!(d.kind(), OutcomeKind::Unplaceable, "pool {} could take it", earlier);
             }
         }
