@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use automanager_api::MigrationPhase::{Completed, Pending};
+use automanager_api::MigrationPhase::{Aborted, Completed, Pending};
 use automanager_api::MigrationStrategy::Handover;
 use automanager_api::PriorityBand::{Gold, Silver};
 use automanager_api::{
@@ -23,6 +23,7 @@ use automanager_e2e::scenario::{
 };
 use automanager_e2e::stack::Stack;
 use chrono::{DateTime, Utc};
+use kube::ResourceExt;
 
 const WAIT: Duration = Duration::from_secs(120);
 /// How long a provisioned node takes to start in these tests: long enough that a second
@@ -453,5 +454,134 @@ async fn more_migrations_than_the_limit_queue_by_priority_and_all_complete() {
         "{}\n{}",
         v.details(),
         settled.details()
+    );
+}
+
+/// A daily window that opens twelve hours from now's hour: closed for this test's life.
+fn closed_window() -> serde_json::Value {
+    use chrono::Timelike;
+    let hour = (Utc::now().hour() + 12) % 24;
+    serde_json::json!({"windows": [{"schedule": format!("0 {hour} * * *"), "duration": "1h"}]})
+}
+
+/// A one-job gold bundle declaring `strategy`, on onprem, whose disruption window is closed.
+fn windowed(name: &str, strategy: automanager_api::MigrationStrategy) -> Bundle {
+    let mut b = bundle(
+        name,
+        1,
+        &["onprem"],
+        [job("enc", 20, Gold).cores(2).moves_by(strategy)],
+    );
+    b.spec.disruption = Some(serde_json::from_value(closed_window()).unwrap());
+    b
+}
+
+#[tokio::test]
+async fn a_reclaim_notice_during_a_held_drain_moves_overlap_and_handover_jobs_before_the_deadline()
+{
+    let stack = Stack::start().await.expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    // Both jobs on onprem-a1, then room elsewhere.
+    for other in ["onprem-a2", "onprem-b1"] {
+        stack.cordon(other).await;
+        stack.wait_cordoned(other, true).await;
+    }
+    let strategies = [
+        ("ov", automanager_api::MigrationStrategy::Overlap),
+        ("ho", Handover),
+    ];
+    for (name, strategy) in strategies {
+        stack.create(&windowed(name, strategy)).await;
+        let b = stack.expect_ready(name).await;
+        assert_eq!(b.node_of(0, "enc"), Some("onprem-a1"), "{}", show(&b));
+    }
+    for other in ["onprem-a2", "onprem-b1"] {
+        stack.uncordon(other).await;
+        stack.wait_cordoned(other, false).await;
+    }
+
+    // The drain's Migrations wait for the closed window.
+    stack.drain("onprem-a1", DrainMode::Migrate).await;
+    let held: Vec<String> = stack
+        .wait_for("both drain Migrations held by the window", WAIT, || async {
+            let held: Vec<String> = (stack.try_list::<Migration>("").await?.iter())
+                .filter(|m| m.name_any().starts_with("drain-"))
+                .filter(|m| m.condition_reason("Queued") == Some("DisruptionWindow"))
+                .map(|m| m.name_any())
+                .collect();
+            Ok((held.len() == 2).then_some(held))
+        })
+        .await
+        .unwrap();
+
+    // Manager takes the node in 20 s.
+    stack
+        .chaos(&["notice-node", "onprem-a1", "--in", "20"])
+        .unwrap();
+    for name in &held {
+        let m = stack.expect_migration_phase(name, Aborted).await;
+        assert_eq!(
+            m.condition_reason("Aborted"),
+            Some("Superseded"),
+            "{}",
+            show(&m)
+        );
+    }
+    let reclaim: Vec<Migration> = stack
+        .wait_for("both reclaim Migrations completed", WAIT, || async {
+            let done: Vec<Migration> = (stack.try_list::<Migration>("").await?.into_iter())
+                .filter(|m| m.name_any().starts_with("reclaim-") && m.phase() == Some(Completed))
+                .collect();
+            Ok((done.len() == 2).then_some(done))
+        })
+        .await
+        .unwrap();
+    stack
+        .expect_event(
+            "onprem-a1",
+            "ReclaimNotice",
+            &[
+                "2 job(s) moving now (taking over held Migration(s) ",
+                "left to band recovery: none",
+            ],
+        )
+        .await;
+
+    // Past the deadline: the node is gone, the jobs never were without a running instance.
+    stack
+        .wait_until("onprem-a1", "to be terminated", |n: &ManagerNode| {
+            n.status
+                .as_ref()
+                .is_some_and(|s| s.state == NodeState::Terminated)
+        })
+        .await;
+    for (name, _) in strategies {
+        let moved = reclaim
+            .iter()
+            .find(|m| m.spec.job.bundle == name)
+            .expect("its reclaim Migration");
+        let target = moved.target_node().expect("a target").to_owned();
+        let history = stack
+            .job_history(&automanager_e2e::scenario::job_id(name, 0, "enc"))
+            .await;
+        assert_eq!(
+            history.starts,
+            [
+                ("onprem-a1".to_owned(), "normal".to_owned()),
+                (target, "migrationTarget".to_owned())
+            ],
+            "{name}: moved once, never restarted: {}",
+            show(&history)
+        );
+        assert_eq!(
+            (history.gaps, history.uncovered_ms),
+            (0, 0),
+            "{name}: {}",
+            show(&history)
+        );
+    }
+    assert!(
+        stack.events_for("DrainFallback").await.is_empty(),
+        "the drain handed nothing to recovery"
     );
 }

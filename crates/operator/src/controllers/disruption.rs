@@ -475,7 +475,12 @@ fn waiting_entry(
     let purpose = if labels.contains_key(api::DRAIN_NODE_LABEL) {
         Purpose::Drain
     } else {
-        Purpose::from_label(labels.get(api::PURPOSE_LABEL).map(String::as_str))
+        match Purpose::from_label(labels.get(api::PURPOSE_LABEL).map(String::as_str)) {
+            // Only a job on a node Manager said it takes is moved ahead of a deadline; the
+            // label alone ranks with drains.
+            Purpose::Deadline if !super::migration::has_deadline(m, mirror) => Purpose::Drain,
+            p => p,
+        }
     };
     // A reclaim move the notice planner let past a budget (the node is taken anyway) is not
     // held by it again here.

@@ -24,6 +24,7 @@
 //! point of no return does not interrupt it: the finalizer stays until the migration ends.
 
 mod admit;
+pub(crate) use admit::has_deadline;
 pub mod follow;
 mod place;
 

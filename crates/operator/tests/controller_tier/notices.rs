@@ -49,6 +49,16 @@ impl Tier {
     /// Bundle `live/news`: `replicas` of one gold job `enc` declaring `overlap`, on onprem,
     /// placed and running, with `disruption` as its spec's.
     async fn gold_overlap_bundle(&self, replicas: i32, disruption: serde_json::Value) {
+        self.gold_overlap_bundle_named("news", replicas, disruption)
+            .await;
+    }
+
+    async fn gold_overlap_bundle_named(
+        &self,
+        name: &str,
+        replicas: i32,
+        disruption: serde_json::Value,
+    ) {
         let mut spec = serde_json::json!({
             "replicas": replicas,
             "pools": ["onprem"],
@@ -61,12 +71,12 @@ impl Tier {
         if !disruption.is_null() {
             spec["disruption"] = disruption;
         }
-        let mut b = Bundle::new("news", serde_json::from_value(spec).unwrap());
+        let mut b = Bundle::new(name, serde_json::from_value(spec).unwrap());
         b.metadata.namespace = Some("live".into());
         self.api.insert(&b);
-        self.bundle_pass("news").await.expect("the finalizer pass");
-        self.bundle_pass("news").await.expect("the placing pass");
-        self.running("news").await;
+        self.bundle_pass(name).await.expect("the finalizer pass");
+        self.bundle_pass(name).await.expect("the placing pass");
+        self.running(name).await;
     }
 
     /// The node replica `replica` of `live/news`'s job runs on, by the mirror.
@@ -468,4 +478,65 @@ async fn a_held_drain_migration_whose_node_is_gone_ends_and_never_moves_the_reco
     );
     assert_eq!(t.migration_calls(), Vec::<String>::new());
     assert_eq!(t.node_of_replica(0), recovered);
+}
+
+#[tokio::test]
+async fn a_reclaim_label_without_a_notice_takes_nothing_over_and_passes_no_limit() {
+    let t = Tier::start(|c| c.migration.max_parallel = 1)
+        .await
+        .with_example_pools()
+        .await;
+    t.gold_overlap_bundle(
+        1,
+        serde_json::json!({"windows": [{"schedule": "0 14 * * *", "duration": "1h"}]}),
+    )
+    .await;
+    let node = t.node_of_replica(0);
+    t.kind_migration("held", Kind::Drain, "news", 0, &node);
+    t.migration_pass("held").await.expect("the finalizer pass");
+    t.migration_pass("held").await.expect("the held pass");
+    // A person labels a Migration as a reclaim move; Manager announced nothing.
+    let mut forged = Migration::new(
+        "x-forged",
+        serde_json::from_value(serde_json::json!({
+            "job": {"bundle": "news", "replica": 0, "jobName": "enc"},
+        }))
+        .unwrap(),
+    );
+    forged.metadata.namespace = Some("live".into());
+    forged.metadata.labels = Some([(api::PURPOSE_LABEL.to_owned(), "reclaim".to_owned())].into());
+    t.api.insert(&forged);
+    t.migration_pass("x-forged")
+        .await
+        .expect("the finalizer pass");
+
+    t.migration_pass("x-forged").await.expect("its pass");
+
+    let status = t.migration_status("x-forged");
+    assert_eq!(status.phase, MigrationPhase::Rejected, "{status:?}");
+    assert_eq!(
+        condition_of(&status.conditions, "Rejected").1,
+        "ConcurrentMigration"
+    );
+    assert_eq!(t.migration_status("held").phase, MigrationPhase::Pending);
+    assert_eq!(t.migration_calls(), Vec::<String>::new());
+
+    // Nor does the label jump the queue's limits.
+    t.under_way("busy", "elsewhere", 0, "onprem-b1");
+    t.gold_overlap_bundle_named("other", 1, serde_json::Value::Null)
+        .await;
+    t.kind_migration("forged-2", Kind::User, "other", 0, &node);
+    t.api.edit::<Migration>(Some("live"), "forged-2", |m| {
+        m.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(api::PURPOSE_LABEL.to_owned(), "reclaim".to_owned());
+    });
+    t.migration_pass("forged-2")
+        .await
+        .expect("the finalizer pass");
+    t.migration_pass("forged-2").await.expect("its pass");
+    let status = t.migration_status("forged-2");
+    assert_eq!(status.phase, MigrationPhase::Pending, "{status:?}");
+    assert_eq!(condition_of(&status.conditions, "Queued").1, "QueueFull");
 }

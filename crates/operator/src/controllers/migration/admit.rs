@@ -150,8 +150,17 @@ async fn check_one_at_a_time(
     let all: Api<Migration> = Api::namespaced(ctx.client.clone(), ns);
     let now = ctx.clock.now();
     let listed = all.list(&ListParams::default()).await?.items;
-    let records: Vec<MigrationRecord> = listed.iter().map(|m| record(m, now)).collect();
-    let claim = match plan::one_at_a_time(&records, &record(mig, now)) {
+    let (records, candidate) = ctx.manager.mirror().read(|mirror| {
+        let with_deadline = |m: &Migration| MigrationRecord {
+            deadline: has_deadline(m, mirror),
+            ..record(m, now)
+        };
+        (
+            listed.iter().map(with_deadline).collect::<Vec<_>>(),
+            with_deadline(mig),
+        )
+    });
+    let claim = match plan::one_at_a_time(&records, &candidate) {
         Ok(claim) => claim,
         Err(e) => return Ok(Err(("ConcurrentMigration", e.to_string()))),
     };
@@ -349,14 +358,35 @@ pub(super) fn record(m: &Migration, now: DateTime<Utc>) -> MigrationRecord {
             .as_ref()
             .and_then(|t| DateTime::from_timestamp_millis(t.0.as_millisecond()))
             .unwrap_or(now),
-        deadline: has_deadline(m),
+        deadline: false,
     }
 }
 
-/// A move with a deadline: a reclaim notice's.
-pub(crate) fn has_deadline(m: &Migration) -> bool {
-    m.annotations().contains_key(api::DEADLINE_ANNOTATION)
-        || m.labels().get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim")
+/// A move with a deadline: a reclaim notice's Migration (by its label or annotation) of a job
+/// on a node Manager has announced it takes. The mark alone, which anyone who may create a
+/// Migration can set, never lets a Migration take over others or pass the queue's limits.
+pub(crate) fn has_deadline(m: &Migration, mirror: &manager_client::MirrorState) -> bool {
+    let marked = m.annotations().contains_key(api::DEADLINE_ANNOTATION)
+        || m.labels().get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim");
+    if !marked {
+        return false;
+    }
+    let Some(ns) = m.namespace() else {
+        return false;
+    };
+    let j = &m.spec.job;
+    let Ok(replica) = u32::try_from(j.replica) else {
+        return false;
+    };
+    let noticed: std::collections::BTreeSet<&str> =
+        mirror.noticed_nodes().map(|n| n.node_id.as_str()).collect();
+    mirror
+        .job_of(&mapping::bundle_id(&ns, &j.bundle), replica, &j.job_name)
+        .is_some_and(|job| {
+            job.instances.iter().any(|i| {
+                i.is_normal() && i.holds_capacity() && noticed.contains(i.node_id.as_str())
+            })
+        })
 }
 
 /// Ends a Migration that never began and has nothing left to do (superseded by a move with a
