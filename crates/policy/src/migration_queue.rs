@@ -113,14 +113,16 @@ pub enum WaitReason<B> {
     /// Disruption windows hold moves for `reason` of the bundle's job: `held_by` are the
     /// calendars closed now (the bundle's, the job's band's), `until` the first time all admit
     /// it, or when to look again when `found` is false (they never opened together within the
-    /// look-ahead). Decided by the caller with [`crate::calendar::permit_all`]; the queue
-    /// itself never answers this.
+    /// look-ahead). `unreadable` names a calendar whose windows cannot be read, and why: it
+    /// holds every move until they are fixed. Decided by the caller with
+    /// [`crate::calendar::permit_all`]; the queue itself never answers this.
     Window {
         bundle: B,
         reason: crate::vocab::VoluntaryReason,
         until: chrono::DateTime<chrono::Utc>,
         held_by: Vec<crate::calendar::WindowSource>,
         found: bool,
+        unreadable: Option<(crate::calendar::WindowSource, String)>,
     },
     /// A Migration of `job`, which shares the job's node by rule ([`crate::co_location`]),
     /// runs now: the group moves one job at a time. Decided by the caller; the queue itself

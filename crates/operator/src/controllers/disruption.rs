@@ -220,12 +220,16 @@ impl Fleet {
         if let Some(band) = f.bands.get(job) {
             calendars.push((WindowSource::Band(*band), bands.get(*band)));
         }
+        let unreadable = calendars
+            .iter()
+            .find_map(|(source, c)| c.unreadable_reason().map(|why| (*source, why.to_owned())));
         permit_all(&calendars, reason, now)
             .err()
             .map(|h| WindowHold {
                 until: h.until.unwrap_or(h.recheck),
                 found: h.until.is_some(),
                 held_by: h.by,
+                unreadable,
             })
     }
 
@@ -275,6 +279,8 @@ pub(crate) struct WindowHold {
     held_by: Vec<WindowSource>,
     /// Whether the calendars open together within the look-ahead.
     found: bool,
+    /// A calendar whose windows cannot be read, and why: it holds until they are fixed.
+    unreadable: Option<(WindowSource, String)>,
 }
 
 /// Every budget the given bundles (and the Migrations in flight) have now, as one ledger: what
@@ -394,6 +400,7 @@ fn window_wait(
             until: hold.until,
             held_by: hold.held_by,
             found: hold.found,
+            unreadable: hold.unreadable,
         },
     })
 }
@@ -554,12 +561,14 @@ pub(crate) fn describe_wait(
             until,
             held_by,
             found,
+            unreadable,
         } => {
             let shown = shown_bundle(bundle);
             let hold = WindowHold {
                 until: *until,
                 held_by: held_by.clone(),
                 found: *found,
+                unreadable: unreadable.clone(),
             };
             (
                 "DisruptionWindow",
@@ -605,6 +614,17 @@ fn window_message(shown: &str, reason: VoluntaryReason, hold: &WindowHold) -> St
             format!("{reason} moves"),
         ),
     };
+    if let Some((source, why)) = &hold.unreadable {
+        let whose = match source {
+            WindowSource::Bundle => {
+                format!("Bundle {shown}'s disruption windows (disruption.windows)")
+            }
+            WindowSource::Band(b) => band_of(b),
+        };
+        return format!(
+            "held: {whose} cannot be read ({why}); every {reason} move waits until they are fixed"
+        );
+    }
     let at = hold
         .until
         .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -757,6 +777,7 @@ mod tests {
                 until,
                 held_by: vec![WindowSource::Bundle],
                 found: true,
+                unreadable: None,
             },
             0,
         );
@@ -766,6 +787,30 @@ mod tests {
             "waiting until 2026-03-07T02:00:00Z: Bundle live/news's disruption windows hold consolidation moves until then (disruption.windows)"
         );
         assert_eq!(bundle.as_deref(), Some("live/news"));
+    }
+
+    #[test]
+    fn a_wait_on_windows_that_cannot_be_read_says_so_and_names_no_time() {
+        let (reason, message, _) = describe_wait(
+            1,
+            &WaitReason::Window {
+                bundle: "live.news".into(),
+                reason: VoluntaryReason::Drain,
+                until: DateTime::<Utc>::MAX_UTC,
+                held_by: vec![WindowSource::Band(PriorityBand::Gold)],
+                found: true,
+                unreadable: Some((
+                    WindowSource::Band(PriorityBand::Gold),
+                    "timeZone \"Mars/Olympus\" is not an IANA time zone name".into(),
+                )),
+            },
+            0,
+        );
+        assert_eq!(reason, "DisruptionWindow");
+        assert_eq!(
+            message,
+            "held: the gold band's disruption windows (bands.gold.disruptionWindows in the operator's settings) cannot be read (timeZone \"Mars/Olympus\" is not an IANA time zone name); every drain move waits until they are fixed"
+        );
     }
 
     #[test]
@@ -782,6 +827,7 @@ mod tests {
                     until,
                     held_by,
                     found,
+                    unreadable: None,
                 },
                 0,
             )

@@ -221,9 +221,13 @@ async fn a_bundle_window_that_never_opens_holds_its_moves_and_stalls_the_bundle(
     t.migration_pass("drain-move").await.expect("the held pass");
     let status = t.migration_status("drain-move");
     assert_eq!(status.phase, MigrationPhase::Pending);
-    assert_eq!(
-        condition_of(&status.conditions, "Queued").1,
-        "DisruptionWindow"
+    let (_, reason, message) = condition_of(&status.conditions, "Queued");
+    assert_eq!(reason, "DisruptionWindow");
+    assert!(
+        message.starts_with(
+            "held: Bundle live/news's disruption windows (disruption.windows) cannot be read (schedule \"0 0 31 2 *\" never matches"
+        ) && message.ends_with("every drain move waits until they are fixed"),
+        "{message}"
     );
     assert!(
         !t.manager.calls().iter().any(|c| c.starts_with("Migration")),
