@@ -13,7 +13,7 @@ use crate::decision::{
 use crate::engine::{
     Class, Engine, NodeIdx, PoolIdx, VIRTUAL, ZoneId, check_cores, from_milli, set_bit, to_milli,
 };
-use crate::model::{PlacementRequest, Strength};
+use crate::model::{PlacementKind, PlacementRequest, Strength};
 use crate::search::{
     Cand, Cons, Need, Overlay, Query, Readiness, Rule, Searcher, VirtualNode, name_of, tiers,
 };
@@ -248,7 +248,9 @@ fn place_in_pools<S: Searcher>(
             pools_tried.push(left(PoolLeftReason::UnknownPool));
             continue;
         };
-        if pool.spec.terminating {
+        // A pool being deleted waits on its users; their recoveries may use its existing nodes
+        // (or the deletion would wait on them forever), nothing else lands there.
+        if pool.spec.terminating && req.kind != PlacementKind::Recovery {
             pools_tried.push(left(PoolLeftReason::Terminating));
             continue;
         }
@@ -267,7 +269,10 @@ fn place_in_pools<S: Searcher>(
             }
             Err(f) => f,
         };
-        let reason = if !pool.elastic {
+        let reason = if pool.spec.terminating {
+            // Nothing is provisioned in a pool being deleted.
+            PoolLeftReason::Terminating
+        } else if !pool.elastic {
             PoolLeftReason::NoNodeFits
         } else if pool
             .spec

@@ -314,6 +314,9 @@ pub enum BlockedCause {
     ProvisioningRefused,
     /// An elastic pool would make a node for it but is at its `maxNodes`.
     MaxNodes,
+    /// Pools it names are being deleted: nothing new lands there (its users' recoveries may
+    /// still use their nodes).
+    PoolTerminating,
     /// No node fits and none can be made.
     NoCapacity,
 }
@@ -331,6 +334,7 @@ impl BlockedCause {
         match self {
             BlockedCause::ProvisioningRefused => "ProvisioningRefused",
             BlockedCause::MaxNodes => "MaxNodesReached",
+            BlockedCause::PoolTerminating => "PoolTerminating",
             BlockedCause::NoCapacity => "NoCapacity",
         }
     }
@@ -375,6 +379,33 @@ pub fn unplaceable(
             message: format!(
                 "replica {r} cannot be placed: {}; no new node is made there until nodes go or maxNodes is raised",
                 at_max.join("; ")
+            ),
+        };
+    }
+    let terminating: Vec<&str> = pools
+        .iter()
+        .filter(|p| p.reason == Some(PoolLeftReason::Terminating))
+        .map(|p| p.pool.as_str())
+        .collect();
+    if !terminating.is_empty() {
+        let others: Vec<String> = pools
+            .iter()
+            .filter(|p| p.reason != Some(PoolLeftReason::Terminating))
+            .map(|p| {
+                let why = p.reason.map(|r| r.as_str()).unwrap_or("not placed");
+                format!("{}: {why}", p.pool)
+            })
+            .collect();
+        return Blocked {
+            cause: BlockedCause::PoolTerminating,
+            message: format!(
+                "replica {r} cannot be placed: pool {} is being deleted: nothing new is placed or provisioned there (the jobs of Bundles already using it still recover on its nodes){}",
+                terminating.join(", pool "),
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", others.join("; "))
+                }
             ),
         };
     }
@@ -929,6 +960,45 @@ mod tests {
                 "RestartCeilingExceeded"
             )
         );
+    }
+
+    #[test]
+    fn a_replica_kept_out_of_a_pool_being_deleted_names_the_pool_not_capacity() {
+        use automanager_placement::{JobUnplaceable, PoolAttempt, PoolLeftReason, PoolOutcome};
+        let jobs = [JobUnplaceable {
+            job_name: "enc".into(),
+            reason: automanager_placement::UnplaceableReason::NoUsablePool,
+        }];
+        let left = |pool: &str, reason| PoolAttempt {
+            pool: pool.into(),
+            outcome: PoolOutcome::Left,
+            reason: Some(reason),
+            failed_job: None,
+            rejections: Vec::new(),
+            last_resort: false,
+        };
+        let b = unplaceable(
+            0,
+            &jobs,
+            &[left("aws", PoolLeftReason::Terminating)],
+            |_| None,
+        );
+        assert_eq!(b.cause, BlockedCause::PoolTerminating);
+        assert_eq!(b.cause.reason(), "PoolTerminating");
+        assert_eq!(
+            b.message,
+            "replica 0 cannot be placed: pool aws is being deleted: nothing new is placed or provisioned there (the jobs of Bundles already using it still recover on its nodes)"
+        );
+        let b = unplaceable(
+            0,
+            &jobs,
+            &[
+                left("aws", PoolLeftReason::Terminating),
+                left("onprem", PoolLeftReason::NoNodeFits),
+            ],
+            |_| None,
+        );
+        assert!(b.message.ends_with("; onprem: noNodeFits"), "{}", b.message);
     }
 
     #[test]

@@ -102,3 +102,54 @@ async fn a_pool_of_another_kind_than_managers_is_stalled_and_places_only_on_mana
     assert!(message.contains("does not match pool"), "{message}");
     assert_eq!(west.replicas[0].jobs[0].state, api::JobState::Unplaceable);
 }
+
+#[tokio::test]
+async fn a_pool_being_deleted_heals_its_users_on_its_nodes_and_keeps_new_bundles_out_by_name() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.bundle("news", 1, &["onprem"]);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    t.delete_pool("onprem");
+    t.pool_pass("onprem").await.expect("the pass while in use");
+    assert_eq!(
+        condition_of(
+            &t.stored_pool("onprem").unwrap().status.unwrap().conditions,
+            "Stalled"
+        )
+        .1,
+        "InUse"
+    );
+
+    // Its user's gold job fails: it recovers on another of the pool's nodes.
+    let lost = t.lose_node_of("news").await;
+    t.bundle_pass("news").await.expect("the recovery");
+
+    assert_eq!(
+        t.manager.calls_named("StartJob").len(),
+        1,
+        "{:?}",
+        t.manager.calls()
+    );
+    assert!(
+        t.manager.calls_named("CreateNode").is_empty(),
+        "nothing is provisioned in a pool being deleted"
+    );
+    t.running("news").await;
+    let status = t.stored_bundle("news").status.unwrap();
+    let job = &status.replicas[0].jobs[0];
+    assert_eq!(job.pool.as_deref(), Some("onprem"), "{status:?}");
+    assert_ne!(job.node_id.as_deref(), Some(lost.as_str()));
+
+    // A new Bundle is kept out, and told which pool is going.
+    t.bundle("fresh", 1, &["onprem"]);
+    t.bundle_pass("fresh").await.expect("the finalizer pass");
+    t.bundle_pass("fresh").await.expect("the placing pass");
+    let status = t.stored_bundle("fresh").status.unwrap();
+    let (on, reason, message) = condition_of(&status.conditions, "Stalled");
+    assert_eq!((on.as_str(), reason.as_str()), ("True", "PoolTerminating"));
+    assert!(
+        message.contains("pool onprem is being deleted"),
+        "{message}"
+    );
+}

@@ -598,6 +598,26 @@ fn a_terminating_pool_takes_no_new_placement_or_provisioning() {
 }
 
 #[test]
+fn a_terminating_pool_lets_its_users_recover_on_its_nodes_but_provisions_nothing() {
+    let mut fixed = binpack_pool();
+    fixed.terminating = true;
+    let e = engine(vec![fixed], vec![node("n1", "p", "a", 100.0, 0.0)]);
+    let mut recovery = request(vec![job("j", 10.0)], &["p"]);
+    recovery.kind = PlacementKind::Recovery;
+    let d = e.place(&recovery, 0);
+    assert_eq!(node_of(&d, "j"), "n1", "{d:?}");
+    // An elastic pool being deleted with no room left: no new node for the recovery.
+    let mut gone = elastic(vec![itype("m", 100.0, 16, &[])]);
+    gone.terminating = true;
+    let e = engine(vec![gone], vec![node("n1", "e", "a", 100.0, 95.0)]);
+    let mut recovery = request(vec![job("j", 10.0)], &["e"]);
+    recovery.kind = PlacementKind::Recovery;
+    let d = e.place(&recovery, 0);
+    assert!(matches!(d.outcome, Outcome::Unplaceable { .. }), "{d:?}");
+    assert_eq!(d.trace.pools[0].reason, Some(PoolLeftReason::Terminating));
+}
+
+#[test]
 fn an_unknown_pool_is_skipped_with_a_reason() {
     let e = engine(vec![binpack_pool()], vec![node("n1", "p", "a", 100.0, 0.0)]);
     let d = e.place(&request(vec![job("j", 10.0)], &["nope", "p"]), 0);
