@@ -17,6 +17,9 @@
 //!   and only that job — is handed to its band's recovery (gold and silver restart elsewhere,
 //!   bronze is dropped). A job whose Migration completed is never handed over, even while the
 //!   mirror still shows it on the node (it is about to disappear).
+//! - **Another move first.** A job another Migration is moving (a reclaim notice's, a person's)
+//!   gets no drain Migration until that move has ended: if it took the job away, there is
+//!   nothing left to do; if not, the drain moves it then.
 //! - **A move with a deadline takes over.** A job whose drain Migration was superseded (a
 //!   reclaim notice's move took the job over while the drain's waited) is that move's: the
 //!   drain creates no other Migration for it and never hands it to recovery.
@@ -38,6 +41,10 @@ pub struct DrainJob {
     pub managed: bool,
     /// Its instance runs (a starting one cannot be migrated yet: it waits, it is not refused).
     pub running: bool,
+    /// Another Migration is moving it now (a reclaim notice's, a person's): the drain waits
+    /// for that move rather than start one the one-at-a-time rule would refuse, which would
+    /// then hand the job to recovery in the middle of its move.
+    pub moving: bool,
 }
 
 /// Where one of the drain's Migrations stands.
@@ -115,6 +122,11 @@ pub fn plan_drain(
         .filter(|j| j.running)
         .map(|j| j.job_id.as_str())
         .collect();
+    let moving: BTreeSet<&str> = jobs_on_node
+        .iter()
+        .filter(|j| j.moving)
+        .map(|j| j.job_id.as_str())
+        .collect();
 
     let mut plan = DrainPlan {
         migrated: count(&outcome, MigrationOutcome::Completed),
@@ -125,7 +137,10 @@ pub fn plan_drain(
     };
     for job in &managed {
         match outcome.get(job) {
-            None if plan.in_flight < parallelism && running.contains(job) => {
+            None if plan.in_flight < parallelism
+                && running.contains(job)
+                && !moving.contains(job) =>
+            {
                 plan.migrate.push((*job).to_owned());
                 plan.in_flight += 1;
             }
@@ -152,6 +167,7 @@ mod tests {
             job_id: id.into(),
             managed: true,
             running: true,
+            moving: false,
         }
     }
 
@@ -223,6 +239,7 @@ mod tests {
             job_id: "other/0/x".into(),
             managed: false,
             running: true,
+            moving: false,
         }];
         let plan = plan_drain(&jobs, &[mig("a", MigrationOutcome::Completed)], 2);
         assert!(plan.migrate.is_empty());
@@ -252,6 +269,21 @@ mod tests {
         assert_eq!(plan.migrate, ["b"]);
         assert_eq!(plan.remaining, 2);
         assert!(!plan.done);
+    }
+
+    #[test]
+    fn a_job_another_migration_moves_waits_for_it_and_is_never_handed_over() {
+        let moving = DrainJob {
+            moving: true,
+            ..job("a")
+        };
+        let plan = plan_drain(&[moving.clone(), job("b")], &[], 2);
+        assert_eq!(plan.migrate, ["b"]);
+        assert!(plan.fall_back.is_empty());
+        assert!(!plan.done, "a is still on the node");
+        // Its move ended without taking it off the node: the drain moves it then.
+        let plan = plan_drain(&[job("a")], &[], 2);
+        assert_eq!(plan.migrate, ["a"]);
     }
 
     #[test]
@@ -296,7 +328,7 @@ mod tests {
             for (i, (on_node, o, managed, running)) in states.iter().enumerate() {
                 let id = format!("j{i:02}");
                 if *on_node {
-                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed, running: *running });
+                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed, running: *running, moving: false });
                 }
                 if let Some(o) = o {
                     migs.push(mig(&id, *o));

@@ -212,15 +212,32 @@ async fn observe<'a>(
         seen: HashMap::new(),
     };
     let mut jobs = Vec::new();
+    let mut listed_in: HashMap<String, Vec<Migration>> = HashMap::new();
     for (job_id, running) in jobs_on(ctx, node_id) {
-        let managed = match job_ref(ctx, &job_id) {
-            Some((ns, name, _, _)) => bundles.get(&ns, &name).await?.is_some(),
-            None => false,
+        let (managed, moving) = match job_ref(ctx, &job_id) {
+            Some((ns, name, replica, job_name)) => {
+                let managed = bundles.get(&ns, &name).await?.is_some();
+                if managed && !listed_in.contains_key(&ns) {
+                    let all = Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+                        .list(&ListParams::default())
+                        .await?
+                        .items;
+                    listed_in.insert(ns.clone(), all);
+                }
+                let ours = migration_name(&node.name_any(), &job_id);
+                let listed = listed_in.get(&ns).map(Vec::as_slice).unwrap_or_default();
+                (
+                    managed,
+                    moved_by_another(listed, &ours, (&name, replica, &job_name)),
+                )
+            }
+            None => (false, false),
         };
         jobs.push(DrainJob {
             job_id,
             managed,
             running,
+            moving,
         });
     }
     let listed = drain_migrations(ctx, &node.name_any()).await?;
@@ -239,6 +256,19 @@ async fn observe<'a>(
         budget_wait: budget_wait(&listed),
         bundles,
     }))
+}
+
+/// Whether a Migration other than the drain's own (`ours`) is moving the job (bundle, replica,
+/// job name) now: not ended, whatever its phase.
+fn moved_by_another(listed: &[Migration], ours: &str, job: (&str, i32, &str)) -> bool {
+    listed.iter().any(|m| {
+        let j = &m.spec.job;
+        m.name_any() != ours
+            && (j.bundle.as_str(), j.replica, j.job_name.as_str()) == job
+            && !automanager_policy::migration::is_terminal(
+                m.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+            )
+    })
 }
 
 /// The jobs Manager shows on the node (normal instances that start or run there), and whether

@@ -540,3 +540,47 @@ async fn a_reclaim_label_without_a_notice_takes_nothing_over_and_passes_no_limit
     assert_eq!(status.phase, MigrationPhase::Pending, "{status:?}");
     assert_eq!(condition_of(&status.conditions, "Queued").1, "QueueFull");
 }
+
+#[tokio::test]
+async fn a_drain_of_a_job_another_migration_is_moving_waits_for_it_and_hands_nothing_over() {
+    let (t, _sync) = Tier::start(|_| {})
+        .await
+        .with_example_pools()
+        .await
+        .with_node_objects()
+        .await;
+    t.gold_overlap_bundle(1, serde_json::Value::Null).await;
+    let node = t.node_of_replica(0);
+    // A notice's move of the job is under way when the node is drained.
+    t.under_way("reclaim-move", "news", 0, &node);
+    t.set_node_spec(
+        &node,
+        api::ManagerNodeSpec {
+            cordoned: false,
+            drain: Some(api::Drain {
+                mode: api::DrainMode::Migrate,
+            }),
+        },
+    );
+    t.api.clear_calls();
+    t.manager.clear_calls();
+    let created = |t: &Tier| {
+        (t.api.writes().into_iter())
+            .filter(|w| w.starts_with("POST") && w.ends_with("/migrations"))
+            .count()
+    };
+
+    t.node_pass(&node).await.expect("a drain step");
+
+    assert_eq!(created(&t), 0, "{:?}", t.api.writes());
+    assert_eq!(t.manager.calls_named("StopJob"), Vec::<String>::new());
+
+    // That move ends without taking the job off the node: the drain moves it then.
+    t.api
+        .edit_status::<Migration>(Some("live"), "reclaim-move", |m| {
+            m.status.get_or_insert_default().phase = MigrationPhase::Aborted;
+        });
+    t.node_pass(&node).await.expect("the next step");
+    assert_eq!(created(&t), 1, "{:?}", t.api.writes());
+    assert_eq!(t.manager.calls_named("StopJob"), Vec::<String>::new());
+}
