@@ -741,3 +741,151 @@ fn matches(f: &JobFilter, id: &str, job: &Job) -> Result<bool, CommandError> {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn world() -> PublishedWorld {
+        PublishedWorld::new(&SimConfig::demo(), 1_000)
+    }
+
+    fn aws(id: &str) -> CreateAwsNodeRequest {
+        CreateAwsNodeRequest {
+            node_id: node_id(id),
+            tags: BTreeMap::from([("pool".to_owned(), "aws-east".to_owned())]),
+            region: "eu-west-1".to_owned(),
+            instance_type: "m5.xlarge".to_owned(),
+            ..Default::default()
+        }
+    }
+
+    fn job(id: &str) -> Job {
+        Job {
+            job_id: Some(JobId {
+                job_id: id.to_owned(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn kinds(events: &[EventStreamEvent]) -> Vec<&'static str> {
+        events
+            .iter()
+            .map(|e| match &e.event {
+                Some(Event::NodeStarting(_)) => "NodeStarting",
+                Some(Event::NodeStarted(_)) => "NodeStarted",
+                Some(Event::NodeStopping(_)) => "NodeStopping",
+                Some(Event::NodeStopped(_)) => "NodeStopped",
+                Some(Event::NodeRunning(_)) => "NodeRunning",
+                Some(Event::PhysicalNodeConnected(_)) => "PhysicalNodeConnected",
+                Some(Event::JobActive(_)) => "JobActive",
+                Some(Event::JobUpdated(_)) => "JobUpdated",
+                Some(Event::JobDeleted(_)) => "JobDeleted",
+                Some(Event::InitialDataComplete(_)) => "InitialDataComplete",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_node_starts_after_its_pools_delay_and_takes_instances_only_then() {
+        let mut w = world();
+        w.create_aws_node(&aws("n1"), 1_000).expect("created");
+        assert_eq!(kinds(&w.take_events()), ["NodeStarting"]);
+        w.create_job(job("j"), 1_000).expect("stored");
+        w.take_events();
+        assert!(matches!(
+            w.start_job("j", "primary", "n1", 1_000),
+            Err(CommandError::FailedPrecondition(_))
+        ));
+        // The demo's aws pool starts nodes after 200 ms.
+        w.advance(1_199);
+        assert!(w.take_events().is_empty());
+        w.advance(1_200);
+        assert_eq!(kinds(&w.take_events()), ["NodeStarted"]);
+        w.start_job("j", "primary", "n1", 1_300).expect("started");
+        assert_eq!(kinds(&w.take_events()), ["JobUpdated"]);
+    }
+
+    #[test]
+    fn refusals_name_what_is_wrong_and_change_nothing() {
+        let mut w = world();
+        let mut bad = aws("n1");
+        bad.instance_type = "x9.huge".to_owned();
+        assert!(matches!(
+            w.create_aws_node(&bad, 0),
+            Err(CommandError::InvalidArgument(m)) if m.contains("x9.huge")
+        ));
+        assert!(matches!(
+            w.create_aws_node(&aws(""), 0),
+            Err(CommandError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            w.create_aws_node(&aws(&"x".repeat(300)), 0),
+            Err(CommandError::InvalidArgument(_))
+        ));
+        w.create_aws_node(&aws("n1"), 0).expect("created");
+        assert!(matches!(
+            w.create_aws_node(&aws("n1"), 0),
+            Err(CommandError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            w.terminate_node("onprem-a1", 0),
+            Err(CommandError::FailedPrecondition(_))
+        ));
+        assert!(matches!(
+            w.stop_job("nope", "primary", "n1", 0),
+            Err(CommandError::NotFound(_))
+        ));
+        w.take_events();
+        assert!(matches!(
+            w.delete_job("nope"),
+            Err(CommandError::NotFound(_))
+        ));
+        assert!(w.take_events().is_empty());
+    }
+
+    #[test]
+    fn terminating_a_node_stops_its_instances_first() {
+        let mut w = world();
+        w.create_aws_node(&aws("n1"), 0).expect("created");
+        w.advance(1_000);
+        w.create_job(job("j"), 1_000).expect("stored");
+        w.start_job("j", "primary", "n1", 1_000).expect("started");
+        w.start_job("j", "backup", "onprem-a1", 1_000)
+            .expect("started");
+        assert!(matches!(
+            w.delete_job("j"),
+            Err(CommandError::FailedPrecondition(_))
+        ));
+        w.take_events();
+        w.terminate_node("n1", 2_000).expect("terminated");
+        assert_eq!(
+            kinds(&w.take_events()),
+            ["NodeStopping", "JobUpdated", "NodeStopped"]
+        );
+        let found = w.job_search(&[]).expect("search");
+        assert_eq!(
+            found[0].instances.len(),
+            1,
+            "the backup on onprem-a1 runs on"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_lists_every_node_and_job_then_initial_data_complete() {
+        let mut w = world();
+        w.create_aws_node(&aws("n1"), 0).expect("created");
+        w.create_job(job("j"), 0).expect("stored");
+        let snapshot = w.snapshot();
+        let k = kinds(&snapshot);
+        assert_eq!(
+            k.iter().filter(|k| **k == "PhysicalNodeConnected").count(),
+            4
+        );
+        assert_eq!(k.iter().filter(|k| **k == "NodeStarting").count(), 1);
+        assert_eq!(k.iter().filter(|k| **k == "JobActive").count(), 1);
+        assert_eq!(k.last(), Some(&"InitialDataComplete"));
+    }
+}
