@@ -14,7 +14,7 @@ use std::time::Duration;
 use automanager_api::{
     self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, MigrationSpec,
 };
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -240,7 +240,7 @@ async fn observe<'a>(
             moving,
         });
     }
-    let listed = drain_migrations(ctx, &node.name_any()).await?;
+    let listed = drop_stale(ctx, drain_migrations(ctx, &node.name_any()).await?).await;
     let migrations = listed
         .iter()
         .filter_map(|m| {
@@ -302,6 +302,39 @@ async fn drain_migrations(ctx: &Context, node_object: &str) -> Result<Vec<Migrat
         .list(&ListParams::default().labels(&selector))
         .await?
         .items)
+}
+
+/// Whether a drain Migration ended because the node it was made for was gone (an earlier drain
+/// of a node of the same name): it says nothing about this drain.
+fn is_stale(m: &Migration) -> bool {
+    m.status.as_ref().is_some_and(|s| {
+        s.phase == MigrationPhase::Aborted
+            && api::find_condition(&s.conditions, "Aborted")
+                .is_some_and(|c| c.reason == "SourceGone")
+    })
+}
+
+/// The drain's Migrations without the stale ones ([`is_stale`]), which are deleted: read as
+/// failed moves they would hand the job to recovery, and their names are the ones this drain
+/// creates its own under.
+async fn drop_stale(ctx: &Context, listed: Vec<Migration>) -> Vec<Migration> {
+    let (stale, live): (Vec<Migration>, Vec<Migration>) = listed.into_iter().partition(is_stale);
+    for m in stale {
+        let Some(ns) = m.namespace() else { continue };
+        match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
+            .delete(&m.name_any(), &DeleteParams::background())
+            .await
+        {
+            Ok(_) => {
+                tracing::info!(migration = %m.name_any(), "drain: a Migration of an earlier drain of a gone node removed");
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => {
+                tracing::warn!(migration = %m.name_any(), error = %e, "drain: could not remove a stale Migration");
+            }
+        }
+    }
+    live
 }
 
 /// Why the drain waits, when the disruption budget holds one of its Migrations in the queue.

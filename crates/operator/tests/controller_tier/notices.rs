@@ -584,3 +584,66 @@ async fn a_drain_of_a_job_another_migration_is_moving_waits_for_it_and_hands_not
     assert_eq!(created(&t), 1, "{:?}", t.api.writes());
     assert_eq!(t.manager.calls_named("StopJob"), Vec::<String>::new());
 }
+
+#[tokio::test]
+async fn a_new_drain_of_a_node_ignores_and_removes_a_migration_that_ended_source_gone() {
+    let (t, _sync) = Tier::start(|_| {})
+        .await
+        .with_example_pools()
+        .await
+        .with_node_objects()
+        .await;
+    t.gold_overlap_bundle(1, serde_json::Value::Null).await;
+    let node = t.node_of_replica(0);
+    let job = t.manager_jobs("news").remove(0);
+    // An earlier drain of a node of this name left its Migration, ended SourceGone.
+    let stale = controllers::drain::migration_name(&node, &job);
+    t.kind_migration(&stale, Kind::Drain, "news", 0, &node);
+    t.api.edit_status::<Migration>(Some("live"), &stale, |m| {
+        let s = m.status.get_or_insert_default();
+        s.phase = MigrationPhase::Aborted;
+        s.conditions = vec![api::Condition {
+            type_: "Aborted".into(),
+            status: api::ConditionStatus::True,
+            reason: "SourceGone".into(),
+            message: "its source node is gone".into(),
+            last_transition_time: t.ctx.clock.now(),
+            observed_generation: Some(1),
+        }];
+    });
+    t.set_node_spec(
+        &node,
+        api::ManagerNodeSpec {
+            cordoned: false,
+            drain: Some(api::Drain {
+                mode: api::DrainMode::Migrate,
+            }),
+        },
+    );
+    t.manager.clear_calls();
+
+    t.node_pass(&node).await.expect("the first step");
+
+    assert_eq!(
+        t.manager.calls_named("StopJob"),
+        Vec::<String>::new(),
+        "not handed to recovery for an earlier drain's Migration"
+    );
+    assert_eq!(t.events_with("DrainFallback").await, 0);
+    assert!(
+        t.api
+            .get::<Migration>(Some("live"), &stale)
+            .is_none_or(|m| { m.status.is_none_or(|s| s.phase == MigrationPhase::Pending) }),
+        "the stale Migration is gone (or replaced by this drain's)"
+    );
+    t.node_pass(&node).await.expect("the next step");
+    let fresh = t
+        .api
+        .get::<Migration>(Some("live"), &stale)
+        .expect("this drain's own Migration");
+    assert_ne!(
+        fresh.status.map(|s| s.phase),
+        Some(MigrationPhase::Aborted),
+        "a new one, not the stale one"
+    );
+}
