@@ -22,7 +22,7 @@ use automanager_policy::notice::{
 };
 use chrono::{TimeDelta, Utc};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::runtime::events::EventType;
 use manager_proto as proto;
 
@@ -120,13 +120,31 @@ struct JobPlace {
     held: Vec<String>,
 }
 
-/// Where a job's Migrations stand for its notice: whether a move of it is under way, why
-/// its reclaim Migration ended without moving it, and the held ones its move takes over.
-fn job_migrations(
-    listed: &[Migration],
-    place: &JobPlace,
-    reclaim_name: &str,
-) -> (bool, Option<String>, Vec<String>) {
+/// Where a job's Migrations stand for its notice.
+#[derive(Debug, Default)]
+struct JobMoves {
+    /// A move of the job is under way (ours, or another that owns the job now).
+    in_flight: bool,
+    /// Why our move ended without moving the job.
+    ended: Option<String>,
+    /// The held (Pending) Migrations our move takes over.
+    held: Vec<String>,
+    /// Our move was refused only because another move held the job, which has ended since:
+    /// it is removed and made again.
+    again: bool,
+}
+
+/// Whether a Migration was refused because another move held its job.
+fn lost_to_another(m: &Migration) -> bool {
+    m.status.as_ref().is_some_and(|s| {
+        s.phase == MigrationPhase::Rejected
+            && api::find_condition(&s.conditions, "Rejected")
+                .is_some_and(|c| c.reason == "ConcurrentMigration")
+    })
+}
+
+/// Where a job's Migrations stand for its notice ([`JobMoves`]).
+fn job_migrations(listed: &[Migration], place: &JobPlace, reclaim_name: &str) -> JobMoves {
     let of_job: Vec<&Migration> = listed
         .iter()
         .filter(|m| {
@@ -138,6 +156,7 @@ fn job_migrations(
     let mut in_flight = false;
     let mut ended = None;
     let mut held = Vec::new();
+    let mut lost = false;
     for m in of_job {
         let p = phase(m);
         let ours = m.name_any() == reclaim_name;
@@ -145,6 +164,7 @@ fn job_migrations(
             // Done: the mirror shows the job on the noticed node a moment longer.
             in_flight = true;
         } else if ours && automanager_policy::migration::is_terminal(p) {
+            lost = lost_to_another(m);
             let why = m
                 .status
                 .as_ref()
@@ -165,7 +185,13 @@ fn job_migrations(
             held.push(m.name_any());
         }
     }
-    (in_flight, ended.filter(|_| !in_flight), held)
+    let again = lost && !in_flight;
+    JobMoves {
+        in_flight,
+        ended: ended.filter(|_| !in_flight && !again),
+        held,
+        again,
+    }
 }
 
 async fn observe_jobs(
@@ -225,9 +251,23 @@ async fn observe_jobs(
             migrations.insert(ns.to_owned(), listed);
         }
         let listed = migrations.get(ns).map(Vec::as_slice).unwrap_or_default();
-        let (in_flight, move_ended, held) =
-            job_migrations(listed, &place, &migration_name(&node_id, &job.job_id));
-        place.held = held;
+        let ours = migration_name(&node_id, &job.job_id);
+        let moves = job_migrations(listed, &place, &ours);
+        if moves.again {
+            // The move that held the job ended without taking it off the node: ours is made
+            // again (the next pass finds the name free once this deletion is through).
+            match Api::<Migration>::namespaced(ctx.client.clone(), ns)
+                .delete(&ours, &DeleteParams::background())
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(node = %node_id, job = %job.job_id, migration = %ours, "reclaim: the move that held the job ended; moving it again");
+        }
+        let (in_flight, move_ended) = (moves.in_flight || moves.again, moves.ended);
+        place.held = moves.held;
         out.push((
             NoticedJob {
                 job_id: job.job_id.clone(),

@@ -647,3 +647,51 @@ async fn a_new_drain_of_a_node_ignores_and_removes_a_migration_that_ended_source
         "a new one, not the stale one"
     );
 }
+
+#[tokio::test]
+async fn a_notices_move_refused_by_a_move_under_way_is_made_again_once_that_one_ends_in_place() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.gold_overlap_bundle(1, serde_json::Value::Null).await;
+    let node = t.node_of_replica(0);
+    t.notice(&node, 60_000).await;
+    let mut told = HashMap::new();
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("the reclaim pass");
+    let by = t.reclaim_migrations()[0].name_any();
+    // Another move of the job began in the same moment (admitted before the notice's was looked at).
+    t.under_way("moving", "news", 0, &node);
+    t.migration_pass(&by).await.expect("the finalizer pass");
+    t.migration_pass(&by).await.expect("the refusing pass");
+    assert_eq!(t.migration_status(&by).phase, MigrationPhase::Rejected);
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("a pass while the other moves");
+    assert!(
+        told[&node].contains("0 job(s) moving now, 1 in flight"),
+        "{}",
+        told[&node]
+    );
+
+    // The other move ends with the job still on the node: the notice's move is made again.
+    t.api.edit_status::<Migration>(Some("live"), "moving", |m| {
+        m.status.get_or_insert_default().phase = MigrationPhase::Aborted;
+    });
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("the pass that removes the refused move");
+    t.migration_pass(&by).await.expect("its cleanup");
+    controllers::reclaim::pass(&t.ctx, &mut told)
+        .await
+        .expect("the pass that makes it again");
+    let again = t.reclaim_migrations();
+    assert_eq!(again.len(), 1);
+    assert_eq!(t.migration_status(&by).phase, MigrationPhase::Pending);
+    t.migration_pass(&by).await.expect("the finalizer pass");
+    t.migration_until(&by, MigrationPhase::Completed).await;
+    assert!(
+        !told[&node].contains("left to band recovery: live"),
+        "{}",
+        told[&node]
+    );
+}
