@@ -597,14 +597,19 @@ impl PublishedWorld {
     /// What a new EventStream is sent first: nodes, jobs, then `InitialDataComplete` with every
     /// offered region's (or availability domain's) health.
     pub fn snapshot(&self) -> Vec<EventStreamEvent> {
+        // Every instance by its node, in one pass over the jobs.
+        let mut by_node: BTreeMap<&str, Vec<RunningJob>> = BTreeMap::new();
+        for (j, s) in &self.jobs {
+            for (role, node) in &s.instances {
+                by_node
+                    .entry(node.as_str())
+                    .or_default()
+                    .push(running_job(j, role, node));
+            }
+        }
         let mut out = Vec::new();
         for (id, node) in &self.nodes {
-            let on_node: Vec<RunningJob> = self
-                .jobs
-                .iter()
-                .flat_map(|(j, s)| instances(j, s).into_iter())
-                .filter(|r| r.node_id.as_ref().is_some_and(|n| &n.node_id == id))
-                .collect();
+            let on_node = by_node.remove(id.as_str()).unwrap_or_default();
             let event = if node.physical {
                 Event::PhysicalNodeConnected(PhysicalNodeConnected {
                     node: Some(PhysicalNode {
@@ -677,19 +682,23 @@ fn with_history(stored: &StoredJob) -> JobWithHistory {
     }
 }
 
+fn running_job(job: &str, role: &str, node: &str) -> RunningJob {
+    RunningJob {
+        job_key: Some(ActiveJobKey {
+            job_id: Some(JobId {
+                job_id: job.to_owned(),
+            }),
+            role: role.to_owned(),
+        }),
+        node_id: node_id(node),
+    }
+}
+
 fn instances(id: &str, stored: &StoredJob) -> Vec<RunningJob> {
     stored
         .instances
         .iter()
-        .map(|(role, node)| RunningJob {
-            job_key: Some(ActiveJobKey {
-                job_id: Some(JobId {
-                    job_id: id.to_owned(),
-                }),
-                role: role.clone(),
-            }),
-            node_id: node_id(node),
-        })
+        .map(|(role, node)| running_job(id, role, node))
         .collect()
 }
 
