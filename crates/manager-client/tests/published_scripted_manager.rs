@@ -5,11 +5,9 @@
 //! (no change at all), a reconnect to a changed one (exactly the differences), and a stream that
 //! went silent while calls still answered (found, reopened, reconciled).
 //!
-//! Without `node`, or without registry access for `npm ci`, the test says why and passes, except
-//! in CI (`CI` set), where that is a failure.
+//! Node runs the package (`oracle.rs` says what happens without it).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,39 +25,10 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 const WAIT: Duration = Duration::from_secs(30);
 
-fn reference_dir() -> PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-        .join("../manager-proto/reference")
-}
+#[path = "../../manager-proto/reference/oracle.rs"]
+mod oracle;
 
-/// Why the package cannot be run here, if it cannot; panics instead in CI.
-fn unavailable() -> Option<String> {
-    let node = std::process::Command::new("node")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let why = if !node {
-        Some("`node` is not on PATH".to_owned())
-    } else if reference_dir().join("node_modules/@grpc/grpc-js").exists() {
-        None
-    } else {
-        let ok = std::process::Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(reference_dir())
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        (!ok).then(|| {
-            "`npm ci` in crates/manager-proto/reference failed (no registry access?)".to_owned()
-        })
-    };
-    if let Some(why) = &why {
-        assert!(std::env::var_os("CI").is_none(), "in CI: {why}");
-        eprintln!("skipped: {why}");
-    }
-    why
-}
+use oracle::{reference_dir, unavailable};
 
 /// The Node Manager, steered through its stdin.
 struct Scripted {

@@ -8,8 +8,7 @@
 //!   generated type and encodes again to the same bytes, which the package decodes back to the
 //!   same value.
 //!
-//! Node runs the package. Without `node`, or without registry access for `npm ci`, the tests
-//! say why and pass, except in CI (`CI` set), where that is a failure.
+//! Node runs the package (`oracle.rs` says what happens without it).
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -23,51 +22,19 @@ use prost_types::field_descriptor_proto::{Label, Type};
 use prost_types::{DescriptorProto, FileDescriptorSet};
 use serde_json::Value;
 
-/// The package directory cargo gives the running test (not the path compiled in: an executable
-/// built in another checkout that shares the target dir would read that checkout's files).
+#[path = "../reference/oracle.rs"]
+mod oracle;
+
+use oracle::{reference_dir, unavailable};
+
+/// The package directory cargo gives the running test (see `oracle::reference_dir`).
 fn package_dir() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
 }
 
-fn reference_dir() -> PathBuf {
-    package_dir().join("reference")
-}
-
 fn proto_root() -> PathBuf {
     package_dir().join("../../proto")
-}
-
-/// Why the package cannot be run here, if it cannot; panics instead in CI.
-fn unavailable() -> Option<String> {
-    let why = if Command::new("node")
-        .arg("--version")
-        .output()
-        .map(|o| !o.status.success())
-        .unwrap_or(true)
-    {
-        Some("`node` is not on PATH".to_owned())
-    } else if reference_dir()
-        .join("node_modules/@norskvideo/norsk-api/lib/manager_pb.js")
-        .exists()
-    {
-        None
-    } else {
-        let ok = Command::new("npm")
-            .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-            .current_dir(reference_dir())
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        (!ok).then(|| {
-            "`npm ci` in crates/manager-proto/reference failed (no registry access?)".to_owned()
-        })
-    };
-    if let Some(why) = &why {
-        assert!(std::env::var_os("CI").is_none(), "in CI: {why}");
-        eprintln!("skipped: {why}");
-    }
-    why
 }
 
 fn node(script: &str, arg: Option<&str>, stdin: Option<&[u8]>) -> (bool, String) {
