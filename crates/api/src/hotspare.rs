@@ -77,12 +77,12 @@ pub struct SpareSchedule {
     pub schedule: String,
     /// How long it lasts from each start (elapsed time, e.g. `5h30m`), 1m to 744h.
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('744h')").message("duration must be between 1m and 744h, such as 2h or 5h30m"))]
+    #[x_kube(validation = Rule::new(crate::window::WINDOW_DURATION_RULE).message(crate::window::WINDOW_DURATION_MESSAGE))]
     pub duration: String,
     /// The IANA time zone, e.g. `Europe/Oslo`. Default `UTC`.
     #[serde(default = "utc", skip_serializing_if = "is_utc")]
     #[schemars(length(min = 1, max = 64))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')").message("timeZone must be an IANA time zone name such as Europe/Oslo or UTC"))]
+    #[x_kube(validation = Rule::new(crate::window::TIME_ZONE_RULE).message(crate::window::TIME_ZONE_MESSAGE))]
     pub time_zone: String,
     /// Hot spares while the schedule applies (default: as outside it).
     #[serde(default, skip_serializing_if = "Option::is_none")]

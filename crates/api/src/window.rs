@@ -22,6 +22,19 @@ fn is_utc(s: &str) -> bool {
 /// The CEL rule every `schedule` field carries.
 pub const SCHEDULE_RULE: &str = "self.matches('^\\\\s*(@(yearly|annually|monthly|weekly|daily|midnight|hourly)|[^\\\\s]+\\\\s+[^\\\\s]+\\\\s+[^\\\\s]+\\\\s+[^\\\\s]+\\\\s+[^\\\\s]+)\\\\s*$')";
 
+/// The CEL rule, and its message, of every window `duration`: a Go duration from 1m to 744h.
+pub const WINDOW_DURATION_RULE: &str = "self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('744h')";
+/// See [`WINDOW_DURATION_RULE`].
+pub const WINDOW_DURATION_MESSAGE: &str =
+    "duration must be between 1m and 744h, such as 2h or 5h30m";
+
+/// The CEL rule, and its message, of every `timeZone`: the shape of an IANA name (the operator
+/// checks the name itself).
+pub const TIME_ZONE_RULE: &str = "self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')";
+/// See [`TIME_ZONE_RULE`].
+pub const TIME_ZONE_MESSAGE: &str =
+    "timeZone must be an IANA time zone name such as Europe/Oslo or UTC";
+
 /// When voluntary moves of a bundle may happen: from each time `schedule` matches, in
 /// `timeZone`, for `duration`. Outside every window naming a reason, moves for that reason wait
 /// (the Bundle's `DisruptionWindow` condition says until when); recovery from a failure is never
@@ -38,12 +51,12 @@ pub struct DisruptionWindow {
     /// How long each window lasts (elapsed time, a Go duration such as `2h` or `5h30m`), 1m to
     /// 744h.
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.matches('^([0-9]+(\\\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) >= duration('1m') && duration(self) <= duration('744h')").message("duration must be between 1m and 744h, such as 2h or 5h30m"))]
+    #[x_kube(validation = Rule::new(WINDOW_DURATION_RULE).message(WINDOW_DURATION_MESSAGE))]
     pub duration: String,
     /// The IANA time zone the pattern is read in, e.g. `Europe/Oslo`. Default `UTC`.
     #[serde(default = "utc", skip_serializing_if = "is_utc")]
     #[schemars(length(min = 1, max = 64))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z][A-Za-z0-9_+-]*(/[A-Za-z0-9_+-]+)*$')").message("timeZone must be an IANA time zone name such as Europe/Oslo or UTC"))]
+    #[x_kube(validation = Rule::new(TIME_ZONE_RULE).message(TIME_ZONE_MESSAGE))]
     pub time_zone: String,
     /// The voluntary reasons this window admits: `drain`, `consolidation`, `rebalance`,
     /// `spareRotation`. Empty: all of them. A reason no window names is not held.
