@@ -158,14 +158,6 @@ pub fn node_object_name(node_id: &str) -> String {
     )
 }
 
-pub fn band(b: api::PriorityBand) -> pl::PriorityBand {
-    match b {
-        api::PriorityBand::Gold => pl::PriorityBand::Gold,
-        api::PriorityBand::Silver => pl::PriorityBand::Silver,
-        api::PriorityBand::Bronze => pl::PriorityBand::Bronze,
-    }
-}
-
 pub fn parse_band(s: &str) -> Option<api::PriorityBand> {
     match s {
         "gold" => Some(api::PriorityBand::Gold),
@@ -208,7 +200,7 @@ pub fn job(j: &api::BundleJob) -> pl::JobSpec {
             required_capacity: j.requirements.required_capacity as f64,
             required_cores: cores(j.requirements.required_cores),
             required_capabilities: j.requirements.required_capabilities.clone(),
-            priority_band: band(j.requirements.priority_band),
+            priority_band: j.requirements.priority_band,
         },
         co_locate_with: j.co_locate_with.clone(),
         separate_from: j.separate_from.clone(),
@@ -320,10 +312,7 @@ pub fn pool(name: &str, spec: &api::PlacementPoolSpec) -> pl::PoolSpec {
             api::PackingStrategy::Binpack => pl::PackingStrategy::Binpack,
             api::PackingStrategy::Spread => pl::PackingStrategy::Spread,
         },
-        scale_out: match spec.scale_out {
-            api::ScaleOut::Elastic => pl::ScaleOut::Elastic,
-            api::ScaleOut::Fixed => pl::ScaleOut::Fixed,
-        },
+        scale_out: spec.scale_out,
         candidate_instance_types: spec
             .candidate_instance_types
             .iter()
@@ -416,7 +405,7 @@ pub fn node(
         cordoned: overlay.cordoned || overlay.consolidating,
         healthy: !overlay.unhealthy,
         spare,
-        spare_band: if spare { spare_band.map(band) } else { None },
+        spare_band: if spare { spare_band } else { None },
         pending_since_ms: pending.then(|| u64::try_from(n.created_at_ms).unwrap_or(0)),
     })
 }

@@ -28,26 +28,56 @@ pub enum PackingStrategy {
     Spread,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+// One definition for the engine, the policy and the CRDs, which take their schema and
+// descriptions from the doc comments below (so those are written for users).
+/// Whether the pool can grow.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum ScaleOut {
-    /// The pool may provision nodes of its candidate instance types.
+    /// AutoManager may provision nodes (of the smallest candidate instance type that fits).
     Elastic,
-    /// The pool has the nodes it has (e.g. an on-premises cluster).
+    /// The pool's nodes are what exists; nothing is provisioned.
     #[default]
     Fixed,
 }
 
-/// A job's priority band; it governs recovery (see the crate docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+// One definition for the engine, the policy and the CRDs, as ScaleOut above.
+/// A job's priority band. It governs what happens when the job fails or loses its node.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub enum PriorityBand {
+    /// Restarted on failure, preferring a hot spare (a spare dedicated to gold first).
     Gold,
+    /// Restarted on failure on any node that fits.
     Silver,
+    /// Dropped on failure: never restarted (an Event and a metric record the drop).
     Bronze,
 }
 
 impl PriorityBand {
+    /// The band's name as written in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PriorityBand::Gold => "gold",
+            PriorityBand::Silver => "silver",
+            PriorityBand::Bronze => "bronze",
+        }
+    }
+
     /// Rank for "most important band wins" when jobs share a node: gold 0, silver 1, bronze 2.
     pub(crate) fn rank(self) -> u8 {
         match self {

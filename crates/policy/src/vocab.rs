@@ -8,30 +8,9 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// A job's priority band. It governs what happens when the job fails or loses its node.
-#[derive(
-    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
-)]
-#[serde(rename_all = "camelCase")]
-pub enum PriorityBand {
-    /// Restarted on failure, preferring a hot spare (a spare dedicated to gold first).
-    Gold,
-    /// Restarted on failure on any node that fits.
-    Silver,
-    /// Dropped on failure: never restarted (an Event and a metric record the drop).
-    Bronze,
-}
-
-impl PriorityBand {
-    /// The band's name as written in the API.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PriorityBand::Gold => "gold",
-            PriorityBand::Silver => "silver",
-            PriorityBand::Bronze => "bronze",
-        }
-    }
-}
+/// A job's priority band and whether a pool can grow: the placement engine's own types, so the
+/// engine, the policy and the CRDs share one definition of each.
+pub use automanager_placement::{PriorityBand, ScaleOut};
 
 /// How a running instance may be moved between nodes (the TypeScript library's `MigrationStrategy`).
 ///
@@ -135,16 +114,6 @@ pub enum ClearRestartsOn {
     /// library's "a successful restart clears the count"): a job that crashes after each
     /// start is seen Running may never reach `maxRestartsPerHour`.
     SuccessfulRestart,
-}
-
-/// Whether the pool can grow.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub enum ScaleOut {
-    /// AutoManager may provision nodes (of the smallest candidate instance type that fits).
-    Elastic,
-    /// The pool's nodes are what exists; nothing is provisioned.
-    Fixed,
 }
 
 /// A migration's phase.
