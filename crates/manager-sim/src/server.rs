@@ -200,7 +200,7 @@ struct Inner {
     stalled: watch::Sender<bool>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves the world as it was between two
     // commands' statements at worst; keep serving rather than cascade.
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -382,7 +382,7 @@ fn write_state(path: &std::path::Path, saved: &PersistedWorld) -> Result<(), Sim
     Ok(())
 }
 
-fn status(e: CommandError) -> Status {
+pub(crate) fn status(e: CommandError) -> Status {
     match e {
         CommandError::InvalidArgument(m) => Status::invalid_argument(m),
         CommandError::NotFound(m) => Status::not_found(m),

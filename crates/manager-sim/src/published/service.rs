@@ -4,7 +4,7 @@
 //! starts nodes when their provisioning delay has passed.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use manager_proto::api::common::{JobId, NodeId};
@@ -19,7 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::world::PublishedWorld;
-use crate::server::now_ms;
+use crate::server::{lock, now_ms, status};
 use crate::world::CommandError;
 
 /// How many events a stream may have waiting beyond its snapshot before it is cut (its client
@@ -39,20 +39,6 @@ pub struct PublishedService(Arc<Inner>);
 impl std::fmt::Debug for PublishedService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PublishedService").finish_non_exhaustive()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn status(e: CommandError) -> Status {
-    match e {
-        CommandError::InvalidArgument(m) => Status::invalid_argument(m),
-        CommandError::NotFound(m) => Status::not_found(m),
-        CommandError::FailedPrecondition(m) => Status::failed_precondition(m),
-        CommandError::AlreadyExists(m) => Status::already_exists(m),
-        CommandError::Unavailable(m) => Status::unavailable(m),
     }
 }
 
