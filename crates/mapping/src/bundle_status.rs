@@ -189,6 +189,27 @@ pub fn bundle_status(f: &StatusFacts<'_>) -> api::BundleStatus {
         &mut status.conditions,
         api::Condition::new("Broken", broken.0, broken.1, broken.2, f.generation, f.now),
     );
+    // Jobs their band dropped on purpose: beside the standing, which stays Ready for them.
+    let dropped: Vec<String> = status
+        .replicas
+        .iter()
+        .flat_map(|r| {
+            r.jobs
+                .iter()
+                .filter(|j| j.state == api::JobState::Dropped)
+                .map(move |j| format!("replica {} job {}", r.replica, j.job_name))
+        })
+        .collect();
+    let (on, reason, message) = plan::dropped_jobs(&dropped);
+    let on = if on {
+        api::ConditionStatus::True
+    } else {
+        api::ConditionStatus::False
+    };
+    api::set_condition(
+        &mut status.conditions,
+        api::Condition::new(plan::DEGRADED, on, reason, message, f.generation, f.now),
+    );
     status
 }
 
@@ -364,6 +385,63 @@ mod tests {
         assert_eq!(stalled, Some(true), "{:?}", status.conditions);
         let broken = api::find_condition(&status.conditions, "Broken").map(|c| c.reason.clone());
         assert_eq!(broken.as_deref(), Some("WithinRestartCeiling"));
+    }
+
+    #[test]
+    fn jobs_dropped_by_their_band_leave_the_bundle_ready_and_degraded_naming_them() {
+        let prev = api::BundleStatus::default();
+        let ok = PlacementResult::default();
+        let facts = |need| StatusFacts {
+            prev: &prev,
+            retry: None,
+            generation: Some(4),
+            now: at(0),
+            broken: None,
+            unreadable_windows: None,
+            replicas: vec![
+                ReplicaFacts {
+                    replica: 0,
+                    restarts: 0,
+                    restart_times: Vec::new(),
+                    result: &ok,
+                    jobs: vec![job(JobPhase::Running, Need::Nothing, "n1")],
+                },
+                ReplicaFacts {
+                    replica: 1,
+                    restarts: 0,
+                    restart_times: Vec::new(),
+                    result: &ok,
+                    jobs: vec![job(JobPhase::Failed, need, "n2")],
+                },
+            ],
+        };
+        let status = bundle_status(&facts(Need::Dropped));
+        assert_eq!(status.phase, api::BundlePhase::Degraded);
+        assert_eq!(
+            api::kstatus::standing(&status.conditions),
+            Some(api::Standing::Ready),
+            "{:?}",
+            status.conditions
+        );
+        let ready = api::find_condition(&status.conditions, "Ready").expect("Ready");
+        assert_eq!(ready.reason, "RunningWithDrops");
+        let degraded = api::find_condition(&status.conditions, "Degraded").expect("Degraded");
+        assert!(degraded.is_true());
+        assert_eq!(degraded.reason, "JobsDropped");
+        assert_eq!(degraded.observed_generation, Some(4));
+        assert!(
+            degraded.message.contains("replica 1 job enc")
+                && !degraded.message.contains("replica 0"),
+            "{}",
+            degraded.message
+        );
+        // Retried and running again: no longer Degraded.
+        let status = bundle_status(&facts(Need::Nothing));
+        let degraded = api::find_condition(&status.conditions, "Degraded").expect("Degraded");
+        assert_eq!(
+            (degraded.is_true(), degraded.reason.as_str()),
+            (false, "NoJobsDropped")
+        );
     }
 
     #[test]

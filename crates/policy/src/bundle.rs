@@ -526,11 +526,15 @@ pub fn verdict(
             blocked_by.unwrap_or(BlockedCause::NoCapacity).reason(),
             join_bounded(&unplaceable, "; ", MAX_CONDITION_MESSAGE),
         ),
-        // Dropped jobs stay down until a retry or a spec change.
+        // Jobs their band dropped on purpose, every other job running: the bundle runs what
+        // its bands promise, so it is Ready; the drops are the `Degraded` condition's
+        // ([`dropped_jobs`]), and stay down until a retry or a spec change.
         BundlePhase::Degraded => (
-            Standing::Stalled,
-            "JobsDropped",
-            "some jobs were dropped after failing (bronze band); retry with the automanager.norsk.io/retry annotation".to_owned(),
+            Standing::Ready,
+            "RunningWithDrops",
+            format!(
+                "{running}; every job runs but those their band dropped after they failed (onFailure: drop), as the Degraded condition lists; retry them with the automanager.norsk.io/retry annotation"
+            ),
         ),
         _ if !retrying.is_empty() => (
             Standing::Reconciling,
@@ -554,6 +558,35 @@ pub fn verdict(
         reason,
         message,
     }
+}
+
+/// The type of a bundle's condition that says whether jobs its bands dropped on purpose are
+/// down. Not one of the kstatus three: a bundle with drops is still Ready (its bands promise no
+/// more), so tools that read kstatus see it as Current, and this condition says what is missing.
+pub const DEGRADED: &str = "Degraded";
+
+/// The [`DEGRADED`] condition: whether it holds, its reason and message. `dropped` names the
+/// jobs down because their band dropped them (as `replica 0 job enc`), in status order.
+pub fn dropped_jobs(dropped: &[String]) -> (bool, &'static str, String) {
+    if dropped.is_empty() {
+        return (false, "NoJobsDropped", String::new());
+    }
+    let (one, verb) = if dropped.len() == 1 {
+        ("job", "was")
+    } else {
+        ("jobs", "were")
+    };
+    let message = format!(
+        "{} {one} {verb} dropped after failing, as {} band asks (onFailure: drop): {}; they stay down until a retry (the automanager.norsk.io/retry annotation) or a spec change",
+        dropped.len(),
+        if dropped.len() == 1 { "its" } else { "their" },
+        dropped.join(", ")
+    );
+    (
+        true,
+        "JobsDropped",
+        crate::bounded::clip(&message, MAX_CONDITION_MESSAGE).into_owned(),
+    )
 }
 
 #[cfg(test)]
@@ -934,10 +967,23 @@ mod tests {
             None,
         );
         assert_eq!(v.reason, "Provisioning");
+        // Dropped on purpose, the rest running: Ready (kstatus Current), phase Degraded.
         let v = verdict(&[run.clone(), vec![S::Dropped]], &[], None);
         assert_eq!(
             (v.phase, v.standing, v.reason),
-            (BundlePhase::Degraded, Standing::Stalled, "JobsDropped")
+            (BundlePhase::Degraded, Standing::Ready, "RunningWithDrops")
+        );
+        assert_eq!(v.standing.kstatus(), "Current");
+        assert!(
+            v.message.contains("1 of 2 replicas running"),
+            "{}",
+            v.message
+        );
+        // Dropped while another job is still being placed: in progress, not stalled.
+        let v = verdict(&[vec![S::Dropped, S::Starting]], &[&none], None);
+        assert_eq!(
+            (v.phase, v.standing),
+            (BundlePhase::Placing, Standing::Reconciling)
         );
         let no_room = blocked(BlockedCause::NoCapacity, "replica 0 cannot be placed");
         let v = verdict(&[vec![S::Unplaceable]], &[&no_room], None);
@@ -960,6 +1006,28 @@ mod tests {
                 "RestartCeilingExceeded"
             )
         );
+    }
+
+    #[test]
+    fn the_degraded_condition_names_the_dropped_jobs() {
+        assert_eq!(dropped_jobs(&[]), (false, "NoJobsDropped", String::new()));
+        let (on, reason, message) = dropped_jobs(&["replica 0 job enc".into()]);
+        assert_eq!((on, reason), (true, "JobsDropped"));
+        assert!(
+            message.starts_with("1 job was dropped after failing, as its band asks")
+                && message.contains(": replica 0 job enc;")
+                && message.contains("automanager.norsk.io/retry"),
+            "{message}"
+        );
+        let (_, _, message) =
+            dropped_jobs(&["replica 0 job enc".into(), "replica 1 job audio".into()]);
+        assert!(
+            message.contains("2 jobs were dropped")
+                && message.contains("replica 0 job enc, replica 1 job audio"),
+            "{message}"
+        );
+        let many: Vec<String> = (0..2000).map(|r| format!("replica {r} job enc")).collect();
+        assert!(dropped_jobs(&many).2.len() <= MAX_CONDITION_MESSAGE);
     }
 
     #[test]

@@ -48,11 +48,13 @@ impl FailureKind {
     }
 
     /// The standing and reason the object's conditions take after a pass failed this way;
-    /// `None` for a conflict, which says nothing about the object (the pass looks again).
+    /// `None` for a conflict, which says nothing about the object (the pass looks again). An
+    /// unanswered call is Reconciling: the pass is tried again and nothing in the object needs
+    /// fixing; only a refusal, which stands until someone changes something, is Stalled.
     pub fn standing(self) -> Option<(Standing, &'static str)> {
         match self {
             FailureKind::Conflict => None,
-            FailureKind::Unavailable => Some((Standing::Stalled, "ManagerUnavailable")),
+            FailureKind::Unavailable => Some((Standing::Reconciling, "ManagerUnavailable")),
             FailureKind::Refused => Some((Standing::Stalled, "ManagerRefused")),
             FailureKind::Other => Some((Standing::Reconciling, "RetryingAfterError")),
         }
@@ -169,7 +171,8 @@ mod tests {
         );
         assert_eq!(
             FailureKind::Unavailable.standing(),
-            Some((Standing::Stalled, "ManagerUnavailable"))
+            Some((Standing::Reconciling, "ManagerUnavailable")),
+            "an outage is waited out, never Failed to kstatus"
         );
         assert_eq!(
             FailureKind::Other.standing().map(|s| s.0),

@@ -377,7 +377,8 @@ pub struct Retrying {
 /// Rotation and a target's figures are looked at least this often.
 pub const REFRESH: Duration = Duration::from_secs(30);
 
-/// Why a HotSpareTarget's pass records a stall instead of a plan.
+/// Why a HotSpareTarget's pass records a stall instead of a plan (Stalled, but for a Manager
+/// outage, which is waited out).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stall {
     /// `spec.pool` is no name a PlacementPool can have: no request is made for it.
@@ -403,7 +404,7 @@ pub enum Stall {
 }
 
 impl Stall {
-    /// The Stalled condition's reason.
+    /// The conditions' reason.
     pub fn reason(&self) -> &'static str {
         match self {
             Stall::InvalidPoolName(_) | Stall::UnknownPool(_) => "UnknownPool",
@@ -414,7 +415,7 @@ impl Stall {
         }
     }
 
-    /// The Stalled condition's message.
+    /// The conditions' message.
     pub fn message(&self) -> String {
         match self {
             Stall::InvalidPoolName(pool) => format!(
@@ -435,9 +436,15 @@ impl Stall {
         }
     }
 
-    /// The stall as a verdict.
+    /// The stall as a verdict: Stalled, but for a Manager outage, which the operator waits out
+    /// (Reconciling: nothing in the target needs fixing).
     pub fn verdict(&self) -> Verdict {
-        Verdict::stalled(self.reason(), self.message())
+        match self {
+            Stall::ManagerUnavailable(_) => {
+                Verdict::new(Standing::Reconciling, self.reason(), self.message())
+            }
+            _ => Verdict::stalled(self.reason(), self.message()),
+        }
     }
 
     /// When the target is looked at again: a missing pool may appear and Manager may come back
@@ -881,31 +888,36 @@ mod tests {
         assert_eq!(unknown.next_look(), NextLook::OnChange);
         assert_eq!(check_instance_type("p", &["m5".into()], "m5"), Ok(()));
         assert_eq!(check_instance_type("p", &[], "anything"), Ok(()));
-        for (stall, reason, next) in [
+        for (stall, reason, next, standing) in [
             (
                 Stall::InvalidPoolName("A_B".into()),
                 "UnknownPool",
                 NextLook::OnChange,
+                Standing::Stalled,
             ),
             (
                 Stall::UnknownPool("p".into()),
                 "UnknownPool",
                 NextLook::After(REFRESH),
+                Standing::Stalled,
             ),
             (
                 Stall::ManagerUnavailable("down".into()),
                 "ManagerUnavailable",
                 NextLook::After(Duration::from_secs(3)),
+                Standing::Reconciling,
             ),
             (
                 Stall::InvalidSpec(SpareSpecError::TargetOutOfRange(-1)),
                 "InvalidSpec",
                 NextLook::OnChange,
+                Standing::Stalled,
             ),
             (
                 Stall::ProvisioningRefused("quota".into()),
                 "ProvisioningRefused",
                 NextLook::After(REFRESH),
+                Standing::Stalled,
             ),
         ] {
             assert_eq!(
@@ -914,7 +926,7 @@ mod tests {
                 "{stall:?}"
             );
             let v = stall.verdict();
-            assert_eq!((v.standing, v.reason), (Standing::Stalled, reason));
+            assert_eq!((v.standing, v.reason), (standing, reason));
             assert!(!v.message.is_empty());
         }
         assert_eq!(

@@ -173,7 +173,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         return Ok(Requeue::await_change());
     }
     if !ctx.manager_ready() {
-        stalled_on_manager(ctx, mig, &mut status);
+        waiting_for_manager(ctx, mig, &mut status);
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::requeue(Duration::from_secs(3)));
     }
@@ -201,8 +201,9 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
     Ok(requeue)
 }
 
-/// Status while Manager is unreachable: nothing can move.
-fn stalled_on_manager(ctx: &Context, mig: &Migration, status: &mut MigrationStatus) {
+/// Status while Manager is unreachable: nothing can move, and the migration waits (Reconciling:
+/// nothing in it needs fixing).
+fn waiting_for_manager(ctx: &Context, mig: &Migration, status: &mut MigrationStatus) {
     let (generation, now) = (mig.metadata.generation, ctx.clock.now());
     let message = ctx.manager_unavailable().to_string();
     api::set_condition(
@@ -218,7 +219,7 @@ fn stalled_on_manager(ctx: &Context, mig: &Migration, status: &mut MigrationStat
     );
     api::set_standing(
         &mut status.conditions,
-        api::Standing::Stalled,
+        api::Standing::Reconciling,
         "ManagerUnavailable",
         message,
         generation,

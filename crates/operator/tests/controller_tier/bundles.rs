@@ -124,7 +124,7 @@ async fn a_start_a_worker_refuses_rolls_the_replica_back_and_the_next_pass_place
 }
 
 #[tokio::test]
-async fn while_manager_is_unreachable_a_bundle_is_stalled_and_looked_at_in_seconds() {
+async fn while_manager_is_unreachable_a_bundle_is_reconciling_and_looked_at_in_seconds() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     t.pair_bundle("news", PriorityBand::Silver);
     t.bundle_pass("news").await.expect("the finalizer pass");
@@ -134,11 +134,15 @@ async fn while_manager_is_unreachable_a_bundle_is_stalled_and_looked_at_in_secon
 
     let next = t.bundle_pass("news").await.expect("the pass");
 
-    let (on, reason, _) = condition_of(&t.bundle_status("news").conditions, "Stalled");
+    // An outage is waited out: Reconciling (kstatus InProgress), never Stalled (Failed).
+    let conditions = t.bundle_status("news").conditions;
+    let (on, reason, _) = condition_of(&conditions, "Reconciling");
     assert_eq!(
         (on.as_str(), reason.as_str()),
         ("True", "ManagerUnavailable")
     );
+    assert_eq!(condition_of(&conditions, "Stalled").0, "False");
+    assert_eq!(condition_of(&conditions, "Ready").0, "False");
     assert_eq!(next, requeue(Duration::from_secs(3)));
     assert!(t.manager.calls().is_empty(), "{:?}", t.manager.calls());
 }
@@ -168,6 +172,19 @@ async fn a_bronze_replica_whose_node_is_lost_is_dropped_and_stays_down_until_ret
         .collect();
     assert_eq!(states, [JobState::Dropped, JobState::Dropped]);
     assert_eq!(t.events_with("JobDropped").await, 2, "once per job");
+    // Dropped by design: phase Degraded, Ready (its bands promise no more), and the Degraded
+    // condition names what is down.
+    let status = t.bundle_status("cheap");
+    assert_eq!(status.phase, BundlePhase::Degraded);
+    let (ready, why, _) = condition_of(&status.conditions, "Ready");
+    assert_eq!((ready.as_str(), why.as_str()), ("True", "RunningWithDrops"));
+    assert_eq!(condition_of(&status.conditions, "Stalled").0, "False");
+    let (on, reason, message) = condition_of(&status.conditions, "Degraded");
+    assert_eq!((on.as_str(), reason.as_str()), ("True", "JobsDropped"));
+    assert!(
+        message.contains("replica 0 job enc") && message.contains("replica 0 job pkg"),
+        "{message}"
+    );
 
     t.retry("cheap", "1");
     t.bundle_pass("cheap").await.expect("the retried pass");
@@ -176,6 +193,7 @@ async fn a_bronze_replica_whose_node_is_lost_is_dropped_and_stays_down_until_ret
     let status = t.bundle_status("cheap");
     assert_eq!(status.last_retry.as_deref(), Some("1"));
     assert_eq!(t.events_with("Retry").await, 1);
+    assert_eq!(condition_of(&status.conditions, "Degraded").0, "False");
 }
 
 #[tokio::test]

@@ -264,7 +264,7 @@ async fn an_abort_before_the_start_ends_the_migration_without_touching_manager()
 }
 
 #[tokio::test]
-async fn while_manager_is_unreachable_a_migration_is_stalled_and_looked_at_in_seconds() {
+async fn while_manager_is_unreachable_a_migration_is_reconciling_and_looked_at_in_seconds() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     t.running_bundle_moving_by("news", 1, "overlap").await;
     t.migration("move", "news", 0, serde_json::json!({}));
@@ -277,11 +277,12 @@ async fn while_manager_is_unreachable_a_migration_is_stalled_and_looked_at_in_se
 
     let status = t.migration_status("move");
     assert_eq!(status.phase, MigrationPhase::Pending);
-    let (on, reason, _) = condition_of(&status.conditions, "Stalled");
+    let (on, reason, _) = condition_of(&status.conditions, "Reconciling");
     assert_eq!(
         (on.as_str(), reason.as_str()),
         ("True", "ManagerUnavailable")
     );
+    assert_eq!(condition_of(&status.conditions, "Stalled").0, "False");
     assert_eq!(next, requeue(Duration::from_secs(3)));
     assert!(t.manager.calls().is_empty());
 }

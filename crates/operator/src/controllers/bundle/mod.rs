@@ -300,8 +300,7 @@ impl<'a> Pass<'a> {
     async fn preflight(&self, ctx: &Arc<Context>) -> Result<Option<Action>, Error> {
         if !ctx.manager_ready() {
             let err = ctx.manager_unavailable();
-            self.stall(ctx, "ManagerUnavailable", err.to_string(), None)
-                .await?;
+            self.wait_for_manager(ctx, err.to_string()).await?;
             return Ok(Some(Action::requeue(Duration::from_secs(3))));
         }
         // Ids Manager would refuse: say so once instead of failing every pass.
@@ -395,14 +394,28 @@ impl<'a> Pass<'a> {
             .await;
         }
         let mut status = self.prev.clone();
-        if reason != "ManagerUnavailable" {
-            status.phase = BundlePhase::Pending;
-        }
+        status.phase = BundlePhase::Pending;
         status.observed_generation = self.generation;
         api::set_standing(
             &mut status.conditions,
             api::Standing::Stalled,
             reason,
+            message,
+            self.generation,
+            self.now,
+        );
+        write_status(ctx, self.bundle, &self.prev, status).await
+    }
+
+    /// Manager is unreachable: Reconciling (`ManagerUnavailable`), its phase and jobs as last
+    /// recorded. Nothing in the bundle needs fixing, and the pass is tried again.
+    async fn wait_for_manager(&self, ctx: &Context, message: String) -> Result<(), Error> {
+        let mut status = self.prev.clone();
+        status.observed_generation = self.generation;
+        api::set_standing(
+            &mut status.conditions,
+            api::Standing::Reconciling,
+            "ManagerUnavailable",
             message,
             self.generation,
             self.now,
@@ -782,7 +795,7 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         status.phase = BundlePhase::Deleting;
         api::set_standing(
             &mut status.conditions,
-            api::Standing::Stalled,
+            api::Standing::Reconciling,
             "ManagerUnavailable",
             format!("waiting for Manager to stop this bundle's jobs before deletion: {err}"),
             bundle.metadata.generation,
