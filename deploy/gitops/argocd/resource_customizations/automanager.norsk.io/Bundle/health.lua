@@ -2,12 +2,12 @@
 -- keeps (Ready, Reconciling, Stalled, each with observedGeneration; docs/kstatus.md). Which
 -- state maps to which health, and why, is in docs/gitops.md; health_test.yaml holds one
 -- captured object per state. Checked by `tools/go-tool.sh argo-health` in its `test` mode.
+-- The conditions mean what kstatus reads them as, so the script needs no reason of its own:
+-- a Manager outage is Reconciling, jobs a band dropped on purpose leave a Bundle Ready.
 --
---   Stalled, reason JobsDropped (a job dropped by its band's onFailure: drop) -> Healthy
---   Stalled, reason ManagerUnavailable                                        -> Progressing
---   Stalled otherwise (NoCapacity, InvalidSpec, RestartCeilingExceeded, ...)  -> Degraded
+--   Stalled (NoCapacity, InvalidSpec, RestartCeilingExceeded, ...)            -> Degraded
 --   Reconciling, a generation not acted on yet, no status yet, being deleted  -> Progressing
---   Ready                                                                     -> Healthy
+--   Ready (RunningWithDrops too: what a Degraded condition says is added)     -> Healthy
 -- Argo CD gives a configured health script only Lua's base, table and package libraries (no
 -- string library), so this script uses nothing else. It runs on the live object as `obj`.
 local hs = {}
@@ -55,28 +55,22 @@ if obj.metadata.generation ~= nil and obj.status.observedGeneration ~= obj.metad
   hs.message = "the operator has not acted on generation " .. tostring(obj.metadata.generation) .. " yet"
   return hs
 end
-if stalled ~= nil and stalled.reason == "JobsDropped" then
-  -- The band's policy doing what it says (bronze: drop, by default): every other job runs, the
-  -- dropped ones stay down until the retry annotation. A sync must not fail on it.
-  hs.status = "Healthy"
-  hs.message = say(stalled)
-  return hs
-end
 if stalled ~= nil then
+  -- Only what a person must fix is Stalled; a Manager outage is Reconciling.
+  hs.status = "Degraded"
   hs.message = say(stalled)
-  if stalled.reason == "ManagerUnavailable" then
-    -- Manager is down or unreachable: not this object's fault, and it recovers by itself
-    -- once Manager is back. A sync waits rather than fails.
-    hs.status = "Progressing"
-  else
-    hs.status = "Degraded"
-  end
 elseif reconciling ~= nil then
   hs.status = "Progressing"
   hs.message = say(reconciling)
 elseif ready ~= nil then
+  -- Jobs their band dropped on purpose (the Degraded condition) are what the bands promise:
+  -- a sync must not fail on them, and the message says which are down.
   hs.status = "Healthy"
   hs.message = say(ready)
+  local degraded = holds("Degraded")
+  if degraded ~= nil then
+    hs.message = hs.message .. "; " .. say(degraded)
+  end
 else
   hs.status = "Progressing"
   hs.message = "waiting for the operator's conditions"

@@ -2,6 +2,8 @@
 -- keeps (Ready, Reconciling, Stalled, each with observedGeneration; docs/kstatus.md). Which
 -- state maps to which health, and why, is in docs/gitops.md; health_test.yaml holds one
 -- captured object per state. Checked by `tools/go-tool.sh argo-health` in its `test` mode.
+-- The conditions mean what kstatus reads them as, so the script needs no reason of its own:
+-- a Manager outage is Reconciling, jobs a band dropped on purpose leave a Bundle Ready.
 --
 --   Stalled (InvalidPool, UnknownToManager, KindMismatch)                      -> Degraded
 --   Reconciling, a generation not acted on yet, no status yet, being deleted  -> Progressing
@@ -54,14 +56,9 @@ if obj.metadata.generation ~= nil and obj.status.observedGeneration ~= obj.metad
   return hs
 end
 if stalled ~= nil then
+  -- Only what a person must fix is Stalled; a Manager outage is Reconciling.
+  hs.status = "Degraded"
   hs.message = say(stalled)
-  if stalled.reason == "ManagerUnavailable" then
-    -- Manager is down or unreachable: not this object's fault, and it recovers by itself
-    -- once Manager is back. A sync waits rather than fails.
-    hs.status = "Progressing"
-  else
-    hs.status = "Degraded"
-  end
 elseif reconciling ~= nil then
   hs.status = "Progressing"
   hs.message = say(reconciling)
