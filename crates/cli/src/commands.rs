@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::actions::{self, Step};
+use crate::connect::Target;
 use crate::error::CliError;
 use crate::operator::{OperatorClient, OperatorEndpoint};
 use crate::progress::Progress;
@@ -57,7 +58,6 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             wait,
         } => abort(g, &migration, &reason, &wait).await,
         Command::Retry { bundle, wait } => retry(g, &bundle, &wait).await,
-        Command::Complete { words } => write_out(&crate::complete::complete(&words)),
         Command::Completion { shell } => {
             use clap::CommandFactory;
             let mut cmd = Cli::command();
@@ -173,6 +173,8 @@ struct Cluster {
     client: kube::Client,
     namespace: String,
     config: kube::Config,
+    /// The apiserver and context, for messages.
+    target: Target,
 }
 
 impl Cluster {
@@ -183,50 +185,27 @@ impl Cluster {
     fn operator_client(&self) -> Result<kube::Client, CliError> {
         let mut config = self.config.clone();
         config.default_retry = false;
-        kube::Client::try_from(config).map_err(|e| CliError::Kubeconfig(e.to_string()))
+        crate::connect::client_of(config, &self.target)
+    }
+
+    /// A failed call as a message naming this apiserver and context.
+    fn err(&self) -> impl Fn(kube::Error) -> CliError + '_ {
+        |e| crate::connect::api_error(&self.target, e)
     }
 }
 
 async fn cluster(g: &GlobalArgs) -> Result<Cluster, CliError> {
-    let options = kube::config::KubeConfigOptions {
-        context: g.context.clone(),
-        cluster: None,
-        user: None,
-    };
-    let mut config = match &g.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| CliError::Kubeconfig(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &options)
-                .await
-                .map_err(|e| CliError::Kubeconfig(e.to_string()))?
-        }
-        None if g.context.is_some() => kube::Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| CliError::Kubeconfig(e.to_string()))?,
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| CliError::Kubeconfig(e.to_string()))?,
-    };
-    if let Some(user) = &g.as_user {
-        config.auth_info.impersonate = Some(user.clone());
-    }
-    if !g.as_group.is_empty() {
-        config.auth_info.impersonate_groups = Some(g.as_group.clone());
-    }
-    config.connect_timeout = Some(g.request_timeout);
-    config.read_timeout = Some(g.request_timeout);
-    config.write_timeout = Some(g.request_timeout);
+    let conn = crate::connect::load(g).await?;
     let namespace = g
         .namespace
         .clone()
-        .unwrap_or_else(|| config.default_namespace.clone());
-    let client =
-        kube::Client::try_from(config.clone()).map_err(|e| CliError::Kubeconfig(e.to_string()))?;
+        .unwrap_or_else(|| conn.config.default_namespace.clone());
+    let client = conn.client()?;
     Ok(Cluster {
         client,
         namespace,
-        config,
+        config: conn.config,
+        target: conn.target,
     })
 }
 
@@ -246,29 +225,16 @@ fn endpoint(g: &GlobalArgs) -> OperatorEndpoint {
     }
 }
 
-/// A kube error as the message a person needs.
-fn api_error(e: kube::Error) -> CliError {
-    match e {
-        kube::Error::Api(s) => CliError::Api(format!(
-            "the apiserver refused: {}",
-            if s.message.is_empty() {
-                s.reason.clone()
-            } else {
-                s.message.clone()
-            }
-        )),
-        other => CliError::Api(format!("cannot reach the apiserver: {other}")),
-    }
-}
-
-async fn get_opt<K>(api: &Api<K>, name: &str) -> Result<Option<K>, CliError>
+async fn get_opt<K>(target: &Target, api: &Api<K>, name: &str) -> Result<Option<K>, CliError>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    api.get_opt(name).await.map_err(api_error)
+    api.get_opt(name)
+        .await
+        .map_err(|e| crate::connect::api_error(target, e))
 }
 
-async fn list<K>(api: &Api<K>) -> Result<Vec<K>, CliError>
+async fn list<K>(target: &Target, api: &Api<K>) -> Result<Vec<K>, CliError>
 where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -276,12 +242,12 @@ where
     api.list(&ListParams::default().match_any())
         .await
         .map(|l| l.items)
-        .map_err(api_error)
+        .map_err(|e| crate::connect::api_error(target, e))
 }
 
 async fn bundle(c: &Cluster, name: &str) -> Result<api::Bundle, CliError> {
     let bundles: Api<api::Bundle> = Api::namespaced(c.client.clone(), &c.namespace);
-    get_opt(&bundles, name)
+    get_opt(&c.target, &bundles, name)
         .await?
         .ok_or_else(|| CliError::NotFound {
             kind: "bundle",
@@ -340,12 +306,12 @@ async fn manager_node(c: &Cluster, name: &str) -> Result<api::ManagerNode, CliEr
 
 async fn find_manager_node(c: &Cluster, name: &str) -> Result<Option<api::ManagerNode>, CliError> {
     let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
-    if let Some(n) = get_opt(&nodes, name).await? {
+    if let Some(n) = get_opt(&c.target, &nodes, name).await? {
         return Ok(Some(n));
     }
     let object_name = crate::engine::node_object_name(name);
     if object_name != name {
-        return get_opt(&nodes, &object_name).await;
+        return get_opt(&c.target, &nodes, &object_name).await;
     }
     Ok(None)
 }
@@ -354,11 +320,11 @@ async fn find_manager_node(c: &Cluster, name: &str) -> Result<Option<api::Manage
 /// list them there, else in the current one; none when neither is allowed.
 async fn expecting_node(c: &Cluster, name: &str) -> Vec<String> {
     let all: Api<api::Bundle> = Api::all(c.client.clone());
-    let bundles = match list(&all).await {
+    let bundles = match list(&c.target, &all).await {
         Ok(b) => b,
         Err(_) => {
             let here: Api<api::Bundle> = Api::namespaced(c.client.clone(), &c.namespace);
-            list(&here).await.unwrap_or_default()
+            list(&c.target, &here).await.unwrap_or_default()
         }
     };
     actions::bundles_naming(&bundles, name)
@@ -366,7 +332,7 @@ async fn expecting_node(c: &Cluster, name: &str) -> Vec<String> {
 
 async fn packing(c: &Cluster) -> BTreeMap<String, String> {
     let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
-    list(&pools)
+    list(&c.target, &pools)
         .await
         .unwrap_or_default()
         .into_iter()
@@ -449,7 +415,7 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
     let client = OperatorClient::new(
         endpoint,
         cluster.as_ref().map(Cluster::operator_client).transpose()?,
-        g.request_timeout,
+        g.request_timeout.0,
     );
     let raw = client.what_if(&body).await?;
     say_route(g, &client)?;
@@ -490,7 +456,7 @@ async fn trace(
 ) -> Result<(), CliError> {
     let c = cluster(g).await?;
     let b = bundle(&c, name).await?;
-    let client = OperatorClient::new(endpoint(g), Some(c.operator_client()?), g.request_timeout);
+    let client = OperatorClient::new(endpoint(g), Some(c.operator_client()?), g.request_timeout.0);
     let found = client.trace(&c.namespace, name).await?;
     say_route(g, &client)?;
     let Some(raw) = found else {
@@ -547,7 +513,7 @@ async fn top(g: &GlobalArgs, what: TopWhat) -> Result<(), CliError> {
         }
         TopWhat::Pools => {
             let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
-            let (pools, nodes) = futures::try_join!(list(&pools), node_rows(&c, None))?;
+            let (pools, nodes) = futures::try_join!(list(&c.target, &pools), node_rows(&c, None))?;
             let rows = render::top::pool_rows(&pools, &nodes);
             if g.output.is_data() {
                 let names: Vec<String> = rows
@@ -580,12 +546,15 @@ async fn node_rows(c: &Cluster, pool: Option<&str>) -> Result<Vec<render::top::N
         )
         .body(Vec::new())
         .map_err(|e| CliError::Api(e.to_string()))?;
-    let table: serde_json::Value = c.client.request(request).await.map_err(api_error)?;
+    let table: serde_json::Value = c.client.request(request).await.map_err(c.err())?;
     if let Some(rows) = render::top::node_rows_from_table(&table, pool) {
         return Ok(rows);
     }
     let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
-    Ok(render::top::node_rows(&list(&nodes).await?, pool))
+    Ok(render::top::node_rows(
+        &list(&c.target, &nodes).await?,
+        pool,
+    ))
 }
 
 async fn map(g: &GlobalArgs, bundle: Option<&str>, pool: Option<&str>) -> Result<(), CliError> {
@@ -601,7 +570,7 @@ async fn map(g: &GlobalArgs, bundle: Option<&str>, pool: Option<&str>) -> Result
         }
         None => None,
     };
-    let (pools, nodes) = futures::try_join!(list(&pools), list(&nodes))?;
+    let (pools, nodes) = futures::try_join!(list(&c.target, &pools), list(&c.target, &nodes))?;
     let m = crate::map::build(&nodes, &pools, pool, highlight.as_deref());
     if g.output.is_data() {
         let names: Vec<String> = m
@@ -624,7 +593,7 @@ async fn broken(g: &GlobalArgs, all_namespaces: bool) -> Result<(), CliError> {
     } else {
         Api::namespaced(c.client.clone(), &c.namespace)
     };
-    let rows = render::broken::rows(&list(&api).await?);
+    let rows = render::broken::rows(&list(&c.target, &api).await?);
     if g.output.is_data() {
         let names = names_of(&serde_json::to_value(&rows).unwrap_or_default(), "bundle");
         print_data(&g.output, &rows, &names)
@@ -649,9 +618,13 @@ async fn windows(
     };
     let bundles = match bundle {
         Some(name) => vec![self::bundle(&c, name).await?],
-        None => list(&bundles).await?,
+        None => list(&c.target, &bundles).await?,
     };
-    let view = render::windows::view(&bundles, &list(&migrations).await?, chrono::Utc::now());
+    let view = render::windows::view(
+        &bundles,
+        &list(&c.target, &migrations).await?,
+        chrono::Utc::now(),
+    );
     if g.output.is_data() {
         let mut names = names_of(
             &serde_json::to_value(&view.rows).unwrap_or_default(),
@@ -686,7 +659,7 @@ async fn cordon(g: &GlobalArgs, node: &str, cordoned: bool) -> Result<(), CliErr
                 &Patch::Merge(actions::cordon_patch(cordoned)),
             )
             .await
-            .map_err(api_error)?;
+            .map_err(c.err())?;
         if !g.output.is_data() {
             write_out(&format!("managernode/{name} {verb}\n"))?;
         }
@@ -724,7 +697,7 @@ async fn drain(
                 &Patch::Merge(actions::drain_patch(mode)),
             )
             .await
-            .map_err(api_error)?,
+            .map_err(c.err())?,
             format!("managernode/{name} draining (mode {mode_name})"),
         ),
     };
@@ -790,7 +763,7 @@ async fn migrate(
             &m,
         )
         .await
-        .map_err(api_error)?;
+        .map_err(c.err())?;
     let name = created.metadata.name.clone().unwrap_or_default();
     if !written(
         &g.output,
@@ -823,7 +796,7 @@ async fn migrate(
 async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Result<(), CliError> {
     let c = cluster(g).await?;
     let api: Api<api::Migration> = Api::namespaced(c.client.clone(), &c.namespace);
-    let m = get_opt(&api, name)
+    let m = get_opt(&c.target, &api, name)
         .await?
         .ok_or_else(|| CliError::NotFound {
             kind: "migration",
@@ -850,7 +823,7 @@ async fn abort(g: &GlobalArgs, name: &str, reason: &str, wait: &WaitArgs) -> Res
                 &Patch::Merge(actions::abort_patch(reason)),
             )
             .await
-            .map_err(api_error)?,
+            .map_err(c.err())?,
     };
     if !written(
         &g.output,
@@ -915,7 +888,7 @@ async fn retry(g: &GlobalArgs, name: &str, wait: &WaitArgs) -> Result<(), CliErr
             &Patch::Merge(actions::retry_patch(&value)),
         )
         .await
-        .map_err(api_error)?;
+        .map_err(c.err())?;
     let line = format!(
         "bundle/{name} retry requested ({}={value})",
         api::RETRY_ANNOTATION

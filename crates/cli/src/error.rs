@@ -3,7 +3,7 @@
 //! | code | meaning |
 //! |---|---|
 //! | 0 | done (for `validate`: every object is valid; for `--wait`: the change finished well) |
-//! | 1 | the answer is "no": invalid objects, a migration that ended Aborted / Failed, an admission that does not fit, a request the apiserver refused, a missing object, an unreachable operator |
+//! | 1 | the answer is "no": invalid objects, a migration that ended Aborted / Failed, an admission that does not fit, a request the apiserver refused, a missing object, an unreachable operator or apiserver |
 //! | 2 | the command line itself is wrong (clap's usage errors) |
 //! | 3 | `--wait` timed out; the change may still finish |
 
@@ -40,6 +40,19 @@ pub enum CliError {
     /// The apiserver answered with an error.
     #[error("{0}")]
     Api(String),
+    /// The apiserver could not be reached, or did not answer in time.
+    #[error("cannot reach the apiserver at {target}: {cause}")]
+    ApiUnreachable {
+        target: crate::connect::Target,
+        cause: String,
+    },
+    /// The apiserver did not accept the credentials (401), or they could not be obtained (a
+    /// failing credential plugin).
+    #[error("the apiserver at {target} did not accept the credentials: {cause}")]
+    ApiUnauthorized {
+        target: crate::connect::Target,
+        cause: String,
+    },
     /// The named object does not exist.
     #[error("{kind} {name} not found{hint}")]
     NotFound {

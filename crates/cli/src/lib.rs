@@ -21,6 +21,7 @@
 pub mod actions;
 pub mod cel;
 pub mod complete;
+pub mod connect;
 pub mod engine;
 pub mod error;
 pub mod input;
@@ -121,6 +122,42 @@ pub struct GlobalArgs {
     /// The kubeconfig context (default: the current one).
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// The kubeconfig cluster to use instead of the context's.
+    #[arg(long, global = true)]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use instead of the context's.
+    #[arg(long, global = true)]
+    pub user: Option<String>,
+    /// The apiserver's address (replaces the cluster's); host:port means https.
+    #[arg(short = 's', long, global = true, value_name = "URL")]
+    pub server: Option<String>,
+    /// A bearer token for the apiserver (replaces the user's credentials).
+    #[arg(long, global = true)]
+    pub token: Option<String>,
+    /// A PEM file of the certificate authorities that sign the apiserver's certificate.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub certificate_authority: Option<PathBuf>,
+    /// Do not check the apiserver's certificate (insecure), as kubectl's flag of that name.
+    #[arg(
+        long,
+        global = true,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        default_value = "false",
+        action = clap::ArgAction::Set,
+        value_parser = clap::value_parser!(bool)
+    )]
+    pub insecure_skip_tls_verify: bool,
+    /// The server name to check the apiserver's certificate against.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+    /// A PEM client certificate for TLS authentication (with --client-key).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub client_certificate: Option<PathBuf>,
+    /// The PEM key of --client-certificate.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
     /// The namespace of Bundles and Migrations (default: the context's, else `default`).
     #[arg(short = 'n', long, global = true)]
     pub namespace: Option<String>,
@@ -130,6 +167,9 @@ pub struct GlobalArgs {
     /// Act as this group (impersonation; repeat for several), as kubectl's --as-group.
     #[arg(long = "as-group", global = true, value_name = "GROUP")]
     pub as_group: Vec<String>,
+    /// Act with this UID (impersonation), as kubectl's --as-uid.
+    #[arg(long = "as-uid", global = true, value_name = "UID")]
+    pub as_uid: Option<String>,
     /// Output format: text, wide, json, yaml, name, or jsonpath=TEMPLATE.
     #[arg(short = 'o', long, global = true, value_parser = Output::parse, default_value = "text")]
     pub output: Output,
@@ -186,9 +226,10 @@ pub struct GlobalArgs {
     /// Say on standard error how the operator was reached (the Pod that answered).
     #[arg(short = 'v', long, global = true)]
     pub verbose: bool,
-    /// How long to wait for one answer from the apiserver or the operator.
-    #[arg(long, global = true, default_value = "30s", value_parser = error::parse_duration)]
-    pub request_timeout: Duration,
+    /// How long to wait for one answer from the apiserver or the operator: 0 (no limit), a
+    /// number of seconds, or a duration (5s, 1m), as kubectl's flag.
+    #[arg(long, global = true, default_value = "30s", value_parser = connect::RequestTimeout::parse)]
+    pub request_timeout: connect::RequestTimeout,
 }
 
 /// `--wait` and its bound.
@@ -304,14 +345,6 @@ pub enum Command {
         bundle: String,
         #[command(flatten)]
         wait: WaitArgs,
-    },
-    /// Completions for kubectl (`kubectl_complete-automanager` runs this): the words so far,
-    /// the last being the one to complete; prints candidates then `:DIRECTIVE`, as kubectl
-    /// expects of a plugin.
-    #[command(name = "__complete", hide = true)]
-    Complete {
-        #[arg(allow_hyphen_values = true, trailing_var_arg = true)]
-        words: Vec<String>,
     },
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion {

@@ -91,7 +91,8 @@ pub struct Route {
 pub struct OperatorClient {
     endpoint: OperatorEndpoint,
     kube: Option<kube::Client>,
-    timeout: Duration,
+    /// `None`: no limit (`--request-timeout 0`).
+    timeout: Option<Duration>,
     route: std::sync::Mutex<Route>,
 }
 
@@ -104,7 +105,11 @@ pub struct Answer {
 
 impl OperatorClient {
     /// Through the apiserver (`kube` is needed) or direct.
-    pub fn new(endpoint: OperatorEndpoint, kube: Option<kube::Client>, timeout: Duration) -> Self {
+    pub fn new(
+        endpoint: OperatorEndpoint,
+        kube: Option<kube::Client>,
+        timeout: Option<Duration>,
+    ) -> Self {
         OperatorClient {
             endpoint,
             kube,
@@ -317,11 +322,14 @@ impl OperatorClient {
                 }
             }
         };
-        match tokio::time::timeout(self.timeout, fut).await {
+        let Some(limit) = self.timeout else {
+            return fut.await;
+        };
+        match tokio::time::timeout(limit, fut).await {
             Ok(r) => r,
             Err(_) => Err(unreachable(format!(
                 "no answer within {}",
-                crate::error::humantime(self.timeout)
+                crate::error::humantime(limit)
             ))),
         }
     }
@@ -668,7 +676,7 @@ mod tests {
                 port: "debug".into(),
             },
             None,
-            Duration::from_secs(1),
+            Some(Duration::from_secs(1)),
         );
         let e = c.failure(&Answer {
             status: 503,
