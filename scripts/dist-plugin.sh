@@ -12,7 +12,6 @@ out=${1:-$root/dist}
 profile=${PLUGIN_PROFILE:-release}
 target=x86_64-unknown-linux-gnu
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -n1)
-repo=https://github.com/norskvideo/automanager
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 
 cd "$root"
@@ -35,42 +34,17 @@ sha=$(sha256sum "$tarball" | cut -d' ' -f1)
 echo "$sha  $name.tar.gz" > "$tarball.sha256"
 
 manifest=$out/automanager.yaml
-cat > "$manifest" <<YAML
-# The krew manifest of kubectl-automanager $version, written by scripts/dist-plugin.sh.
-apiVersion: krew.googlecontainertools.github.com/v1alpha2
-kind: Plugin
-metadata:
-  name: automanager
-spec:
-  version: v$version
-  homepage: $repo
-  shortDescription: Run and debug AutoManager, Norsk's placement operator
-  description: |
-    Validate Bundles offline as strictly as the apiserver, ask the running operator what-if,
-    read placement traces, see the fleet as a map and capacity with top, and cordon, drain,
-    migrate and retry with the objects a person would write. It finds the operator's leader Pod
-    itself and port-forwards to it through the apiserver. For completion of
-    \`kubectl automanager <TAB>\`, put kubectl_complete-automanager (in the archive) on PATH.
-  caveats: |
-    The operator's debugging API must be on in its Helm release (debug.enabled) for trace and
-    what-if; the plugin needs RBAC to list pods, get leases and create pods/portforward in the
-    operator's namespace for those two commands.
-  platforms:
-    - selector:
-        matchLabels:
-          os: linux
-          arch: amd64
-      uri: $repo/releases/download/v$version/$name.tar.gz
-      sha256: $sha
-      bin: kubectl-automanager
-      files:
-        - from: $name/kubectl-automanager
-          to: .
-        - from: $name/kubectl_complete-automanager
-          to: .
-        - from: $name/LICENSE
-          to: .
-YAML
+# The manifest is deploy/plugin/automanager.krew.yaml (checked by crates/cli/tests/krew.rs)
+# with the version and the tarball's sha256 filled in.
+{
+  echo "# The krew manifest of kubectl-automanager $version, written by scripts/dist-plugin.sh."
+  grep -v '^#' deploy/plugin/automanager.krew.yaml \
+    | sed -e "s/__VERSION__/$version/g" -e "s/__SHA256__/$sha/g"
+} > "$manifest"
+if grep -q '__[A-Z0-9]*__' "$manifest"; then
+  echo "[dist-plugin] $manifest still has a placeholder" >&2
+  exit 1
+fi
 echo "[dist-plugin] $tarball (sha256 $sha)" >&2
 echo "[dist-plugin] $manifest" >&2
 echo "$tarball"
