@@ -18,17 +18,26 @@
 //! - `automanager_reconcile_duration_seconds{controller, result}` has `result` `ok` or `error`
 //!   and buckets from 1 ms doubling to about 32 s.
 //! - Per-pool gauges carry the label `pool`; [`Metrics::remove_pool`] drops a deleted pool's
-//!   series so they do not linger.
+//!   series so they do not linger. `automanager_pool_max_nodes{pool}` is the most nodes the pool
+//!   may hold: an elastic pool's `maxNodes`, a fixed pool's node count (it adds none); an
+//!   elastic pool without `maxNodes` has no series. With `automanager_pool_nodes` and
+//!   `automanager_pool_used_capacity_ratio` it says when a pool is full and cannot grow.
 //! - `automanager_migrations{phase}` counts Migration objects per phase (final phases stay
 //!   counted while their objects exist); `automanager_migration_phase_start_time_seconds
 //!   {migration_namespace, migration, phase}` exists only for migrations not yet in a final phase and
 //!   holds when their current phase began, so an alert can say which one is stuck. Both come
 //!   from [`Metrics::observe_migration`] / [`Metrics::forget_migration`].
-//! - `automanager_spare_underflow{hotsparetarget, pool}` is 1 while a HotSpareTarget has fewer
-//!   live spares than its target (its `SpareUnderflow` condition), else 0.
-//! - `automanager_spares{hotsparetarget, pool, tier, state}`: per tier (`hot`, `warm`) the spares
-//!   `ready` (hot: running and empty; warm: stopped), `pending` (on their way) and the `target`
-//!   in effect (a schedule's while it applies).
+//! - Spares have one name: `automanager_spares{hotsparetarget, pool, tier, state}`, per tier
+//!   (`hot`, `warm`) the spares `ready` (hot: running and empty; warm: stopped), `pending` (on
+//!   their way) and the `target` in effect (a schedule's while it applies). Everything else
+//!   about spares is arithmetic on it, so it is not exported again under other names: a pool's
+//!   figures are `sum by (pool)`, the shortfall is `target` minus `ready`, and a target is in
+//!   underflow (its `SpareUnderflow` condition) exactly when hot `ready` < hot `target`. Five
+//!   names used to overlap here (per pool live spares, spare target and shortfall, and a
+//!   per-target underflow flag, beside this one), and the per-pool target was the targets'
+//!   base counts, not the schedules in effect.
+//! - `automanager_warm_spare_starts{pool, result}` counts the operator's asks to start a warm
+//!   (stopped) spare, `result` `started` or `refused` (Manager's final no).
 //! - `automanager_leader` is 1 while this replica holds the leader lease.
 //! - `automanager_build_info{version, revision, rustc}` is 1: the running version, the source
 //!   revision it was built from and the compiler as labels, and the series whose absence says a
@@ -122,6 +131,12 @@ struct SpareLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StartLabels {
+    pool: String,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SpareTierLabels {
     hotsparetarget: String,
     pool: String,
@@ -171,9 +186,7 @@ struct Inner {
     bundles_broken: Counter,
     jobs_dropped: Counter,
     pool_nodes: Family<PoolLabels, Gauge>,
-    pool_live_spares: Family<PoolLabels, Gauge>,
-    pool_spare_target: Family<PoolLabels, Gauge>,
-    pool_spare_shortfall: Family<PoolLabels, Gauge>,
+    pool_max_nodes: Family<PoolLabels, Gauge>,
     pool_used_capacity_ratio: Family<PoolLabels, Gauge<f64, AtomicU64>>,
     broken_bundles: Gauge,
     connection_state: Family<StateLabels, Gauge>,
@@ -181,9 +194,9 @@ struct Inner {
     migrations: Family<PhaseLabels, Gauge>,
     migration_phase_start: Family<MigrationLabels, Gauge<f64, AtomicU64>>,
     migrations_seen: Mutex<HashMap<(String, String), MigrationSeen>>,
-    spare_underflow: Family<SpareLabels, Gauge>,
     spare_seen: Mutex<HashSet<SpareLabels>>,
     spares: Family<SpareTierLabels, Gauge>,
+    warm_spare_starts: Family<StartLabels, Counter>,
     leader: Gauge,
     bundle_broken: Family<BundleLabels, Gauge>,
     orphans_removed: Family<KindLabels, Counter>,
@@ -229,9 +242,7 @@ impl Metrics {
         let bundles_broken = Counter::default();
         let jobs_dropped = Counter::default();
         let pool_nodes = Family::<PoolLabels, Gauge>::default();
-        let pool_live_spares = Family::<PoolLabels, Gauge>::default();
-        let pool_spare_target = Family::<PoolLabels, Gauge>::default();
-        let pool_spare_shortfall = Family::<PoolLabels, Gauge>::default();
+        let pool_max_nodes = Family::<PoolLabels, Gauge>::default();
         let pool_used_capacity_ratio = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
         let broken_bundles = Gauge::default();
         let connection_state = Family::<StateLabels, Gauge>::default();
@@ -241,8 +252,8 @@ impl Metrics {
             );
         let migrations = Family::<PhaseLabels, Gauge>::default();
         let migration_phase_start = Family::<MigrationLabels, Gauge<f64, AtomicU64>>::default();
-        let spare_underflow = Family::<SpareLabels, Gauge>::default();
         let spares = Family::<SpareTierLabels, Gauge>::default();
+        let warm_spare_starts = Family::<StartLabels, Counter>::default();
         let leader = Gauge::default();
         let bundle_broken = Family::<BundleLabels, Gauge>::default();
         let orphans_removed = Family::<KindLabels, Counter>::default();
@@ -342,19 +353,9 @@ impl Metrics {
             pool_nodes.clone(),
         );
         registry.register(
-            "automanager_pool_live_spares",
-            "Running hot spares in the placement pool",
-            pool_live_spares.clone(),
-        );
-        registry.register(
-            "automanager_pool_spare_target",
-            "Hot spares the placement pool should hold",
-            pool_spare_target.clone(),
-        );
-        registry.register(
-            "automanager_pool_spare_shortfall",
-            "Hot spares the placement pool is short of its target (0 when at or above it)",
-            pool_spare_shortfall.clone(),
+            "automanager_pool_max_nodes",
+            "The most nodes the placement pool may hold: an elastic pool's maxNodes, a fixed pool's node count; no series for an elastic pool without maxNodes",
+            pool_max_nodes.clone(),
         );
         registry.register(
             "automanager_pool_used_capacity_ratio",
@@ -388,14 +389,14 @@ impl Metrics {
             migration_phase_start.clone(),
         );
         registry.register(
-            "automanager_spare_underflow",
-            "1 while a HotSpareTarget has fewer live spares than its target, else 0",
-            spare_underflow.clone(),
+            "automanager_spares",
+            "A HotSpareTarget's spares per tier (hot, warm) and state: ready (hot: running and empty; warm: stopped), pending (on their way) and the target in effect",
+            spares.clone(),
         );
         registry.register(
-            "automanager_spares",
-            "A HotSpareTarget's spares per tier (hot, warm): ready, pending and the target in effect",
-            spares.clone(),
+            "automanager_warm_spare_starts",
+            "Asks to start a warm (stopped) spare, by pool and result (started, or refused by Manager)",
+            warm_spare_starts.clone(),
         );
         registry.register(
             "automanager_leader",
@@ -449,9 +450,7 @@ impl Metrics {
                 bundles_broken,
                 jobs_dropped,
                 pool_nodes,
-                pool_live_spares,
-                pool_spare_target,
-                pool_spare_shortfall,
+                pool_max_nodes,
                 pool_used_capacity_ratio,
                 broken_bundles,
                 connection_state,
@@ -459,9 +458,9 @@ impl Metrics {
                 migrations,
                 migration_phase_start,
                 migrations_seen: Mutex::new(HashMap::new()),
-                spare_underflow,
                 spare_seen: Mutex::new(HashSet::new()),
                 spares,
+                warm_spare_starts,
                 leader,
                 bundle_broken,
                 orphans_removed,
@@ -633,31 +632,21 @@ impl Metrics {
         }
     }
 
-    /// One pool's gauges. A non-finite fraction is recorded as 0.
-    pub fn set_pool(
-        &self,
-        pool: &str,
-        nodes: i64,
-        live_spares: i64,
-        spare_target: i64,
-        used_fraction: f64,
-    ) {
+    /// One pool's gauges: its node count, the most nodes it may hold (`None`: no bound, no
+    /// series) and the fraction of its capacity in use. A non-finite fraction is recorded as 0.
+    pub fn set_pool(&self, pool: &str, nodes: i64, max_nodes: Option<i64>, used_fraction: f64) {
         let labels = PoolLabels {
             pool: pool.to_owned(),
         };
         self.inner.pool_nodes.get_or_create(&labels).set(nodes);
-        self.inner
-            .pool_live_spares
-            .get_or_create(&labels)
-            .set(live_spares);
-        self.inner
-            .pool_spare_target
-            .get_or_create(&labels)
-            .set(spare_target);
-        self.inner
-            .pool_spare_shortfall
-            .get_or_create(&labels)
-            .set(spare_target.saturating_sub(live_spares).max(0));
+        match max_nodes {
+            Some(m) => {
+                self.inner.pool_max_nodes.get_or_create(&labels).set(m);
+            }
+            None => {
+                self.inner.pool_max_nodes.remove(&labels);
+            }
+        }
         let fraction = if used_fraction.is_finite() {
             used_fraction
         } else {
@@ -675,9 +664,7 @@ impl Metrics {
             pool: pool.to_owned(),
         };
         self.inner.pool_nodes.remove(&labels);
-        self.inner.pool_live_spares.remove(&labels);
-        self.inner.pool_spare_target.remove(&labels);
-        self.inner.pool_spare_shortfall.remove(&labels);
+        self.inner.pool_max_nodes.remove(&labels);
         self.inner.pool_used_capacity_ratio.remove(&labels);
         self.inner.consolidation_planned.remove(&labels);
     }
@@ -799,21 +786,16 @@ impl Metrics {
         }
     }
 
-    /// Whether a HotSpareTarget is below its target count.
-    pub fn set_spare_underflow(&self, target: &str, pool: &str, underflow: bool) {
-        let labels = SpareLabels {
-            hotsparetarget: target.to_owned(),
-            pool: pool.to_owned(),
-        };
+    /// The operator asked Manager to start a warm spare of `pool`; `started` is false when
+    /// Manager refused for good.
+    pub fn warm_spare_start(&self, pool: &str, started: bool) {
         self.inner
-            .spare_underflow
-            .get_or_create(&labels)
-            .set(i64::from(underflow));
-        self.inner
-            .spare_seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(labels);
+            .warm_spare_starts
+            .get_or_create(&StartLabels {
+                pool: pool.to_owned(),
+                result: if started { "started" } else { "refused" },
+            })
+            .inc();
     }
 
     /// Sets a HotSpareTarget's figures for one tier (`hot` or `warm`).
@@ -843,7 +825,7 @@ impl Metrics {
             });
     }
 
-    /// Drops the underflow series of every HotSpareTarget not in `existing` (deleted ones).
+    /// Drops the spare series of every HotSpareTarget not in `existing` (deleted ones).
     pub fn retain_spare_targets(&self, existing: &[(String, String)]) {
         let keep: HashSet<SpareLabels> = existing
             .iter()
@@ -860,7 +842,6 @@ impl Metrics {
         seen.retain(|l| {
             let kept = keep.contains(l);
             if !kept {
-                self.inner.spare_underflow.remove(l);
                 for tier in ["hot", "warm"] {
                     for state in ["ready", "pending", "target"] {
                         self.inner.spares.remove(&SpareTierLabels {
@@ -892,7 +873,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 29] = [
+    const NAMES: [&str; 28] = [
         "automanager_preemptions_total",
         "automanager_jobs_preempted_total",
         "automanager_rebalances_total",
@@ -907,9 +888,7 @@ mod tests {
         "automanager_bundle_breaks_total",
         "automanager_jobs_dropped_total",
         "automanager_pool_nodes",
-        "automanager_pool_live_spares",
-        "automanager_pool_spare_target",
-        "automanager_pool_spare_shortfall",
+        "automanager_pool_max_nodes",
         "automanager_pool_used_capacity_ratio",
         "automanager_broken_bundles",
         "automanager_manager_connection_state",
@@ -917,7 +896,8 @@ mod tests {
         "automanager_reconcile_duration_seconds_count",
         "automanager_migrations",
         "automanager_migration_phase_start_time_seconds",
-        "automanager_spare_underflow",
+        "automanager_spares",
+        "automanager_warm_spare_starts_total",
         "automanager_leader",
         "automanager_broken_bundle_info",
         "automanager_start_time_seconds",
@@ -927,10 +907,11 @@ mod tests {
     #[test]
     fn encoding_contains_every_metric_name() {
         let m = Metrics::new();
-        m.set_pool("aws", 3, 1, 2, 0.5);
+        m.set_pool("aws", 3, Some(4), 0.5);
         m.observe_reconcile("bundle", true, 0.01);
         m.observe_migration("ns", "m", "Pending", Some(1.0));
-        m.set_spare_underflow("t", "aws", true);
+        m.set_spare_tier("t", "aws", "hot", TierFigures::default());
+        m.warm_spare_start("aws", false);
         m.set_bundle_broken("ns", "b", true);
         m.orphan_removed("node");
         m.disruption_blocked("migration");
@@ -984,7 +965,7 @@ mod tests {
     #[test]
     fn every_name_follows_the_conventions() {
         let m = Metrics::new();
-        m.set_pool("p", 1, 0, 0, 0.5);
+        m.set_pool("p", 1, None, 0.5);
         let text = m.encode();
         for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
             let mut words = line.split_whitespace().skip(2);
@@ -1036,13 +1017,17 @@ mod tests {
     #[test]
     fn pool_gauges_carry_the_pool_label_and_are_removed_with_the_pool() {
         let m = Metrics::new();
-        m.set_pool("aws-east", 5, 2, 3, 0.25);
+        m.set_pool("aws-east", 5, Some(8), 0.25);
         let text = m.encode();
         assert!(text.contains("automanager_pool_nodes{pool=\"aws-east\"} 5"));
-        assert!(text.contains("automanager_pool_live_spares{pool=\"aws-east\"} 2"));
-        assert!(text.contains("automanager_pool_spare_target{pool=\"aws-east\"} 3"));
-        assert!(text.contains("automanager_pool_spare_shortfall{pool=\"aws-east\"} 1"));
+        assert!(text.contains("automanager_pool_max_nodes{pool=\"aws-east\"} 8"));
         assert!(text.contains("automanager_pool_used_capacity_ratio{pool=\"aws-east\"} 0.25"));
+        // maxNodes removed from the spec: the bound's series goes, the others stay.
+        m.set_pool("aws-east", 5, None, 0.25);
+        let text = m.encode();
+        assert!(!text.contains("automanager_pool_max_nodes{"), "{text}");
+        assert!(text.contains("automanager_pool_nodes{pool=\"aws-east\"} 5"));
+        m.set_pool("aws-east", 5, Some(8), 0.25);
         m.remove_pool("aws-east");
         assert!(!m.encode().contains("aws-east"));
     }
@@ -1050,7 +1035,7 @@ mod tests {
     #[test]
     fn a_non_finite_fraction_is_recorded_as_zero() {
         let m = Metrics::new();
-        m.set_pool("p", 0, 0, 0, f64::NAN);
+        m.set_pool("p", 0, None, f64::NAN);
         assert!(
             m.encode()
                 .contains("automanager_pool_used_capacity_ratio{pool=\"p\"} 0.0")
@@ -1113,18 +1098,38 @@ mod tests {
     }
 
     #[test]
-    fn spare_underflow_follows_its_target_and_goes_with_it() {
+    fn warm_spare_starts_are_counted_by_pool_and_result() {
         let m = Metrics::new();
-        m.set_spare_underflow("gold-spares", "aws-east", true);
-        m.set_spare_underflow("other", "oci", false);
+        m.warm_spare_start("aws-east", true);
+        m.warm_spare_start("aws-east", false);
+        m.warm_spare_start("aws-east", false);
         let text = m.encode();
         assert!(text.contains(
-            "automanager_spare_underflow{hotsparetarget=\"gold-spares\",pool=\"aws-east\"} 1"
+            "automanager_warm_spare_starts_total{pool=\"aws-east\",result=\"started\"} 1"
         ));
-        m.retain_spare_targets(&[("other".into(), "oci".into())]);
+        assert!(text.contains(
+            "automanager_warm_spare_starts_total{pool=\"aws-east\",result=\"refused\"} 2"
+        ));
+    }
+
+    #[test]
+    fn spares_have_one_name() {
+        let m = Metrics::new();
+        m.set_pool("p", 1, Some(2), 0.5);
+        m.set_spare_tier("t", "p", "hot", TierFigures::default());
+        m.warm_spare_start("p", true);
         let text = m.encode();
-        assert!(!text.contains("gold-spares"), "{text}");
-        assert!(text.contains("hotsparetarget=\"other\""));
+        let spare_families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| name.contains("spare"))
+            .collect();
+        assert_eq!(
+            spare_families,
+            ["automanager_spares", "automanager_warm_spare_starts"],
+            "{text}"
+        );
     }
 
     #[test]
@@ -1137,6 +1142,7 @@ mod tests {
         };
         m.set_spare_tier("gold", "aws-east", "hot", f(1, 1, 2));
         m.set_spare_tier("gold", "aws-east", "warm", f(3, 0, 4));
+        m.set_spare_tier("other", "oci", "hot", f(0, 0, 1));
         let text = m.encode();
         for line in [
             "automanager_spares{hotsparetarget=\"gold\",pool=\"aws-east\",tier=\"hot\",state=\"pending\"} 1",
@@ -1145,8 +1151,12 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} not in {text}");
         }
-        m.retain_spare_targets(&[]);
-        assert!(!m.encode().contains("hotsparetarget=\"gold\""));
+        m.retain_spare_targets(&[("other".into(), "oci".into())]);
+        let text = m.encode();
+        assert!(!text.contains("hotsparetarget=\"gold\""), "{text}");
+        assert!(text.contains(
+            "automanager_spares{hotsparetarget=\"other\",pool=\"oci\",tier=\"hot\",state=\"target\"} 1"
+        ));
     }
 
     #[test]

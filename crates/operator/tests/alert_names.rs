@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use automanager_operator::metrics::Metrics;
+use automanager_operator::metrics::{Metrics, TierFigures};
 use serde_json::Value;
 
 fn repo() -> PathBuf {
@@ -44,10 +44,11 @@ fn exported() -> BTreeSet<String> {
     m.consolidation_terminated("p");
     m.consolidation_abandoned("p");
     m.set_consolidation_planned("p", Some(1));
-    m.set_pool("p", 1, 1, 1, 0.5);
+    m.set_pool("p", 1, Some(2), 0.5);
     m.observe_reconcile("bundle", true, 0.1);
     m.observe_migration("video", "m", "Pending", Some(1.0));
-    m.set_spare_underflow("t", "p", true);
+    m.set_spare_tier("t", "p", "hot", TierFigures::default());
+    m.warm_spare_start("p", false);
     m.set_leader(true);
     let text = m.encode();
     let mut names = BTreeSet::new();
@@ -133,8 +134,30 @@ fn the_rules_and_the_dashboard_use_only_exported_names() {
         "automanager_orphans_removed_total",
         "automanager_broken_bundle_info",
         "automanager_pool_used_capacity_ratio",
+        "automanager_pool_max_nodes",
+        "automanager_spares",
+        "automanager_warm_spare_starts_total",
     ] {
         assert!(used.contains(family), "nothing reads {family}");
+    }
+    // Both spare tiers have a panel of their own on the dashboard.
+    let mut panel_titles = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let mut es = Vec::new();
+        collect_exprs(&panel["targets"], &mut es);
+        for tier in ["hot", "warm"] {
+            if es.iter().any(|e| {
+                e.contains("automanager_spares{") && e.contains(&format!("tier=\"{tier}\""))
+            }) {
+                panel_titles.push((tier, panel["title"].as_str().unwrap_or_default().to_owned()));
+            }
+        }
+    }
+    for tier in ["hot", "warm"] {
+        assert!(
+            panel_titles.iter().any(|(t, _)| *t == tier),
+            "no panel shows the {tier} spares: {panel_titles:?}"
+        );
     }
     // One release at a time: every dashboard query is scoped to the chosen namespace.
     let mut panel_exprs = Vec::new();

@@ -249,10 +249,17 @@ async fn a_spare_target_beyond_max_nodes_stops_at_the_bound_and_says_so() {
         })
         .await;
     let (_, metrics) = stack.http_get("/metrics").await.unwrap();
-    assert!(
-        metrics.lines().any(|l| l
-            .starts_with("automanager_pool_spare_shortfall{pool=\"aws-west\"}")
-            && !l.ends_with(" 0")),
-        "{metrics}"
-    );
+    // The shortfall is the target in effect less the hot spares ready, both under one name.
+    let hot = |state: &str| -> Option<f64> {
+        let prefix = format!(
+            "automanager_spares{{hotsparetarget=\"lots\",pool=\"aws-west\",tier=\"hot\",state=\"{state}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (ready, target) = (hot("ready"), hot("target"));
+    assert_eq!(target, Some(1000.0), "{metrics}");
+    assert!(ready.is_some_and(|r| r < 1000.0), "{metrics}");
 }

@@ -384,6 +384,7 @@ async fn start_and_stop(
     for node in &plan.start {
         match ctx.manager.start_node(node).await {
             Ok(_) => {
+                ctx.metrics.warm_spare_start(&target.spec.pool, true);
                 let note = format!("warm spare {node} started to refill the hot tier");
                 ctx.event(
                     target,
@@ -395,6 +396,7 @@ async fn start_and_stop(
                 .await;
             }
             Err(e) if super::is_final_answer(&e) => {
+                ctx.metrics.warm_spare_start(&target.spec.pool, false);
                 tracing::info!(target = %name, node = %node, error = %e, "warm spare not started");
             }
             Err(e) => return Err(e.into()),
@@ -581,9 +583,6 @@ async fn record_plan(
     status.pending_spares = i32::try_from(plan.hot.pending).unwrap_or(i32::MAX);
     status.spare_nodes = plan.spare_nodes.iter().take(1000).cloned().collect();
     status.underflow_since = plan.underflow_since(prev.underflow_since, now);
-    let name = target.name_any();
-    ctx.metrics
-        .set_spare_underflow(&name, &target.spec.pool, plan.underflow.is_some());
     let (under, reason, message) = plan.underflow_condition();
     let was = api::find_condition(&prev.conditions, "SpareUnderflow").is_some_and(|c| c.is_true());
     if under && !was {
@@ -713,10 +712,14 @@ pub async fn start_warm_spare(
         .claim_warm(&node, ctx.clock.instant());
     match ctx.manager.start_node(&node).await {
         Ok(_) => {
+            ctx.metrics.warm_spare_start(pool, true);
             tracing::info!(pool, node = %node, "recovery: starting a warm spare");
             Ok(Some(node))
         }
-        Err(e) if super::is_final_answer(&e) => Ok(None),
+        Err(e) if super::is_final_answer(&e) => {
+            ctx.metrics.warm_spare_start(pool, false);
+            Ok(None)
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -311,11 +311,15 @@ async fn record(
         api::set_condition(&mut status.conditions, pass.condition);
         requeue = pass.requeue.map_or(requeue, |r| requeue.min(r));
     }
+    // The most nodes the pool may hold: a fixed pool adds none to what it has.
+    let max_nodes = match pool.spec.scale_out {
+        api::ScaleOut::Fixed => Some(status.node_count),
+        api::ScaleOut::Elastic => pool.spec.max_nodes.map(i64::from),
+    };
     ctx.metrics.set_pool(
         &name,
         status.node_count,
-        status.live_spares,
-        status.spare_target,
+        max_nodes,
         status.used_capacity_fraction,
     );
     if status != prev {
