@@ -286,14 +286,17 @@ fn trim_for_store<K: Resource>(obj: &mut K) {
         .remove("kubectl.kubernetes.io/last-applied-configuration");
 }
 
-/// A watch of `api` that reflects every change into a store and passes on only spec changes
+/// A watch of `apis` that reflects every change into a store and passes on only spec changes
 /// ([`spec_changes`]): a controller built on it is not woken by status echoes. Objects are
 /// decoded [`Lean`]: their field-ownership records are skipped, not built and dropped.
+///
+/// Several `apis` (one per watched namespace) are watched side by side into the one store
+/// ([`NamespacedStore`]), so the operator needs rights in those namespaces only.
 fn spec_watch<K>(
-    api: Api<Lean<K>>,
+    apis: Vec<Api<Lean<K>>>,
 ) -> (
     reflector::Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    futures::stream::BoxStream<'static, Result<K, watcher::Error>>,
 )
 where
     K: Resource<DynamicType = ()>
@@ -305,14 +308,150 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .map_ok(unwrap_lean)
-        .default_backoff()
-        .modify(trim_for_store)
-        .reflect(writer)
-        .applied_objects()
-        .predicate_filter(spec_changes::<K>, Default::default());
+    let watch = |api: Api<Lean<K>>| {
+        watcher(api, watcher::Config::default())
+            .map_ok(unwrap_lean)
+            .default_backoff()
+            .modify(trim_for_store)
+    };
+    let applied = if apis.len() == 1 {
+        let api = apis.into_iter().next().expect("one api");
+        watch(api).reflect(writer).applied_objects().boxed()
+    } else {
+        let namespaces = apis
+            .iter()
+            .map(|a| a.namespace().unwrap_or_default().to_owned())
+            .collect();
+        let mut store = NamespacedStore::new(writer, namespaces);
+        futures::stream::select_all(
+            apis.into_iter()
+                .enumerate()
+                .map(|(i, api)| watch(api).map_ok(move |e| (i, e)).boxed()),
+        )
+        .flat_map(move |r| {
+            futures::stream::iter(match r {
+                Ok((i, event)) => store.apply(i, event).into_iter().map(Ok).collect(),
+                Err(e) => vec![Err(e)],
+            })
+        })
+        .boxed()
+    };
+    let stream = applied
+        .predicate_filter(spec_changes::<K>, Default::default())
+        .boxed();
     (reader, stream)
+}
+
+/// One store fed by one watch per namespace. kube's reflector takes a watch's first list (and
+/// every relist) as the whole store, so several watches cannot share a plain writer: one
+/// namespace's relist would drop the others' objects. Here a relist replaces only its own
+/// namespace's objects, and the store reads ready once every namespace's first list is in.
+struct NamespacedStore<K: Resource<DynamicType = ()> + Clone + 'static> {
+    writer: reflector::store::Writer<K>,
+    /// Per watch, its namespace.
+    namespaces: Vec<String>,
+    /// Per watch: the list in progress (between `Init` and `InitDone`).
+    listing: Vec<Option<Vec<K>>>,
+    /// Per watch, until every first list is in: what it has seen so far, by name.
+    first: Vec<Option<std::collections::BTreeMap<String, K>>>,
+    ready: bool,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> NamespacedStore<K> {
+    fn new(writer: reflector::store::Writer<K>, namespaces: Vec<String>) -> Self {
+        let watches = namespaces.len();
+        Self {
+            writer,
+            namespaces,
+            listing: vec![None; watches],
+            first: vec![None; watches],
+            ready: false,
+        }
+    }
+
+    /// Applies one event of watch `i`; returns the objects to pass on (as
+    /// `applied_objects` would: every object applied or listed).
+    fn apply(&mut self, i: usize, event: watcher::Event<K>) -> Vec<K> {
+        use watcher::Event as E;
+        match event {
+            E::Init => {
+                if let Some(l) = self.listing.get_mut(i) {
+                    *l = Some(Vec::new());
+                }
+                Vec::new()
+            }
+            E::InitApply(k) => {
+                if let Some(Some(l)) = self.listing.get_mut(i) {
+                    l.push(k.clone());
+                }
+                vec![k]
+            }
+            E::InitDone => {
+                let listed = self
+                    .listing
+                    .get_mut(i)
+                    .and_then(Option::take)
+                    .unwrap_or_default();
+                if self.ready {
+                    self.replace_namespace(i, listed);
+                } else if let Some(f) = self.first.get_mut(i) {
+                    *f = Some(listed.into_iter().map(|k| (k.name_any(), k)).collect());
+                    self.publish_if_complete();
+                }
+                Vec::new()
+            }
+            E::Apply(k) => {
+                if self.ready {
+                    self.writer.apply_watcher_event(&E::Apply(k.clone()));
+                } else if let Some(Some(f)) = self.first.get_mut(i) {
+                    f.insert(k.name_any(), k.clone());
+                }
+                vec![k]
+            }
+            E::Delete(k) => {
+                if self.ready {
+                    self.writer.apply_watcher_event(&E::Delete(k));
+                } else if let Some(Some(f)) = self.first.get_mut(i) {
+                    f.remove(&k.name_any());
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// Once every watch has listed, the store is filled in one go and reads ready.
+    fn publish_if_complete(&mut self) {
+        if !self.first.iter().all(Option::is_some) {
+            return;
+        }
+        self.writer.apply_watcher_event(&watcher::Event::Init);
+        for f in self.first.iter_mut() {
+            for (_, k) in f.take().unwrap_or_default() {
+                self.writer
+                    .apply_watcher_event(&watcher::Event::InitApply(k));
+            }
+        }
+        self.writer.apply_watcher_event(&watcher::Event::InitDone);
+        self.ready = true;
+    }
+
+    /// A relist of one namespace: its objects are now `listed`, the others' stay.
+    fn replace_namespace(&mut self, i: usize, listed: Vec<K>) {
+        let Some(ns) = self.namespaces.get(i).cloned() else {
+            return;
+        };
+        let keep: HashSet<String> = listed.iter().map(|k| k.name_any()).collect();
+        for gone in self.writer.as_reader().state() {
+            if gone.namespace().as_deref() == Some(ns.as_str()) && !keep.contains(&gone.name_any())
+            {
+                self.writer
+                    .apply_watcher_event(&watcher::Event::Delete((*gone).clone()));
+            }
+        }
+        for k in listed {
+            self.writer.apply_watcher_event(&watcher::Event::Apply(k));
+        }
+    }
 }
 
 fn unwrap_lean<K>(event: watcher::Event<Lean<K>>) -> watcher::Event<K> {
@@ -352,14 +491,20 @@ fn everything(ctx: &Context) -> impl futures::Stream<Item = ()> + Send + 'static
     BroadcastStream::new(ctx.wake.everything.subscribe()).filter_map(|r| async move { r.ok() })
 }
 
-fn scoped<K>(ctx: &Context) -> Api<K>
+/// The objects `apis` touch, one watch per API, merged (a trigger stream: no store).
+fn watch_each<K>(
+    apis: Vec<Api<K>>,
+    config: &watcher::Config,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
-    match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(ctx.client.clone(), one),
-        _ => Api::all(ctx.client.clone()),
-    }
+    futures::stream::select_all(apis.into_iter().map(|api| {
+        watcher(api, config.clone())
+            .default_backoff()
+            .touched_objects()
+            .boxed()
+    }))
 }
 
 /// Resolves once `shutdown` has and `store` has never synced; otherwise never. kube-runtime
@@ -393,7 +538,7 @@ pub async fn run_controllers(
         return;
     };
 
-    let (bundle_store, bundle_events) = spec_watch(scoped::<Lean<Bundle>>(&ctx));
+    let (bundle_store, bundle_events) = spec_watch(controllers::watched_apis::<Lean<Bundle>>(&ctx));
     let bundles_known = bundle_store.clone();
     let bundle_store_synced = bundle_store.clone();
     let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
@@ -406,29 +551,17 @@ pub async fn run_controllers(
         .reconcile_all_on(everything(&ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            {
-                let namespaces = ctx.settings.watch_namespaces.clone();
-                move |b: Arc<Bundle>, ctx: Arc<Context>| {
-                    let watched = namespaces.is_empty()
-                        || b.metadata
-                            .namespace
-                            .as_ref()
-                            .is_some_and(|n| namespaces.contains(n));
-                    async move {
-                        if !watched {
-                            return Ok(kube::runtime::controller::Action::await_change());
-                        }
-                        controllers::reconcile_finalized(b, ctx).await
-                    }
-                }
-            },
+            // The store holds the watched namespaces' Bundles only: a wake-up for another
+            // operator's bundle (same Manager, other namespaces) finds nothing and is dropped.
+            controllers::reconcile_finalized::<Bundle>,
             controllers::error_policy,
             ctx.clone(),
         )
         .take_until(ended_if_never_synced(shutdown.clone(), bundle_store_synced))
         .for_each(|_| futures::future::ready(()));
 
-    let (pool_store, pool_events) = spec_watch(Api::<Lean<PlacementPool>>::all(ctx.client.clone()));
+    let (pool_store, pool_events) =
+        spec_watch(vec![Api::<Lean<PlacementPool>>::all(ctx.client.clone())]);
     let pools_known = pool_store.clone();
     let pool_store_synced = pool_store.clone();
     let pool_controller = Controller::for_stream(pool_events, pool_store)
@@ -452,12 +585,15 @@ pub async fn run_controllers(
         .for_each(|_| futures::future::ready(()));
 
     // A migrate drain steps when one of its Migrations changes.
-    let (node_store, node_events) = spec_watch(Api::<Lean<ManagerNode>>::all(ctx.client.clone()));
+    let (node_store, node_events) =
+        spec_watch(vec![Api::<Lean<ManagerNode>>::all(ctx.client.clone())]);
     let node_store_synced = node_store.clone();
     let node_controller = Controller::for_stream(node_events, node_store)
-        .watches(
-            scoped::<Migration>(&ctx),
-            watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
+        .watches_stream(
+            watch_each(
+                controllers::watched_apis::<Migration>(&ctx),
+                &watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
+            ),
             |m: Migration| {
                 m.annotations()
                     .get(automanager_api::DRAIN_NODE_ANNOTATION)
@@ -474,7 +610,7 @@ pub async fn run_controllers(
         .for_each(|_| futures::future::ready(()));
 
     let (spare_store, spare_events) =
-        spec_watch(Api::<Lean<HotSpareTarget>>::all(ctx.client.clone()));
+        spec_watch(vec![Api::<Lean<HotSpareTarget>>::all(ctx.client.clone())]);
     let spare_targets_known = spare_store.clone();
     let spare_store_synced = spare_store.clone();
     let spare_controller = Controller::for_stream(spare_events, spare_store)
@@ -490,7 +626,8 @@ pub async fn run_controllers(
         .take_until(ended_if_never_synced(shutdown.clone(), spare_store_synced))
         .for_each(|_| futures::future::ready(()));
 
-    let (migration_store, migration_events) = spec_watch(scoped::<Lean<Migration>>(&ctx));
+    let (migration_store, migration_events) =
+        spec_watch(controllers::watched_apis::<Lean<Migration>>(&ctx));
     let migrations_known = migration_store.clone();
     let migration_store_synced = migration_store.clone();
     let migration_controller = Controller::for_stream(migration_events, migration_store)
@@ -853,5 +990,59 @@ mod tests {
         );
         drop((soon_tx, now_tx));
         assert_eq!(wakes.next().await, None, "no second wake-up for the burst");
+    }
+
+    fn cm(ns: &str, name: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+        let mut c = k8s_openapi::api::core::v1::ConfigMap::default();
+        c.metadata.namespace = Some(ns.into());
+        c.metadata.name = Some(name.into());
+        c
+    }
+
+    fn names(store: &reflector::Store<k8s_openapi::api::core::v1::ConfigMap>) -> Vec<String> {
+        let mut n: Vec<String> = store
+            .state()
+            .iter()
+            .map(|c| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any()))
+            .collect();
+        n.sort();
+        n
+    }
+
+    /// Two namespaces watched side by side fill one store: it reads ready once both have
+    /// listed, and a relist of one replaces that namespace's objects only.
+    #[test]
+    fn watches_of_several_namespaces_share_one_store() {
+        use watcher::Event as E;
+        let (reader, writer) = reflector::store();
+        let mut s = NamespacedStore::new(writer, vec!["news".into(), "sports".into()]);
+        s.apply(0, E::Init);
+        assert_eq!(s.apply(0, E::InitApply(cm("news", "a"))).len(), 1);
+        s.apply(0, E::InitDone);
+        // Between its first list and the other namespace's, a change of news is kept.
+        s.apply(0, E::Apply(cm("news", "b")));
+        assert!(reader.wait_until_ready().now_or_never().is_none());
+        assert!(names(&reader).is_empty());
+        s.apply(1, E::Init);
+        s.apply(1, E::InitApply(cm("sports", "c")));
+        s.apply(1, E::InitDone);
+        assert!(matches!(
+            reader.wait_until_ready().now_or_never(),
+            Some(Ok(()))
+        ));
+        assert_eq!(names(&reader), ["news/a", "news/b", "sports/c"]);
+        // news relists without b and with d: sports is untouched.
+        s.apply(0, E::Init);
+        s.apply(0, E::InitApply(cm("news", "a")));
+        s.apply(0, E::InitApply(cm("news", "d")));
+        assert_eq!(names(&reader), ["news/a", "news/b", "sports/c"]);
+        s.apply(0, E::InitDone);
+        assert_eq!(names(&reader), ["news/a", "news/d", "sports/c"]);
+        // An empty relist of sports empties sports alone; watch events go on as usual.
+        s.apply(1, E::Init);
+        s.apply(1, E::InitDone);
+        s.apply(0, E::Delete(cm("news", "a")));
+        assert_eq!(s.apply(1, E::Apply(cm("sports", "e"))).len(), 1);
+        assert_eq!(names(&reader), ["news/d", "sports/e"]);
     }
 }

@@ -1587,10 +1587,10 @@ async fn operator_can(kubeconfig: &Path, env: &TestEnv, args: &[&str]) -> bool {
 }
 
 /// The operator's rights on Bundles, Migrations and Events, asked with its ServiceAccount's own
-/// token: granted in every watched namespace by a Role there; anywhere else no write (no patch,
-/// no status, no Migration, no Event but in `default`, for the cluster-scoped kinds), and no
-/// read either with one watched namespace (with several the operator still lists Bundles and
-/// Migrations across the cluster, so it may read them there).
+/// token: granted in every watched namespace by a Role there, for one, two or three watched
+/// namespaces; anywhere else nothing (no read, no patch, no status, no Migration, no Event but in
+/// `default`, for the cluster-scoped kinds), and nothing across all namespaces. Prints
+/// `namespaces_rbac=exact/watched`: the watched namespaces whose rights were exactly these.
 #[tokio::test]
 async fn the_operator_has_its_namespaced_rights_where_it_watches() {
     // The CRDs, so that kubectl knows the kinds it asks about.
@@ -1605,10 +1605,12 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
     let releases: &[(&str, &str, &[&str])] = &[
         ("one", "op-one", &["news"]),
         ("two", "op-two", &["news", "sports"]),
+        ("three", "op-three", &["news", "sports", "weather"]),
     ];
     let bundles = "bundles.automanager.norsk.io";
     let migrations = "migrations.automanager.norsk.io";
     let mut wrong = Vec::new();
+    let mut exact = 0;
     for (release, release_ns, watched) in releases {
         let mut args = vec![
             "install".to_owned(),
@@ -1633,13 +1635,11 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
             automanager_e2e::install::service_account_kubeconfig(&env, release_ns, &sa, dir.path())
                 .await
                 .unwrap();
+        let wrong_before = wrong.len();
         for ns in ["news", "sports", "weather", "default"] {
             let in_watched = watched.contains(&ns);
-            // Reading: only where it watches, but with several watched namespaces the operator
-            // still lists and watches Bundles and Migrations across the cluster, so it reads
-            // them everywhere (docs/install.md#rbac).
-            let reads = in_watched || watched.len() > 1;
-            // Writing: only where it watches.
+            // Reading and writing: only where it watches (one watch per namespace).
+            let reads = in_watched;
             let checks = [
                 ("list", bundles, reads),
                 ("watch", bundles, reads),
@@ -1683,21 +1683,27 @@ async fn the_operator_has_its_namespaced_rights_where_it_watches() {
                 }
             }
         }
-        let everywhere = watched.len() > 1;
         for (verb, what) in [
             ("list", bundles),
+            ("watch", bundles),
+            ("list", migrations),
+            ("watch", migrations),
             ("patch", bundles),
             ("create", migrations),
+            ("create", "events.events.k8s.io"),
         ] {
-            let want = everywhere && verb == "list";
-            if operator_can(&kubeconfig, &env, &[verb, what, "-A"]).await != want {
-                wrong.push(format!("{release}: {verb} {what} -A: want {want}"));
+            if operator_can(&kubeconfig, &env, &[verb, what, "-A"]).await {
+                wrong.push(format!("{release}: {verb} {what} -A: want false"));
             }
         }
+        // A release's namespaces count as exact only if nothing about it was wrong.
+        if wrong.len() == wrong_before {
+            exact += watched.len();
+        }
     }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     let watched: usize = releases.iter().map(|(_, _, w)| w.len()).sum();
-    println!("namespaces_rbac={watched}/{watched}");
+    println!("namespaces_rbac={exact}/{watched}");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 /// The kube-score checks the chart does not meet, each with why (docs/install.md lists them).
@@ -2125,8 +2131,9 @@ async fn kubeconform_strict_finds_no_error_in_any_variant_or_example() {
 /// The operator itself, authenticated with a token of the chart's ServiceAccount, watching
 /// `watched` (of news, sports, weather): it places the Bundles of the watched namespaces, writes
 /// their Events there, leaves the Bundles of the others alone, and is never refused (no 403 in
-/// its log): the Roles per watched namespace (and, with several, the cluster-wide reads) are
-/// what it needs.
+/// its log): the Roles per watched namespace are all it needs. The same token is then asked
+/// (`kubectl auth can-i`) what it may read: Bundles and Migrations in each watched namespace,
+/// in no other and not across all namespaces; prints `namespaces_rbac=exact/watched`.
 async fn operator_with_the_charts_rights_over(watched: &[&str]) {
     let env = TestEnv::start().await.unwrap();
     let helm = Helm::on(&env).unwrap();
@@ -2167,6 +2174,7 @@ async fn operator_with_the_charts_rights_over(watched: &[&str]) {
     .unwrap();
     let sim_config = stack::patient_sim_config(dir.path()).unwrap();
     let namespaces = serde_json::json!(watched);
+    let token = kubeconfig.clone();
     let stack = stack::Stack::start_on(env, &sim_config, &[], Some(kubeconfig), |c| {
         c.insert(
             "leaderElection".into(),
@@ -2229,6 +2237,46 @@ async fn operator_with_the_charts_rights_over(watched: &[&str]) {
             "the operator touched a Bundle of unwatched {ns}: {other:#}"
         );
     }
+    let bundles = "bundles.automanager.norsk.io";
+    let migrations = "migrations.automanager.norsk.io";
+    let mut wrong = Vec::new();
+    let mut granted = 0;
+    for ns in all.iter().chain(&["default"]) {
+        let want = watched.contains(ns);
+        let mut as_wanted = true;
+        for (verb, what) in [
+            ("list", bundles),
+            ("watch", bundles),
+            ("list", migrations),
+            ("watch", migrations),
+        ] {
+            if operator_can(&token, &stack.env, &[verb, what, "-n", ns]).await != want {
+                as_wanted = false;
+                wrong.push(format!("{verb} {what} -n {ns}: want {want}"));
+            }
+        }
+        if want && as_wanted {
+            granted += 1;
+        }
+    }
+    for (verb, what) in [
+        ("list", bundles),
+        ("watch", bundles),
+        ("list", migrations),
+        ("watch", migrations),
+    ] {
+        if operator_can(&token, &stack.env, &[verb, what, "--all-namespaces"]).await {
+            wrong.push(format!("{verb} {what} --all-namespaces: want false"));
+        }
+    }
+    // Exact: granted in every watched namespace, and refused everywhere else.
+    let exact = if wrong.iter().any(|w| w.ends_with("want false")) {
+        0
+    } else {
+        granted
+    };
+    println!("namespaces_rbac={exact}/{}", watched.len());
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     let log = stack.operator.log_text();
     for refused in ["forbidden", "Forbidden", " 403"] {
         let lines: Vec<&str> = log

@@ -354,10 +354,7 @@ async fn node_migrations(ctx: &Context, node: &str) -> Result<Vec<Migration>, Er
         super::drain::node_label(node),
         api::PURPOSE_LABEL
     );
-    Ok(migrations_api(ctx)
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items)
+    Ok(super::list_watched(ctx, &ListParams::default().labels(&selector)).await?)
 }
 
 /// Every move off `node` is done: terminate it, unless it still holds something (then it is
@@ -523,13 +520,6 @@ fn set_consolidating(ctx: &Context, node: &str, consolidating: bool) {
     });
     if changed && let Some(pool) = ctx.manager.mirror().node(node).map(|n| n.pool) {
         ctx.wake_pool(&pool);
-    }
-}
-
-fn migrations_api(ctx: &Context) -> Api<Migration> {
-    match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(ctx.client.clone(), one),
-        _ => Api::all(ctx.client.clone()),
     }
 }
 

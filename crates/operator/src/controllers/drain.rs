@@ -293,15 +293,8 @@ fn jobs_on(ctx: &Context, node_id: &str) -> Vec<(String, bool)> {
 
 /// The Migrations labelled with the drained node.
 async fn drain_migrations(ctx: &Context, node_object: &str) -> Result<Vec<Migration>, Error> {
-    let api: Api<Migration> = match ctx.settings.watch_namespaces.as_slice() {
-        [one] => Api::namespaced(ctx.client.clone(), one),
-        _ => Api::all(ctx.client.clone()),
-    };
     let selector = format!("{}={}", api::DRAIN_NODE_LABEL, node_label(node_object));
-    Ok(api
-        .list(&ListParams::default().labels(&selector))
-        .await?
-        .items)
+    Ok(super::list_watched(ctx, &ListParams::default().labels(&selector)).await?)
 }
 
 /// Whether a drain Migration ended because the node it was made for was gone (an earlier drain

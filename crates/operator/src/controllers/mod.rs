@@ -36,9 +36,13 @@ pub use crate::state::LastDecision;
 pub use context::{Context, WakeReceivers, Wakers};
 pub use provision::{create_node, provision_in_flight, request_node};
 
-/// One Bundle API per watched namespace, or one over all namespaces when every namespace is
-/// watched.
-pub(crate) fn bundle_apis(ctx: &Context) -> Vec<kube::Api<Bundle>> {
+/// One API per watched namespace, or one over all namespaces when every namespace is watched:
+/// with namespaces listed, the operator reads Bundles and Migrations in those only (its rights
+/// are Roles there).
+pub(crate) fn watched_apis<K>(ctx: &Context) -> Vec<kube::Api<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
     if ctx.settings.watch_namespaces.is_empty() {
         vec![kube::Api::all(ctx.client.clone())]
     } else {
@@ -48,6 +52,29 @@ pub(crate) fn bundle_apis(ctx: &Context) -> Vec<kube::Api<Bundle>> {
             .map(|ns| kube::Api::namespaced(ctx.client.clone(), ns))
             .collect()
     }
+}
+
+/// One Bundle API per watched namespace ([`watched_apis`]).
+pub(crate) fn bundle_apis(ctx: &Context) -> Vec<kube::Api<Bundle>> {
+    watched_apis(ctx)
+}
+
+/// The objects of the watched namespaces that `lp` selects, one list per namespace.
+pub(crate) async fn list_watched<K>(
+    ctx: &Context,
+    lp: &kube::api::ListParams,
+) -> Result<Vec<K>, kube::Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let mut out = Vec::new();
+    for api in watched_apis::<K>(ctx) {
+        out.extend(api.list(lp).await?.items);
+    }
+    Ok(out)
 }
 
 /// Why a reconcile failed. Variant names show up in logs and in the reconcile metric's label.

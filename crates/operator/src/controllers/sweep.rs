@@ -260,14 +260,10 @@ async fn owner_exists(ctx: &Context, owner: &NodeOwner) -> Result<bool, Error> {
             let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), ns);
             api.get_opt(name).await?.is_some()
         }
-        NodeOwner::Migration(id) => {
-            let api: Api<Migration> = Api::all(ctx.client.clone());
-            api.list(&Default::default())
-                .await?
-                .items
-                .iter()
-                .any(|m| super::migration::manager_migration_id(m) == *id)
-        }
+        NodeOwner::Migration(id) => super::list_watched::<Migration>(ctx, &Default::default())
+            .await?
+            .iter()
+            .any(|m| super::migration::manager_migration_id(m) == *id),
     })
 }
 
