@@ -2301,3 +2301,105 @@ async fn the_operator_works_with_the_charts_rights_over_one_watched_namespace() 
 async fn the_operator_works_with_the_charts_rights_over_two_watched_namespaces() {
     operator_with_the_charts_rights_over(&["news", "sports"]).await;
 }
+
+/// The PrometheusRule's rules: alert name → the rule as rendered.
+fn rendered_alerts(helm: &Helm, args: &[&str]) -> std::collections::BTreeMap<String, Value> {
+    let mut all = vec!["--set", "metrics.prometheusRule.enabled=true"];
+    all.extend_from_slice(args);
+    let (_, docs) = rendered(helm, &all);
+    let rule = find(&docs, "PrometheusRule", Some(FULLNAME)).unwrap();
+    alerts_of(&rule["spec"]["groups"])
+}
+
+fn alerts_of(groups: &Value) -> std::collections::BTreeMap<String, Value> {
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().clone())
+        .map(|r| (r["alert"].as_str().unwrap().to_owned(), r))
+        .collect()
+}
+
+/// Alerts can be left out one by one and given labels from values: every alert, then each
+/// alert by name, over the labels of deploy/prometheus/rules.yaml; everything else about a
+/// rule is as written there. A name the chart has no alert of, or a label name Prometheus
+/// would refuse, fails the render and says which.
+#[test]
+fn alerts_are_turned_off_and_labelled_from_values() {
+    let helm = Helm::offline().unwrap();
+    let source: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(repo_root().join("deploy/prometheus/rules.yaml")).unwrap(),
+    )
+    .unwrap();
+    let source = alerts_of(&source["groups"]);
+    assert_eq!(
+        rendered_alerts(&helm, &[]),
+        source,
+        "with no settings the rules are deploy/prometheus/rules.yaml's"
+    );
+
+    let alerts = rendered_alerts(
+        &helm,
+        &[
+            "--set",
+            "metrics.prometheusRule.alerts.AutoManagerOrphansRemoved.enabled=false",
+            "--set",
+            "metrics.prometheusRule.alerts.AutoManagerPoolSaturated.labels.severity=critical",
+            "--set",
+            "metrics.prometheusRule.alerts.AutoManagerPoolSaturated.labels.pager=storage",
+            "--set",
+            "metrics.prometheusRule.alerts.AutoManagerNoLeader.enabled=true",
+            "--set",
+            "metrics.prometheusRule.additionalAlertLabels.team=video",
+            "--set",
+            "metrics.prometheusRule.additionalAlertLabels.pager=oncall",
+        ],
+    );
+    let expected: Vec<&String> = source
+        .keys()
+        .filter(|n| *n != "AutoManagerOrphansRemoved")
+        .collect();
+    assert_eq!(alerts.keys().collect::<Vec<_>>(), expected);
+    for (name, rule) in &alerts {
+        let own = &source[name];
+        let labels = rule["labels"].as_object().unwrap();
+        assert_eq!(labels["team"], "video", "{name}: {labels:?}");
+        if name == "AutoManagerPoolSaturated" {
+            assert_eq!(labels["severity"], "critical", "the alert's labels win");
+            assert_eq!(labels["pager"], "storage", "over additionalAlertLabels");
+        } else {
+            assert_eq!(labels["severity"], own["labels"]["severity"], "{name}");
+            assert_eq!(labels["pager"], "oncall", "{name}");
+        }
+        let mut without_labels = rule.clone();
+        let mut own_without_labels = own.clone();
+        without_labels.as_object_mut().unwrap().remove("labels");
+        own_without_labels.as_object_mut().unwrap().remove("labels");
+        assert_eq!(without_labels, own_without_labels, "{name}");
+    }
+
+    for (set, says) in [
+        (
+            "metrics.prometheusRule.alerts.AutoManagerOrphanRemoved.enabled=false",
+            "metrics.prometheusRule.alerts.AutoManagerOrphanRemoved: the chart has no alert of that name",
+        ),
+        (
+            "metrics.prometheusRule.additionalAlertLabels.on-call=yes",
+            "metrics.prometheusRule.additionalAlertLabels: \"on-call\" is not a Prometheus label name",
+        ),
+        (
+            "metrics.prometheusRule.alerts.AutoManagerNoLeader.labels.9=x",
+            "metrics.prometheusRule.alerts.AutoManagerNoLeader.labels: \"9\" is not a Prometheus label name",
+        ),
+    ] {
+        let err = helm
+            .template(
+                &chart_dir(),
+                &["--set", "metrics.prometheusRule.enabled=true", "--set", set],
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(says), "--set {set}: {err}");
+    }
+}
