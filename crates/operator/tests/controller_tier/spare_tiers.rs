@@ -162,6 +162,17 @@ async fn warm_spares_are_made_by_create_then_stop_and_a_taken_hot_spare_is_refil
         .expect("the warm spare starts");
     let status = t.tiered_status("tiers");
     assert_eq!((status.warm_spares, status.pending_warm_spares), (0, 1));
+    // The metrics say the same: one start asked and made, the warm tier short by the one
+    // on its way.
+    let metrics = t.ctx.metrics.encode();
+    for line in [
+        "automanager_warm_spare_starts_total{pool=\"aws-east\",result=\"started\"} 1",
+        "automanager_spares{hotsparetarget=\"tiers\",pool=\"aws-east\",tier=\"warm\",state=\"ready\"} 0",
+        "automanager_spares{hotsparetarget=\"tiers\",pool=\"aws-east\",tier=\"warm\",state=\"pending\"} 1",
+        "automanager_spares{hotsparetarget=\"tiers\",pool=\"aws-east\",tier=\"warm\",state=\"target\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
     assert!(
         t.api
             .writes()
@@ -370,6 +381,13 @@ async fn a_gold_recovery_with_no_room_starts_a_warm_spare_instead_of_provisionin
         t._sim.snapshot().nodes.len(),
         before,
         "no node was created for the recovery"
+    );
+    let metrics = t.ctx.metrics.encode();
+    assert!(
+        metrics.contains(
+            "automanager_warm_spare_starts_total{pool=\"aws-east\",result=\"started\"} 1"
+        ),
+        "the recovery's start is counted:\n{metrics}"
     );
     t.wait_tiered_spares(N::Started, 1).await;
     // Its target passes first: the started spare is the recovery's, not a surplus hot spare to
