@@ -932,6 +932,8 @@ async fn dashboard_and_alerts_use_only_exported_metrics(stack: &Stack) {
         "automanager_reconcile_duration_seconds_bucket",
         "automanager_migrations",
         "automanager_build_info",
+        "automanager_spares",
+        "automanager_pool_max_nodes",
     ] {
         assert!(
             exported.contains(family),
