@@ -412,11 +412,14 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
         .unwrap_or_else(|| "default".into());
     let mut body = obj.value.clone();
     body["metadata"]["namespace"] = serde_json::Value::String(namespace.clone());
-    let client = OperatorClient::new(
+    let mut client = OperatorClient::new(
         endpoint,
         cluster.as_ref().map(Cluster::operator_client).transpose()?,
         g.request_timeout.0,
     );
+    if let Some(c) = &cluster {
+        client = client.via_apiserver(c.target.clone());
+    }
     let raw = client.what_if(&body).await?;
     say_route(g, &client)?;
     let answer: render::whatif::WhatIf =
@@ -456,7 +459,8 @@ async fn trace(
 ) -> Result<(), CliError> {
     let c = cluster(g).await?;
     let b = bundle(&c, name).await?;
-    let client = OperatorClient::new(endpoint(g), Some(c.operator_client()?), g.request_timeout.0);
+    let client = OperatorClient::new(endpoint(g), Some(c.operator_client()?), g.request_timeout.0)
+        .via_apiserver(c.target.clone());
     let found = client.trace(&c.namespace, name).await?;
     say_route(g, &client)?;
     let Some(raw) = found else {

@@ -94,6 +94,8 @@ pub struct OperatorClient {
     /// `None`: no limit (`--request-timeout 0`).
     timeout: Option<Duration>,
     route: std::sync::Mutex<Route>,
+    /// The apiserver the routes through it use, named when it cannot be reached.
+    apiserver: Option<crate::connect::Target>,
 }
 
 /// The operator's answer.
@@ -115,6 +117,30 @@ impl OperatorClient {
             kube,
             timeout,
             route: std::sync::Mutex::new(Route::default()),
+            apiserver: None,
+        }
+    }
+
+    /// Names `target` (server and context) when the apiserver cannot be reached on the way to
+    /// the operator.
+    pub fn via_apiserver(mut self, target: crate::connect::Target) -> Self {
+        self.apiserver = Some(target);
+        self
+    }
+
+    /// A failed apiserver call on the way to the operator, as one line: the apiserver's own
+    /// refusal, or which apiserver could not be reached.
+    fn kube_failure(&self, e: kube::Error) -> String {
+        match (&self.apiserver, e) {
+            (Some(target), kube::Error::Api(s)) if s.code == 401 => {
+                crate::connect::api_error(target, kube::Error::Api(s)).to_string()
+            }
+            (_, e @ kube::Error::Api(_)) => kube_message(e),
+            (Some(target), e) => crate::connect::api_error(target, e).to_string(),
+            (None, e) => format!(
+                "the apiserver did not answer: {}",
+                crate::connect::cause(&e)
+            ),
         }
     }
 
@@ -189,7 +215,10 @@ impl OperatorClient {
             .list(&kube::api::ListParams::default().labels(selector))
             .await
             .map_err(|e| {
-                unreachable(format!("listing the operator's Pods: {}", kube_message(e)))
+                unreachable(format!(
+                    "listing the operator's Pods: {}",
+                    self.kube_failure(e)
+                ))
             })?;
         let found: Vec<_> = listed
             .items
@@ -207,7 +236,7 @@ impl OperatorClient {
                     .map_err(|e| {
                         unreachable(format!(
                             "reading the leader Lease {namespace}/{lease}: {}",
-                            kube_message(e)
+                            self.kube_failure(e)
                         ))
                     })?
                     .and_then(|l| l.spec?.holder_identity)
@@ -309,7 +338,7 @@ impl OperatorClient {
                     let res = kube
                         .send(req.map(kube::client::Body::from))
                         .await
-                        .map_err(|e| unreachable(format!("the apiserver did not answer: {e}")))?;
+                        .map_err(|e| unreachable(self.kube_failure(e)))?;
                     self.set_route("service-proxy", None);
                     read(res).await.map_err(unreachable)
                 }
@@ -684,5 +713,46 @@ mod tests {
         });
         let msg = e.to_string();
         assert!(msg.starts_with("cannot reach the operator through the apiserver's proxy to service automanager-system/automanager-operator port debug: no endpoints available"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_apiserver_on_the_way_is_named() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let server = format!("http://127.0.0.1:{port}");
+        let kube = kube::Client::try_from(kube::Config::new(server.parse().expect("a URL")))
+            .expect("client");
+        let target = crate::connect::Target {
+            server: server.clone(),
+            context: "kind-x".into(),
+        };
+        for endpoint in [
+            OperatorEndpoint::ServiceProxy {
+                namespace: "automanager-system".into(),
+                service: "automanager-operator".into(),
+                port: "debug".into(),
+            },
+            OperatorEndpoint::Leader {
+                namespace: "automanager-system".into(),
+                release: None,
+                selector: crate::locate::DEFAULT_SELECTOR.into(),
+            },
+        ] {
+            let c = OperatorClient::new(endpoint, Some(kube.clone()), Some(Duration::from_secs(5)))
+                .via_apiserver(target.clone());
+            let msg = c
+                .trace("default", "news")
+                .await
+                .expect_err("nothing listens")
+                .to_string();
+            assert!(
+                msg.contains(&format!(
+                    "cannot reach the apiserver at {server} (context kind-x): "
+                )),
+                "{msg}"
+            );
+        }
     }
 }
