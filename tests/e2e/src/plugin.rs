@@ -70,6 +70,55 @@ pub fn run_through_apiserver(stack: &Stack, args: &[&str]) -> PluginOutput {
     })
 }
 
+/// Asks the plugin for completions as kubectl does (`kubectl-automanager __complete WORDS`,
+/// the last word the one being completed) with `kubeconfig` as `$KUBECONFIG`.
+pub fn complete(kubeconfig: &Path, words: &[&str]) -> Completion {
+    let args: Vec<&str> = std::iter::once("__complete")
+        .chain(words.iter().copied())
+        .collect();
+    let out = run_with(&args, |cmd| {
+        cmd.env("KUBECONFIG", kubeconfig);
+    });
+    Completion::parse(&out)
+}
+
+/// An answer in kubectl's completion protocol: one candidate a line (`word<TAB>help`), then
+/// `:DIRECTIVE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The candidates' words, in the order given.
+    pub words: Vec<String>,
+    /// cobra's directive (4: no file names; 2: no space after the word).
+    pub directive: u8,
+    /// What the plugin said on standard error (why no names were offered).
+    pub stderr: String,
+}
+
+impl Completion {
+    /// Reads kubectl's completion protocol from what a run printed.
+    pub fn parse(out: &PluginOutput) -> Completion {
+        let mut words = Vec::new();
+        let mut directive = None;
+        for line in out.stdout.lines() {
+            if let Some(d) = line.strip_prefix(':') {
+                directive = d.parse().ok();
+            } else if let Some(word) = line.split('\t').next() {
+                words.push(word.to_owned());
+            }
+        }
+        Completion {
+            words,
+            directive: directive.unwrap_or_else(|| {
+                panic!(
+                    "no :directive line (exit {}):\n{}\nstderr:\n{}",
+                    out.code, out.stdout, out.stderr
+                )
+            }),
+            stderr: out.stderr.clone(),
+        }
+    }
+}
+
 /// Runs the plugin after `setup` adjusts the command (environment, working directory).
 pub fn run_with(args: &[&str], setup: impl FnOnce(&mut Command)) -> PluginOutput {
     let bin = plugin_binary().unwrap_or_else(|e| panic!("{e}"));

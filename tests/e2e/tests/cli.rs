@@ -1018,3 +1018,345 @@ fn kubectl_completes_the_plugin_through_its_helper() {
     let out = complete(&["map", "--b"]);
     assert!(out.starts_with("--bundle\t"), "{out}");
 }
+
+/// A kubeconfig whose one context, `name`, points at `server` with `user`'s credentials (the
+/// CA of the kubeconfig `ca_of`, when given, else none).
+fn kubeconfig_for(
+    dir: &tempfile::TempDir,
+    name: &str,
+    server: &str,
+    user: Value,
+    ca_of: Option<&std::path::Path>,
+) -> String {
+    let mut cluster = serde_json::json!({ "server": server });
+    if let Some(p) = ca_of {
+        let kc = kube::config::Kubeconfig::read_from(p).unwrap();
+        cluster["certificate-authority-data"] = kc.clusters[0]
+            .cluster
+            .as_ref()
+            .unwrap()
+            .certificate_authority_data
+            .clone()
+            .unwrap()
+            .into();
+    }
+    let kc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": name, "cluster": cluster }],
+        "users": [{ "name": name, "user": user }],
+        "contexts": [{ "name": name, "context": { "cluster": name, "user": name } }],
+        "current-context": name,
+    });
+    // JSON is YAML: kubeconfig files may be either.
+    write(dir, &format!("{name}.kubeconfig"), &kc.to_string())
+}
+
+/// A loopback port nothing listens on (bound, read, closed).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An apiserver that does not answer is named, with the context that pointed there, whatever
+/// the command and wherever its flags are.
+#[test]
+fn an_unreachable_apiserver_is_named_with_its_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = format!("https://127.0.0.1:{}", closed_port());
+    let kubeconfig = kubeconfig_for(
+        &dir,
+        "kind-closed",
+        &server,
+        serde_json::json!({ "token": "t" }),
+        None,
+    );
+    let want = format!("cannot reach the apiserver at {server} (context kind-closed): ");
+    for args in [
+        &["top", "pools"][..],
+        &["-n", "team-a", "-o", "json", "get", "broken"],
+        &["trace", "news", "-n", "team-a", "--request-timeout", "5s"],
+        &["--request-timeout=0", "cordon", "node-a"],
+    ] {
+        let out = plugin::run_with(args, |c| {
+            c.env("KUBECONFIG", &kubeconfig);
+        });
+        fails(&out, 1, &want);
+        assert!(
+            out.stderr.contains("Connection refused"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+}
+
+/// Completion of names from the real apiserver (bundles and migrations in the namespace of
+/// `-n`, nodes, pools, namespaces, kubeconfig contexts), the helper kubectl runs included;
+/// kubectl's flags before or after the command, in completion and in the commands; the
+/// connection flags applied (`--server`, `--certificate-authority`,
+/// `--insecure-skip-tls-verify`) and failures to connect or authenticate naming the server
+/// and the context.
+#[tokio::test]
+async fn completes_names_from_the_apiserver_and_takes_kubectls_flags_anywhere() {
+    let env = automanager_e2e::env_with_crds()
+        .await
+        .expect("control plane with CRDs");
+    let in_team = |name: &str, replicas: u32| {
+        bundle(name, replicas, "[onprem]", 1, "").replace("namespace: default", "namespace: team-a")
+    };
+    let objects = [
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n".to_owned(),
+        in_team("news", 2),
+        in_team("sport", 1),
+        bundle("other", 1, "[onprem]", 1, ""),
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: ManagerNode\nmetadata: {name: node-a}\nspec: {}\n".to_owned(),
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: ManagerNode\nmetadata: {name: node-b}\nspec: {}\n".to_owned(),
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\nmetadata: {name: news-move, namespace: team-a}\nspec: {job: {bundle: news, replica: 0, jobName: enc}}\n".to_owned(),
+    ];
+    let out = env.apply_yaml(&objects.join("---\n")).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let out = env
+        .apply_file(examples_dir().join("pools.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let pools: BTreeSet<String> = env
+        .run_kubectl(["get", "placementpools", "-o", "name"])
+        .await
+        .unwrap()
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("placementpool.automanager.norsk.io/"))
+        .map(str::to_owned)
+        .collect();
+    assert!(pools.len() >= 2, "{pools:?}");
+
+    let kubeconfig = env.kubeconfig_path().to_owned();
+    let complete = |words: &[&str]| plugin::complete(&kubeconfig, words);
+    let names = |words: &[&str]| -> Vec<String> {
+        let c = complete(words);
+        assert!(c.stderr.is_empty(), "{words:?}: {}", c.stderr);
+        c.words
+    };
+
+    // Bundles: the context's namespace, or -n's wherever it is and however it is written.
+    assert_eq!(names(&["trace", ""]), ["other"]);
+    for words in [
+        &["-n", "team-a", "trace", ""][..],
+        &["-n", "team-a", "-o", "json", "trace", ""],
+        &["-nteam-a", "-ojson", "trace", ""],
+        &["--namespace=team-a", "retry", ""],
+        &["trace", "-n", "team-a", ""],
+        &["-o", "yaml", "get", "windows", "--namespace", "team-a", ""],
+        &["-n", "team-a", "map", "--bundle", ""],
+    ] {
+        assert_eq!(names(words), ["news", "sport"], "{words:?}");
+    }
+    assert_eq!(
+        names(&["-n", "team-a", "-o", "json", "trace", "s"]),
+        ["sport"]
+    );
+    // Namespaces, for -n before or after the command.
+    for words in [
+        &["-n", ""][..],
+        &["-o", "json", "-n", ""],
+        &["top", "pools", "--namespace", ""],
+    ] {
+        let ns = names(words);
+        assert!(
+            ns.contains(&"team-a".to_owned()) && ns.contains(&"default".to_owned()),
+            "{words:?}: {ns:?}"
+        );
+    }
+    assert_eq!(names(&["-n", "team"]), ["team-a"]);
+    assert_eq!(names(&["--namespace=team"]), ["--namespace=team-a"]);
+    // Nodes, pools, migrations, kubeconfig contexts.
+    for words in [
+        &["cordon", ""][..],
+        &["drain", ""],
+        &["-n", "team-a", "migrate", "news/0/enc", "--to", ""],
+    ] {
+        assert_eq!(names(words), ["node-a", "node-b"], "{words:?}");
+    }
+    let listed: BTreeSet<String> = names(&["map", "--pool", ""]).into_iter().collect();
+    assert_eq!(listed, pools);
+    let listed: BTreeSet<String> = names(&["top", "nodes", "--pool", ""]).into_iter().collect();
+    assert_eq!(listed, pools);
+    assert_eq!(names(&["-n", "team-a", "abort", ""]), ["news-move"]);
+    assert!(names(&["abort", ""]).is_empty());
+    assert_eq!(names(&["--context", ""]), ["testenv"]);
+    // migrate's BUNDLE/REPLICA/JOB, one segment at a time, without a space after the unfinished ones.
+    let c = complete(&["-n", "team-a", "migrate", ""]);
+    assert_eq!(
+        (c.words.as_slice(), c.directive),
+        (&["news/".to_owned(), "sport/".to_owned()][..], 6)
+    );
+    let c = complete(&["-n", "team-a", "migrate", "news/"]);
+    assert_eq!(
+        (c.words.as_slice(), c.directive),
+        (&["news/0/".to_owned(), "news/1/".to_owned()][..], 6)
+    );
+    let c = complete(&["-n", "team-a", "migrate", "news/1/"]);
+    assert_eq!(
+        (c.words.as_slice(), c.directive),
+        (&["news/1/enc".to_owned()][..], 4)
+    );
+    // Commands and flags stay as they were.
+    assert!(names(&["-n", "team-a", "-o", "json", "t"]).contains(&"trace".to_owned()));
+    assert!(names(&["trace", "news", "--req"]).contains(&"--request-timeout".to_owned()));
+
+    // kubectl itself, through the helper on PATH, with the flags it passes on.
+    let plugin_dir = plugin::plugin_binary()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}:{}",
+        plugin_dir.display(),
+        repo_root().join("deploy/plugin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kubectl = env.bin_dir().join("kubectl");
+    let out = std::process::Command::new(&kubectl)
+        .args(["__complete", "automanager", "-n", "team-a", "trace", ""])
+        .env("PATH", &path)
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("news\nsport\n:4"),
+        "{text}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The commands take the flags before or after them.
+    let run = |args: &[&str]| {
+        plugin::run_with(args, |c| {
+            c.env("KUBECONFIG", &kubeconfig);
+        })
+    };
+    for args in [
+        &["-n", "team-a", "-o", "json", "get", "windows"][..],
+        &["get", "windows", "-n", "team-a", "-o", "json"],
+        &["-o", "json", "get", "-n", "team-a", "windows"],
+        &[
+            "--request-timeout",
+            "5",
+            "-nteam-a",
+            "-ojson",
+            "get",
+            "windows",
+        ],
+    ] {
+        let out = run(args);
+        ok(&out);
+        let bundles: BTreeSet<String> = out.json()["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r["namespace"].as_str().unwrap(),
+                    r["bundle"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(
+            bundles,
+            BTreeSet::from(["team-a/news".to_owned(), "team-a/sport".to_owned()]),
+            "{args:?}: {}",
+            out.stdout
+        );
+    }
+
+    // The connection flags: --server with the CA it needs, or without checking it.
+    let server = env.server_url().to_owned();
+    let ca = env.dir().join("pki/ca.crt");
+    let not_a_ca = env.dir().join("pki/apiserver.crt");
+    let dir = tempfile::tempdir().unwrap();
+    let no_ca = kubeconfig_for(
+        &dir,
+        "kind-no-ca",
+        "https://127.0.0.1:1",
+        serde_json::to_value(
+            kube::config::Kubeconfig::read_from(&kubeconfig)
+                .unwrap()
+                .auth_infos[0]
+                .auth_info
+                .clone()
+                .unwrap(),
+        )
+        .unwrap(),
+        None,
+    );
+    let run_no_ca = |args: &[&str]| {
+        plugin::run_with(args, |c| {
+            c.env("KUBECONFIG", &no_ca);
+        })
+    };
+    let out = run_no_ca(&[
+        "top",
+        "pools",
+        "-o",
+        "name",
+        "--server",
+        &server,
+        "--certificate-authority",
+        ca.to_str().unwrap(),
+    ]);
+    ok(&out);
+    assert_eq!(out.stdout.lines().count(), pools.len(), "{}", out.stdout);
+    let out = run_no_ca(&[
+        "--insecure-skip-tls-verify",
+        "--server",
+        &server,
+        "top",
+        "pools",
+    ]);
+    ok(&out);
+    let out = run_no_ca(&[
+        "--server",
+        &server,
+        "--certificate-authority",
+        not_a_ca.to_str().unwrap(),
+        "top",
+        "pools",
+    ]);
+    fails(
+        &out,
+        1,
+        &format!("cannot reach the apiserver at {server} (context kind-no-ca): "),
+    );
+    assert!(out.stderr.contains("certificate"), "{}", out.stderr);
+    // The stack's own context, its server replaced by one that is closed.
+    let closed = format!("https://127.0.0.1:{}", closed_port());
+    fails(
+        &run(&["--server", &closed, "-n", "team-a", "trace", "news"]),
+        1,
+        &format!("cannot reach the apiserver at {closed} (context testenv): "),
+    );
+    // Credentials the apiserver does not accept.
+    let bad_token = kubeconfig_for(
+        &dir,
+        "kind-bad-token",
+        &server,
+        serde_json::json!({ "token": "not-a-token" }),
+        Some(&kubeconfig),
+    );
+    let out = plugin::run_with(&["top", "pools"], |c| {
+        c.env("KUBECONFIG", &bad_token);
+    });
+    fails(
+        &out,
+        1,
+        &format!(
+            "the apiserver at {server} (context kind-bad-token) did not accept the credentials"
+        ),
+    );
+}
