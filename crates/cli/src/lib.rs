@@ -478,6 +478,89 @@ mod tests {
     }
 
     #[test]
+    fn kubectls_flags_go_before_or_after_the_command() {
+        let flags = [
+            "-n",
+            "team-a",
+            "-o",
+            "json",
+            "--context",
+            "kind-a",
+            "--cluster",
+            "c",
+            "--user",
+            "u",
+            "--server",
+            "https://h:6443",
+            "--token",
+            "t",
+            "--certificate-authority",
+            "ca.pem",
+            "--insecure-skip-tls-verify",
+            "--request-timeout",
+            "0",
+            "--as-uid",
+            "42",
+        ];
+        let before = std::iter::once("kubectl-automanager")
+            .chain(flags)
+            .chain(["top", "pools"]);
+        let after = ["kubectl-automanager", "top", "pools"]
+            .into_iter()
+            .chain(flags);
+        let between = ["kubectl-automanager", "top"]
+            .into_iter()
+            .chain(flags)
+            .chain(["pools"]);
+        for (how, args) in [
+            ("before", before.collect::<Vec<_>>()),
+            ("after", after.collect()),
+            ("between", between.collect()),
+        ] {
+            let g = Cli::try_parse_from(&args).expect(how).global;
+            assert_eq!(g.namespace.as_deref(), Some("team-a"), "{how}");
+            assert_eq!(g.output, Output::Json, "{how}");
+            assert_eq!(g.context.as_deref(), Some("kind-a"), "{how}");
+            assert_eq!(g.cluster.as_deref(), Some("c"), "{how}");
+            assert_eq!(g.user.as_deref(), Some("u"), "{how}");
+            assert_eq!(g.server.as_deref(), Some("https://h:6443"), "{how}");
+            assert_eq!(g.token.as_deref(), Some("t"), "{how}");
+            assert_eq!(
+                g.certificate_authority.as_deref(),
+                Some(std::path::Path::new("ca.pem")),
+                "{how}"
+            );
+            assert!(g.insecure_skip_tls_verify, "{how}");
+            assert_eq!(g.request_timeout.0, None, "{how}");
+            assert_eq!(g.as_uid.as_deref(), Some("42"), "{how}");
+        }
+        // The insecure flag takes a value only after `=`, as kubectl's.
+        let cli = Cli::try_parse_from([
+            "kubectl-automanager",
+            "--insecure-skip-tls-verify=false",
+            "cordon",
+            "n1",
+        ])
+        .expect("parses");
+        assert!(!cli.global.insecure_skip_tls_verify);
+        let cli = Cli::try_parse_from([
+            "kubectl-automanager",
+            "--insecure-skip-tls-verify",
+            "cordon",
+            "n1",
+        ])
+        .expect("parses");
+        assert!(cli.global.insecure_skip_tls_verify);
+        assert!(matches!(cli.command, Command::Cordon { node } if node == "n1"));
+        let cli = Cli::try_parse_from(["kubectl-automanager", "top", "pools"]).expect("parses");
+        assert_eq!(
+            cli.global.request_timeout.0,
+            Some(Duration::from_secs(30)),
+            "the default"
+        );
+    }
+
+    #[test]
     fn a_bad_timeout_is_a_usage_error() {
         let e = Cli::try_parse_from(["kubectl-automanager", "retry", "b", "--timeout", "soon"])
             .expect_err("bad");
