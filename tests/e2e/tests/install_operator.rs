@@ -362,6 +362,16 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
         },
     )
     .await;
+    // `kubectl wait` reads it as ready too.
+    s.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "bundle/cheap",
+        "-n",
+        "default",
+        "--timeout=30s",
+    ])
+    .await;
 
     // Spares: provisioning into an elastic pool, at target, and an underflow nothing can fix.
     s.chaos(&["slow-provision", "6000"]);
