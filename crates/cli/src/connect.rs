@@ -62,8 +62,8 @@ pub async fn load(g: &GlobalArgs) -> Result<Connection, CliError> {
         user: g.user.clone(),
     };
     let kubeconfig = match &g.kubeconfig {
-        Some(path) => Ok(Kubeconfig::read_from(path)
-            .map_err(|e| CliError::Kubeconfig(format!("{}: {}", path.display(), cause(&e))))?),
+        // kube's message names the file.
+        Some(path) => Ok(Kubeconfig::read_from(path).map_err(|e| CliError::Kubeconfig(cause(&e)))?),
         None => Kubeconfig::read(),
     };
     let (mut config, context) = match kubeconfig {
@@ -75,7 +75,9 @@ pub async fn load(g: &GlobalArgs) -> Result<Connection, CliError> {
                 .unwrap_or_else(|| "(none)".into());
             let config = kube::Config::from_custom_kubeconfig(kc, &options)
                 .await
-                .map_err(|e| CliError::Kubeconfig(format!("context {context}: {}", cause(&e))))?;
+                .map_err(|e| {
+                    CliError::Kubeconfig(format!("for context {context}: {}", cause(&e)))
+                })?;
             (config, context)
         }
         Err(read_error) => {
