@@ -106,10 +106,13 @@ fn owned(tags: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The changes received so far, without the `Resynced` marks that close each snapshot.
 fn drain(rx: &mut tokio::sync::broadcast::Receiver<PublishedChange>) -> Vec<PublishedChange> {
     let mut out = Vec::new();
     while let Ok(c) = rx.try_recv() {
-        out.push(c);
+        if !matches!(c, PublishedChange::Resynced) {
+            out.push(c);
+        }
     }
     out
 }

@@ -104,6 +104,8 @@ struct Shared {
     echo_due: Mutex<Option<Instant>>,
     /// Wakes the stream task to read a newly armed `echo_due` (a permit is kept if it is busy).
     echo_armed: tokio::sync::Notify,
+    /// Events received on any stream (the echo check reads it).
+    events_seen: AtomicU64,
     counters: StreamCounters,
 }
 
@@ -139,6 +141,7 @@ impl PublishedClient {
             stop,
             echo_due: Mutex::new(None),
             echo_armed: tokio::sync::Notify::new(),
+            events_seen: AtomicU64::new(0),
             counters: StreamCounters::default(),
         });
         let task = tokio::spawn(run(Arc::clone(&shared)));
@@ -185,28 +188,31 @@ impl PublishedClient {
 
     /// CreateJob: stores a job definition; answers its hash.
     pub async fn create_job(&self, job: Job) -> Result<i64, ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let r = self.call(c.create_job(self.request(job))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(r.hash)
     }
 
     /// UpdateJob: replaces a stored job definition; answers its hash.
     pub async fn update_job(&self, job: Job) -> Result<i64, ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let r = self.call(c.update_job(self.request(job))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(r.hash)
     }
 
     /// DeleteJob.
     pub async fn delete_job(&self, job_id: &str) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let id = JobId {
             job_id: job_id.to_owned(),
         };
         self.call(c.delete_job(self.request(id))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
@@ -217,6 +223,7 @@ impl PublishedClient {
         role: &str,
         node_id: &str,
     ) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let req = StartJobRequest {
             job_id: Some(JobId {
@@ -228,7 +235,7 @@ impl PublishedClient {
             }),
         };
         self.call(c.start_job(self.request(req))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
@@ -239,6 +246,7 @@ impl PublishedClient {
         role: &str,
         node_id: &str,
     ) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let req = StopJobRequest {
             job_id: Some(JobId {
@@ -250,45 +258,49 @@ impl PublishedClient {
             }),
         };
         self.call(c.stop_job(self.request(req))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
     /// CompleteJob.
     pub async fn complete_job(&self, job_id: &str) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let id = JobId {
             job_id: job_id.to_owned(),
         };
         self.call(c.complete_job(self.request(id))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
     /// CreateAwsNode under the id in the request.
     pub async fn create_aws_node(&self, req: CreateAwsNodeRequest) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         self.call(c.create_aws_node(self.request(req))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
     /// CreateOciNode under the id in the request.
     pub async fn create_oci_node(&self, req: CreateOciNodeRequest) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         self.call(c.create_oci_node(self.request(req))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
     /// TerminateNode.
     pub async fn terminate_node(&self, node_id: &str) -> Result<(), ClientError> {
+        let before = self.events_seen();
         let mut c = self.shared.rpc.clone();
         let id = NodeId {
             node_id: node_id.to_owned(),
         };
         self.call(c.terminate_node(self.request(id))).await?;
-        self.expect_echo();
+        self.expect_echo(before);
         Ok(())
     }
 
@@ -321,7 +333,7 @@ impl PublishedClient {
         if let Some(task) = task {
             let _ = task.await;
         }
-        let _ = self.shared.state.send(ConnectionState::Shutdown);
+        self.shared.state.send_replace(ConnectionState::Shutdown);
     }
 
     fn request<T>(&self, msg: T) -> tonic::Request<T> {
@@ -343,7 +355,17 @@ impl PublishedClient {
     }
 
     /// Manager accepted a change: its outcome must reach the stream by the echo deadline.
-    fn expect_echo(&self) {
+    fn events_seen(&self) -> u64 {
+        self.shared.events_seen.load(Ordering::Acquire)
+    }
+
+    /// After an accepted change, expects an event within the echo deadline. An event that
+    /// arrived since the call began (`before`) already shows the stream delivers — it may even
+    /// be this change's own, sent before the answer — so nothing is armed then.
+    fn expect_echo(&self, before: u64) {
+        if self.events_seen() != before {
+            return;
+        }
         let due = Instant::now() + self.shared.config.echo_deadline;
         let mut echo = self
             .shared
@@ -376,14 +398,14 @@ async fn run(shared: Arc<Shared>) {
         if *stop.borrow() {
             return;
         }
-        let _ = shared.state.send(ConnectionState::Connecting);
+        shared.state.send_replace(ConnectionState::Connecting);
         match one_stream(&shared, &mut stop, &mut attempt).await {
             Ended::Stopped => return,
             Ended::Failed(why) => {
                 tracing::warn!(reason = %why, attempt, "manager event stream ended; reconnecting");
             }
         }
-        let _ = shared.state.send(ConnectionState::TransientFailure);
+        shared.state.send_replace(ConnectionState::TransientFailure);
         let c = &shared.config.connection;
         let delay = backoff_delay(c.backoff_initial, c.backoff_max, attempt, &mut rand::rng());
         attempt = attempt.saturating_add(1);
@@ -449,6 +471,7 @@ async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: 
             Some(Err(status)) => return Ended::Failed(format!("stream error: {status}")),
             Some(Ok(event)) => event,
         };
+        shared.events_seen.fetch_add(1, Ordering::AcqRel);
         clear_echo(shared);
         if let Some(b) = builder.as_mut() {
             if let SnapshotStep::Complete(next) = b.push(event) {
@@ -474,9 +497,10 @@ async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: 
                 tracing::info!(changes = changes.len(), "manager snapshot read");
                 // Counted after its changes are sent, so a reader that sees the count sees them.
                 publish(shared, changes);
+                let _ = shared.changes.send(PublishedChange::Resynced);
                 shared.counters.snapshots.fetch_add(1, Ordering::Release);
                 *attempt = 0;
-                let _ = shared.state.send(ConnectionState::Ready);
+                shared.state.send_replace(ConnectionState::Ready);
             }
             continue;
         }

@@ -79,6 +79,10 @@ pub struct InstanceView {
     pub node_id: String,
     /// The latest step.
     pub phase: InstancePhase,
+    /// When the latest step happened, in Unix milliseconds (0 when the entry had no time).
+    pub at_ms: i64,
+    /// `JobHistoryJobStopping.Reason` of the instance's last stop, kept through `JobStopped`.
+    pub stop_reason: Option<i32>,
 }
 
 /// How the stream last reported a job.
@@ -141,6 +145,9 @@ pub enum PublishedChange {
     ProviderHealth(Vec<ProviderHealth>),
     /// A note from a running instance (not stored).
     JobInfo(JobInfoMessage),
+    /// A new snapshot was read (after a connect or a reconnect); the changes before this one
+    /// were its differences to what the mirror held.
+    Resynced,
 }
 
 /// An event the mirror could not use, with why; the rest of the stream goes on.
@@ -214,21 +221,35 @@ pub fn instances_of(history: &[JobHistoryEntry]) -> (BTreeMap<String, InstanceVi
     let mut out: BTreeMap<String, InstanceView> = BTreeMap::new();
     let mut completed = false;
     for entry in history {
-        let (role, meta, phase) = match &entry.history_entry {
+        let (role, meta, phase, at, reason) = match &entry.history_entry {
             Some(HistoryEntry::JobProvisioned(e)) => (
                 &e.role,
                 e.node_metadata.as_ref(),
                 InstancePhase::Provisioned,
+                e.timestamp.as_ref(),
+                None,
             ),
-            Some(HistoryEntry::JobRunning(e)) => {
-                (&e.role, e.node_metadata.as_ref(), InstancePhase::Running)
-            }
-            Some(HistoryEntry::JobStopping(e)) => {
-                (&e.role, e.node_metadata.as_ref(), InstancePhase::Stopping)
-            }
-            Some(HistoryEntry::JobStopped(e)) => {
-                (&e.role, e.node_metadata.as_ref(), InstancePhase::Stopped)
-            }
+            Some(HistoryEntry::JobRunning(e)) => (
+                &e.role,
+                e.node_metadata.as_ref(),
+                InstancePhase::Running,
+                e.timestamp.as_ref(),
+                None,
+            ),
+            Some(HistoryEntry::JobStopping(e)) => (
+                &e.role,
+                e.node_metadata.as_ref(),
+                InstancePhase::Stopping,
+                e.timestamp.as_ref(),
+                Some(e.reason),
+            ),
+            Some(HistoryEntry::JobStopped(e)) => (
+                &e.role,
+                e.node_metadata.as_ref(),
+                InstancePhase::Stopped,
+                e.timestamp.as_ref(),
+                None,
+            ),
             Some(HistoryEntry::JobCompleted(_)) => {
                 completed = true;
                 continue;
@@ -236,16 +257,32 @@ pub fn instances_of(history: &[JobHistoryEntry]) -> (BTreeMap<String, InstanceVi
             _ => continue,
         };
         let node_id = id_of(meta.and_then(|m| m.node_id.as_ref())).to_owned();
+        // A stop's reason outlives the `JobStopped` that ends it; a new start clears it.
+        let stop_reason = match phase {
+            InstancePhase::Stopping => reason,
+            InstancePhase::Stopped => out.get(role).and_then(|i| i.stop_reason),
+            InstancePhase::Provisioned | InstancePhase::Running => None,
+        };
         out.insert(
             role.clone(),
             InstanceView {
                 role: role.clone(),
                 node_id,
                 phase,
+                at_ms: at.map_or(0, timestamp_ms),
+                stop_reason,
             },
         );
     }
     (out, completed)
+}
+
+/// A protobuf time as Unix milliseconds (saturating; out-of-range nanos count as none).
+pub fn timestamp_ms(t: &prost_types::Timestamp) -> i64 {
+    let nanos = i64::from(t.nanos.clamp(0, 999_999_999));
+    t.seconds
+        .saturating_mul(1000)
+        .saturating_add(nanos / 1_000_000)
 }
 
 fn job_view(jwh: JobWithHistory, listing: JobListing) -> Result<JobView, Malformed> {

@@ -1,14 +1,18 @@
-//! Manager's published API (`norsk.api.manager`): a client and the mirror of its event stream.
-//!
-//! The operator still speaks `norsk.manager.v1` through [`crate::ManagerClient`]; this module is
-//! the published API's side of the same job, built to replace it.
+//! Manager's published API (`norsk.api.manager`): a client, the mirror of its event stream,
+//! and [`PublishedPort`], which carries the operator's port operations over it.
 
+mod catalog;
 mod connection;
 mod mirror;
+mod port;
+pub mod tags;
+pub mod translate;
 
+pub use catalog::{CatalogPool, PoolCatalog, ZoneLaunch};
 pub use connection::{PublishedClient, PublishedConfig, StreamCounters};
+pub use port::PublishedPort;
 
 pub use mirror::{
     InstanceKey, InstancePhase, InstanceView, JobListing, JobView, Malformed, NodeState, NodeView,
-    PublishedChange, PublishedMirror, SnapshotBuilder, SnapshotStep, instances_of,
+    PublishedChange, PublishedMirror, SnapshotBuilder, SnapshotStep, instances_of, timestamp_ms,
 };

@@ -31,10 +31,19 @@ use prost_types::Timestamp;
 use crate::config::{PoolKind, SimConfig};
 use crate::world::CommandError;
 
-/// `NodeStopping.Reason` for a node its caller terminated (the first value, 0).
-const STOPPING_TERMINATED: i32 = 0;
-/// `JobHistoryJobStopping.Reason` for an instance its caller stopped (the first value, 0).
-const JOB_STOPPING_REQUESTED: i32 = 0;
+/// `NodeStopping.Reason` for a node its caller terminated (`USER_REQUESTED`).
+const STOPPING_TERMINATED: i32 = 8;
+/// `JobHistoryJobStopping.Reason` for an instance its caller stopped (`JOB_STOPPED_USER_REQUESTED`).
+const JOB_STOPPING_REQUESTED: i32 = 2;
+/// `JobHistoryJobStopping.Reason` for an instance whose node was terminated
+/// (`JOB_STOPPED_NODE_TERMINATED`).
+const JOB_STOPPING_NODE_TERMINATED: i32 = 1;
+/// The tags of a physical node that say where it belongs and what it holds.
+const PHYSICAL_POOL_TAG: &str = "automanager.norsk.io/pool";
+const PHYSICAL_ZONE_TAG: &str = "automanager.norsk.io/zone";
+const PHYSICAL_CAPACITY_TAG: &str = "automanager.norsk.io/capacity";
+const PHYSICAL_CORES_TAG: &str = "automanager.norsk.io/cores";
+const PHYSICAL_CAPABILITIES_TAG: &str = "automanager.norsk.io/capabilities";
 /// The longest id, tag key or tag value the sim accepts.
 const MAX_ID: usize = 253;
 /// The most tags on one node or job.
@@ -138,10 +147,20 @@ impl PublishedWorld {
         for pool in &config.pools {
             if pool.kind == PoolKind::Cluster {
                 for n in &pool.nodes {
-                    let tags = BTreeMap::from([
-                        ("pool".to_owned(), pool.name.clone()),
-                        ("zone".to_owned(), n.zone.clone()),
+                    // A physical node carries what its administrator declared: its pool,
+                    // zone and capacity, under the tag keys AutoManager reads.
+                    let mut tags = BTreeMap::from([
+                        (PHYSICAL_POOL_TAG.to_owned(), pool.name.clone()),
+                        (PHYSICAL_ZONE_TAG.to_owned(), n.zone.clone()),
+                        (PHYSICAL_CAPACITY_TAG.to_owned(), n.capacity.to_string()),
+                        (PHYSICAL_CORES_TAG.to_owned(), n.cores.to_string()),
                     ]);
+                    if !n.capabilities.is_empty() {
+                        tags.insert(
+                            PHYSICAL_CAPABILITIES_TAG.to_owned(),
+                            n.capabilities.join(","),
+                        );
+                    }
                     world.nodes.insert(
                         n.id.clone(),
                         Node {
@@ -352,7 +371,7 @@ impl PublishedWorld {
             })
             .collect();
         for (job, role) in hosted {
-            self.stop_instance(&job, &role, now_ms);
+            self.stop_instance(&job, &role, JOB_STOPPING_NODE_TERMINATED, now_ms);
         }
         self.nodes.remove(id);
         self.events.push(ev(Event::NodeStopped(NodeStopped {
@@ -517,7 +536,7 @@ impl PublishedWorld {
                 )));
             }
         }
-        self.stop_instance(job, role, now_ms);
+        self.stop_instance(job, role, JOB_STOPPING_REQUESTED, now_ms);
         Ok(())
     }
 
@@ -528,7 +547,7 @@ impl PublishedWorld {
         };
         let roles: Vec<String> = stored.instances.keys().cloned().collect();
         for role in roles {
-            self.stop_instance(id, &role, now_ms);
+            self.stop_instance(id, &role, JOB_STOPPING_REQUESTED, now_ms);
         }
         if let Some(stored) = self.jobs.get_mut(id) {
             stored
@@ -543,7 +562,7 @@ impl PublishedWorld {
         Ok(())
     }
 
-    fn stop_instance(&mut self, job: &str, role: &str, now_ms: i64) {
+    fn stop_instance(&mut self, job: &str, role: &str, reason: i32, now_ms: i64) {
         let Some(stored) = self.jobs.get_mut(job) else {
             return;
         };
@@ -558,7 +577,7 @@ impl PublishedWorld {
                 role: role.to_owned(),
                 node_metadata: meta.clone(),
                 running_node_metadata: None,
-                reason: JOB_STOPPING_REQUESTED,
+                reason,
             })));
         stored
             .history

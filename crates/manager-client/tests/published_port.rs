@@ -1,0 +1,255 @@
+//! The operator's port over Manager's published API ([`PublishedPort`]) against manager-sim's
+//! published service, seen through the same [`ManagerClient`] and mirror the operator uses:
+//! nodes made under our ids and tags, a bundle as stored jobs, a start and a stop under roles,
+//! a reconnect that changes nothing, a job of another client never seen, and a bundle deleted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use manager_client::published::{
+    CatalogPool, PoolCatalog, PublishedClient, PublishedConfig, PublishedPort, tags,
+};
+use manager_client::{ClientConfig, ClientError, ManagerClient, MirrorChange, MirrorState};
+use manager_proto::api::common::JobId;
+use manager_proto::api::manager::Job as StoredJob;
+use manager_proto::{
+    Bundle, BundleJob, CreateNodeRequest, InstanceType, JobRequirements, JobRole, JobState,
+    NodeState, Pool, ProviderKind, ScaleOut,
+};
+use manager_sim::config::PoolKind;
+use manager_sim::{Sim, SimConfig};
+
+const WAIT: Duration = Duration::from_secs(30);
+const OWNER: &str = "test-install";
+
+fn catalog_of(config: &SimConfig) -> PoolCatalog {
+    let catalog = PoolCatalog::new();
+    for p in &config.pools {
+        let kind = match p.kind {
+            PoolKind::Aws => ProviderKind::Aws,
+            PoolKind::Oci => ProviderKind::Oci,
+            PoolKind::Cluster => ProviderKind::Cluster,
+        };
+        catalog.upsert(CatalogPool {
+            pool: Pool {
+                name: p.name.clone(),
+                kind: kind as i32,
+                region: p.region.clone(),
+                zones: p.zones.clone(),
+                scale_out: if kind == ProviderKind::Cluster {
+                    ScaleOut::Fixed as i32
+                } else {
+                    ScaleOut::Elastic as i32
+                },
+                instance_types: p
+                    .instance_types
+                    .iter()
+                    .map(|t| InstanceType {
+                        instance_type: t.instance_type.clone(),
+                        capacity: t.capacity,
+                        cores: t.cores,
+                        capabilities: t.capabilities.clone(),
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+    }
+    catalog
+}
+
+async fn until(client: &ManagerClient, what: &str, test: impl Fn(&MirrorState) -> bool) {
+    client.wait_until(WAIT, test).await.unwrap_or_else(|e| {
+        panic!(
+            "waited for {what}: {e}; connection {:?}, jobs {:?}",
+            client.connection_state(),
+            client.mirror().read(|m| m.jobs.clone())
+        )
+    });
+}
+
+#[tokio::test]
+async fn the_operator_s_client_runs_over_the_published_api() {
+    let config = SimConfig::demo();
+    let sim = Sim::start(config.clone()).await.expect("sim");
+    let published =
+        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
+    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
+    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
+        .expect("client over the port");
+    client.wait_ready(WAIT).await.expect("first snapshot");
+
+    // The demo's physical nodes are the fixed pool's, with the capacity they declare.
+    let onprem = client.mirror().read(|m| {
+        m.nodes
+            .values()
+            .filter(|n| n.pool == "onprem")
+            .map(|n| {
+                let inv = n.inventory.clone().unwrap_or_default();
+                (n.node_id.clone(), n.zone.clone(), inv.capacity, inv.cores)
+            })
+            .collect::<Vec<_>>()
+    });
+    assert_eq!(onprem.len(), 4, "{onprem:?}");
+    assert!(onprem.contains(&("onprem-b2".to_owned(), "rack-b".to_owned(), 50.0, 16)));
+
+    // A node in an elastic pool: CreateAwsNode under the request's key, in a zone of the pool.
+    let node = client
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".to_owned(),
+            instance_type: "m5.2xlarge".to_owned(),
+            request_id: "automanager-key-1".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("create node");
+    assert_eq!(node.node_id, "automanager-key-1");
+    assert!(["eu-west-1a", "eu-west-1b"].contains(&node.zone.as_str()));
+    until(&client, "the node started with its inventory", |m| {
+        m.nodes.get("automanager-key-1").is_some_and(|n| {
+            n.state == NodeState::Started as i32
+                && n.inventory.as_ref().is_some_and(|i| i.capacity == 200.0)
+        })
+    })
+    .await;
+    // Asking again with the same key makes nothing new.
+    let again = client
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".to_owned(),
+            instance_type: "m5.2xlarge".to_owned(),
+            request_id: "automanager-key-1".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("repeat");
+    assert_eq!(again.node_id, "automanager-key-1");
+    let ours = published.with_mirror(|m| {
+        m.nodes
+            .values()
+            .filter(|n| tags::owned_by(&n.tags, OWNER))
+            .count()
+    });
+    assert_eq!(ours, 1);
+
+    // Another client's job in the same Manager, under an id that looks like ours.
+    published
+        .create_job(StoredJob {
+            job_id: Some(JobId {
+                job_id: "news/1/encode".to_owned(),
+            }),
+            tags: BTreeMap::from([(tags::OWNER.to_owned(), "someone-else".to_owned())]),
+            ..Default::default()
+        })
+        .await
+        .expect("a foreign job");
+
+    // A bundle becomes stored jobs; the model rebuilds it from their tags.
+    let bundle = Bundle {
+        bundle_id: "news".to_owned(),
+        replicas: 1,
+        jobs: vec![BundleJob {
+            job_name: "encode".to_owned(),
+            requirements: Some(JobRequirements {
+                required_capacity: 40.0,
+                required_cores: 8,
+                required_capabilities: vec!["gpu".to_owned()],
+                priority_band: "gold".to_owned(),
+            }),
+            config: br#"{"bitrate":6000}"#.to_vec(),
+        }],
+        ..Default::default()
+    };
+    let registered = client.register_bundle(bundle).await.expect("register");
+    assert_eq!(registered.job_ids, ["news/0/encode"]);
+    until(&client, "the bundle and its job", |m| {
+        m.bundles.get("news").is_some_and(|b| {
+            b.replicas == 1
+                && b.jobs[0].requirements.as_ref().is_some_and(|r| {
+                    r.required_capacity == 40.0
+                        && r.required_capabilities == ["gpu"]
+                        && r.priority_band == "gold"
+                })
+        }) && m.jobs.contains_key("news/0/encode")
+    })
+    .await;
+    let foreign_seen = client
+        .mirror()
+        .read(|m| m.jobs.contains_key("news/1/encode"));
+    assert!(!foreign_seen, "another client's job is not in the model");
+
+    // Start on the physical GPU node, then stop.
+    let job = client
+        .start_job("news/0/encode", "onprem-a2", JobRole::Normal)
+        .await
+        .expect("start");
+    assert_eq!(job.job_id, "news/0/encode");
+    until(&client, "the job running on onprem-a2", |m| {
+        m.jobs
+            .get("news/0/encode")
+            .is_some_and(|j| j.state == JobState::Running as i32 && j.node_id == "onprem-a2")
+    })
+    .await;
+
+    // A reconnect of the published stream: a whole new snapshot, and nothing changes.
+    let mut changes = client.subscribe();
+    assert_eq!(sim.cut_published_streams(), 1);
+    let resynced = tokio::time::timeout(WAIT, async {
+        let mut seen = Vec::new();
+        loop {
+            match changes.recv().await {
+                Ok(MirrorChange::Resynced { .. }) => return seen,
+                Ok(other) => seen.push(other),
+                Err(e) => panic!("change feed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a resync after the cut");
+    assert!(
+        resynced.is_empty(),
+        "a reconnect that changed nothing reports nothing: {resynced:?}"
+    );
+
+    client
+        .stop_job("news/0/encode", JobRole::Normal)
+        .await
+        .expect("stop");
+    until(&client, "the job stopped", |m| {
+        m.jobs
+            .get("news/0/encode")
+            .is_some_and(|j| j.state == JobState::Stopped as i32)
+    })
+    .await;
+
+    // What needs our extension says so.
+    let warm = client.stop_node("automanager-key-1").await;
+    assert!(
+        matches!(&warm, Err(ClientError::Rpc { code: tonic::Code::Unimplemented, message }) if message.contains("extension")),
+        "{warm:?}"
+    );
+
+    // Deleting the bundle deletes its stored jobs, and only those.
+    let removed = client.delete_bundle("news").await.expect("delete");
+    assert_eq!(removed, ["news/0/encode"]);
+    until(&client, "the bundle gone", |m| {
+        !m.bundles.contains_key("news") && !m.jobs.contains_key("news/0/encode")
+    })
+    .await;
+    let left = published.with_mirror(|m| m.jobs.keys().cloned().collect::<Vec<_>>());
+    assert_eq!(left, ["news/1/encode"], "the foreign job is untouched");
+
+    client
+        .terminate_node("automanager-key-1")
+        .await
+        .expect("terminate");
+    until(&client, "the node terminated", |m| {
+        m.nodes
+            .get("automanager-key-1")
+            .is_none_or(|n| n.state == NodeState::Terminated as i32)
+    })
+    .await;
+    client.close().await;
+    published.close().await;
+}
