@@ -266,6 +266,7 @@ pub fn cause(e: &(dyn std::error::Error + 'static)) -> String {
         // A timeout from the client's own layers says only "elapsed" or similar.
         if let Some(io) = err.downcast_ref::<std::io::Error>()
             && io.kind() == std::io::ErrorKind::TimedOut
+            && !text.contains("timed out")
         {
             text = format!("timed out ({text})");
         }
@@ -568,6 +569,40 @@ contexts:
             "{msg}"
         );
         assert!(msg.to_lowercase().contains("refused"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn an_apiserver_that_does_not_answer_in_time_is_named_with_its_context() {
+        // Accepts connections (the kernel's backlog) and never answers.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let server = format!("http://{}", silent.local_addr().expect("addr"));
+        let f = kubeconfig();
+        let path = f.path().to_str().expect("utf-8 path");
+        let c = load(&flags(&[
+            "--kubeconfig",
+            path,
+            "--server",
+            &server,
+            "--request-timeout",
+            "300ms",
+        ]))
+        .await
+        .expect("loads");
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(c.client().expect("client"));
+        let e = namespaces
+            .list(&Default::default())
+            .await
+            .expect_err("no answer");
+        let msg = api_error(&c.target, e).to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "cannot reach the apiserver at {server} (context kind-b): "
+            )),
+            "{msg}"
+        );
+        assert!(msg.contains("timed out"), "{msg}");
+        drop(silent);
     }
 
     #[test]
