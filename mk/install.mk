@@ -11,7 +11,7 @@ IMAGE_TAR = $(IMAGE_DIR)/automanager-operator-$(VERSION).oci.tar
 CHART = deploy/helm/automanager
 INSTALL_TOOLS = helm kstatus argo-health oci-image dockerfile-config kube-score kubeconform
 
-.PHONY: static sbom image install-tools helm-lint test-install lint-install
+.PHONY: static sbom image install-tools helm-lint test-install test-install-k8s-second lint-install
 
 static: ## statically linked automanager-operator and manager-sim (release, +crt-static; ~7-15 min cold)
 	@echo "==> cargo build --release --target $(STATIC_TARGET) (static: +crt-static)"
@@ -59,6 +59,17 @@ test-install: control-plane install-tools image ## the install suites (image, ch
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" AUTOMANAGER_IMAGE="$(CURDIR)/$(IMAGE_TAR)" \
 	  $(CARGO) test -p automanager-e2e --features install \
 	  --test install_image --test install_chart --test install_operator --no-fail-fast
+	@$(MAKE) --no-print-directory test-install-k8s-second
+
+# The other Kubernetes minor of the support matrix (docs/install.md#supported-kubernetes): one
+# test, the chart installed, the operator ready under its ServiceAccount over two watched
+# namespaces and their Bundles placed, against that release's own control plane.
+K8S_SECOND_RELEASE = v1.34.4
+test-install-k8s-second: install-tools ## the install suite's core test against Kubernetes v1.34.4 (its control plane built once, ~4 min cold, then cached)
+	@echo "==> install_chart's core test against Kubernetes $(K8S_SECOND_RELEASE)"
+	bin=$$(tools/control-plane/build.sh $(K8S_SECOND_RELEASE)) && AUTOMANAGER_K8S_BIN="$$bin" \
+	  $(CARGO) test -p automanager-e2e --features install --test install_chart -- --exact \
+	  the_operator_works_with_the_charts_rights_over_two_watched_namespaces --nocapture
 
 lint-install: ## clippy -D warnings on the install suites (they build only with --features install)
 	$(CARGO) clippy -p automanager-e2e --features install --all-targets -- -D warnings

@@ -1,17 +1,31 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kubectl of one Kubernetes release from the Go
-# modules pinned in this directory's go.mod/go.sum, into a cache outside the
+# Builds etcd, kube-apiserver and kubectl of one Kubernetes release from Go
+# modules pinned in a go.mod/go.sum (this directory's for the default release,
+# v1.35.4; <release>/ for each other release tested), into a cache outside the
 # checkout keyed by release. A warm cache is reused as-is (a stamp file records
 # the go.sum it was built from).
 #
-# Usage: tools/control-plane/build.sh        # prints the bin directory on stdout
+# Usage: tools/control-plane/build.sh [RELEASE]   # prints the bin directory on stdout
+#        tools/control-plane/build.sh v1.34.4
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-release=v1.35.4
+default_release=v1.35.4
+release=${1:-$default_release}
+if [ "$release" = "$default_release" ]; then
+  mod=$here
+else
+  mod=$here/$release
+fi
+if ! [[ "$release" =~ ^v1\.([0-9]+)\.[0-9]+$ ]] || [ ! -f "$mod/go.mod" ]; then
+  echo "[control-plane] no module for release '$release': the releases built here are" \
+    "$default_release and those with a folder under tools/control-plane/" >&2
+  exit 2
+fi
+minor=${BASH_REMATCH[1]}
 cache=${AUTOMANAGER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/automanager}
 bin=$cache/k8s-$release/bin
 stamp=$bin/.built-from
-want=$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha256sum | cut -d' ' -f1)
+want=$(cat "$mod/go.mod" "$mod/go.sum" "$here/build.sh" | sha256sum | cut -d' ' -f1)
 
 if [ -x "$bin/etcd" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] \
   && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
@@ -27,11 +41,11 @@ say "a cold build takes ~4 minutes on 2 cores (≈550 MB module cache, ≈2.5 GB
 ver_pkgs=(k8s.io/component-base/version k8s.io/client-go/pkg/version)
 ldflags="-s -w"
 for p in "${ver_pkgs[@]}"; do
-  ldflags+=" -X $p.gitVersion=$release -X $p.gitMajor=1 -X $p.gitMinor=35"
+  ldflags+=" -X $p.gitVersion=$release -X $p.gitMajor=1 -X $p.gitMinor=$minor"
   ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-cd "$here"
+cd "$mod"
 export GOFLAGS=-mod=readonly
 start=$(date +%s)
 say "downloading modules"

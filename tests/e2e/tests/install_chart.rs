@@ -2136,6 +2136,16 @@ async fn kubeconform_strict_finds_no_error_in_any_variant_or_example() {
 /// in no other and not across all namespaces; prints `namespaces_rbac=exact/watched`.
 async fn operator_with_the_charts_rights_over(watched: &[&str]) {
     let env = TestEnv::start().await.unwrap();
+    // The release under test (`AUTOMANAGER_K8S_BIN` picks it; `make test-install` runs this
+    // against each Kubernetes minor of docs/install.md#supported-kubernetes).
+    let version: Value =
+        serde_json::from_str(&kubectl_ok(&env, &["version", "-o", "json"]).await).unwrap();
+    println!(
+        "k8s_server={}",
+        version["serverVersion"]["gitVersion"]
+            .as_str()
+            .unwrap_or("unknown")
+    );
     let helm = Helm::on(&env).unwrap();
     let all = ["news", "sports", "weather"];
     for ns in all {
