@@ -38,7 +38,7 @@ manifest=$out/automanager.yaml
 # with the version and the tarball's sha256 filled in.
 {
   echo "# The krew manifest of kubectl-automanager $version, written by scripts/dist-plugin.sh."
-  grep -v '^#' deploy/plugin/automanager.krew.yaml \
+  grep -Ev '^[[:space:]]*#' deploy/plugin/automanager.krew.yaml \
     | sed -e "s/__VERSION__/$version/g" -e "s/__SHA256__/$sha/g"
 } > "$manifest"
 if grep -q '__[A-Z0-9]*__' "$manifest"; then

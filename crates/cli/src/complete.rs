@@ -308,13 +308,8 @@ async fn names(source: Source, g: &GlobalArgs, partial: &str) -> Result<(Names, 
     use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Api, ListParams};
 
-    if let Some(kind) = match source {
-        Source::Contexts => Some(0),
-        Source::Clusters => Some(1),
-        Source::Users => Some(2),
-        _ => None,
-    } {
-        return Ok((kubeconfig_names(g, kind)?, 0));
+    if matches!(source, Source::Contexts | Source::Clusters | Source::Users) {
+        return Ok((kubeconfig_names(g, source)?, 0));
     }
     let conn = crate::connect::load(g).await?;
     let client = conn.client()?;
@@ -417,15 +412,15 @@ pub fn job_refs(bundle: &str, replicas: u32, jobs: &[&str], partial: &str) -> (N
     (names, 0)
 }
 
-/// Context (0), cluster (1) or user (2) names of the kubeconfig, read by kube's loader.
-fn kubeconfig_names(g: &GlobalArgs, kind: u8) -> Result<Names, CliError> {
+/// Context, cluster or user names of the kubeconfig, read by kube's loader.
+fn kubeconfig_names(g: &GlobalArgs, source: Source) -> Result<Names, CliError> {
     let kc = match &g.kubeconfig {
         Some(path) => kube::config::Kubeconfig::read_from(path),
         None => kube::config::Kubeconfig::read(),
     }
     .map_err(|e| CliError::Kubeconfig(crate::connect::cause(&e)))?;
-    Ok(match kind {
-        0 => kc
+    Ok(match source {
+        Source::Contexts => kc
             .contexts
             .into_iter()
             .map(|c| {
@@ -439,7 +434,7 @@ fn kubeconfig_names(g: &GlobalArgs, kind: u8) -> Result<Names, CliError> {
                 (c.name, about)
             })
             .collect(),
-        1 => kc
+        Source::Clusters => kc
             .clusters
             .into_iter()
             .map(|c| {
