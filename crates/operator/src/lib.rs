@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod model;
 pub mod probe;
 pub mod process_metrics;
+pub mod published_catalog;
 pub mod runtime;
 pub mod settings;
 pub mod state;

@@ -10,6 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use manager_proto::api::manager::AwsLaunchTemplate;
 use manager_proto::{InstanceType, Pool, ProviderKind};
+use tokio::sync::watch;
 
 /// What a zone of a pool launches its nodes with.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,8 +57,17 @@ impl CatalogPool {
 }
 
 /// The pools, shared (cheap to clone).
-#[derive(Debug, Clone, Default)]
-pub struct PoolCatalog(Arc<RwLock<BTreeMap<String, CatalogPool>>>);
+#[derive(Debug, Clone)]
+pub struct PoolCatalog(
+    Arc<RwLock<BTreeMap<String, CatalogPool>>>,
+    Arc<watch::Sender<u64>>,
+);
+
+impl Default for PoolCatalog {
+    fn default() -> Self {
+        PoolCatalog(Arc::default(), Arc::new(watch::Sender::new(0)))
+    }
+}
 
 impl PoolCatalog {
     /// An empty catalog.
@@ -68,13 +78,23 @@ impl PoolCatalog {
     /// Adds or replaces a pool.
     pub fn upsert(&self, pool: CatalogPool) {
         let mut pools = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        pools.insert(pool.pool.name.clone(), pool);
+        if pools.get(&pool.pool.name) != Some(&pool) {
+            pools.insert(pool.pool.name.clone(), pool);
+            self.1.send_modify(|v| *v += 1);
+        }
     }
 
     /// Forgets a pool.
     pub fn remove(&self, name: &str) {
         let mut pools = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        pools.remove(name);
+        if pools.remove(name).is_some() {
+            self.1.send_modify(|v| *v += 1);
+        }
+    }
+
+    /// Changes each time a pool is added, changed or removed.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.1.subscribe()
     }
 
     /// The pool named `name`.

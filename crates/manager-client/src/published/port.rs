@@ -646,6 +646,7 @@ impl Feed {
 
     async fn run(self, req: WatchRequest, tx: Sink) {
         let mut state = self.client.state();
+        let mut pools = self.catalog.changes();
         // Subscribe before reading, so no change falls between the snapshot and the feed.
         let mut changes = self.client.subscribe();
         let closed = state
@@ -664,6 +665,7 @@ impl Feed {
             changes.try_recv(),
             Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed)
         ) {}
+        pools.mark_unchanged();
         let mut held = self.model();
         // Every snapshot has a revision of its own, newer than any event before it.
         let revision = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
@@ -704,6 +706,9 @@ impl Feed {
             let next = tokio::select! {
                 c = changes.recv() => Some(c),
                 _ = async { state.wait_for(|s| *s != ConnectionState::Ready).await.map(drop) } => None,
+                // Which nodes are ours, and their capacity, follow the pools: a new snapshot
+                // carries what a pool change changed.
+                _ = pools.changed() => None,
                 () = tokio::time::sleep(beat), if req.heartbeat_interval_ms > 0 => {
                     let hb = Heartbeat { epoch: self.epoch.clone(), revision: self.revision.load(Ordering::SeqCst) };
                     if tx.send(Ok(WatchResponse { kind: Some(watch_response::Kind::Heartbeat(hb)) })).await.is_err() {

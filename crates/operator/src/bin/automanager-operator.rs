@@ -458,12 +458,17 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         .manager
         .client_config()
         .map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
-    let Some(manager) = unless_stopped(
-        stopped(),
-        manager_client::ManagerClient::connect(manager_config),
-    )
-    .await
-    else {
+    let connect = async {
+        match config.manager.api {
+            automanager_operator::config::ManagerApi::V1 => {
+                manager_client::ManagerClient::connect(manager_config).await
+            }
+            automanager_operator::config::ManagerApi::Published => {
+                published_port(&config.manager, manager_config, client.clone())
+            }
+        }
+    };
+    let Some(manager) = unless_stopped(stopped(), connect).await else {
         let _ = election.task.await;
         return Ok(ExitCode::SUCCESS);
     };
@@ -602,4 +607,25 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         let _ = tokio::task::spawn_blocking(move || debug_server.join()).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The client over Manager's published API: its own connection and mirror, the pool catalog
+/// kept from the PlacementPools, and the port that carries the operator's calls over them.
+fn published_port(
+    settings: &automanager_operator::config::ManagerConfig,
+    connection: manager_client::ClientConfig,
+    kube: kube::Client,
+) -> Result<manager_client::ManagerClient, manager_client::ClientError> {
+    use manager_client::published::{PoolCatalog, PublishedClient, PublishedConfig, PublishedPort};
+    let mut published = PublishedConfig::new(connection.endpoint.clone());
+    published.connection = connection.clone();
+    let client = std::sync::Arc::new(PublishedClient::connect(published)?);
+    let catalog = PoolCatalog::new();
+    tokio::spawn(automanager_operator::published_catalog::follow_pools(
+        kube,
+        catalog.clone(),
+    ));
+    tracing::info!(owner = %settings.owner, "speaking Manager's published API");
+    let port = PublishedPort::new(client, catalog, settings.owner.clone());
+    manager_client::ManagerClient::over(std::sync::Arc::new(port), &connection)
 }

@@ -148,10 +148,32 @@ pub struct TlsConfig {
     pub domain: Option<String>,
 }
 
+/// Which of Manager's APIs the operator speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ManagerApi {
+    /// Our own first API (`norsk.manager.v1`), which manager-sim serves with every feature.
+    #[default]
+    V1,
+    /// Manager's published API (`norsk.api.manager` 1.0.384): nodes and jobs under our tags,
+    /// pools from the PlacementPools; warm spares and the migration handshake are not served.
+    Published,
+}
+
 /// How to reach Manager.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct ManagerConfig {
+    /// Which API to speak: `v1` (ours) or `published` (Manager's own).
+    pub api: ManagerApi,
+    /// With `published`: the value of the `automanager.norsk.io/owner` tag on every node and
+    /// job this installation creates. Only objects with it are ever stopped, deleted or counted
+    /// as ours, so installations sharing one Manager must each have their own.
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
+    )]
+    pub owner: String,
     /// Manager's gRPC address, `http://host:port` or `https://host:port` (a trailing `/` is
     /// allowed; no path), or a bare `host:port` as the TypeScript library takes it: TLS when
     /// `tls` is set, plaintext otherwise. Required, here or with `--manager-url`.
@@ -204,6 +226,8 @@ impl Default for ManagerConfig {
     /// `url` is empty, which validation reports as missing.
     fn default() -> Self {
         ManagerConfig {
+            api: ManagerApi::V1,
+            owner: "automanager".to_owned(),
             url: String::new(),
             token_file: None,
             tls: None,

@@ -1,0 +1,139 @@
+//! The operator speaking Manager's published API (`manager.api: published`) end to end: the
+//! real apiserver, the manager-sim binary serving `norsk.api.manager.Manager`, the operator
+//! binary, and the examples applied with kubectl. Every node and job the operator makes in
+//! Manager carries its owner tag, jobs run under the `primary` role, and another client's job
+//! in the same Manager is never touched.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use automanager_api::{Bundle, JobState};
+use automanager_e2e::examples_dir;
+use automanager_e2e::scenario::{BundleView, show};
+use automanager_e2e::stack::Stack;
+use manager_client::proto::api::common::JobId;
+use manager_client::proto::api::manager::Job;
+use manager_client::published::{InstancePhase, PublishedClient, PublishedConfig, tags};
+
+const OWNER: &str = "e2e-published";
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_touched() {
+    let stack = Stack::start_with(|c| {
+        c.insert(
+            "manager".into(),
+            serde_json::json!({"url": c["manager"]["url"], "api": "published", "owner": OWNER}),
+        );
+    })
+    .await
+    .expect("stack");
+
+    // Another client of the same Manager, with a job under an id the operator would choose.
+    let other = PublishedClient::connect(PublishedConfig::new(stack.sim_endpoint.clone()))
+        .expect("another client");
+    other.wait_ready(WAIT).await.expect("its snapshot");
+    other
+        .create_job(Job {
+            job_id: Some(JobId {
+                job_id: "default.news-gold/0/encode".to_owned(),
+            }),
+            tags: BTreeMap::from([(tags::OWNER.to_owned(), "someone-else".to_owned())]),
+            ..Default::default()
+        })
+        .await
+        .expect("a foreign job");
+
+    let out = stack.env.apply_file(examples_dir()).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for name in ["my-channel-1", "sports-silver", "preview-bronze"] {
+        stack.expect_ready(name).await;
+    }
+    let b = stack.bundle("my-channel-1").await;
+    assert_eq!(b.placed_replicas(), 2, "{}", show(&b));
+    assert_eq!(b.pool_of(0, "encode"), Some("aws-east"), "{}", show(&b));
+    assert_eq!(b.pool_of(1, "encode"), Some("oci-fra"), "{}", show(&b));
+    for r in 0..2 {
+        assert_eq!(b.state_of(r, "encode"), Some(JobState::Running));
+        assert_eq!(b.node_of(r, "package"), b.node_of(r, "encode"));
+    }
+    // news-gold's first job would take the other client's id: it is refused, and says why,
+    // rather than adopting or replacing that job.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let g = stack.bundle("news-gold").await;
+        let said = g.status.as_ref().is_some_and(|st| {
+            st.conditions
+                .iter()
+                .any(|c| c.message.contains("not this installation's"))
+        });
+        if said {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", show(&g));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let s = stack.bundle("sports-silver").await;
+    assert_eq!(s.pool_of(0, "ingest"), Some("onprem"), "{}", show(&s));
+
+    // What Manager holds: the operator's nodes and jobs under its owner tag, each placed job
+    // running under the role `primary` on the node the Bundle names.
+    let encode_node = b.node_of(0, "encode").unwrap().to_owned();
+    let (ours, foreign_nodes, primary_on_node) = other.with_mirror(|m| {
+        let ours = m
+            .jobs
+            .values()
+            .filter(|j| tags::owned_by(j.tags(), OWNER))
+            .count();
+        let foreign_nodes = m
+            .nodes
+            .values()
+            .filter(|n| !n.physical && !tags::owned_by(&n.tags, OWNER))
+            .count();
+        let primary = m.jobs.values().any(|j| {
+            tags::owned_by(j.tags(), OWNER)
+                && j.instances
+                    .get(tags::ROLE_NORMAL)
+                    .is_some_and(|i| i.node_id == encode_node && i.phase == InstancePhase::Running)
+        });
+        (ours, foreign_nodes, primary)
+    });
+    assert!(
+        ours >= 5,
+        "the examples' jobs are stored jobs of ours ({ours})"
+    );
+    assert_eq!(
+        foreign_nodes, 0,
+        "every node the operator made carries its owner tag"
+    );
+    assert!(primary_on_node, "a primary instance on {encode_node}");
+
+    // Deleting a Bundle deletes its stored jobs, and never the other client's.
+    stack.delete::<Bundle>("news-gold").await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (gone, foreign_kept) = other.with_mirror(|m| {
+            (
+                !m.jobs.values().any(|j| {
+                    tags::owned_by(j.tags(), OWNER)
+                        && j.tags()
+                            .get(tags::BUNDLE)
+                            .is_some_and(|b| b.ends_with("news-gold"))
+                }),
+                m.jobs.contains_key("default.news-gold/0/encode"),
+            )
+        });
+        assert!(foreign_kept, "the other client's job is never deleted");
+        if gone {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "news-gold's stored jobs were not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    other.close().await;
+}
