@@ -99,7 +99,8 @@ pub enum UnplaceableReason {
     /// No node in any pool can host this job (with the jobs it must share a node with);
     /// `reason` is the most common rejection in the first pool that was tried.
     NoNodeFits { reason: Option<RejectReason> },
-    /// This job would fit, but `blockingJob` cannot, and a replica is placed whole or not at all.
+    /// This job would fit, but `blockingJob` cannot, and a replica is placed whole or not at all
+    /// (in one pool, or split across pools when no single pool can take it).
     ReplicaIncomplete { blocking_job: String },
 }
 
@@ -327,11 +328,31 @@ pub struct PoolAttempt {
     pub last_resort: bool,
 }
 
+/// Where one job of a replica split across pools went, and why it left the pools before.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobPoolTrace {
+    pub job_name: String,
+    /// The pool the job was placed in (or, for a `Provision`, the pool asked for a node).
+    pub pool: String,
+    /// The pools tried for the job's unit (the job and the jobs it shares a node with), in
+    /// order: each one left with its reason and rejections (`failedJob` names the unit's first
+    /// job), then the one that took it.
+    pub pools_tried: Vec<PoolAttempt>,
+}
+
 /// The full trace, for tools (`what-if`, the operator's trace endpoint).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Trace {
+    /// The pools tried for the whole replica. When the replica was split across pools these
+    /// are all left (no single pool could take it) and `jobs` says where each job went.
     pub pools: Vec<PoolAttempt>,
+    /// Set only when no single pool could take the replica and its jobs were placed pool by
+    /// pool: one entry per job placed (or, for a `Provision`, per job placed so far and the
+    /// jobs the new node is for). Empty: every job is in the outcome's pool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub jobs: Vec<JobPoolTrace>,
     /// Soft rules the decision could not honour (a rebalance may fix them later).
     pub broken_soft_rules: Vec<SoftRule>,
     /// One sentence for people.
@@ -380,6 +401,59 @@ pub struct TraceSummary {
 }
 
 impl Decision {
+    /// The pool `job` was placed in (or is waiting on a new node in): its own pool when the
+    /// replica was split across pools, else the outcome's pool.
+    pub fn pool_of(&self, job: &str) -> Option<&str> {
+        if let Some(j) = self.trace.jobs.iter().find(|j| j.job_name == job) {
+            return Some(&j.pool);
+        }
+        match &self.outcome {
+            Outcome::Placed { pool, assignments } => assignments
+                .iter()
+                .any(|a| a.job_name == job)
+                .then_some(pool.as_str()),
+            Outcome::Provision { pool, .. } => Some(pool),
+            Outcome::Unplaceable { .. } => None,
+        }
+    }
+
+    /// Whether the replica's jobs were placed in more than one pool.
+    pub fn is_split(&self) -> bool {
+        let mut pools = self.trace.jobs.iter().map(|j| &j.pool);
+        pools.next().is_some_and(|first| pools.any(|p| p != first))
+    }
+
+    /// The bounded trace for one job: as [`Decision::summary`], but when the replica was split
+    /// across pools, the pool, node and pools tried are the job's own.
+    pub fn summary_for_job(&self, job: &str) -> TraceSummary {
+        let mut s = self.summary();
+        let Some(j) = self.trace.jobs.iter().find(|j| j.job_name == job) else {
+            return s;
+        };
+        s.pool = Some(j.pool.clone());
+        if let Outcome::Placed { assignments, .. } = &self.outcome
+            && let Some(a) = assignments.iter().find(|a| a.job_name == job)
+        {
+            s.chosen_node = Some(a.node.clone());
+            s.chosen_tier = Some(a.score.tier);
+        }
+        s.pools_tried = j
+            .pools_tried
+            .iter()
+            .take(SUMMARY_MAX_POOLS)
+            .map(|p| PoolTry {
+                pool: p.pool.clone(),
+                outcome: p.outcome,
+                reason: p.reason,
+                last_resort: p.last_resort,
+            })
+            .collect();
+        s.pools_omitted = u32::try_from(j.pools_tried.len().saturating_sub(SUMMARY_MAX_POOLS))
+            .unwrap_or(u32::MAX);
+        s.rejections = rejection_totals(&j.pools_tried);
+        s
+    }
+
     pub fn is_placed(&self) -> bool {
         matches!(self.outcome, Outcome::Placed { .. })
     }
@@ -432,24 +506,7 @@ impl Decision {
                 ),
                 Outcome::Unplaceable { .. } => (None, None, None, Vec::new(), 0, None),
             };
-        let mut totals = [0u64; RejectReason::ALL.len()];
-        for attempt in &self.trace.pools {
-            for r in &attempt.rejections {
-                if let Some(t) = totals.get_mut(r.reason.index()) {
-                    *t = t.saturating_add(r.count);
-                }
-            }
-        }
-        let mut rejections: Vec<RejectionCount> = RejectReason::ALL
-            .iter()
-            .zip(totals)
-            .filter(|(_, c)| *c > 0)
-            .map(|(r, c)| RejectionCount {
-                reason: *r,
-                count: c,
-            })
-            .collect();
-        rejections.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+        let rejections = rejection_totals(&self.trace.pools);
         let pools_tried = self
             .trace
             .pools
@@ -479,6 +536,29 @@ impl Decision {
             message: truncate_chars(&self.trace.message, SUMMARY_MAX_MESSAGE),
         }
     }
+}
+
+/// Rejections summed over pool attempts, at most one entry per reason, largest first.
+fn rejection_totals(attempts: &[PoolAttempt]) -> Vec<RejectionCount> {
+    let mut totals = [0u64; RejectReason::ALL.len()];
+    for attempt in attempts {
+        for r in &attempt.rejections {
+            if let Some(t) = totals.get_mut(r.reason.index()) {
+                *t = t.saturating_add(r.count);
+            }
+        }
+    }
+    let mut rejections: Vec<RejectionCount> = RejectReason::ALL
+        .iter()
+        .zip(totals)
+        .filter(|(_, c)| *c > 0)
+        .map(|(r, c)| RejectionCount {
+            reason: *r,
+            count: c,
+        })
+        .collect();
+    rejections.sort_by(|a, b| b.count.cmp(&a.count).then(a.reason.cmp(&b.reason)));
+    rejections
 }
 
 pub(crate) fn truncate_chars(s: &str, max: usize) -> String {

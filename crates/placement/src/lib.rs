@@ -112,9 +112,10 @@ mod validate;
 mod tests;
 
 pub use decision::{
-    Assignment, Decision, JobUnplaceable, NodeScore, Outcome, OutcomeKind, PoolAttempt,
-    PoolLeftReason, PoolOutcome, PoolTry, RejectReason, RejectionCount, SUMMARY_MAX_MESSAGE,
-    SUMMARY_MAX_NODES, SUMMARY_MAX_POOLS, SoftRule, Tier, Trace, TraceSummary, UnplaceableReason,
+    Assignment, Decision, JobPoolTrace, JobUnplaceable, NodeScore, Outcome, OutcomeKind,
+    PoolAttempt, PoolLeftReason, PoolOutcome, PoolTry, RejectReason, RejectionCount,
+    SUMMARY_MAX_MESSAGE, SUMMARY_MAX_NODES, SUMMARY_MAX_POOLS, SoftRule, Tier, Trace, TraceSummary,
+    UnplaceableReason,
 };
 pub use engine::{
     CommitError, Engine, InputError, JobKey, MAX_CAPACITY, MAX_CORES, NodeView, NumberProblem,

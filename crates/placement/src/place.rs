@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::decision::{
-    Assignment, Decision, JobUnplaceable, NodeScore, Outcome, OutcomeKind, PoolAttempt,
-    PoolLeftReason, PoolOutcome, RejectReason, RejectionCount, SoftRule, Tier, Trace,
+    Assignment, Decision, JobPoolTrace, JobUnplaceable, NodeScore, Outcome, OutcomeKind,
+    PoolAttempt, PoolLeftReason, PoolOutcome, RejectReason, RejectionCount, SoftRule, Tier, Trace,
     UnplaceableReason, strongest,
 };
 use crate::engine::{
@@ -131,6 +131,7 @@ fn unplaceable(
         Outcome::Unplaceable { jobs },
         Trace {
             pools,
+            jobs: Vec::new(),
             broken_soft_rules: Vec::new(),
             message,
         },
@@ -142,17 +143,66 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
         Ok(p) => p,
         Err((jobs, message)) => return unplaceable(req, jobs, Vec::new(), message),
     };
+    let whole = place_whole(e, s, req, &prepared, now);
+    // The whole replica in one pool comes first, so a replica some pool can take lands exactly
+    // as it always did; only one no pool can take is split, unit by unit.
+    if whole.kind() != OutcomeKind::Unplaceable || prepared.groups.len() < 2 {
+        return whole;
+    }
+    let degraded = degraded_zones(e, req);
+    if let Some(d) = place_split(e, s, req, &prepared, &degraded, &whole, now) {
+        return d;
+    }
+    if !degraded.is_empty()
+        && let Some(mut d) = place_split(e, s, req, &prepared, &HashMap::new(), &whole, now)
+    {
+        for p in d.trace.pools.iter_mut().chain(
+            d.trace
+                .jobs
+                .iter_mut()
+                .flat_map(|j| j.pools_tried.iter_mut()),
+        ) {
+            p.last_resort = true;
+        }
+        d.trace.message.push_str(&format!(
+            "; last resort: on nodes of degraded zone {}, as nothing outside degraded zones could take the replica",
+            degraded_names(e, &degraded).join(", ")
+        ));
+        return d;
+    }
+    whole
+}
+
+/// The placement the engine made before replicas could be split: the whole replica in the
+/// first pool that takes it (kept callable so tests compare against it).
+#[cfg(test)]
+pub(crate) fn place_whole_replica(e: &Engine, req: &PlacementRequest, now: u64) -> Decision {
+    match prepare(e, req) {
+        Ok(p) => place_whole(e, &crate::search::Fast, req, &p, now),
+        Err((jobs, message)) => unplaceable(req, jobs, Vec::new(), message),
+    }
+}
+
+/// The whole replica in one pool: the first pool of the list whose nodes (or one new node)
+/// take every group.
+fn place_whole<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    now: u64,
+) -> Decision {
     let degraded = degraded_zones(e, req);
     if degraded.is_empty() {
-        return place_in_pools(e, s, req, &prepared, &degraded, now);
+        return place_in_pools(e, s, req, prepared, &degraded, now);
     }
     // A degraded zone is losing its nodes: its survivors are the last place to put a replica,
     // after every other zone and pool (a new node elsewhere included).
-    let first = place_in_pools(e, s, req, &prepared, &degraded, now);
+    let first = place_in_pools(e, s, req, prepared, &degraded, now);
     if first.kind() != OutcomeKind::Unplaceable {
         return first;
     }
-    let mut last = place_in_pools(e, s, req, &prepared, &HashMap::new(), now);
+    let mut last = place_in_pools(e, s, req, prepared, &HashMap::new(), now);
     if last.kind() == OutcomeKind::Unplaceable {
         return last;
     }
@@ -306,6 +356,7 @@ fn place_in_pools<S: Searcher>(
                         },
                         Trace {
                             pools: pools_tried,
+                            jobs: Vec::new(),
                             broken_soft_rules: broken.into_iter().collect(),
                             message,
                         },
@@ -418,8 +469,59 @@ fn placed(
     a: Attempt,
     pools: Vec<PoolAttempt>,
 ) -> Decision {
+    let assignments = assignments_of(e, req, prepared, &a.landings);
+    let mut nodes: Vec<&str> = Vec::new();
+    for a in &assignments {
+        if !nodes.contains(&a.node.as_str()) {
+            nodes.push(&a.node);
+        }
+    }
+    let mut message = format!(
+        "placed {} job(s) in pool {pool} on {}",
+        assignments.len(),
+        list_nodes(&nodes)
+    );
+    if !a.broken.is_empty() {
+        let rules: Vec<&str> = a.broken.iter().map(|r| r.as_str()).collect();
+        message.push_str(&format!("; soft rules not honoured: {}", rules.join(", ")));
+    }
+    decision(
+        req,
+        Outcome::Placed {
+            pool: pool.to_owned(),
+            assignments,
+        },
+        Trace {
+            pools,
+            jobs: Vec::new(),
+            broken_soft_rules: a.broken.into_iter().collect(),
+            message,
+        },
+    )
+}
+
+/// At most four node names, then how many more.
+fn list_nodes(nodes: &[&str]) -> String {
+    format!(
+        "{}{}",
+        nodes.iter().take(4).copied().collect::<Vec<_>>().join(", "),
+        if nodes.len() > 4 {
+            format!(" and {} more", nodes.len() - 4)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// One assignment per job of the landed groups, in request order.
+fn assignments_of(
+    e: &Engine,
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    landings: &[Option<Landing>],
+) -> Vec<Assignment> {
     let mut per_job: Vec<Option<Assignment>> = vec![None; req.jobs.len()];
-    for (g, landing) in prepared.groups.iter().zip(&a.landings) {
+    for (g, landing) in prepared.groups.iter().zip(landings) {
         let Some(l) = landing else { continue };
         let after_cap = l.cand.free.saturating_sub(g.need.cap);
         let after_cores = l.cand.cores.saturating_sub(g.need.cores);
@@ -442,39 +544,7 @@ fn placed(
             }
         }
     }
-    let assignments: Vec<Assignment> = per_job.into_iter().flatten().collect();
-    let mut nodes: Vec<&str> = Vec::new();
-    for a in &assignments {
-        if !nodes.contains(&a.node.as_str()) {
-            nodes.push(&a.node);
-        }
-    }
-    let mut message = format!(
-        "placed {} job(s) in pool {pool} on {}{}",
-        assignments.len(),
-        nodes.iter().take(4).copied().collect::<Vec<_>>().join(", "),
-        if nodes.len() > 4 {
-            format!(" and {} more", nodes.len() - 4)
-        } else {
-            String::new()
-        }
-    );
-    if !a.broken.is_empty() {
-        let rules: Vec<&str> = a.broken.iter().map(|r| r.as_str()).collect();
-        message.push_str(&format!("; soft rules not honoured: {}", rules.join(", ")));
-    }
-    decision(
-        req,
-        Outcome::Placed {
-            pool: pool.to_owned(),
-            assignments,
-        },
-        Trace {
-            pools,
-            broken_soft_rules: a.broken.into_iter().collect(),
-            message,
-        },
-    )
+    per_job.into_iter().flatten().collect()
 }
 
 /// Validates the request and turns its jobs into groups. On error: one reason per job.
@@ -891,86 +961,127 @@ fn attempt<S: Searcher>(
     avoid: &[ZoneId],
     now: u64,
 ) -> Result<Attempt, Failure> {
-    let Some(state) = e.pool(pool) else {
+    if e.pool(pool).is_none() {
         return Err(Failure {
             group: 0,
             rules: Vec::new(),
             overlay: Overlay::default(),
         });
-    };
-    let strategy = state.strategy;
+    }
     let mut overlay = Overlay::default();
     let mut landings: Vec<Option<Landing>> = vec![None; p.groups.len()];
     let mut broken = BTreeSet::new();
-    for (gi, g) in p.groups.iter().enumerate() {
-        let (mut hard, soft) = rules_for(req, p, gi, &landings);
-        if !avoid.is_empty() {
-            hard.insert(
-                0,
-                Rule {
-                    reason: RejectReason::ZoneDegraded,
-                    cons: Cons::ZoneNotIn(avoid.to_vec()),
-                },
-            );
+    for gi in 0..p.groups.len() {
+        let at = GroupAt {
+            pool,
+            virt,
+            avoid,
+            now,
+        };
+        let l = match place_group(e, s, req, p, gi, &at, &landings, &overlay, &mut broken) {
+            Ok(l) => l,
+            Err(hard) => {
+                return Err(Failure {
+                    group: gi,
+                    rules: hard,
+                    overlay,
+                });
+            }
+        };
+        if let Some(g) = p.groups.get(gi) {
+            overlay.add(l.cand.node, g.need.cap, g.need.cores);
         }
-        let tier_list = tiers(req.kind, g.need.band);
-        let find = |rules: &[Rule], overlay: &Overlay| -> Option<Landing> {
-            for readiness in [Readiness::Ready, Readiness::Pending] {
-                for tier in tier_list {
-                    let q = Query {
-                        pool,
-                        strategy,
-                        need: &g.need,
-                        rules,
-                        tier: Some(tier),
-                        readiness,
-                        overlay,
-                        virt,
-                        now,
-                        kind: req.kind,
-                    };
-                    if let Some(c) = s.best(e, &q) {
-                        return Some(landing_of(e, c, virt, readiness));
-                    }
-                }
-            }
-            None
-        };
-        let mut all = hard.clone();
-        all.extend(soft.iter().map(|(_, r)| r.clone()));
-        let found = match find(&all, &overlay) {
-            Some(l) => Some(l),
-            None if soft.is_empty() => None,
-            None => {
-                // Keep each soft rule, most important first, while some node still honours it.
-                let mut kept = hard.clone();
-                let mut last = None;
-                for (name, rule) in &soft {
-                    kept.push(rule.clone());
-                    match find(&kept, &overlay) {
-                        Some(l) => last = Some(l),
-                        None => {
-                            kept.pop();
-                            broken.insert(*name);
-                        }
-                    }
-                }
-                last.or_else(|| find(&kept, &overlay))
-            }
-        };
-        let Some(l) = found else {
-            return Err(Failure {
-                group: gi,
-                rules: hard,
-                overlay,
-            });
-        };
-        overlay.add(l.cand.node, g.need.cap, g.need.cores);
         if let Some(slot) = landings.get_mut(gi) {
             *slot = Some(l);
         }
     }
     Ok(Attempt { landings, broken })
+}
+
+/// Where one group is being tried: a pool, maybe with one simulated new node, and the zones
+/// of that pool to avoid.
+struct GroupAt<'a> {
+    pool: PoolIdx,
+    virt: Option<&'a VirtualNode>,
+    avoid: &'a [ZoneId],
+    now: u64,
+}
+
+/// The best node of one pool for one group, given where the replica's other groups landed
+/// (in this pool or, for a split replica, in others). Soft rules given up go to `broken`. On
+/// failure: the hard rules the group was checked against.
+#[allow(clippy::too_many_arguments)]
+fn place_group<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    p: &Prepared,
+    gi: usize,
+    at: &GroupAt<'_>,
+    landings: &[Option<Landing>],
+    overlay: &Overlay,
+    broken: &mut BTreeSet<SoftRule>,
+) -> Result<Landing, Vec<Rule>> {
+    let (Some(state), Some(g)) = (e.pool(at.pool), p.groups.get(gi)) else {
+        return Err(Vec::new());
+    };
+    let strategy = state.strategy;
+    let (mut hard, soft) = rules_for(req, p, gi, landings);
+    if !at.avoid.is_empty() {
+        hard.insert(
+            0,
+            Rule {
+                reason: RejectReason::ZoneDegraded,
+                cons: Cons::ZoneNotIn(at.avoid.to_vec()),
+            },
+        );
+    }
+    let tier_list = tiers(req.kind, g.need.band);
+    let find = |rules: &[Rule]| -> Option<Landing> {
+        for readiness in [Readiness::Ready, Readiness::Pending] {
+            for tier in tier_list {
+                let q = Query {
+                    pool: at.pool,
+                    strategy,
+                    need: &g.need,
+                    rules,
+                    tier: Some(tier),
+                    readiness,
+                    overlay,
+                    virt: at.virt,
+                    now: at.now,
+                    kind: req.kind,
+                };
+                if let Some(c) = s.best(e, &q) {
+                    return Some(landing_of(e, c, at.virt, readiness));
+                }
+            }
+        }
+        None
+    };
+    let mut all = hard.clone();
+    all.extend(soft.iter().map(|(_, r)| r.clone()));
+    let found = match find(&all) {
+        Some(l) => Some(l),
+        None if soft.is_empty() => None,
+        None => {
+            // Keep each soft rule, most important first, while some node still honours it.
+            let mut kept = hard.clone();
+            let mut last = None;
+            for (name, rule) in &soft {
+                kept.push(rule.clone());
+                match find(&kept) {
+                    Some(l) => last = Some(l),
+                    None => {
+                        kept.pop();
+                        broken.insert(*name);
+                    }
+                }
+            }
+            last.or_else(|| find(&kept))
+        }
+    };
+    found.ok_or(hard)
 }
 
 fn landing_of(e: &Engine, c: Cand, virt: Option<&VirtualNode>, readiness: Readiness) -> Landing {
@@ -1026,6 +1137,286 @@ fn provision<S: Searcher>(
                 && best.as_ref().is_none_or(|(_, b)| a.broken.len() < b.len())
             {
                 best = Some((zone, a.broken));
+            }
+        }
+        if let Some((zone, broken)) = best {
+            return Some((t.name.clone(), e.zone_name(zone), broken));
+        }
+    }
+    None
+}
+
+/// Why a pool is skipped before any node is looked at, as in [`place_in_pools`].
+fn pool_skipped(
+    e: &Engine,
+    req: &PlacementRequest,
+    name: &str,
+    seen: &[&str],
+) -> Result<PoolIdx, PoolLeftReason> {
+    if seen.contains(&name) {
+        return Err(PoolLeftReason::Duplicate);
+    }
+    let Some(&pidx) = e.pool_by_name.get(name) else {
+        return Err(PoolLeftReason::UnknownPool);
+    };
+    let Some(pool) = e.pool(pidx) else {
+        return Err(PoolLeftReason::UnknownPool);
+    };
+    if pool.spec.terminating && req.kind != PlacementKind::Recovery {
+        return Err(PoolLeftReason::Terminating);
+    }
+    Ok(pidx)
+}
+
+/// A replica no single pool can take, placed unit by unit (a unit is a group: jobs that share
+/// a node), each unit falling through the pool list on its own, the replica's rules holding
+/// across pools (every unit is checked against where the others landed, whatever their pool).
+/// A unit no existing node of a pool takes may ask that pool for a new node (elastic, below
+/// `maxNodes`, not being deleted): the decision is then `Provision`, and the next placement
+/// counts the starting node. `None` when some unit fits in no pool: the replica stays all or
+/// nothing.
+#[allow(clippy::too_many_arguments)]
+fn place_split<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    avoid: &HashMap<PoolIdx, Vec<ZoneId>>,
+    whole: &Decision,
+    now: u64,
+) -> Option<Decision> {
+    let mut landings: Vec<Option<Landing>> = vec![None; prepared.groups.len()];
+    let mut pool_of: Vec<Option<(usize, &str)>> = vec![None; prepared.groups.len()];
+    let mut trails: Vec<Vec<PoolAttempt>> = vec![Vec::new(); prepared.groups.len()];
+    let mut overlay = Overlay::default();
+    let mut broken = BTreeSet::new();
+    for (gi, g) in prepared.groups.iter().enumerate() {
+        let unit_job = g
+            .jobs
+            .first()
+            .and_then(|&j| req.jobs.get(j))
+            .map(|j| j.job_name.clone());
+        let mut trail: Vec<PoolAttempt> = Vec::new();
+        let left = |pool: &str, reason, rejections| PoolAttempt {
+            pool: pool.to_owned(),
+            outcome: PoolOutcome::Left,
+            reason: Some(reason),
+            failed_job: unit_job.clone(),
+            rejections,
+            last_resort: false,
+        };
+        let used = |pool: &str, outcome| PoolAttempt {
+            pool: pool.to_owned(),
+            outcome,
+            reason: None,
+            failed_job: None,
+            rejections: Vec::new(),
+            last_resort: false,
+        };
+        let mut seen: Vec<&str> = Vec::new();
+        for (rank, name) in req.pools.iter().enumerate() {
+            let pidx = match pool_skipped(e, req, name, &seen) {
+                Ok(p) => p,
+                Err(reason) => {
+                    seen.push(name);
+                    trail.push(left(name, reason, Vec::new()));
+                    continue;
+                }
+            };
+            seen.push(name);
+            let Some(pool) = e.pool(pidx) else { continue };
+            let zones = avoid.get(&pidx).map_or(&[][..], Vec::as_slice);
+            let at = GroupAt {
+                pool: pidx,
+                virt: None,
+                avoid: zones,
+                now,
+            };
+            let mut kept = broken.clone();
+            let hard =
+                match place_group(e, s, req, prepared, gi, &at, &landings, &overlay, &mut kept) {
+                    Ok(l) => {
+                        broken = kept;
+                        overlay.add(l.cand.node, g.need.cap, g.need.cores);
+                        landings[gi] = Some(l);
+                        pool_of[gi] = Some((rank, name.as_str()));
+                        trail.push(used(name, PoolOutcome::Placed));
+                        break;
+                    }
+                    Err(hard) => hard,
+                };
+            let reason = if pool.spec.terminating {
+                PoolLeftReason::Terminating
+            } else if !pool.elastic {
+                PoolLeftReason::NoNodeFits
+            } else if pool
+                .spec
+                .max_nodes
+                .is_some_and(|m| pool.members.len() >= m as usize)
+            {
+                PoolLeftReason::MaxNodesReached
+            } else {
+                match provision_unit(
+                    e, s, req, prepared, gi, pidx, zones, &landings, &overlay, &broken, now,
+                ) {
+                    Some((type_name, zone, now_broken)) => {
+                        trail.push(used(name, PoolOutcome::Provision));
+                        pool_of[gi] = Some((rank, name.as_str()));
+                        trails[gi] = trail;
+                        let message = format!(
+                            "no single pool can take the replica; placing it job by job, no node of pool {name} can take job {}; provision a {type_name} node{}",
+                            unit_job.as_deref().unwrap_or(""),
+                            zone.as_deref()
+                                .map(|z| format!(" in zone {z}"))
+                                .unwrap_or_default()
+                        );
+                        return Some(decision(
+                            req,
+                            Outcome::Provision {
+                                pool: name.clone(),
+                                instance_type: type_name,
+                                zone,
+                            },
+                            Trace {
+                                pools: whole.trace.pools.clone(),
+                                jobs: job_traces(req, prepared, &pool_of, &trails),
+                                broken_soft_rules: now_broken.into_iter().collect(),
+                                message,
+                            },
+                        ));
+                    }
+                    None => PoolLeftReason::NoInstanceTypeFits,
+                }
+            };
+            let failure = Failure {
+                group: gi,
+                rules: hard,
+                overlay: overlay.clone(),
+            };
+            let rejections = diagnose(e, s, req, prepared, pidx, &failure, now);
+            trail.push(left(name, reason, rejections));
+        }
+        pool_of[gi]?;
+        trails[gi] = trail;
+    }
+    let assignments = assignments_of(e, req, prepared, &landings);
+    // The outcome's pool is the most preferred pool any job landed in.
+    let first = pool_of.iter().flatten().min_by_key(|(rank, _)| *rank)?.1;
+    let jobs = job_traces(req, prepared, &pool_of, &trails);
+    let mut per_pool: Vec<(usize, &str, Vec<&str>)> = Vec::new();
+    for (gi, g) in prepared.groups.iter().enumerate() {
+        let Some((rank, pool)) = pool_of[gi] else {
+            continue;
+        };
+        let names = g
+            .jobs
+            .iter()
+            .filter_map(|&j| req.jobs.get(j))
+            .map(|j| j.job_name.as_str());
+        match per_pool.iter_mut().find(|(_, p, _)| *p == pool) {
+            Some((_, _, v)) => v.extend(names),
+            None => per_pool.push((rank, pool, names.collect())),
+        }
+    }
+    per_pool.sort_by_key(|(rank, _, _)| *rank);
+    let parts: Vec<String> = per_pool
+        .iter()
+        .map(|(_, pool, jobs)| format!("{} in pool {pool}", list_nodes(jobs)))
+        .collect();
+    let mut message = format!(
+        "no single pool can take the replica; placed {} job(s) split across pools: {}",
+        assignments.len(),
+        parts.join("; ")
+    );
+    if !broken.is_empty() {
+        let rules: Vec<&str> = broken.iter().map(|r| r.as_str()).collect();
+        message.push_str(&format!("; soft rules not honoured: {}", rules.join(", ")));
+    }
+    Some(decision(
+        req,
+        Outcome::Placed {
+            pool: first.to_owned(),
+            assignments,
+        },
+        Trace {
+            pools: whole.trace.pools.clone(),
+            jobs,
+            broken_soft_rules: broken.into_iter().collect(),
+            message,
+        },
+    ))
+}
+
+/// One entry per job of the units that have a pool, in request order.
+fn job_traces(
+    req: &PlacementRequest,
+    prepared: &Prepared,
+    pool_of: &[Option<(usize, &str)>],
+    trails: &[Vec<PoolAttempt>],
+) -> Vec<JobPoolTrace> {
+    let mut per_job: Vec<Option<JobPoolTrace>> = vec![None; req.jobs.len()];
+    for (gi, g) in prepared.groups.iter().enumerate() {
+        let (Some(Some((_, pool))), Some(trail)) = (pool_of.get(gi), trails.get(gi)) else {
+            continue;
+        };
+        for &j in &g.jobs {
+            if let (Some(job), Some(slot)) = (req.jobs.get(j), per_job.get_mut(j)) {
+                *slot = Some(JobPoolTrace {
+                    job_name: job.job_name.clone(),
+                    pool: (*pool).to_owned(),
+                    pools_tried: trail.clone(),
+                });
+            }
+        }
+    }
+    per_job.into_iter().flatten().collect()
+}
+
+/// The smallest candidate type whose one new node takes this unit, given where the units
+/// before it landed; per type the zone breaking the fewest soft rules (ties: the pool's zone
+/// order).
+#[allow(clippy::too_many_arguments)]
+fn provision_unit<S: Searcher>(
+    e: &Engine,
+    s: &S,
+    req: &PlacementRequest,
+    p: &Prepared,
+    gi: usize,
+    pool: PoolIdx,
+    avoid: &[ZoneId],
+    landings: &[Option<Landing>],
+    overlay: &Overlay,
+    broken: &BTreeSet<SoftRule>,
+    now: u64,
+) -> Option<(String, Option<String>, BTreeSet<SoftRule>)> {
+    let state = e.pool(pool)?;
+    for t in &state.types {
+        let mut best: Option<(Option<ZoneId>, BTreeSet<SoftRule>)> = None;
+        for &zone in &state.provision_zones {
+            if let Some(name) = zone.and_then(|z| e.zones.name(z))
+                && e.provisioning_paused(&state.spec.name, name)
+            {
+                continue;
+            }
+            let v = VirtualNode {
+                cap: t.cap,
+                cores: t.cores,
+                capset: t.capset,
+                zone,
+            };
+            let at = GroupAt {
+                pool,
+                virt: Some(&v),
+                avoid,
+                now,
+            };
+            let mut b = broken.clone();
+            // The new node must be what takes the unit: an existing node would have already.
+            if let Ok(l) = place_group(e, s, req, p, gi, &at, landings, overlay, &mut b)
+                && l.cand.node == VIRTUAL
+                && best.as_ref().is_none_or(|(_, x)| b.len() < x.len())
+            {
+                best = Some((zone, b));
             }
         }
         if let Some((zone, broken)) = best {

@@ -422,7 +422,8 @@ pub fn validate_admission_traced(
 pub(crate) type ReplicaPlacement = Result<Vec<Position>, Vec<(String, String)>>;
 
 /// Places one replica on `sim`, adding the nodes `Provision` decisions ask for (at most two
-/// rounds), and commits it. Returns the last decision and where its jobs landed, or (job,
+/// rounds, or one per job when more: a replica split across pools asks for a node per unit
+/// that needs one), and commits it. Returns the last decision and where its jobs landed, or (job,
 /// reason) for each job.
 pub(crate) fn place_with_provisioning(
     sim: &mut Engine,
@@ -431,7 +432,7 @@ pub(crate) fn place_with_provisioning(
     node_prefix: &str,
 ) -> (Decision, ReplicaPlacement) {
     let mut decision = sim.place(req, now_ms);
-    for round in 0..2 {
+    for round in 0..req.jobs.len().clamp(2, crate::place::MAX_JOBS_PER_REPLICA) {
         let Outcome::Provision {
             pool,
             instance_type,

@@ -309,8 +309,16 @@ fn check_placed(s: &Scenario, d: &Decision) -> Result<(), String> {
             .iter()
             .find(|j| j.job_name == a.job_name)
             .ok_or("unknown job")?;
-        if &n.pool != pool {
-            return Err(format!("{} is not in {pool}", a.node));
+        // A replica split across pools: each job in the pool its trace names.
+        let job_pool = d.pool_of(&a.job_name).unwrap_or(pool);
+        if n.pool != job_pool {
+            return Err(format!("{} is not in {job_pool}", a.node));
+        }
+        if !req.pools.contains(&n.pool) {
+            return Err(format!(
+                "{} is in pool {}, not in the request's",
+                a.node, n.pool
+            ));
         }
         if n.cordoned || !n.healthy {
             return Err(format!("{} cordoned or unhealthy", a.node));
@@ -518,11 +526,18 @@ proptest! {
                 }
             }
         }
-        if let Some(k) = pool_index(&s.request, &d) {
+        // Whole-replica placement is what orders pools; a replica split across pools is one
+        // no pool could take whole.
+        let k = if d.trace.jobs.is_empty() {
+            pool_index(&s.request, &d)
+        } else {
+            Some(s.request.pools.len())
+        };
+        if let Some(k) = k {
             for earlier in &s.request.pools[..k] {
                 let mut alone = s.request.clone();
                 alone.pools = vec![earlier.clone()];
-                let d = judge.place(&alone, NOW);
+                let d = crate::place::place_whole_replica(&judge, &alone, NOW);
                 prop_assert_eq!(d.kind(), OutcomeKind::Unplaceable, "pool {} could take it", earlier);
             }
         }
