@@ -74,6 +74,7 @@ pub struct SpareSchedule {
     /// A five-field cron pattern (e.g. `0 18 * * FRI`) or `@daily`, `@weekly`, ...
     #[schemars(length(min = 1, max = 128))]
     #[x_kube(validation = Rule::new(crate::window::SCHEDULE_RULE).message("schedule must be a five-field cron pattern such as '0 18 * * FRI', or @daily, @weekly, @monthly"))]
+    #[x_kube(validation = Rule::new(crate::window::NEVER_OPENS_RULE).message(crate::window::NEVER_OPENS_MESSAGE))]
     pub schedule: String,
     /// How long it lasts from each start (elapsed time, e.g. `5h30m`), 1m to 744h.
     #[schemars(length(min = 1, max = 32))]

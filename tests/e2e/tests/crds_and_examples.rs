@@ -285,3 +285,116 @@ async fn kubectl_explain_shows_the_field_descriptions() {
         .unwrap();
     assert!(out.stdout.contains("totalCapacity"), "{}", out.stdout);
 }
+
+/// The apiserver refuses windows and spare schedules that can never open in the plain forms
+/// its CEL can judge (no listed day in any listed month), naming the field and saying it never
+/// opens; everything else it accepts: patterns that open (29 February does, in leap years), and
+/// ranges and steps, which only the operator's calendar reads (it reports one that never opens
+/// as Stalled InvalidSpec). The rule must also pass the apiserver's cost estimate, which
+/// installing the CRDs at all proves.
+#[tokio::test]
+async fn windows_that_never_open_are_refused_at_admission() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+    let bundle = |name: &str, schedule: &str| {
+        format!(
+            r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: {{ name: {name}, namespace: default }}
+spec:
+  replicas: 1
+  pools: [aws-east]
+  jobs:
+    - jobName: encode
+      requirements: {{ requiredCapacity: 8, requiredCores: 4, priorityBand: gold }}
+  disruption:
+    windows:
+      - {{ schedule: '0 2 * * SAT', duration: 2h }}
+      - {{ schedule: '{schedule}', duration: 2h, timeZone: Europe/Oslo }}
+"#
+        )
+    };
+    let spares = |name: &str, schedule: &str| {
+        format!(
+            r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: HotSpareTarget
+metadata: {{ name: {name} }}
+spec:
+  pool: aws-east
+  spec: {{ instanceType: m5.xlarge, region: eu-west-1 }}
+  schedules:
+    - {{ schedule: '{schedule}', duration: 5h30m, hot: {{ count: 2 }} }}
+"#
+        )
+    };
+    let refused = [
+        "0 0 31 2 *",
+        "0 0 30,31 2 *",
+        "0 0 31 4,6,9,11 *",
+        "15 3 31 feb ?",
+        "0 0 31 APR,Jun,sep,NOV *",
+        "0 0 30 02 *",
+    ];
+    let accepted = [
+        "0 0 29 2 *",
+        "0 0 31 1-12 *",
+        "*/5 * * * *",
+        // A day of the week named: cron opens on either, so this opens every Monday.
+        "0 0 31 2 MON",
+        "0 0 31 1,2 *",
+        // Ranges and steps: the operator's calendar judges these.
+        "0 0 30-31 2 *",
+        "0 0 31 4-6/2 *",
+        "@monthly",
+    ];
+    let mut failures = Vec::new();
+    for (i, s) in refused.iter().enumerate() {
+        for (kind, yaml, field) in [
+            (
+                "Bundle",
+                bundle(&format!("never-{i}"), s),
+                "spec.disruption.windows[1].schedule",
+            ),
+            (
+                "HotSpareTarget",
+                spares(&format!("never-{i}"), s),
+                "spec.schedules[0].schedule",
+            ),
+        ] {
+            let out = env.apply_yaml(&yaml).await.unwrap();
+            let said = format!("{}{}", out.stdout, out.stderr);
+            if out.success() {
+                failures.push(format!("{kind} with {s:?}: accepted"));
+            } else if !said.contains(field) || !said.contains("schedule never opens") {
+                failures.push(format!("{kind} with {s:?}: refused, but said: {said}"));
+            }
+        }
+    }
+    for (i, s) in accepted.iter().enumerate() {
+        for (kind, yaml) in [
+            ("Bundle", bundle(&format!("opens-{i}"), s)),
+            ("HotSpareTarget", spares(&format!("opens-{i}"), s)),
+        ] {
+            let out = env.apply_yaml(&yaml).await.unwrap();
+            if !out.success() {
+                failures.push(format!("{kind} with {s:?}: refused: {}", out.stderr));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // Only the accepted ones were stored.
+    let out = env
+        .run_kubectl(["get", "bundles,hotsparetargets", "-A", "-o", "name"])
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    assert_eq!(
+        out.stdout.lines().count(),
+        accepted.len() * 2,
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("never-"), "{}", out.stdout);
+}
