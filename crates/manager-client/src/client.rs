@@ -498,6 +498,11 @@ impl ManagerClient {
         }
     }
 
+    /// What the Manager behind this client can do beyond the common operations.
+    pub fn features(&self) -> crate::ManagerFeatures {
+        self.inner.shared.rpc.features()
+    }
+
     /// The mirror (read handle).
     pub fn mirror(&self) -> &Mirror {
         &self.inner.shared.mirror

@@ -101,4 +101,4 @@ pub use client::{
 };
 pub use manager_proto as proto;
 pub use mirror::{Mirror, MirrorChange, MirrorState, SnapshotData};
-pub use port::{GrpcPort, InProcess, ManagerPort, WatchStream};
+pub use port::{GrpcPort, InProcess, ManagerFeatures, ManagerPort, WatchStream};

@@ -34,6 +34,28 @@ use tonic::{Request, Response, Status};
 
 use crate::client::AuthInterceptor;
 
+/// What a Manager can do beyond placing, starting and stopping jobs on nodes it makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ManagerFeatures {
+    /// StopNode/StartNode: a node kept stopped (a warm spare) and started again.
+    pub warm_nodes: bool,
+    /// The migration handshake (get state, prepare the target, cut over, abort).
+    pub migration_handshake: bool,
+}
+
+impl ManagerFeatures {
+    /// Everything (our first API, and manager-sim).
+    pub const ALL: ManagerFeatures = ManagerFeatures {
+        warm_nodes: true,
+        migration_handshake: true,
+    };
+    /// Manager's published API alone.
+    pub const STANDARD: ManagerFeatures = ManagerFeatures {
+        warm_nodes: false,
+        migration_handshake: false,
+    };
+}
+
 /// What a port answers: Manager's response, or its refusal.
 pub type PortResult<T> = Result<Response<T>, Status>;
 
@@ -53,6 +75,10 @@ macro_rules! manager_port {
             $( $(#[$doc])* fn $name(&self, req: Request<$req>) -> PortFuture<'_, $resp>; )*
             /// Watch: a snapshot, then ordered deltas from `resume_revision`.
             fn watch(&self, req: Request<WatchRequest>) -> PortFuture<'_, WatchStream>;
+            /// What this Manager can do beyond the operations every Manager serves.
+            fn features(&self) -> ManagerFeatures {
+                ManagerFeatures::ALL
+            }
         }
 
         impl ManagerPort for GrpcPort {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use automanager_api::{Bundle, JobState};
+use automanager_api::{Bundle, HotSpareTarget, JobState, Migration, MigrationPhase};
 use automanager_e2e::examples_dir;
 use automanager_e2e::scenario::{BundleView, show};
 use automanager_e2e::stack::Stack;
@@ -109,6 +109,49 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         "every node the operator made carries its owner tag"
     );
     assert!(primary_on_node, "a primary instance on {encode_node}");
+
+    // What the published API cannot do is said where a user looks: a warm tier asked for, and
+    // a Migration (there is no migration handshake).
+    automanager_e2e::apply(
+        &stack,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: HotSpareTarget\nmetadata: {name: aws-east-warm}\n\
+         spec: {pool: aws-east, targetCount: 0, warm: {count: 1}, spec: {instanceType: m5.xlarge, region: eu-west-1}}\n\
+         ---\napiVersion: automanager.norsk.io/v1alpha1\nkind: Migration\n\
+         metadata: {name: move-encode, namespace: default}\n\
+         spec: {job: {bundle: my-channel-1, replica: 0, jobName: encode}, strategy: stopThenStart}\n",
+    )
+    .await;
+    stack
+        .wait_until::<HotSpareTarget>("aws-east-warm", "says the warm tier cannot be had", |t| {
+            t.status.as_ref().is_some_and(|st| {
+                st.conditions.iter().any(|c| {
+                    c.type_ == "WarmTier"
+                        && c.reason == "ManagerCannotStop"
+                        && c.message.contains("published API")
+                })
+            })
+        })
+        .await;
+    stack
+        .expect_event("aws-east-warm", "WarmSparesUnavailable", &["StopNode"])
+        .await;
+    stack
+        .wait_until::<Migration>("move-encode", "rejected for want of the handshake", |m| {
+            m.status.as_ref().is_some_and(|st| {
+                st.phase == MigrationPhase::Rejected
+                    && st
+                        .conditions
+                        .iter()
+                        .any(|c| c.reason == "ManagerCannotMigrate")
+            })
+        })
+        .await;
+    let after = stack.bundle("my-channel-1").await;
+    assert_eq!(
+        after.node_of(0, "encode"),
+        Some(encode_node.as_str()),
+        "nothing moved"
+    );
 
     // Deleting a Bundle deletes its stored jobs, and never the other client's.
     stack.delete::<Bundle>("news-gold").await;

@@ -949,6 +949,9 @@ impl ManagerPort for PublishedPort {
     ) -> PortFuture<'_, MigrationResponse> {
         Box::pin(async { Err(needs_extension("the migration handshake")) })
     }
+    fn features(&self) -> crate::ManagerFeatures {
+        crate::ManagerFeatures::STANDARD
+    }
     fn watch(&self, req: Request<WatchRequest>) -> PortFuture<'_, WatchStream> {
         let stream = self.watch_stream(req.into_inner());
         Box::pin(async move { Ok(Response::new(stream)) })

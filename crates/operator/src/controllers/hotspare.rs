@@ -169,6 +169,9 @@ struct Seen {
     bounds: tiers::TierBounds,
     /// The tiers' sizes in effect now (schedules applied).
     sizes: tiers::TiersInEffect,
+    /// Whether Manager keeps stopped nodes (StopNode/StartNode): Manager's published API alone
+    /// does not.
+    manager_stops_nodes: bool,
 }
 
 /// What a pass did, for [`record`].
@@ -226,6 +229,7 @@ async fn observe(target: &HotSpareTarget, ctx: &Context) -> Result<Observed, Err
         nodes,
         bounds,
         sizes,
+        manager_stops_nodes: ctx.manager.features().warm_nodes,
     })))
 }
 
@@ -310,7 +314,7 @@ fn plan(target: &HotSpareTarget, seen: &Seen, now: DateTime<Utc>) -> Result<Tier
         warm: seen.sizes.warm,
         pool: tiers::PoolTraits {
             scale_out: pool.scale_out,
-            can_stop: pool.kind != api::PoolKind::Cluster,
+            can_stop: pool.kind != api::PoolKind::Cluster && seen.manager_stops_nodes,
         },
         nodes: &seen.nodes,
         now,
@@ -535,6 +539,7 @@ async fn record(target: &HotSpareTarget, ctx: &Context, pass: Pass) -> Result<Ac
             let verdict = plan.verdict(&target.spec.pool, retrying.as_ref());
             record_plan(target, ctx, &prev, &mut status, &plan, blocked).await;
             record_tiers(target, ctx, &mut status, &plan, &sizes);
+            warn_warm_unavailable(target, ctx, &prev, &status).await;
             if rotated {
                 status.last_rotation = Some(now);
             }
@@ -620,7 +625,19 @@ fn record_tiers(
         .collect();
     status.next_schedule_change = sizes.next_change;
     let generation = target.metadata.generation;
-    set_warm_condition(&mut status.conditions, plan, &spec.pool, generation, now);
+    let why = if ctx.manager.features().warm_nodes {
+        WarmUnsupported::ClusterPool
+    } else {
+        WarmUnsupported::Manager
+    };
+    set_warm_condition(
+        &mut status.conditions,
+        plan,
+        &spec.pool,
+        why,
+        generation,
+        now,
+    );
     let name = target.name_any();
     for (tier, counts) in [("hot", plan.hot), ("warm", plan.warm)] {
         let figures = crate::metrics::TierFigures {
@@ -633,14 +650,60 @@ fn record_tiers(
 }
 
 /// The `WarmTier` condition: at target, below it, or not possible in this pool.
+/// One Warning Event when the warm tier asked for cannot be had from this Manager at all.
+async fn warn_warm_unavailable(
+    target: &HotSpareTarget,
+    ctx: &Context,
+    prev: &HotSpareTargetStatus,
+    status: &HotSpareTargetStatus,
+) {
+    let reason_of = |conditions: &[api::Condition]| {
+        api::find_condition(conditions, "WarmTier").map(|c| c.reason.clone())
+    };
+    let now = reason_of(&status.conditions);
+    if now.as_deref() == Some("ManagerCannotStop") && reason_of(&prev.conditions) != now {
+        let message = api::find_condition(&status.conditions, "WarmTier")
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        ctx.event(
+            target,
+            EventType::Warning,
+            "WarmSparesUnavailable",
+            "Reconcile",
+            message,
+        )
+        .await;
+    }
+}
+
+/// Why a pool keeps no warm spares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WarmUnsupported {
+    /// Its nodes are physical machines: nothing stops them.
+    ClusterPool,
+    /// Manager's API here has no StopNode/StartNode (its published API without our extension).
+    Manager,
+}
+
 fn set_warm_condition(
     conditions: &mut Vec<api::Condition>,
     plan: &tiers::TierPlan,
     pool: &str,
+    why: WarmUnsupported,
     generation: Option<i64>,
     now: chrono::DateTime<Utc>,
 ) {
-    let (ok, reason, message) = if plan.warm_unsupported {
+    let (ok, reason, message) = if plan.warm_unsupported && why == WarmUnsupported::Manager {
+        (
+            false,
+            "ManagerCannotStop",
+            format!(
+                "this Manager keeps no stopped nodes (its published API has no StopNode or \
+                 StartNode, and AutoManager's extension is not served): pool {pool} keeps no \
+                 warm spares"
+            ),
+        )
+    } else if plan.warm_unsupported {
         (
             false,
             "PoolCannotStop",

@@ -43,6 +43,17 @@ pub(super) async fn admit(
         Ok(strategy) => strategy,
         Err(refusal) => return Ok(Verdict::Refused(refusal)),
     };
+    if !ctx.manager.features().migration_handshake {
+        return Ok(Verdict::Refused((
+            "ManagerCannotMigrate",
+            format!(
+                "this Manager has no migration handshake (its published API has none, and \
+                 AutoManager's extension is not served): the job cannot be moved by a \
+                 Migration ({} asked)",
+                strategy.as_str()
+            ),
+        )));
+    }
     if let Some(gone) = check_source_gone(mig, ctx, job_id) {
         return Ok(Verdict::Ends(("SourceGone", gone.to_string())));
     }
