@@ -223,12 +223,20 @@ impl Brake {
     /// A sentence for conditions and Events.
     pub fn message(&self, pool: &str, target: u32) -> String {
         match self {
+            // No room: the pool may be above the bound (a lowered maxNodes), not only at it.
+            Brake::MaxNodes {
+                max_nodes,
+                wanted,
+                room: 0,
+            } => format!(
+                "target {target} cannot be met: pool {pool} is at or above its maxNodes ({max_nodes}); {wanted} more spare(s) wanted, room for none"
+            ),
             Brake::MaxNodes {
                 max_nodes,
                 wanted,
                 room,
             } => format!(
-                "target {target} cannot be met: pool {pool} is at or near its maxNodes ({max_nodes}); {wanted} more spare(s) wanted, room for {room}"
+                "target {target} cannot be met: pool {pool} is near its maxNodes ({max_nodes}); {wanted} more spare(s) wanted, room for {room}"
             ),
             Brake::Rate { wanted, allowed } => format!(
                 "pool {pool} may ask for {allowed} more node(s) this minute; {wanted} spare(s) wanted, the rest follow"
@@ -855,7 +863,13 @@ mod tests {
             (v.standing, v.reason),
             (Standing::Stalled, "PoolAtMaxNodes")
         );
-        assert!(v.message.contains("maxNodes (3)"), "{}", v.message);
+        assert!(
+            v.message.starts_with(
+                "target 5 cannot be met: pool aws-east is at or above its maxNodes (3); 5 more spare(s) wanted, room for none"
+            ),
+            "{}",
+            v.message
+        );
         assert!(
             v.message.ends_with("0 live, 0 pending, target 5"),
             "{}",
@@ -952,8 +966,15 @@ mod tests {
             p.underflow.is_some(),
             "a target that cannot be met is an underflow"
         );
-        let m = p.braked.as_ref().map(|b| b.message("aws-east", 1000));
-        assert!(m.is_some_and(|m| m.contains("maxNodes (20)")));
+        assert_eq!(
+            p.braked
+                .as_ref()
+                .map(|b| b.message("aws-east", 1000))
+                .as_deref(),
+            Some(
+                "target 1000 cannot be met: pool aws-east is near its maxNodes (20); 1000 more spare(s) wanted, room for 20"
+            )
+        );
     }
 
     #[test]
