@@ -143,34 +143,7 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
         Ok(p) => p,
         Err((jobs, message)) => return unplaceable(req, jobs, Vec::new(), message),
     };
-    let whole = place_whole(e, s, req, &prepared, now);
-    // The whole replica in one pool comes first, so a replica some pool can take lands exactly
-    // as it always did; only one no pool can take is split, unit by unit.
-    if whole.kind() != OutcomeKind::Unplaceable || prepared.groups.len() < 2 {
-        return whole;
-    }
-    let degraded = degraded_zones(e, req);
-    if let Some(d) = place_split(e, s, req, &prepared, &degraded, &whole, now) {
-        return d;
-    }
-    if !degraded.is_empty()
-        && let Some(mut d) = place_split(e, s, req, &prepared, &HashMap::new(), &whole, now)
-    {
-        for p in d.trace.pools.iter_mut().chain(
-            d.trace
-                .jobs
-                .iter_mut()
-                .flat_map(|j| j.pools_tried.iter_mut()),
-        ) {
-            p.last_resort = true;
-        }
-        d.trace.message.push_str(&format!(
-            "; last resort: on nodes of degraded zone {}, as nothing outside degraded zones could take the replica",
-            degraded_names(e, &degraded).join(", ")
-        ));
-        return d;
-    }
-    whole
+    place_whole(e, s, req, &prepared, now, prepared.groups.len() > 1)
 }
 
 /// The placement the engine made before replicas could be split: the whole replica in the
@@ -178,32 +151,55 @@ fn place_inner<S: Searcher>(e: &Engine, s: &S, req: &PlacementRequest, now: u64)
 #[cfg(test)]
 pub(crate) fn place_whole_replica(e: &Engine, req: &PlacementRequest, now: u64) -> Decision {
     match prepare(e, req) {
-        Ok(p) => place_whole(e, &crate::search::Fast, req, &p, now),
+        Ok(p) => place_whole(e, &crate::search::Fast, req, &p, now, false),
         Err((jobs, message)) => unplaceable(req, jobs, Vec::new(), message),
     }
 }
 
 /// The whole replica in one pool: the first pool of the list whose nodes (or one new node)
-/// take every group.
+/// take every group. With `split`, a replica no pool takes whole is then placed unit by unit
+/// across pools ([`place_split`]): the whole replica in one pool comes first, so a replica some
+/// pool can take lands exactly as it always did. Nodes of degraded zones come after both.
 fn place_whole<S: Searcher>(
     e: &Engine,
     s: &S,
     req: &PlacementRequest,
     prepared: &Prepared,
     now: u64,
+    split: bool,
 ) -> Decision {
     let degraded = degraded_zones(e, req);
-    if degraded.is_empty() {
-        return place_in_pools(e, s, req, prepared, &degraded, now);
-    }
     // A degraded zone is losing its nodes: its survivors are the last place to put a replica,
-    // after every other zone and pool (a new node elsewhere included).
+    // after every other zone and pool (a new node elsewhere, or a split, included).
     let first = place_in_pools(e, s, req, prepared, &degraded, now);
     if first.kind() != OutcomeKind::Unplaceable {
         return first;
     }
+    if split && let Some(d) = place_split(e, s, req, prepared, &degraded, &first, now) {
+        return d;
+    }
+    if degraded.is_empty() {
+        return first;
+    }
     let mut last = place_in_pools(e, s, req, prepared, &HashMap::new(), now);
     if last.kind() == OutcomeKind::Unplaceable {
+        if split && let Some(mut d) = place_split(e, s, req, prepared, &HashMap::new(), &last, now)
+        {
+            let attempts = d.trace.pools.iter_mut().chain(
+                d.trace
+                    .jobs
+                    .iter_mut()
+                    .flat_map(|j| j.pools_tried.iter_mut()),
+            );
+            for p in attempts {
+                p.last_resort = true;
+            }
+            d.trace.message.push_str(&format!(
+                "; last resort: on nodes of degraded zone {}, as nothing outside degraded zones could take the replica",
+                degraded_names(e, &degraded).join(", ")
+            ));
+            return d;
+        }
         return last;
     }
     let used: BTreeSet<String> = match &last.outcome {

@@ -3,6 +3,7 @@
 
 mod props;
 mod rules;
+mod split;
 mod validation;
 
 use crate::*;

@@ -867,3 +867,159 @@ proptest! {
         }
     }
 }
+
+/// A family where only a split works: plain jobs (some kept apart by `separateFrom`) fit only
+/// the first pool, whose nodes lack `gpu`; gpu jobs fit only the second pool, whose gpu nodes
+/// each have room for one gpu job and nothing more.
+fn split_only() -> impl Strategy<Value = Scenario> {
+    (
+        proptest::collection::vec((1u32..20, 0u32..3, proptest::option::of(0usize..4)), 1..4),
+        proptest::collection::vec(1u32..20, 1..3),
+        any::<bool>(),
+    )
+        .prop_map(|(plain, gpu, spread)| {
+            let strategy = if spread {
+                PackingStrategy::Spread
+            } else {
+                PackingStrategy::Binpack
+            };
+            let n_plain = plain.len();
+            let mut jobs: Vec<JobSpec> = Vec::new();
+            for (i, (cap, cores, sep)) in plain.iter().enumerate() {
+                let mut j = JobSpec::new(
+                    &format!("p{i}"),
+                    f64::from(*cap),
+                    *cores,
+                    PriorityBand::Gold,
+                );
+                j.separate_from = sep
+                    .filter(|&k| k < n_plain && k != i)
+                    .map(|k| vec![format!("p{k}")])
+                    .unwrap_or_default();
+                jobs.push(j);
+            }
+            let mut nodes: Vec<NodeSpec> = Vec::new();
+            // One plain node per plain job: room for all of them even when kept apart.
+            for i in 0..n_plain {
+                nodes.push(NodeSpec::ready(
+                    &format!("a{i}"),
+                    "p0",
+                    Some(ZONES[i % 3]),
+                    100.0,
+                    16,
+                ));
+            }
+            for (i, cap) in gpu.iter().enumerate() {
+                // Bigger than every plain job, so each is placed before them.
+                let need = f64::from(*cap) + 20.0;
+                let mut j = JobSpec::new(&format!("g{i}"), need, 1, PriorityBand::Gold);
+                j.requirements.required_capabilities = vec!["gpu".into()];
+                jobs.push(j);
+                let mut n = NodeSpec::ready(&format!("g{i}"), "p1", Some(ZONES[i % 3]), need, 1);
+                n.capabilities = vec!["gpu".into()];
+                nodes.push(n);
+            }
+            let fixed = |name: &str| PoolSpec {
+                name: name.into(),
+                kind: PoolKind::Cluster,
+                region: "r".into(),
+                zones: Vec::new(),
+                packing_strategy: strategy,
+                scale_out: ScaleOut::Fixed,
+                candidate_instance_types: Vec::new(),
+                max_nodes: None,
+                terminating: false,
+            };
+            Scenario {
+                pools: vec![fixed("p0"), fixed("p1"), fixed("p2")],
+                nodes,
+                request: PlacementRequest {
+                    bundle_id: "b".into(),
+                    replica_index: 0,
+                    jobs,
+                    pools: vec!["p0".into(), "p1".into()],
+                    kind: PlacementKind::First,
+                    intra_replica: PlacementRules::none(),
+                    inter_replica: PlacementRules::inter_replica_default(),
+                    other_replicas: Vec::new(),
+                    placed_siblings: Vec::new(),
+                },
+                degraded: Vec::new(),
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::default())]
+
+    /// "No worse" by construction: whatever the whole-replica placer placed (or asked a node
+    /// for), the engine decides exactly the same, pools, nodes and trace.
+    #[test]
+    fn whatever_the_whole_replica_placer_places_is_placed_the_same(s in scenario()) {
+        let e = load(&s);
+        let old = crate::place::place_whole_replica(&e, &s.request, NOW);
+        let new = e.place(&s.request, NOW);
+        let old_last_resort = old.trace.pools.iter().any(|p| p.last_resort);
+        if old.kind() != OutcomeKind::Unplaceable && !old_last_resort {
+            prop_assert_eq!(&new, &old);
+        } else if old.kind() != OutcomeKind::Unplaceable {
+            if new == old {
+                return Ok(());
+            }
+            // The old placer fell back to the nodes of a degraded zone; a split that keeps
+            // clear of them comes first.
+            prop_assert!(!new.trace.jobs.is_empty(), "{:?}", new);
+            prop_assert!(!new.trace.jobs.iter().flat_map(|j| &j.pools_tried).any(|p| p.last_resort));
+            if let Outcome::Placed { assignments, .. } = &new.outcome {
+                prop_assert!(assignments.iter().all(|a| !in_degraded_zone(&s, &a.node)));
+            }
+        } else if new.kind() != OutcomeKind::Unplaceable {
+            // Only a replica no pool takes whole is split, and then every job says its pool.
+            let placed: Vec<&str> = match &new.outcome {
+                Outcome::Placed { assignments, .. } => {
+                    assignments.iter().map(|a| a.job_name.as_str()).collect()
+                }
+                _ => new.trace.jobs.iter().map(|j| j.job_name.as_str()).collect(),
+            };
+            for job in placed {
+                let t = new.trace.jobs.iter().find(|j| j.job_name == job);
+                prop_assert!(t.is_some(), "no pool trace for {}", job);
+                let t = t.expect("checked");
+                // Every pool before the job's own was left, with a reason.
+                let (last, before) = t.pools_tried.split_last().expect("a pool was tried");
+                prop_assert_eq!(&last.pool, &t.pool);
+                prop_assert!(last.outcome != PoolOutcome::Left);
+                prop_assert!(before.iter().all(|p| p.outcome == PoolOutcome::Left && p.reason.is_some()));
+            }
+            if let Err(why) = check_placed(&s, &new) {
+                prop_assert!(false, "{}: {:?}", why, new);
+            }
+        } else {
+            prop_assert_eq!(&new, &old);
+        }
+    }
+
+    /// Where only a split works, the old placer gives up and the engine places every job, in
+    /// the pool it needs, breaking no hard rule.
+    #[test]
+    fn a_replica_only_a_split_can_place_is_placed(s in split_only()) {
+        let e = load(&s);
+        prop_assert_eq!(
+            crate::place::place_whole_replica(&e, &s.request, NOW).kind(),
+            OutcomeKind::Unplaceable
+        );
+        let d = e.place(&s.request, NOW);
+        prop_assert!(d.is_placed(), "{}", d.trace.message);
+        prop_assert!(d.is_split());
+        for j in &s.request.jobs {
+            let want = if j.job_name.starts_with('g') { "p1" } else { "p0" };
+            prop_assert_eq!(d.pool_of(&j.job_name), Some(want), "{}", j.job_name);
+        }
+        if let Err(why) = check_placed(&s, &d) {
+            prop_assert!(false, "{}: {:?}", why, d);
+        }
+        prop_assert_eq!(&d, &naive::place(&e, &s.request, NOW));
+        let mut e = e;
+        prop_assert!(e.commit(&d).is_ok());
+    }
+}
