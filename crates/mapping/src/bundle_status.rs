@@ -45,10 +45,11 @@ impl Decided<'_> {
         }
     }
 
-    /// The decision as `job`'s trace in status.
+    /// The decision as `job`'s trace in status: for a replica split across pools, the job's
+    /// own pool and the pools it left.
     pub fn trace(&self, job: &str) -> api::PlacementTraceSummary {
         let mut t = trace_summary(
-            &self.decision.summary(),
+            &self.decision.summary_for_job(job),
             self.recovery,
             self.at,
             self.node_for(job),
@@ -266,6 +267,73 @@ mod tests {
             },
             trace: pl::Trace::default(),
         }
+    }
+
+    #[test]
+    fn a_job_of_a_replica_split_across_pools_shows_its_own_pool_and_why_it_left_the_first() {
+        let mut d = placed("n1");
+        let pl::Outcome::Placed { assignments, .. } = &mut d.outcome else {
+            unreachable!("placed() places");
+        };
+        let mut gpu = assignments[0].clone();
+        gpu.job_name = "infer".into();
+        gpu.node = "g1".into();
+        assignments.push(gpu);
+        let attempt = |pool: &str, outcome, reason| pl::PoolAttempt {
+            pool: pool.into(),
+            outcome,
+            reason,
+            failed_job: None,
+            rejections: Vec::new(),
+            last_resort: false,
+        };
+        d.trace.jobs = vec![
+            pl::JobPoolTrace {
+                job_name: "enc".into(),
+                pool: "east".into(),
+                pools_tried: vec![attempt("east", pl::PoolOutcome::Placed, None)],
+            },
+            pl::JobPoolTrace {
+                job_name: "infer".into(),
+                pool: "gpu".into(),
+                pools_tried: vec![
+                    attempt(
+                        "east",
+                        pl::PoolOutcome::Left,
+                        Some(pl::PoolLeftReason::NoNodeFits),
+                    ),
+                    attempt("gpu", pl::PoolOutcome::Placed, None),
+                ],
+            },
+        ];
+        let decided = Decided {
+            decision: &d,
+            recovery: false,
+            at: at(0),
+            preempted: None,
+        };
+        let t = decided.trace("infer");
+        assert_eq!(t.pool.as_deref(), Some("gpu"));
+        assert_eq!(t.node.as_deref(), Some("g1"));
+        assert_eq!(
+            t.pools_tried,
+            vec![
+                api::PoolAttempt {
+                    pool: "east".into(),
+                    outcome: api::PlacementOutcome::Unplaceable,
+                    reason: "noNodeFits".into(),
+                },
+                api::PoolAttempt {
+                    pool: "gpu".into(),
+                    outcome: api::PlacementOutcome::Placed,
+                    reason: String::new(),
+                },
+            ]
+        );
+        let t = decided.trace("enc");
+        assert_eq!(t.pool.as_deref(), Some("east"));
+        assert_eq!(t.node.as_deref(), Some("n1"));
+        assert_eq!(t.pools_tried.len(), 1);
     }
 
     fn job<'a>(phase: JobPhase, need: Need, node: &'a str) -> JobFacts<'a> {
