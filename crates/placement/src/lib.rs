@@ -77,6 +77,11 @@
 //! * A pool is left only when it cannot take the whole replica: an elastic pool first asks
 //!   for a new node (the smallest candidate type — by capacity, cores, name — with which the
 //!   replica would fit, in the zone breaking fewest soft rules), unless it is at `maxNodes`.
+//! * A replica no pool can take whole is placed group by group (same order), each group
+//!   falling through the pool list on its own, checked against where the other groups landed
+//!   whatever their pool; a group no existing node of an elastic pool takes asks that pool for
+//!   a node (`Provision`). Only when the whole-replica pass finds nothing, so every decision it
+//!   makes is unchanged; [`Trace::jobs`] then gives each job's pool and the pools it left.
 //! * A spare that takes a job (commit) stops being a spare.
 //! * `upsert_node` replaces the node's used capacity with what the mirror reports; reserve and
 //!   release adjust it in between.
