@@ -1184,6 +1184,15 @@ fn place_split<S: Searcher>(
     let mut landings: Vec<Option<Landing>> = vec![None; prepared.groups.len()];
     let mut pool_of: Vec<Option<(usize, &str)>> = vec![None; prepared.groups.len()];
     let mut trails: Vec<Vec<PoolAttempt>> = vec![Vec::new(); prepared.groups.len()];
+    let mut to_count: Vec<(usize, usize, PoolIdx, Failure)> = Vec::new();
+    let count = |trails: &mut Vec<Vec<PoolAttempt>>,
+                 to_count: &[(usize, usize, PoolIdx, Failure)]| {
+        for (gi, at, pidx, failure) in to_count {
+            if let Some(a) = trails.get_mut(*gi).and_then(|t| t.get_mut(*at)) {
+                a.rejections = diagnose(e, s, req, prepared, *pidx, failure, now);
+            }
+        }
+    };
     let mut overlay = Overlay::default();
     let mut broken = BTreeSet::new();
     for (gi, g) in prepared.groups.iter().enumerate() {
@@ -1259,6 +1268,7 @@ fn place_split<S: Searcher>(
                         trail.push(used(name, PoolOutcome::Provision));
                         pool_of[gi] = Some((rank, name.as_str()));
                         trails[gi] = trail;
+                        count(&mut trails, &to_count);
                         let message = format!(
                             "no single pool can take the replica; placing it job by job, no node of pool {name} can take job {}; provision a {type_name} node{}",
                             unit_job.as_deref().unwrap_or(""),
@@ -1289,8 +1299,9 @@ fn place_split<S: Searcher>(
                 rules: hard,
                 overlay: overlay.clone(),
             };
-            let rejections = diagnose(e, s, req, prepared, pidx, &failure, now);
-            trail.push(left(name, reason, rejections));
+            // Counted only once the split succeeds: a failed split's trail is dropped.
+            to_count.push((gi, trail.len(), pidx, failure));
+            trail.push(left(name, reason, Vec::new()));
         }
         pool_of[gi]?;
         trails[gi] = trail;
@@ -1298,6 +1309,7 @@ fn place_split<S: Searcher>(
     let assignments = assignments_of(e, req, prepared, &landings);
     // The outcome's pool is the most preferred pool any job landed in.
     let first = pool_of.iter().flatten().min_by_key(|(rank, _)| *rank)?.1;
+    count(&mut trails, &to_count);
     let jobs = job_traces(req, prepared, &pool_of, &trails);
     let mut per_pool: Vec<(usize, &str, Vec<&str>)> = Vec::new();
     for (gi, g) in prepared.groups.iter().enumerate() {
