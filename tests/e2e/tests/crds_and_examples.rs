@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use automanager_e2e::{env_with_crds, examples_dir, expected_error};
+use automanager_e2e::{crds_dir, env_with_crds, examples_dir, expected_error};
 
 #[tokio::test]
 async fn every_crd_is_established_and_the_examples_apply_cleanly() {
@@ -397,4 +397,124 @@ spec:
         out.stdout
     );
     assert!(!out.stdout.contains("never-"), "{}", out.stdout);
+}
+
+/// A Bundle stored with a window that never opens before the apiserver had the rule (an
+/// upgrade) stays editable: the apiserver checks only the fields an update changes (CRD
+/// validation ratcheting), so the operator can still write its `Stalled` status and a person can
+/// change other fields, while a new window that never opens is refused.
+#[tokio::test]
+async fn a_window_stored_before_the_rule_stays_editable_and_is_not_made_worse() {
+    let env = env_with_crds().await.expect("control plane with CRDs");
+    let crd = std::fs::read_to_string(crds_dir().join("bundles.yaml")).unwrap();
+    let lines: Vec<&str> = crd.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("schedule never opens"))
+        .expect("the rule in crds/bundles.yaml");
+    // The rule is one list entry of two lines (its message and its rule).
+    let without: Vec<&str> = lines
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != at && *i != at + 1)
+        .map(|(_, l)| *l)
+        .collect();
+    assert!(!without.join("\n").contains("!self.matches('^[ "));
+    let out = env.apply_yaml(&without.join("\n")).await.unwrap();
+    assert!(out.success(), "{}", out.stderr);
+
+    let bundle = r#"
+apiVersion: automanager.norsk.io/v1alpha1
+kind: Bundle
+metadata: { name: old-window, namespace: default }
+spec:
+  replicas: 1
+  pools: [aws-east]
+  jobs:
+    - jobName: encode
+      requirements: { requiredCapacity: 8, requiredCores: 4, priorityBand: gold }
+  disruption:
+    windows:
+      - { schedule: '0 0 31 2 *', duration: 2h }
+"#;
+    // The apiserver takes a moment to serve the CRD it was just given.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = env.apply_yaml(bundle).await.unwrap();
+        if out.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "stored without the rule: {}",
+            out.stderr
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    // The rule back: a new Bundle with the same window is refused.
+    let out = env
+        .apply_file(crds_dir().join("bundles.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    let fresh = bundle.replace("old-window", "new-window");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = env.apply_yaml(&fresh).await.unwrap();
+        if !out.success() {
+            assert!(
+                out.stderr.contains("schedule never opens"),
+                "{}",
+                out.stderr
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still accepted with the rule"
+        );
+        let out = env
+            .run_kubectl(["delete", "bundle", "new-window", "-n", "default"])
+            .await
+            .unwrap();
+        assert!(out.success(), "{}", out.stderr);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    let patch = |args: [&'static str; 2]| {
+        let env = &env;
+        async move {
+            let mut a = vec!["patch", "bundle", "old-window", "-n", "default"];
+            a.extend(["--type", "merge"]);
+            a.extend(args);
+            env.run_kubectl(a).await.unwrap()
+        }
+    };
+    // The operator's status write, and a person's change to another field, go through.
+    let out = patch([
+        "--subresource=status",
+        r#"-p={"status":{"observedGeneration":1,"conditions":[{"type":"Stalled","status":"True","reason":"InvalidSpec","message":"held","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}"#,
+    ])
+    .await;
+    assert!(out.success(), "status: {}", out.stderr);
+    let out = patch(["-p", r#"{"spec":{"replicas":2}}"#]).await;
+    assert!(out.success(), "another field: {}", out.stderr);
+    // Changing the window to another that never opens is refused; to one that opens, accepted.
+    let out = patch([
+        "-p",
+        r#"{"spec":{"disruption":{"windows":[{"schedule":"0 0 30 2 *","duration":"2h"}]}}}"#,
+    ])
+    .await;
+    assert!(
+        !out.success() && out.stderr.contains("schedule never opens"),
+        "{}",
+        out.stderr
+    );
+    let out = patch([
+        "-p",
+        r#"{"spec":{"disruption":{"windows":[{"schedule":"0 0 29 2 *","duration":"2h"}]}}}"#,
+    ])
+    .await;
+    assert!(out.success(), "a window that opens: {}", out.stderr);
 }
