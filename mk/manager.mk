@@ -1,9 +1,12 @@
 # Manager gRPC API, manager-sim and manager-client.
 
-.PHONY: test-manager test-sim-socket bench-sim-socket bench-manager manager-sim lint-manager
+.PHONY: test-manager test-manager-api test-sim-socket bench-sim-socket bench-manager manager-sim lint-manager
 
 test-manager: ## test manager-proto, manager-sim and manager-client (loopback, property tests)
 	cargo test -p manager-proto -p manager-sim -p manager-client
+
+test-manager-api: control-plane ## Manager's published API: our protos vs the package, the package's client vs manager-sim and its server vs our client, the operator over it end to end, a forced reconnect at 10k jobs; one summary line
+	@AUTOMANAGER_K8S_BIN="$(K8S_BIN)" scripts/test-manager-api.sh
 
 test-sim-socket: ## handovers through manager-sim over gRPC and the real job socket (refuse, abort, slow cutover, failed participant)
 	cargo test -p manager-sim --test job_socket

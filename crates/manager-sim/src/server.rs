@@ -975,7 +975,8 @@ impl Manager for SimService {
 }
 
 #[derive(Clone)]
-struct AdminSvc(Arc<Inner>);
+/// SimAdmin over the sim's world, and the published API's service (its streams are cut too).
+struct AdminSvc(Arc<Inner>, Option<crate::published::PublishedService>);
 
 fn done(summary: String) -> Result<Response<AdminResponse>, Status> {
     tracing::info!(%summary, "chaos");
@@ -1040,7 +1041,13 @@ impl SimAdmin for AdminSvc {
             g.cut_all(&Status::unavailable("stream cut by chaos cut-streams"));
             n
         };
-        done(format!("cut {n} watch streams"))
+        let published = self
+            .1
+            .as_ref()
+            .map_or(0, crate::published::PublishedService::cut_streams);
+        done(format!(
+            "cut {n} watch streams and {published} published event streams"
+        ))
     }
 
     async fn slow_provision(
@@ -1096,7 +1103,16 @@ impl SimAdmin for AdminSvc {
         &self,
         _req: Request<CallCountsRequest>,
     ) -> Result<Response<CallCountsResponse>, Status> {
-        Ok(Response::new(self.0.calls.report()))
+        let mut report = self.0.calls.report();
+        // The published API's calls, under its package's name; all but the reads and streams
+        // change Manager's state.
+        for (rpc, n) in self.1.as_ref().map(|p| p.calls()).unwrap_or_default() {
+            if !matches!(rpc, "JobSearch" | "EventStream" | "CreateStatusChannel") {
+                report.mutating += n;
+            }
+            report.calls.insert(format!("norsk.api.manager/{rpc}"), n);
+        }
+        Ok(Response::new(report))
     }
 
     async fn set_migration_behaviour(
@@ -1232,7 +1248,7 @@ impl Sim {
         );
         let t2 = token;
         let admin = InterceptedService::new(
-            SimAdminServer::new(AdminSvc(inner.clone()))
+            SimAdminServer::new(AdminSvc(inner.clone(), Some(published_service.clone())))
                 .max_decoding_message_size(config.limits.max_request_bytes),
             move |r: Request<()>| authorize(t2.as_ref(), &r).map(|()| r),
         );

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use automanager_api::{Bundle, HotSpareTarget, JobState, Migration, MigrationPhase};
@@ -14,8 +15,10 @@ use automanager_e2e::examples_dir;
 use automanager_e2e::scenario::{BundleView, show};
 use automanager_e2e::stack::Stack;
 use manager_client::proto::api::common::JobId;
-use manager_client::proto::api::manager::Job;
-use manager_client::published::{InstancePhase, PublishedClient, PublishedConfig, tags};
+use manager_client::proto::api::manager::{Job, JobHistoryEntry};
+use manager_client::published::{
+    InstancePhase, PublishedClient, PublishedConfig, tags, timestamp_ms,
+};
 
 const OWNER: &str = "e2e-published";
 const WAIT: Duration = Duration::from_secs(30);
@@ -110,6 +113,72 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
     );
     assert!(primary_on_node, "a primary instance on {encode_node}");
 
+    // A reconnect (every published stream cut) is a whole new snapshot, and the operator acts
+    // on none of it: after the reconnect, a new Bundle is the only thing Manager is asked for.
+    let calls_before = stack.sim_calls().expect("call counts");
+    let streams_before = calls_before
+        .get("norsk.api.manager/EventStream")
+        .copied()
+        .unwrap_or(0);
+    let snapshots_before = other.counters().snapshots.load(Ordering::Acquire);
+    let cut_ms = wall_ms();
+    let said = stack.chaos(&["cut-streams"]).expect("cut-streams");
+    assert!(said.contains("published event streams"), "{said}");
+    stack
+        .wait_for(
+            "the operator and the other client reconnected",
+            WAIT,
+            || async {
+                let calls = stack.sim_calls()?;
+                let streams = calls
+                    .get("norsk.api.manager/EventStream")
+                    .copied()
+                    .unwrap_or(0);
+                let other_back =
+                    other.counters().snapshots.load(Ordering::Acquire) > snapshots_before;
+                Ok((streams >= streams_before + 2 && other_back).then_some(()))
+            },
+        )
+        .await
+        .expect("both reconnect");
+    automanager_e2e::apply(
+        &stack,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: Bundle\nmetadata: {name: barrier, namespace: default}\n\
+         spec: {replicas: 1, pools: [onprem], jobs: [{jobName: probe, requirements: {requiredCapacity: 1, requiredCores: 1, priorityBand: bronze}}]}\n",
+    )
+    .await;
+    stack.expect_ready("barrier").await;
+    let spurious_actions = other.with_mirror(|m| {
+        let started_or_stopped: usize = m
+            .jobs
+            .values()
+            .filter(|j| tags::owned_by(j.tags(), OWNER))
+            .filter(|j| {
+                j.tags()
+                    .get(tags::BUNDLE)
+                    .is_none_or(|b| !b.ends_with(".barrier"))
+            })
+            .map(|j| {
+                j.history
+                    .iter()
+                    .filter(|e| step_at(e).is_some_and(|at| at >= cut_ms))
+                    .count()
+            })
+            .sum();
+        let nodes_made = m
+            .nodes
+            .values()
+            .filter(|n| {
+                n.metadata
+                    .as_ref()
+                    .and_then(|md| md.created_at.as_ref())
+                    .is_some_and(|t| timestamp_ms(t) >= cut_ms)
+            })
+            .count();
+        started_or_stopped + nodes_made
+    });
+    assert_eq!(spurious_actions, 0, "a reconnect made the operator act");
+
     // What the published API cannot do is said where a user looks: a warm tier asked for, and
     // a Migration (there is no migration handshake).
     automanager_e2e::apply(
@@ -153,17 +222,19 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         "nothing moved"
     );
 
-    // Deleting a Bundle deletes its stored jobs, and never the other client's.
+    // Deleting Bundles (one running, one refused) stops and deletes their stored jobs, and never
+    // the other client's.
     stack.delete::<Bundle>("news-gold").await;
+    stack.delete::<Bundle>("preview-bronze").await;
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let (gone, foreign_kept) = other.with_mirror(|m| {
             (
                 !m.jobs.values().any(|j| {
                     tags::owned_by(j.tags(), OWNER)
-                        && j.tags()
-                            .get(tags::BUNDLE)
-                            .is_some_and(|b| b.ends_with("news-gold"))
+                        && j.tags().get(tags::BUNDLE).is_some_and(|b| {
+                            b.ends_with(".news-gold") || b.ends_with(".preview-bronze")
+                        })
                 }),
                 m.jobs.contains_key("default.news-gold/0/encode"),
             )
@@ -174,9 +245,49 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "news-gold's stored jobs were not deleted"
+            "the deleted Bundles' stored jobs are still in Manager"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The figures of `make test-manager-api`.
+    let calls = stack.sim_calls().expect("call counts");
+    let used = calls
+        .iter()
+        .filter(|(rpc, n)| rpc.starts_with("norsk.api.manager/") && **n > 0)
+        .count();
+    let foreign_touched = other.with_mirror(|m| {
+        m.jobs
+            .get("default.news-gold/0/encode")
+            .map_or(1, |j| usize::from(j.history.len() != 1))
+    });
+    assert_eq!(
+        foreign_touched, 0,
+        "the other client's job has only its creation"
+    );
+    println!(
+        "manager-api-e2e rpcs_used={used}/13 foreign_jobs_touched={foreign_touched} spurious_actions={spurious_actions}"
+    );
     other.close().await;
+}
+
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// When a history step that starts or stops an instance (or creates, updates or completes the
+/// job) happened.
+fn step_at(e: &JobHistoryEntry) -> Option<i64> {
+    use manager_client::proto::api::manager::job_history_entry::HistoryEntry as H;
+    let t = match e.history_entry.as_ref()? {
+        H::JobCreated(x) => x.timestamp.as_ref(),
+        H::JobUpdated(x) => x.timestamp.as_ref(),
+        H::JobProvisioned(x) => x.timestamp.as_ref(),
+        H::JobRunning(x) => x.timestamp.as_ref(),
+        H::JobStopping(x) => x.timestamp.as_ref(),
+        H::JobStopped(x) => x.timestamp.as_ref(),
+        H::JobCompleted(x) => x.timestamp.as_ref(),
+    };
+    t.map(timestamp_ms)
 }

@@ -28,6 +28,8 @@ const STREAM_BACKLOG: usize = 4096;
 
 struct Inner {
     world: Mutex<PublishedWorld>,
+    /// Calls served per RPC, by its name in the published proto.
+    calls: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     streams: Mutex<Vec<mpsc::Sender<Result<EventStreamEvent, Status>>>>,
     timer: Arc<Notify>,
 }
@@ -55,11 +57,21 @@ impl PublishedService {
     pub fn start(world: PublishedWorld) -> PublishedService {
         let svc = PublishedService(Arc::new(Inner {
             world: Mutex::new(world),
+            calls: Mutex::default(),
             streams: Mutex::new(Vec::new()),
             timer: Arc::new(Notify::new()),
         }));
         tokio::spawn(run_timer(Arc::downgrade(&svc.0), Arc::clone(&svc.0.timer)));
         svc
+    }
+
+    /// Calls served per RPC of the published API (an RPC never called is absent).
+    pub fn calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        lock(&self.0.calls).clone()
+    }
+
+    fn count(&self, rpc: &'static str) {
+        *lock(&self.0.calls).entry(rpc).or_default() += 1;
     }
 
     /// The tonic server of this service.
@@ -151,6 +163,7 @@ impl Manager for PublishedService {
         &self,
         _req: Request<()>,
     ) -> Result<Response<Self::CreateStatusChannelStream>, Status> {
+        self.count("CreateStatusChannel");
         // A Hello, then nothing: the sim writes no log lines to its clients.
         let hello = NorskStatusEvent {
             message: Some(norsk_status_event::Message::Hello(Hello { version: None })),
@@ -160,18 +173,21 @@ impl Manager for PublishedService {
     }
 
     async fn create_job(&self, req: Request<Job>) -> Result<Response<JobHash>, Status> {
+        self.count("CreateJob");
         let job = req.into_inner();
         let hash = self.apply(|w, now| w.create_job(job, now))?;
         Ok(Response::new(JobHash { hash }))
     }
 
     async fn update_job(&self, req: Request<Job>) -> Result<Response<JobHash>, Status> {
+        self.count("UpdateJob");
         let job = req.into_inner();
         let hash = self.apply(|w, now| w.update_job(job, now))?;
         Ok(Response::new(JobHash { hash }))
     }
 
     async fn delete_job(&self, req: Request<JobId>) -> Result<Response<()>, Status> {
+        self.count("DeleteJob");
         let id = req.into_inner().job_id;
         self.apply(|w, _| w.delete_job(&id))?;
         Ok(Response::new(()))
@@ -181,6 +197,7 @@ impl Manager for PublishedService {
         &self,
         req: Request<JobSearchRequest>,
     ) -> Result<Response<Self::JobSearchStream>, Status> {
+        self.count("JobSearch");
         let filters = req.into_inner().job_filter;
         let found = lock(&self.0.world).job_search(&filters).map_err(status)?;
         Ok(Response::new(Box::pin(futures::stream::iter(
@@ -192,6 +209,7 @@ impl Manager for PublishedService {
         &self,
         req: Request<CreateAwsNodeRequest>,
     ) -> Result<Response<()>, Status> {
+        self.count("CreateAwsNode");
         let req = req.into_inner();
         self.apply(|w, now| w.create_aws_node(&req, now))?;
         Ok(Response::new(()))
@@ -201,6 +219,7 @@ impl Manager for PublishedService {
         &self,
         req: Request<CreateOciNodeRequest>,
     ) -> Result<Response<()>, Status> {
+        self.count("CreateOciNode");
         let req = req.into_inner();
         self.apply(|w, now| w.create_oci_node(&req, now))?;
         Ok(Response::new(()))
@@ -210,18 +229,21 @@ impl Manager for PublishedService {
         &self,
         _req: Request<UpdatePhysicalNodeRequest>,
     ) -> Result<Response<()>, Status> {
+        self.count("UpdatePhysicalNode");
         Err(Status::unimplemented(
             "manager-sim does not simulate a physical node's daemon version",
         ))
     }
 
     async fn terminate_node(&self, req: Request<NodeId>) -> Result<Response<()>, Status> {
+        self.count("TerminateNode");
         let id = req.into_inner().node_id;
         self.apply(|w, now| w.terminate_node(&id, now))?;
         Ok(Response::new(()))
     }
 
     async fn start_job(&self, req: Request<StartJobRequest>) -> Result<Response<()>, Status> {
+        self.count("StartJob");
         let r = req.into_inner();
         let (job, node) = (job_id(r.job_id), node_id(r.node_id));
         self.apply(|w, now| w.start_job(&job, &r.role, &node, now))?;
@@ -229,6 +251,7 @@ impl Manager for PublishedService {
     }
 
     async fn stop_job(&self, req: Request<StopJobRequest>) -> Result<Response<()>, Status> {
+        self.count("StopJob");
         let r = req.into_inner();
         let (job, node) = (job_id(r.job_id), node_id(r.node_id));
         self.apply(|w, now| w.stop_job(&job, &r.role, &node, now))?;
@@ -236,6 +259,7 @@ impl Manager for PublishedService {
     }
 
     async fn complete_job(&self, req: Request<JobId>) -> Result<Response<()>, Status> {
+        self.count("CompleteJob");
         let id = req.into_inner().job_id;
         self.apply(|w, now| w.complete_job(&id, now))?;
         Ok(Response::new(()))
@@ -245,6 +269,7 @@ impl Manager for PublishedService {
         &self,
         req: Request<EventStreamRequest>,
     ) -> Result<Response<Self::EventStreamStream>, Status> {
+        self.count("EventStream");
         let window = req.into_inner().pending_window_s;
         if window < 0 {
             return Err(Status::invalid_argument(format!(
