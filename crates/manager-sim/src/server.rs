@@ -990,9 +990,17 @@ impl SimAdmin for AdminSvc {
         req: Request<KillNodeRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        self.0
+        // The published API's world has nodes of its own (and the physical nodes both know):
+        // the node dies in each world that holds it.
+        let published = self.1.as_ref().and_then(|p| p.kill_node(&req.node_id));
+        let ours = self
+            .0
             .apply(|w, now| w.kill_node(&req.node_id, now))
-            .map_err(status)?;
+            .map_err(status);
+        match (published, ours) {
+            (Some(Err(e)), _) | (None, Err(e)) => return Err(e),
+            (Some(Ok(())), _) | (None, Ok(_)) => {}
+        }
         done(format!("killed node {}", req.node_id))
     }
 

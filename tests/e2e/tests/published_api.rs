@@ -30,6 +30,10 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
             "manager".into(),
             serde_json::json!({"url": c["manager"]["url"], "api": "published", "owner": OWNER}),
         );
+        c.insert(
+            "orphanSweep".into(),
+            serde_json::json!({"interval": "1s", "grace": "1s"}),
+        );
     })
     .await
     .expect("stack");
@@ -48,6 +52,29 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         })
         .await
         .expect("a foreign job");
+
+    // Two stored jobs of a Bundle no cluster has: one under this installation's owner tag (an
+    // orphan, say after a restore: the sweep removes it), one under another's (never touched).
+    for (id, owner, replica) in [
+        ("default.gone/0/enc", OWNER, "0"),
+        ("default.gone/1/enc", "someone-else", "1"),
+    ] {
+        other
+            .create_job(Job {
+                job_id: Some(JobId {
+                    job_id: id.to_owned(),
+                }),
+                tags: BTreeMap::from([
+                    (tags::OWNER.to_owned(), owner.to_owned()),
+                    (tags::BUNDLE.to_owned(), "default.gone".to_owned()),
+                    (tags::REPLICA.to_owned(), replica.to_owned()),
+                    (tags::JOB.to_owned(), "enc".to_owned()),
+                ]),
+                ..Default::default()
+            })
+            .await
+            .expect("a stored job");
+    }
 
     let out = stack.env.apply_file(examples_dir()).await.unwrap();
     assert!(out.success(), "{}", out.stderr);
@@ -222,6 +249,35 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         "nothing moved"
     );
 
+    // A node dies: Manager reports its instances stopped with the node (JOB_STOPPED_NODE_STOPPED),
+    // and the operator restarts the job elsewhere over the same API.
+    stack
+        .chaos(&["kill-node", &encode_node])
+        .expect("kill-node");
+    let recovered = stack
+        .wait_until::<Bundle>("my-channel-1", "recovered off the killed node", |b| {
+            b.node_of(0, "encode")
+                .is_some_and(|n| n != encode_node.as_str())
+                && b.state_of(0, "encode") == Some(JobState::Running)
+        })
+        .await;
+    let moved_to = recovered
+        .node_of(0, "encode")
+        .unwrap_or_default()
+        .to_owned();
+    let running_there = other.with_mirror(|m| {
+        m.jobs.values().any(|j| {
+            tags::owned_by(j.tags(), OWNER)
+                && j.instances
+                    .get(tags::ROLE_NORMAL)
+                    .is_some_and(|i| i.node_id == moved_to && i.phase == InstancePhase::Running)
+        })
+    });
+    assert!(
+        running_there,
+        "Manager runs the recovered job on {moved_to}"
+    );
+
     // Deleting Bundles (one running, one refused) stops and deletes their stored jobs, and never
     // the other client's.
     stack.delete::<Bundle>("news-gold").await;
@@ -249,6 +305,23 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The orphan sweep removed the orphan of ours, and only that.
+    stack
+        .wait_for("the sweep removed the orphan", WAIT, || async {
+            Ok(other
+                .with_mirror(|m| !m.jobs.contains_key("default.gone/0/enc"))
+                .then_some(()))
+        })
+        .await
+        .expect("the orphan removed");
+    let (foreign_gone_kept, foreign_history) = other.with_mirror(|m| {
+        m.jobs
+            .get("default.gone/1/enc")
+            .map_or((false, 0), |j| (true, j.history.len()))
+    });
+    assert!(foreign_gone_kept, "the other installation's job is kept");
+    assert_eq!(foreign_history, 1, "and never started or stopped");
+
     // The figures of `make test-manager-api`.
     let calls = stack.sim_calls().expect("call counts");
     let used = calls
@@ -256,9 +329,14 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
         .filter(|(rpc, n)| rpc.starts_with("norsk.api.manager/") && **n > 0)
         .count();
     let foreign_touched = other.with_mirror(|m| {
-        m.jobs
-            .get("default.news-gold/0/encode")
-            .map_or(1, |j| usize::from(j.history.len() != 1))
+        ["default.news-gold/0/encode", "default.gone/1/enc"]
+            .iter()
+            .map(|id| {
+                m.jobs
+                    .get(*id)
+                    .map_or(1, |j| usize::from(j.history.len() != 1))
+            })
+            .sum::<usize>()
     });
     assert_eq!(
         foreign_touched, 0,

@@ -87,6 +87,14 @@ impl PublishedService {
         open
     }
 
+    /// Kills node `id` if this world holds it (SimAdmin's KillNode); `None` when it does not.
+    pub fn kill_node(&self, id: &str) -> Option<Result<(), Status>> {
+        if !lock(&self.0.world).has_node(id) {
+            return None;
+        }
+        Some(self.apply(|w, now| w.kill_node(id, now)))
+    }
+
     /// Runs a command at the current time and sends what it did to every open stream.
     fn apply<R>(
         &self,

@@ -35,6 +35,10 @@ use crate::world::CommandError;
 const STOPPING_TERMINATED: i32 = 8;
 /// `JobHistoryJobStopping.Reason` for an instance its caller stopped (`JOB_STOPPED_USER_REQUESTED`).
 const JOB_STOPPING_REQUESTED: i32 = 2;
+/// `NodeStopping.Reason` for a node that stopped answering (`HEALTH_PING_TIME_EXCEEDED`).
+const STOPPING_HEALTH_PING_EXCEEDED: i32 = 4;
+/// `JobHistoryJobStopping.Reason` for an instance whose node stopped (`JOB_STOPPED_NODE_STOPPED`).
+const JOB_STOPPING_NODE_STOPPED: i32 = 0;
 /// `JobHistoryJobStopping.Reason` for an instance whose node was terminated
 /// (`JOB_STOPPED_NODE_TERMINATED`).
 const JOB_STOPPING_NODE_TERMINATED: i32 = 1;
@@ -372,6 +376,42 @@ impl PublishedWorld {
             .collect();
         for (job, role) in hosted {
             self.stop_instance(&job, &role, JOB_STOPPING_NODE_TERMINATED, now_ms);
+        }
+        self.nodes.remove(id);
+        self.events.push(ev(Event::NodeStopped(NodeStopped {
+            node_id: node_id(id),
+        })));
+        Ok(())
+    }
+
+    /// Whether the world holds node `id`.
+    pub fn has_node(&self, id: &str) -> bool {
+        self.nodes.contains_key(id)
+    }
+
+    /// The node dies (a fault, not a request): Manager stops hearing from it, so its instances
+    /// stop with `JOB_STOPPED_NODE_STOPPED` and the node with `HEALTH_PING_TIME_EXCEEDED`, and
+    /// it is gone.
+    pub fn kill_node(&mut self, id: &str, now_ms: i64) -> Result<(), CommandError> {
+        if !self.nodes.contains_key(id) {
+            return Err(CommandError::NotFound(format!("node {id}")));
+        }
+        self.events.push(ev(Event::NodeStopping(NodeStopping {
+            node_id: node_id(id),
+            reason: STOPPING_HEALTH_PING_EXCEEDED,
+        })));
+        let hosted: Vec<(String, String)> = self
+            .jobs
+            .iter()
+            .flat_map(|(j, s)| {
+                s.instances
+                    .iter()
+                    .filter(|(_, n)| n.as_str() == id)
+                    .map(|(role, _)| (j.clone(), role.clone()))
+            })
+            .collect();
+        for (job, role) in hosted {
+            self.stop_instance(&job, &role, JOB_STOPPING_NODE_STOPPED, now_ms);
         }
         self.nodes.remove(id);
         self.events.push(ev(Event::NodeStopped(NodeStopped {
