@@ -361,7 +361,24 @@ impl Pass<'_> {
         let (r, pool) = (placed.r, placed.pool);
         let mut nodes: Vec<&str> = placed.assignments.iter().map(|a| a.node.as_str()).collect();
         nodes.dedup();
-        let note = format!("replica {r} on {} in pool {pool}", nodes.join(", "));
+        // A replica split across pools names each pool its jobs went to.
+        let mut pools: Vec<&str> = Vec::new();
+        for a in placed.assignments {
+            if let Some(p) = placed.decision.pool_of(&a.job_name)
+                && !pools.contains(&p)
+            {
+                pools.push(p);
+            }
+        }
+        let note = if pools.len() > 1 {
+            format!(
+                "replica {r} on {} in pools {}",
+                nodes.join(", "),
+                pools.join(", ")
+            )
+        } else {
+            format!("replica {r} on {} in pool {pool}", nodes.join(", "))
+        };
         if placed.recovery {
             ctx.event(self.bundle, EventType::Normal, "Restarted", "Place", note)
                 .await;
@@ -369,7 +386,17 @@ impl Pass<'_> {
             outcome.placed_note = Some(note);
         }
         let trace = &placed.decision.trace;
-        if self
+        if placed.decision.is_split() {
+            let note = format!("replica {r} split across pools: {}", trace.message);
+            ctx.event(
+                self.bundle,
+                EventType::Normal,
+                "SpilledToPool",
+                "Place",
+                note,
+            )
+            .await;
+        } else if self
             .engine_bundle
             .pools_for_replica(r)
             .first()
