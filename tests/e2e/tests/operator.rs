@@ -141,6 +141,51 @@ async fn a_replica_spills_to_the_next_pool_when_the_first_cannot_take_it() {
 }
 
 #[tokio::test]
+async fn a_replica_no_single_pool_can_take_is_split_across_pools_job_by_job() {
+    let stack = start().await;
+    // Only onprem has sdi-capture and only aws-west's g4dn type has nvidia-gpu: neither pool
+    // can take the replica whole, so each job falls through the pool list on its own.
+    stack
+        .create(&bundle(
+            "split",
+            1,
+            &["onprem", "aws-west"],
+            [
+                job("capture", 50, Silver).needs(&["sdi-capture"]),
+                job("infer", 50, Silver).needs(&["nvidia-gpu"]),
+            ],
+        ))
+        .await;
+    let b = stack.expect_ready("split").await;
+    assert_eq!(b.pool_of(0, "capture"), Some("onprem"), "{}", show(&b));
+    assert_eq!(b.pool_of(0, "infer"), Some("aws-west"), "{}", show(&b));
+    // The gpu job's trace is its own: onprem left (no node fits), aws-west took it.
+    let tried: Vec<(String, String)> = b
+        .job(0, "infer")
+        .and_then(|j| j.last_placement.as_ref())
+        .map(|t| {
+            t.pools_tried
+                .iter()
+                .map(|p| (p.pool.clone(), p.reason.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        tried.first(),
+        Some(&("onprem".to_owned(), "noNodeFits".to_owned())),
+        "{}",
+        show(&b)
+    );
+    assert_eq!(
+        tried.last().map(|(p, _)| p.as_str()),
+        Some("aws-west"),
+        "{}",
+        show(&b)
+    );
+    stack.expect_event("split", "SpilledToPool", &[]).await;
+}
+
+#[tokio::test]
 async fn refused_starts_make_a_node_unhealthy_and_placement_avoids_it() {
     let stack = start().await;
     // The operator's default: five refusals within ten minutes make a node unhealthy. Binpack
