@@ -14,10 +14,8 @@ use manager_client::{ClientConfig, ClientError, ManagerClient, MirrorChange, Mir
 use manager_proto::api::common::JobId;
 use manager_proto::api::manager::Job as StoredJob;
 use manager_proto::{
-    Bundle, BundleJob, CreateNodeRequest, InstanceType, JobRequirements, JobRole, JobState,
-    NodeState, Pool, ProviderKind, ScaleOut,
+    Bundle, BundleJob, CreateNodeRequest, JobRequirements, JobRole, JobState, NodeState,
 };
-use manager_sim::config::PoolKind;
 use manager_sim::{Sim, SimConfig};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -26,34 +24,8 @@ const OWNER: &str = "test-install";
 fn catalog_of(config: &SimConfig) -> PoolCatalog {
     let catalog = PoolCatalog::new();
     for p in &config.pools {
-        let kind = match p.kind {
-            PoolKind::Aws => ProviderKind::Aws,
-            PoolKind::Oci => ProviderKind::Oci,
-            PoolKind::Cluster => ProviderKind::Cluster,
-        };
         catalog.upsert(CatalogPool {
-            pool: Pool {
-                name: p.name.clone(),
-                kind: kind as i32,
-                region: p.region.clone(),
-                zones: p.zones.clone(),
-                scale_out: if kind == ProviderKind::Cluster {
-                    ScaleOut::Fixed as i32
-                } else {
-                    ScaleOut::Elastic as i32
-                },
-                instance_types: p
-                    .instance_types
-                    .iter()
-                    .map(|t| InstanceType {
-                        instance_type: t.instance_type.clone(),
-                        capacity: t.capacity,
-                        cores: t.cores,
-                        capabilities: t.capabilities.clone(),
-                    })
-                    .collect(),
-                ..Default::default()
-            },
+            pool: p.to_proto(0, 0),
             ..Default::default()
         });
     }

@@ -364,16 +364,7 @@ impl PublishedWorld {
             node_id: node_id(id),
             reason: STOPPING_TERMINATED,
         })));
-        let hosted: Vec<(String, String)> = self
-            .jobs
-            .iter()
-            .flat_map(|(j, s)| {
-                s.instances
-                    .iter()
-                    .filter(|(_, n)| n.as_str() == id)
-                    .map(|(role, _)| (j.clone(), role.clone()))
-            })
-            .collect();
+        let hosted = self.instances_on(id);
         for (job, role) in hosted {
             self.stop_instance(&job, &role, JOB_STOPPING_NODE_TERMINATED, now_ms);
         }
@@ -382,6 +373,19 @@ impl PublishedWorld {
             node_id: node_id(id),
         })));
         Ok(())
+    }
+
+    /// The (job, role) of every instance on node `id`.
+    fn instances_on(&self, id: &str) -> Vec<(String, String)> {
+        self.jobs
+            .iter()
+            .flat_map(|(j, s)| {
+                s.instances
+                    .iter()
+                    .filter(|(_, n)| n.as_str() == id)
+                    .map(|(role, _)| (j.clone(), role.clone()))
+            })
+            .collect()
     }
 
     /// Whether the world holds node `id`.
@@ -400,16 +404,7 @@ impl PublishedWorld {
             node_id: node_id(id),
             reason: STOPPING_HEALTH_PING_EXCEEDED,
         })));
-        let hosted: Vec<(String, String)> = self
-            .jobs
-            .iter()
-            .flat_map(|(j, s)| {
-                s.instances
-                    .iter()
-                    .filter(|(_, n)| n.as_str() == id)
-                    .map(|(role, _)| (j.clone(), role.clone()))
-            })
-            .collect();
+        let hosted = self.instances_on(id);
         for (job, role) in hosted {
             self.stop_instance(&job, &role, JOB_STOPPING_NODE_STOPPED, now_ms);
         }
