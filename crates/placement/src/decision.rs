@@ -28,11 +28,14 @@ pub struct Decision {
 pub enum Outcome {
     /// Every job of the replica has a node.
     Placed {
+        /// The pool of every job; for a replica split across pools, the most preferred pool
+        /// any job landed in ([`Decision::pool_of`] gives each job's).
         pool: String,
         assignments: Vec<Assignment>,
     },
     /// No existing node can take the replica, but a new node of `instanceType` in this elastic
-    /// pool (in `zone`, when the rules pick one) would. Place again once it is starting.
+    /// pool (in `zone`, when the rules pick one) would (for a replica split across pools: would
+    /// take the next of its units). Place again once it is starting.
     Provision {
         pool: String,
         instance_type: String,

@@ -910,7 +910,7 @@ fn split_only() -> impl Strategy<Value = Scenario> {
                 ));
             }
             for (i, cap) in gpu.iter().enumerate() {
-                // Bigger than every plain job, so each is placed before them.
+                // Sized to its node exactly: a gpu node has no room for anything else.
                 let need = f64::from(*cap) + 20.0;
                 let mut j = JobSpec::new(&format!("g{i}"), need, 1, PriorityBand::Gold);
                 j.requirements.required_capabilities = vec!["gpu".into()];
