@@ -631,3 +631,45 @@ fn package_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
+
+#[test]
+fn trace_of_a_replica_split_across_pools() {
+    // Only onprem has sdi and only aws-east's node has a gpu, and no new aws-east node would
+    // have sdi: neither pool takes the replica whole, so each job goes its own way.
+    let mut sdi = node("onprem-a1", "onprem", "rack-a", 0.0, false);
+    sdi.capabilities = vec!["sdi".into()];
+    let mut gpu = node("aws-east-1", "aws-east", "eu-west-1a", 40.0, false);
+    gpu.capabilities = vec!["gpu".into()];
+    let e = pl::Engine::new(pl::ClusterSnapshot {
+        pools: vec![
+            pool("onprem", pl::ScaleOut::Fixed, &["rack-a"]),
+            pool("aws-east", pl::ScaleOut::Elastic, &["eu-west-1a"]),
+        ],
+        nodes: vec![sdi, gpu],
+        ..pl::ClusterSnapshot::default()
+    })
+    .expect("valid cluster");
+    let mut capture = pl::JobSpec::new("capture", 20.0, 2, pl::PriorityBand::Gold);
+    capture.requirements.required_capabilities = vec!["sdi".into()];
+    let mut infer = pl::JobSpec::new("infer", 30.0, 4, pl::PriorityBand::Gold);
+    infer.requirements.required_capabilities = vec!["gpu".into()];
+    let b = bundle(vec![capture, infer]);
+    let d = e.place(
+        &b.request_for_replica(0, pl::PlacementKind::First, vec![]),
+        0,
+    );
+    assert!(d.is_split(), "{}", d.trace.message);
+    let t = BundleTrace {
+        namespace: "video".into(),
+        bundle: "news".into(),
+        bundle_id: "video.news".into(),
+        replicas: vec![ReplicaTrace {
+            replica: 0,
+            decided_at: Some("2026-11-01T10:00:00Z".into()),
+            recovery: false,
+            decision: d,
+            preempted: None,
+        }],
+    };
+    insta::assert_snapshot!(render::trace::render(&t, &view(false)));
+}

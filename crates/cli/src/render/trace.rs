@@ -124,6 +124,15 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
         "first placement"
     };
     let outcome = match &d.outcome {
+        pl::Outcome::Placed { .. } if d.is_split() => {
+            let mut pools: Vec<&str> = Vec::new();
+            for j in &d.trace.jobs {
+                if !pools.contains(&j.pool.as_str()) {
+                    pools.push(&j.pool);
+                }
+            }
+            format!("placed split across {}", pools.join(", "))
+        }
         pl::Outcome::Placed { pool, .. } => format!("placed in {pool}"),
         pl::Outcome::Provision {
             pool,
@@ -162,6 +171,19 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
     }
     node = node.child(pools);
 
+    // No pool took the replica whole: where each job went, and the pools it left.
+    if !d.trace.jobs.is_empty() {
+        let mut jobs = Tree::new("no pool takes the whole replica; job by job");
+        for j in &d.trace.jobs {
+            let mut job = Tree::new(format!("{}: {}", j.job_name, j.pool));
+            for (i, p) in j.pools_tried.iter().enumerate() {
+                job = job.child(unit_pool_tree(i + 1, p, view));
+            }
+            jobs = jobs.child(job);
+        }
+        node = node.child(jobs);
+    }
+
     // Rejections by reason, summed over the pools that were left.
     let summary = d.summary();
     if !summary.rejections.is_empty() {
@@ -175,8 +197,10 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
     match &d.outcome {
         pl::Outcome::Placed { pool, assignments } => {
             let mut chosen = Tree::new("chosen");
-            let packing = view.packing.get(pool).map(String::as_str);
             for a in assignments {
+                // A job of a replica split across pools is packed by its own pool.
+                let job_pool = d.pool_of(&a.job_name).unwrap_or(pool);
+                let packing = view.packing.get(job_pool).map(String::as_str);
                 chosen = chosen.child(assignment_tree(a, packing, view.wide));
             }
             node = node.child(chosen);
@@ -220,9 +244,27 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
 }
 
 fn pool_tree(n: usize, p: &pl::PoolAttempt, view: &TraceView) -> Tree {
+    pool_tree_for(n, p, view, false)
+}
+
+/// A pool as one job of a split replica tried it: left because no node could take that job
+/// (with the jobs it shares a node with), not the whole replica.
+fn unit_pool_tree(n: usize, p: &pl::PoolAttempt, view: &TraceView) -> Tree {
+    pool_tree_for(n, p, view, true)
+}
+
+fn pool_tree_for(n: usize, p: &pl::PoolAttempt, view: &TraceView, unit: bool) -> Tree {
     let label = match p.outcome {
         pl::PoolOutcome::Placed => format!("{n}. {}: placed here", p.pool),
         pl::PoolOutcome::Provision => format!("{n}. {}: a new node is provisioned here", p.pool),
+        pl::PoolOutcome::Left if unit => {
+            let why = p.reason.map(left_reason).unwrap_or("left");
+            format!(
+                "{n}. {}: left, {}",
+                p.pool,
+                why.replace("the whole replica", "it")
+            )
+        }
         pl::PoolOutcome::Left => {
             let why = p.reason.map(left_reason).unwrap_or("left");
             let job = p
