@@ -52,6 +52,56 @@ pub struct CandidateInstanceType {
     pub capabilities: Vec<String>,
 }
 
+/// An AWS launch template, by id or by name, and optionally a version (absent: the template's
+/// default version).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.id) != has(self.name)").message("a launch template is named by exactly one of id and name"))]
+pub struct LaunchTemplateRef {
+    /// The template's id, e.g. `lt-0abcd1234ef567890`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub id: Option<String>,
+    /// The template's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub name: Option<String>,
+    /// The template's version (`$Latest`, `$Default` or a number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub version: Option<String>,
+}
+
+/// How an `aws` pool's nodes are launched when the operator speaks Manager's published API,
+/// whose CreateAwsNode takes a launch template and no zone: the template a zone's nodes are
+/// launched with is what puts them in that zone (its subnet).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AwsLaunch {
+    /// The template of a zone without its own entry in `zoneLaunchTemplates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launch_template: Option<LaunchTemplateRef>,
+    /// Per zone of the pool, the template whose subnet is in that zone.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub zone_launch_templates: std::collections::BTreeMap<String, LaunchTemplateRef>,
+}
+
+/// How an `oci` pool's nodes are launched when the operator speaks Manager's published API
+/// (CreateOciNode takes an availability domain, a shape and a subnet).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OciLaunch {
+    /// The subnet of an availability domain without its own entry in `zoneSubnets`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub subnet: Option<String>,
+    /// Per availability domain (a zone of the pool), the subnet its nodes are launched in.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 16))]
+    pub zone_subnets: std::collections::BTreeMap<String, String>,
+}
+
 /// A pool of nodes: the TypeScript library's `PlacementPool`. The pool's `name` is the object's `metadata.name`.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -89,6 +139,10 @@ pub struct CandidateInstanceType {
 #[x_kube(validation = Rule::new("self.candidateInstanceTypes.all(t, self.candidateInstanceTypes.filter(u, u.instanceType == t.instanceType).size() == 1)").message("instanceType must be unique within candidateInstanceTypes").field_path(".candidateInstanceTypes"))]
 #[x_kube(validation = Rule::new("!has(self.consolidation) || !has(self.consolidation.mode) || self.consolidation.mode == 'off' || (self.scaleOut == 'elastic' && (!has(self.packingStrategy) || self.packingStrategy == 'binpack'))").message("consolidation applies only to an elastic binpack pool (scaleOut: elastic, packingStrategy: binpack)").field_path(".consolidation"))]
 #[x_kube(validation = Rule::new("!has(self.consolidation) || !has(self.consolidation.minNodes) || !has(self.maxNodes) || self.consolidation.minNodes <= self.maxNodes").message("consolidation.minNodes must not exceed maxNodes").field_path(".consolidation.minNodes"))]
+#[x_kube(validation = Rule::new("!has(self.aws) || self.kind == 'aws'").message("aws launch settings apply only to a pool of kind aws").field_path(".aws"))]
+#[x_kube(validation = Rule::new("!has(self.oci) || self.kind == 'oci'").message("oci launch settings apply only to a pool of kind oci").field_path(".oci"))]
+#[x_kube(validation = Rule::new("!has(self.aws) || !has(self.aws.zoneLaunchTemplates) || self.aws.zoneLaunchTemplates.all(z, z in self.zones)").message("every zone in aws.zoneLaunchTemplates must be one of the pool's zones").field_path(".aws.zoneLaunchTemplates"))]
+#[x_kube(validation = Rule::new("!has(self.oci) || !has(self.oci.zoneSubnets) || self.oci.zoneSubnets.all(z, z in self.zones)").message("every zone in oci.zoneSubnets must be one of the pool's zones").field_path(".oci.zoneSubnets"))]
 #[x_kube(validation = Rule::new("self.kind == oldSelf.kind").message("kind is immutable: create a new pool instead"))]
 #[x_kube(validation = Rule::new("self.region == oldSelf.region").message("region is immutable: create a new pool instead"))]
 pub struct PlacementPoolSpec {
@@ -119,6 +173,12 @@ pub struct PlacementPoolSpec {
     /// terminate them. Off when absent. See docs/fleet-consolidation.md.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub consolidation: Option<ConsolidationSpec>,
+    /// `aws` pools over Manager's published API: the launch templates nodes are created with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub aws: Option<AwsLaunch>,
+    /// `oci` pools over Manager's published API: the subnets nodes are created in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciLaunch>,
 }
 
 /// Whether consolidation runs, only plans, or is off.

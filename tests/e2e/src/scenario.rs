@@ -272,6 +272,8 @@ pub fn elastic_pool(
             candidate_instance_types: vec![instance],
             max_nodes: None,
             consolidation: None,
+            aws: None,
+            oci: None,
         },
     )
 }
@@ -317,6 +319,8 @@ pub fn fixed_pool(
             candidate_instance_types: vec![instance_type("rack-server", 100, 32)],
             max_nodes: None,
             consolidation: None,
+            aws: None,
+            oci: None,
         },
     );
     Ok((path, placement_pool))
