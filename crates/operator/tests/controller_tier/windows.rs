@@ -203,9 +203,9 @@ async fn a_band_window_holds_a_drains_move_and_a_bundle_window_adds_its_own_hold
 async fn a_bundle_window_that_never_opens_holds_its_moves_and_stalls_the_bundle() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     t.running_bundle_moving_by("news", 1, "overlap").await;
-    // The apiserver would refuse this window at admission only if it could read cron; one
-    // stored anyway (an older CRD, a window the operator reads differently) must not let a
-    // drain through as if the bundle had no windows.
+    // The apiserver refuses this window at admission now; one stored anyway (under an older
+    // CRD, or a form its rule cannot judge) must not let a drain through as if the bundle had
+    // no windows.
     t.api.edit::<api::Bundle>(Some("live"), "news", |b| {
         b.spec.disruption = Some(
             serde_json::from_value(serde_json::json!({
