@@ -54,12 +54,17 @@ helm-lint: ## helm lint the chart, with the defaults and with every optional fea
 
 # The install suites: the image, the chart (lint, dry run, schema, install/upgrade/uninstall,
 # GitOps), and the operator under the chart's ServiceAccount with kstatus and Argo CD health.
-test-install: control-plane install-tools image ## the install suites (image, chart, RBAC, kstatus, Argo CD health, GitOps); see docs/install.md
+# Each suite's figures are printed by its tests (--nocapture) and kept in .tmp/test-install.log;
+# scripts/ecosystem-summary.sh reads them into the one summary line it ends with.
+test-install: control-plane install-tools image ## the install suites (image, chart, RBAC, kstatus, Argo CD health, GitOps); see docs/install.md; ends with the `ecosystem` summary line
+	@mkdir -p .tmp && : > .tmp/test-install.log
 	@echo "==> cargo test -p automanager-e2e --features install (install_image, install_chart, install_operator)"
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" AUTOMANAGER_IMAGE="$(CURDIR)/$(IMAGE_TAR)" \
 	  $(CARGO) test -p automanager-e2e --features install \
-	  --test install_image --test install_chart --test install_operator --no-fail-fast
-	@$(MAKE) --no-print-directory test-install-k8s-second
+	  --test install_image --test install_chart --test install_operator --no-fail-fast \
+	  -- --nocapture 2>&1 | tee -a .tmp/test-install.log
+	@$(MAKE) --no-print-directory test-install-k8s-second 2>&1 | tee -a .tmp/test-install.log
+	@scripts/ecosystem-summary.sh .tmp/test-install.log
 
 # The other Kubernetes minor of the support matrix (docs/install.md#supported-kubernetes): one
 # test, the chart installed, the operator ready under its ServiceAccount over two watched
