@@ -131,15 +131,7 @@ impl PublishedPort {
     }
 
     fn model(&self) -> Model {
-        let overlay = self
-            .overlay
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        self.catalog.read(|catalog| {
-            self.client
-                .with_mirror(|m| model_of(m, &self.owner, catalog, &overlay))
-        })
+        read_model(&self.client, &self.catalog, &self.owner, &self.overlay)
     }
 
     /// Waits (up to the echo wait) until `ready` holds of the model; answers the model then.
@@ -183,8 +175,9 @@ impl PublishedPort {
             })?
             .instance_type
             .clone();
+        let model = self.model();
         let zone = if req.zone.is_empty() {
-            self.least_used_zone(&req.pool, &pool.pool.zones)
+            least_used_zone(&model, &req.pool, &pool.pool.zones)
         } else if pool.pool.zones.contains(&req.zone) {
             req.zone.clone()
         } else {
@@ -198,7 +191,7 @@ impl PublishedPort {
         } else {
             req.request_id.clone()
         };
-        if let Some(existing) = self.model().nodes.get(&node_id) {
+        if let Some(existing) = model.nodes.get(&node_id) {
             // The key names a node already made: the ask is a repeat.
             return Ok(CreateNodeResponse {
                 node: Some(existing.clone()),
@@ -273,22 +266,6 @@ impl PublishedPort {
             ..Default::default()
         });
         Ok(CreateNodeResponse { node: Some(node) })
-    }
-
-    /// The pool's zone with the fewest of our nodes (ties: the first listed).
-    fn least_used_zone(&self, pool: &str, zones: &[String]) -> String {
-        let model = self.model();
-        zones
-            .iter()
-            .min_by_key(|z| {
-                model
-                    .nodes
-                    .values()
-                    .filter(|n| n.pool == pool && &n.zone == *z)
-                    .count()
-            })
-            .cloned()
-            .unwrap_or_default()
     }
 
     async fn terminate_node(
@@ -440,15 +417,16 @@ impl PublishedPort {
         })
     }
 
-    fn our_job(&self, job_id: &str) -> Result<Job, Status> {
-        self.model().jobs.get(job_id).cloned().ok_or_else(|| {
+    fn our_job(model: &Model, job_id: &str) -> Result<Job, Status> {
+        model.jobs.get(job_id).cloned().ok_or_else(|| {
             Status::not_found(format!("job {job_id} is not one of this installation's"))
         })
     }
 
     async fn start_job(&self, req: StartJobRequest) -> Result<StartJobResponse, Status> {
-        self.our_job(&req.job_id)?;
-        if !self.model().nodes.contains_key(&req.node_id) {
+        let model = self.model();
+        Self::our_job(&model, &req.job_id)?;
+        if !model.nodes.contains_key(&req.node_id) {
             return Err(Status::not_found(format!(
                 "node {} is not one this installation places on",
                 req.node_id
@@ -482,7 +460,7 @@ impl PublishedPort {
     }
 
     async fn stop_job(&self, req: StopJobRequest) -> Result<StopJobResponse, Status> {
-        let job = self.our_job(&req.job_id)?;
+        let job = Self::our_job(&self.model(), &req.job_id)?;
         let role = match manager_proto::JobRole::try_from(req.role).unwrap_or_default() {
             manager_proto::JobRole::Unspecified => manager_proto::JobRole::Normal,
             r => r,
@@ -540,7 +518,7 @@ impl PublishedPort {
         &self,
         req: UpdateJobConfigRequest,
     ) -> Result<UpdateJobConfigResponse, Status> {
-        self.our_job(&req.job_id)?;
+        Self::our_job(&self.model(), &req.job_id)?;
         let text = String::from_utf8(req.config)
             .map_err(|_| Status::invalid_argument("a job's configuration is UTF-8 JSON"))?;
         let stored = self
@@ -572,6 +550,20 @@ impl PublishedPort {
         tokio::spawn(async move { feed.run(req, tx).await });
         tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
     }
+}
+
+/// Everything ours the client's mirror holds now, as the port models it.
+fn read_model(
+    client: &PublishedClient,
+    catalog: &PoolCatalog,
+    owner: &str,
+    overlay: &Mutex<StopOverlay>,
+) -> Model {
+    let overlay = overlay
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    catalog.read(|catalog| client.with_mirror(|m| model_of(m, owner, catalog, &overlay)))
 }
 
 /// Everything ours in `m`, as the port models it.
@@ -606,6 +598,21 @@ fn model_of(
     model
 }
 
+/// The pool's zone with the fewest of our nodes (ties: the first listed).
+fn least_used_zone(model: &Model, pool: &str, zones: &[String]) -> String {
+    zones
+        .iter()
+        .min_by_key(|z| {
+            model
+                .nodes
+                .values()
+                .filter(|n| n.pool == pool && &n.zone == *z)
+                .count()
+        })
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn rebuild_bundle(model: &Model, bundle_id: &str) -> Option<Bundle> {
     let empty = BTreeMap::new();
     bundle_from_jobs(
@@ -633,15 +640,7 @@ type Sink = mpsc::Sender<Result<WatchResponse, Status>>;
 
 impl Feed {
     fn model(&self) -> Model {
-        let overlay = self
-            .overlay
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        self.catalog.read(|catalog| {
-            self.client
-                .with_mirror(|m| model_of(m, &self.owner, catalog, &overlay))
-        })
+        read_model(&self.client, &self.catalog, &self.owner, &self.overlay)
     }
 
     async fn run(self, req: WatchRequest, tx: Sink) {
