@@ -241,47 +241,29 @@ impl Slot {
 
 /// Plans one pass over the noticed nodes (see the module docs).
 pub fn plan_notice(input: NoticeInput<'_>) -> NoticePlan {
-    let NoticeInput {
-        now,
-        nodes,
-        jobs,
-        free,
-        pools,
-        times,
-        budgets,
-    } = input;
-    let deadlines: BTreeMap<&str, DateTime<Utc>> = nodes
-        .iter()
-        .map(|n| (n.node_id.as_str(), n.deadline))
-        .fold(BTreeMap::new(), |mut m, (id, d)| {
-            let e = m.entry(id).or_insert(d);
-            *e = (*e).min(d);
-            m
-        });
-    let mut plan = NoticePlan::default();
-    let mut ledger = budgets.clone();
+    let deadlines = earliest_deadlines(input.nodes);
+    let mut planner = Planner::new(&input, &deadlines);
+    for (job, deadline) in in_plan_order(input.jobs, &deadlines) {
+        planner.plan_job(job, deadline);
+    }
+    planner.plan
+}
 
-    // Room: free nodes not being taken, best fit first (least room), ties by id.
-    let mut slots: Vec<Slot> = free
-        .iter()
-        .filter(|f| !deadlines.contains_key(f.node_id.as_str()))
-        .map(|f| Slot {
-            node_id: Some(f.node_id.clone()),
-            pool: f.pool.clone(),
-            capacity: f.free_capacity.max(0.0),
-            cores: f.free_cores,
-            job_socket: f.job_socket,
-            ready_at: f.ready_at.unwrap_or(now).max(now),
-        })
-        .collect();
-    slots.sort_by(|a, b| {
-        a.capacity
-            .total_cmp(&b.capacity)
-            .then(a.cores.cmp(&b.cores))
-            .then(a.node_id.cmp(&b.node_id))
-    });
-    let mut room: BTreeMap<&str, u32> = pools.iter().map(|p| (p.pool.as_str(), p.room)).collect();
+/// Each noticed node's earliest deadline.
+fn earliest_deadlines(nodes: &[NoticedNode]) -> BTreeMap<&str, DateTime<Utc>> {
+    let mut deadlines: BTreeMap<&str, DateTime<Utc>> = BTreeMap::new();
+    for n in nodes {
+        let d = deadlines.entry(n.node_id.as_str()).or_insert(n.deadline);
+        *d = (*d).min(n.deadline);
+    }
+    deadlines
+}
 
+/// The jobs on noticed nodes with their deadlines, in the order the module docs give.
+fn in_plan_order<'a>(
+    jobs: &'a [NoticedJob],
+    deadlines: &BTreeMap<&str, DateTime<Utc>>,
+) -> Vec<(&'a NoticedJob, DateTime<Utc>)> {
     let mut ordered: Vec<(&NoticedJob, DateTime<Utc>)> = jobs
         .iter()
         .filter_map(|j| deadlines.get(j.node_id.as_str()).map(|d| (j, *d)))
@@ -294,143 +276,105 @@ pub fn plan_notice(input: NoticeInput<'_>) -> NoticePlan {
             &b.job_id,
         ))
     });
-    let mut seen = BTreeSet::new();
-    for (job, deadline) in ordered {
-        if !seen.insert(job.job_id.as_str()) {
-            continue;
+    ordered
+}
+
+/// One pass's working state: the room handed out so far, the budgets as moves take them, and
+/// the plan being written.
+struct Planner<'a> {
+    now: DateTime<Utc>,
+    pools: &'a [PoolSupply],
+    times: MoveTimes,
+    /// Room on nodes not being taken, best fit first (least room), ties by id; nodes this plan
+    /// provisions are appended as they are asked for.
+    slots: Vec<Slot>,
+    /// Nodes each elastic pool may still be asked for.
+    room: BTreeMap<&'a str, u32>,
+    ledger: Ledger<String>,
+    seen: BTreeSet<&'a str>,
+    plan: NoticePlan,
+}
+
+impl<'a> Planner<'a> {
+    fn new(input: &NoticeInput<'a>, deadlines: &BTreeMap<&str, DateTime<Utc>>) -> Self {
+        let now = input.now;
+        let mut slots: Vec<Slot> = input
+            .free
+            .iter()
+            .filter(|f| !deadlines.contains_key(f.node_id.as_str()))
+            .map(|f| Slot {
+                node_id: Some(f.node_id.clone()),
+                pool: f.pool.clone(),
+                capacity: f.free_capacity.max(0.0),
+                cores: f.free_cores,
+                job_socket: f.job_socket,
+                ready_at: f.ready_at.unwrap_or(now).max(now),
+            })
+            .collect();
+        slots.sort_by(|a, b| {
+            a.capacity
+                .total_cmp(&b.capacity)
+                .then(a.cores.cmp(&b.cores))
+                .then(a.node_id.cmp(&b.node_id))
+        });
+        Planner {
+            now,
+            pools: input.pools,
+            times: input.times,
+            slots,
+            room: input
+                .pools
+                .iter()
+                .map(|p| (p.pool.as_str(), p.room))
+                .collect(),
+            ledger: input.budgets.clone(),
+            seen: BTreeSet::new(),
+            plan: NoticePlan::default(),
+        }
+    }
+
+    /// Decides one job: a move now, a wait, or left to band recovery at its deadline.
+    fn plan_job(&mut self, job: &'a NoticedJob, deadline: DateTime<Utc>) {
+        if !self.seen.insert(job.job_id.as_str()) {
+            return;
         }
         if job.in_flight {
-            plan.in_flight.push(job.job_id.clone());
-            continue;
+            self.plan.in_flight.push(job.job_id.clone());
+            return;
         }
         if let Some(why) = &job.move_ended {
-            plan.left.push(Left {
-                job_id: job.job_id.clone(),
-                band: job.band,
-                why: LeftReason::MoveEnded { why: why.clone() },
-            });
-            continue;
+            self.leave(job, LeftReason::MoveEnded { why: why.clone() });
+            return;
         }
-        let handover = job.strategy == MigrationStrategy::Handover;
-        let needed = times.of(job.strategy);
+        let needed = self.times.of(job.strategy);
         let start_by = deadline - needed;
-
-        // Existing room, by pool preference, best fit within a pool.
-        let found = job.pools.iter().find_map(|p| {
-            slots
-                .iter()
-                .position(|s| &s.pool == p && s.fits(job, handover))
-        });
-        let (destination, ready_at) = match found {
-            Some(i) => {
-                let s = &mut slots[i];
-                s.capacity -= job.capacity;
-                s.cores = s.cores.saturating_sub(job.cores);
-                let dest = match &s.node_id {
-                    Some(id) => Destination::Node(id.clone()),
-                    None => Destination::Provisioned {
-                        pool: s.pool.clone(),
-                    },
-                };
-                (dest, s.ready_at)
-            }
-            None => {
-                // A node provisioned early in the first pool with room that can hold the job.
-                let supply = job.pools.iter().find_map(|p| {
-                    pools.iter().find(|s| {
-                        &s.pool == p
-                            && room.get(s.pool.as_str()).is_some_and(|r| *r > 0)
-                            && s.node_capacity + 1e-9 >= job.capacity
-                            && s.node_cores >= job.cores
-                            && (!handover || s.job_socket)
-                    })
-                });
-                let Some(s) = supply else {
-                    plan.left.push(Left {
-                        job_id: job.job_id.clone(),
-                        band: job.band,
-                        why: LeftReason::NoCapacity,
-                    });
-                    continue;
-                };
-                if let Some(r) = room.get_mut(s.pool.as_str()) {
-                    *r -= 1;
-                }
-                *plan.provision.entry(s.pool.clone()).or_default() += 1;
-                let ready_at = now + s.ready_in.max(TimeDelta::zero());
-                slots.push(Slot {
-                    node_id: None,
-                    pool: s.pool.clone(),
-                    capacity: s.node_capacity - job.capacity,
-                    cores: s.node_cores.saturating_sub(job.cores),
-                    job_socket: s.job_socket,
-                    ready_at,
-                });
-                (
-                    Destination::Provisioned {
-                        pool: s.pool.clone(),
-                    },
-                    ready_at,
-                )
-            }
+        let Some((destination, ready_at)) = self.destination(job) else {
+            self.leave(job, LeftReason::NoCapacity);
+            return;
         };
         if ready_at + needed > deadline {
-            plan.left.push(Left {
-                job_id: job.job_id.clone(),
-                band: job.band,
-                why: LeftReason::TooLate {
-                    needed: (ready_at - now) + needed,
-                    left: deadline - now,
-                },
-            });
-            continue;
+            let why = LeftReason::TooLate {
+                needed: (ready_at - self.now) + needed,
+                left: deadline - self.now,
+            };
+            self.leave(job, why);
+            return;
         }
-        if ready_at > now {
-            plan.waiting.push(Waiting {
-                job_id: job.job_id.clone(),
-                why: WaitReason::Target {
+        if ready_at > self.now {
+            self.wait(
+                job,
+                WaitReason::Target {
                     destination,
                     ready_at,
                 },
-            });
-            continue;
+            );
+            return;
         }
-        let budget = match ledger.check(&job.bundle, job.replica) {
-            Verdict::Allowed => BudgetUse::Within,
-            // Time for the blocking move to finish and this one after it: wait.
-            Verdict::Blocked {
-                down,
-                max_unavailable,
-            } if start_by - now >= needed => {
-                plan.waiting.push(Waiting {
-                    job_id: job.job_id.clone(),
-                    why: WaitReason::Budget {
-                        down,
-                        max_unavailable,
-                        until: start_by,
-                    },
-                });
-                continue;
-            }
-            Verdict::Blocked {
-                down,
-                max_unavailable,
-            } => BudgetUse::Broken {
-                reason: format!(
-                    "replica(s) {} of bundle {} are down and maxUnavailableReplicas is {max_unavailable}; the node is taken at {} and waiting would miss it ({}s left, a move takes {}s)",
-                    down.iter()
-                        .map(u32::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    job.bundle,
-                    deadline.to_rfc3339(),
-                    (deadline - now).num_seconds(),
-                    needed.num_seconds(),
-                ),
-            },
+        let Some(budget) = self.budget_use(job, deadline, needed) else {
+            return;
         };
-        ledger.mark(&job.bundle, job.replica);
-        plan.moves.push(PlannedMove {
+        self.ledger.mark(&job.bundle, job.replica);
+        self.plan.moves.push(PlannedMove {
             job_id: job.job_id.clone(),
             from: job.node_id.clone(),
             strategy: job.strategy,
@@ -440,7 +384,130 @@ pub fn plan_notice(input: NoticeInput<'_>) -> NoticePlan {
             budget,
         });
     }
-    plan
+
+    /// Where the job goes and when that is up: room already there, else a node provisioned
+    /// early; `None` when neither exists.
+    fn destination(&mut self, job: &NoticedJob) -> Option<(Destination, DateTime<Utc>)> {
+        let handover = job.strategy == MigrationStrategy::Handover;
+        self.existing_room(job, handover)
+            .or_else(|| self.provision_early(job, handover))
+    }
+
+    /// Room on a node already there (or already asked for), by pool preference, best fit
+    /// within a pool; the room is taken.
+    fn existing_room(
+        &mut self,
+        job: &NoticedJob,
+        handover: bool,
+    ) -> Option<(Destination, DateTime<Utc>)> {
+        let i = job.pools.iter().find_map(|p| {
+            self.slots
+                .iter()
+                .position(|s| &s.pool == p && s.fits(job, handover))
+        })?;
+        let s = &mut self.slots[i];
+        s.capacity -= job.capacity;
+        s.cores = s.cores.saturating_sub(job.cores);
+        let dest = match &s.node_id {
+            Some(id) => Destination::Node(id.clone()),
+            None => Destination::Provisioned {
+                pool: s.pool.clone(),
+            },
+        };
+        Some((dest, s.ready_at))
+    }
+
+    /// A node provisioned early in the first of the job's pools with room that can hold it;
+    /// what is left of that node becomes room for later jobs.
+    fn provision_early(
+        &mut self,
+        job: &NoticedJob,
+        handover: bool,
+    ) -> Option<(Destination, DateTime<Utc>)> {
+        let pools = self.pools;
+        let s = job.pools.iter().find_map(|p| {
+            pools.iter().find(|s| {
+                &s.pool == p
+                    && self.room.get(s.pool.as_str()).is_some_and(|r| *r > 0)
+                    && s.node_capacity + 1e-9 >= job.capacity
+                    && s.node_cores >= job.cores
+                    && (!handover || s.job_socket)
+            })
+        })?;
+        if let Some(r) = self.room.get_mut(s.pool.as_str()) {
+            *r -= 1;
+        }
+        *self.plan.provision.entry(s.pool.clone()).or_default() += 1;
+        let ready_at = self.now + s.ready_in.max(TimeDelta::zero());
+        self.slots.push(Slot {
+            node_id: None,
+            pool: s.pool.clone(),
+            capacity: s.node_capacity - job.capacity,
+            cores: s.node_cores.saturating_sub(job.cores),
+            job_socket: s.job_socket,
+            ready_at,
+        });
+        let dest = Destination::Provisioned {
+            pool: s.pool.clone(),
+        };
+        Some((dest, ready_at))
+    }
+
+    /// How a move now stands with its bundle's budget; `None` when it waits for the budget
+    /// (time remains for the blocking move to finish and this one after it).
+    fn budget_use(
+        &mut self,
+        job: &NoticedJob,
+        deadline: DateTime<Utc>,
+        needed: TimeDelta,
+    ) -> Option<BudgetUse> {
+        let start_by = deadline - needed;
+        let Verdict::Blocked {
+            down,
+            max_unavailable,
+        } = self.ledger.check(&job.bundle, job.replica)
+        else {
+            return Some(BudgetUse::Within);
+        };
+        if start_by - self.now >= needed {
+            self.wait(
+                job,
+                WaitReason::Budget {
+                    down,
+                    max_unavailable,
+                    until: start_by,
+                },
+            );
+            return None;
+        }
+        let reason = format!(
+            "replica(s) {} of bundle {} are down and maxUnavailableReplicas is {max_unavailable}; the node is taken at {} and waiting would miss it ({}s left, a move takes {}s)",
+            down.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            job.bundle,
+            deadline.to_rfc3339(),
+            (deadline - self.now).num_seconds(),
+            needed.num_seconds(),
+        );
+        Some(BudgetUse::Broken { reason })
+    }
+
+    fn leave(&mut self, job: &NoticedJob, why: LeftReason) {
+        self.plan.left.push(Left {
+            job_id: job.job_id.clone(),
+            band: job.band,
+            why,
+        });
+    }
+
+    fn wait(&mut self, job: &NoticedJob, why: WaitReason) {
+        self.plan.waiting.push(Waiting {
+            job_id: job.job_id.clone(),
+            why,
+        });
+    }
 }
 
 #[cfg(test)]
