@@ -374,182 +374,267 @@ pub struct TierInput<'a> {
 
 /// Plans one reconcile of a target's hot and warm tiers (see the module docs).
 pub fn plan_tiers(input: TierInput<'_>) -> Result<TierPlan, SpareSpecError> {
-    let TierInput {
-        target_name,
-        spec,
-        hot,
-        warm,
-        pool,
-        nodes,
-        now,
-        rotation_allowed,
-        bounds,
-    } = input;
-    for n in [hot, warm] {
+    for n in [input.hot, input.warm] {
         TierSize::Count(n).validate()?;
     }
-    let max_age = spec.max_age.as_deref().map(parse_max_age).transpose()?;
-    let hot_spec = SpareTarget {
-        target_count: i32::try_from(hot).unwrap_or(i32::MAX),
-        ..spec.clone()
-    };
-    let mut hp: SparePlan = plan_spares(target_name, &hot_spec, pool.scale_out, nodes, now)?;
-    let warm_unsupported = warm > 0 && !pool.can_stop;
-    let warm_target = if pool.can_stop { warm } else { 0 };
-
-    // The target's warm and stopping spares, first occurrence of an id wins (as for hot).
-    let mut seen = BTreeSet::new();
-    let mut powered_off: Vec<&SpareNode> = Vec::new();
-    let mut stopping = 0u32;
-    for n in nodes {
-        if !belongs(n, target_name, spec.for_band) || !seen.insert(n.node_id.as_str()) {
-            continue;
-        }
-        match (n.state, n.holds_jobs) {
-            (SpareState::PoweredOff, false) => powered_off.push(n),
-            (SpareState::Stopping, false) => stopping += 1,
-            _ => {}
-        }
-    }
-    // Youngest first: the node most recently made is the last to age out.
-    powered_off.sort_by(|a, b| (b.created_at, &a.node_id).cmp(&(a.created_at, &b.node_id)));
-    let aged = |n: &SpareNode| max_age.is_some_and(|m| now.signed_duration_since(n.created_at) > m);
-
-    let warm_ids: Vec<String> = powered_off.iter().map(|n| n.node_id.clone()).collect();
-    let mut spare_nodes: Vec<String> = hp.spare_nodes.iter().cloned().chain(warm_ids).collect();
-    spare_nodes.sort();
-    let mut plan = TierPlan {
-        hot: TierCounts {
-            target: hp.target,
-            ready: hp.live,
-            pending: hp.pending,
-        },
-        warm: TierCounts {
-            target: warm_target,
-            ready: count(powered_off.len()),
-            pending: stopping,
-        },
-        start: Vec::new(),
-        stop: Vec::new(),
-        create_hot: 0,
-        create_warm: 0,
-        terminate: Vec::new(),
-        rotate: None,
-        warm_rotate: None,
-        rotation_held: false,
-        underflow: hp.underflow.clone(),
-        warm_underflow: (count(powered_off.len()) < warm_target).then(|| Underflow {
-            pool: spec.pool.clone(),
-            current: count(powered_off.len()),
-            target: warm_target,
-        }),
-        taken: hp.taken.clone(),
-        spare_nodes,
-        braked: None,
-        warm_unsupported,
-    };
-    if pool.scale_out == ScaleOut::Fixed {
+    let mut tiers = Tiers::new(input)?;
+    let mut plan = tiers.initial_plan();
+    if input.pool.scale_out == ScaleOut::Fixed {
         return Ok(plan);
     }
-
-    // A new rotation waits for the window; one under way finishes.
-    if let Some(RotationStep::ProvisionReplacement { .. }) = hp.rotate
-        && !rotation_allowed
-    {
-        hp.provision = hp.provision.saturating_sub(1);
-        hp.rotate = None;
-        plan.rotation_held = true;
-    }
-    // Hot refill: warm spares first (not in a held zone), then new nodes.
-    let startable: Vec<&SpareNode> = powered_off
-        .iter()
-        .filter(|n| !bounds.degraded_zones.contains(&n.zone))
-        .copied()
-        .collect();
-    let need = usize::try_from(hp.provision).unwrap_or(usize::MAX);
-    plan.start = startable
-        .iter()
-        .take(need)
-        .map(|n| n.node_id.clone())
-        .collect();
-    let mut create_hot = hp.provision.saturating_sub(count(plan.start.len()));
-    let remaining: Vec<&SpareNode> = powered_off
-        .iter()
-        .filter(|n| !plan.start.contains(&n.node_id))
-        .copied()
-        .collect();
-    // A warm spare being started is the hot tier's from now on.
-    plan.warm.ready = count(remaining.len());
-    plan.warm_underflow = (plan.warm.ready < warm_target).then(|| Underflow {
-        pool: spec.pool.clone(),
-        current: plan.warm.ready,
-        target: warm_target,
-    });
-
-    // Hot surplus: the aged spare of a rotation goes; the rest may become warm.
-    let retiring = match &hp.rotate {
-        Some(RotationStep::RetireAged { aged }) => Some(aged.clone()),
-        _ => None,
+    tiers.hold_new_rotation(&mut plan);
+    let remaining = tiers.refill_hot_from_warm(&mut plan);
+    let mut creates = Creates {
+        hot: tiers.hot.provision.saturating_sub(count(plan.start.len())),
+        warm: 0,
     };
-    let hot_surplus_live = hp.live.saturating_sub(hp.target);
-    let surplus_pending = hp
-        .live
-        .saturating_add(hp.pending)
-        .saturating_sub(hp.target)
-        .saturating_sub(hot_surplus_live)
-        // A rotation's replacement on its way is not surplus: the aged spare leaves for it.
-        .saturating_sub(u32::from(matches!(
-            hp.rotate,
-            Some(RotationStep::AwaitReplacement { .. })
-        )));
-    let mut warm_have = count(remaining.len())
-        .saturating_add(stopping)
-        .saturating_add(surplus_pending);
-    for id in &hp.terminate {
-        let is_aged = retiring.as_deref() == Some(id.as_str())
-            || nodes.iter().any(|n| &n.node_id == id && aged(n));
-        if !is_aged && warm_have < warm_target {
-            plan.stop.push(id.clone());
-            warm_have += 1;
-        } else {
-            plan.terminate.push(id.clone());
+    let surplus_pending = tiers.settle_hot_surplus(&mut plan, &remaining, &mut creates);
+    tiers.apply_bounds(&mut plan, &mut creates);
+    plan.create_hot = creates.hot;
+    plan.create_warm = creates.warm;
+    plan.rotate = tiers.hot.rotate.clone();
+    plan.hot.pending = tiers
+        .hot
+        .pending
+        .saturating_add(count(plan.start.len()))
+        .saturating_add(creates.hot);
+    plan.warm.pending = tiers
+        .stopping
+        .saturating_add(surplus_pending)
+        .saturating_add(count(plan.stop.len()))
+        .saturating_add(creates.warm);
+    Ok(plan)
+}
+
+/// Nodes to create per tier, before and after the bounds.
+struct Creates {
+    hot: u32,
+    warm: u32,
+}
+
+/// What one plan works from: the input, the hot tier's own plan, and the target's warm spares.
+struct Tiers<'a> {
+    input: TierInput<'a>,
+    max_age: Option<TimeDelta>,
+    warm_target: u32,
+    /// The hot tier planned as a plain spare target of size `hot`.
+    hot: SparePlan,
+    /// The target's powered-off spares holding no job, youngest first (the node most recently
+    /// made is the last to age out).
+    powered_off: Vec<&'a SpareNode>,
+    /// The target's spares stopping now.
+    stopping: u32,
+}
+
+impl<'a> Tiers<'a> {
+    fn new(input: TierInput<'a>) -> Result<Self, SpareSpecError> {
+        let spec = input.spec;
+        let max_age = spec.max_age.as_deref().map(parse_max_age).transpose()?;
+        let hot_spec = SpareTarget {
+            target_count: i32::try_from(input.hot).unwrap_or(i32::MAX),
+            ..spec.clone()
+        };
+        let hot = plan_spares(
+            input.target_name,
+            &hot_spec,
+            input.pool.scale_out,
+            input.nodes,
+            input.now,
+        )?;
+        // First occurrence of an id wins (as for hot).
+        let mut seen = BTreeSet::new();
+        let mut powered_off: Vec<&SpareNode> = Vec::new();
+        let mut stopping = 0u32;
+        for n in input.nodes {
+            if !belongs(n, input.target_name, spec.for_band) || !seen.insert(n.node_id.as_str()) {
+                continue;
+            }
+            match (n.state, n.holds_jobs) {
+                (SpareState::PoweredOff, false) => powered_off.push(n),
+                (SpareState::Stopping, false) => stopping += 1,
+                _ => {}
+            }
+        }
+        powered_off.sort_by(|a, b| (b.created_at, &a.node_id).cmp(&(a.created_at, &b.node_id)));
+        Ok(Tiers {
+            input,
+            max_age,
+            warm_target: if input.pool.can_stop { input.warm } else { 0 },
+            hot,
+            powered_off,
+            stopping,
+        })
+    }
+
+    fn aged(&self, n: &SpareNode) -> bool {
+        self.max_age
+            .is_some_and(|m| self.input.now.signed_duration_since(n.created_at) > m)
+    }
+
+    fn warm_underflow(&self, current: u32) -> Option<Underflow> {
+        (current < self.warm_target).then(|| Underflow {
+            pool: self.input.spec.pool.clone(),
+            current,
+            target: self.warm_target,
+        })
+    }
+
+    /// The plan before anything is asked: both tiers' standing.
+    fn initial_plan(&self) -> TierPlan {
+        let hp = &self.hot;
+        let warm_ready = count(self.powered_off.len());
+        let mut spare_nodes: Vec<String> = hp
+            .spare_nodes
+            .iter()
+            .cloned()
+            .chain(self.powered_off.iter().map(|n| n.node_id.clone()))
+            .collect();
+        spare_nodes.sort();
+        TierPlan {
+            hot: TierCounts {
+                target: hp.target,
+                ready: hp.live,
+                pending: hp.pending,
+            },
+            warm: TierCounts {
+                target: self.warm_target,
+                ready: warm_ready,
+                pending: self.stopping,
+            },
+            start: Vec::new(),
+            stop: Vec::new(),
+            create_hot: 0,
+            create_warm: 0,
+            terminate: Vec::new(),
+            rotate: None,
+            warm_rotate: None,
+            rotation_held: false,
+            underflow: hp.underflow.clone(),
+            warm_underflow: self.warm_underflow(warm_ready),
+            taken: hp.taken.clone(),
+            spare_nodes,
+            braked: None,
+            warm_unsupported: self.input.warm > 0 && !self.input.pool.can_stop,
         }
     }
-    let mut create_warm = warm_target.saturating_sub(warm_have);
-    if warm_have > warm_target {
-        // Surplus warm spares, oldest first, never one being started.
-        let excess = usize::try_from(warm_have - warm_target).unwrap_or(usize::MAX);
-        plan.terminate.extend(
-            remaining
-                .iter()
-                .rev()
-                .take(excess)
-                .map(|n| n.node_id.clone()),
-        );
-    } else if warm_have == warm_target
-        && stopping == 0
-        && surplus_pending == 0
-        && plan.stop.is_empty()
-        && let Some(oldest) = remaining.last().filter(|n| aged(n))
-    {
-        // Warm rotation: a replacement first (create-then-stop), then the aged one is surplus.
-        if rotation_allowed {
-            create_warm += 1;
-            plan.warm_rotate = Some(oldest.node_id.clone());
-        } else {
+
+    /// A new rotation waits for the window; one under way finishes.
+    fn hold_new_rotation(&mut self, plan: &mut TierPlan) {
+        if let Some(RotationStep::ProvisionReplacement { .. }) = self.hot.rotate
+            && !self.input.rotation_allowed
+        {
+            self.hot.provision = self.hot.provision.saturating_sub(1);
+            self.hot.rotate = None;
             plan.rotation_held = true;
         }
     }
 
-    // Bounds: hot before warm.
-    let wanted = create_hot.saturating_add(create_warm);
-    let fits = bounds.room.unwrap_or(u32::MAX);
-    let allowed = if bounds.all_zones_degraded {
-        0
-    } else {
-        wanted.min(fits).min(bounds.allowance)
-    };
-    if allowed < wanted {
+    /// Hot refill from warm spares first (none in a held zone); returns the warm spares left
+    /// warm, youngest first. A warm spare being started is the hot tier's from now on.
+    fn refill_hot_from_warm(&self, plan: &mut TierPlan) -> Vec<&'a SpareNode> {
+        let degraded = &self.input.bounds.degraded_zones;
+        let need = usize::try_from(self.hot.provision).unwrap_or(usize::MAX);
+        plan.start = self
+            .powered_off
+            .iter()
+            .filter(|n| !degraded.contains(&n.zone))
+            .take(need)
+            .map(|n| n.node_id.clone())
+            .collect();
+        let remaining: Vec<&SpareNode> = self
+            .powered_off
+            .iter()
+            .filter(|n| !plan.start.contains(&n.node_id))
+            .copied()
+            .collect();
+        plan.warm.ready = count(remaining.len());
+        plan.warm_underflow = self.warm_underflow(plan.warm.ready);
+        remaining
+    }
+
+    /// Hot surplus: the aged spare of a rotation goes; the rest may become warm. Sets the warm
+    /// tier's creates, stops, surplus terminations and warm rotation; returns the hot tier's
+    /// surplus still on its way (it becomes warm once up).
+    fn settle_hot_surplus(
+        &self,
+        plan: &mut TierPlan,
+        remaining: &[&SpareNode],
+        creates: &mut Creates,
+    ) -> u32 {
+        let hp = &self.hot;
+        let retiring = match &hp.rotate {
+            Some(RotationStep::RetireAged { aged }) => Some(aged.as_str()),
+            _ => None,
+        };
+        let hot_surplus_live = hp.live.saturating_sub(hp.target);
+        let surplus_pending = hp
+            .live
+            .saturating_add(hp.pending)
+            .saturating_sub(hp.target)
+            .saturating_sub(hot_surplus_live)
+            // A rotation's replacement on its way is not surplus: the aged spare leaves for it.
+            .saturating_sub(u32::from(matches!(
+                hp.rotate,
+                Some(RotationStep::AwaitReplacement { .. })
+            )));
+        let mut warm_have = count(remaining.len())
+            .saturating_add(self.stopping)
+            .saturating_add(surplus_pending);
+        for id in &hp.terminate {
+            let is_aged = retiring == Some(id.as_str())
+                || self
+                    .input
+                    .nodes
+                    .iter()
+                    .any(|n| &n.node_id == id && self.aged(n));
+            if !is_aged && warm_have < self.warm_target {
+                plan.stop.push(id.clone());
+                warm_have += 1;
+            } else {
+                plan.terminate.push(id.clone());
+            }
+        }
+        creates.warm = self.warm_target.saturating_sub(warm_have);
+        if warm_have > self.warm_target {
+            // Surplus warm spares, oldest first, never one being started.
+            let excess = usize::try_from(warm_have - self.warm_target).unwrap_or(usize::MAX);
+            plan.terminate.extend(
+                remaining
+                    .iter()
+                    .rev()
+                    .take(excess)
+                    .map(|n| n.node_id.clone()),
+            );
+        } else if warm_have == self.warm_target
+            && self.stopping == 0
+            && surplus_pending == 0
+            && plan.stop.is_empty()
+            && let Some(oldest) = remaining.last().filter(|n| self.aged(n))
+        {
+            // Warm rotation: a replacement first (create-then-stop), then the aged one is surplus.
+            if self.input.rotation_allowed {
+                creates.warm += 1;
+                plan.warm_rotate = Some(oldest.node_id.clone());
+            } else {
+                plan.rotation_held = true;
+            }
+        }
+        surplus_pending
+    }
+
+    /// The pool's bounds (zones, `maxNodes`, the rate) cut the creates: hot before warm.
+    fn apply_bounds(&mut self, plan: &mut TierPlan, creates: &mut Creates) {
+        let bounds = self.input.bounds;
+        let wanted = creates.hot.saturating_add(creates.warm);
+        let fits = bounds.room.unwrap_or(u32::MAX);
+        let allowed = if bounds.all_zones_degraded {
+            0
+        } else {
+            wanted.min(fits).min(bounds.allowance)
+        };
+        if allowed >= wanted {
+            return;
+        }
         plan.braked = Some(if bounds.all_zones_degraded {
             Brake::Zones { wanted }
         } else {
@@ -565,32 +650,23 @@ pub fn plan_tiers(input: TierInput<'_>) -> Result<TierPlan, SpareSpecError> {
                 },
             }
         });
-        let hot_cut = create_hot.min(allowed);
+        let hot_cut = creates.hot.min(allowed);
         if hot_cut == 0
             && plan.start.is_empty()
-            && matches!(hp.rotate, Some(RotationStep::ProvisionReplacement { .. }))
+            && matches!(
+                self.hot.rotate,
+                Some(RotationStep::ProvisionReplacement { .. })
+            )
         {
-            hp.rotate = None;
+            self.hot.rotate = None;
         }
-        create_hot = hot_cut;
-        let warm_cut = create_warm.min(allowed - hot_cut);
-        if warm_cut < create_warm {
+        creates.hot = hot_cut;
+        let warm_cut = creates.warm.min(allowed - hot_cut);
+        if warm_cut < creates.warm {
             plan.warm_rotate = None;
         }
-        create_warm = warm_cut;
+        creates.warm = warm_cut;
     }
-    plan.create_hot = create_hot;
-    plan.create_warm = create_warm;
-    plan.rotate = hp.rotate.clone();
-    plan.hot.pending = hp
-        .pending
-        .saturating_add(count(plan.start.len()))
-        .saturating_add(create_hot);
-    plan.warm.pending = stopping
-        .saturating_add(surplus_pending)
-        .saturating_add(count(plan.stop.len()))
-        .saturating_add(create_warm);
-    Ok(plan)
 }
 
 #[cfg(test)]
