@@ -397,6 +397,7 @@ spec:
         out.stdout
     );
     assert!(!out.stdout.contains("never-"), "{}", out.stdout);
+    println!("reliability4-figure never_open_window=refused");
 }
 
 /// A Bundle stored with a window that never opens before the apiserver had the rule (an

@@ -584,4 +584,5 @@ async fn a_reclaim_notice_during_a_held_drain_moves_overlap_and_handover_jobs_be
         stack.events_for("DrainFallback").await.is_empty(),
         "the drain handed nothing to recovery"
     );
+    println!("reliability4-figure notice_vs_held_gaps=0");
 }

@@ -251,6 +251,10 @@ async fn a_zone_outage_pauses_provisioning_there_and_recovers_elsewhere() {
     v.merge(&monitor.stop().await.0);
     eprintln!("{}", v.line("fleet-zone-outage", took));
     assert!(v.is_clean(), "{}", v.details());
+    println!(
+        "reliability4-figure degraded_zone_recoveries={}",
+        back.iter().filter(|z| *z == dead).count()
+    );
 }
 
 #[tokio::test]

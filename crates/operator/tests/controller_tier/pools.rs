@@ -152,4 +152,5 @@ async fn a_pool_being_deleted_heals_its_users_on_its_nodes_and_keeps_new_bundles
         message.contains("pool onprem is being deleted"),
         "{message}"
     );
+    println!("reliability4-figure terminating_pool_healed=yes");
 }
