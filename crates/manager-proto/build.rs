@@ -4,7 +4,10 @@
 //! - `proto/norsk/api/`: Norsk Manager's published API (`norsk.api.manager` and
 //!   `norsk.api.common`, as `@norskvideo/norsk-api` 1.0.384 defines them);
 //! - `proto/norsk/manager/v1/`: the API this project designed before the published one was
-//!   known, still served by manager-sim and spoken by the operator until they move over.
+//!   known, still served by manager-sim and spoken by the operator until they move over;
+//! - `proto/automanager/manager/extension/v1/`: our extension service for what the published API
+//!   lacks (package `automanager.manager.extension.v1`), whose ids are the published API's own
+//!   `norsk.api.common` types (used from [`api::common`], not generated twice).
 //!
 //! It also writes `published_registry.rs`: one decode-and-encode function per published message,
 //! found by its full name, which the conformance tests use to put the package's own encodings
@@ -29,6 +32,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // as the package's own, which writes entries in insertion order).
         .btree_map(".")
         .compile_fds(published)?;
+
+    let extension = protox::compile(
+        ["automanager/manager/extension/v1/extension.proto"],
+        [proto_root],
+    )?;
+    // A directory of its own: the set holds the published files it imports, which must not
+    // be written over the code generated above (their types are used from `api::common`).
+    let extension_dir = out_dir.join("extension");
+    std::fs::create_dir_all(&extension_dir)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .btree_map(".")
+        .extern_path(".norsk.api.common", "crate::api::common")
+        .out_dir(&extension_dir)
+        .compile_fds(extension)?;
 
     let v1 = protox::compile(["norsk/manager/v1/manager.proto"], [proto_root])?;
     tonic_prost_build::configure()

@@ -5,7 +5,11 @@
 //!   that package's own tables and encodings by `tests/published_api.rs`;
 //! - [`v1`] (re-exported at the top): `norsk.manager.v1` (`proto/norsk/manager/v1/manager.proto`),
 //!   the API this project designed before the published one was known, still served by
-//!   manager-sim and spoken by the operator until they move over.
+//!   manager-sim and spoken by the operator until they move over;
+//! - [`extension`], `automanager.manager.extension.v1`
+//!   (`proto/automanager/manager/extension/v1/extension.proto`), our own extension service for
+//!   what the published API lacks (warm nodes, the migration handshake, reclaim notices),
+//!   optional and probed with `Describe`.
 //!
 //! Generated code: messages (prost 0.14), the `Manager` and `SimAdmin` clients
 //! and servers (tonic 0.14); and, in [`ext`], a few helpers on the generated
@@ -38,6 +42,25 @@ pub mod api {
     /// type for each (the conformance tests put the package's own encodings through it).
     pub mod registry {
         include!(concat!(env!("OUT_DIR"), "/published_registry.rs"));
+    }
+}
+
+/// `automanager.manager.extension.v1`: our extension to the published API (ours, not Norsk's).
+pub mod extension {
+    #![allow(missing_docs, clippy::all, clippy::pedantic, clippy::unwrap_used)]
+    include!(concat!(
+        env!("OUT_DIR"),
+        "/extension/automanager.manager.extension.v1.rs"
+    ));
+
+    /// The feature names `DescribeResponse.features` may carry.
+    pub mod feature {
+        /// StopNode, StartNode, and warm nodes on Watch.
+        pub const WARM_NODES: &str = "warm-nodes";
+        /// The four migration calls, and migrations on Watch.
+        pub const MIGRATION_HANDSHAKE: &str = "migration-handshake";
+        /// Reclaim notices on Watch.
+        pub const RECLAIM_NOTICES: &str = "reclaim-notices";
     }
 }
 
