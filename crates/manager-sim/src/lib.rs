@@ -73,6 +73,7 @@
 pub mod behaviour;
 pub mod config;
 pub mod exec;
+pub mod handshake;
 pub mod overrides;
 pub mod published;
 pub mod server;

@@ -356,9 +356,7 @@ fn holds(state: i32) -> bool {
         || state == JobState::Stopping as i32
 }
 
-fn is_final(phase: i32) -> bool {
-    phase == MigrationPhase::Completed as i32 || phase == MigrationPhase::Aborted as i32
-}
+use crate::handshake::is_final;
 
 /// A migration's strategy; unset reads as HANDOVER.
 fn strategy_of(m: &Migration) -> MigrationStrategy {
@@ -2062,17 +2060,7 @@ impl World {
     ) -> Result<Migration, CommandError> {
         validate::name("migration_id", migration_id, validate::MAX_ID_BYTES)?;
         validate::id("job_id", job_id)?;
-        let strategy = match MigrationStrategy::try_from(strategy) {
-            Ok(MigrationStrategy::Unspecified | MigrationStrategy::Handover) => {
-                MigrationStrategy::Handover
-            }
-            Ok(s) => s,
-            Err(_) => {
-                return Err(CommandError::InvalidArgument(format!(
-                    "strategy {strategy} is not a MigrationStrategy"
-                )));
-            }
-        };
+        let strategy = crate::handshake::strategy(strategy)?;
         if self.migrations.contains_key(migration_id) {
             return Err(CommandError::AlreadyExists(format!(
                 "migration {migration_id}"
@@ -2109,11 +2097,7 @@ impl World {
             migration_id: migration_id.to_owned(),
             job_id: job_id.to_owned(),
             source_node_id: source.node_id.clone(),
-            phase: if handover {
-                MigrationPhase::Proposed
-            } else {
-                MigrationPhase::StateReceived
-            } as i32,
+            phase: crate::handshake::first_phase(strategy) as i32,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             strategy: strategy as i32,
@@ -2290,43 +2274,27 @@ impl World {
     /// A job's answer to an ask. Answers to migrations that moved on
     /// (aborted, or a different phase) are ignored.
     pub fn migration_reply(&mut self, ask: &JobAsk, reply: JobReply, now_ms: i64) {
+        use crate::handshake::{Step, awaiting, step};
         let id = ask.migration_id().to_owned();
         let Some(m) = self.migrations.get_mut(&id) else {
             return;
         };
-        let expected = match ask {
-            JobAsk::GetState { .. } => MigrationPhase::Proposed,
-            JobAsk::InitialState { .. } => MigrationPhase::PreparingTarget,
-            JobAsk::CutoverReady { .. } | JobAsk::CutoverApply { .. } => {
-                MigrationPhase::CuttingOver
-            }
-        };
-        if m.phase != expected as i32 {
+        if m.phase != awaiting(ask) as i32 {
             return;
         }
-        let from_source = matches!(ask, JobAsk::GetState { .. } | JobAsk::CutoverReady { .. });
-        match reply {
-            JobReply::Abort(reason) | JobReply::StateRefused(reason) => {
-                let by = if from_source {
-                    MigrationParty::Source
-                } else {
-                    MigrationParty::Target
-                };
-                self.abort_migration(&id, by, &reason, now_ms);
-            }
-            JobReply::State(payload) if matches!(ask, JobAsk::GetState { .. }) => {
+        match step(ask, reply) {
+            Step::Abort(by, reason) => self.abort_migration(&id, by, &reason, now_ms),
+            Step::StateReceived(payload) => {
                 m.phase = MigrationPhase::StateReceived as i32;
                 m.source_state = payload;
                 self.emit_migration(&id, now_ms);
             }
-            JobReply::TargetReady(payload) if matches!(ask, JobAsk::InitialState { .. }) => {
+            Step::TargetReady(payload) => {
                 m.phase = MigrationPhase::TargetReady as i32;
                 m.target_ready_payload = payload;
                 self.emit_migration(&id, now_ms);
             }
-            JobReply::SourceStoppedOutput(payload)
-                if matches!(ask, JobAsk::CutoverReady { .. }) =>
-            {
+            Step::SourceStopped(payload) => {
                 m.source_stopped_payload.clone_from(&payload);
                 let next = JobAsk::CutoverApply {
                     migration_id: id.clone(),
@@ -2336,25 +2304,16 @@ impl World {
                 };
                 self.asks.push(next);
             }
-            JobReply::TargetApplied {
+            Step::Applied {
                 applied,
                 failed,
                 skew_ms,
-            } if matches!(ask, JobAsk::CutoverApply { .. }) => {
+            } => {
                 m.applied = applied;
                 m.failed = failed;
                 m.skew_ms = skew_ms;
                 let job_id = m.job_id.clone();
                 self.complete_migration(&job_id, &id, now_ms);
-            }
-            other => {
-                let why = format!("unexpected answer {other:?} to {ask:?}");
-                let by = if from_source {
-                    MigrationParty::Source
-                } else {
-                    MigrationParty::Target
-                };
-                self.abort_migration(&id, by, &validate::excerpt(&why), now_ms);
             }
         }
     }
