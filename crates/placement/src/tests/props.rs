@@ -1023,3 +1023,56 @@ proptest! {
         prop_assert!(e.commit(&d).is_ok());
     }
 }
+
+/// The split's worth over a fixed generated set: 1,000 clusters and requests drawn from the
+/// general generator with proptest's fixed seed (`TestRunner::deterministic`), each placed by the
+/// whole-replica placer and by the engine. Counts the replicas placed only because their jobs
+/// split across pools and prints `fidelity-figure split_placed=<n>` for `make test-fidelity`.
+/// Whatever the whole-replica placer placed, the engine places too.
+#[test]
+fn replicas_placed_only_by_a_split_in_a_fixed_generated_set() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+
+    const SET: usize = 1_000;
+    let mut runner = TestRunner::deterministic();
+    let strategy = scenario();
+    let (mut split_placed, mut whole_placed, mut lost) = (0usize, 0usize, Vec::new());
+    for i in 0..SET {
+        let s = strategy
+            .new_tree(&mut runner)
+            .expect("the generator draws a scenario")
+            .current();
+        let e = load(&s);
+        let old = crate::place::place_whole_replica(&e, &s.request, NOW);
+        let new = e.place(&s.request, NOW);
+        match (
+            old.kind() != OutcomeKind::Unplaceable,
+            new.kind() != OutcomeKind::Unplaceable,
+        ) {
+            (true, true) => whole_placed += 1,
+            (true, false) => lost.push(i),
+            (false, true) => {
+                if let Err(why) = check_placed(&s, &new) {
+                    panic!("scenario {i}: {why}: {new:?}");
+                }
+                if new.is_split() {
+                    split_placed += 1;
+                }
+            }
+            (false, false) => {}
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "the engine lost what the whole-replica placer placed: {lost:?}"
+    );
+    assert!(
+        split_placed > 0,
+        "no replica in the set needed a split: the set shows nothing"
+    );
+    eprintln!(
+        "split: {split_placed} of {SET} generated replicas placed only by a split across pools ({whole_placed} placed whole by both)"
+    );
+    println!("fidelity-figure split_placed={split_placed}");
+}
