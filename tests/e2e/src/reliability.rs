@@ -908,7 +908,8 @@ pub async fn explain_lost(stack: &Stack, v: &Violations) {
 
 // ───────────────────────────── reading the stack ─────────────────────────────
 
-fn instance_state(s: pb::JobState) -> InstanceState {
+/// What a Manager instance state means to the invariants.
+pub fn instance_state(s: pb::JobState) -> InstanceState {
     match s {
         pb::JobState::Starting => InstanceState::Starting,
         pb::JobState::Running => InstanceState::Running,

@@ -20,8 +20,21 @@
 //!   is due while it is paused, and no call to the sim's admin API (node and zone kills, stream
 //!   cuts, job crashes) while the sim is down;
 //! - at most one zone kill, one apiserver restart and two sim restarts per schedule (the costly
-//!   ones), and every fault starts within the window.
+//!   ones), and every fault starts within the window;
+//! - a reclaim notice runs out with every process up: no outage of the operator, the apiserver or
+//!   the sim overlaps the time from a notice to its deadline, so a job still on the node when it
+//!   goes is the operator's miss ([`ledger::DeadlineBook`]);
+//! - once a PlacementPool is being deleted, no Bundle drawn later names it (a new Bundle would be
+//!   kept out, rightly, and count as lost).
+//!
+//! Beside the operator, a foreign client works in the same Manager ([`ForeignBundle`]): its own
+//! bundles registered and started through Manager's API when the seed starts, stopped, started
+//! again and deleted by the schedule. Its ids look like ours as far as our first API allows: that
+//! API has no owner tag, and the operator's rule (ours) is that a `<namespace>.<name>` bundle id is
+//! its own, so the foreign ids are `<namespace>-<name>`. Nothing of it may be touched by the
+//! operator ([`ledger::ForeignBook`]).
 
+pub mod ledger;
 pub mod run;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -39,6 +52,14 @@ pub const MAX_DEMAND_PCT: u64 = 32;
 
 /// The most Bundles a schedule's churn creates beyond the initial wave.
 const MAX_CREATED: usize = 4;
+
+/// The foreign client's capacity and cores per job: small, so its work never decides whether the
+/// operator's Bundles fit.
+pub const FOREIGN_CAPACITY: u32 = 2;
+
+/// How long after a notice's deadline the schedule keeps every process up (the deadline-miss
+/// check reads Manager then).
+const NOTICE_QUIET_SLACK_MS: u64 = 2_000;
 
 /// How long an apiserver restart is assumed to keep it down when writes are scheduled around
 /// it. The runner waits for the restart to finish before it runs the next fault, so a write due
@@ -135,6 +156,24 @@ pub struct BundleSpec {
     pub jobs: Vec<JobSpec>,
     /// Replicas in different zones, soft (beside different nodes, hard, the default).
     pub spread_zones: bool,
+    /// What holds its voluntary moves for the whole run, if anything.
+    pub hold: Option<Hold>,
+}
+
+/// What holds a Bundle's voluntary moves for the whole run: its drains, and (a budget) its
+/// Migrations too, wait; recovery and moves ahead of a reclaim notice do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// A disruption window that is closed for the run (daily, opening twelve hours from now).
+    Window,
+    /// `maxUnavailableReplicas: 0`.
+    Budget,
+}
+
+/// A daily one-hour disruption window opening twelve hours after `hour` (UTC): closed for any run
+/// that starts in `hour` and lasts less than eleven hours, and open every day, so admission takes it.
+pub fn closed_window(hour: u32) -> serde_json::Value {
+    serde_json::json!({"schedule": format!("0 {} * * *", (hour + 12) % 24), "duration": "1h"})
 }
 
 /// The job names a generated Bundle draws from, in order.
@@ -180,11 +219,18 @@ impl BundleSpec {
                 co_locate_with,
             });
         }
+        let spread_zones = rng.range(0, 3) == 0;
+        let hold = match rng.range(0, 9) {
+            0 => Some(Hold::Window),
+            1 => Some(Hold::Budget),
+            _ => None,
+        };
         BundleSpec {
             replicas,
             pools: names,
             jobs,
-            spread_zones: rng.range(0, 3) == 0,
+            spread_zones,
+            hold,
         }
     }
 
@@ -214,8 +260,21 @@ impl BundleSpec {
         u64::from(self.replicas) * self.jobs.iter().map(|j| u64::from(j.capacity)).sum::<u64>()
     }
 
-    /// The Bundle object named `name` in [`NAMESPACE`].
+    /// The same spec without the pools in `closed` (`None` when no pool is left).
+    pub fn without_pools(mut self, closed: &BTreeSet<String>) -> Option<BundleSpec> {
+        self.pools.retain(|p| !closed.contains(p));
+        (!self.pools.is_empty()).then_some(self)
+    }
+
+    /// The Bundle object named `name` in [`NAMESPACE`]; a [`Hold::Window`] is a window closed
+    /// now (see [`closed_window`]).
     pub fn manifest(&self, name: &str) -> serde_json::Value {
+        use chrono::Timelike;
+        self.manifest_at(name, chrono::Utc::now().hour())
+    }
+
+    /// [`BundleSpec::manifest`] as of `hour` (UTC).
+    pub fn manifest_at(&self, name: &str, hour: u32) -> serde_json::Value {
         let jobs: Vec<serde_json::Value> = self
             .jobs
             .iter()
@@ -239,7 +298,7 @@ impl BundleSpec {
         } else {
             serde_json::json!({"relation": "same", "enforcement": "soft"})
         };
-        serde_json::json!({
+        let mut bundle = serde_json::json!({
             "apiVersion": "automanager.norsk.io/v1alpha1",
             "kind": "Bundle",
             "metadata": {"name": name, "namespace": NAMESPACE},
@@ -252,7 +311,17 @@ impl BundleSpec {
                     "zone": zone,
                 },
             },
-        })
+        });
+        match self.hold {
+            Some(Hold::Window) => {
+                bundle["spec"]["disruption"] = serde_json::json!({"windows": [closed_window(hour)]})
+            }
+            Some(Hold::Budget) => {
+                bundle["spec"]["disruption"] = serde_json::json!({"maxUnavailableReplicas": 0})
+            }
+            None => {}
+        }
+        bundle
     }
 }
 
@@ -274,7 +343,7 @@ impl fmt::Display for BundleSpec {
             .collect();
         write!(
             f,
-            "{}x[{}] on [{}]{}",
+            "{}x[{}] on [{}]{}{}",
             self.replicas,
             jobs.join(", "),
             self.pools.join(", "),
@@ -282,6 +351,11 @@ impl fmt::Display for BundleSpec {
                 " zones apart"
             } else {
                 ""
+            },
+            match self.hold {
+                Some(Hold::Window) => " window closed",
+                Some(Hold::Budget) => " budget 0",
+                None => "",
             }
         )
     }
@@ -312,6 +386,23 @@ impl JobRef {
     /// Manager's job id.
     pub fn job_id(&self) -> String {
         format!("{NAMESPACE}.{}/{}/{}", self.bundle, self.replica, self.job)
+    }
+}
+
+/// A bundle of the foreign client: one replica of one or two jobs, each started on a named node
+/// when the seed starts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignBundle {
+    /// `<namespace>-<name>`: one of ours but for the dot.
+    pub id: String,
+    /// `(job name, node)`.
+    pub jobs: Vec<(String, String)>,
+}
+
+impl ForeignBundle {
+    /// Manager's id of its job `name` (replica 0).
+    pub fn job_id(&self, name: &str) -> String {
+        format!("{}/0/{name}", self.id)
     }
 }
 
@@ -385,10 +476,43 @@ pub enum Fault {
     Cordon { node: String, for_ms: Option<u64> },
     /// A PlacementPool's `packingStrategy` changed.
     PoolEdit { pool: String, packing: &'static str },
+    /// A reclaim notice (`SimAdmin.NoticeNode`): Manager takes the node `in_ms` later.
+    Notice { node: String, in_ms: u64 },
+    /// `spec.drain` set on a node, and `after_ms` later a reclaim notice for it with `in_ms` to
+    /// go: the drain's moves of a held Bundle wait, the deadline must not.
+    DrainNotice {
+        node: String,
+        mode: DrainMode,
+        after_ms: u64,
+        in_ms: u64,
+    },
+    /// A Migration of one job (of a Bundle that holds its moves, when the wave has one), and
+    /// `after_ms` later a reclaim notice for the node the job runs on then (looked up when the
+    /// notice is due; `pools` are its Bundle's, where that node may be).
+    MigrateNotice {
+        name: String,
+        job: JobRef,
+        pools: Vec<String>,
+        after_ms: u64,
+        in_ms: u64,
+    },
+    /// A PlacementPool deleted (it waits on the Bundles that use it), and `after_ms` later one
+    /// of its nodes killed: its users must heal on its other nodes.
+    DeletePool {
+        pool: String,
+        node: String,
+        after_ms: u64,
+    },
+    /// The foreign client stops its job.
+    ForeignStop { job: String },
+    /// The foreign client starts its job on a node.
+    ForeignStart { job: String, node: String },
+    /// The foreign client deletes its bundle.
+    ForeignDelete { bundle: String },
 }
 
 /// Every kind of fault, by [`Fault::kind`].
-pub const KINDS: [&str; 19] = [
+pub const KINDS: [&str; 26] = [
     "kill-node",
     "kill-zone",
     "cut-streams",
@@ -408,10 +532,23 @@ pub const KINDS: [&str; 19] = [
     "drain",
     "cordon",
     "pool-edit",
+    "notice-node",
+    "notice-drained",
+    "notice-migrated",
+    "delete-pool",
+    "foreign-stop",
+    "foreign-start",
+    "foreign-delete",
 ];
 
 /// How often each kind is drawn, relative to the others (same order as [`KINDS`]).
-const WEIGHTS: [u64; 19] = [10, 3, 7, 6, 4, 3, 6, 3, 5, 5, 2, 10, 5, 4, 4, 10, 5, 8, 5];
+const WEIGHTS: [u64; 26] = [
+    10, 3, 7, 6, 4, 3, 6, 3, 5, 5, 2, 10, 5, 4, 4, 10, 5, 8, 5, 4, 4, 4, 2, 4, 4, 1,
+];
+
+/// The most reclaim notices (of every kind) in one schedule: each keeps every process up until
+/// its deadline, which leaves less room for outages.
+const MAX_NOTICES: usize = 2;
 
 /// What a fault needs while it runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -462,7 +599,22 @@ impl Fault {
             Fault::Drain { .. } => "drain",
             Fault::Cordon { .. } => "cordon",
             Fault::PoolEdit { .. } => "pool-edit",
+            Fault::Notice { .. } => "notice-node",
+            Fault::DrainNotice { .. } => "notice-drained",
+            Fault::MigrateNotice { .. } => "notice-migrated",
+            Fault::DeletePool { .. } => "delete-pool",
+            Fault::ForeignStop { .. } => "foreign-stop",
+            Fault::ForeignStart { .. } => "foreign-start",
+            Fault::ForeignDelete { .. } => "foreign-delete",
         }
+    }
+
+    /// Whether it is a reclaim notice (of any kind).
+    pub fn is_notice(&self) -> bool {
+        matches!(
+            self,
+            Fault::Notice { .. } | Fault::DrainNotice { .. } | Fault::MigrateNotice { .. }
+        )
     }
 
     /// How long after its start the fault's second step runs (the resume, the restart, the
@@ -475,16 +627,26 @@ impl Fault {
             Fault::PauseLeader { ms } | Fault::PauseApiserver { ms } => Some(*ms),
             Fault::RecreateBundle { gap_ms, .. } => Some(*gap_ms),
             Fault::Cordon { for_ms, .. } => *for_ms,
+            Fault::DrainNotice { after_ms, .. }
+            | Fault::MigrateNotice { after_ms, .. }
+            | Fault::DeletePool { after_ms, .. } => Some(*after_ms),
             _ => None,
         }
     }
 
-    fn needs(&self) -> Needs {
+    /// What its start needs, and what its end needs (the same, but for the pairs that write to
+    /// the apiserver first and call the sim second).
+    fn needs(&self) -> (Needs, Needs) {
+        let both = |n| (n, n);
         match self {
             Fault::KillNode { .. }
             | Fault::KillZone { .. }
             | Fault::CutStreams
-            | Fault::FailJob { .. } => Needs::SimAdmin,
+            | Fault::FailJob { .. }
+            | Fault::Notice { .. }
+            | Fault::ForeignStop { .. }
+            | Fault::ForeignStart { .. }
+            | Fault::ForeignDelete { .. } => both(Needs::SimAdmin),
             Fault::UpdateBundle { .. }
             | Fault::DeleteBundle { .. }
             | Fault::CreateBundle { .. }
@@ -492,9 +654,28 @@ impl Fault {
             | Fault::Migrate { .. }
             | Fault::Drain { .. }
             | Fault::Cordon { .. }
-            | Fault::PoolEdit { .. } => Needs::Apiserver,
-            _ => Needs::Nothing,
+            | Fault::PoolEdit { .. } => both(Needs::Apiserver),
+            Fault::DrainNotice { .. } | Fault::MigrateNotice { .. } | Fault::DeletePool { .. } => {
+                (Needs::Apiserver, Needs::SimAdmin)
+            }
+            _ => both(Needs::Nothing),
         }
+    }
+
+    /// From the notice to a little past its deadline, for a reclaim notice: every process must
+    /// stay up meanwhile.
+    pub fn quiet(&self, at_ms: u64) -> Option<(u64, u64)> {
+        let (from, in_ms) = match self {
+            Fault::Notice { in_ms, .. } => (at_ms, *in_ms),
+            Fault::DrainNotice {
+                after_ms, in_ms, ..
+            }
+            | Fault::MigrateNotice {
+                after_ms, in_ms, ..
+            } => (at_ms + after_ms, *in_ms),
+            _ => return None,
+        };
+        Some((from, from + in_ms + NOTICE_QUIET_SLACK_MS))
     }
 
     /// The process it takes down and for how long from its start (an apiserver restart for
@@ -513,7 +694,12 @@ impl Fault {
     /// The nodes it takes away for good or for a while (kills, drains, cordons).
     pub fn nodes_taken(&self) -> Vec<&str> {
         match self {
-            Fault::KillNode { node } | Fault::Drain { node, .. } | Fault::Cordon { node, .. } => {
+            Fault::KillNode { node }
+            | Fault::Drain { node, .. }
+            | Fault::Cordon { node, .. }
+            | Fault::Notice { node, .. }
+            | Fault::DrainNotice { node, .. }
+            | Fault::DeletePool { node, .. } => {
                 vec![node.as_str()]
             }
             Fault::KillZone { nodes, .. } => nodes.iter().map(String::as_str).collect(),
@@ -522,19 +708,19 @@ impl Fault {
     }
 
     /// The moments (from the schedule's start) at which it writes to the apiserver or calls the
-    /// sim's admin API, given its start.
-    fn instants(&self, at_ms: u64) -> Vec<u64> {
-        match self.needs() {
-            Needs::Nothing => Vec::new(),
-            Needs::SimAdmin => vec![at_ms],
-            Needs::Apiserver => {
-                let mut v = vec![at_ms];
-                if let Some(d) = self.duration_ms() {
-                    v.push(at_ms + d);
-                }
-                v
-            }
+    /// sim's API, given its start, each with what it needs then.
+    fn instants(&self, at_ms: u64) -> Vec<(Needs, u64)> {
+        let (start, end) = self.needs();
+        let mut v = Vec::new();
+        if start != Needs::Nothing {
+            v.push((start, at_ms));
         }
+        // A sim call is made at the start only, but for the pairs that make it at their end.
+        let ends = end == Needs::Apiserver || start != end;
+        if let Some(d) = self.duration_ms().filter(|_| ends && end != Needs::Nothing) {
+            v.push((end, at_ms + d));
+        }
+        v
     }
 }
 
@@ -588,6 +774,44 @@ impl fmt::Display for Fault {
                 None => write!(f, "cordon {node} to the end"),
             },
             Fault::PoolEdit { pool, packing } => write!(f, "pool-edit {pool} packing {packing}"),
+            Fault::Notice { node, in_ms } => write!(f, "notice-node {node} in {}", s(in_ms)),
+            Fault::DrainNotice {
+                node,
+                mode,
+                after_ms,
+                in_ms,
+            } => write!(
+                f,
+                "notice-drained {node}: drain ({}), notice after {} in {}",
+                mode.as_str(),
+                s(after_ms),
+                s(in_ms)
+            ),
+            Fault::MigrateNotice {
+                name,
+                job,
+                after_ms,
+                in_ms,
+                ..
+            } => write!(
+                f,
+                "notice-migrated {name}: {}, notice its node after {} in {}",
+                job.job_id(),
+                s(after_ms),
+                s(in_ms)
+            ),
+            Fault::DeletePool {
+                pool,
+                node,
+                after_ms,
+            } => write!(
+                f,
+                "delete-pool {pool}, kill-node {node} after {}",
+                s(after_ms)
+            ),
+            Fault::ForeignStop { job } => write!(f, "foreign-stop {job}"),
+            Fault::ForeignStart { job, node } => write!(f, "foreign-start {job} on {node}"),
+            Fault::ForeignDelete { bundle } => write!(f, "foreign-delete {bundle}"),
         }
     }
 }
@@ -620,14 +844,27 @@ pub struct Schedule {
     pub seed: u64,
     /// The Bundles applied before the first fault, `(name, spec)`.
     pub wave: Vec<(String, BundleSpec)>,
+    /// The foreign client's bundles, registered and started before the wave.
+    pub foreign: Vec<ForeignBundle>,
     pub events: Vec<Event>,
 }
 
 /// What the generator knows of the schedule so far, to keep the next fault within bounds.
 struct Drafting<'a> {
     config: &'a ChaosConfig,
-    /// Nodes taken away by a kill, drain or cordon.
+    /// Nodes taken away by a kill, drain, cordon or notice.
     taken: BTreeSet<String>,
+    /// A node a notice will take that is known only when it is due, by the pools it may be in
+    /// (each counts against every one of them).
+    reserved: Vec<Vec<String>>,
+    /// Pools being deleted: no Bundle drawn later names them.
+    closed_pools: BTreeSet<String>,
+    /// When a notice is sent, to a little past its deadline.
+    quiet: Vec<(u64, u64)>,
+    /// Each job of the foreign client, and whether it runs (as far as the schedule knows).
+    foreign_running: BTreeMap<String, bool>,
+    /// The foreign client's bundles it has not deleted, with their jobs' ids.
+    foreign_live: BTreeMap<String, Vec<String>>,
     /// Each Bundle the schedule has alive at the latest fault drawn, with its spec.
     live: BTreeMap<String, BundleSpec>,
     /// Every Bundle the wave or churn ever named, so a Migration or a job crash can target one.
@@ -661,8 +898,9 @@ impl Drafting<'_> {
         })
     }
 
-    /// Whether taking `nodes` keeps every pool within its budget (half its nodes).
-    fn nodes_fit(&self, nodes: &[&str]) -> bool {
+    /// Whether taking `nodes`, and reserving one node of `reserves` when given, keeps every pool
+    /// within its budget (half its nodes).
+    fn nodes_fit_with(&self, nodes: &[&str], reserves: Option<&[String]>) -> bool {
         let mut per_pool: BTreeMap<&str, usize> = BTreeMap::new();
         for n in self
             .taken
@@ -675,6 +913,11 @@ impl Drafting<'_> {
                 None => return false,
             }
         }
+        for pools in self.reserved.iter().map(Vec::as_slice).chain(reserves) {
+            for p in pools {
+                *per_pool.entry(p.as_str()).or_default() += 1;
+            }
+        }
         nodes.iter().all(|n| !self.taken.contains(*n))
             && nodes.iter().collect::<BTreeSet<_>>().len() == nodes.len()
             && self
@@ -682,6 +925,20 @@ impl Drafting<'_> {
                 .pools
                 .iter()
                 .all(|p| per_pool.get(p.name.as_str()).copied().unwrap_or(0) <= p.nodes / 2)
+    }
+
+    /// Whether `from..until` (with a second's margin) meets any outage, of any process.
+    fn meets_outage(&self, from: u64, until: u64) -> bool {
+        self.outages
+            .iter()
+            .any(|(_, f, u)| from < u.saturating_add(1_000) && *f < until.saturating_add(1_000))
+    }
+
+    /// Whether `from..until` (with a second's margin) meets a notice's quiet time.
+    fn meets_quiet(&self, from: u64, until: u64) -> bool {
+        self.quiet
+            .iter()
+            .any(|(f, u)| from < u.saturating_add(1_000) && *f < until.saturating_add(1_000))
     }
 
     fn in_outage(&self, what: Outage, at: u64) -> bool {
@@ -703,13 +960,26 @@ impl Drafting<'_> {
             }
             Fault::Drain { .. } => cap("drain", 2),
             Fault::CreateBundle { .. } => self.created < MAX_CREATED,
+            Fault::DeletePool { .. } => cap("delete-pool", 1),
+            Fault::ForeignDelete { .. } => cap("foreign-delete", 1),
+            f if f.is_notice() => {
+                ["notice-node", "notice-drained", "notice-migrated"]
+                    .iter()
+                    .map(|k| self.counts.get(k).copied().unwrap_or(0))
+                    .sum::<usize>()
+                    < MAX_NOTICES
+            }
             _ => true,
         };
-        if !capped || !self.nodes_fit(&fault.nodes_taken()) {
+        let reserves = match fault {
+            Fault::MigrateNotice { pools, .. } => Some(pools.as_slice()),
+            _ => None,
+        };
+        if !capped || !self.nodes_fit_with(&fault.nodes_taken(), reserves) {
             return false;
         }
-        for i in fault.instants(at) {
-            let blocked = match fault.needs() {
+        for (needs, i) in fault.instants(at) {
+            let blocked = match needs {
                 Needs::Apiserver => self.in_outage(Outage::Apiserver, i),
                 Needs::SimAdmin => self.in_outage(Outage::Sim, i),
                 Needs::Nothing => false,
@@ -718,8 +988,16 @@ impl Drafting<'_> {
                 return false;
             }
         }
+        if let Some((from, until)) = fault.quiet(at)
+            && self.meets_outage(from, until)
+        {
+            return false;
+        }
         if let Some((what, ms)) = fault.outage() {
             let (from, until) = (at, at + ms);
+            if self.meets_quiet(from, until) {
+                return false;
+            }
             // One outage of a process at a time, a second apart.
             let overlaps = self.outages.iter().any(|(o, f, u)| {
                 *o == what && from < u.saturating_add(1_000) && *f < until.saturating_add(1_000)
@@ -740,13 +1018,36 @@ impl Drafting<'_> {
         *self.counts.entry(fault.kind()).or_default() += 1;
         self.taken
             .extend(fault.nodes_taken().into_iter().map(str::to_owned));
-        match fault.needs() {
-            Needs::Apiserver => self.writes.extend(fault.instants(at)),
-            Needs::SimAdmin => self.admin_calls.extend(fault.instants(at)),
-            Needs::Nothing => {}
+        for (needs, i) in fault.instants(at) {
+            match needs {
+                Needs::Apiserver => self.writes.push(i),
+                Needs::SimAdmin => self.admin_calls.push(i),
+                Needs::Nothing => {}
+            }
         }
         if let Some((what, ms)) = fault.outage() {
             self.outages.push((what, at, at + ms));
+        }
+        if let Some(q) = fault.quiet(at) {
+            self.quiet.push(q);
+        }
+        match fault {
+            Fault::MigrateNotice { pools, .. } => self.reserved.push(pools.clone()),
+            Fault::DeletePool { pool, .. } => {
+                self.closed_pools.insert(pool.clone());
+            }
+            Fault::ForeignStop { job } => {
+                self.foreign_running.insert(job.clone(), false);
+            }
+            Fault::ForeignStart { job, .. } => {
+                self.foreign_running.insert(job.clone(), true);
+            }
+            Fault::ForeignDelete { bundle } => {
+                for job in self.foreign_live.remove(bundle).unwrap_or_default() {
+                    self.foreign_running.remove(&job);
+                }
+            }
+            _ => {}
         }
         match fault {
             Fault::UpdateBundle { name, spec }
@@ -787,9 +1088,24 @@ impl Schedule {
                 wave.push((format!("chaos-{i:04}"), spec));
             }
         }
+        let foreign = draw_foreign(&mut rng, config);
         let mut d = Drafting {
             config,
             taken: BTreeSet::new(),
+            reserved: Vec::new(),
+            closed_pools: BTreeSet::new(),
+            quiet: Vec::new(),
+            foreign_running: foreign
+                .iter()
+                .flat_map(|b| b.jobs.iter().map(|(name, _)| (b.job_id(name), true)))
+                .collect(),
+            foreign_live: foreign
+                .iter()
+                .map(|b| {
+                    let jobs = b.jobs.iter().map(|(name, _)| b.job_id(name)).collect();
+                    (b.id.clone(), jobs)
+                })
+                .collect(),
             live: wave.iter().cloned().collect(),
             created: 0,
             migrations: 0,
@@ -819,7 +1135,34 @@ impl Schedule {
                 }
             }
         }
-        Schedule { seed, wave, events }
+        Schedule {
+            seed,
+            wave,
+            foreign,
+            events,
+        }
+    }
+
+    /// The Bundles whose last spec in the schedule holds their moves, by name.
+    pub fn holding(&self) -> BTreeMap<String, Hold> {
+        let mut last: BTreeMap<&str, Option<Hold>> = self
+            .wave
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.hold))
+            .collect();
+        for e in &self.events {
+            match &e.fault {
+                Fault::UpdateBundle { name, spec }
+                | Fault::CreateBundle { name, spec }
+                | Fault::RecreateBundle { name, spec, .. } => {
+                    last.insert(name, spec.hold);
+                }
+                _ => {}
+            }
+        }
+        last.into_iter()
+            .filter_map(|(n, h)| h.map(|h| (n.to_owned(), h)))
+            .collect()
     }
 
     /// Every step the runner takes, in order of time (a fault's end after its start).
@@ -865,11 +1208,42 @@ impl fmt::Display for Schedule {
         for (name, spec) in &self.wave {
             writeln!(f, "  wave {name}: {spec}")?;
         }
+        for b in &self.foreign {
+            let jobs: Vec<String> = b
+                .jobs
+                .iter()
+                .map(|(name, node)| format!("{name} on {node}"))
+                .collect();
+            writeln!(f, "  foreign {}: {}", b.id, jobs.join(", "))?;
+        }
         for e in &self.events {
             writeln!(f, "  +{:>6.2}s {}", e.at_ms as f64 / 1000.0, e.fault)?;
         }
         Ok(())
     }
+}
+
+/// The foreign client's bundles: two or three, each one replica of `enc` and sometimes `pkg`,
+/// every job on a node of the fleet picked in proportion to the pools' sizes.
+fn draw_foreign(rng: &mut Rng, config: &ChaosConfig) -> Vec<ForeignBundle> {
+    (0..rng.range(2, 3))
+        .map(|i| {
+            let count = if rng.range(0, 1) == 0 { 1 } else { 2 };
+            let jobs = JOB_NAMES
+                .iter()
+                .take(count)
+                .map(|name| {
+                    let p = &config.pools[weighted_pool(rng, &config.pools)];
+                    let node = format!("{}-{:05}", p.name, rng.range(0, p.nodes as u64 - 1));
+                    ((*name).to_owned(), node)
+                })
+                .collect();
+            ForeignBundle {
+                id: format!("{NAMESPACE}-chaos-{}", 9000 + i),
+                jobs,
+            }
+        })
+        .collect()
 }
 
 /// A fault of a kind drawn by weight, with its targets and times; `None` when that kind has
@@ -963,7 +1337,9 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
         "restart-apiserver" => Fault::RestartApiserver,
         "update-bundle" => {
             let (name, spec) = live_bundle(rng)?;
-            let spec = spec.mutate(rng, &config.pools);
+            let spec = spec
+                .mutate(rng, &config.pools)
+                .without_pools(&d.closed_pools)?;
             d.demand_fits(Some(&name), Some(&spec))
                 .then_some(Fault::UpdateBundle { name, spec })?
         }
@@ -971,7 +1347,7 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
             name: live_bundle(rng)?.0,
         },
         "create-bundle" => {
-            let spec = BundleSpec::draw(rng, &config.pools);
+            let spec = BundleSpec::draw(rng, &config.pools).without_pools(&d.closed_pools)?;
             d.demand_fits(None, Some(&spec))
                 .then(|| Fault::CreateBundle {
                     name: format!("chaos-new-{}", d.created),
@@ -980,7 +1356,9 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
         }
         "recreate-bundle" => {
             let (name, old) = live_bundle(rng)?;
-            let spec = old.mutate(rng, &config.pools);
+            let spec = old
+                .mutate(rng, &config.pools)
+                .without_pools(&d.closed_pools)?;
             d.demand_fits(Some(&name), Some(&spec))
                 .then(|| Fault::RecreateBundle {
                     name,
@@ -1006,6 +1384,89 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
             node: free_node(rng)?,
             for_ms: (rng.range(0, 3) != 0).then(|| rng.range(20, 150) * 100),
         },
+        // Deadlines of 8-20 s: enough for any strategy to move a job, as a Spot notice's two
+        // minutes are in production.
+        "notice-node" => Fault::Notice {
+            node: free_node(rng)?,
+            in_ms: rng.range(80, 200) * 100,
+        },
+        "notice-drained" => Fault::DrainNotice {
+            node: free_node(rng)?,
+            mode: if rng.range(0, 2) == 0 {
+                DrainMode::Terminate
+            } else {
+                DrainMode::Migrate
+            },
+            after_ms: rng.range(10, 50) * 100,
+            in_ms: rng.range(80, 200) * 100,
+        },
+        "notice-migrated" => {
+            // A job of a Bundle that holds its moves, when the wave has one.
+            let held: Vec<&(String, BundleSpec)> =
+                wave.iter().filter(|(_, s)| s.hold.is_some()).collect();
+            let (bundle, spec) = if held.is_empty() {
+                wave.get(rng.range(0, wave.len().max(1) as u64 - 1) as usize)?
+            } else {
+                held[rng.range(0, held.len() as u64 - 1) as usize]
+            };
+            let job = &spec.jobs[rng.range(0, spec.jobs.len() as u64 - 1) as usize];
+            Fault::MigrateNotice {
+                name: format!("chaos-mig-{}", d.migrations),
+                job: JobRef {
+                    bundle: bundle.clone(),
+                    replica: rng.range(0, u64::from(spec.replicas) - 1) as u32,
+                    job: job.name.to_owned(),
+                },
+                pools: spec.pools.clone(),
+                after_ms: rng.range(10, 50) * 100,
+                in_ms: rng.range(80, 200) * 100,
+            }
+        }
+        "delete-pool" => {
+            let p = &config.pools[weighted_pool(rng, &config.pools)];
+            let free: Vec<String> = p
+                .node_ids()
+                .into_iter()
+                .map(|(id, _)| id)
+                .filter(|id| !d.taken.contains(id))
+                .collect();
+            let node = free
+                .get(rng.range(0, free.len().max(1) as u64 - 1) as usize)?
+                .clone();
+            Fault::DeletePool {
+                pool: p.name.clone(),
+                node,
+                after_ms: rng.range(10, 60) * 100,
+            }
+        }
+        "foreign-stop" | "foreign-start" => {
+            let want = kind == "foreign-start";
+            let jobs: Vec<&String> = d
+                .foreign_running
+                .iter()
+                .filter(|(_, running)| **running != want)
+                .map(|(job, _)| job)
+                .collect();
+            let job = jobs
+                .get(rng.range(0, jobs.len().max(1) as u64 - 1) as usize)?
+                .to_string();
+            if want {
+                Fault::ForeignStart {
+                    job,
+                    node: free_node(rng)?,
+                }
+            } else {
+                Fault::ForeignStop { job }
+            }
+        }
+        "foreign-delete" => {
+            let ids: Vec<&String> = d.foreign_live.keys().collect();
+            Fault::ForeignDelete {
+                bundle: ids
+                    .get(rng.range(0, ids.len().max(1) as u64 - 1) as usize)?
+                    .to_string(),
+            }
+        }
         _ => {
             let p = &config.pools[rng.range(0, config.pools.len() as u64 - 1) as usize];
             Fault::PoolEdit {

@@ -26,9 +26,21 @@ use futures::StreamExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
-use manager_client::proto::{CutStreamsRequest, FailJobRequest, KillNodeRequest};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
-use super::{ChaosConfig, Fault, NAMESPACE, Phase, Replica, Schedule};
+use manager_client::proto::manager_client::ManagerClient as ManagerApi;
+use manager_client::proto::{
+    self as pb, CutStreamsRequest, DeleteBundleRequest, FailJobRequest, KillNodeRequest,
+    NoticeNodeRequest, RegisterBundleRequest, StartJobRequest, StopJobRequest,
+};
+use manager_client::{ClientConfig, ManagerClient, MirrorState};
+
+use super::ledger::{DeadlineBook, ForeignBook, InstanceView, JobView, NodeView, StopWhy, View};
+use super::{
+    ChaosConfig, FOREIGN_CAPACITY, Fault, ForeignBundle, Hold, JobRef, NAMESPACE, Phase, Replica,
+    Schedule,
+};
 use crate::SetupError;
 use crate::bench::fleet_sim_config;
 use crate::reliability::{
@@ -103,6 +115,11 @@ pub struct Outcome {
     pub violations: Violations,
     /// Migrations not ended and drains not done once settled (see [`unfinished_moves`]).
     pub unfinished: std::collections::BTreeSet<String>,
+    /// Every stop, delete, restart or migration of the foreign client's work it did not ask for
+    /// ([`ForeignBook`]).
+    pub foreign_touched: BTreeSet<String>,
+    /// Every job a reclaim notice's deadline caught on its node ([`DeadlineBook`]).
+    pub deadline_misses: BTreeSet<String>,
     /// From the end of the last fault to the first check with nothing broken and every move
     /// ended (or to giving up).
     pub settle: Duration,
@@ -115,16 +132,20 @@ pub struct Outcome {
 
 impl Outcome {
     pub fn ok(&self) -> bool {
-        self.error.is_none() && self.violations.is_clean() && self.unfinished.is_empty()
+        self.error.is_none()
+            && self.violations.is_clean()
+            && self.unfinished.is_empty()
+            && self.foreign_touched.is_empty()
+            && self.deadline_misses.is_empty()
     }
 
     /// `chaos seed=… faults=… duplicates=… lost=… overcapacity=… orphans=… rules=…
-    /// disagreements=… settle_s=…`, then `cordon`, `unfinished`, `ok`, `took_s` and, last, any
-    /// `error`.
+    /// disagreements=… settle_s=…`, then `cordon`, `unfinished`, `foreign_touched`,
+    /// `deadline_misses`, `ok`, `took_s` and, last, any `error`.
     pub fn line(&self) -> String {
         let v = &self.violations;
         let mut line = format!(
-            "chaos seed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} settle_s={:.1} cordon={} unfinished={} ok={} took_s={:.0}",
+            "chaos seed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} settle_s={:.1} cordon={} unfinished={} foreign_touched={} deadline_misses={} ok={} took_s={:.0}",
             self.seed,
             self.faults,
             v.duplicates.len(),
@@ -136,6 +157,8 @@ impl Outcome {
             self.settle.as_secs_f64(),
             v.placed_after_cordon.len(),
             self.unfinished.len(),
+            self.foreign_touched.len(),
+            self.deadline_misses.len(),
             self.ok(),
             self.took.as_secs_f64(),
         );
@@ -168,7 +191,7 @@ pub fn summary(outcomes: &[Outcome], took: Duration) -> String {
         settles.iter().sum::<f64>() / settles.len() as f64
     };
     format!(
-        "chaos summary seeds={} failed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} cordon={} unfinished={} errors={} settle_s_mean={mean_settle:.1} settle_s_max={max_settle:.1} took_s={:.0} failed_seeds={}",
+        "chaos summary seeds={} failed={} faults={} duplicates={} lost={} overcapacity={} orphans={} rules={} disagreements={} cordon={} unfinished={} foreign_touched={} deadline_misses={} errors={} settle_s_mean={mean_settle:.1} settle_s_max={max_settle:.1} took_s={:.0} failed_seeds={}",
         outcomes.len(),
         failed.len(),
         outcomes.iter().map(|o| o.faults).sum::<usize>(),
@@ -180,6 +203,14 @@ pub fn summary(outcomes: &[Outcome], took: Duration) -> String {
         sum(&|v| v.disagreements.len()),
         sum(&|v| v.placed_after_cordon.len()),
         outcomes.iter().map(|o| o.unfinished.len()).sum::<usize>(),
+        outcomes
+            .iter()
+            .map(|o| o.foreign_touched.len())
+            .sum::<usize>(),
+        outcomes
+            .iter()
+            .map(|o| o.deadline_misses.len())
+            .sum::<usize>(),
         outcomes.iter().filter(|o| o.error.is_some()).count(),
         took.as_secs_f64(),
         if failed.is_empty() {
@@ -219,6 +250,8 @@ pub async fn run(run: &RunConfig) -> Result<Vec<Outcome>, SetupError> {
                         faults: schedule.events.len(),
                         violations: Violations::default(),
                         unfinished: Default::default(),
+                        foreign_touched: Default::default(),
+                        deadline_misses: Default::default(),
                         settle: Duration::ZERO,
                         error: Some(format!("reset: {e}")),
                         took: Duration::ZERO,
@@ -249,6 +282,8 @@ struct Fleet {
     held: [bool; 2],
     /// The replica a leader pause froze.
     paused: Option<usize>,
+    /// The seed's books (new for every seed).
+    books: Books,
     // Holds the sim's config and state directory; dropped after the stack.
     _dir: tempfile::TempDir,
 }
@@ -378,6 +413,272 @@ async fn wipe(api: &Api<DynamicObject>, what: &str) -> Result<(), SetupError> {
     }
 }
 
+/// The books of one seed, shared by the runner (the foreign client notes what it asks) and the
+/// task that feeds them Manager's state.
+#[derive(Clone, Default)]
+struct Books {
+    foreign: Arc<Mutex<ForeignBook>>,
+    deadlines: Arc<Mutex<DeadlineBook>>,
+}
+
+impl Books {
+    fn foreign(&self, f: impl FnOnce(&mut ForeignBook)) {
+        if let Ok(mut b) = self.foreign.lock() {
+            f(&mut b);
+        }
+    }
+
+    fn observe(&self, view: &View) {
+        self.foreign(|b| b.observe(view));
+        if let Ok(mut b) = self.deadlines.lock() {
+            b.observe(view);
+        }
+    }
+
+    /// (foreign touches, deadline misses, noticed nodes judged).
+    fn counts(&self) -> (BTreeSet<String>, BTreeSet<String>, usize) {
+        let touched = self
+            .foreign
+            .lock()
+            .map(|b| b.touched().clone())
+            .unwrap_or_default();
+        let (misses, judged) = self
+            .deadlines
+            .lock()
+            .map(|b| (b.misses().clone(), b.judged()))
+            .unwrap_or_default();
+        (touched, misses, judged)
+    }
+}
+
+fn stop_why(r: pb::StopReason) -> StopWhy {
+    match r {
+        pb::StopReason::Unspecified => StopWhy::None,
+        pb::StopReason::Requested => StopWhy::Requested,
+        pb::StopReason::NodeTerminated => StopWhy::NodeTerminated,
+        pb::StopReason::NodeLost => StopWhy::NodeLost,
+        pb::StopReason::BundleRemoved => StopWhy::BundleRemoved,
+        pb::StopReason::Migrated => StopWhy::Migrated,
+        pb::StopReason::MigrationAborted => StopWhy::MigrationAborted,
+        pb::StopReason::HandedToRecovery => StopWhy::HandedToRecovery,
+    }
+}
+
+/// The books' view of a mirror.
+fn view_of(s: &MirrorState) -> View {
+    View {
+        nodes: s
+            .nodes
+            .values()
+            .map(|n| NodeView {
+                id: n.node_id.clone(),
+                terminated: n.state() == pb::NodeState::Terminated,
+                reclaim_at_ms: n.reclaim_at_ms,
+            })
+            .collect(),
+        jobs: s
+            .jobs
+            .values()
+            .map(|j| JobView {
+                job_id: j.job_id.clone(),
+                bundle_id: j.bundle_id.clone(),
+                instances: j
+                    .instances
+                    .iter()
+                    .map(|i| InstanceView {
+                        node_id: i.node_id.clone(),
+                        normal: i.is_normal(),
+                        state: reliability::instance_state(i.state()),
+                        started_at_ms: i.started_at_ms,
+                        stop: stop_why(i.stop_reason()),
+                    })
+                    .collect(),
+            })
+            .collect(),
+        bundles: s
+            .bundles
+            .values()
+            .map(|b| (b.bundle_id.clone(), b.generation))
+            .collect(),
+    }
+}
+
+/// Feeds the books every revision of Manager's state (through its own Watch) until stopped.
+struct LedgerWatch {
+    client: ManagerClient,
+    task: tokio::task::JoinHandle<()>,
+    books: Books,
+}
+
+impl LedgerWatch {
+    async fn start(endpoint: &str, books: Books) -> Result<LedgerWatch, SetupError> {
+        let client = ManagerClient::connect(ClientConfig::new(endpoint))
+            .await
+            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+        client
+            .wait_ready(WAIT)
+            .await
+            .map_err(|e| SetupError(format!("the sim's Watch did not sync: {e}")))?;
+        let mirror = client.mirror().clone();
+        let mut revisions = mirror.revisions();
+        let fed = books.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                fed.observe(&mirror.read(view_of));
+                // A few revisions at a time: the books judge each instance once, and Manager
+                // keeps a stopped instance until its job starts again.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if revisions.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(LedgerWatch {
+            client,
+            task,
+            books,
+        })
+    }
+
+    /// One last look, then the counts (see [`Books::counts`]).
+    async fn stop(self) -> (BTreeSet<String>, BTreeSet<String>, usize) {
+        self.task.abort();
+        self.books.observe(&self.client.mirror().read(view_of));
+        self.client.close().await;
+        self.books.counts()
+    }
+}
+
+/// A client of Manager's API (ours, `norsk.manager.v1`) at `endpoint`, for the foreign client.
+async fn manager_api(endpoint: &str) -> Result<ManagerApi<tonic::transport::Channel>, String> {
+    let channel = reliability::sim_channel(endpoint, CALL, "Manager")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(ManagerApi::new(channel))
+}
+
+/// The foreign client starts `job` on `node`, noting it in `books` first.
+async fn foreign_start(endpoint: &str, books: &Books, job: &str, node: &str) -> Result<(), String> {
+    books.foreign(|b| b.asked_start(job, node));
+    let r = async {
+        let mut m = manager_api(endpoint).await?;
+        let answer = bounded(m.start_job(StartJobRequest {
+            job_id: job.to_owned(),
+            node_id: node.to_owned(),
+            role: pb::JobRole::Normal as i32,
+        }))
+        .await?
+        .into_inner();
+        if answer.accepted {
+            Ok(())
+        } else {
+            Err(format!("the worker refused it: {}", answer.message))
+        }
+    }
+    .await;
+    if r.is_err() {
+        books.foreign(|b| b.start_refused(job, node));
+    }
+    r
+}
+
+/// The foreign client registers its bundles and starts their jobs (a start refused is said,
+/// not an error: the schedule goes on without it).
+async fn start_foreign(endpoint: &str, books: &Books, foreign: &[ForeignBundle]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for b in foreign {
+        let bundle = pb::Bundle {
+            bundle_id: b.id.clone(),
+            replicas: 1,
+            jobs: b
+                .jobs
+                .iter()
+                .map(|(name, _)| pb::BundleJob {
+                    job_name: name.clone(),
+                    requirements: Some(pb::JobRequirements {
+                        required_capacity: f64::from(FOREIGN_CAPACITY),
+                        required_cores: 1,
+                        required_capabilities: Vec::new(),
+                        priority_band: "silver".to_owned(),
+                    }),
+                    config: Vec::new(),
+                })
+                .collect(),
+            generation: 0,
+            labels: [("client".to_owned(), "chaos-foreign".to_owned())].into(),
+        };
+        let registered = async {
+            let mut m = manager_api(endpoint).await?;
+            bounded(m.register_bundle(RegisterBundleRequest {
+                bundle: Some(bundle),
+            }))
+            .await
+        }
+        .await;
+        match registered {
+            Ok(answer) => {
+                let generation = answer.into_inner().bundle.map_or(0, |b| b.generation);
+                books.foreign(|book| book.registered(&b.id, generation));
+            }
+            Err(e) => {
+                notes.push(format!("foreign {}: not registered: {e}", b.id));
+                continue;
+            }
+        }
+        for (name, node) in &b.jobs {
+            if let Err(e) = foreign_start(endpoint, books, &b.job_id(name), node).await {
+                notes.push(format!(
+                    "foreign {}: not started on {node}: {e}",
+                    b.job_id(name)
+                ));
+            }
+        }
+    }
+    notes
+}
+
+/// A Migration of `job` named `name`, with `strategy` when given.
+async fn create_migration(
+    client: &kube::Client,
+    name: &str,
+    job: &JobRef,
+    strategy: Option<&str>,
+) -> Result<(), String> {
+    let migrations = api_of::<automanager_api::Migration>(client, true);
+    let mut spec = serde_json::json!({
+        "job": {"bundle": job.bundle, "replica": job.replica, "jobName": job.job},
+    });
+    if let Some(s) = strategy {
+        spec["strategy"] = serde_json::json!(s);
+    }
+    let object = serde_json::json!({
+        "apiVersion": "automanager.norsk.io/v1alpha1",
+        "kind": "Migration",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": spec,
+    });
+    apply_object(&migrations, &object).await
+}
+
+/// Where Manager runs `job`'s normal instance now (starting or running).
+async fn node_of(endpoint: &str, job: &JobRef) -> Result<Option<String>, String> {
+    let state = reliability::manager_state(endpoint)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(state.jobs.get(&job.job_id()).and_then(|j| {
+        j.instances
+            .iter()
+            .find(|i| {
+                i.is_normal()
+                    && matches!(
+                        reliability::instance_state(i.state()),
+                        reliability::InstanceState::Starting | reliability::InstanceState::Running
+                    )
+            })
+            .map(|i| i.node_id.clone())
+    }))
+}
+
 impl Fleet {
     async fn start(config: &ChaosConfig) -> Result<Fleet, SetupError> {
         let dir = tempfile::Builder::new()
@@ -414,6 +715,7 @@ impl Fleet {
             standby_http: String::new(),
             held: [false; 2],
             paused: None,
+            books: Books::default(),
             _dir: dir,
         })
     }
@@ -616,6 +918,8 @@ impl Fleet {
             faults: schedule.events.len(),
             violations: Violations::default(),
             unfinished: Default::default(),
+            foreign_touched: Default::default(),
+            deadline_misses: Default::default(),
             settle: Duration::ZERO,
             error: None,
             took: Duration::ZERO,
@@ -628,6 +932,18 @@ impl Fleet {
             }
         };
         let cordons = monitor.cordons();
+        self.books = Books::default();
+        let ledger = match LedgerWatch::start(&self.stack.sim_endpoint, self.books.clone()).await {
+            Ok(l) => l,
+            Err(e) => {
+                outcome.error = Some(format!("ledger: {e}"));
+                monitor.stop().await;
+                return outcome;
+            }
+        };
+        for note in start_foreign(&self.stack.sim_endpoint, &self.books, &schedule.foreign).await {
+            eprintln!("chaos seed={seed} {note}");
+        }
         let client = self.client();
         let bundles = api_of::<automanager_api::Bundle>(&client, true);
         let wave: Vec<serde_json::Value> = schedule
@@ -644,6 +960,7 @@ impl Fleet {
         if !refused.is_empty() {
             outcome.error = Some(format!("the wave was refused: {}", refused.join("; ")));
             monitor.stop().await;
+            ledger.stop().await;
             return outcome;
         }
         let t0 = Instant::now();
@@ -695,12 +1012,15 @@ impl Fleet {
             eprintln!("chaos seed={seed} {note}");
         }
         let since = Instant::now();
-        let (v, unfinished, err) = self.settle(seed).await;
+        let (v, unfinished, err) = self.settle(seed, &schedule.holding()).await;
         outcome.settle = since.elapsed();
         outcome.unfinished = unfinished;
         let (seen, samples) = monitor.stop().await;
+        let (touched, misses, judged) = ledger.stop().await;
+        outcome.foreign_touched = touched;
+        outcome.deadline_misses = misses;
         eprintln!(
-            "chaos seed={seed}: the monitor took {samples} samples; {}",
+            "chaos seed={seed}: the monitor took {samples} samples; {}; {judged} noticed nodes went",
             self.moves().await
         );
         let mut v = v;
@@ -715,6 +1035,7 @@ impl Fleet {
     async fn settle(
         &mut self,
         seed: u64,
+        holding: &BTreeMap<String, Hold>,
     ) -> (
         Violations,
         std::collections::BTreeSet<String>,
@@ -736,7 +1057,7 @@ impl Fleet {
             };
             match (observe(&self.stack).await, moves.await) {
                 (Ok(world), Ok((migrations, nodes))) => {
-                    let unfinished = unfinished_moves(&migrations, &nodes, &world);
+                    let unfinished = unfinished_moves(&migrations, &nodes, &world, holding);
                     let v = check(&world);
                     if v.is_clean() && unfinished.is_empty() {
                         eprintln!("chaos seed={seed}: settled: {}", census(&world));
@@ -793,7 +1114,80 @@ impl Fleet {
         };
         let endpoint = self.stack.sim_endpoint.clone();
         let admin = || async { sim_admin(&endpoint).await.map_err(|e| e.to_string()) };
+        let notice = |node: String, in_ms: u64| async move {
+            let mut a = admin().await?;
+            bounded(a.notice_node(NoticeNodeRequest {
+                node_id: node,
+                in_ms,
+                reason: "chaos".into(),
+            }))
+            .await
+            .map(drop)
+        };
+        let kill = |node: String| async move {
+            let mut a = admin().await?;
+            bounded(a.kill_node(KillNodeRequest { node_id: node }))
+                .await
+                .map(drop)
+        };
+        let books = self.books.clone();
         match (fault, phase) {
+            (Fault::Notice { node, in_ms }, _)
+            | (Fault::DrainNotice { node, in_ms, .. }, Phase::End) => {
+                said(notice(node.clone(), *in_ms).await)
+            }
+            (Fault::MigrateNotice { name, job, .. }, Phase::Start) => {
+                said(create_migration(&client, name, job, None).await)
+            }
+            (Fault::MigrateNotice { job, in_ms, .. }, Phase::End) => {
+                match node_of(&endpoint, job).await {
+                    Ok(Some(node)) => {
+                        format!("{node}: {}", said(notice(node.clone(), *in_ms).await))
+                    }
+                    Ok(None) => "no node to notice: the job runs nowhere".to_owned(),
+                    Err(e) => format!("refused: {e}"),
+                }
+            }
+            (Fault::DeletePool { pool, .. }, Phase::Start) => {
+                let pools = api_of::<automanager_api::PlacementPool>(&client, false);
+                said(delete(&pools, pool).await)
+            }
+            (Fault::DeletePool { node, .. }, Phase::End) => said(kill(node.clone()).await),
+            (Fault::ForeignStop { job }, _) => {
+                books.foreign(|b| b.asked_stop(job));
+                let r = async {
+                    let mut m = manager_api(&endpoint).await?;
+                    bounded(m.stop_job(StopJobRequest {
+                        job_id: job.clone(),
+                        role: pb::JobRole::Normal as i32,
+                        reason: pb::StopReason::Requested as i32,
+                    }))
+                    .await
+                    .map(drop)
+                }
+                .await;
+                if r.is_err() {
+                    books.foreign(|b| b.stop_refused(job));
+                }
+                said(r)
+            }
+            (Fault::ForeignStart { job, node }, _) => {
+                said(foreign_start(&endpoint, &books, job, node).await)
+            }
+            (Fault::ForeignDelete { bundle }, _) => {
+                books.foreign(|b| b.asked_delete(bundle));
+                said(
+                    async {
+                        let mut m = manager_api(&endpoint).await?;
+                        bounded(m.delete_bundle(DeleteBundleRequest {
+                            bundle_id: bundle.clone(),
+                        }))
+                        .await
+                        .map(drop)
+                    }
+                    .await,
+                )
+            }
             (Fault::KillNode { node }, _) => said(
                 async {
                     let mut a = admin().await?;
@@ -848,6 +1242,8 @@ impl Fleet {
                 let state_dir = self.state_dir.clone();
                 if *wipe {
                     let _ = std::fs::create_dir_all(&state_dir);
+                    // The foreign client's work goes with Manager's state.
+                    books.foreign(ForeignBook::wiped);
                 }
                 match self.stack.restart_sim(wipe.then_some(state_dir.as_path())) {
                     Ok(()) => "sim started again".to_owned(),
@@ -922,23 +1318,9 @@ impl Fleet {
                     strategy,
                 },
                 _,
-            ) => {
-                let migrations = api_of::<automanager_api::Migration>(&client, true);
-                let mut spec = serde_json::json!({
-                    "job": {"bundle": job.bundle, "replica": job.replica, "jobName": job.job},
-                });
-                if let Some(s) = strategy {
-                    spec["strategy"] = serde_json::json!(s);
-                }
-                let object = serde_json::json!({
-                    "apiVersion": "automanager.norsk.io/v1alpha1",
-                    "kind": "Migration",
-                    "metadata": {"name": name, "namespace": NAMESPACE},
-                    "spec": spec,
-                });
-                said(apply_object(&migrations, &object).await)
-            }
-            (Fault::Drain { node, mode }, _) => {
+            ) => said(create_migration(&client, name, job, *strategy).await),
+            (Fault::Drain { node, mode }, _)
+            | (Fault::DrainNotice { node, mode, .. }, Phase::Start) => {
                 let r = merge(
                     &nodes,
                     node,
@@ -977,10 +1359,11 @@ impl Fleet {
     async fn report_failure(&self, schedule: &Schedule, outcome: &Outcome, run: &RunConfig) {
         eprintln!("{schedule}");
         eprintln!(
-            "chaos seed={} failed:\n{}{}{}",
+            "chaos seed={} failed:\n{}{}{}{}",
             outcome.seed,
             outcome.violations.details(),
             unfinished_lines(&outcome.unfinished),
+            counted_lines(outcome),
             outcome.error.as_deref().unwrap_or_default()
         );
         eprintln!(
@@ -1019,10 +1402,11 @@ fn keep_logs(
     std::fs::write(
         to.join("violations.txt"),
         format!(
-            "{}\n{}{}{}\n",
+            "{}\n{}{}{}{}\n",
             outcome.line(),
             outcome.violations.details(),
             unfinished_lines(&outcome.unfinished),
+            counted_lines(outcome),
             outcome.error.as_deref().unwrap_or_default()
         ),
     )
@@ -1035,16 +1419,23 @@ const ENDED: [&str; 5] = ["Completed", "Aborted", "Refused", "Rejected", "Failed
 /// (JSON lists): every Migration not in an ending phase (with its reason), and every drain of a
 /// node still started whose `status.drain.completedAt` is not set. A drain of a node that was
 /// killed or terminated meanwhile has nothing left to move. A Migration its bundle's budget
-/// holds for good ([`held_by_a_dropped_replica`]) has its answer and is not counted.
+/// holds for good ([`held_by_a_dropped_replica`]) has its answer and is not counted, nor is a
+/// move the schedule's own holds keep waiting ([`held_by_its_bundle`]): a Migration of a
+/// Bundle in `holding` queued by its window or budget, and a drain of a node where only such
+/// Bundles' jobs still run.
 pub fn unfinished_moves(
     migrations: &serde_json::Value,
     nodes: &serde_json::Value,
     world: &reliability::World,
+    holding: &BTreeMap<String, Hold>,
 ) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
     for m in migrations["items"].as_array().into_iter().flatten() {
         let phase = m["status"]["phase"].as_str().unwrap_or("");
-        if !ENDED.contains(&phase) && !held_by_a_dropped_replica(m, world) {
+        if !ENDED.contains(&phase)
+            && !held_by_a_dropped_replica(m, world)
+            && !held_by_its_bundle(m, holding)
+        {
             let why = m["status"]["conditions"]
                 .as_array()
                 .into_iter()
@@ -1070,7 +1461,12 @@ pub fn unfinished_moves(
     for n in nodes["items"].as_array().into_iter().flatten() {
         let draining = n["spec"]["drain"].is_object();
         let done = n["status"]["drain"]["completedAt"].is_string();
-        if draining && !done && n["status"]["state"] == "started" {
+        let name = n["metadata"]["name"].as_str().unwrap_or_default();
+        if draining
+            && !done
+            && n["status"]["state"] == "started"
+            && !only_held_on(name, world, holding)
+        {
             out.insert(format!(
                 "drain of {}: not completed ({} jobs remaining)",
                 n["metadata"]["name"].as_str().unwrap_or_default(),
@@ -1079,6 +1475,47 @@ pub fn unfinished_moves(
         }
     }
     out
+}
+
+/// Whether Migration `m` is queued by its Bundle's window or budget while the schedule has that
+/// Bundle hold its moves for the whole run: waiting is its answer.
+pub fn held_by_its_bundle(m: &serde_json::Value, holding: &BTreeMap<String, Hold>) -> bool {
+    let queued = m["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c["type"] == "Queued"
+                && c["status"] == "True"
+                && (c["reason"] == "DisruptionWindow" || c["reason"] == "DisruptionBudget")
+        });
+    let ns = m["metadata"]["namespace"].as_str().unwrap_or(NAMESPACE);
+    queued
+        && ns == NAMESPACE
+        && m["spec"]["job"]["bundle"]
+            .as_str()
+            .is_some_and(|b| holding.contains_key(b))
+}
+
+/// Whether every job still running on `node` belongs to a Bundle in `holding` (and one does):
+/// a drain of it rightly waits.
+fn only_held_on(node: &str, world: &reliability::World, holding: &BTreeMap<String, Hold>) -> bool {
+    let mut on = world.jobs.iter().filter(|j| {
+        j.instances.iter().any(|i| {
+            i.normal && i.node_id == node && i.state == reliability::InstanceState::Running
+        })
+    });
+    let held = |bundle_id: &str| {
+        bundle_id
+            .strip_prefix(NAMESPACE)
+            .and_then(|r| r.strip_prefix('.'))
+            .is_some_and(|name| holding.contains_key(name))
+    };
+    let mut any = false;
+    on.all(|j| {
+        any = true;
+        held(&j.bundle_id)
+    }) && any
 }
 
 /// Whether Migration `m` waits on its bundle's disruption budget (`Queued`, reason
@@ -1149,6 +1586,19 @@ fn unfinished_lines(unfinished: &std::collections::BTreeSet<String>) -> String {
         .collect()
 }
 
+/// One `foreign_touched: …` line per touch and one `deadline_miss: …` line per miss.
+fn counted_lines(outcome: &Outcome) -> String {
+    let touched = outcome
+        .foreign_touched
+        .iter()
+        .map(|t| format!("foreign_touched: {t}\n"));
+    let missed = outcome
+        .deadline_misses
+        .iter()
+        .map(|m| format!("deadline_miss: {m}\n"));
+    touched.chain(missed).collect()
+}
+
 fn name(i: usize) -> &'static str {
     if i == 0 { "a" } else { "b" }
 }
@@ -1163,6 +1613,8 @@ mod tests {
             faults: 9,
             violations: Violations::default(),
             unfinished: Default::default(),
+            foreign_touched: Default::default(),
+            deadline_misses: Default::default(),
             settle: Duration::from_millis(4_250),
             error: None,
             took: Duration::from_secs(61),
@@ -1174,7 +1626,7 @@ mod tests {
         let mut o = outcome(17);
         assert_eq!(
             o.line(),
-            "chaos seed=17 faults=9 duplicates=0 lost=0 overcapacity=0 orphans=0 rules=0 disagreements=0 settle_s=4.2 cordon=0 unfinished=0 ok=true took_s=61"
+            "chaos seed=17 faults=9 duplicates=0 lost=0 overcapacity=0 orphans=0 rules=0 disagreements=0 settle_s=4.2 cordon=0 unfinished=0 foreign_touched=0 deadline_misses=0 ok=true took_s=61"
         );
         o.violations.lost.insert("x".into());
         o.error = Some("reset:\nno".into());
@@ -1183,7 +1635,28 @@ mod tests {
         let mut o = outcome(18);
         o.unfinished.insert("drain of n".into());
         assert!(!o.ok());
-        assert!(o.line().contains(" unfinished=1 ok=false "));
+        assert!(o.line().contains(" unfinished=1 foreign_touched=0 "));
+        // A touch of the foreign client's work, or a deadline missed, fails the seed alone.
+        let mut o = outcome(19);
+        o.foreign_touched
+            .insert("default-chaos-9000/0/enc: stopped on la-00001 by another client".into());
+        assert!(!o.ok());
+        assert!(
+            o.line()
+                .contains(" foreign_touched=1 deadline_misses=0 ok=false ")
+        );
+        let mut o = outcome(20);
+        o.deadline_misses
+            .insert("default.chaos-0001/0/enc: on la-00002".into());
+        assert!(!o.ok());
+        assert!(
+            o.line()
+                .contains(" foreign_touched=0 deadline_misses=1 ok=false ")
+        );
+        assert_eq!(
+            counted_lines(&o),
+            "deadline_miss: default.chaos-0001/0/enc: on la-00002\n"
+        );
     }
 
     #[test]
@@ -1205,7 +1678,12 @@ mod tests {
              "status": {"state": "terminated"}},
             {"metadata": {"name": "n4"}, "spec": {"cordoned": true}, "status": {"state": "started"}},
         ]});
-        let u = unfinished_moves(&migrations, &nodes, &reliability::World::default());
+        let u = unfinished_moves(
+            &migrations,
+            &nodes,
+            &reliability::World::default(),
+            &BTreeMap::new(),
+        );
         assert_eq!(
             u.iter().map(String::as_str).collect::<Vec<_>>(),
             [
@@ -1261,12 +1739,78 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert!(unfinished_moves(&held, &nodes, &world(true, false)).is_empty());
+        assert!(unfinished_moves(&held, &nodes, &world(true, false), &BTreeMap::new()).is_empty());
         assert_eq!(
-            unfinished_moves(&held, &nodes, &world(false, false)).len(),
+            unfinished_moves(&held, &nodes, &world(false, false), &BTreeMap::new()).len(),
             1
         );
-        assert_eq!(unfinished_moves(&held, &nodes, &world(true, true)).len(), 1);
+        assert_eq!(
+            unfinished_moves(&held, &nodes, &world(true, true), &BTreeMap::new()).len(),
+            1
+        );
+    }
+
+    /// Moves the schedule's own holds keep waiting have their answer: a Migration of a held
+    /// Bundle queued by its window or budget, and a drain of a node where only held Bundles' jobs
+    /// run. A held Bundle's Migration pending for another reason, and a drain with any other job
+    /// left, are unfinished.
+    #[test]
+    fn moves_the_schedules_holds_keep_waiting_are_not_unfinished() {
+        let queued = |name: &str, bundle: &str, reason: &str| {
+            serde_json::json!({
+                "metadata": {"name": name, "namespace": "default"},
+                "spec": {"job": {"bundle": bundle, "replica": 0, "jobName": "enc"}},
+                "status": {"phase": "Pending", "conditions": [
+                    {"type": "Queued", "status": "True", "reason": reason, "message": ""}]}})
+        };
+        let migrations = serde_json::json!({"items": [
+            queued("w", "held-w", "DisruptionWindow"),
+            queued("b", "held-b", "DisruptionBudget"),
+            queued("other", "free", "DisruptionWindow"),
+            queued("limit", "held-w", "ConcurrencyLimit"),
+        ]});
+        let drained = |name: &str| {
+            serde_json::json!({"metadata": {"name": name}, "spec": {"drain": {"mode": "migrate"}},
+                "status": {"state": "started", "drain": {"jobsRemaining": 1}}})
+        };
+        let nodes = serde_json::json!({"items": [drained("n-held"), drained("n-mixed")]});
+        let job = |bundle: &str, node: &str| reliability::JobFact {
+            bundle_id: format!("default.{bundle}"),
+            replica: 0,
+            job_name: "enc".into(),
+            required_capacity: 1.0,
+            required_cores: 1,
+            instances: vec![reliability::InstanceFact {
+                node_id: node.into(),
+                normal: true,
+                state: reliability::InstanceState::Running,
+                started_at_ms: 0,
+                reserved: None,
+            }],
+            max_running_ever: None,
+        };
+        let world = reliability::World {
+            jobs: vec![
+                job("held-w", "n-held"),
+                job("held-b", "n-mixed"),
+                job("free", "n-mixed"),
+            ],
+            ..Default::default()
+        };
+        let holding: BTreeMap<String, Hold> = [
+            ("held-w".to_owned(), Hold::Window),
+            ("held-b".to_owned(), Hold::Budget),
+        ]
+        .into();
+        let u = unfinished_moves(&migrations, &nodes, &world, &holding);
+        assert_eq!(
+            u.iter().map(String::as_str).collect::<Vec<_>>(),
+            [
+                "Migration limit: phase \"Pending\" (Queued ConcurrencyLimit: )",
+                "Migration other: phase \"Pending\" (Queued DisruptionWindow: )",
+                "drain of n-mixed: not completed (1 jobs remaining)",
+            ]
+        );
     }
 
     #[test]
@@ -1274,10 +1818,17 @@ mod tests {
         let mut bad = outcome(2);
         bad.violations.duplicates.insert("d".into());
         bad.violations.orphans.insert("o".into());
-        let line = summary(&[outcome(1), bad, outcome(3)], Duration::from_secs(200));
+        let mut touched = outcome(4);
+        touched.foreign_touched.insert("t1".into());
+        touched.foreign_touched.insert("t2".into());
+        touched.deadline_misses.insert("m".into());
+        let line = summary(
+            &[outcome(1), bad, outcome(3), touched],
+            Duration::from_secs(200),
+        );
         assert_eq!(
             line,
-            "chaos summary seeds=3 failed=1 faults=27 duplicates=1 lost=0 overcapacity=0 orphans=1 rules=0 disagreements=0 cordon=0 unfinished=0 errors=0 settle_s_mean=4.2 settle_s_max=4.2 took_s=200 failed_seeds=2"
+            "chaos summary seeds=4 failed=2 faults=36 duplicates=1 lost=0 overcapacity=0 orphans=1 rules=0 disagreements=0 cordon=0 unfinished=0 foreign_touched=2 deadline_misses=1 errors=0 settle_s_mean=4.2 settle_s_max=4.2 took_s=200 failed_seeds=2,4"
         );
     }
 }
