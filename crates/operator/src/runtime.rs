@@ -528,6 +528,10 @@ async fn ended_if_never_synced<K>(
     );
 }
 
+/// What `shutdown`-aware controllers take: the signal, cloned into each.
+trait Shutdown: std::future::Future<Output = ()> + Send + Sync + Clone + 'static {}
+impl<F: std::future::Future<Output = ()> + Send + Sync + Clone + 'static> Shutdown for F {}
+
 /// Runs every controller until `shutdown` resolves.
 pub async fn run_controllers(
     ctx: Arc<Context>,
@@ -537,18 +541,55 @@ pub async fn run_controllers(
         tracing::error!("controllers were started twice in one process");
         return;
     };
+    let (bundles, bundles_known) =
+        bundle_controller(&ctx, rx.bundles, rx.bundles_now, shutdown.clone());
+    let pools = pool_controller(&ctx, rx.pools, shutdown.clone());
+    let nodes = node_controller(&ctx, shutdown.clone());
+    let (spares, spare_targets_known) = spare_controller(&ctx, rx.spare_targets, shutdown.clone());
+    let (migrations, migrations_known) =
+        migration_controller(&ctx, rx.migrations, shutdown.clone());
+    let loops = Loops::spawn(
+        &ctx,
+        rx.node_sync,
+        controllers::sweep::Owners {
+            bundles: bundles_known,
+            spare_targets: spare_targets_known,
+            migrations: migrations_known,
+        },
+    );
+    tokio::join!(bundles, pools, nodes, spares, migrations);
+    loops.abort();
+    // Events the last reconciles queued are what a person reads about them: publish them
+    // before going. A fenced (deposed) operator's writes are refused anyway, so this is short.
+    if !ctx.events.flush(EVENT_FLUSH).await {
+        tracing::warn!(
+            pending = ctx.events.pending(),
+            "stopping with events not yet published"
+        );
+    }
+}
 
-    let (bundle_store, bundle_events) = spec_watch(controllers::watched_apis::<Lean<Bundle>>(&ctx));
-    let bundles_known = bundle_store.clone();
-    let bundle_store_synced = bundle_store.clone();
-    let bundle_controller = Controller::for_stream(bundle_events, bundle_store)
+/// The Bundle controller, and its store (the orphan sweep's list of owners).
+fn bundle_controller(
+    ctx: &Arc<Context>,
+    soon: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    now: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Bundle>>,
+    shutdown: impl Shutdown,
+) -> (
+    impl std::future::Future<Output = ()> + Send,
+    reflector::Store<Bundle>,
+) {
+    let (store, events) = spec_watch(controllers::watched_apis::<Lean<Bundle>>(ctx));
+    let known = store.clone();
+    let synced = store.clone();
+    let controller = Controller::for_stream(events, store)
         .with_config(
             // No debounce here: the wake-ups that may come in bursts are debounced in
             // `bundle_wakes`, so a recovery's are not.
             ControllerConfig::default().concurrency(ctx.settings.bundle_concurrency),
         )
-        .reconcile_on(bundle_wakes(rx.bundles, rx.bundles_now))
-        .reconcile_all_on(everything(&ctx))
+        .reconcile_on(bundle_wakes(soon, now))
+        .reconcile_all_on(everything(ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             // The store holds the watched namespaces' Bundles only: a wake-up for another
@@ -557,22 +598,28 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
-        .take_until(ended_if_never_synced(shutdown.clone(), bundle_store_synced))
+        .take_until(ended_if_never_synced(shutdown, synced))
         .for_each(|_| futures::future::ready(()));
+    (controller, known)
+}
 
-    let (pool_store, pool_events) =
-        spec_watch(vec![Api::<Lean<PlacementPool>>::all(ctx.client.clone())]);
-    let pools_known = pool_store.clone();
-    let pool_store_synced = pool_store.clone();
-    let pool_controller = Controller::for_stream(pool_events, pool_store)
+/// The PlacementPool controller; each reconcile first forgets pools that are gone.
+fn pool_controller(
+    ctx: &Arc<Context>,
+    wakes: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<PlacementPool>>,
+    shutdown: impl Shutdown,
+) -> impl std::future::Future<Output = ()> + Send {
+    let (store, events) = spec_watch(vec![Api::<Lean<PlacementPool>>::all(ctx.client.clone())]);
+    let known = store.clone();
+    let synced = store.clone();
+    Controller::for_stream(events, store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(500)))
-        .reconcile_on(UnboundedReceiverStream::new(rx.pools))
-        .reconcile_all_on(everything(&ctx))
+        .reconcile_on(UnboundedReceiverStream::new(wakes))
+        .reconcile_all_on(everything(ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             move |p: Arc<PlacementPool>, ctx: Arc<Context>| {
-                let existing: Vec<String> =
-                    pools_known.state().iter().map(|p| p.name_any()).collect();
+                let existing: Vec<String> = known.state().iter().map(|p| p.name_any()).collect();
                 async move {
                     controllers::pool::prune(&ctx, &existing);
                     controllers::pool::reconcile(p, ctx).await
@@ -581,17 +628,21 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
-        .take_until(ended_if_never_synced(shutdown.clone(), pool_store_synced))
-        .for_each(|_| futures::future::ready(()));
+        .take_until(ended_if_never_synced(shutdown, synced))
+        .for_each(|_| futures::future::ready(()))
+}
 
-    // A migrate drain steps when one of its Migrations changes.
-    let (node_store, node_events) =
-        spec_watch(vec![Api::<Lean<ManagerNode>>::all(ctx.client.clone())]);
-    let node_store_synced = node_store.clone();
-    let node_controller = Controller::for_stream(node_events, node_store)
+/// The ManagerNode controller. A migrate drain steps when one of its Migrations changes.
+fn node_controller(
+    ctx: &Arc<Context>,
+    shutdown: impl Shutdown,
+) -> impl std::future::Future<Output = ()> + Send {
+    let (store, events) = spec_watch(vec![Api::<Lean<ManagerNode>>::all(ctx.client.clone())]);
+    let synced = store.clone();
+    Controller::for_stream(events, store)
         .watches_stream(
             watch_each(
-                controllers::watched_apis::<Migration>(&ctx),
+                controllers::watched_apis::<Migration>(ctx),
                 &watcher::Config::default().labels(automanager_api::DRAIN_NODE_LABEL),
             ),
             |m: Migration| {
@@ -606,90 +657,96 @@ pub async fn run_controllers(
             controllers::error_policy,
             ctx.clone(),
         )
-        .take_until(ended_if_never_synced(shutdown.clone(), node_store_synced))
-        .for_each(|_| futures::future::ready(()));
+        .take_until(ended_if_never_synced(shutdown, synced))
+        .for_each(|_| futures::future::ready(()))
+}
 
-    let (spare_store, spare_events) =
-        spec_watch(vec![Api::<Lean<HotSpareTarget>>::all(ctx.client.clone())]);
-    let spare_targets_known = spare_store.clone();
-    let spare_store_synced = spare_store.clone();
-    let spare_controller = Controller::for_stream(spare_events, spare_store)
+/// The HotSpareTarget controller, and its store.
+fn spare_controller(
+    ctx: &Arc<Context>,
+    wakes: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<HotSpareTarget>>,
+    shutdown: impl Shutdown,
+) -> (
+    impl std::future::Future<Output = ()> + Send,
+    reflector::Store<HotSpareTarget>,
+) {
+    let (store, events) = spec_watch(vec![Api::<Lean<HotSpareTarget>>::all(ctx.client.clone())]);
+    let known = store.clone();
+    let synced = store.clone();
+    let controller = Controller::for_stream(events, store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(200)))
-        .reconcile_on(UnboundedReceiverStream::new(rx.spare_targets))
-        .reconcile_all_on(everything(&ctx))
+        .reconcile_on(UnboundedReceiverStream::new(wakes))
+        .reconcile_all_on(everything(ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             controllers::reconcile_finalized::<HotSpareTarget>,
             controllers::error_policy,
             ctx.clone(),
         )
-        .take_until(ended_if_never_synced(shutdown.clone(), spare_store_synced))
+        .take_until(ended_if_never_synced(shutdown, synced))
         .for_each(|_| futures::future::ready(()));
+    (controller, known)
+}
 
-    let (migration_store, migration_events) =
-        spec_watch(controllers::watched_apis::<Lean<Migration>>(&ctx));
-    let migrations_known = migration_store.clone();
-    let migration_store_synced = migration_store.clone();
-    let migration_controller = Controller::for_stream(migration_events, migration_store)
+/// The Migration controller, and its store.
+fn migration_controller(
+    ctx: &Arc<Context>,
+    wakes: tokio::sync::mpsc::UnboundedReceiver<ObjectRef<Migration>>,
+    shutdown: impl Shutdown,
+) -> (
+    impl std::future::Future<Output = ()> + Send,
+    reflector::Store<Migration>,
+) {
+    let (store, events) = spec_watch(controllers::watched_apis::<Lean<Migration>>(ctx));
+    let known = store.clone();
+    let synced = store.clone();
+    let controller = Controller::for_stream(events, store)
         .with_config(ControllerConfig::default().debounce(Duration::from_millis(20)))
-        .reconcile_on(UnboundedReceiverStream::new(rx.migrations))
-        .reconcile_all_on(everything(&ctx))
+        .reconcile_on(UnboundedReceiverStream::new(wakes))
+        .reconcile_all_on(everything(ctx))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             controllers::migration::reconcile,
             controllers::migration::error_policy,
             ctx.clone(),
         )
-        .take_until(ended_if_never_synced(
-            shutdown.clone(),
-            migration_store_synced,
-        ))
+        .take_until(ended_if_never_synced(shutdown, synced))
         .for_each(|_| futures::future::ready(()));
+    (controller, known)
+}
 
-    let pump = tokio::spawn(run_mirror_pump(ctx.clone()));
-    let node_sync = tokio::spawn(controllers::node::run_mirror_sync(
-        ctx.clone(),
-        rx.node_sync,
-    ));
-    let connection = tokio::spawn(watch_connection(ctx.clone()));
-    let snapshots = tokio::spawn(publish_snapshots(ctx.clone()));
-    let zone_clock = tokio::spawn(controllers::zones::run_zone_clock(ctx.clone()));
-    let reclaim = tokio::spawn(controllers::reclaim::run_reclaim(ctx.clone()));
-    let sweep = ctx.settings.orphan_sweep.map(|(interval, grace)| {
-        tokio::spawn(controllers::sweep::run_orphan_sweep(
-            ctx.clone(),
-            controllers::sweep::Owners {
-                bundles: bundles_known,
-                spare_targets: spare_targets_known,
-                migrations: migrations_known,
-            },
-            interval,
-            grace,
-        ))
-    });
-    tokio::join!(
-        bundle_controller,
-        pool_controller,
-        node_controller,
-        spare_controller,
-        migration_controller
-    );
-    pump.abort();
-    node_sync.abort();
-    connection.abort();
-    snapshots.abort();
-    zone_clock.abort();
-    reclaim.abort();
-    if let Some(sweep) = sweep {
-        sweep.abort();
+/// The loops beside the controllers, for as long as the controllers run.
+struct Loops(Vec<tokio::task::JoinHandle<()>>);
+
+impl Loops {
+    fn spawn(
+        ctx: &Arc<Context>,
+        node_sync: tokio::sync::mpsc::Receiver<()>,
+        owners: controllers::sweep::Owners,
+    ) -> Loops {
+        let mut loops = vec![
+            tokio::spawn(run_mirror_pump(ctx.clone())),
+            tokio::spawn(controllers::node::run_mirror_sync(ctx.clone(), node_sync)),
+            tokio::spawn(watch_connection(ctx.clone())),
+            tokio::spawn(publish_snapshots(ctx.clone())),
+            tokio::spawn(controllers::zones::run_zone_clock(ctx.clone())),
+            tokio::spawn(controllers::reclaim::run_reclaim(ctx.clone())),
+        ];
+        if let Some((interval, grace)) = ctx.settings.orphan_sweep {
+            loops.push(tokio::spawn(controllers::sweep::run_orphan_sweep(
+                ctx.clone(),
+                owners,
+                interval,
+                grace,
+            )));
+        }
+        Loops(loops)
     }
-    // Events the last reconciles queued are what a person reads about them: publish them
-    // before going. A fenced (deposed) operator's writes are refused anyway, so this is short.
-    if !ctx.events.flush(EVENT_FLUSH).await {
-        tracing::warn!(
-            pending = ctx.events.pending(),
-            "stopping with events not yet published"
-        );
+
+    fn abort(self) {
+        for l in self.0 {
+            l.abort();
+        }
     }
 }
 
