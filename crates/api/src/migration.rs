@@ -116,6 +116,10 @@ pub struct MigrationStatus {
     /// condition says why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<i32>,
+    /// While the migration is held in `Pending` by a Broken bundle, a disruption budget or a
+    /// closed disruption window: who holds it and since when.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<crate::node::Hold>,
     /// Every phase entered, with its time.
     #[serde(default)]
     #[schemars(length(max = 32))]

@@ -26,12 +26,96 @@ pub enum DrainMode {
     Migrate,
 }
 
+/// What a `terminate` drain does once a hold (a Broken bundle, a disruption budget or a
+/// closed disruption window) has kept it waiting past the operator's
+/// `disruption.holdWarnAfter`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum WhenHeld {
+    /// Keep waiting for the holder to let the drain through (a Warning Event and the
+    /// `automanager_held_moves` metric say it waits too long).
+    #[default]
+    Wait,
+    /// Terminate the node anyway, as the TypeScript library's `drainNode` does (it never waits
+    /// for a budget): its jobs recover by band, gold preferring a spare, bronze dropped.
+    Proceed,
+}
+
 /// A request to empty the node.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.whenHeld) || self.mode == 'terminate'").message("whenHeld applies to mode: terminate; a migrate drain always waits for its holds"))]
 pub struct Drain {
     /// `terminate` or `migrate`.
     pub mode: DrainMode,
+    /// For `mode: terminate`: what to do once a hold has kept the drain waiting past the
+    /// operator's `disruption.holdWarnAfter`: `Wait` (the default) or `Proceed` (terminate the
+    /// node as the TypeScript library would; its jobs recover by band).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_held: Option<WhenHeld>,
+}
+
+impl Drain {
+    /// What the drain does once held past the bound (`Wait` when not said).
+    pub fn when_held(&self) -> WhenHeld {
+        self.when_held.unwrap_or_default()
+    }
+}
+
+/// What holds a voluntary move back.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema,
+)]
+pub enum HoldKind {
+    /// A Bundle that is Broken: its replicas that are down are not restarted until someone
+    /// retries it, so its disruption budget stays spent.
+    BrokenBundle,
+    /// A Bundle's disruption budget (`spec.disruption.maxUnavailableReplicas`): replicas are down
+    /// or being moved already.
+    DisruptionBudget,
+    /// A closed disruption window, the Bundle's (`spec.disruption.windows`) or its job's band's
+    /// (`bands.<band>.disruptionWindows` in the operator's settings).
+    DisruptionWindow,
+}
+
+impl HoldKind {
+    /// The name used in conditions, Events and the metric's `reason` label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldKind::BrokenBundle => "BrokenBundle",
+            HoldKind::DisruptionBudget => "DisruptionBudget",
+            HoldKind::DisruptionWindow => "DisruptionWindow",
+        }
+    }
+}
+
+/// Who holds a drain or a Migration back, and since when.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Hold {
+    /// `BrokenBundle`, `DisruptionBudget` or `DisruptionWindow`.
+    pub kind: HoldKind,
+    /// The holder: `Bundle <namespace>/<name>` for a Broken bundle or a budget; for a window,
+    /// whose windows hold (`Bundle <namespace>/<name>'s disruption windows`, or a band's in the
+    /// operator's settings).
+    #[schemars(length(max = 512))]
+    pub holder: String,
+    /// For a window: when it next opens (absent when the windows cannot be read or do not
+    /// open together soon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub opens_at: Option<DateTime<Utc>>,
+    /// When the move was first held (kept while the holder changes).
+    pub since: DateTime<Utc>,
+    /// When the hold passed the operator's `disruption.holdWarnAfter` (a Warning Event and the
+    /// `automanager_held_moves` metric).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub past_bound_at: Option<DateTime<Utc>>,
+    /// When a `terminate` drain with `whenHeld: Proceed` stopped waiting and terminated the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proceeded_at: Option<DateTime<Utc>>,
+    /// Why, in words.
+    #[serde(default)]
+    #[schemars(length(max = 2048))]
+    pub message: String,
 }
 
 /// The user's wishes for a node.
@@ -269,6 +353,11 @@ pub struct ManagerNodeStatus {
     /// Drain progress, when a drain was requested.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainStatus>,
+    /// While a drain is held back (by a Broken bundle, a disruption budget or a closed
+    /// window): who holds it and since when; kept with `proceededAt` once a `whenHeld: Proceed`
+    /// drain went ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Hold>,
     /// When Manager reported the node unreachable or terminated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at: Option<DateTime<Utc>>,

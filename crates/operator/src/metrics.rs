@@ -48,6 +48,11 @@
 //!   are Broken now, `automanager_broken_bundle_info{bundle_namespace, bundle}` is 1 for each of
 //!   them (the TypeScript library's `brokenBundleIds`), and `automanager_bundle_breaks_total`
 //!   counts how often a bundle was marked Broken.
+//! - `automanager_held_moves{kind, reason}` is how many voluntary moves (`kind` `drain` or
+//!   `migration`) are held now past the operator's `disruption.holdWarnAfter`, by what holds
+//!   them (`reason` `BrokenBundle`, `DisruptionBudget`, `DisruptionWindow`); every combination
+//!   is exported from start-up, at 0 when none, and a `whenHeld: Proceed` drain that went ahead
+//!   no longer counts. Holds shorter than the bound are in the objects' `status.held`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
@@ -90,6 +95,16 @@ struct KindLabels {
 struct ActionLabels {
     action: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HeldLabels {
+    kind: String,
+    reason: String,
+}
+
+/// The `kind` and `reason` label values of `automanager_held_moves`.
+pub const HELD_KINDS: [&str; 2] = ["drain", "migration"];
+pub const HELD_REASONS: [&str; 3] = ["BrokenBundle", "DisruptionBudget", "DisruptionWindow"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BandLabels {
@@ -206,6 +221,7 @@ struct Inner {
     jobs_preempted: Counter,
     rebalances: Counter,
     migrations_queued: Gauge,
+    held_moves: Family<HeldLabels, Gauge>,
     zone_degraded: Family<ZoneLabels, Gauge>,
     consolidation_terminated: Family<PoolLabels, Counter>,
     consolidation_abandoned: Family<PoolLabels, Counter>,
@@ -263,6 +279,17 @@ impl Metrics {
         let jobs_preempted = Counter::default();
         let rebalances = Counter::default();
         let migrations_queued = Gauge::default();
+        let held_moves = Family::<HeldLabels, Gauge>::default();
+        for kind in HELD_KINDS {
+            for reason in HELD_REASONS {
+                held_moves
+                    .get_or_create(&HeldLabels {
+                        kind: kind.into(),
+                        reason: reason.into(),
+                    })
+                    .set(0);
+            }
+        }
         let zone_degraded = Family::<ZoneLabels, Gauge>::default();
         let consolidation_terminated = Family::<PoolLabels, Counter>::default();
         let consolidation_abandoned = Family::<PoolLabels, Counter>::default();
@@ -316,6 +343,11 @@ impl Metrics {
             "automanager_migrations_queued",
             "Migrations waiting in Pending for the migration queue (parallelism limits or a disruption budget)",
             migrations_queued.clone(),
+        );
+        registry.register(
+            "automanager_held_moves",
+            "Drains and Migrations (kind) held past disruption.holdWarnAfter now, by what holds them (reason: BrokenBundle, DisruptionBudget, DisruptionWindow)",
+            held_moves.clone(),
         );
         registry.register(
             "automanager_placements_attempted",
@@ -470,6 +502,7 @@ impl Metrics {
                 jobs_preempted,
                 rebalances,
                 migrations_queued,
+                held_moves,
                 zone_degraded,
                 consolidation_terminated,
                 consolidation_abandoned,
@@ -539,6 +572,20 @@ impl Metrics {
         self.inner
             .migrations_queued
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// How many moves of each kind are held past the bound now, by reason: `(kind, reason,
+    /// count)` for every combination.
+    pub fn set_held_moves<'a>(&self, counts: impl IntoIterator<Item = (&'a str, &'a str, usize)>) {
+        for (kind, reason, count) in counts {
+            self.inner
+                .held_moves
+                .get_or_create(&HeldLabels {
+                    kind: kind.into(),
+                    reason: reason.into(),
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     /// A job was dropped by its band.
@@ -873,7 +920,8 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 28] = [
+    const NAMES: [&str; 29] = [
+        "automanager_held_moves",
         "automanager_preemptions_total",
         "automanager_jobs_preempted_total",
         "automanager_rebalances_total",
@@ -927,6 +975,13 @@ mod tests {
         assert!(text.contains("automanager_disruptions_blocked_total{action=\"migration\"} 1"));
         assert!(text.contains("automanager_involuntary_disruptions_total{cause=\"nodeLost\"} 1"));
         assert!(text.contains("automanager_migrations_queued 2"));
+        assert!(text.contains("automanager_held_moves{kind=\"drain\",reason=\"BrokenBundle\"} 0"));
+        m.set_held_moves([("migration", "DisruptionWindow", 3)]);
+        assert!(
+            m.encode().contains(
+                "automanager_held_moves{kind=\"migration\",reason=\"DisruptionWindow\"} 3"
+            )
+        );
         assert!(text.contains("automanager_preemptions_total{band=\"gold\"} 1"));
         assert!(text.contains("automanager_jobs_preempted_total 2"));
         assert!(text.contains("automanager_rebalances_total 1"));

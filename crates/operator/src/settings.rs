@@ -39,6 +39,9 @@ pub struct Settings {
     pub provision_per_minute: u32,
     /// Rebalancing Migrations per sliding minute, fleet-wide.
     pub rebalance_per_minute: u32,
+    /// How long a drain or Migration may be held before the hold is escalated
+    /// (`disruption.holdWarnAfter`).
+    pub hold_warn_after: Duration,
 }
 
 /// Each band's disruption windows as a calendar.
@@ -118,6 +121,7 @@ impl Settings {
             }),
             provision_per_minute: c.provisioning.per_pool_per_minute.max(1),
             rebalance_per_minute: c.rebalance.max_per_minute.max(1),
+            hold_warn_after: c.disruption.hold_warn_after,
         }
     }
 

@@ -942,7 +942,11 @@ impl Stack {
 
     /// Asks for a drain of `node` in `mode` (`spec.drain`).
     pub async fn drain(&self, node: &str, mode: DrainMode) {
-        self.patch_node_spec(node, serde_json::json!({ "drain": Drain { mode } }))
+        let drain = Drain {
+            mode,
+            when_held: None,
+        };
+        self.patch_node_spec(node, serde_json::json!({ "drain": drain }))
             .await;
     }
 

@@ -747,6 +747,28 @@ impl Default for RebalanceConfig {
     }
 }
 
+/// Voluntary moves held back: how long a drain or a Migration may wait for a Broken bundle, a
+/// disruption budget or a closed disruption window before the wait is escalated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DisruptionConfig {
+    /// A drain or Migration held this long gets a Warning Event, counts in
+    /// `automanager_held_moves` (the `AutoManagerMoveHeldTooLong` alert), and a `terminate`
+    /// drain with `whenHeld: Proceed` terminates its node. The default, 30m, is longer than a
+    /// replica's restart normally takes to settle and shorter than a maintenance slot.
+    #[serde(with = "duration")]
+    #[schemars(schema_with = "duration::schema", extend("x-duration" = {"min": "1s", "max": "7d"}))]
+    pub hold_warn_after: Duration,
+}
+
+impl Default for DisruptionConfig {
+    fn default() -> Self {
+        DisruptionConfig {
+            hold_warn_after: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
 /// The AutoManager operator's settings (`automanager-operator --config FILE`). Every key is
 /// optional except `manager.url` (which a flag may give instead); a key left out, or set to
 /// null, takes its default.
@@ -791,6 +813,7 @@ pub struct OperatorConfig {
     pub zone_brake: ZoneBrakeConfig,
     pub provisioning: ProvisioningConfig,
     pub rebalance: RebalanceConfig,
+    pub disruption: DisruptionConfig,
 }
 
 impl Default for OperatorConfig {
@@ -813,6 +836,7 @@ impl Default for OperatorConfig {
             zone_brake: ZoneBrakeConfig::default(),
             provisioning: ProvisioningConfig::default(),
             rebalance: RebalanceConfig::default(),
+            disruption: DisruptionConfig::default(),
         }
     }
 }

@@ -1453,3 +1453,38 @@ fn the_rebalance_rate_is_bounded() {
     let e = errors(&format!("{URL}rebalance: {{ maxPerMinut: 3 }}\n"));
     assert!(e.has("rebalance.maxPerMinut"), "{e}");
 }
+
+#[test]
+fn the_hold_bound_is_a_duration_between_a_second_and_a_week() {
+    assert_eq!(
+        ok(URL).disruption.hold_warn_after,
+        Duration::from_secs(30 * 60)
+    );
+    assert_eq!(
+        ok(&format!("{URL}disruption: {{ holdWarnAfter: 2h }}\n"))
+            .disruption
+            .hold_warn_after,
+        Duration::from_secs(7200)
+    );
+    for (bad, says) in [
+        ("0s", "must be between 1s and 604800s (got 0s)"),
+        ("8d", "must be between 1s and 604800s (got 691200s)"),
+    ] {
+        let e = errors(&format!("{URL}disruption: {{ holdWarnAfter: {bad} }}\n"));
+        assert_eq!(error_at(&e, "disruption.holdWarnAfter").message, says);
+    }
+    let e = errors(&format!("{URL}disruption: {{ holdWarnAfter: soon }}\n"));
+    assert!(
+        error_at(&e, "disruption.holdWarnAfter")
+            .message
+            .starts_with("must be a duration"),
+        "{e}"
+    );
+    let e = errors(&format!("{URL}disruption: {{ holdWarnAftr: 1h }}\n"));
+    assert_eq!(
+        error_at(&e, "disruption.holdWarnAftr")
+            .suggestion
+            .as_deref(),
+        Some("holdWarnAfter")
+    );
+}

@@ -27,7 +27,7 @@ use manager_proto as proto;
 use super::{Context, Error};
 use crate::mapping;
 use crate::settings::BandCalendars;
-use crate::state::{AdmittedMigration, OperatorState};
+use crate::state::{AdmittedMigration, HeldMove, HoldNews, OperatorState};
 
 /// What a bundle's budget needs: its replicas, budget and job names.
 #[derive(Debug, Clone)]
@@ -43,10 +43,18 @@ struct BundleFacts {
     /// Each job's co-location group ([`co_location::group`]), for jobs in a group of two or
     /// more.
     groups: HashMap<String, BTreeSet<String>>,
+    /// Whether the Bundle is Broken: its replicas that are down stay down until it is retried,
+    /// so a budget it spends is held by that, not by moves in flight.
+    broken: bool,
 }
 
 fn facts(b: &Bundle) -> BundleFacts {
     BundleFacts {
+        broken: b
+            .status
+            .as_ref()
+            .and_then(|s| api::find_condition(&s.conditions, "Broken"))
+            .is_some_and(|c| c.is_true()),
         replicas: u32::try_from(b.spec.replicas).unwrap_or(0),
         // The CRD refuses a negative budget or one above replicas; an object stored under an
         // older CRD gets the default rather than no protection.
@@ -231,6 +239,14 @@ impl Fleet {
                 held_by: h.by,
                 unreadable,
             })
+    }
+
+    /// Whether the bundle is known and Broken.
+    fn is_broken(&self, bundle_id: &str) -> bool {
+        self.bundles
+            .get(bundle_id)
+            .and_then(Option::as_ref)
+            .is_some_and(|f| f.broken)
     }
 
     /// Every known bundle's replicas as the budget sees them now.
@@ -516,6 +532,12 @@ pub(crate) fn forget_migration(ctx: &Context, ns: &str, name: &str) {
     ctx.state()
         .disruptions_mut()
         .forget_migration(&key(ns, name));
+    release_hold(ctx, &held_migration(ns, name));
+}
+
+/// The hold book's key of a Migration.
+pub(crate) fn held_migration(ns: &str, name: &str) -> HeldMove {
+    HeldMove::Migration(key(ns, name))
 }
 
 /// The words for a wait: the `Queued` condition's reason and message, and the blocking
@@ -695,6 +717,19 @@ pub(crate) async fn allow_node_terminate(
     node_id: &str,
     reason: VoluntaryReason,
 ) -> Result<Result<(), String>, Error> {
+    Ok(node_terminate_hold(ctx, node_id, reason)
+        .await?
+        .map_err(|h| h.message))
+}
+
+/// [`allow_node_terminate`], answering what holds the terminate: the window that closes on a
+/// job of the node, or the bundle whose budget (or Broken state) a terminate would break. The
+/// hold's `since` is now; the caller's book keeps when the wait began.
+pub(crate) async fn node_terminate_hold(
+    ctx: &Arc<Context>,
+    node_id: &str,
+    reason: VoluntaryReason,
+) -> Result<Result<(), api::Hold>, Error> {
     // Each job on the node: its bundle and its name (its band's windows apply to it).
     let on_node: Vec<(String, String)> = ctx.manager.mirror().read(|m| {
         m.jobs_on(node_id)
@@ -724,10 +759,12 @@ pub(crate) async fn allow_node_terminate(
         // The hold that lasts longest is the one the node waits for.
         held.sort_by_key(|(_, h)| std::cmp::Reverse(h.until));
         if let Some((bundle, hold)) = held.first() {
-            return Err(format!(
+            let shown = shown_bundle(bundle);
+            let message = format!(
                 "{}; terminating node {node_id} would move its jobs",
-                window_message(&shown_bundle(bundle), reason, hold)
-            ));
+                window_message(&shown, reason, hold)
+            );
+            return Err(window_hold_record(&shown, hold, message, now));
         }
         let running = fleet.running(state);
         let mut ledger = fleet.ledger(mirror, state, &running);
@@ -745,19 +782,244 @@ pub(crate) async fn allow_node_terminate(
                 state.disruptions_mut().allow_terminate(node_id);
                 Ok(())
             }
-            Err((bundle, verdict)) => Err(match verdict {
-                disruption::Verdict::Blocked {
-                    down,
-                    max_unavailable,
-                } => format!(
-                    "waiting for the disruption budget of Bundle {}: it allows {max_unavailable} replica(s) down at once and replica(s) {} are down or being moved; terminating node {node_id} would take another down",
-                    shown_bundle(&bundle),
-                    list(&down)
-                ),
-                disruption::Verdict::Allowed => String::new(),
-            }),
+            Err((bundle, verdict)) => {
+                let down = match verdict {
+                    disruption::Verdict::Blocked { down, max_unavailable } => (down, max_unavailable),
+                    disruption::Verdict::Allowed => (Vec::new(), 0),
+                };
+                let shown = shown_bundle(&bundle);
+                let broken = fleet.is_broken(&bundle);
+                let message = if broken {
+                    format!(
+                        "held by Bundle {shown}, which is Broken: replica(s) {} are down and are not restarted until it is retried (kubectl automanager retry), and its disruption budget allows {} down at once; terminating node {node_id} would take another down",
+                        list(&down.0),
+                        down.1
+                    )
+                } else {
+                    format!(
+                        "waiting for the disruption budget of Bundle {shown}: it allows {} replica(s) down at once and replica(s) {} are down or being moved; terminating node {node_id} would take another down",
+                        down.1,
+                        list(&down.0)
+                    )
+                };
+                Err(budget_hold_record(&shown, broken, message, now))
+            }
         }
     }))
+}
+
+/// A hold by a bundle's budget, or by the bundle being Broken.
+fn budget_hold_record(shown: &str, broken: bool, message: String, now: DateTime<Utc>) -> api::Hold {
+    api::Hold {
+        kind: if broken {
+            api::HoldKind::BrokenBundle
+        } else {
+            api::HoldKind::DisruptionBudget
+        },
+        holder: format!("Bundle {shown}"),
+        opens_at: None,
+        since: now,
+        past_bound_at: None,
+        proceeded_at: None,
+        message: clip(message),
+    }
+}
+
+/// A hold by closed windows: whose, and when they next open together.
+fn window_hold_record(
+    shown: &str,
+    hold: &WindowHold,
+    message: String,
+    now: DateTime<Utc>,
+) -> api::Hold {
+    let whose = |source: &WindowSource| match source {
+        WindowSource::Bundle => format!("Bundle {shown}'s disruption windows"),
+        WindowSource::Band(b) => format!(
+            "the {} band's disruption windows (operator settings, for Bundle {shown})",
+            b.as_str()
+        ),
+    };
+    let holder = hold
+        .unreadable
+        .as_ref()
+        .map(|(source, _)| whose(source))
+        .unwrap_or_else(|| {
+            let all: Vec<String> = hold.held_by.iter().map(whose).collect();
+            if all.is_empty() {
+                format!("Bundle {shown}'s disruption windows")
+            } else {
+                all.join(" and ")
+            }
+        });
+    api::Hold {
+        kind: api::HoldKind::DisruptionWindow,
+        holder,
+        opens_at: (hold.found && hold.unreadable.is_none()).then_some(hold.until),
+        since: now,
+        past_bound_at: None,
+        proceeded_at: None,
+        message: clip(message),
+    }
+}
+
+/// At most the schema's 2048 characters.
+fn clip(message: String) -> String {
+    if message.len() <= 2048 {
+        return message;
+    }
+    message.chars().take(2000).collect::<String>() + "..."
+}
+
+/// What holds a waiting Migration, when a Broken bundle, a budget or windows do (the queue's
+/// own limits and a co-location group are not holds: they pass by themselves).
+pub(crate) fn migration_hold(
+    fleet: &Fleet,
+    reason: &WaitReason<String>,
+    message: &str,
+    now: DateTime<Utc>,
+) -> Option<api::Hold> {
+    match reason {
+        WaitReason::Budget { bundle, .. } => Some(budget_hold_record(
+            &shown_bundle(bundle),
+            fleet.is_broken(bundle),
+            message.to_owned(),
+            now,
+        )),
+        WaitReason::Window {
+            bundle,
+            until,
+            held_by,
+            found,
+            unreadable,
+            ..
+        } => {
+            let hold = WindowHold {
+                until: *until,
+                held_by: held_by.clone(),
+                found: *found,
+                unreadable: unreadable.clone(),
+            };
+            Some(window_hold_record(
+                &shown_bundle(bundle),
+                &hold,
+                message.to_owned(),
+                now,
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// Records that `what` is held by `hold` now: one Event when the move is first held or its
+/// holder changes, one Warning Event when the hold passes `disruption.holdWarnAfter`, and
+/// `automanager_held_moves` updated. `recorded` is the hold the object's status carries (read
+/// back after a restart). `next` is what the object does past the bound, for the Event.
+pub(crate) async fn record_hold<K>(
+    ctx: &Context,
+    obj: &K,
+    what: HeldMove,
+    hold: api::Hold,
+    recorded: Option<&api::Hold>,
+    next: &str,
+) -> HoldNews
+where
+    K: kube::Resource<DynamicType = ()>,
+{
+    let bound = ctx.settings.hold_warn_after;
+    let (reporter, action) = match what {
+        HeldMove::Drain(_) => ("Drain", "drain"),
+        HeldMove::Migration(_) => ("Queue", "migration"),
+    };
+    let news = {
+        let mut state = ctx.state();
+        let book = state.disruptions_mut();
+        let news = book.hold(what, hold, recorded, ctx.clock.now(), bound);
+        ctx.metrics.set_held_moves(held_counts(book));
+        news
+    };
+    let h = &news.hold;
+    if news.new_holder {
+        tracing::info!(action, holder = %h.holder, reason = h.kind.as_str(), "voluntary move held");
+        ctx.metrics.disruption_blocked(action);
+        ctx.event(
+            obj,
+            kube::runtime::events::EventType::Warning,
+            "DisruptionBlocked",
+            reporter,
+            format!("held by {} ({}): {}", h.holder, h.kind.as_str(), h.message),
+        )
+        .await;
+    }
+    if news.crossed_bound {
+        tracing::warn!(action, holder = %h.holder, reason = h.kind.as_str(), since = %h.since, "voluntary move held past disruption.holdWarnAfter");
+        ctx.event(
+            obj,
+            kube::runtime::events::EventType::Warning,
+            "HeldTooLong",
+            reporter,
+            format!(
+                "held by {} ({}) since {}, longer than disruption.holdWarnAfter ({}); {next}",
+                h.holder,
+                h.kind.as_str(),
+                h.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                humantime::format_duration(bound)
+            ),
+        )
+        .await;
+    }
+    news
+}
+
+/// `what` is no longer held: its hold is forgotten and the metric updated.
+pub(crate) fn release_hold(ctx: &Context, what: &HeldMove) -> bool {
+    let mut state = ctx.state();
+    let book = state.disruptions_mut();
+    let released = book.release(what);
+    if released {
+        ctx.metrics.set_held_moves(held_counts(book));
+    }
+    released
+}
+
+/// A held drain went ahead (`whenHeld: Proceed`): its hold, marked, and the metric updated.
+pub(crate) fn proceed_held(ctx: &Context, what: &HeldMove) -> Option<api::Hold> {
+    let mut state = ctx.state();
+    let book = state.disruptions_mut();
+    let hold = book.proceed(what, ctx.clock.now());
+    ctx.metrics.set_held_moves(held_counts(book));
+    hold
+}
+
+fn held_counts(book: &crate::state::Disruptions) -> Vec<(&'static str, &'static str, usize)> {
+    book.past_bound()
+        .into_iter()
+        .map(|((kind, reason), n)| (kind, reason.as_str(), n))
+        .collect()
+}
+
+/// Sets `DisruptionBlocked` from a hold: `True` with the holder's kind as the reason while
+/// held, `False` once the wait is over; an object that never waited carries none.
+pub(crate) fn set_held_condition(
+    conditions: &mut Vec<api::Condition>,
+    held: Option<&api::Hold>,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) {
+    let Some(h) = held.filter(|h| h.proceeded_at.is_none()) else {
+        set_blocked_condition(conditions, None, generation, now);
+        return;
+    };
+    api::set_condition(
+        conditions,
+        super::condition(
+            "DisruptionBlocked",
+            true,
+            h.kind.as_str(),
+            h.message.clone(),
+            generation,
+            now,
+        ),
+    );
 }
 
 #[cfg(test)]

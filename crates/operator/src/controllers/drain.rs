@@ -24,7 +24,7 @@ use manager_proto as proto;
 
 use super::{Context, Error};
 use crate::mapping;
-use crate::state::DrainProgress;
+use crate::state::{DrainProgress, HeldMove, HoldNews};
 use automanager_policy::drain::{
     DrainJob, DrainMigration, DrainPlan, MigrationOutcome, plan_drain,
 };
@@ -160,11 +160,13 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
     let Some(mut seen) = observe(node, node_id, ctx).await? else {
         return Ok(Action::await_change());
     };
-    // A drain Migration the disruption budget holds in the queue holds the drain up: the
-    // ManagerNode says so, naming the bundle (the Migration carries the same condition).
-    match seen.budget_wait.take() {
-        Some(why) => super::node::drain_blocked(ctx, node, node_id, why).await,
-        None => super::node::drain_unblocked(ctx, node_id),
+    // A drain Migration held in the queue (by a Broken bundle, a budget or windows) holds the
+    // drain up: the ManagerNode says so, naming the holder (the Migration carries it too).
+    match seen.held.take() {
+        Some(hold) => {
+            held(ctx, node, node_id, hold, WAITS).await;
+        }
+        None => unheld(ctx, node_id),
     }
     let plan = plan_drain(
         &seen.jobs,
@@ -186,7 +188,7 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
 struct Seen<'a> {
     jobs: Vec<DrainJob>,
     migrations: Vec<DrainMigration>,
-    budget_wait: Option<String>,
+    held: Option<api::Hold>,
     bundles: Bundles<'a>,
 }
 
@@ -253,7 +255,7 @@ async fn observe<'a>(
     Ok(Some(Seen {
         jobs,
         migrations,
-        budget_wait: budget_wait(&listed),
+        held: migration_held(&listed),
         bundles,
     }))
 }
@@ -330,16 +332,95 @@ async fn drop_stale(ctx: &Context, listed: Vec<Migration>) -> Vec<Migration> {
     live
 }
 
-/// Why the drain waits, when the disruption budget holds one of its Migrations in the queue.
-fn budget_wait(migrations: &[Migration]) -> Option<String> {
-    migrations.iter().find_map(|m| {
-        let s = m.status.as_ref()?;
-        let c = api::find_condition(&s.conditions, "Queued")?;
-        (s.phase == MigrationPhase::Pending
-            && c.status == api::ConditionStatus::True
-            && c.reason == "DisruptionBudget")
-            .then(|| format!("Migration {}: {}", m.name_any(), c.message))
-    })
+/// What holds the drain, when one of its Migrations is held in the queue: the one held
+/// longest, its message naming the Migration.
+fn migration_held(migrations: &[Migration]) -> Option<api::Hold> {
+    migrations
+        .iter()
+        .filter_map(|m| {
+            let s = m.status.as_ref()?;
+            let h = s
+                .held
+                .as_ref()
+                .filter(|_| s.phase == MigrationPhase::Pending)?;
+            Some(api::Hold {
+                message: format!("Migration {}: {}", m.name_any(), h.message),
+                past_bound_at: None,
+                proceeded_at: None,
+                ..h.clone()
+            })
+        })
+        .min_by_key(|h| h.since)
+}
+
+/// What a held drain does past the bound, for the Event.
+const WAITS: &str =
+    "the drain keeps waiting (whenHeld: Wait); see the runbook's AutoManagerMoveHeldTooLong";
+const PROCEEDS: &str = "whenHeld: Proceed: the node is terminated now, as the TypeScript library's drainNode would, and its jobs recover by band";
+
+/// The drain of `node_id` is held by `hold`: recorded (the ManagerNode's `status.held` and
+/// `DisruptionBlocked` condition, written by the status sync), with its Events and the metric.
+pub(crate) async fn held(
+    ctx: &Context,
+    node: &ManagerNode,
+    node_id: &str,
+    hold: api::Hold,
+    next: &str,
+) -> HoldNews {
+    let recorded = node.status.as_ref().and_then(|s| s.held.as_ref());
+    let what = HeldMove::Drain(node_id.to_owned());
+    let news = super::disruption::record_hold(ctx, node, what, hold, recorded, next).await;
+    let _ = ctx.wake.node_sync.try_send(());
+    news
+}
+
+/// The drain of `node_id` is not held (any more).
+pub(crate) fn unheld(ctx: &Context, node_id: &str) {
+    if super::disruption::release_hold(ctx, &HeldMove::Drain(node_id.to_owned())) {
+        let _ = ctx.wake.node_sync.try_send(());
+    }
+}
+
+/// A `terminate` drain held by `hold`: `true` when it goes ahead anyway, because the hold
+/// passed `disruption.holdWarnAfter` and the drain says `whenHeld: Proceed`. Then the node is
+/// recorded as being terminated (its replicas count as down), the hold keeps `proceededAt`,
+/// and a `DrainProceeded` Event says what was overridden.
+pub(crate) async fn held_terminate(
+    ctx: &Context,
+    node: &ManagerNode,
+    node_id: &str,
+    hold: api::Hold,
+    when_held: api::WhenHeld,
+) -> bool {
+    let next = match when_held {
+        api::WhenHeld::Wait => WAITS,
+        api::WhenHeld::Proceed => PROCEEDS,
+    };
+    let news = held(ctx, node, node_id, hold, next).await;
+    if when_held == api::WhenHeld::Wait || news.hold.past_bound_at.is_none() {
+        return false;
+    }
+    let what = HeldMove::Drain(node_id.to_owned());
+    super::disruption::proceed_held(ctx, &what);
+    ctx.state().disruptions_mut().allow_terminate(node_id);
+    let h = &news.hold;
+    tracing::warn!(node = %node_id, holder = %h.holder, reason = h.kind.as_str(), "held terminate drain proceeds (whenHeld: Proceed)");
+    ctx.event(
+        node,
+        EventType::Warning,
+        "DrainProceeded",
+        "Drain",
+        format!(
+            "held by {} ({}) since {}, past disruption.holdWarnAfter ({}); whenHeld: Proceed: node {node_id} is terminated anyway, as the TypeScript library's drainNode would, and its jobs recover by band",
+            h.holder,
+            h.kind.as_str(),
+            h.since.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            humantime::format_duration(ctx.settings.hold_warn_after)
+        ),
+    )
+    .await;
+    let _ = ctx.wake.node_sync.try_send(());
+    true
 }
 
 /// Creates the Migration of each job the plan moves now (it exists already after a restart:

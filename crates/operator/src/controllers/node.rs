@@ -195,7 +195,7 @@ fn desired_status(
     load: NodeLoad,
     overlay: NodeOverlay,
     rejections: u32,
-    blocked: Option<String>,
+    held: Option<api::Hold>,
     prev: Option<&ManagerNodeStatus>,
     now: DateTime<Utc>,
 ) -> ManagerNodeStatus {
@@ -229,13 +229,14 @@ fn desired_status(
         job_count: i32::try_from(load.count).unwrap_or(i32::MAX),
         jobs: load.jobs,
         drain: None,
+        conditions: node_conditions(prev, overlay, rejections, held.as_ref(), now),
+        held,
         stopped_at: matches!(state, NodeState::Unreachable | NodeState::Terminated)
             .then(|| ms_to_time(n.state_changed_at_ms))
             .flatten(),
         reclaim_at: ms_to_time(n.reclaim_at_ms),
         reclaim_reason: (!n.reclaim_reason.is_empty())
             .then(|| n.reclaim_reason.chars().take(128).collect()),
-        conditions: node_conditions(prev, overlay, rejections, blocked, now),
     }
 }
 
@@ -245,7 +246,7 @@ fn node_conditions(
     prev: Option<&ManagerNodeStatus>,
     overlay: NodeOverlay,
     rejections: u32,
-    blocked: Option<String>,
+    held: Option<&api::Hold>,
     now: DateTime<Utc>,
 ) -> Vec<api::Condition> {
     let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
@@ -265,7 +266,7 @@ fn node_conditions(
     };
     let c = condition("Unhealthy", overlay.unhealthy, reason, message, None, now);
     api::set_condition(&mut conditions, c);
-    super::disruption::set_blocked_condition(&mut conditions, blocked, None, now);
+    super::disruption::set_held_condition(&mut conditions, held, None, now);
     conditions
 }
 
@@ -484,9 +485,10 @@ fn node_status(
     // What the node book says of the node, in one hold of the state lock.
     let (mut status, generation) = {
         let mut state = ctx.state();
+        let held = (state.disruptions()).held(&crate::state::HeldMove::Drain(id.clone()));
         let book = state.nodes_mut();
-        let (rejections, blocked) = (book.rejections(id), book.drain_blocked(id));
-        let mut status = desired_status(n, load, overlay, rejections, blocked, prev, now);
+        let rejections = book.rejections(id);
+        let mut status = desired_status(n, load, overlay, rejections, held, prev, now);
         if let Some(e) = book.episodes(id) {
             status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
             status.held_out_until = (e.held_until > now).then_some(e.held_until);
@@ -604,27 +606,6 @@ async fn delete(api: &Api<ManagerNode>, name: &str) {
 /// How often a drain the disruption budget holds up looks again.
 const BLOCKED_POLL: Duration = Duration::from_secs(1);
 
-/// A drain of `node_id` waits for a disruption budget: the ManagerNode's `DisruptionBlocked`
-/// condition says why (written by the status sync), and an Event and the metric count it once
-/// per wait and blocking bundle.
-pub(crate) async fn drain_blocked(ctx: &Context, node: &ManagerNode, node_id: &str, why: String) {
-    if !ctx.state().nodes_mut().block_drain(node_id, why.clone()) {
-        return;
-    }
-    tracing::info!(node = %node_id, reason = %why, "drain waits for a disruption budget");
-    ctx.metrics.disruption_blocked("drain");
-    ctx.event(node, EventType::Warning, "DisruptionBlocked", "Drain", why)
-        .await;
-    let _ = ctx.wake.node_sync.try_send(());
-}
-
-/// The drain of `node_id` no longer waits for a budget.
-pub(crate) fn drain_unblocked(ctx: &Context, node_id: &str) {
-    if ctx.state().nodes_mut().unblock_drain(node_id) {
-        let _ = ctx.wake.node_sync.try_send(());
-    }
-}
-
 /// Applies a ManagerNode's spec: cordon, drain.
 pub async fn reconcile(node: Arc<ManagerNode>, ctx: Arc<Context>) -> Result<Action, Error> {
     let result = super::timed("managernode", &ctx, apply(&node, &ctx)).await;
@@ -660,13 +641,13 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         cordon_changed(ctx, node, &node_id, cordoned).await;
     }
     let Some(drain) = node.spec.drain else {
-        drain_unblocked(ctx, &node_id);
+        super::drain::unheld(ctx, &node_id);
         return Ok(Action::await_change());
     };
     if drain.mode == DrainMode::Migrate {
         return super::drain::step(node, &node_id, ctx).await;
     }
-    terminate_drain(node, &node_id, ctx).await
+    terminate_drain(node, &node_id, drain.when_held(), ctx).await
 }
 
 /// The cordon changed: an Event, and the node's pool is woken (capacity came or went).
@@ -686,10 +667,12 @@ async fn cordon_changed(ctx: &Context, node: &ManagerNode, node_id: &str, cordon
 
 /// `drain: {mode: terminate}`: once the disruption budget of every bundle with a job on the
 /// node allows it (it is a voluntary disruption too), the node is terminated and its jobs
-/// recover by band.
+/// recover by band. Held past `disruption.holdWarnAfter` with `whenHeld: Proceed`, it is
+/// terminated anyway, as the TypeScript library's `drainNode` would.
 async fn terminate_drain(
     node: &ManagerNode,
     node_id: &str,
+    when_held: api::WhenHeld,
     ctx: &Arc<Context>,
 ) -> Result<Action, Error> {
     if ctx.state().nodes().is_draining(node_id) {
@@ -701,11 +684,14 @@ async fn terminate_drain(
     // A terminate drain is a voluntary disruption too: it waits for the budget of every
     // bundle with a job on the node, and for a window that allows drains.
     let reason = automanager_policy::vocab::VoluntaryReason::Drain;
-    if let Err(why) = super::disruption::allow_node_terminate(ctx, node_id, reason).await? {
-        drain_blocked(ctx, node, node_id, why).await;
-        return Ok(Action::requeue(BLOCKED_POLL));
+    match super::disruption::node_terminate_hold(ctx, node_id, reason).await? {
+        Ok(()) => super::drain::unheld(ctx, node_id),
+        Err(hold) => {
+            if !super::drain::held_terminate(ctx, node, node_id, hold, when_held).await {
+                return Ok(Action::requeue(BLOCKED_POLL));
+            }
+        }
     }
-    drain_unblocked(ctx, node_id);
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
     ctx.state()
         .nodes_mut()

@@ -41,7 +41,7 @@ mod provisioning;
 mod wake;
 
 pub use bundles::BundleBook;
-pub use disruptions::{AdmittedMigration, Disruptions};
+pub use disruptions::{AdmittedMigration, Disruptions, HeldMove, HoldNews};
 pub use nodes::{DrainProgress, NodeBook};
 pub use provisioning::Provisioning;
 pub use wake::{Held, WakeIndex};

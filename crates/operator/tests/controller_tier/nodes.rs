@@ -21,7 +21,7 @@ const NODES: &str = "/apis/automanager.norsk.io/v1alpha1/managernodes";
 const MIGRATIONS: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/migrations";
 
 impl Tier {
-    fn stored_node(&self, node_id: &str) -> Option<ManagerNode> {
+    pub(crate) fn stored_node(&self, node_id: &str) -> Option<ManagerNode> {
         self.api
             .get::<ManagerNode>(None, &mapping::node_object_name(node_id))
     }
@@ -58,7 +58,7 @@ impl Tier {
     }
 
     /// Bundle `live/name` with `replicas` on the onprem pool, placed and running.
-    async fn running_bundle(&self, name: &str, replicas: i32) -> Vec<String> {
+    pub(crate) async fn running_bundle(&self, name: &str, replicas: i32) -> Vec<String> {
         self.bundle(name, replicas, &["onprem"]);
         self.bundle_pass(name).await.expect("the finalizer pass");
         self.bundle_pass(name).await.expect("the placing pass");
@@ -79,7 +79,10 @@ impl Tier {
 fn drain(mode: DrainMode) -> ManagerNodeSpec {
     ManagerNodeSpec {
         cordoned: false,
-        drain: Some(Drain { mode }),
+        drain: Some(Drain {
+            mode,
+            when_held: None,
+        }),
     }
 }
 

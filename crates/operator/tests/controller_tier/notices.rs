@@ -17,7 +17,7 @@ use super::{BOUND, Tier};
 
 /// Whose held Migration the notice meets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     Drain,
     Consolidation,
     Rebalance,
@@ -48,7 +48,7 @@ impl Hold {
 impl Tier {
     /// Bundle `live/news`: `replicas` of one gold job `enc` declaring `overlap`, on onprem,
     /// placed and running, with `disruption` as its spec's.
-    async fn gold_overlap_bundle(&self, replicas: i32, disruption: serde_json::Value) {
+    pub(crate) async fn gold_overlap_bundle(&self, replicas: i32, disruption: serde_json::Value) {
         self.gold_overlap_bundle_named("news", replicas, disruption)
             .await;
     }
@@ -80,7 +80,7 @@ impl Tier {
     }
 
     /// The node replica `replica` of `live/news`'s job runs on, by the mirror.
-    fn node_of_replica(&self, replica: u32) -> String {
+    pub(crate) fn node_of_replica(&self, replica: u32) -> String {
         let id = mapping::bundle_id("live", "news");
         self.ctx.manager.mirror().read(|m| {
             let job = m.job_of(&id, replica, "enc").expect("the job");
@@ -94,7 +94,14 @@ impl Tier {
 
     /// A Migration `name` of `bundle`'s replica `replica`, labelled and annotated as `kind`
     /// makes them (`node`: the node it was made for).
-    fn kind_migration(&self, name: &str, kind: Kind, bundle: &str, replica: i32, node: &str) {
+    pub(crate) fn kind_migration(
+        &self,
+        name: &str,
+        kind: Kind,
+        bundle: &str,
+        replica: i32,
+        node: &str,
+    ) {
         let mut m = Migration::new(
             name,
             serde_json::from_value(serde_json::json!({
@@ -144,7 +151,7 @@ impl Tier {
     }
 
     /// Manager announces it takes `node` in `in_ms`; answers the deadline once the mirror shows it.
-    async fn notice(&self, node: &str, in_ms: u64) -> chrono::DateTime<chrono::Utc> {
+    pub(crate) async fn notice(&self, node: &str, in_ms: u64) -> chrono::DateTime<chrono::Utc> {
         self._sim.with_world(|w, now| {
             w.notice_node(node, in_ms, "spot", now).unwrap();
         });
@@ -162,7 +169,7 @@ impl Tier {
     }
 
     /// The reclaim Migrations of `live`.
-    fn reclaim_migrations(&self) -> Vec<Migration> {
+    pub(crate) fn reclaim_migrations(&self) -> Vec<Migration> {
         (self.api.list_all::<Migration>().into_iter())
             .filter(|m| m.labels().get(api::PURPOSE_LABEL).map(String::as_str) == Some("reclaim"))
             .collect()
@@ -379,6 +386,7 @@ async fn a_drain_whose_migration_a_notice_took_over_neither_hands_the_job_over_n
             cordoned: false,
             drain: Some(api::Drain {
                 mode: api::DrainMode::Migrate,
+                when_held: None,
             }),
         },
     );
@@ -559,6 +567,7 @@ async fn a_drain_of_a_job_another_migration_is_moving_waits_for_it_and_hands_not
             cordoned: false,
             drain: Some(api::Drain {
                 mode: api::DrainMode::Migrate,
+                when_held: None,
             }),
         },
     );
@@ -617,6 +626,7 @@ async fn a_new_drain_of_a_node_ignores_and_removes_a_migration_that_ended_source
             cordoned: false,
             drain: Some(api::Drain {
                 mode: api::DrainMode::Migrate,
+                when_held: None,
             }),
         },
     );

@@ -14,7 +14,7 @@ use super::common::condition_of;
 
 /// Silver jobs may be moved for `reasons` (none: all) from 14:00 UTC for an hour each day; the
 /// tier's clock starts at 12:00 UTC.
-fn silver_window(c: &mut OperatorConfig, reasons: Vec<VoluntaryReason>) {
+pub(crate) fn silver_window(c: &mut OperatorConfig, reasons: Vec<VoluntaryReason>) {
     c.bands.silver.disruption_windows = vec![BandWindow {
         schedule: "0 14 * * *".into(),
         duration: "1h".into(),

@@ -257,24 +257,29 @@ fn check_target(
         .map_err(|e| ("TargetRefused", e.to_string()))
 }
 
-/// The migration queue (parallelism limits, priority, the disruption budget) for a Migration
-/// that passed its checks: `true` when it may begin now (a `Queued` condition it carried is
-/// cleared); `false` when it waits, with status written: `queuePosition`, the `Queued`
-/// condition (reason `DisruptionBudget`, `QueueFull` or `NodeBusy`) and, for a budget, a
-/// `DisruptionBlocked` Event naming the blocking bundle.
+/// The migration queue (parallelism limits, priority, the disruption budget, windows) for a
+/// Migration that passed its checks: `true` when it may begin now (a `Queued` condition and a
+/// hold it carried are cleared); `false` when it waits, with status written: `queuePosition`,
+/// the `Queued` condition (reason `BrokenBundle`, `DisruptionBudget`, `DisruptionWindow`,
+/// `QueueFull`, `NodeBusy` or `CoLocatedMigration`) and, when a Broken bundle, a budget or a
+/// window holds it, `held` (holder, since when) with a `DisruptionBlocked` Event per holder
+/// and a `HeldTooLong` Event past `disruption.holdWarnAfter`.
 pub(super) async fn queue(
     ctx: &Context,
     mig: &Migration,
     status: &mut MigrationStatus,
     source: &str,
 ) -> Result<bool, Error> {
-    let own = mapping::bundle_id(&mig.namespace().unwrap_or_default(), &mig.spec.job.bundle);
+    let (ns, name) = (mig.namespace().unwrap_or_default(), mig.name_any());
+    let own = mapping::bundle_id(&ns, &mig.spec.job.bundle);
     let fleet = disruption::Fleet::gather(ctx, &[own]).await?;
     let (answer, queued) = disruption::decide_migration(ctx, &fleet, mig, source);
     ctx.metrics.set_migrations_queued(queued);
     let (generation, now) = (mig.metadata.generation, ctx.clock.now());
     let Admission::Wait { position, reason } = answer else {
         status.queue_position = None;
+        status.held = None;
+        disruption::release_hold(ctx, &disruption::held_migration(&ns, &name));
         if api::find_condition(&status.conditions, "Queued").is_some() {
             api::set_condition(
                 &mut status.conditions,
@@ -287,53 +292,59 @@ pub(super) async fn queue(
     // The node the job is on as it waits: a held Migration made for it ends if the job leaves
     // it or it goes, rather than moving the job later from wherever it runs then.
     status.source_node = Some(source.to_owned());
-    let (reason, message, blocking) =
+    let (reason_word, message, blocking) =
         disruption::describe_wait(position, &reason, mig.spec.job.replica);
+    let hold = disruption::migration_hold(&fleet, &reason, &message, now);
+    // The condition's reason names the holder's kind (a Broken bundle spends its budget).
+    let reason_word = hold.as_ref().map_or(reason_word, |h| h.kind.as_str());
     let was = api::find_condition(&prev.conditions, "Queued")
         .filter(|c| c.status == api::ConditionStatus::True)
         .map(|c| (c.reason.clone(), c.message.clone()));
     status.queue_position = Some(i32::try_from(position).unwrap_or(i32::MAX));
-    api::set_condition(
-        &mut status.conditions,
-        condition("Queued", true, reason, message.clone(), generation, now),
-    );
-    api::set_condition(
-        &mut status.conditions,
-        condition(
-            "Progressing",
-            false,
-            reason,
-            message.clone(),
-            generation,
-            now,
-        ),
-    );
-    api::set_standing(
-        &mut status.conditions,
-        api::Standing::Reconciling,
-        "Queued",
-        message.clone(),
-        generation,
-        now,
-    );
-    if new_wait(was.as_ref(), reason, blocking.as_deref()) {
-        if let Some(bundle) = &blocking {
-            ctx.metrics.disruption_blocked("migration");
-            ctx.event(
-                mig,
-                EventType::Warning,
-                "DisruptionBlocked",
-                "Queue",
-                format!("Bundle {bundle}: {message}"),
-            )
-            .await;
-        } else {
-            ctx.event(mig, EventType::Normal, "MigrationQueued", "Queue", message)
-                .await;
+    set_queued(status, reason_word, &message, generation, now);
+    match hold {
+        Some(hold) => {
+            let next = "the Migration keeps waiting; see the runbook's AutoManagerMoveHeldTooLong";
+            let what = disruption::held_migration(&ns, &name);
+            let news =
+                disruption::record_hold(ctx, mig, what, hold, prev.held.as_ref(), next).await;
+            status.held = Some(news.hold);
+        }
+        None => {
+            status.held = None;
+            disruption::release_hold(ctx, &disruption::held_migration(&ns, &name));
+            if new_wait(was.as_ref(), reason_word, blocking.as_deref()) {
+                ctx.event(mig, EventType::Normal, "MigrationQueued", "Queue", message)
+                    .await;
+            }
         }
     }
     write_status(ctx, mig, &prev, status.clone()).await?;
     Ok(false)
+}
+
+/// The `Queued` and `Progressing` conditions and the standing of a waiting Migration.
+fn set_queued(
+    status: &mut MigrationStatus,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) {
+    for (type_, value) in [("Queued", true), ("Progressing", false)] {
+        api::set_condition(
+            &mut status.conditions,
+            condition(type_, value, reason, message.to_owned(), generation, now),
+        );
+    }
+    api::set_standing(
+        &mut status.conditions,
+        api::Standing::Reconciling,
+        "Queued",
+        message.to_owned(),
+        generation,
+        now,
+    );
 }
 
 /// Whether a wait is new and worth an Event: once per wait (and again when the blocking
@@ -414,6 +425,7 @@ pub(super) async fn end(
     let message: String = message.chars().take(1000).collect();
     status.phase = MigrationPhase::Aborted;
     status.queue_position = None;
+    status.held = None;
     push_phase(&mut status, MigrationPhase::Aborted, now);
     status.abort = Some(api::AbortInfo {
         reason: message.clone(),
@@ -456,6 +468,10 @@ pub(super) async fn reject(
     now: DateTime<Utc>,
 ) -> Result<(), Error> {
     let generation = mig.metadata.generation;
+    status.held = None;
+    if let Ok((ns, name)) = crate::controllers::ns_name(mig) {
+        disruption::release_hold(ctx, &disruption::held_migration(&ns, &name));
+    }
     status.phase = MigrationPhase::Rejected;
     push_phase(&mut status, MigrationPhase::Rejected, now);
     for (type_, value) in [("Rejected", true), ("Progressing", false)] {
