@@ -3,7 +3,7 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
+use crate::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementHistory, PlacementPool};
 
 /// Failure to render a CRD.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         HotSpareTarget::crd(),
         Migration::crd(),
         ManagerNode::crd(),
+        PlacementHistory::crd(),
     ]
 }
 

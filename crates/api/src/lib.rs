@@ -9,6 +9,7 @@
 //! | [`HotSpareTarget`] | cluster | how many warm, empty nodes a pool keeps for recovery |
 //! | [`Migration`] | namespaced | a request to move one running job to another node |
 //! | [`ManagerNode`] | cluster | a node Manager runs, mirrored by the operator; users set cordon and drain |
+//! | [`PlacementHistory`] | namespaced | a Bundle's recent placement decisions, written by the operator (read-only for people) |
 //!
 //! Field names are the `@norskvideo/norsk-auto-manager` TypeScript library's own (`replicas`, `pools`, `requiredCapacity`, `priorityBand`, …)
 //! so a user of the TypeScript `norsk-auto-manager` recognises every field. Where the library's shape
@@ -34,6 +35,7 @@ pub mod bundle;
 pub mod common;
 pub mod condition;
 pub mod crd;
+pub mod history;
 pub mod hotspare;
 pub mod job_config;
 pub mod kstatus;
@@ -47,6 +49,7 @@ pub mod window;
 pub use bundle::*;
 pub use common::*;
 pub use condition::*;
+pub use history::*;
 pub use hotspare::*;
 pub use kstatus::{Standing, set_standing};
 pub use migration::*;

@@ -226,6 +226,7 @@ mod tests {
             "HotSpareTarget",
             "Migration",
             "ManagerNode",
+            "PlacementHistory",
         ] {
             assert!(md.contains(&format!("## {kind}\n")), "{kind}");
         }

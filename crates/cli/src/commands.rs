@@ -25,12 +25,22 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     let g = &cli.global;
     match cli.command {
         Command::Validate { files, pools } => validate(g, &files, &pools),
-        Command::WhatIf { file } => what_if(g, &file).await,
+        Command::WhatIf {
+            file,
+            from_operator,
+        } => what_if(g, &file, from_operator).await,
         Command::Trace {
             bundle,
             replica,
             job,
-        } => trace(g, &bundle, replica, job).await,
+            from_operator,
+        } => {
+            if from_operator || asks_the_operator(g) {
+                trace(g, &bundle, replica, job).await
+            } else {
+                history(g, &bundle, replica, job).await
+            }
+        }
         Command::Top { what } => top(g, what).await,
         Command::Map { bundle, pool } => map(g, bundle.as_deref(), pool.as_deref()).await,
         Command::Get {
@@ -382,7 +392,17 @@ fn validate(
     }
 }
 
-async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError> {
+/// Whether the user pointed the plugin at the operator itself (its URL or a Service over its
+/// debugging port): trace and what-if then ask it, as `--from-operator` does.
+fn asks_the_operator(g: &GlobalArgs) -> bool {
+    g.operator_url.is_some() || g.operator_service.is_some()
+}
+
+async fn what_if(
+    g: &GlobalArgs,
+    file: &std::path::Path,
+    from_operator: bool,
+) -> Result<(), CliError> {
     let objects = crate::input::read_objects(&[file.to_path_buf()])?;
     let bundles: Vec<_> = objects.iter().filter(|o| o.kind() == "Bundle").collect();
     let [obj] = bundles.as_slice() else {
@@ -399,6 +419,9 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
                 "not a Bundle: {e} (kubectl automanager validate -f shows every problem)"
             ),
         })?;
+    if !(from_operator || asks_the_operator(g)) {
+        return what_if_here(g, obj, &spec).await;
+    }
     let endpoint = endpoint(g);
     let cluster = match (&endpoint, cluster(g).await) {
         (_, Ok(c)) => Some(c),
@@ -449,6 +472,89 @@ async fn what_if(g: &GlobalArgs, file: &std::path::Path) -> Result<(), CliError>
             obj.name()
         )))
     }
+}
+
+/// `what-if` computed here: the operator's engine on the pools and nodes the apiserver holds
+/// ([`crate::dry_run`]).
+async fn what_if_here(
+    g: &GlobalArgs,
+    obj: &crate::input::SourceObject,
+    spec: &api::Bundle,
+) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let namespace = obj
+        .namespace()
+        .map(str::to_owned)
+        .unwrap_or_else(|| c.namespace.clone());
+    let pools: Api<api::PlacementPool> = Api::all(c.client.clone());
+    let nodes: Api<api::ManagerNode> = Api::all(c.client.clone());
+    let (pools, nodes) = futures::try_join!(list(&c.target, &pools), list(&c.target, &nodes))?;
+    let now = chrono::Utc::now();
+    let engine_bundle = crate::engine::bundle(&namespace, obj.name(), &spec.spec);
+    let (result, decisions) = crate::dry_run::what_if(
+        &engine_bundle,
+        crate::dry_run::snapshot(&pools, &nodes, now),
+        now,
+    );
+    let answer = render::whatif::WhatIf { result, decisions };
+    if g.output.is_data() {
+        print_data(&g.output, &answer, &[format!("bundle/{}", obj.name())])?;
+    } else {
+        let view = TraceView {
+            packing: packing(&c).await,
+            wide: g.output == Output::Wide,
+            ..TraceView::default()
+        };
+        let name = format!("{namespace}/{}", obj.name());
+        write_out(&render::whatif::render(&name, &answer, &spec.spec, &view))?;
+    }
+    if answer.fits() {
+        Ok(())
+    } else {
+        Err(CliError::Refused(format!(
+            "bundle {namespace}/{} would not be admitted now",
+            obj.name()
+        )))
+    }
+}
+
+/// `trace` from the bundle's PlacementHistory, which the apiserver keeps: any operator replica
+/// wrote it, and it outlives restarts and failovers.
+async fn history(
+    g: &GlobalArgs,
+    name: &str,
+    replica: Option<u32>,
+    job: Option<String>,
+) -> Result<(), CliError> {
+    let c = cluster(g).await?;
+    let b = bundle(&c, name).await?;
+    let api: Api<api::PlacementHistory> = Api::namespaced(c.client.clone(), &c.namespace);
+    let Some(found) = get_opt(&c.target, &api, name).await? else {
+        let phase = b
+            .status
+            .map(|s| format!("{:?}", s.phase))
+            .unwrap_or_else(|| "no status yet".into());
+        return Err(CliError::NotFound {
+            kind: "placement history of bundle",
+            name: format!("{}/{name}", c.namespace),
+            hint: format!(
+                " (phase {phase}): the operator writes it when it makes a placement decision for the bundle; none has been made yet"
+            ),
+        });
+    };
+    let mut view = TraceView {
+        replica,
+        job,
+        wide: g.output == Output::Wide,
+        ..TraceView::default()
+    };
+    let shown = render::history::filtered(&found, &c.namespace, &view).map_err(CliError::Input)?;
+    if g.output.is_data() {
+        return print_data(&g.output, &shown, &[format!("placementhistory/{name}")]);
+    }
+    view.packing = packing(&c).await;
+    write_out(&render::history::render(&shown, &c.namespace, &view))?;
+    Ok(())
 }
 
 async fn trace(

@@ -6,8 +6,8 @@
 //! | command | what |
 //! |---|---|
 //! | `validate -f FILE [--pools FILE]` | offline checks with the operator's own code; no cluster |
-//! | `what-if -f FILE` | the operator's admission answer for a Bundle, with the dry run's trace |
-//! | `trace BUNDLE [--replica R] [--job J]` | the last placement decisions as a tree |
+//! | `what-if -f FILE` | the admission answer for a Bundle (the operator's engine on the pools and nodes the apiserver holds), with the dry run's trace |
+//! | `trace BUNDLE [--replica R] [--job J]` | the recent placement decisions (from the bundle's PlacementHistory) as a tree |
 //! | `top pools`, `top nodes` | capacity and cores in use, spares live/target |
 //! | `get broken` | Broken bundles and why |
 //! | `get windows [BUNDLE]` | per bundle and reason: moves allowed or held by its disruption windows, until when |
@@ -22,6 +22,7 @@ pub mod actions;
 pub mod cel;
 pub mod complete;
 pub mod connect;
+pub mod dry_run;
 pub mod engine;
 pub mod error;
 pub mod input;
@@ -256,15 +257,21 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         pools: Vec<PathBuf>,
     },
-    /// Ask the running operator whether a Bundle would be admitted now (ok, validation errors,
-    /// or no capacity with the replica, job and reason), with the dry run's decisions.
+    /// Whether a Bundle would be admitted now (ok, validation errors, or no capacity with the
+    /// replica, job and reason), with the dry run's decisions: the operator's placement engine,
+    /// run in the plugin on the PlacementPools and ManagerNodes the apiserver holds.
     WhatIf {
         /// The file holding the Bundle (or -).
         #[arg(short = 'f', long = "filename", value_name = "FILE")]
         file: PathBuf,
+        /// Ask the leader's debugging port instead (its live model; needs the chart's
+        /// debug.enabled). Implied by --operator-url and --operator-service.
+        #[arg(long)]
+        from_operator: bool,
     },
-    /// Explain a bundle's last placement decisions: pools tried and why each was left,
-    /// rejections by reason, the node chosen for each job and why, soft rules broken.
+    /// Explain a bundle's recent placement decisions, from its PlacementHistory: when and by
+    /// which operator replica each was made, then the newest in full (pools tried and why each
+    /// was left, rejections by reason, the node chosen for each job and why, soft rules broken).
     Trace {
         /// The Bundle.
         bundle: String,
@@ -274,6 +281,10 @@ pub enum Command {
         /// Only this job.
         #[arg(long)]
         job: Option<String>,
+        /// Ask the leader's debugging port for its in-memory trace instead (needs the chart's
+        /// debug.enabled). Implied by --operator-url and --operator-service.
+        #[arg(long)]
+        from_operator: bool,
     },
     /// Capacity and cores in use.
     Top {

@@ -96,6 +96,7 @@ fn placed_trace() -> BundleTrace {
         replicas.push(ReplicaTrace {
             replica: r,
             decided_at: Some(format!("2026-11-01T10:00:0{r}Z")),
+            leader: None,
             recovery: false,
             decision: d,
             preempted: None,
@@ -209,6 +210,7 @@ fn trace_of_a_provision_and_an_unplaceable_replica() {
             ReplicaTrace {
                 replica: 0,
                 decided_at: None,
+                leader: None,
                 recovery: true,
                 decision: provision,
                 preempted: None,
@@ -216,6 +218,7 @@ fn trace_of_a_provision_and_an_unplaceable_replica() {
             ReplicaTrace {
                 replica: 1,
                 decided_at: None,
+                leader: None,
                 recovery: false,
                 decision: unplaceable,
                 preempted: None,
@@ -666,6 +669,7 @@ fn trace_of_a_replica_split_across_pools() {
         replicas: vec![ReplicaTrace {
             replica: 0,
             decided_at: Some("2026-11-01T10:00:00Z".into()),
+            leader: None,
             recovery: false,
             decision: d,
             preempted: None,

@@ -337,6 +337,7 @@ async fn without_the_cluster_scope_a_pool_is_placed_into_and_never_written() {
 }
 
 const BUNDLES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundles";
+const HISTORIES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/placementhistories";
 
 impl Tier {
     /// Every example pool stored and passed once, so the placement model knows them.
@@ -409,7 +410,13 @@ async fn a_bundle_gains_its_finalizer_then_starts_on_manager_and_records_manager
 
     t.bundle_pass("news").await.expect("the placing pass");
 
-    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news/status")]);
+    assert_eq!(
+        t.api.writes(),
+        [
+            format!("PATCH {BUNDLES}/news/status"),
+            format!("PATCH {HISTORIES}/news")
+        ]
+    );
     let status = t.stored_bundle("news").status.expect("a status");
     assert_eq!(status.placed_replicas, 2);
     let mut recorded: Vec<String> = status
@@ -837,7 +844,14 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
         .await
         .expect("the job runs");
     t.bundle_pass("news").await.expect("the pass after");
-    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news/status")]);
+    assert_eq!(
+        t.api.writes(),
+        [
+            format!("PATCH {BUNDLES}/news/status"),
+            format!("PATCH {HISTORIES}/news")
+        ],
+        "the status, then the decision in the bundle's history"
+    );
     assert_eq!(t.stored_bundle("news").status.unwrap().placed_replicas, 1);
 
     // A backlog that does not drain puts a status off for MAX_DEFER at most.
@@ -870,7 +884,14 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
     t.bundle_pass("late")
         .await
         .expect("the pass past the bound");
-    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/late/status")]);
+    assert_eq!(
+        t.api.writes(),
+        [
+            format!("PATCH {BUNDLES}/late/status"),
+            format!("PATCH {HISTORIES}/late")
+        ],
+        "the decision waited with the status"
+    );
 }
 
 /// This package's directory, as cargo tells the running test: a test executable cargo finds

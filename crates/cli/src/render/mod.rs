@@ -2,6 +2,7 @@
 //! `String`, so the output is pinned by snapshot tests on fixed inputs.
 
 pub mod broken;
+pub mod history;
 pub mod top;
 pub mod trace;
 pub mod validate;

@@ -28,6 +28,9 @@ pub struct ReplicaTrace {
     pub replica: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decided_at: Option<String>,
+    /// The operator replica that made the decision (the placement history records it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
     #[serde(default)]
     pub recovery: bool,
     pub decision: pl::Decision,
@@ -151,6 +154,12 @@ pub fn replica_tree(t: &ReplicaTrace, view: &TraceView) -> Tree {
         .as_deref()
         .map(|w| format!(" · decided {w}"))
         .unwrap_or_default();
+    let by = t
+        .leader
+        .as_deref()
+        .map(|l| format!(" by {l}"))
+        .unwrap_or_default();
+    let when = format!("{when}{by}");
     let mut node = Tree::new(format!("replica {} · {outcome} · {kind}{when}", t.replica));
     if let Some(p) = &t.preempted {
         node = node.leaf(format!(

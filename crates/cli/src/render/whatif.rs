@@ -63,6 +63,7 @@ pub fn render(name: &str, answer: &WhatIf, spec: &api::BundleSpec, view: &TraceV
             let t = ReplicaTrace {
                 replica: d.replica_index,
                 decided_at: None,
+                leader: None,
                 recovery: false,
                 decision: d.clone(),
                 preempted: None,

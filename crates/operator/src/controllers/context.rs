@@ -99,6 +99,9 @@ pub struct Context {
     pub clock: SharedClock,
     /// Events go through this queue, off the reconcile path ([`events`]).
     pub events: events::EventQueue,
+    /// This replica's identity in leader election (its Pod's name when run as a Pod): what the
+    /// placement history says made each decision.
+    pub identity: String,
     state: Mutex<OperatorState>,
     pub snapshot: EngineSnapshot,
     pub wake: Wakers,
@@ -132,6 +135,7 @@ impl Context {
             metrics,
             clock,
             events: events::EventQueue::new(recorder),
+            identity: identity.to_owned(),
             wake,
             receivers: Mutex::new(Some(receivers)),
         })

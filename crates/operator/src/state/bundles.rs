@@ -1,7 +1,8 @@
 //! What the operator remembers per bundle between passes: restarts, the last decision per
-//! replica, which bundles are Broken, preemptions on their way, and how long starts settle.
+//! replica (and which of those the bundle's PlacementHistory does not hold yet), which bundles
+//! are Broken, preemptions on their way, and how long starts settle.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use automanager_api as api;
@@ -29,6 +30,11 @@ pub struct BundleBook {
     ledger: RestartLedger,
     /// The full trace of each bundle's last decision per replica.
     traces: HashMap<BundleName, BTreeMap<u32, LastDecision>>,
+    /// Replicas whose last decision is not in the bundle's PlacementHistory yet.
+    unwritten: HashMap<BundleName, BTreeSet<u32>>,
+    /// The summary of the last decision written to the PlacementHistory, per replica: a repeat
+    /// of it (a replica still waiting for the same node) is neither read back nor written.
+    written: HashMap<BundleName, BTreeMap<u32, api::DecisionRecord>>,
     /// Manager bundle ids currently Broken.
     broken: HashSet<String>,
     /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
@@ -45,6 +51,8 @@ impl BundleBook {
         BundleBook {
             ledger: RestartLedger::default(),
             traces: HashMap::new(),
+            unwritten: HashMap::new(),
+            written: HashMap::new(),
             broken: HashSet::new(),
             preemptions: HashMap::new(),
             start_settle: StartSettle::new(start_settle),
@@ -97,12 +105,60 @@ impl BundleBook {
         self.ledger.times(key, now)
     }
 
-    /// Records the latest decision for one replica of `bundle`.
+    /// Records the latest decision for one replica of `bundle` (to be written to its history).
     pub fn record_decision(&mut self, bundle: BundleName, replica: u32, decision: LastDecision) {
+        self.unwritten
+            .entry(bundle.clone())
+            .or_default()
+            .insert(replica);
         self.traces
             .entry(bundle)
             .or_default()
             .insert(replica, decision);
+    }
+
+    /// The last decisions of `bundle`'s replicas that its PlacementHistory does not hold yet,
+    /// copied out of the lock, each with the summary last written for its replica.
+    pub fn history_unwritten(
+        &self,
+        bundle: &BundleName,
+    ) -> Vec<(u32, LastDecision, Option<api::DecisionRecord>)> {
+        let (Some(replicas), Some(traces)) = (self.unwritten.get(bundle), self.traces.get(bundle))
+        else {
+            return Vec::new();
+        };
+        let written = self.written.get(bundle);
+        replicas
+            .iter()
+            .filter_map(|r| {
+                let last = traces.get(r)?.clone();
+                Some((*r, last, written.and_then(|w| w.get(r)).cloned()))
+            })
+            .collect()
+    }
+
+    /// Replica `replica`'s decision `record` (made at `at`) is in the bundle's history: it is
+    /// written unless a newer decision was made meanwhile.
+    pub fn history_written(
+        &mut self,
+        bundle: &BundleName,
+        replica: u32,
+        at: DateTime<Utc>,
+        record: api::DecisionRecord,
+    ) {
+        let newer = (self.traces.get(bundle))
+            .and_then(|t| t.get(&replica))
+            .is_some_and(|last| last.at > at);
+        if !newer && let Some(u) = self.unwritten.get_mut(bundle) {
+            u.remove(&replica);
+            if u.is_empty() {
+                self.unwritten.remove(bundle);
+            }
+        }
+        self.written
+            .entry(bundle.clone())
+            .or_default()
+            .insert(replica, record);
     }
 
     /// Notes on a replica's last decision which bronze jobs were stopped to make room for it.
@@ -192,6 +248,8 @@ impl BundleBook {
     pub fn forget(&mut self, bundle: &BundleName, bundle_id: &str) {
         self.ledger.forget_bundle(bundle_id);
         self.traces.remove(bundle);
+        self.unwritten.remove(bundle);
+        self.written.remove(bundle);
         self.status_deferred.remove(bundle);
     }
 }

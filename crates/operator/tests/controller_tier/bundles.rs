@@ -15,6 +15,7 @@ use super::Tier;
 use super::common::{condition_of, requeue};
 
 const BUNDLES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/bundles";
+const HISTORIES: &str = "/apis/automanager.norsk.io/v1alpha1/namespaces/live/placementhistories";
 
 impl Tier {
     /// Bundle `live/name`: one replica of `band` jobs `enc` and `pkg` (co-located) on onprem.
@@ -418,7 +419,14 @@ async fn a_deleted_bundle_stops_its_jobs_in_manager_then_lets_go() {
             mapping::bundle_id("live", "news")
         )]
     );
-    assert_eq!(t.api.writes(), [format!("PATCH {BUNDLES}/news")]);
+    assert_eq!(
+        t.api.writes(),
+        [
+            format!("DELETE {HISTORIES}/news"),
+            format!("PATCH {BUNDLES}/news")
+        ],
+        "its placement history goes with it"
+    );
     assert!(t.api.get::<Bundle>(Some("live"), "news").is_none(), "gone");
     assert_eq!(t.events_with("Deleted").await, 1);
 }
@@ -525,4 +533,57 @@ async fn a_job_restarted_alone_joins_the_running_job_co_located_with_it() {
         .mirror()
         .read(|m| m.jobs[&enc].node_id.clone());
     assert_eq!(on, node, "restarted beside pkg");
+}
+
+#[tokio::test]
+async fn a_placement_and_its_recovery_are_kept_in_the_bundles_history_with_who_made_them() {
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.bundle_pass("news").await.expect("the placing pass");
+    t.running("news").await;
+    let history = || {
+        t.api
+            .get::<api::PlacementHistory>(Some("live"), "news")
+            .expect("a history")
+    };
+    let first = history();
+    assert_eq!(
+        first.metadata.owner_references.unwrap_or_default()[0].name,
+        "news",
+        "owned by the bundle, so it goes with it"
+    );
+    let r0 = &first.spec.replicas[0];
+    assert_eq!(r0.decisions.len(), 1);
+    assert_eq!(r0.decisions[0].leader, "tier");
+    assert_eq!(r0.decisions[0].outcome, api::PlacementOutcome::Placed);
+    assert!(!r0.decisions[0].recovery);
+    let placed_on = r0.decisions[0].nodes.clone();
+
+    t.api.clear_calls();
+    t.bundle_pass("news")
+        .await
+        .expect("a pass with no decision");
+    assert!(
+        !t.api
+            .writes()
+            .iter()
+            .any(|w| w.contains("placementhistories")),
+        "no decision, no write: {:?}",
+        t.api.writes()
+    );
+
+    t.lose_node_of("news").await;
+    t.bundle_pass("news").await.expect("the recovery pass");
+
+    let after = history();
+    let r0 = &after.spec.replicas[0];
+    assert_eq!(r0.decisions.len(), 2, "{r0:?}");
+    let recovery = &r0.decisions[1];
+    assert!(recovery.recovery);
+    assert_eq!(recovery.outcome, api::PlacementOutcome::Placed);
+    assert_ne!(recovery.nodes, placed_on, "elsewhere");
+    let full = r0.last_trace.as_ref().expect("the newest in full");
+    assert!(full.recovery);
+    assert!(full.decision.is_some() && full.truncated.is_none());
 }

@@ -405,6 +405,13 @@ impl MemoryApiserver {
             (Method::GET, Some(_)) => self.read(&t),
             (Method::GET, None) => self.list(&t, selector),
             (Method::POST, None) => self.create(path, body),
+            // Server-side apply creates what is not there yet, as the apiserver does.
+            (Method::PATCH, Some(name))
+                if content_type.contains("apply-patch") && !t.status && !self.exists(&t) =>
+            {
+                let collection = path.trim_end_matches('/').trim_end_matches(name.as_str());
+                self.create(collection.trim_end_matches('/'), body)
+            }
             (Method::PATCH, Some(_)) => self.write(&t, |obj| {
                 if content_type.contains("apply-patch") {
                     apply(obj, &body, t.status);
@@ -480,6 +487,17 @@ impl MemoryApiserver {
                 "items": items,
             }),
         )
+    }
+
+    fn exists(&self, t: &Target) -> bool {
+        let key = (
+            t.namespace.clone().unwrap_or_default(),
+            t.name.clone().unwrap_or_default(),
+        );
+        self.store()
+            .objects
+            .get(&t.collection)
+            .is_some_and(|c| c.contains_key(&key))
     }
 
     fn create(&self, path: &str, mut body: Value) -> (u16, Value) {

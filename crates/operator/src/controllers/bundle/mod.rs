@@ -3,8 +3,9 @@
 //!
 //! One pass: **observe** the bundle, its previous status and its jobs in the mirror; **decide**
 //! per replica with the pure planner ([`automanager_policy::bundle`]); **act** (register, start,
-//! provision); **record** (status by server-side apply, Events, metrics, the full trace for
-//! `/debug/trace`, and which pools the bundle now waits on, so capacity there wakes it).
+//! provision); **record** (status by server-side apply, Events, metrics, the decisions in the
+//! bundle's PlacementHistory ([`history`]) and the full trace for `/debug/trace`, and which
+//! pools the bundle now waits on, so capacity there wakes it).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -27,6 +28,7 @@ use kube::runtime::reflector::ObjectRef;
 use manager_client::MirrorState;
 use manager_proto as proto;
 
+pub mod history;
 mod place;
 mod record;
 
@@ -815,6 +817,7 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         )
         .await;
     }
+    history::delete(ctx, &ns, &name).await;
     ctx.with_mirror(|m, state| {
         state.model_mut().forget_bundle(&bundle_id, m);
         state

@@ -1,8 +1,9 @@
 //! The pass's record: wait a moment for its starts to run, look again, build the status from
 //! what it saw and did ([`automanager_mapping::bundle_status`]), let the rebalancer look at a
 //! Ready bundle, note the pools it waits on, tell what happened in Events, and write the status
-//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]). Every status
-//! write of a Bundle goes through [`write_status`] here.
+//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]), then add the
+//! pass's decisions to the bundle's PlacementHistory. Every status write of a Bundle goes
+//! through [`write_status`] here.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -68,6 +69,7 @@ impl Pass<'_> {
             return Ok(Action::requeue(after));
         }
         write_status(ctx, self.bundle, &self.prev, status).await?;
+        super::history::write(ctx, self.bundle).await;
         let next = bundle_pass::next_look(
             recorded.phase,
             recorded.unplaceable,
