@@ -1,6 +1,6 @@
 # The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
 # Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
-.PHONY: test-reliability test-soak test-chaos
+.PHONY: test-reliability test-reliability4 test-soak test-chaos test-loaded
 
 RELIABILITY_LOG ?= .tmp/reliability.log
 # Extra libtest arguments, e.g. a scenario name.
@@ -15,7 +15,21 @@ test-reliability: control-plane ## fault scenarios (operator kill -9, zone outag
 	lines=$$(grep -oE 'reliability scenario=.*' $(RELIABILITY_LOG) || true); \
 	echo "$${lines:-no scenario reported}"; \
 	echo "reliability scenarios=$$(grep -c . <<<"$$lines" || true) failed=$$(grep -c ' ok=false' <<<"$$lines" || true)"; \
+	echo "==> round four's figures (scripts/reliability4-summary.sh; log: $(RELIABILITY4_LOG))"; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" REL4_LOG=$(RELIABILITY4_LOG) LOADED_DIR=$(LOADED_DIR) scripts/reliability4-summary.sh || status=1; \
 	exit $$status
+
+RELIABILITY4_LOG ?= .tmp/reliability4.log
+LOADED_DIR ?= .tmp/loaded
+
+test-reliability4: control-plane ## only round four's line: reliability4 notice_vs_held_gaps=… terminating_pool_healed=… never_open_window=… degraded_zone_recoveries=… flaky_runs=K/N (the last make test-loaded; missing fails)
+	@AUTOMANAGER_K8S_BIN="$(K8S_BIN)" REL4_LOG=$(RELIABILITY4_LOG) LOADED_DIR=$(LOADED_DIR) scripts/reliability4-summary.sh
+
+# About 25 minutes a run on a loaded 2-core machine: RUNS=5 takes two hours.
+RUNS ?= 5
+
+test-loaded: ## make test RUNS times (5) beside a CPU hog of one busy process per core; each run's verdict and failed tests in .tmp/loaded/; prints loaded runs=N failed_runs=K failed_tests=…
+	@RUNS=$(RUNS) LOADED_DIR=$(LOADED_DIR) scripts/loaded-runs.sh
 
 test-soak: control-plane ## the memory soak: 7 minutes of create/delete churn to warm up, then 10 measured (RELIABILITY_SOAK_WARM_UP_S, RELIABILITY_SOAK_S); RSS within ±10 % and every invariant held
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
