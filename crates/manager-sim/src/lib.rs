@@ -84,6 +84,7 @@ pub mod world;
 pub use behaviour::{AbortAt, BehaviourError, JobBehaviour, JobSocketConfig};
 pub use config::{SimConfig, SimSetup};
 pub use server::{
-    DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, SimService, now_ms,
+    DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, SimOptions, SimService,
+    now_ms,
 };
 pub use socket_agent::{SocketAgent, SocketAgentError};

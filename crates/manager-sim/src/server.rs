@@ -1009,13 +1009,24 @@ impl SimAdmin for AdminSvc {
         req: Request<NoticeNodeRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        let node = self
+        // The notice reaches each world that holds the node, as a kill does.
+        let published = self
+            .1
+            .as_ref()
+            .and_then(|p| p.notice_node(&req.node_id, req.in_ms, &req.reason));
+        let ours = self
             .0
             .apply(|w, now| w.notice_node(&req.node_id, req.in_ms, &req.reason, now))
-            .map_err(status)?;
+            .map_err(status);
+        let reason = match (published, ours) {
+            (Some(Err(e)), _) | (None, Err(e)) => return Err(e),
+            (_, Ok(node)) => node.reclaim_reason,
+            (Some(Ok(())), Err(_)) if req.reason.is_empty() => "spot-interruption".to_owned(),
+            (Some(Ok(())), Err(_)) => req.reason.clone(),
+        };
         done(format!(
-            "node {} will be reclaimed in {} ms ({})",
-            req.node_id, req.in_ms, node.reclaim_reason
+            "node {} will be reclaimed in {} ms ({reason})",
+            req.node_id, req.in_ms
         ))
     }
 
@@ -1120,6 +1131,15 @@ impl SimAdmin for AdminSvc {
             }
             report.calls.insert(format!("norsk.api.manager/{rpc}"), n);
         }
+        // Our extension's calls, under its package's name.
+        for (rpc, n) in self.1.as_ref().map(|p| p.ext_calls()).unwrap_or_default() {
+            if !matches!(rpc, "Describe" | "Watch") {
+                report.mutating += n;
+            }
+            report
+                .calls
+                .insert(format!("automanager.manager.extension.v1/{rpc}"), n);
+        }
         Ok(Response::new(report))
     }
 
@@ -1155,6 +1175,21 @@ impl SimAdmin for AdminSvc {
 #[derive(Debug)]
 pub struct Sim;
 
+/// How a sim serves, beyond its configuration file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SimOptions {
+    /// Serve our extension (`automanager.manager.extension.v1.ManagerExtension`) beside the
+    /// published API; without it a call of the extension answers `UNIMPLEMENTED`, as a
+    /// Manager with the published API alone does (`serve --no-extension`).
+    pub extension: bool,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        SimOptions { extension: true }
+    }
+}
+
 /// A running sim. Dropping it shuts the server down (and writes the state
 /// dir); [`SimHandle::shutdown`] does the same and waits for it.
 pub struct SimHandle {
@@ -1183,12 +1218,31 @@ impl Sim {
         Sim::start_with_agent(config, Arc::new(DefaultAgent)).await
     }
 
+    /// As [`Sim::start`], serving the published API without our extension.
+    pub async fn start_without_extension(config: SimConfig) -> Result<SimHandle, SimError> {
+        Sim::start_with_options(
+            config,
+            Arc::new(DefaultAgent),
+            SimOptions { extension: false },
+        )
+        .await
+    }
+
     /// As [`Sim::start`], with the jobs speaking the real job socket: a
     /// [`crate::SocketAgent`] with `job_socket`'s settings.
     pub async fn start_with_job_socket(
         config: SimConfig,
         job_socket: crate::behaviour::JobSocketConfig,
     ) -> Result<SimHandle, SimError> {
+        let agent = Sim::job_socket_agent(job_socket).await?;
+        Sim::start_with_agent(config, agent).await
+    }
+
+    /// The agent [`Sim::start_with_job_socket`] uses: the real job socket with `job_socket`'s
+    /// settings.
+    pub async fn job_socket_agent(
+        job_socket: crate::behaviour::JobSocketConfig,
+    ) -> Result<Arc<dyn JobAgent>, SimError> {
         let agent = crate::SocketAgent::start(job_socket)
             .await
             .map_err(|e| match e {
@@ -1200,13 +1254,22 @@ impl Sim {
                     source: std::io::Error::other(e),
                 },
             })?;
-        Sim::start_with_agent(config, agent).await
+        Ok(agent)
     }
 
     /// As [`Sim::start`], with a custom [`JobAgent`] answering migration asks.
     pub async fn start_with_agent(
         config: SimConfig,
         agent: Arc<dyn JobAgent>,
+    ) -> Result<SimHandle, SimError> {
+        Sim::start_with_options(config, agent, SimOptions::default()).await
+    }
+
+    /// As [`Sim::start_with_agent`], with `options`.
+    pub async fn start_with_options(
+        config: SimConfig,
+        agent: Arc<dyn JobAgent>,
+        options: SimOptions,
     ) -> Result<SimHandle, SimError> {
         let inner = Sim::build(&config, agent)?;
         let tls = match &config.tls {
@@ -1254,6 +1317,16 @@ impl Sim {
                 .max_encoding_message_size(64 * 1024 * 1024),
             move |r: Request<()>| authorize(t3.as_ref(), &r).map(|()| r),
         );
+        let t4 = token.clone();
+        let extension = options.extension.then(|| {
+            InterceptedService::new(
+                crate::published::ExtensionService::new(published_service.clone())
+                    .into_server()
+                    .max_decoding_message_size(config.limits.max_request_bytes)
+                    .max_encoding_message_size(64 * 1024 * 1024),
+                move |r: Request<()>| authorize(t4.as_ref(), &r).map(|()| r),
+            )
+        });
         let t2 = token;
         let admin = InterceptedService::new(
             SimAdminServer::new(AdminSvc(inner.clone(), Some(published_service.clone())))
@@ -1271,6 +1344,7 @@ impl Sim {
             .http2_keepalive_interval(Some(Duration::from_secs(20)))
             .add_service(manager)
             .add_service(published)
+            .add_optional_service(extension)
             .add_service(admin);
         let mut stop = inner.shutdown.subscribe();
         let serve_inner = inner.clone();

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! manager-sim serve [--config FILE] [--listen ADDR] [--state-dir DIR] [--token T] [--no-job-socket]
+//!                   [--no-extension]
 //! manager-sim check-config FILE
 //! manager-sim chaos kill-node ID        --addr http://127.0.0.1:PORT [--token T]
 //! manager-sim chaos notice-node ID [--in SECONDS] [--reason R]
@@ -76,6 +77,11 @@ enum Command {
         /// hand over) instead of over the real job socket.
         #[arg(long)]
         no_job_socket: bool,
+        /// Serve Manager's published API without our extension service
+        /// (automanager.manager.extension.v1): its calls answer UNIMPLEMENTED, as from a
+        /// Manager that has only the published API.
+        #[arg(long)]
+        no_extension: bool,
     },
     /// Validate a config file and list every problem.
     CheckConfig {
@@ -289,6 +295,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             token,
             realistic,
             no_job_socket,
+            no_extension,
         } => {
             let SimSetup {
                 sim: mut cfg,
@@ -320,12 +327,19 @@ async fn run(cli: Cli) -> Result<(), String> {
             if realistic {
                 cfg.timing = manager_sim::config::TimingConfig::realistic();
             }
-            let sim = if no_job_socket {
-                Sim::start(cfg).await
+            let agent: std::sync::Arc<dyn manager_sim::JobAgent> = if no_job_socket {
+                std::sync::Arc::new(manager_sim::DefaultAgent)
             } else {
-                Sim::start_with_job_socket(cfg, job_socket).await
-            }
-            .map_err(|e| e.to_string())?;
+                Sim::job_socket_agent(job_socket)
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            let options = manager_sim::SimOptions {
+                extension: !no_extension,
+            };
+            let sim = Sim::start_with_options(cfg, agent, options)
+                .await
+                .map_err(|e| e.to_string())?;
             if let Some(addr) = sim.addr() {
                 println!("manager-sim listening on {addr}");
             }

@@ -26,11 +26,20 @@ use crate::world::CommandError;
 /// then reconnects and reads a fresh snapshot).
 const STREAM_BACKLOG: usize = 4096;
 
+mod extension;
+pub use extension::ExtensionService;
+
+type ExtSink = mpsc::Sender<Result<manager_proto::extension::WatchEvent, Status>>;
+
 struct Inner {
     world: Mutex<PublishedWorld>,
     /// Calls served per RPC, by its name in the published proto.
     calls: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// Calls served per RPC of our extension, by its name in our proto.
+    ext_calls: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     streams: Mutex<Vec<mpsc::Sender<Result<EventStreamEvent, Status>>>>,
+    /// Our extension's Watch streams.
+    ext_streams: Mutex<Vec<ExtSink>>,
     timer: Arc<Notify>,
 }
 
@@ -58,7 +67,9 @@ impl PublishedService {
         let svc = PublishedService(Arc::new(Inner {
             world: Mutex::new(world),
             calls: Mutex::default(),
+            ext_calls: Mutex::default(),
             streams: Mutex::new(Vec::new()),
+            ext_streams: Mutex::new(Vec::new()),
             timer: Arc::new(Notify::new()),
         }));
         tokio::spawn(run_timer(Arc::downgrade(&svc.0), Arc::clone(&svc.0.timer)));
@@ -74,6 +85,20 @@ impl PublishedService {
         *lock(&self.0.calls).entry(rpc).or_default() += 1;
     }
 
+    /// Calls served per RPC of our extension (an RPC never called is absent).
+    pub fn ext_calls(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        lock(&self.0.ext_calls).clone()
+    }
+
+    fn count_ext(&self, rpc: &'static str) {
+        *lock(&self.0.ext_calls).entry(rpc).or_default() += 1;
+    }
+
+    /// A migration's record as it is now (after the asks its call raised were answered).
+    fn migration_now(&self, id: &str) -> manager_proto::extension::MigrationResponse {
+        lock(&self.0.world).ext_migration(id)
+    }
+
     /// The tonic server of this service.
     pub fn into_server(self) -> manager_proto::api::manager::manager_server::ManagerServer<Self> {
         manager_proto::api::manager::manager_server::ManagerServer::new(self)
@@ -84,7 +109,19 @@ impl PublishedService {
         let mut streams = lock(&self.0.streams);
         let open = streams.iter().filter(|tx| !tx.is_closed()).count();
         streams.clear();
-        open
+        let mut ext = lock(&self.0.ext_streams);
+        let ext_open = ext.iter().filter(|tx| !tx.is_closed()).count();
+        ext.clear();
+        open + ext_open
+    }
+
+    /// The provider will reclaim node `id` in `in_ms` (SimAdmin's NoticeNode) if this world
+    /// holds it; `None` when it does not.
+    pub fn notice_node(&self, id: &str, in_ms: u64, reason: &str) -> Option<Result<(), Status>> {
+        if !lock(&self.0.world).has_node(id) {
+            return None;
+        }
+        Some(self.apply(|w, now| w.notice_node(id, in_ms, reason, now)))
     }
 
     /// Kills node `id` if this world holds it (SimAdmin's KillNode); `None` when it does not.
@@ -104,21 +141,43 @@ impl PublishedService {
         let mut w = lock(&self.0.world);
         w.advance(now);
         let r = f(&mut w, now).map_err(status);
-        let events = w.take_events();
         // Sent under the world's lock, so every stream sees events in the world's order and
         // none between its snapshot and its first live event is lost.
-        broadcast(&self.0, events);
+        flush(&self.0, &mut w, now);
         drop(w);
         self.0.timer.notify_one();
         r
     }
 }
 
+/// Answers the handshake's asks as a cooperative job does, then sends what the world queued
+/// to every open stream of each API.
+fn flush(inner: &Inner, w: &mut PublishedWorld, now: i64) {
+    // Each answer raises at most one further ask, and a migration ends after four.
+    loop {
+        let asks = w.take_asks();
+        if asks.is_empty() {
+            break;
+        }
+        for ask in asks {
+            w.migration_reply(&ask, crate::world::default_reply(&ask), now);
+        }
+    }
+    let events = w.take_events();
+    broadcast(inner, events);
+    let ext = w.take_ext_events();
+    send_all(&inner.ext_streams, ext);
+}
+
 fn broadcast(inner: &Inner, events: Vec<EventStreamEvent>) {
+    send_all(&inner.streams, events);
+}
+
+fn send_all<T: Clone>(streams: &Mutex<Vec<mpsc::Sender<Result<T, Status>>>>, events: Vec<T>) {
     if events.is_empty() {
         return;
     }
-    let mut streams = lock(&inner.streams);
+    let mut streams = lock(streams);
     streams.retain(|tx| {
         events.iter().all(|e| match tx.try_send(Ok(e.clone())) {
             Ok(()) => true,
@@ -153,9 +212,9 @@ async fn run_timer(inner: std::sync::Weak<Inner>, timer: Arc<Notify>) {
             return;
         };
         let mut w = lock(&strong.world);
-        w.advance(now_ms());
-        let events = w.take_events();
-        broadcast(&strong, events);
+        let now = now_ms();
+        w.advance(now);
+        flush(&strong, &mut w, now);
     }
 }
 
@@ -285,9 +344,9 @@ impl Manager for PublishedService {
             )));
         }
         let mut w = lock(&self.0.world);
-        w.advance(now_ms());
-        let pending = w.take_events();
-        broadcast(&self.0, pending);
+        let now = now_ms();
+        w.advance(now);
+        flush(&self.0, &mut w, now);
         let snapshot = w.snapshot();
         let (tx, rx) = mpsc::channel(snapshot.len() + STREAM_BACKLOG);
         for e in snapshot {

@@ -60,6 +60,13 @@ struct Node {
     /// When a starting node runs; `None` once it does.
     ready_at_ms: Option<i64>,
     running: Option<RunningNodeMetadata>,
+    /// Where it is in a warm stop and start (our extension); `On` for every other node.
+    power: ext::Power,
+    /// The provider's reclaim notice (our extension): when, and why.
+    notice: Option<(i64, String)>,
+    /// How long its provider takes to start it from off, and to power it off.
+    start_delay_ms: u64,
+    stop_delay_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +85,8 @@ struct Offer {
     zones: Vec<String>,
     instance_types: Vec<String>,
     provision_delay_ms: u64,
+    start_delay_ms: u64,
+    stop_delay_ms: u64,
 }
 
 /// The published API's world (see the module docs).
@@ -88,6 +97,8 @@ pub struct PublishedWorld {
     offers: Vec<Offer>,
     hashes: i64,
     events: Vec<EventStreamEvent>,
+    /// What our extension adds: migrations, and what its Watch has to send.
+    ext: ext::ExtState,
 }
 
 fn ts(ms: i64) -> Option<Timestamp> {
@@ -137,6 +148,8 @@ fn checked_tags(tags: &BTreeMap<String, String>) -> Result<(), CommandError> {
     Ok(())
 }
 
+mod ext;
+
 fn entry(e: HistoryEntry) -> JobHistoryEntry {
     JobHistoryEntry {
         history_entry: Some(e),
@@ -177,6 +190,10 @@ impl PublishedWorld {
                             physical: true,
                             ready_at_ms: None,
                             running: None,
+                            power: ext::Power::On,
+                            notice: None,
+                            start_delay_ms: 0,
+                            stop_delay_ms: 0,
                         },
                     );
                 }
@@ -194,6 +211,14 @@ impl PublishedWorld {
                 provision_delay_ms: pool
                     .provision_delay_ms
                     .unwrap_or(config.timing.provision_delay_ms),
+                start_delay_ms: pool
+                    .start_delay_ms
+                    .or(config.timing.start_delay_ms)
+                    .unwrap_or(pool.kind.default_start_delay_ms()),
+                stop_delay_ms: pool
+                    .stop_delay_ms
+                    .or(config.timing.stop_delay_ms)
+                    .unwrap_or(pool.kind.default_stop_delay_ms()),
             });
         }
         world
@@ -204,9 +229,19 @@ impl PublishedWorld {
         std::mem::take(&mut self.events)
     }
 
-    /// When the next starting node runs, if one is starting.
+    /// When the next timed change is due (a node runs or powers off, a notice ends), if any.
     pub fn next_due_ms(&self) -> Option<i64> {
-        self.nodes.values().filter_map(|n| n.ready_at_ms).min()
+        self.nodes
+            .values()
+            .flat_map(|n| {
+                let off = match n.power {
+                    ext::Power::PoweringOff { off_at_ms } => Some(off_at_ms),
+                    _ => None,
+                };
+                [n.ready_at_ms, off, n.notice.as_ref().map(|(at, _)| *at)]
+            })
+            .flatten()
+            .min()
     }
 
     /// Starts the nodes whose provisioning delay has passed.
@@ -238,8 +273,14 @@ impl PublishedWorld {
                     node_metadata: Some(node.meta.clone()),
                     running_node_metadata: node.running.clone(),
                 })));
+                if node.power == ext::Power::Waking {
+                    node.power = ext::Power::On;
+                    self.ext
+                        .power(id, &node.meta, ext::PowerState::Running, now_ms);
+                }
             }
         }
+        self.advance_ext(now_ms);
     }
 
     /// CreateAwsNode: a node under the caller's id, in an `aws` pool offering the region and
@@ -251,7 +292,11 @@ impl PublishedWorld {
     ) -> Result<(), CommandError> {
         let id = req.node_id.as_ref().map_or("", |n| n.node_id.as_str());
         let offer = self.offer(PoolKind::Aws, &req.region, &req.instance_type, None)?;
-        let delay = offer.provision_delay_ms;
+        let delay = (
+            offer.provision_delay_ms,
+            offer.start_delay_ms,
+            offer.stop_delay_ms,
+        );
         let metadata = Metadata::Aws(AwsMetadata {
             instance_type: req.instance_type.clone(),
             region: req.region.clone(),
@@ -274,7 +319,11 @@ impl PublishedWorld {
             &req.shape,
             Some(&req.availability_domain),
         )?;
-        let delay = offer.provision_delay_ms;
+        let delay = (
+            offer.provision_delay_ms,
+            offer.start_delay_ms,
+            offer.stop_delay_ms,
+        );
         self.create_node(
             id,
             &req.tags,
@@ -317,7 +366,7 @@ impl PublishedWorld {
         id: &str,
         tags: &BTreeMap<String, String>,
         metadata: Metadata,
-        delay_ms: u64,
+        (delay_ms, start_delay_ms, stop_delay_ms): (u64, u64, u64),
         now_ms: i64,
     ) -> Result<(), CommandError> {
         checked_id("node_id", id)?;
@@ -345,6 +394,10 @@ impl PublishedWorld {
                     now_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX)),
                 ),
                 running: None,
+                power: ext::Power::On,
+                notice: None,
+                start_delay_ms,
+                stop_delay_ms,
             },
         );
         Ok(())
@@ -359,6 +412,11 @@ impl PublishedWorld {
             return Err(CommandError::FailedPrecondition(format!(
                 "node {id} is a physical node: it is not Manager's to terminate"
             )));
+        }
+        if node.power != ext::Power::On && node.power != ext::Power::Waking {
+            // A warm node: the published stream reported it stopped already.
+            self.forget_warm(id, now_ms);
+            return Ok(());
         }
         self.events.push(ev(Event::NodeStopping(NodeStopping {
             node_id: node_id(id),
@@ -397,8 +455,12 @@ impl PublishedWorld {
     /// stop with `JOB_STOPPED_NODE_STOPPED` and the node with `HEALTH_PING_TIME_EXCEEDED`, and
     /// it is gone.
     pub fn kill_node(&mut self, id: &str, now_ms: i64) -> Result<(), CommandError> {
-        if !self.nodes.contains_key(id) {
+        let Some(node) = self.nodes.get(id) else {
             return Err(CommandError::NotFound(format!("node {id}")));
+        };
+        if node.power != ext::Power::On && node.power != ext::Power::Waking {
+            self.forget_warm(id, now_ms);
+            return Ok(());
         }
         self.events.push(ev(Event::NodeStopping(NodeStopping {
             node_id: node_id(id),
@@ -513,6 +575,11 @@ impl PublishedWorld {
                 "node {node} is still starting"
             )));
         }
+        if n.power != ext::Power::On {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node} is powered off"
+            )));
+        }
         let meta = n.meta.clone();
         let running = n.running.clone();
         let Some(stored) = self.jobs.get_mut(job) else {
@@ -625,6 +692,8 @@ impl PublishedWorld {
         self.events.push(ev(Event::JobUpdated(JobUpdated {
             job_with_history: Some(with_history(stored)),
         })));
+        // A migration this instance took part in cannot go on.
+        self.instance_gone(job, role, now_ms);
     }
 
     /// JobSearch: every job matching all the filters, with its running instances.
@@ -664,6 +733,10 @@ impl PublishedWorld {
         let mut out = Vec::new();
         for (id, node) in &self.nodes {
             let on_node = by_node.remove(id.as_str()).unwrap_or_default();
+            if node.power != ext::Power::On && node.power != ext::Power::Waking {
+                // Stopped, as the published stream said: only our extension's Watch lists it.
+                continue;
+            }
             let event = if node.physical {
                 Event::PhysicalNodeConnected(PhysicalNodeConnected {
                     node: Some(PhysicalNode {
@@ -805,6 +878,27 @@ fn matches(f: &JobFilter, id: &str, job: &Job) -> Result<bool, CommandError> {
     })
 }
 
+/// The kind of each event, for tests.
+#[cfg(test)]
+fn tests_kinds(events: &[EventStreamEvent]) -> Vec<&'static str> {
+    events
+        .iter()
+        .map(|e| match &e.event {
+            Some(Event::NodeStarting(_)) => "NodeStarting",
+            Some(Event::NodeStarted(_)) => "NodeStarted",
+            Some(Event::NodeStopping(_)) => "NodeStopping",
+            Some(Event::NodeStopped(_)) => "NodeStopped",
+            Some(Event::NodeRunning(_)) => "NodeRunning",
+            Some(Event::PhysicalNodeConnected(_)) => "PhysicalNodeConnected",
+            Some(Event::JobActive(_)) => "JobActive",
+            Some(Event::JobUpdated(_)) => "JobUpdated",
+            Some(Event::JobDeleted(_)) => "JobDeleted",
+            Some(Event::InitialDataComplete(_)) => "InitialDataComplete",
+            _ => "other",
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -833,22 +927,7 @@ mod tests {
     }
 
     fn kinds(events: &[EventStreamEvent]) -> Vec<&'static str> {
-        events
-            .iter()
-            .map(|e| match &e.event {
-                Some(Event::NodeStarting(_)) => "NodeStarting",
-                Some(Event::NodeStarted(_)) => "NodeStarted",
-                Some(Event::NodeStopping(_)) => "NodeStopping",
-                Some(Event::NodeStopped(_)) => "NodeStopped",
-                Some(Event::NodeRunning(_)) => "NodeRunning",
-                Some(Event::PhysicalNodeConnected(_)) => "PhysicalNodeConnected",
-                Some(Event::JobActive(_)) => "JobActive",
-                Some(Event::JobUpdated(_)) => "JobUpdated",
-                Some(Event::JobDeleted(_)) => "JobDeleted",
-                Some(Event::InitialDataComplete(_)) => "InitialDataComplete",
-                _ => "other",
-            })
-            .collect()
+        super::tests_kinds(events)
     }
 
     #[test]
