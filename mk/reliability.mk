@@ -25,7 +25,7 @@ LOADED_DIR ?= .tmp/loaded
 test-reliability4: control-plane ## only round four's line: reliability4 notice_vs_held_gaps=… terminating_pool_healed=… never_open_window=… degraded_zone_recoveries=… flaky_runs=K/N (the last make test-loaded; missing fails)
 	@AUTOMANAGER_K8S_BIN="$(K8S_BIN)" REL4_LOG=$(RELIABILITY4_LOG) LOADED_DIR=$(LOADED_DIR) scripts/reliability4-summary.sh
 
-# About 25 minutes a run on a loaded 2-core machine: RUNS=5 takes two hours.
+# Each run is a whole make test beside the hog: RUNS=5 takes hours.
 RUNS ?= 5
 
 test-loaded: ## make test RUNS times (5) beside a CPU hog of one busy process per core; each run's verdict and failed tests in .tmp/loaded/; prints loaded runs=N failed_runs=K failed_tests=…
