@@ -419,6 +419,75 @@ mod tests {
         assert_eq!(back.spec, obj.spec);
     }
 
+    /// What one history costs: a typical one (two replicas, each placed and recovered once,
+    /// full traces of a few hundred bytes) and the largest the bounds allow, which etcd's
+    /// 1.5 MiB object limit must hold.
+    #[test]
+    fn a_history_is_small_and_its_largest_fits_in_one_object() {
+        let mut typical = PlacementHistorySpec {
+            bundle: "news-1".into(),
+            replicas: Vec::new(),
+        };
+        let decision = serde_json::json!({"bundleId": "video.news-1", "replicaIndex": 0,
+            "outcome": {"kind": "placed", "pool": "aws-east", "assignments": [{"jobName": "enc", "node": "aws-east-7f3a", "zone": "us-east-1a", "nodePending": false, "capacity": 8.0, "cores": 2, "score": {"tier": "node", "freeCapacityAfter": 24.0, "freeCoresAfter": 6}}]},
+            "trace": {"pools": [{"pool": "aws-east", "outcome": "placed", "reason": null, "failedJob": null, "rejections": []}], "brokenSoftRules": [], "message": "placed 1 job(s) in pool aws-east on aws-east-7f3a"}});
+        for r in 0..2 {
+            for (i, recovery) in [(0, false), (1, true)] {
+                let mut rec = record(&format!("aws-east-{r}{i}"), i);
+                rec.recovery = recovery;
+                rec.leader = "automanager-6c9d8f7b5-x2x4z".into();
+                rec.reason = "placed 1 job(s) in pool aws-east on aws-east-7f3a".into();
+                let mut t = trace(i);
+                t.decision = Some(decision.clone());
+                typical.record(r, rec, t);
+            }
+        }
+        let bytes = |h: &PlacementHistorySpec| {
+            serde_json::to_vec(&PlacementHistory::new(&h.bundle, h.clone())).map_or(0, |b| b.len())
+        };
+        let typical = bytes(&typical);
+        let long = |n: usize| "x".repeat(n);
+        let full_record = DecisionRecord {
+            decided_at: DateTime::from_timestamp(1, 0).unwrap_or_default(),
+            leader: long(253),
+            outcome: PlacementOutcome::Unplaceable,
+            recovery: true,
+            nodes: (0..16).map(|i| format!("{i:02}{}", long(251))).collect(),
+            pools: (0..16).map(|i| format!("{i:02}{}", long(61))).collect(),
+            reason: long(MAX_REASON),
+        };
+        let mut largest = PlacementHistorySpec {
+            bundle: long(253),
+            replicas: Vec::new(),
+        };
+        for r in 0..16 {
+            for i in 0..MAX_DECISIONS_PER_REPLICA {
+                let mut rec = full_record.clone();
+                rec.reason = format!("{i}{}", long(MAX_REASON - 1));
+                let t = FullTrace {
+                    decided_at: rec.decided_at,
+                    leader: long(253),
+                    recovery: true,
+                    decision: Some(serde_json::json!({"pad": long(MAX_TRACE_BYTES - 10)})),
+                    truncated: Some(TraceTruncation {
+                        full_bytes: i64::MAX,
+                        dropped: "rejections".into(),
+                    }),
+                    preempted: Some(Preemption {
+                        at: rec.decided_at,
+                        node: long(253),
+                        victims: (0..16).map(|_| long(512)).collect(),
+                    }),
+                };
+                largest.record(r, rec, t);
+            }
+        }
+        let largest = bytes(&largest);
+        println!("placement-history-bytes typical={typical} largest={largest}");
+        assert!(typical < 4 * 1024, "{typical}");
+        assert!(largest < 1024 * 1024, "{largest}");
+    }
+
     #[test]
     fn names_are_bounded_in_count_and_length_without_repeats() {
         let long = "x".repeat(300);

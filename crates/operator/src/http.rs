@@ -15,7 +15,9 @@
 //! | `GET /debug/trace/{namespace}/{bundle}` | the bundle's full placement trace (JSON), `404` if none |
 //! | `POST /v1/what-if` | a `Bundle` (JSON, or YAML with a YAML content type) in, the admission result against the live snapshot out, with the dry run's `decisions` |
 //!
-//! Only the leader holds the placement traces and the live placement model. Served with
+//! Only the leader holds the placement traces (of the decisions it made since it started; the
+//! ones that outlive it are in each Bundle's PlacementHistory, which `kubectl automanager trace`
+//! reads by default) and the live placement model. Served with
 //! [`debug_router_for_replica`], a replica that does not lead (a standby, or one still starting)
 //! answers every debugging route with `503` and `{"error", "role", "leader"}`, `leader` being
 //! the Lease's holder (the leader Pod's name when run as a Pod), so a client that reached it
