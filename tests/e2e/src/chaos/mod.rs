@@ -1063,7 +1063,7 @@ impl Drafting<'_> {
         if matches!(fault, Fault::CreateBundle { .. }) {
             self.created += 1;
         }
-        if matches!(fault, Fault::Migrate { .. }) {
+        if matches!(fault, Fault::Migrate { .. } | Fault::MigrateNotice { .. }) {
             self.migrations += 1;
         }
     }

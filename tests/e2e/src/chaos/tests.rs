@@ -276,6 +276,16 @@ fn broken_bounds(s: &Schedule, c: &ChaosConfig) -> Vec<String> {
         check(&live, &format!("after {}", e.fault));
     }
 
+    // Every Migration has a name of its own.
+    let mut names = BTreeSet::new();
+    for e in &s.events {
+        if let Fault::Migrate { name, .. } | Fault::MigrateNotice { name, .. } = &e.fault
+            && !names.insert(name.as_str())
+        {
+            bad(format!("{} reuses the name {name}", e.fault));
+        }
+    }
+
     // Jobs named by Migrations and crashes exist in the wave.
     let wave: BTreeMap<&str, &BundleSpec> = s.wave.iter().map(|(n, b)| (n.as_str(), b)).collect();
     for e in &s.events {
