@@ -1,7 +1,9 @@
 //! The operator's port over Manager's published API ([`PublishedPort`]) against manager-sim's
 //! published service, seen through the same [`ManagerClient`] and mirror the operator uses:
 //! nodes made under our ids and tags, a bundle as stored jobs, a start and a stop under roles,
-//! a reconnect that changes nothing, a job of another client never seen, and a bundle deleted.
+//! a reconnect that changes nothing, a job of another client never seen, and a bundle deleted;
+//! without our extension what needs it answers UNIMPLEMENTED, and with it warm nodes, reclaim
+//! notices and migrations reach the mirror as they do over our first API.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use manager_client::published::{
 use manager_client::{ClientConfig, ClientError, ManagerClient, MirrorChange, MirrorState};
 use manager_proto::api::common::JobId;
 use manager_proto::api::manager::Job as StoredJob;
+use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{
-    Bundle, BundleJob, CreateNodeRequest, JobRequirements, JobRole, JobState, NodeState,
+    Bundle, BundleJob, CreateNodeRequest, JobRequirements, JobRole, JobState, MigrationPhase,
+    MigrationStrategy, NodeState, NoticeNodeRequest,
 };
 use manager_sim::{Sim, SimConfig};
 
@@ -45,13 +49,17 @@ async fn until(client: &ManagerClient, what: &str, test: impl Fn(&MirrorState) -
 #[tokio::test]
 async fn the_operator_s_client_runs_over_the_published_api() {
     let config = SimConfig::demo();
-    let sim = Sim::start(config.clone()).await.expect("sim");
+    // The published API alone: standard mode.
+    let sim = Sim::start_without_extension(config.clone())
+        .await
+        .expect("sim");
     let published =
         Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
     let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
     let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
         .expect("client over the port");
     client.wait_ready(WAIT).await.expect("first snapshot");
+    assert_eq!(client.features(), manager_client::ManagerFeatures::STANDARD);
 
     // The demo's physical nodes are the fixed pool's, with the capacity they declare.
     let onprem = client.mirror().read(|m| {
@@ -201,6 +209,19 @@ async fn the_operator_s_client_runs_over_the_published_api() {
         matches!(&warm, Err(ClientError::Rpc { code: tonic::Code::Unimplemented, message }) if message.contains("extension")),
         "{warm:?}"
     );
+    let migrate = client
+        .migration_get_state("m1", "news/0/encode", MigrationStrategy::Overlap)
+        .await;
+    assert!(
+        matches!(
+            &migrate,
+            Err(ClientError::Rpc {
+                code: tonic::Code::Unimplemented,
+                ..
+            })
+        ),
+        "{migrate:?}"
+    );
 
     // Deleting the bundle deletes its stored jobs, and only those.
     let removed = client.delete_bundle("news").await.expect("delete");
@@ -219,6 +240,193 @@ async fn the_operator_s_client_runs_over_the_published_api() {
     until(&client, "the node terminated", |m| {
         m.nodes
             .get("automanager-key-1")
+            .is_none_or(|n| n.state == NodeState::Terminated as i32)
+    })
+    .await;
+    client.close().await;
+    published.close().await;
+}
+
+/// The demo with warm stops and starts that take a tenth of a second, not a cloud's tens.
+fn quick_power() -> SimConfig {
+    let mut config = SimConfig::demo();
+    config.timing.stop_delay_ms = Some(100);
+    config.timing.start_delay_ms = Some(200);
+    config
+}
+
+async fn started(client: &ManagerClient, key: &str) {
+    client
+        .create_node(CreateNodeRequest {
+            pool: "aws-east".to_owned(),
+            instance_type: "m5.xlarge".to_owned(),
+            request_id: key.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("create node");
+    let id = key.to_owned();
+    until(client, "the node started", move |m| {
+        m.nodes
+            .get(&id)
+            .is_some_and(|n| n.state == NodeState::Started as i32)
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn warm_nodes_notices_and_migrations_go_through_our_extension() {
+    let config = quick_power();
+    let sim = Sim::start(config.clone()).await.expect("sim");
+    let published =
+        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
+    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
+    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
+        .expect("client over the port");
+    client.wait_ready(WAIT).await.expect("first snapshot");
+    assert_eq!(
+        client.features(),
+        manager_client::ManagerFeatures::ALL,
+        "Describe named both features"
+    );
+
+    // A warm spare: powered off, kept under its id, started again.
+    started(&client, "warm-1").await;
+    let node = client.stop_node("warm-1").await.expect("stop");
+    assert!(
+        [NodeState::PoweringOff as i32, NodeState::PoweredOff as i32].contains(&node.state),
+        "{node:?}"
+    );
+    until(&client, "the node powered off, not gone", |m| {
+        m.nodes.get("warm-1").is_some_and(|n| {
+            n.state == NodeState::PoweredOff as i32 && n.pool == "aws-east" && n.inventory.is_none()
+        })
+    })
+    .await;
+    // A reconnect of both streams: the warm node is still off, and nothing changes.
+    let mut changes = client.subscribe();
+    assert_eq!(sim.cut_published_streams(), 2, "both streams were open");
+    let resynced = tokio::time::timeout(WAIT, async {
+        let mut seen = Vec::new();
+        loop {
+            match changes.recv().await {
+                Ok(MirrorChange::Resynced { .. }) => return seen,
+                Ok(other) => seen.push(other),
+                Err(e) => panic!("change feed: {e}"),
+            }
+        }
+    })
+    .await
+    .expect("a resync after the cut");
+    assert!(resynced.is_empty(), "{resynced:?}");
+    client.start_node("warm-1").await.expect("start");
+    until(&client, "the warm node running again", |m| {
+        m.nodes.get("warm-1").is_some_and(|n| {
+            n.state == NodeState::Started as i32
+                && n.inventory.as_ref().is_some_and(|i| i.capacity == 100.0)
+        })
+    })
+    .await;
+
+    // A migration with strategy overlap moves the job between two of our nodes.
+    started(&client, "warm-2").await;
+    let bundle = Bundle {
+        bundle_id: "news".to_owned(),
+        replicas: 1,
+        jobs: vec![BundleJob {
+            job_name: "encode".to_owned(),
+            requirements: Some(JobRequirements {
+                required_capacity: 10.0,
+                required_cores: 2,
+                ..Default::default()
+            }),
+            config: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    client.register_bundle(bundle).await.expect("register");
+    until(&client, "the job", |m| m.jobs.contains_key("news/0/encode")).await;
+    client
+        .start_job("news/0/encode", "warm-1", JobRole::Normal)
+        .await
+        .expect("start");
+    until(&client, "the job running on warm-1", |m| {
+        m.jobs
+            .get("news/0/encode")
+            .is_some_and(|j| j.state == JobState::Running as i32 && j.node_id == "warm-1")
+    })
+    .await;
+    let m = client
+        .migration_get_state("move-1", "news/0/encode", MigrationStrategy::Overlap)
+        .await
+        .expect("propose");
+    assert_eq!(m.phase, MigrationPhase::StateReceived as i32);
+    assert_eq!(m.source_node_id, "warm-1");
+    let m = client
+        .migration_prepare_target("move-1", "warm-2", Vec::new())
+        .await
+        .expect("prepare");
+    assert_eq!(m.phase, MigrationPhase::TargetReady as i32);
+    until(
+        &client,
+        "the target instance, marked with its migration",
+        |m| {
+            m.jobs.get("news/0/encode").is_some_and(|j| {
+                j.instances.iter().any(|i| {
+                    i.role == JobRole::MigrationTarget as i32
+                        && i.node_id == "warm-2"
+                        && i.migration_id == "move-1"
+                })
+            })
+        },
+    )
+    .await;
+    client
+        .migration_cutover("move-1", Vec::new())
+        .await
+        .expect("cutover");
+    until(&client, "the job moved and the migration completed", |m| {
+        m.migrations
+            .get("move-1")
+            .is_some_and(|x| x.phase == MigrationPhase::Completed as i32)
+            && m.jobs.get("news/0/encode").is_some_and(|j| {
+                j.node_id == "warm-2"
+                    && j.state == JobState::Running as i32
+                    && j.instances.len() == 1
+            })
+    })
+    .await;
+    // A contradictory call is refused with Manager's reason.
+    let again = client
+        .migration_cutover("move-1", Vec::new())
+        .await
+        .expect_err("completed already");
+    assert!(
+        matches!(again, ClientError::FailedPrecondition(_)),
+        "{again:?}"
+    );
+
+    // A reclaim notice reaches the node, and at its deadline the node is gone.
+    let mut admin = SimAdminClient::connect(sim.endpoint())
+        .await
+        .expect("admin");
+    admin
+        .notice_node(NoticeNodeRequest {
+            node_id: "warm-2".to_owned(),
+            in_ms: 1_500,
+            reason: "maintenance".to_owned(),
+        })
+        .await
+        .expect("notice");
+    until(&client, "the notice on the node", |m| {
+        m.nodes
+            .get("warm-2")
+            .is_some_and(|n| n.reclaim_at_ms > 0 && n.reclaim_reason == "maintenance")
+    })
+    .await;
+    until(&client, "the node reclaimed", |m| {
+        m.nodes
+            .get("warm-2")
             .is_none_or(|n| n.state == NodeState::Terminated as i32)
     })
     .await;

@@ -9,7 +9,14 @@
 //!   change this client asked for was accepted (Manager reports every outcome on the stream, so
 //!   an accepted change with no event after it means the stream no longer delivers). Either way
 //!   the stream is reopened with backoff and the new snapshot reconciles the mirror.
+//!
+//! Our extension (`automanager.manager.extension.v1`) is probed on every connect: `Describe`
+//! names the features the Manager serves, and `UNIMPLEMENTED` means it has none (standard
+//! mode). With it, the connection also opens the extension's `Watch`, and is ready only once
+//! both snapshots are whole; the two streams live and die together, so a reconnect re-reads both
+//! and [`PublishedChange::Resynced`] follows the differences of both.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -21,11 +28,18 @@ use manager_proto::api::manager::{
     CreateAwsNodeRequest, CreateOciNodeRequest, CurrentJob, EventStreamRequest, Job,
     JobSearchRequest, StartJobRequest, StopJobRequest,
 };
+use manager_proto::extension::manager_extension_client::ManagerExtensionClient;
+use manager_proto::extension::{
+    DescribeRequest, MigrationAbortRequest, MigrationCutoverRequest, MigrationGetStateRequest,
+    MigrationPrepareTargetRequest, MigrationResponse, NodePower, StartNodeRequest, StopNodeRequest,
+    WatchRequest,
+};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use super::extension::ExtensionMirror;
 use super::mirror::{PublishedChange, PublishedMirror, SnapshotBuilder, SnapshotStep};
 use crate::client::{AuthInterceptor, backoff_delay, build_channel};
 use crate::{ClientConfig, ClientError, ConnectionState};
@@ -92,9 +106,14 @@ pub struct StreamCounters {
 }
 
 type Grpc = GrpcClient<InterceptedService<Channel, AuthInterceptor>>;
+type ExtGrpc = ManagerExtensionClient<InterceptedService<Channel, AuthInterceptor>>;
 
 struct Shared {
     rpc: Grpc,
+    /// Our extension's calls, on the same channel.
+    ext_rpc: ExtGrpc,
+    /// What our extension's Watch has told (empty features: none served).
+    extension: RwLock<ExtensionMirror>,
     config: PublishedConfig,
     mirror: RwLock<PublishedMirror>,
     state: watch::Sender<ConnectionState>,
@@ -123,17 +142,21 @@ impl PublishedClient {
             return Err(ClientError::Config(problem));
         }
         let c = &config.connection;
-        let rpc = GrpcClient::with_interceptor(
-            build_channel(c)?,
-            AuthInterceptor::new(c.token.as_deref())?,
-        )
-        .max_decoding_message_size(c.max_message_bytes)
-        .max_encoding_message_size(c.max_message_bytes);
+        let channel = build_channel(c)?;
+        let auth = AuthInterceptor::new(c.token.as_deref())?;
+        let rpc = GrpcClient::with_interceptor(channel.clone(), auth.clone())
+            .max_decoding_message_size(c.max_message_bytes)
+            .max_encoding_message_size(c.max_message_bytes);
+        let ext_rpc = ManagerExtensionClient::with_interceptor(channel, auth)
+            .max_decoding_message_size(c.max_message_bytes)
+            .max_encoding_message_size(c.max_message_bytes);
         let (state, _) = watch::channel(ConnectionState::Idle);
         let (changes, _) = broadcast::channel(c.change_buffer.max(1));
         let (stop, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             rpc,
+            ext_rpc,
+            extension: RwLock::new(ExtensionMirror::default()),
             config,
             mirror: RwLock::new(PublishedMirror::default()),
             state,
@@ -179,6 +202,100 @@ impl PublishedClient {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         read(&m)
+    }
+
+    /// Reads what our extension's Watch has told (and which features the Manager serves).
+    pub fn with_extension<T>(&self, read: impl FnOnce(&ExtensionMirror) -> T) -> T {
+        let m = self
+            .shared
+            .extension
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        read(&m)
+    }
+
+    /// The features of our extension the Manager said it serves at the last connect (empty:
+    /// standard mode).
+    pub fn extension_features(&self) -> BTreeSet<String> {
+        self.with_extension(|m| m.features.clone())
+    }
+
+    /// Our extension's StopNode: a running, empty node powers off and is kept.
+    pub async fn ext_stop_node(&self, node_id: &str) -> Result<NodePower, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let req = StopNodeRequest {
+            node_id: Some(NodeId {
+                node_id: node_id.to_owned(),
+            }),
+        };
+        let r = self.call(c.stop_node(self.request(req))).await?;
+        self.expect_echo(before);
+        Ok(r.node.unwrap_or_default())
+    }
+
+    /// Our extension's StartNode: a powered-off node starts again.
+    pub async fn ext_start_node(&self, node_id: &str) -> Result<NodePower, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let req = StartNodeRequest {
+            node_id: Some(NodeId {
+                node_id: node_id.to_owned(),
+            }),
+        };
+        let r = self.call(c.start_node(self.request(req))).await?;
+        self.expect_echo(before);
+        Ok(r.node.unwrap_or_default())
+    }
+
+    /// Our extension's MigrationGetState (the propose).
+    pub async fn ext_migration_get_state(
+        &self,
+        req: MigrationGetStateRequest,
+    ) -> Result<MigrationResponse, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let r = self.call(c.migration_get_state(self.request(req))).await?;
+        self.expect_echo(before);
+        Ok(r)
+    }
+
+    /// Our extension's MigrationPrepareTarget.
+    pub async fn ext_migration_prepare_target(
+        &self,
+        req: MigrationPrepareTargetRequest,
+    ) -> Result<MigrationResponse, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let r = self
+            .call(c.migration_prepare_target(self.request(req)))
+            .await?;
+        self.expect_echo(before);
+        Ok(r)
+    }
+
+    /// Our extension's MigrationCutover.
+    pub async fn ext_migration_cutover(
+        &self,
+        req: MigrationCutoverRequest,
+    ) -> Result<MigrationResponse, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let r = self.call(c.migration_cutover(self.request(req))).await?;
+        self.expect_echo(before);
+        Ok(r)
+    }
+
+    /// Our extension's MigrationAbort.
+    pub async fn ext_migration_abort(
+        &self,
+        req: MigrationAbortRequest,
+    ) -> Result<MigrationResponse, ClientError> {
+        let before = self.events_seen();
+        let mut c = self.shared.ext_rpc.clone();
+        let r = self.call(c.migration_abort(self.request(req))).await?;
+        self.expect_echo(before);
+        Ok(r)
     }
 
     /// What the stream task has counted.
@@ -416,17 +533,43 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// Opens one stream, reads its snapshot into a fresh builder, replaces the mirror, then applies
-/// live events until the stream ends, goes silent after an accepted change, or `stop`.
+/// Probes our extension (`None`: not served), with the features it names.
+async fn describe(shared: &Shared) -> Result<Option<BTreeSet<String>>, tonic::Status> {
+    let mut ext = shared.ext_rpc.clone();
+    match ext.describe(DescribeRequest {}).await {
+        Ok(r) => Ok(Some(r.into_inner().features.into_iter().collect())),
+        Err(s) if s.code() == tonic::Code::Unimplemented => Ok(None),
+        Err(s) => Err(s),
+    }
+}
+
+/// One message of either stream.
+enum Next {
+    Published(Option<Result<manager_proto::api::manager::EventStreamEvent, tonic::Status>>),
+    Extension(Option<Result<manager_proto::extension::WatchEvent, tonic::Status>>),
+}
+
+/// Probes our extension, opens the published stream (and the extension's Watch when it is
+/// served), reads both snapshots into fresh mirrors, replaces the shared ones, then applies
+/// live events until either stream ends, goes silent after an accepted change, or `stop`.
 async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: &mut u32) -> Ended {
     shared
         .counters
         .streams_opened
         .fetch_add(1, Ordering::Relaxed);
+    let snapshot_due = Instant::now() + shared.config.snapshot_timeout;
+    let probed = tokio::select! {
+        r = tokio::time::timeout_at(snapshot_due, describe(shared)) => r,
+        _ = stop.changed() => return Ended::Stopped,
+    };
+    let features = match probed {
+        Err(_) => return Ended::Failed("no answer to Describe in time".to_owned()),
+        Ok(Err(status)) => return Ended::Failed(format!("Describe failed: {status}")),
+        Ok(Ok(features)) => features,
+    };
     let req = EventStreamRequest {
         pending_window_s: shared.config.pending_window_s,
     };
-    let snapshot_due = Instant::now() + shared.config.snapshot_timeout;
     let mut rpc = shared.rpc.clone();
     let open = tokio::select! {
         r = tokio::time::timeout_at(snapshot_due, rpc.event_stream(req)) => r,
@@ -437,15 +580,38 @@ async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: 
         Ok(Err(status)) => return Ended::Failed(format!("EventStream refused: {status}")),
         Ok(Ok(r)) => r.into_inner(),
     };
+    let mut ext_local = ExtensionMirror::serving(features.clone().unwrap_or_default());
+    let mut ext_stream = if features.is_some() {
+        let mut ext = shared.ext_rpc.clone();
+        let open = tokio::select! {
+            r = tokio::time::timeout_at(snapshot_due, ext.watch(WatchRequest {})) => r,
+            _ = stop.changed() => return Ended::Stopped,
+        };
+        match open {
+            Err(_) => {
+                return Ended::Failed("no answer to our extension's Watch in time".to_owned());
+            }
+            Ok(Err(status)) => {
+                return Ended::Failed(format!("our extension's Watch refused: {status}"));
+            }
+            Ok(Ok(r)) => Some(r.into_inner()),
+        }
+    } else {
+        // No extension: nothing to wait for on its side.
+        ext_local.complete = true;
+        None
+    };
     let mut builder = Some(SnapshotBuilder::default());
+    let mut published_local: Option<PublishedMirror> = None;
+    let mut ready = false;
     loop {
-        let due = if builder.is_some() {
-            Some(snapshot_due)
-        } else {
+        let due = if ready {
             *shared
                 .echo_due
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+        } else {
+            Some(snapshot_due)
         };
         let silence = async {
             match due {
@@ -453,12 +619,19 @@ async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: 
                 None => futures::future::pending().await,
             }
         };
+        let ext_next = async {
+            match ext_stream.as_mut() {
+                Some(s) => s.next().await,
+                None => futures::future::pending().await,
+            }
+        };
         let next = tokio::select! {
-            m = stream.next() => m,
+            m = stream.next() => Next::Published(m),
+            m = ext_next => Next::Extension(m),
             () = shared.echo_armed.notified() => continue,
             () = silence => {
-                if builder.is_some() {
-                    return Ended::Failed("no InitialDataComplete in time".to_owned());
+                if !ready {
+                    return Ended::Failed("no whole snapshot in time".to_owned());
                 }
                 shared.counters.silent_streams.fetch_add(1, Ordering::Relaxed);
                 clear_echo(shared);
@@ -466,60 +639,128 @@ async fn one_stream(shared: &Shared, stop: &mut watch::Receiver<bool>, attempt: 
             }
             _ = stop.changed() => return Ended::Stopped,
         };
-        let event = match next {
-            None => return Ended::Failed("Manager closed the stream".to_owned()),
-            Some(Err(status)) => return Ended::Failed(format!("stream error: {status}")),
-            Some(Ok(event)) => event,
-        };
-        shared.events_seen.fetch_add(1, Ordering::AcqRel);
-        clear_echo(shared);
-        if let Some(b) = builder.as_mut() {
-            if let SnapshotStep::Complete(next) = b.push(event) {
-                let malformed = b.malformed().len();
-                if malformed > 0 {
-                    shared
-                        .counters
-                        .malformed_events
-                        .fetch_add(malformed as u64, Ordering::Relaxed);
-                    tracing::warn!(
-                        malformed,
-                        "snapshot events Manager sent that the mirror could not use"
-                    );
-                }
-                builder = None;
-                let changes = {
-                    let mut m = shared
-                        .mirror
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    m.replace(next)
-                };
-                tracing::info!(changes = changes.len(), "manager snapshot read");
-                // Counted after its changes are sent, so a reader that sees the count sees them.
-                publish(shared, changes);
-                let _ = shared.changes.send(PublishedChange::Resynced);
-                shared.counters.snapshots.fetch_add(1, Ordering::Release);
-                *attempt = 0;
-                shared.state.send_replace(ConnectionState::Ready);
+        match next {
+            Next::Published(None) => return Ended::Failed("Manager closed the stream".to_owned()),
+            Next::Published(Some(Err(status))) => {
+                return Ended::Failed(format!("stream error: {status}"));
             }
-            continue;
+            Next::Extension(None) => {
+                return Ended::Failed("Manager closed our extension's Watch".to_owned());
+            }
+            Next::Extension(Some(Err(status))) => {
+                return Ended::Failed(format!("our extension's Watch failed: {status}"));
+            }
+            Next::Published(Some(Ok(event))) => {
+                seen(shared);
+                if let Some(b) = builder.as_mut() {
+                    if let SnapshotStep::Complete(next) = b.push(event) {
+                        count_malformed(shared, b.malformed().len());
+                        builder = None;
+                        published_local = Some(next);
+                    }
+                } else if let Some(local) = published_local.as_mut() {
+                    // The published snapshot is whole, our extension's not yet: keep it current.
+                    if local.apply(event).is_err() {
+                        count_malformed(shared, 1);
+                    }
+                } else {
+                    apply_published(shared, event);
+                }
+            }
+            Next::Extension(Some(Ok(event))) => {
+                seen(shared);
+                let applied = if ready {
+                    shared
+                        .extension
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .apply(event)
+                } else {
+                    ext_local.apply(event)
+                };
+                match applied {
+                    Ok(changes) => publish(shared, changes),
+                    Err(why) => {
+                        count_malformed(shared, 1);
+                        tracing::warn!(reason = %why, "an extension event the mirror could not use");
+                    }
+                }
+            }
         }
-        let applied = {
-            let mut m = shared
+        if !ready
+            && ext_local.complete
+            && let Some(next) = published_local.take()
+        {
+            let changes = shared
                 .mirror
                 .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            m.apply(event)
-        };
-        match applied {
-            Ok(changes) => publish(shared, changes),
-            Err(why) => {
-                shared
-                    .counters
-                    .malformed_events
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(reason = %why, "an event Manager sent that the mirror could not use");
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .replace(next);
+            let ext_changes = shared
+                .extension
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .replace(std::mem::take(&mut ext_local));
+            tracing::info!(
+                changes = changes.len() + ext_changes.len(),
+                extension = features.is_some(),
+                "manager snapshot read"
+            );
+            // Counted after its changes are sent, so a reader that sees the count sees them.
+            publish(shared, changes);
+            publish(shared, ext_changes);
+            let _ = shared.changes.send(PublishedChange::Resynced);
+            shared.counters.snapshots.fetch_add(1, Ordering::Release);
+            *attempt = 0;
+            ready = true;
+            shared.state.send_replace(ConnectionState::Ready);
+        }
+    }
+}
+
+fn seen(shared: &Shared) {
+    shared.events_seen.fetch_add(1, Ordering::AcqRel);
+    clear_echo(shared);
+}
+
+fn count_malformed(shared: &Shared, n: usize) {
+    if n > 0 {
+        shared
+            .counters
+            .malformed_events
+            .fetch_add(n as u64, Ordering::Relaxed);
+        tracing::warn!(
+            malformed = n,
+            "events Manager sent that the mirror could not use"
+        );
+    }
+}
+
+/// A live published event: applied to the shared mirror, its changes published.
+fn apply_published(shared: &Shared, event: manager_proto::api::manager::EventStreamEvent) {
+    let applied = {
+        let mut m = shared
+            .mirror
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.apply(event)
+    };
+    match applied {
+        Ok(changes) => {
+            for c in &changes {
+                if let PublishedChange::NodeRemoved(n) = c {
+                    shared
+                        .extension
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .node_gone(&n.node_id);
+                }
             }
+            publish(shared, changes);
+        }
+        Err(why) => {
+            count_malformed(shared, 1);
+            tracing::warn!(reason = %why, "an event Manager sent that the mirror could not use");
         }
     }
 }

@@ -145,6 +145,13 @@ pub enum PublishedChange {
     ProviderHealth(Vec<ProviderHealth>),
     /// A note from a running instance (not stored).
     JobInfo(JobInfoMessage),
+    /// Our extension: a node's power state changed (powering off, off, starting from off; a
+    /// `RUNNING` or `TERMINATED` one is no longer warm).
+    NodePower(manager_proto::extension::NodePower),
+    /// Our extension: a node will be reclaimed.
+    ReclaimNotice(manager_proto::extension::ReclaimNotice),
+    /// Our extension: a migration's new phase.
+    Migration(manager_proto::extension::Migration),
     /// A new snapshot was read (after a connect or a reconnect); the changes before this one
     /// were its differences to what the mirror held.
     Resynced,

@@ -3,6 +3,7 @@
 
 mod catalog;
 mod connection;
+mod extension;
 mod mirror;
 mod port;
 pub mod tags;
@@ -10,6 +11,7 @@ pub mod translate;
 
 pub use catalog::{CatalogPool, PoolCatalog, ZoneLaunch};
 pub use connection::{PublishedClient, PublishedConfig, StreamCounters};
+pub use extension::ExtensionMirror;
 pub use port::PublishedPort;
 
 pub use mirror::{

@@ -21,8 +21,16 @@
 //!   (never a resume: the published stream has none), then each change as the port event that
 //!   says it. When the published stream drops, the watch ends, so the client above reconnects
 //!   and the next snapshot replaces its mirror with only the differences.
-//! - **What 1.0.384 lacks** (warm nodes, the migration handshake) answers `UNIMPLEMENTED` with
-//!   the reason, which the controllers treat as "this Manager cannot".
+//! - **What 1.0.384 lacks** (warm nodes, the migration handshake, reclaim notices) goes through
+//!   our extension (`automanager.manager.extension.v1`) when the Manager serves it: the client
+//!   probes it with `Describe` on every connect, [`ManagerPort::features`] says what it named,
+//!   StopNode, StartNode and the four migration calls are carried by the extension's calls
+//!   (the normal instance is the role `primary`, a migration's target `migration-target`), and
+//!   the extension's Watch is merged into this port's Watch: a warm node is `POWERING_OFF` or
+//!   `POWERED_OFF` (not terminated, though the published stream reports it stopped), a node
+//!   under notice carries `reclaim_at_ms`, and migrations report their phases. Without the
+//!   extension these answer `UNIMPLEMENTED` with the reason, which the controllers treat as
+//!   "this Manager cannot".
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,18 +38,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
+use manager_proto::api::common::JobId;
 use manager_proto::api::common::NodeId;
 use manager_proto::api::manager::{AwsLaunchTemplate, CreateAwsNodeRequest, CreateOciNodeRequest};
+use manager_proto::extension::{self as ext, feature};
 use manager_proto::{
     Bundle, BundleDeleted, BundleUpdated, CreateNodeRequest, CreateNodeResponse,
     DeleteBundleRequest, DeleteBundleResponse, Event, EventBatch, Heartbeat, Job, JobRemoved,
     JobUpdated, ListNodesRequest, ListNodesResponse, ListPoolsRequest, ListPoolsResponse,
-    MigrationResponse, Node, NodeControllerMigrationAbort, NodeControllerMigrationCutover,
-    NodeControllerMigrationGetState, NodeControllerMigrationPrepareTarget, NodeStarted,
+    MigrationPhaseChanged, MigrationResponse, Node, NodeControllerMigrationAbort,
+    NodeControllerMigrationCutover, NodeControllerMigrationGetState,
+    NodeControllerMigrationPrepareTarget, NodePoweredOff, NodePoweringOff, NodeStarted,
     NodeStarting, NodeState as PortNodeState, NodeStopped, NodeTerminated, ProviderKind,
-    RegisterBundleRequest, RegisterBundleResponse, Snapshot, SnapshotReason, StartJobRequest,
-    StartJobResponse, StartNodeRequest, StartNodeResponse, StopJobRequest, StopJobResponse,
-    StopNodeRequest, StopNodeResponse, StopReason, Synced, TerminateNodeRequest,
+    RegisterBundleRequest, RegisterBundleResponse, RejectionReason, Snapshot, SnapshotReason,
+    StartJobRequest, StartJobResponse, StartNodeRequest, StartNodeResponse, StopJobRequest,
+    StopJobResponse, StopNodeRequest, StopNodeResponse, StopReason, Synced, TerminateNodeRequest,
     TerminateNodeResponse, UpdateJobConfigRequest, UpdateJobConfigResponse, WatchRequest,
     WatchResponse, event, watch_response,
 };
@@ -50,11 +61,12 @@ use tonic::{Request, Response, Status};
 
 use super::catalog::{PoolCatalog, ZoneLaunch};
 use super::connection::PublishedClient;
-use super::mirror::{PublishedChange, PublishedMirror};
+use super::extension::ExtensionMirror;
+use super::mirror::{NodeView, PublishedChange, PublishedMirror};
 use super::tags;
 use super::translate::{
-    self, StopOverlay, bundle_from_jobs, gone_node, node_is_ours, port_job, port_node,
-    published_role, stored_job,
+    self, PROVIDER_STOP, StopOverlay, bundle_from_jobs, gone_node, node_is_ours, port_job,
+    port_migration, port_node, published_role, stored_job, warm_state, warm_view,
 };
 use crate::ConnectionState;
 use crate::port::{ManagerPort, PortFuture, WatchStream};
@@ -91,6 +103,7 @@ struct Model {
     jobs: BTreeMap<String, Job>,
     job_tags: BTreeMap<String, BTreeMap<String, String>>,
     bundles: BTreeMap<String, Bundle>,
+    migrations: BTreeMap<String, manager_proto::Migration>,
 }
 
 /// Manager's published API as the operator's port (see the module docs).
@@ -537,6 +550,95 @@ impl PublishedPort {
         })
     }
 
+    /// StopNode (`start` false) or StartNode of one of our nodes, through our extension; answers
+    /// the node once the model shows the change (or as it is after the echo wait).
+    async fn power(&self, node_id: String, start: bool) -> Result<StopNodeResponse, Status> {
+        use crate::ManagerPort as _;
+        let what = if start { "StartNode" } else { "StopNode" };
+        if !self.features().warm_nodes {
+            return Err(needs_extension(&format!("{what} (a warm spare)")));
+        }
+        let Some(node) = self.model().nodes.get(&node_id).cloned() else {
+            return Err(Status::not_found(format!(
+                "node {node_id} is not one of this installation's"
+            )));
+        };
+        if node.provider == ProviderKind::Cluster as i32 {
+            return Err(Status::failed_precondition(format!(
+                "node {node_id} is a physical node: its power is not Manager's"
+            )));
+        }
+        let sent = if start {
+            self.client.ext_start_node(&node_id).await
+        } else {
+            self.client.ext_stop_node(&node_id).await
+        };
+        sent.map_err(status_of)?;
+        let wanted: &[PortNodeState] = if start {
+            &[PortNodeState::Starting, PortNodeState::Started]
+        } else {
+            &[PortNodeState::PoweringOff, PortNodeState::PoweredOff]
+        };
+        let model = self
+            .settle(|m| {
+                m.nodes
+                    .get(&node_id)
+                    .is_some_and(|n| wanted.iter().any(|s| *s as i32 == n.state))
+            })
+            .await;
+        Ok(StopNodeResponse {
+            node: model.nodes.get(&node_id).cloned().or(Some(node)),
+        })
+    }
+
+    /// Whether the Manager serves the migration handshake (our extension).
+    fn handshake(&self) -> Result<(), Status> {
+        use crate::ManagerPort as _;
+        if self.features().migration_handshake {
+            Ok(())
+        } else {
+            Err(needs_extension("the migration handshake"))
+        }
+    }
+
+    async fn migration_get_state(
+        &self,
+        req: NodeControllerMigrationGetState,
+    ) -> Result<MigrationResponse, Status> {
+        self.handshake()?;
+        Self::our_job(&self.model(), &req.job_id)?;
+        let sent = ext::MigrationGetStateRequest {
+            migration_id: req.migration_id,
+            job_id: Some(JobId { job_id: req.job_id }),
+            source_role: tags::ROLE_NORMAL.to_owned(),
+            // Our extension numbers strategies as our first API does.
+            strategy: req.strategy,
+        };
+        migration_answer(self.client.ext_migration_get_state(sent).await)
+    }
+
+    async fn migration_prepare_target(
+        &self,
+        req: NodeControllerMigrationPrepareTarget,
+    ) -> Result<MigrationResponse, Status> {
+        self.handshake()?;
+        if !self.model().nodes.contains_key(&req.target_node_id) {
+            return Err(Status::not_found(format!(
+                "node {} is not one this installation places on",
+                req.target_node_id
+            )));
+        }
+        let sent = ext::MigrationPrepareTargetRequest {
+            migration_id: req.migration_id,
+            target_node_id: Some(NodeId {
+                node_id: req.target_node_id,
+            }),
+            target_role: tags::ROLE_MIGRATION_TARGET.to_owned(),
+            initial_state: req.initial_state,
+        };
+        migration_answer(self.client.ext_migration_prepare_target(sent).await)
+    }
+
     fn watch_stream(&self, req: WatchRequest) -> WatchStream {
         let (tx, rx) = mpsc::channel(64);
         let feed = Feed {
@@ -563,22 +665,64 @@ fn read_model(
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone();
-    catalog.read(|catalog| client.with_mirror(|m| model_of(m, owner, catalog, &overlay)))
+    catalog.read(|catalog| {
+        client.with_extension(|e| client.with_mirror(|m| model_of(m, e, owner, catalog, &overlay)))
+    })
+}
+
+/// The port record of node `id`: the published stream's view of it, with what our extension
+/// adds (a warm node's power state, a reclaim notice); `None` when it is not ours or not there.
+fn node_of(
+    m: &PublishedMirror,
+    e: &ExtensionMirror,
+    owner: &str,
+    catalog: &BTreeMap<String, super::catalog::CatalogPool>,
+    id: &str,
+) -> Option<Node> {
+    let warm = e.warm.get(id);
+    let published = m.nodes.get(id);
+    let view = match (published, warm) {
+        (Some(v), _) => v.clone(),
+        (None, Some(p)) => warm_view(id, p),
+        (None, None) => return None,
+    };
+    if !node_is_ours(&view, owner, catalog) {
+        return None;
+    }
+    let mut node = port_node(&view, catalog);
+    let state = warm.and_then(warm_state).or_else(|| {
+        // The published stream reports a warm stop as the provider stopping the node; with our
+        // extension that is a node powering off, before its Watch says so.
+        (e.serves(feature::WARM_NODES)
+            && published.is_some_and(|v| v.stopping_reason == Some(PROVIDER_STOP)))
+        .then_some(PortNodeState::PoweringOff)
+    });
+    if let Some(state) = state
+        && (published.is_none() || state != PortNodeState::Starting)
+    {
+        node.state = state as i32;
+        node.inventory = None;
+    }
+    if let Some(n) = e.notices.get(id) {
+        node.reclaim_at_ms = n.deadline.as_ref().map_or(0, super::mirror::timestamp_ms);
+        node.reclaim_reason = n.reason.clone();
+    }
+    Some(node)
 }
 
 /// Everything ours in `m`, as the port models it.
 fn model_of(
     m: &PublishedMirror,
+    e: &ExtensionMirror,
     owner: &str,
     catalog: &BTreeMap<String, super::catalog::CatalogPool>,
     overlay: &StopOverlay,
 ) -> Model {
     let mut model = Model::default();
-    for view in m.nodes.values() {
-        if node_is_ours(view, owner, catalog) {
-            model
-                .nodes
-                .insert(view.node_id.clone(), port_node(view, catalog));
+    let ids: BTreeSet<&String> = m.nodes.keys().chain(e.warm.keys()).collect();
+    for id in ids {
+        if let Some(node) = node_of(m, e, owner, catalog, id) {
+            model.nodes.insert(id.clone(), node);
         }
     }
     for view in m.jobs.values() {
@@ -589,6 +733,13 @@ fn model_of(
             model.jobs.insert(job.job_id.clone(), job);
         }
     }
+    for m in e.migrations.values() {
+        let m = port_migration(m);
+        if let Some(job) = model.jobs.get_mut(&m.job_id) {
+            mark_target(job, &m);
+            model.migrations.insert(m.migration_id.clone(), m);
+        }
+    }
     let bundle_ids: BTreeSet<String> = model.jobs.values().map(|j| j.bundle_id.clone()).collect();
     for id in bundle_ids {
         if let Some(b) = rebuild_bundle(&model, &id) {
@@ -596,6 +747,19 @@ fn model_of(
         }
     }
     model
+}
+
+/// A live migration's target instance carries its migration's id, as our first API's do.
+fn mark_target(job: &mut Job, m: &manager_proto::Migration) {
+    if m.is_final() {
+        return;
+    }
+    for i in &mut job.instances {
+        if i.role == manager_proto::JobRole::MigrationTarget as i32 && i.node_id == m.target_node_id
+        {
+            i.migration_id.clone_from(&m.migration_id);
+        }
+    }
 }
 
 /// The pool's zone with the fewest of our nodes (ties: the first listed).
@@ -681,7 +845,7 @@ impl Feed {
             nodes: held.nodes.values().cloned().collect(),
             jobs: held.jobs.values().cloned().collect(),
             bundles: held.bundles.values().cloned().collect(),
-            migrations: Vec::new(),
+            migrations: held.migrations.values().cloned().collect(),
             last: true,
         };
         let synced = Synced {
@@ -754,26 +918,91 @@ impl Feed {
         }
     }
 
+    /// Brings node `id` in `held` up to date with the mirrors, with the event that says so. A
+    /// node the published stream dropped after a provider stop is a warm node powering off when
+    /// our extension serves warm nodes, even before the extension's Watch says so.
+    fn sync_node(
+        &self,
+        held: &mut Model,
+        id: &str,
+        removed: Option<&NodeView>,
+        kinds: &mut Vec<event::Kind>,
+    ) {
+        let node = self.catalog.read(|catalog| {
+            self.client.with_extension(|e| {
+                let now = self
+                    .client
+                    .with_mirror(|m| node_of(m, e, &self.owner, catalog, id));
+                now.or_else(|| {
+                    let view = removed.filter(|v| {
+                        e.serves(feature::WARM_NODES)
+                            && v.stopping_reason == Some(PROVIDER_STOP)
+                            && node_is_ours(v, &self.owner, catalog)
+                    })?;
+                    let mut node = port_node(view, catalog);
+                    node.state = PortNodeState::PoweringOff as i32;
+                    node.inventory = None;
+                    Some(node)
+                })
+            })
+        });
+        match node {
+            Some(node) if held.nodes.get(id) != Some(&node) => {
+                held.nodes.insert(id.to_owned(), node.clone());
+                kinds.push(node_event(node));
+            }
+            Some(_) => {}
+            None => {
+                if let Some(last) = held.nodes.remove(id) {
+                    kinds.push(event::Kind::NodeTerminated(NodeTerminated {
+                        node: Some(gone_node(last)),
+                    }));
+                }
+            }
+        }
+    }
+
     /// The port events that say what `change` changed in `held` (updated to match).
     fn translate(&self, held: &mut Model, change: &PublishedChange) -> Vec<Event> {
         let mut kinds = Vec::new();
         match change {
             PublishedChange::NodeUpserted(view) => {
-                let node = self.catalog.read(|catalog| {
-                    node_is_ours(view, &self.owner, catalog).then(|| port_node(view, catalog))
-                });
-                if let Some(node) = node
-                    && held.nodes.get(&node.node_id) != Some(&node)
-                {
-                    held.nodes.insert(node.node_id.clone(), node.clone());
-                    kinds.push(node_event(node));
-                }
+                self.sync_node(held, &view.node_id, None, &mut kinds)
             }
             PublishedChange::NodeRemoved(view) => {
-                if let Some(last) = held.nodes.remove(&view.node_id) {
-                    let gone = gone_node(last);
-                    kinds.push(event::Kind::NodeTerminated(NodeTerminated {
-                        node: Some(gone),
+                self.sync_node(held, &view.node_id, Some(view), &mut kinds);
+            }
+            PublishedChange::NodePower(p) => {
+                let id = p
+                    .node_id
+                    .as_ref()
+                    .map(|n| n.node_id.clone())
+                    .unwrap_or_default();
+                self.sync_node(held, &id, None, &mut kinds);
+            }
+            PublishedChange::ReclaimNotice(n) => {
+                let id = n
+                    .node_id
+                    .as_ref()
+                    .map(|n| n.node_id.clone())
+                    .unwrap_or_default();
+                self.sync_node(held, &id, None, &mut kinds);
+            }
+            PublishedChange::Migration(m) => {
+                let m = port_migration(m);
+                if let Some(job) = held.jobs.get_mut(&m.job_id)
+                    && held.migrations.get(&m.migration_id) != Some(&m)
+                {
+                    let before = job.clone();
+                    mark_target(job, &m);
+                    if *job != before {
+                        kinds.push(event::Kind::JobUpdated(JobUpdated {
+                            job: Some(job.clone()),
+                        }));
+                    }
+                    held.migrations.insert(m.migration_id.clone(), m.clone());
+                    kinds.push(event::Kind::MigrationPhase(MigrationPhaseChanged {
+                        migration: Some(m),
                     }));
                 }
             }
@@ -783,7 +1012,14 @@ impl Feed {
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .clone();
-                if let Some(job) = port_job(view, &self.owner, &overlay)
+                let job = port_job(view, &self.owner, &overlay).map(|mut job| {
+                    let id = job.job_id.clone();
+                    for m in held.migrations.values().filter(|m| m.job_id == id) {
+                        mark_target(&mut job, m);
+                    }
+                    job
+                });
+                if let Some(job) = job
                     && held.jobs.get(&job.job_id) != Some(&job)
                 {
                     let bundle_id = job.bundle_id.clone();
@@ -832,6 +1068,12 @@ fn node_event(node: Node) -> event::Kind {
         PortNodeState::Terminated => {
             event::Kind::NodeTerminated(NodeTerminated { node: Some(node) })
         }
+        PortNodeState::PoweringOff => {
+            event::Kind::NodePoweringOff(NodePoweringOff { node: Some(node) })
+        }
+        PortNodeState::PoweredOff => {
+            event::Kind::NodePoweredOff(NodePoweredOff { node: Some(node) })
+        }
         _ => event::Kind::NodeStarting(NodeStarting { node: Some(node) }),
     }
 }
@@ -855,6 +1097,23 @@ fn bundle_change(held: &mut Model, bundle_id: &str, kinds: &mut Vec<event::Kind>
     }
 }
 
+/// Our extension's answer to a migration call, as the port's.
+fn migration_answer(
+    r: Result<ext::MigrationResponse, crate::ClientError>,
+) -> Result<MigrationResponse, Status> {
+    let r = r.map_err(status_of)?;
+    let rejection_reason = match ext::TargetRejection::try_from(r.rejection) {
+        Ok(ext::TargetRejection::NodeNotReady) => RejectionReason::NodeNotReady,
+        _ => RejectionReason::Unspecified,
+    };
+    Ok(MigrationResponse {
+        migration: r.migration.as_ref().map(port_migration),
+        target_rejected: r.target_rejected,
+        rejection_reason: rejection_reason as i32,
+        message: r.message,
+    })
+}
+
 fn answer<T>(r: Result<T, Status>) -> Result<Response<T>, Status> {
     r.map(Response::new)
 }
@@ -869,11 +1128,17 @@ impl ManagerPort for PublishedPort {
     ) -> PortFuture<'_, TerminateNodeResponse> {
         Box::pin(async move { answer(self.terminate_node(req.into_inner()).await) })
     }
-    fn stop_node(&self, _req: Request<StopNodeRequest>) -> PortFuture<'_, StopNodeResponse> {
-        Box::pin(async { Err(needs_extension("StopNode (a warm spare)")) })
+    fn stop_node(&self, req: Request<StopNodeRequest>) -> PortFuture<'_, StopNodeResponse> {
+        Box::pin(async move { answer(self.power(req.into_inner().node_id, false).await) })
     }
-    fn start_node(&self, _req: Request<StartNodeRequest>) -> PortFuture<'_, StartNodeResponse> {
-        Box::pin(async { Err(needs_extension("StartNode (a warm spare)")) })
+    fn start_node(&self, req: Request<StartNodeRequest>) -> PortFuture<'_, StartNodeResponse> {
+        Box::pin(async move {
+            answer(
+                self.power(req.into_inner().node_id, true)
+                    .await
+                    .map(|r| StartNodeResponse { node: r.node }),
+            )
+        })
     }
     fn list_nodes(&self, req: Request<ListNodesRequest>) -> PortFuture<'_, ListNodesResponse> {
         let pool = req.into_inner().pool;
@@ -926,30 +1191,54 @@ impl ManagerPort for PublishedPort {
     }
     fn migration_get_state(
         &self,
-        _req: Request<NodeControllerMigrationGetState>,
+        req: Request<NodeControllerMigrationGetState>,
     ) -> PortFuture<'_, MigrationResponse> {
-        Box::pin(async { Err(needs_extension("the migration handshake")) })
+        Box::pin(async move { answer(self.migration_get_state(req.into_inner()).await) })
     }
     fn migration_prepare_target(
         &self,
-        _req: Request<NodeControllerMigrationPrepareTarget>,
+        req: Request<NodeControllerMigrationPrepareTarget>,
     ) -> PortFuture<'_, MigrationResponse> {
-        Box::pin(async { Err(needs_extension("the migration handshake")) })
+        Box::pin(async move { answer(self.migration_prepare_target(req.into_inner()).await) })
     }
     fn migration_cutover(
         &self,
-        _req: Request<NodeControllerMigrationCutover>,
+        req: Request<NodeControllerMigrationCutover>,
     ) -> PortFuture<'_, MigrationResponse> {
-        Box::pin(async { Err(needs_extension("the migration handshake")) })
+        let r = req.into_inner();
+        Box::pin(async move {
+            self.handshake()?;
+            let sent = ext::MigrationCutoverRequest {
+                migration_id: r.migration_id,
+                payload: r.payload,
+            };
+            answer(migration_answer(
+                self.client.ext_migration_cutover(sent).await,
+            ))
+        })
     }
     fn migration_abort(
         &self,
-        _req: Request<NodeControllerMigrationAbort>,
+        req: Request<NodeControllerMigrationAbort>,
     ) -> PortFuture<'_, MigrationResponse> {
-        Box::pin(async { Err(needs_extension("the migration handshake")) })
+        let r = req.into_inner();
+        Box::pin(async move {
+            self.handshake()?;
+            let sent = ext::MigrationAbortRequest {
+                migration_id: r.migration_id,
+                reason: r.reason,
+            };
+            answer(migration_answer(
+                self.client.ext_migration_abort(sent).await,
+            ))
+        })
     }
     fn features(&self) -> crate::ManagerFeatures {
-        crate::ManagerFeatures::STANDARD
+        let served = self.client.extension_features();
+        crate::ManagerFeatures {
+            warm_nodes: served.contains(feature::WARM_NODES),
+            migration_handshake: served.contains(feature::MIGRATION_HANDSHAKE),
+        }
     }
     fn watch(&self, req: Request<WatchRequest>) -> PortFuture<'_, WatchStream> {
         let stream = self.watch_stream(req.into_inner());

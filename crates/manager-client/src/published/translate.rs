@@ -158,6 +158,73 @@ pub fn port_node(view: &NodeView, catalog: &BTreeMap<String, CatalogPool>) -> No
     }
 }
 
+/// `NodeStopping.Reason` for a node its provider stopped (`PROVIDER_STOP`): what the published
+/// stream says of a warm stop made through our extension.
+pub const PROVIDER_STOP: i32 = 6;
+
+/// The mirror's view of a warm node the published stream no longer lists, from what our
+/// extension's Watch carries (its creation metadata).
+pub fn warm_view(node_id: &str, power: &manager_proto::extension::NodePower) -> NodeView {
+    let meta = power.metadata.clone();
+    NodeView {
+        node_id: node_id.to_owned(),
+        physical: false,
+        tags: meta.as_ref().map(|m| m.tags.clone()).unwrap_or_default(),
+        state: NodeState::Stopping,
+        metadata: meta,
+        running: None,
+        stopping_reason: Some(PROVIDER_STOP),
+    }
+}
+
+/// The port state of a warm node's power state (`None`: not warm).
+pub fn warm_state(power: &manager_proto::extension::NodePower) -> Option<PortNodeState> {
+    use manager_proto::extension::PowerState as P;
+    match P::try_from(power.state) {
+        Ok(P::PoweringOff) => Some(PortNodeState::PoweringOff),
+        Ok(P::PoweredOff) => Some(PortNodeState::PoweredOff),
+        Ok(P::Starting) => Some(PortNodeState::Starting),
+        _ => None,
+    }
+}
+
+/// The port record of one of our extension's migrations.
+pub fn port_migration(m: &manager_proto::extension::Migration) -> manager_proto::Migration {
+    let node = |n: Option<&manager_proto::api::common::NodeId>| {
+        n.map(|n| n.node_id.clone()).unwrap_or_default()
+    };
+    manager_proto::Migration {
+        migration_id: m.migration_id.clone(),
+        job_id: m
+            .job_id
+            .as_ref()
+            .map(|j| j.job_id.clone())
+            .unwrap_or_default(),
+        source_node_id: node(m.source_node_id.as_ref()),
+        target_node_id: node(m.target_node_id.as_ref()),
+        // Our extension numbers phases, parties and strategies as our first API does.
+        phase: m.phase,
+        source_state: m.source_state.clone(),
+        target_ready_payload: m.target_ready_payload.clone(),
+        source_stopped_payload: m.source_stopped_payload.clone(),
+        applied: m.applied.clone(),
+        failed: m
+            .failed
+            .iter()
+            .map(|f| manager_proto::FailedParticipant {
+                id: f.id.clone(),
+                reason: f.reason.clone(),
+            })
+            .collect(),
+        skew_ms: m.skew_ms,
+        abort_reason: m.abort_reason.clone(),
+        aborted_by: m.aborted_by,
+        created_at_ms: m.created_at.as_ref().map_or(0, timestamp_ms),
+        updated_at_ms: m.updated_at.as_ref().map_or(0, timestamp_ms),
+        strategy: m.strategy,
+    }
+}
+
 /// The port record of a node that is gone from the stream.
 pub fn gone_node(mut last: Node) -> Node {
     last.state = PortNodeState::Terminated as i32;
@@ -226,6 +293,13 @@ pub fn port_job(view: &JobView, owner: &str, overlay: &StopOverlay) -> Option<Jo
             continue;
         };
         let (istate, mut reason) = instance_state(i);
+        if role == JobRole::MigrationTarget
+            && matches!(i.phase, InstancePhase::Stopping | InstancePhase::Stopped)
+        {
+            // A target that stopped (aborted) or went on under the job's role (completed) is
+            // not an instance any more; the migration's record says which.
+            continue;
+        }
         if reason == StopReason::Requested
             && let Some(r) = overlay.get(&(job_id.clone(), i.role.clone()))
         {
