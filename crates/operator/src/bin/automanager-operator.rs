@@ -396,23 +396,20 @@ async fn unless_stopped<T>(
     }
 }
 
-async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result<ExitCode> {
-    let identity = identity.unwrap_or_else(|| {
+/// This replica's identity in leader election: the one given, else hostname and pid.
+fn identity_or_default(identity: Option<String>) -> String {
+    identity.unwrap_or_else(|| {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|h| h.trim().to_owned())
             .unwrap_or_else(|_| "localhost".into());
         format!("{host}-{}", std::process::id())
-    });
+    })
+}
+
+/// The shutdown signal as a value: `true` once SIGTERM/SIGINT arrives. A second signal, or
+/// [`SHUTDOWN_DEADLINE`] after the first, exits the process at once.
+fn shutdown_on_signals() -> watch::Receiver<bool> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = {
-        let rx = stop_rx.clone();
-        move || {
-            let mut rx = rx.clone();
-            async move {
-                let _ = rx.wait_for(|s| *s).await;
-            }
-        }
-    };
     let mut signals = ShutdownSignals::register();
     tokio::spawn(async move {
         signals.next().await;
@@ -430,23 +427,56 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         }
         std::process::exit(EXIT_SHUTDOWN_FORCED);
     });
+    stop_rx
+}
+
+/// A future that resolves once `stop` turns true.
+fn stopped(stop: &watch::Receiver<bool>) -> impl std::future::Future<Output = ()> + use<> {
+    let mut rx = stop.clone();
+    async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// The Manager client the settings ask for: our first API, or the published one.
+async fn connect_manager(
+    config: &OperatorConfig,
+    client: &kube::Client,
+) -> anyhow::Result<manager_client::ManagerClient> {
+    let manager_config = config
+        .manager
+        .client_config()
+        .map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
+    let manager = match config.manager.api {
+        automanager_operator::config::ManagerApi::V1 => {
+            manager_client::ManagerClient::connect(manager_config).await
+        }
+        automanager_operator::config::ManagerApi::Published => {
+            published_port(&config.manager, manager_config, client.clone())
+        }
+    };
+    manager.map_err(|e| anyhow::anyhow!("Manager client: {e}"))
+}
+
+async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result<ExitCode> {
+    let identity = identity_or_default(identity);
+    let stop = shutdown_on_signals();
 
     // The one clock every decision reads (automanager_operator::clock).
     let clock = SystemClock::shared();
-    let Some(kube_config) = unless_stopped(stopped(), kube::Config::infer()).await else {
+    let Some(kube_config) = unless_stopped(stopped(&stop), kube::Config::infer()).await else {
         return Ok(ExitCode::SUCCESS);
     };
     let kube_config = kube_config.map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
     // The election's client: it must renew the Lease whatever the fence says.
     let election_client = kube::Client::try_from(kube_config.clone())
         .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?;
-    let election_client_for_debug = election_client.clone();
     let election = run_leader_election(
-        election_client,
+        election_client.clone(),
         &config.leader_election,
         identity.clone(),
         clock.clone(),
-        stopped(),
+        stopped(&stop),
     )
     .await;
     // Everything else writes only while the lease is surely held (crate::fence).
@@ -454,101 +484,29 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         .map_err(|e| anyhow::anyhow!("connecting to Kubernetes: {e}"))?
         .with_layer(&election.fence.layer())
         .build();
-    let manager_config = config
-        .manager
-        .client_config()
-        .map_err(|e| anyhow::anyhow!("Manager settings: {e}"))?;
-    let connect = async {
-        match config.manager.api {
-            automanager_operator::config::ManagerApi::V1 => {
-                manager_client::ManagerClient::connect(manager_config).await
-            }
-            automanager_operator::config::ManagerApi::Published => {
-                published_port(&config.manager, manager_config, client.clone())
-            }
-        }
-    };
-    let Some(manager) = unless_stopped(stopped(), connect).await else {
+    let Some(manager) = unless_stopped(stopped(&stop), connect_manager(&config, &client)).await
+    else {
         let _ = election.task.await;
         return Ok(ExitCode::SUCCESS);
     };
-    let manager = manager.map_err(|e| anyhow::anyhow!("Manager client: {e}"))?;
+    let manager = manager?;
     manager.fence_writes(election.fence.for_manager());
-    let metrics = Metrics::new();
-    tokio::spawn(automanager_operator::runtime::follow_connection_state(
-        manager.state(),
-        metrics.clone(),
-    ));
-    let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
-    let settings = Settings::from_config(&config);
-    let ctx = Context::new(
-        client.clone(),
+    let replica = Replica::serve(
+        &config,
+        client,
         manager.clone(),
-        settings,
-        metrics.clone(),
         clock,
         &identity,
-    );
-
-    // Manager's connection state is part of readiness.
-    readiness.follow_manager(&manager);
-
-    let server = tokio::spawn(http::serve(
-        config.http.bind_address,
-        http::router(metrics.clone(), readiness.clone()),
-        stopped(),
-    ));
-    // The debugging API only when asked for, on its own port, and on a thread and runtime of
-    // its own: its handlers read in-memory snapshots only, and a what-if must answer while
-    // every worker of the main runtime is busy with reconciles (a wave of thousands of bundles).
-    let debug_server = match config.http.debug_bind_address {
-        None => None,
-        Some(addr) => {
-            // A standby answers with the Lease's holder, so a client can go to the leader.
-            let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-                kube::Api::namespaced(
-                    election_client_for_debug.clone(),
-                    &config.leader_election.lease_namespace,
-                );
-            let lease_name = config.leader_election.lease_name.clone();
-            let lookup: http::LeaderLookup = Arc::new(move || {
-                let leases = leases.clone();
-                let name = lease_name.clone();
-                Box::pin(async move {
-                    let read = tokio::time::timeout(Duration::from_secs(5), leases.get_opt(&name));
-                    match read.await {
-                        Ok(Ok(lease)) => lease?.spec?.holder_identity,
-                        _ => None,
-                    }
-                })
-            });
-            let router = http::debug_router_for_replica(
-                Arc::new(DebugState(ctx.clone())),
-                readiness.clone(),
-                lookup,
-            );
-            let stop = stopped();
-            let thread = std::thread::Builder::new()
-                .name("debug-api".into())
-                .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build();
-                    match runtime {
-                        Ok(rt) => {
-                            if let Err(e) = rt.block_on(http::serve(addr, router, stop)) {
-                                tracing::error!(error = %e, "debugging API stopped");
-                            }
-                        }
-                        Err(e) => {
-                            tracing::error!(error = %e, "debugging API: cannot start its runtime")
-                        }
-                    }
-                })
-                .map_err(|e| anyhow::anyhow!("starting the debugging API's thread: {e}"))?;
-            Some(thread)
-        }
-    };
+        election_client,
+        &stop,
+    )?;
+    let Replica {
+        ctx,
+        readiness,
+        metrics,
+        server,
+        debug_server,
+    } = replica;
 
     let mut is_leader = election.is_leader.clone();
     tracing::info!(identity = %identity, "waiting for leadership");
@@ -557,43 +515,21 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
     metrics.set_leader(false);
     tokio::select! {
         r = is_leader.wait_for(|l| *l) => { if r.is_err() { return Ok(ExitCode::SUCCESS) } }
-        _ = stopped() => { manager.close().await; let _ = election.task.await; return Ok(ExitCode::SUCCESS) }
+        _ = stopped(&stop) => { manager.close().await; let _ = election.task.await; return Ok(ExitCode::SUCCESS) }
     }
     readiness.set_leader(true);
     metrics.set_leader(true);
     tracing::info!(identity = %identity, "leading: starting controllers");
-    match unless_stopped(stopped(), manager.wait_ready(Duration::from_secs(30))).await {
-        None => {
-            tracing::info!("shutdown while waiting for Manager: controllers not started");
-            manager.close().await;
-            let _ = election.task.await;
-            return Ok(ExitCode::SUCCESS);
-        }
-        Some(Err(_)) => tracing::warn!(
-            "Manager is not reachable yet; controllers start and report Stalled until it is"
-        ),
-        Some(Ok(())) => {}
-    }
-
-    // Stop when asked, or when leadership is lost.
-    let (lost_tx, lost_rx) = watch::channel(false);
+    if unless_stopped(stopped(&stop), wait_for_manager(&manager))
+        .await
+        .is_none()
     {
-        let mut is_leader = election.is_leader.clone();
-        tokio::spawn(async move {
-            let _ = is_leader.wait_for(|l| !*l).await;
-            let _ = lost_tx.send(true);
-        });
+        tracing::info!("shutdown while waiting for Manager: controllers not started");
+        manager.close().await;
+        let _ = election.task.await;
+        return Ok(ExitCode::SUCCESS);
     }
-    let controllers_stop = {
-        let stopped = stopped();
-        let mut lost = lost_rx.clone();
-        async move {
-            tokio::select! { _ = stopped => {}, _ = lost.wait_for(|l| *l) => {} }
-        }
-        .shared()
-    };
-    run_controllers(ctx, controllers_stop).await;
-    let lost = *lost_rx.borrow() && !*stop_rx.borrow();
+    let lost = lead(ctx, &election.is_leader, &stop).await;
     manager.close().await;
     if lost {
         // The election and the HTTP server run until shutdown; a process that lost the lease
@@ -607,6 +543,152 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         let _ = tokio::task::spawn_blocking(move || debug_server.join()).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a replica runs whether it leads or stands by: the context the controllers will use,
+/// readiness and metrics, and the HTTP servers.
+struct Replica {
+    ctx: Arc<Context>,
+    readiness: Readiness,
+    metrics: Metrics,
+    server: tokio::task::JoinHandle<Result<(), http::HttpError>>,
+    debug_server: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Replica {
+    fn serve(
+        config: &OperatorConfig,
+        client: kube::Client,
+        manager: manager_client::ManagerClient,
+        clock: automanager_operator::clock::SharedClock,
+        identity: &str,
+        election_client: kube::Client,
+        stop: &watch::Receiver<bool>,
+    ) -> anyhow::Result<Replica> {
+        let metrics = Metrics::new();
+        tokio::spawn(automanager_operator::runtime::follow_connection_state(
+            manager.state(),
+            metrics.clone(),
+        ));
+        let readiness = Readiness::with_manager_grace(config.manager.readiness_grace);
+        // Manager's connection state is part of readiness.
+        readiness.follow_manager(&manager);
+        let ctx = Context::new(
+            client,
+            manager,
+            Settings::from_config(config),
+            metrics.clone(),
+            clock,
+            identity,
+        );
+        let server = tokio::spawn(http::serve(
+            config.http.bind_address,
+            http::router(metrics.clone(), readiness.clone()),
+            stopped(stop),
+        ));
+        let debug_server = match config.http.debug_bind_address {
+            None => None,
+            Some(addr) => Some(spawn_debug_api(
+                addr,
+                config,
+                election_client,
+                ctx.clone(),
+                readiness.clone(),
+                stopped(stop),
+            )?),
+        };
+        Ok(Replica {
+            ctx,
+            readiness,
+            metrics,
+            server,
+            debug_server,
+        })
+    }
+}
+
+/// Waits up to 30 s for Manager; controllers start either way (and report Stalled until it
+/// answers).
+async fn wait_for_manager(manager: &manager_client::ManagerClient) {
+    if manager.wait_ready(Duration::from_secs(30)).await.is_err() {
+        tracing::warn!(
+            "Manager is not reachable yet; controllers start and report Stalled until it is"
+        );
+    }
+}
+
+/// Runs the controllers until shutdown or until leadership is lost; returns whether it was
+/// lost (and not a shutdown).
+async fn lead(
+    ctx: Arc<Context>,
+    is_leader: &watch::Receiver<bool>,
+    stop: &watch::Receiver<bool>,
+) -> bool {
+    let (lost_tx, lost_rx) = watch::channel(false);
+    {
+        let mut is_leader = is_leader.clone();
+        tokio::spawn(async move {
+            let _ = is_leader.wait_for(|l| !*l).await;
+            let _ = lost_tx.send(true);
+        });
+    }
+    let controllers_stop = {
+        let stopped = stopped(stop);
+        let mut lost = lost_rx.clone();
+        async move {
+            tokio::select! { _ = stopped => {}, _ = lost.wait_for(|l| *l) => {} }
+        }
+        .shared()
+    };
+    run_controllers(ctx, controllers_stop).await;
+    *lost_rx.borrow() && !*stop.borrow()
+}
+
+/// The debugging API on its own port, on a thread and runtime of its own: its handlers read
+/// in-memory snapshots only, and a what-if must answer while every worker of the main runtime
+/// is busy with reconciles (a wave of thousands of bundles). A standby answers with the Lease's
+/// holder, so a client can go to the leader.
+fn spawn_debug_api(
+    addr: std::net::SocketAddr,
+    config: &OperatorConfig,
+    election_client: kube::Client,
+    ctx: Arc<Context>,
+    readiness: Readiness,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<()>> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(election_client, &config.leader_election.lease_namespace);
+    let lease_name = config.leader_election.lease_name.clone();
+    let lookup: http::LeaderLookup = Arc::new(move || {
+        let leases = leases.clone();
+        let name = lease_name.clone();
+        Box::pin(async move {
+            let read = tokio::time::timeout(Duration::from_secs(5), leases.get_opt(&name));
+            match read.await {
+                Ok(Ok(lease)) => lease?.spec?.holder_identity,
+                _ => None,
+            }
+        })
+    });
+    let router = http::debug_router_for_replica(Arc::new(DebugState(ctx)), readiness, lookup);
+    std::thread::Builder::new()
+        .name("debug-api".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build();
+            match runtime {
+                Ok(rt) => {
+                    if let Err(e) = rt.block_on(http::serve(addr, router, stop)) {
+                        tracing::error!(error = %e, "debugging API stopped");
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "debugging API: cannot start its runtime")
+                }
+            }
+        })
+        .map_err(|e| anyhow::anyhow!("starting the debugging API's thread: {e}"))
 }
 
 /// The client over Manager's published API: its own connection and mirror, the pool catalog
