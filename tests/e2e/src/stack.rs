@@ -415,10 +415,17 @@ impl Stack {
             serde_saphyr::from_str(&text).map_err(|e| SetupError(e.to_string()))?;
         let [http_port, debug_port] = free_ports()?;
         let http = format!("127.0.0.1:{http_port}");
-        config.insert(
-            "http".into(),
-            serde_json::json!({"bindAddress": http, "debugBindAddress": format!("127.0.0.1:{debug_port}")}),
-        );
+        // The debugging port only when the stack's own operator has one (a default install
+        // has none).
+        let debug = config
+            .get("http")
+            .and_then(|h| h.get("debugBindAddress"))
+            .is_some();
+        let mut listeners = serde_json::json!({"bindAddress": http});
+        if debug {
+            listeners["debugBindAddress"] = format!("127.0.0.1:{debug_port}").into();
+        }
+        config.insert("http".into(), listeners);
         let path = self.dir.path().join(format!("operator-{name}.yaml"));
         std::fs::write(
             &path,
