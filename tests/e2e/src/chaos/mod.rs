@@ -1223,6 +1223,14 @@ impl fmt::Display for Schedule {
     }
 }
 
+/// A reclaim notice's time to go: 15-30 s. The operator's notice planner budgets 10 s for an
+/// `overlap` or `stopThenStart` move once its target is up (15 s for a handover, which the
+/// chaos fleet's jobs do not speak) and leaves to band recovery what it judges cannot finish in
+/// time; a shorter notice would count as misses the moves the planner never tries.
+fn notice_in_ms(rng: &mut Rng) -> u64 {
+    rng.range(150, 300) * 100
+}
+
 /// The foreign client's bundles: two or three, each one replica of `enc` and sometimes `pkg`,
 /// every job on a node of the fleet picked in proportion to the pools' sizes.
 fn draw_foreign(rng: &mut Rng, config: &ChaosConfig) -> Vec<ForeignBundle> {
@@ -1384,11 +1392,9 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
             node: free_node(rng)?,
             for_ms: (rng.range(0, 3) != 0).then(|| rng.range(20, 150) * 100),
         },
-        // Deadlines of 8-20 s: enough for any strategy to move a job, as a Spot notice's two
-        // minutes are in production.
         "notice-node" => Fault::Notice {
             node: free_node(rng)?,
-            in_ms: rng.range(80, 200) * 100,
+            in_ms: notice_in_ms(rng),
         },
         "notice-drained" => Fault::DrainNotice {
             node: free_node(rng)?,
@@ -1398,7 +1404,7 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
                 DrainMode::Migrate
             },
             after_ms: rng.range(10, 50) * 100,
-            in_ms: rng.range(80, 200) * 100,
+            in_ms: notice_in_ms(rng),
         },
         "notice-migrated" => {
             // A job of a Bundle that holds its moves, when the wave has one.
@@ -1419,7 +1425,7 @@ fn draw_fault(rng: &mut Rng, d: &Drafting<'_>, wave: &[(String, BundleSpec)]) ->
                 },
                 pools: spec.pools.clone(),
                 after_ms: rng.range(10, 50) * 100,
-                in_ms: rng.range(80, 200) * 100,
+                in_ms: notice_in_ms(rng),
             }
         }
         "delete-pool" => {

@@ -1462,10 +1462,11 @@ pub fn unfinished_moves(
         let draining = n["spec"]["drain"].is_object();
         let done = n["status"]["drain"]["completedAt"].is_string();
         let name = n["metadata"]["name"].as_str().unwrap_or_default();
+        let terminate = n["spec"]["drain"]["mode"] == "terminate";
         if draining
             && !done
             && n["status"]["state"] == "started"
-            && !only_held_on(name, world, holding)
+            && !held_on(name, terminate, world, holding)
         {
             out.insert(format!(
                 "drain of {}: not completed ({} jobs remaining)",
@@ -1497,25 +1498,32 @@ pub fn held_by_its_bundle(m: &serde_json::Value, holding: &BTreeMap<String, Hold
             .is_some_and(|b| holding.contains_key(b))
 }
 
-/// Whether every job still running on `node` belongs to a Bundle in `holding` (and one does):
-/// a drain of it rightly waits.
-fn only_held_on(node: &str, world: &reliability::World, holding: &BTreeMap<String, Hold>) -> bool {
-    let mut on = world.jobs.iter().filter(|j| {
-        j.instances.iter().any(|i| {
-            i.normal && i.node_id == node && i.state == reliability::InstanceState::Running
-        })
-    });
+/// Whether a drain of `node` rightly waits on the schedule's holds: a job of a Bundle in
+/// `holding` still runs there and, for a `migrate` drain (which moves each job on its own),
+/// every job still there is such a one; a `terminate` drain waits for its holders as a whole.
+fn held_on(
+    node: &str,
+    terminate: bool,
+    world: &reliability::World,
+    holding: &BTreeMap<String, Hold>,
+) -> bool {
     let held = |bundle_id: &str| {
         bundle_id
             .strip_prefix(NAMESPACE)
             .and_then(|r| r.strip_prefix('.'))
             .is_some_and(|name| holding.contains_key(name))
     };
-    let mut any = false;
-    on.all(|j| {
-        any = true;
-        held(&j.bundle_id)
-    }) && any
+    let on: Vec<bool> = world
+        .jobs
+        .iter()
+        .filter(|j| {
+            j.instances.iter().any(|i| {
+                i.normal && i.node_id == node && i.state == reliability::InstanceState::Running
+            })
+        })
+        .map(|j| held(&j.bundle_id))
+        .collect();
+    on.iter().any(|h| *h) && (terminate || on.iter().all(|h| *h))
 }
 
 /// Whether Migration `m` waits on its bundle's disruption budget (`Queued`, reason
@@ -1751,9 +1759,10 @@ mod tests {
     }
 
     /// Moves the schedule's own holds keep waiting have their answer: a Migration of a held
-    /// Bundle queued by its window or budget, and a drain of a node where only held Bundles' jobs
-    /// run. A held Bundle's Migration pending for another reason, and a drain with any other job
-    /// left, are unfinished.
+    /// Bundle queued by its window or budget, a `migrate` drain of a node where only held
+    /// Bundles' jobs run, and a `terminate` drain of a node where one does. A held Bundle's
+    /// Migration pending for another reason, a `migrate` drain with any other job left, and a
+    /// drain with no held job, are unfinished.
     #[test]
     fn moves_the_schedules_holds_keep_waiting_are_not_unfinished() {
         let queued = |name: &str, bundle: &str, reason: &str| {
@@ -1773,7 +1782,10 @@ mod tests {
             serde_json::json!({"metadata": {"name": name}, "spec": {"drain": {"mode": "migrate"}},
                 "status": {"state": "started", "drain": {"jobsRemaining": 1}}})
         };
-        let nodes = serde_json::json!({"items": [drained("n-held"), drained("n-mixed")]});
+        let mut mixed_terminate = drained("n-mixed-t");
+        mixed_terminate["spec"]["drain"]["mode"] = serde_json::json!("terminate");
+        let nodes = serde_json::json!({"items": [
+            drained("n-held"), drained("n-mixed"), mixed_terminate, drained("n-free")]});
         let job = |bundle: &str, node: &str| reliability::JobFact {
             bundle_id: format!("default.{bundle}"),
             replica: 0,
@@ -1794,6 +1806,9 @@ mod tests {
                 job("held-w", "n-held"),
                 job("held-b", "n-mixed"),
                 job("free", "n-mixed"),
+                job("held-b", "n-mixed-t"),
+                job("free", "n-mixed-t"),
+                job("free", "n-free"),
             ],
             ..Default::default()
         };
@@ -1808,6 +1823,7 @@ mod tests {
             [
                 "Migration limit: phase \"Pending\" (Queued ConcurrencyLimit: )",
                 "Migration other: phase \"Pending\" (Queued DisruptionWindow: )",
+                "drain of n-free: not completed (1 jobs remaining)",
                 "drain of n-mixed: not completed (1 jobs remaining)",
             ]
         );
