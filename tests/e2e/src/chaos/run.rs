@@ -1355,7 +1355,7 @@ impl Fleet {
     }
 
     /// Prints what a failing seed needs to be read: the schedule, every violation, the replay
-    /// command and the logs' lines about the first lost Bundle; keeps its logs.
+    /// command and the logs' lines about the first lost Bundle; keeps its logs and its objects.
     async fn report_failure(&self, schedule: &Schedule, outcome: &Outcome, run: &RunConfig) {
         eprintln!("{schedule}");
         eprintln!(
@@ -1379,6 +1379,23 @@ impl Fleet {
             eprintln!("chaos: the logs were not kept: {e}");
         } else {
             eprintln!("chaos: logs kept in {}", keep.display());
+        }
+        // The objects as the seed left them: what their statuses and conditions said.
+        for (file, what) in [
+            ("bundles.json", &["bundles", "-n", NAMESPACE][..]),
+            ("migrations.json", &["migrations", "-n", NAMESPACE][..]),
+            ("placementpools.json", &["placementpools"][..]),
+            ("managernodes.json", &["managernodes"][..]),
+        ] {
+            let kept = match self.stack.get_json(what).await {
+                Ok(v) => serde_json::to_string_pretty(&v)
+                    .map_err(|e| e.to_string())
+                    .and_then(|t| std::fs::write(keep.join(file), t).map_err(|e| e.to_string())),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Err(e) = kept {
+                eprintln!("chaos: {file} was not kept: {e}");
+            }
         }
     }
 }
