@@ -78,6 +78,9 @@ type InstanceKey = (String, String, i64, bool);
 pub struct ForeignBook {
     /// Its bundles, with the generation it registered (or last saw changed).
     bundles: BTreeMap<String, u64>,
+    /// Its bundles Manager's state has shown: only one seen can be found gone (the Watch may
+    /// show a registration after the call that made it has returned).
+    shown: BTreeSet<String>,
     /// Bundles it asked to delete.
     deleting: BTreeSet<String>,
     /// Starts it asked for and has not seen yet, by job: the nodes.
@@ -148,13 +151,16 @@ impl ForeignBook {
         for (id, mine) in self.bundles.iter_mut() {
             match view.bundles.get(id) {
                 Some(g) if g != mine => {
+                    self.shown.insert(id.clone());
                     self.touched.insert(format!(
                         "bundle {id}: changed by another client (generation {mine} -> {g})"
                     ));
                     *mine = *g;
                 }
-                Some(_) => {}
-                None if !self.deleting.contains(id) => {
+                Some(_) => {
+                    self.shown.insert(id.clone());
+                }
+                None if self.shown.contains(id) && !self.deleting.contains(id) => {
                     self.touched
                         .insert(format!("bundle {id}: deleted by another client"));
                 }

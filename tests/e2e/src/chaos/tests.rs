@@ -632,6 +632,10 @@ mod books {
     fn started_book() -> ForeignBook {
         let mut b = ForeignBook::default();
         b.registered(F, 1);
+        // The Watch may show the registration only after the call returned: not yet shown is
+        // not gone.
+        b.observe(&view(Vec::new(), &[]));
+        assert!(b.touched().is_empty(), "{:?}", b.touched());
         b.asked_start(J, "la-00001");
         b.observe(&view(
             vec![job(J, vec![inst("la-00001", 10, Running, StopWhy::None)])],
