@@ -789,7 +789,12 @@ pub(crate) async fn node_terminate_hold(
                 };
                 let shown = shown_bundle(&bundle);
                 let broken = fleet.is_broken(&bundle);
-                let message = if broken {
+                let message = if down.0.is_empty() {
+                    format!(
+                        "waiting for the disruption budget of Bundle {shown}: it allows {} replica(s) down at once (spec.disruption.maxUnavailableReplicas); terminating node {node_id} would take one down",
+                        down.1
+                    )
+                } else if broken {
                     format!(
                         "held by Bundle {shown}, which is Broken: replica(s) {} are down and are not restarted until it is retried (kubectl automanager retry), and its disruption budget allows {} down at once; terminating node {node_id} would take another down",
                         list(&down.0),

@@ -156,8 +156,10 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         .and_then(|d| d.started_at)
         .unwrap_or_else(|| ctx.clock.now());
     ctx.state().nodes_mut().begin_drain(node_id, 0, started_at);
-    // The node is gone already: its jobs recover by band (Manager reports them lost).
+    // The node is gone already: its jobs recover by band (Manager reports them lost), and
+    // nothing holds the drain any more.
     let Some(mut seen) = observe(node, node_id, ctx).await? else {
+        unheld(ctx, node_id);
         return Ok(Action::await_change());
     };
     // A drain Migration held in the queue (by a Broken bundle, a budget or windows) holds the
