@@ -586,3 +586,127 @@ async fn a_reclaim_notice_during_a_held_drain_moves_overlap_and_handover_jobs_be
     );
     println!("reliability4-figure notice_vs_held_gaps=0");
 }
+
+/// The pair bundle `name` with a budget of no replica down at once: every voluntary
+/// terminate of one of its nodes is held by the budget for as long as it is asked.
+fn unspareable_pair(name: &str) -> Bundle {
+    let mut b = pair_bundle(name);
+    b.spec.disruption =
+        Some(serde_json::from_value(serde_json::json!({"maxUnavailableReplicas": 0})).unwrap());
+    b
+}
+
+#[tokio::test]
+async fn a_terminate_drain_held_past_the_bound_proceeds_when_asked_and_one_that_waits_is_counted() {
+    let stack = Stack::start_with(|c| {
+        c.insert(
+            "disruption".into(),
+            serde_json::json!({"holdWarnAfter": "5s"}),
+        );
+    })
+    .await
+    .expect("stack");
+    apply_example_pools(&stack).await.unwrap();
+    stack.cordon("onprem-a2").await;
+    stack.wait_cordoned("onprem-a2", true).await;
+    stack.create(&unspareable_pair("solo")).await;
+    stack.expect_ready("solo").await;
+    // A migrate drain always waits: the apiserver refuses whenHeld on it.
+    let refused = stack
+        .env
+        .run_kubectl([
+            "patch",
+            "managernode",
+            "onprem-a2",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"drain":{"mode":"migrate","whenHeld":"Proceed"}}}"#,
+        ])
+        .await
+        .expect("kubectl runs");
+    assert!(
+        !refused.success()
+            && refused
+                .stderr
+                .contains("whenHeld applies to mode: terminate"),
+        "{}",
+        refused.stderr
+    );
+
+    // Both nodes drained with terminate: onprem-b1 may proceed past the bound, onprem-a1 waits.
+    automanager_e2e::patch_node(
+        &stack,
+        "onprem-b1",
+        r#"{"spec":{"drain":{"mode":"terminate","whenHeld":"Proceed"}}}"#,
+    )
+    .await;
+    stack.drain("onprem-a1", DrainMode::Terminate).await;
+
+    // At once: held, by whom, since when.
+    let held: ManagerNode = stack
+        .wait_until("onprem-b1", "to say it is held", |n: &ManagerNode| {
+            n.status.as_ref().is_some_and(|s| s.held.is_some())
+        })
+        .await;
+    let hold = held.status.as_ref().and_then(|s| s.held.clone()).unwrap();
+    assert_eq!(
+        (hold.kind, hold.holder.as_str()),
+        (
+            automanager_api::HoldKind::DisruptionBudget,
+            "Bundle default/solo"
+        ),
+        "{}",
+        show(&held)
+    );
+    assert!(
+        hold.message.contains("Bundle default/solo"),
+        "{}",
+        hold.message
+    );
+    stack
+        .expect_event("onprem-b1", "DisruptionBlocked", &["Bundle default/solo"])
+        .await;
+
+    // Past the bound: onprem-b1 goes, as the library's drainNode would, and says so.
+    stack
+        .expect_event("onprem-b1", "DrainProceeded", &["whenHeld: Proceed"])
+        .await;
+    let b1 = stack.wait_drained("onprem-b1").await;
+    let hold = b1
+        .status
+        .as_ref()
+        .and_then(|s| s.held.clone())
+        .expect("held");
+    assert!(hold.proceeded_at.is_some(), "{}", show(&b1));
+    assert!(hold.past_bound_at.is_some(), "{}", show(&b1));
+    assert!(
+        hold.since + chrono::TimeDelta::seconds(5) <= hold.proceeded_at.unwrap(),
+        "proceeded before the bound: {hold:?}"
+    );
+    // onprem-a1 keeps waiting, warned about and counted.
+    stack
+        .expect_event("onprem-a1", "HeldTooLong", &["whenHeld: Wait"])
+        .await;
+    let a1: ManagerNode = stack.node("onprem-a1").await;
+    assert_eq!(
+        a1.status.as_ref().map(|s| s.state),
+        Some(NodeState::Started),
+        "{}",
+        show(&a1)
+    );
+    assert_eq!(
+        a1.condition_reason("DisruptionBlocked"),
+        Some("DisruptionBudget")
+    );
+    let sample = "automanager_held_moves{kind=\"drain\",reason=\"DisruptionBudget\"}";
+    assert_eq!(metric(&stack, sample).await, 1.0, "onprem-a1 only");
+    assert_eq!(stack.events_for("DrainProceeded").await.len(), 1);
+
+    // The terminated node's replica recovers by its band (gold), off both drained nodes.
+    stack
+        .wait_until("solo", "to be Ready off onprem-b1", |b: &Bundle| {
+            b.phase() == Some(BundlePhase::Ready) && !b.has_job_on("onprem-b1")
+        })
+        .await;
+}
