@@ -19,8 +19,8 @@ line+=" roles_survive_uninstall=$(or_missing "$(last roles_survive_uninstall)")"
 line+=" namespaces_rbac=$(or_missing "$rbac")"
 line+=" kubeconform_errors=$(or_missing "$(last kubeconform_errors)")"
 line+=" kube_score_unexplained=$(or_missing "$(last kube_score_unexplained)")"
-# trace and what-if still need the debugging port (debug.enabled), off by default.
-line+=" plugin_trace_default_install=no"
+# install_operator's on-call step: trace and what-if through the apiserver, no debugging port.
+line+=" plugin_trace_default_install=$(or_missing "$(last plugin_trace_default_install)")"
 line+=" k8s_minors_tested=${minors_count}(${minors:-none})"
 echo "$line"
 if grep -q '=missing' <<<"$line"; then

@@ -11,6 +11,9 @@
 //!   judged by the real kstatus library (tools/kstatus) and by the real Lua VM running the
 //!   chart's Argo CD health script (tools/argo-health), as docs/kstatus.md documents; a job
 //!   dropped by its band and a Manager outage (the sim killed) never read Failed.
+//! - **On call on a default install:** with no debugging port, a ServiceAccount holding only the
+//!   user roles reads the placement history (`kubectl automanager trace`) and asks `what-if`,
+//!   through the apiserver.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -177,6 +180,10 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
                 {"enabled": true, "leaseName": FULLNAME, "leaseNamespace": RELEASE_NAMESPACE}
             ),
         );
+        // As the chart's defaults: no debugging port.
+        if let Some(http) = c.get_mut("http").and_then(Value::as_object_mut) {
+            http.remove("debugBindAddress");
+        }
     })
     .await
     .unwrap();
@@ -282,6 +289,7 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
         })
         .await
         .unwrap();
+    on_call_reads_trace_and_what_if(&s.stack, &killed, dir.path()).await;
 
     // No capacity: four replicas that must be on different nodes, three nodes in the fixed
     // pool. Stalled; deleted again so the rest has room.
@@ -583,6 +591,87 @@ async fn the_chart_service_account_runs_the_core_scenario_and_every_state_reads_
 }
 
 /// Kills the sim and captures each kind the operator looks at during the outage.
+/// The person on call, as a ServiceAccount bound to the user roles only (automanager-view in
+/// the namespace, automanager-fleet-view), runs the real plugin with no operator URL: `trace`
+/// shows bundle grow's placement and its recovery off `killed` from its PlacementHistory, and
+/// `what-if` answers from the pools and nodes. Nothing reaches the operator (it serves no
+/// debugging port here).
+async fn on_call_reads_trace_and_what_if(stack: &Stack, killed: &str, dir: &std::path::Path) {
+    let env = &stack.env;
+    let out = env
+        .apply_file(repo_root().join("deploy/rbac/user-roles.yaml"))
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr);
+    for args in [
+        &["create", "serviceaccount", "oncall", "-n", "default"][..],
+        &[
+            "create",
+            "rolebinding",
+            "oncall-view",
+            "--clusterrole=automanager-view",
+            "--serviceaccount=default:oncall",
+            "-n",
+            "default",
+        ],
+        &[
+            "create",
+            "clusterrolebinding",
+            "oncall-fleet-view",
+            "--clusterrole=automanager-fleet-view",
+            "--serviceaccount=default:oncall",
+        ],
+    ] {
+        let out = env.run_kubectl(args.iter().copied()).await.unwrap();
+        assert!(out.success(), "kubectl {args:?}: {}", out.stderr);
+    }
+    let kubeconfig = service_account_kubeconfig(env, "default", "oncall", dir)
+        .await
+        .unwrap();
+    let plugin = |args: &[&str]| {
+        automanager_e2e::plugin::run_with(args, |cmd| {
+            cmd.env("KUBECONFIG", &kubeconfig)
+                .env_remove("AUTOMANAGER_OPERATOR_URL");
+        })
+    };
+    let history = stack
+        .wait_for("grow's recovery in its history", WAIT, || async {
+            let out = plugin(&["trace", "grow", "-n", "default", "-o", "json"]);
+            assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+            let v = out.json();
+            let recovered = v["spec"]["replicas"][0]["decisions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|d| {
+                    d["recovery"] == true && d["outcome"] == "placed" && d["nodes"][0] != killed
+                });
+            Ok(recovered.then_some(v))
+        })
+        .await
+        .unwrap();
+    let decisions = history["spec"]["replicas"][0]["decisions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        decisions
+            .iter()
+            .any(|d| d["recovery"] == false && d["nodes"][0] == killed),
+        "the first placement, on the node killed since: {decisions:#?}"
+    );
+    let text = plugin(&["trace", "grow", "-n", "default"]);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    assert!(text.stdout.contains(killed), "{}", text.stdout);
+
+    let file = dir.join("what-if.yaml");
+    std::fs::write(&file, bundle("asked", "[onprem]", 10, "silver", "")).unwrap();
+    let out = plugin(&["what-if", "-f", file.to_str().unwrap(), "-n", "default"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("fits"), "{}", out.stdout);
+    println!("plugin_trace_default_install=yes");
+}
+
 async fn manager_outage(s: &mut Scenario) {
     s.stack.sim.kill9();
     s.stack
