@@ -2,7 +2,8 @@
 //! real apiserver, the manager-sim binary serving `norsk.api.manager.Manager`, the operator
 //! binary, and the examples applied with kubectl. Every node and job the operator makes in
 //! Manager carries its owner tag, jobs run under the `primary` role, and another client's job
-//! in the same Manager is never touched.
+//! in the same Manager is never touched. The sim serves the published API alone
+//! (`--no-extension`): this is the operator's standard mode, which says what it cannot do.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,9 +12,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use automanager_api::{Bundle, HotSpareTarget, JobState, Migration, MigrationPhase};
-use automanager_e2e::examples_dir;
 use automanager_e2e::scenario::{BundleView, show};
 use automanager_e2e::stack::Stack;
+use automanager_e2e::{examples_dir, repo_root};
 use manager_client::proto::api::common::JobId;
 use manager_client::proto::api::manager::{Job, JobHistoryEntry};
 use manager_client::published::{
@@ -25,7 +26,8 @@ const WAIT: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_touched() {
-    let stack = Stack::start_with(|c| {
+    let sim_config = repo_root().join("deploy/demo/manager-sim.yaml");
+    let stack = Stack::start_custom(&sim_config, &["--no-extension"], |c| {
         c.insert(
             "manager".into(),
             serde_json::json!({"url": c["manager"]["url"], "api": "published", "owner": OWNER}),
