@@ -598,14 +598,14 @@ async fn start_foreign(endpoint: &str, books: &Books, foreign: &[ForeignBundle])
                     requirements: Some(pb::JobRequirements {
                         required_capacity: f64::from(FOREIGN_CAPACITY),
                         required_cores: 1,
-                        required_capabilities: Vec::new(),
                         priority_band: "silver".to_owned(),
+                        ..Default::default()
                     }),
-                    config: Vec::new(),
+                    ..Default::default()
                 })
                 .collect(),
-            generation: 0,
             labels: [("client".to_owned(), "chaos-foreign".to_owned())].into(),
+            ..Default::default()
         };
         let registered = async {
             let mut m = manager_api(endpoint).await?;
