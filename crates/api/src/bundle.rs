@@ -99,6 +99,12 @@ pub struct BundleJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "job_config_schema")]
     pub config: Option<JobConfig>,
+    /// What Manager runs for the job (its services, Norsk Media version, volumes, ...), as
+    /// Manager's published API defines a job; the operator stamps in the job's id, tags and
+    /// configuration. Stored in Manager over its published API (`manager.api: published`);
+    /// our first API keeps no job definitions and ignores it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<crate::job_template::JobTemplate>,
 }
 
 impl BundleJob {

@@ -38,6 +38,7 @@ pub mod crd;
 pub mod history;
 pub mod hotspare;
 pub mod job_config;
+pub mod job_template;
 pub mod kstatus;
 pub mod migration;
 pub mod node;

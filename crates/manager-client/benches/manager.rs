@@ -73,6 +73,7 @@ fn bundles(count: usize, jobs: usize) -> Vec<Bundle> {
                         priority_band: "gold".into(),
                     }),
                     config: br#"{"bitrate":6000}"#.to_vec(),
+                    template: Vec::new(),
                 })
                 .collect(),
             ..Default::default()

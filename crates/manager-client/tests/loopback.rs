@@ -914,6 +914,7 @@ async fn a_command_with_thousands_of_events_reaches_the_mirror_in_bounded_batche
             job_name: format!("j{j}"),
             requirements: Some(Default::default()),
             config: Vec::new(),
+            template: Vec::new(),
         })
         .collect();
     client.register_bundle(big).await.unwrap();

@@ -165,6 +165,7 @@ proptest! {
                             job_name: "j".into(),
                             requirements: Some(JobRequirements { required_capacity: f64::from(capacity), required_cores: i32::from(capacity % 4), ..Default::default() }),
                             config: Vec::new(),
+                            template: Vec::new(),
                         }],
                         ..Default::default()
                     };

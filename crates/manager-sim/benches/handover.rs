@@ -93,6 +93,7 @@ async fn run(agent: Arc<dyn JobAgent>, socket: Option<Arc<SocketAgent>>) -> Vec<
                 priority_band: "gold".into(),
             }),
             config: Vec::new(),
+            template: Vec::new(),
         }],
         ..Default::default()
     };

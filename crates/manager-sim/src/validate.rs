@@ -11,6 +11,8 @@ pub const MAX_ID_BYTES: usize = 253;
 pub const MAX_JOB_NAME_BYTES: usize = 63;
 /// Largest JSON payload (config, migration state), as on the job socket.
 pub const MAX_JSON_BYTES: usize = 64 * 1024;
+/// Largest job template (an encoded published job definition) a bundle job may carry.
+pub const MAX_TEMPLATE_BYTES: usize = 256 * 1024;
 /// Most tags on a node or labels on a bundle.
 pub const MAX_TAGS: usize = 32;
 /// Longest tag / label key.

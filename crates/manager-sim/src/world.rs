@@ -1615,6 +1615,14 @@ impl World {
             };
             validate_requirements(&job.job_name, req)?;
             validate::json("config", &job.config)?;
+            if job.template.len() > validate::MAX_TEMPLATE_BYTES {
+                return Err(CommandError::InvalidArgument(format!(
+                    "job {:?}: the template is {} bytes; at most {} are accepted",
+                    job.job_name,
+                    job.template.len(),
+                    validate::MAX_TEMPLATE_BYTES
+                )));
+            }
         }
         Ok(())
     }

@@ -53,6 +53,7 @@ fn bundle(id: &str, replicas: u32, capacity: f64, cores: i32) -> Bundle {
                 ..Default::default()
             }),
             config: Vec::new(),
+            template: Vec::new(),
         }],
         ..Default::default()
     }
@@ -301,6 +302,7 @@ fn a_bundle_expands_into_one_job_per_replica_and_job_name() {
         job_name: "pkg".into(),
         requirements: Some(JobRequirements::default()),
         config: Vec::new(),
+        template: Vec::new(),
     });
     let (stored, ids) = w.register_bundle(&b, 0).unwrap();
     assert_eq!(stored.generation, 1);
@@ -1514,4 +1516,16 @@ pools:
         r.create_node(&keyed("e", "k1"), 20).unwrap().node_id,
         first.node_id
     );
+}
+
+#[test]
+fn a_bundle_job_template_is_kept_as_given_and_an_oversized_one_is_refused() {
+    let mut w = world();
+    let mut b = bundle("t", 1, 1.0, 1);
+    b.jobs[0].template = vec![0x3a, 0x02, 0x0a, 0x00];
+    let (stored, _) = w.register_bundle(&b, 0).unwrap();
+    assert_eq!(stored.jobs[0].template, b.jobs[0].template);
+    b.jobs[0].template = vec![0; crate::validate::MAX_TEMPLATE_BYTES + 1];
+    let e = w.register_bundle(&b, 0).unwrap_err().to_string();
+    assert!(e.contains("template") && e.contains("at most"), "{e}");
 }

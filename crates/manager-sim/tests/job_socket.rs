@@ -145,6 +145,7 @@ impl Rig {
                     priority_band: "gold".into(),
                 }),
                 config: Vec::new(),
+                template: Vec::new(),
             }],
             ..Default::default()
         };

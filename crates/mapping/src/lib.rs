@@ -6,6 +6,8 @@
 //! default): the kubectl plugin uses the CRD and engine ones only, without tonic and prost.
 
 pub mod bundle_status;
+#[cfg(feature = "wire")]
+pub mod job_template;
 
 use std::collections::BTreeMap;
 
@@ -249,6 +251,7 @@ pub fn proto_bundle(bundle_id: &str, spec: &api::BundleSpec) -> proto::Bundle {
                     priority_band: j.requirements.priority_band.as_str().to_owned(),
                 }),
                 config: j.config_bytes(),
+                template: job_template::template_bytes(j.template.as_ref()),
             })
             .collect(),
         ..Default::default()

@@ -604,6 +604,7 @@ async fn the_orphan_sweep_removes_manager_work_whose_resource_is_gone_and_nothin
                 priority_band: "silver".into(),
             }),
             config: vec![],
+            template: Vec::new(),
         }],
         ..Default::default()
     };

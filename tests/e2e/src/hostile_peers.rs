@@ -85,6 +85,7 @@ fn rogue_bundle() -> pb::Bundle {
                 priority_band: "silver".to_owned(),
             }),
             config: b"{}".to_vec(),
+            template: Vec::new(),
         }],
         generation: 1,
         labels: Default::default(),

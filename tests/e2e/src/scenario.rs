@@ -65,6 +65,7 @@ pub fn job(name: &str, capacity: i64, band: PriorityBand) -> BundleJob {
         separate_from: Vec::new(),
         migration: None,
         config: None,
+        template: None,
     }
 }
 

@@ -102,6 +102,8 @@ struct Model {
     nodes: BTreeMap<String, Node>,
     jobs: BTreeMap<String, Job>,
     job_tags: BTreeMap<String, BTreeMap<String, String>>,
+    /// Each job's definition as a bundle job's template carries it ([`translate::template_of`]).
+    job_templates: BTreeMap<String, Vec<u8>>,
     bundles: BTreeMap<String, Bundle>,
     migrations: BTreeMap<String, manager_proto::Migration>,
 }
@@ -332,7 +334,8 @@ impl PublishedPort {
         let mut wanted = BTreeSet::new();
         for replica in 0..bundle.replicas {
             for job in &bundle.jobs {
-                let stored = stored_job(&bundle, replica, job, &self.owner);
+                let stored = stored_job(&bundle, replica, job, &self.owner)
+                    .map_err(Status::invalid_argument)?;
                 let id = translate::port_job_id(&bundle.bundle_id, replica, &job.job_name);
                 wanted.insert(id.clone());
                 let current = self
@@ -347,7 +350,8 @@ impl PublishedPort {
                     Some(cur)
                         if cur.tags == stored.tags
                             && cur.manager_configuration == stored.manager_configuration
-                            && cur.description == stored.description => {}
+                            && cur.description == stored.description
+                            && translate::template_of(&cur) == translate::template_of(&stored) => {}
                     Some(_) => {
                         self.client.update_job(stored).await.map_err(status_of)?;
                     }
@@ -730,6 +734,9 @@ fn model_of(
             model
                 .job_tags
                 .insert(job.job_id.clone(), view.tags().clone());
+            model
+                .job_templates
+                .insert(job.job_id.clone(), translate::template_of(&view.job));
             model.jobs.insert(job.job_id.clone(), job);
         }
     }
@@ -785,7 +792,16 @@ fn rebuild_bundle(model: &Model, bundle_id: &str) -> Option<Bundle> {
             .jobs
             .values()
             .filter(|j| j.bundle_id == bundle_id)
-            .map(|j| (j, model.job_tags.get(&j.job_id).unwrap_or(&empty))),
+            .map(|j| {
+                (
+                    j,
+                    model.job_tags.get(&j.job_id).unwrap_or(&empty),
+                    model
+                        .job_templates
+                        .get(&j.job_id)
+                        .map_or(&[][..], Vec::as_slice),
+                )
+            }),
     )
 }
 
@@ -1019,12 +1035,15 @@ impl Feed {
                     }
                     job
                 });
+                let template = translate::template_of(&view.job);
                 if let Some(job) = job
-                    && held.jobs.get(&job.job_id) != Some(&job)
+                    && (held.jobs.get(&job.job_id) != Some(&job)
+                        || held.job_templates.get(&job.job_id) != Some(&template))
                 {
                     let bundle_id = job.bundle_id.clone();
                     held.job_tags
                         .insert(job.job_id.clone(), view.tags().clone());
+                    held.job_templates.insert(job.job_id.clone(), template);
                     held.jobs.insert(job.job_id.clone(), job.clone());
                     kinds.push(event::Kind::JobUpdated(JobUpdated { job: Some(job) }));
                     bundle_change(held, &bundle_id, &mut kinds);
@@ -1033,6 +1052,7 @@ impl Feed {
             PublishedChange::JobRemoved(view) => {
                 if let Some(job) = held.jobs.remove(view.job_id()) {
                     held.job_tags.remove(&job.job_id);
+                    held.job_templates.remove(&job.job_id);
                     kinds.push(event::Kind::JobRemoved(JobRemoved {
                         job_id: job.job_id.clone(),
                     }));

@@ -15,6 +15,7 @@ use manager_proto::{
     Bundle, BundleJob, Job, JobInstance, JobRequirements, JobRole, JobState, Node, NodeInventory,
     NodeState as PortNodeState, ProviderKind, StopReason,
 };
+use prost::Message;
 
 use super::catalog::CatalogPool;
 use super::mirror::{InstancePhase, InstanceView, JobView, NodeState, NodeView, timestamp_ms};
@@ -342,11 +343,11 @@ pub fn port_job(view: &JobView, owner: &str, overlay: &StopOverlay) -> Option<Jo
 /// count its jobs were written with, and each job name once with its requirements.
 pub fn bundle_from_jobs<'a>(
     bundle_id: &str,
-    jobs: impl IntoIterator<Item = (&'a Job, &'a BTreeMap<String, String>)>,
+    jobs: impl IntoIterator<Item = (&'a Job, &'a BTreeMap<String, String>, &'a [u8])>,
 ) -> Option<Bundle> {
     let mut replicas = 0u32;
     let mut by_name: BTreeMap<String, BundleJob> = BTreeMap::new();
-    for (job, t) in jobs {
+    for (job, t, template) in jobs {
         replicas = replicas
             .max(parse_tag(t, tags::REPLICAS).unwrap_or(0))
             .max(job.replica.saturating_add(1));
@@ -354,6 +355,7 @@ pub fn bundle_from_jobs<'a>(
             job_name: job.job_name.clone(),
             requirements: job.requirements.clone(),
             config: job.config.clone(),
+            template: template.to_vec(),
         });
     }
     if by_name.is_empty() {
@@ -368,8 +370,45 @@ pub fn bundle_from_jobs<'a>(
     })
 }
 
-/// The stored job the port writes for replica `replica` of `bundle`'s job `job`.
-pub fn stored_job(bundle: &Bundle, replica: u32, job: &BundleJob, owner: &str) -> StoredJob {
+/// The definition part of a stored job, encoded as the port carries a bundle job's template
+/// (`BundleJob.template`): everything but what the port stamps in (id, tags, description,
+/// configuration) and what Manager adds (hash, state, start time). Empty for a job stored
+/// without a template.
+pub fn template_of(stored: &StoredJob) -> Vec<u8> {
+    definition_only(stored).encode_to_vec()
+}
+
+/// Only the definition fields of a job, so nothing a template carries can stand in for what
+/// the port stamps or Manager owns.
+fn definition_only(t: &StoredJob) -> StoredJob {
+    StoredJob {
+        services: t.services.clone(),
+        norsk_media_version: t.norsk_media_version,
+        norsk_service_parameters: t.norsk_service_parameters.clone(),
+        volumes: t.volumes.clone(),
+        shape: t.shape.clone(),
+        architecture: t.architecture.clone(),
+        subnet: t.subnet.clone(),
+        availability_domain: t.availability_domain.clone(),
+        ..Default::default()
+    }
+}
+
+/// The stored job the port writes for replica `replica` of `bundle`'s job `job`: its template
+/// (Manager's job definition) with the job's id, tags, description and configuration stamped
+/// in. Refused when the template is not an encoded job definition.
+pub fn stored_job(
+    bundle: &Bundle,
+    replica: u32,
+    job: &BundleJob,
+    owner: &str,
+) -> Result<StoredJob, String> {
+    let template = StoredJob::decode(job.template.as_slice()).map_err(|e| {
+        format!(
+            "job {}: the template is not a job definition: {e}",
+            job.job_name
+        )
+    })?;
     let req = job.requirements.clone().unwrap_or_default();
     let mut t = BTreeMap::from([
         (tags::OWNER.to_owned(), owner.to_owned()),
@@ -389,7 +428,7 @@ pub fn stored_job(bundle: &Bundle, replica: u32, job: &BundleJob, owner: &str) -
     if !req.priority_band.is_empty() {
         t.insert(tags::BAND.to_owned(), req.priority_band.clone());
     }
-    StoredJob {
+    Ok(StoredJob {
         job_id: Some(JobId {
             job_id: port_job_id(&bundle.bundle_id, replica, &job.job_name),
         }),
@@ -399,8 +438,8 @@ pub fn stored_job(bundle: &Bundle, replica: u32, job: &BundleJob, owner: &str) -
         ),
         tags: t.into_iter().collect(),
         manager_configuration: String::from_utf8_lossy(&job.config).into_owned(),
-        ..Default::default()
-    }
+        ..definition_only(&template)
+    })
 }
 
 /// A runtime job's id: `bundle/replica/job`, as the port model names it.
@@ -427,6 +466,7 @@ mod tests {
                     priority_band: "gold".to_owned(),
                 }),
                 config: br#"{"a":1}"#.to_vec(),
+                template: Vec::new(),
             }],
             ..Default::default()
         }
@@ -455,15 +495,17 @@ mod tests {
     #[test]
     fn a_stored_job_carries_its_bundle_and_requirements_back_through_its_tags() {
         let b = bundle();
-        let stored = stored_job(&b, 1, &b.jobs[0], "me");
+        let stored = stored_job(&b, 1, &b.jobs[0], "me").expect("a job definition");
         let job = port_job(&view(stored, Vec::new()), "me", &StopOverlay::new()).expect("ours");
         assert_eq!(job.job_id, "news/1/encode");
         assert_eq!((job.bundle_id.as_str(), job.replica), ("news", 1));
         assert_eq!(job.requirements, b.jobs[0].requirements);
         assert_eq!(job.config, b.jobs[0].config);
         assert_eq!(job.state, JobState::Pending as i32);
-        let tags = stored_job(&b, 1, &b.jobs[0], "me").tags;
-        let rebuilt = bundle_from_jobs("news", [(&job, &tags)]).expect("a bundle");
+        let tags = stored_job(&b, 1, &b.jobs[0], "me")
+            .expect("a job definition")
+            .tags;
+        let rebuilt = bundle_from_jobs("news", [(&job, &tags, &[][..])]).expect("a bundle");
         assert_eq!(rebuilt.replicas, 2);
         assert_eq!(rebuilt.jobs, b.jobs);
     }
@@ -471,7 +513,7 @@ mod tests {
     #[test]
     fn a_job_without_our_owner_tag_is_not_in_the_model() {
         let b = bundle();
-        let mut stored = stored_job(&b, 0, &b.jobs[0], "someone-else");
+        let mut stored = stored_job(&b, 0, &b.jobs[0], "someone-else").expect("a job definition");
         assert!(port_job(&view(stored.clone(), Vec::new()), "me", &StopOverlay::new()).is_none());
         stored.tags.remove(tags::OWNER);
         assert!(port_job(&view(stored, Vec::new()), "me", &StopOverlay::new()).is_none());
@@ -525,7 +567,7 @@ mod tests {
         ];
         let b = bundle();
         for (phase, reason, state, stop) in cases {
-            let stored = stored_job(&b, 0, &b.jobs[0], "me");
+            let stored = stored_job(&b, 0, &b.jobs[0], "me").expect("a job definition");
             let v = view(stored, vec![instance(tags::ROLE_NORMAL, phase, reason)]);
             let job = port_job(&v, "me", &StopOverlay::new()).expect("ours");
             assert_eq!(job.state, state as i32, "{phase:?} {reason:?}");
@@ -539,7 +581,7 @@ mod tests {
     #[test]
     fn a_stop_handed_to_recovery_keeps_that_reason_and_foreign_roles_are_left_out() {
         let b = bundle();
-        let stored = stored_job(&b, 0, &b.jobs[0], "me");
+        let stored = stored_job(&b, 0, &b.jobs[0], "me").expect("a job definition");
         let v = view(
             stored,
             vec![

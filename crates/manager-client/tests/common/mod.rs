@@ -55,6 +55,7 @@ pub fn bundle(id: &str, replicas: u32, capacity: f64, cores: i32) -> Bundle {
                 priority_band: "gold".into(),
             }),
             config: Vec::new(),
+            template: Vec::new(),
         }],
         ..Default::default()
     }

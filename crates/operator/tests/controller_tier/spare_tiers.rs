@@ -136,6 +136,7 @@ async fn warm_spares_are_made_by_create_then_stop_and_a_taken_hot_spare_is_refil
                         ..Default::default()
                     }),
                     config: Vec::new(),
+                    template: Vec::new(),
                 }],
                 ..Default::default()
             },
