@@ -287,6 +287,74 @@ mod tests {
         );
     }
 
+    fn decision(at: i64) -> LastDecision {
+        LastDecision {
+            decision: automanager_placement::Decision {
+                bundle_id: "ns.b".into(),
+                replica_index: 0,
+                outcome: automanager_placement::Outcome::Unplaceable { jobs: Vec::new() },
+                trace: automanager_placement::Trace::default(),
+            },
+            recovery: false,
+            at: DateTime::from_timestamp(at, 0).unwrap_or_default(),
+            preempted: None,
+        }
+    }
+
+    fn summary() -> api::DecisionRecord {
+        api::DecisionRecord {
+            decided_at: DateTime::UNIX_EPOCH,
+            leader: "l".into(),
+            outcome: api::PlacementOutcome::Unplaceable,
+            recovery: false,
+            nodes: Vec::new(),
+            pools: Vec::new(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_decision_waits_to_be_written_until_it_is_and_a_newer_one_keeps_waiting() {
+        let mut b = BundleBook::new(Duration::from_millis(300));
+        let name = ("ns".to_owned(), "b".to_owned());
+        assert!(b.history_unwritten(&name).is_empty());
+        b.record_decision(name.clone(), 0, decision(1));
+        b.record_decision(name.clone(), 1, decision(1));
+        let pending = b.history_unwritten(&name);
+        assert_eq!(pending.len(), 2);
+        assert!(pending.iter().all(|(_, _, written)| written.is_none()));
+
+        // Replica 0 decided again while its first decision was being written.
+        b.record_decision(name.clone(), 0, decision(2));
+        b.history_written(
+            &name,
+            0,
+            DateTime::from_timestamp(1, 0).unwrap_or_default(),
+            summary(),
+        );
+        b.history_written(
+            &name,
+            1,
+            DateTime::from_timestamp(1, 0).unwrap_or_default(),
+            summary(),
+        );
+        let pending = b.history_unwritten(&name);
+        assert_eq!(
+            pending.len(),
+            1,
+            "the newer decision of replica 0 still waits"
+        );
+        assert_eq!(pending[0].0, 0);
+        assert_eq!(
+            pending[0].2,
+            Some(summary()),
+            "with what was last written for it"
+        );
+
+        b.forget(&name, "ns.b");
+        assert!(b.history_unwritten(&name).is_empty());
+    }
+
     #[test]
     fn broken_counts_change_only_when_a_bundle_changes() {
         let mut b = BundleBook::new(Duration::from_millis(300));

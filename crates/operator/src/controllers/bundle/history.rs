@@ -159,3 +159,84 @@ pub fn entry(last: &LastDecision, leader: &str) -> (api::DecisionRecord, api::Fu
     };
     (record, trace)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn last(outcome: pl::Outcome) -> LastDecision {
+        LastDecision {
+            decision: pl::Decision {
+                bundle_id: "ns.b".into(),
+                replica_index: 0,
+                outcome,
+                trace: pl::Trace {
+                    message: "why".into(),
+                    ..pl::Trace::default()
+                },
+            },
+            recovery: true,
+            at: chrono::DateTime::UNIX_EPOCH,
+            preempted: None,
+        }
+    }
+
+    fn assignment(job: &str, node: &str) -> pl::Assignment {
+        pl::Assignment {
+            job_name: job.into(),
+            node: node.into(),
+            zone: None,
+            node_pending: false,
+            capacity: 1.0,
+            cores: 1,
+            score: pl::NodeScore {
+                tier: pl::Tier::Node,
+                free_capacity_after: 0.0,
+                free_cores_after: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn a_placement_names_its_nodes_and_pool_once_and_says_who_decided() {
+        let (record, trace) = entry(
+            &last(pl::Outcome::Placed {
+                pool: "onprem".into(),
+                assignments: vec![assignment("enc", "n1"), assignment("pkg", "n1")],
+            }),
+            "automanager-0",
+        );
+        assert_eq!(record.outcome, api::PlacementOutcome::Placed);
+        assert_eq!(record.nodes, ["n1"]);
+        assert_eq!(record.pools, ["onprem"]);
+        assert_eq!(
+            (record.leader.as_str(), record.reason.as_str()),
+            ("automanager-0", "why")
+        );
+        assert!(record.recovery && trace.recovery);
+        let kept: pl::Decision =
+            serde_json::from_value(trace.decision.expect("kept whole")).expect("reads back");
+        assert_eq!(kept.trace.message, "why");
+        assert_eq!(trace.truncated, None);
+    }
+
+    #[test]
+    fn a_provision_names_its_pool_and_an_unplaceable_decision_nothing() {
+        let (record, _) = entry(
+            &last(pl::Outcome::Provision {
+                pool: "aws".into(),
+                instance_type: "m5".into(),
+                zone: None,
+            }),
+            "l",
+        );
+        assert_eq!(record.outcome, api::PlacementOutcome::Provisioning);
+        assert_eq!(
+            (record.nodes.len(), record.pools.as_slice()),
+            (0, &["aws".to_owned()][..])
+        );
+        let (record, _) = entry(&last(pl::Outcome::Unplaceable { jobs: Vec::new() }), "l");
+        assert_eq!(record.outcome, api::PlacementOutcome::Unplaceable);
+        assert!(record.nodes.is_empty() && record.pools.is_empty());
+    }
+}
