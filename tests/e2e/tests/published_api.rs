@@ -15,7 +15,7 @@ use automanager_api::{Bundle, HotSpareTarget, JobState, Migration, MigrationPhas
 use automanager_e2e::scenario::{BundleView, show};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{examples_dir, repo_root};
-use manager_client::proto::api::common::JobId;
+use manager_client::proto::api::common::{JobId, service};
 use manager_client::proto::api::manager::{Job, JobHistoryEntry};
 use manager_client::published::{
     InstancePhase, PublishedClient, PublishedConfig, tags, timestamp_ms,
@@ -109,6 +109,28 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
     }
     let s = stack.bundle("sports-silver").await;
     assert_eq!(s.pool_of(0, "ingest"), Some("onprem"), "{}", show(&s));
+    // sports-silver's encode job carries a template: Manager's stored job is that definition,
+    // with the operator's id, tags and configuration stamped in.
+    let stored = other.with_mirror(|m| {
+        m.jobs
+            .get("default.sports-silver/0/encode")
+            .map(|j| j.job.clone())
+    });
+    let stored = stored.expect("sports-silver's encode job is stored");
+    let images: Vec<String> = stored
+        .services
+        .iter()
+        .filter_map(|s| match &s.container {
+            Some(service::Container::Docker(d)) => d.container_url.as_ref().map(|u| u.url.clone()),
+            None => None,
+        })
+        .collect();
+    assert_eq!(images, ["registry.example.com/norsk/media:latest"], "{stored:?}");
+    assert_eq!(
+        stored.services[0].restart,
+        service::ServiceRestart::OnFailure as i32
+    );
+    assert!(tags::owned_by(&stored.tags, OWNER), "{stored:?}");
 
     // What Manager holds: the operator's nodes and jobs under its owner tag, each placed job
     // running under the role `primary` on the node the Bundle names.
