@@ -454,3 +454,133 @@ async fn warm_nodes_notices_and_migrations_go_through_our_extension() {
     client.close().await;
     published.close().await;
 }
+
+/// A bundle job's template (what Manager runs) becomes the stored job's definition with our id,
+/// tags and configuration stamped in; registering the same again updates nothing, and a changed
+/// template is one UpdateJob.
+#[tokio::test]
+async fn a_job_template_is_stored_as_manager_s_job_and_only_a_change_updates_it() {
+    use manager_proto::api::common::service::{Container, ServiceRestart};
+    use manager_proto::api::manager::job_history_entry::HistoryEntry;
+
+    let config = SimConfig::demo();
+    let sim = Sim::start_without_extension(config.clone())
+        .await
+        .expect("sim");
+    let published =
+        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
+    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
+    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
+        .expect("client over the port");
+    client.wait_ready(WAIT).await.expect("first snapshot");
+
+    // What automanager_mapping::job_template makes of a Bundle's template.
+    let template = |image: &str| -> Vec<u8> {
+        use manager_proto::api::common::{ContainerUrl, DockerContainer, Service};
+        use prost::Message;
+        StoredJob {
+            services: vec![Service {
+                name: "norsk".to_owned(),
+                container: Some(Container::Docker(DockerContainer {
+                    container_url: Some(ContainerUrl {
+                        url: image.to_owned(),
+                    }),
+                })),
+                restart: ServiceRestart::OnFailure as i32,
+                ..Default::default()
+            }],
+            volumes: vec!["media".to_owned()],
+            ..Default::default()
+        }
+        .encode_to_vec()
+    };
+    let bundle = |image: &str| Bundle {
+        bundle_id: "tmpl".to_owned(),
+        replicas: 1,
+        jobs: vec![BundleJob {
+            job_name: "encode".to_owned(),
+            requirements: Some(JobRequirements {
+                required_capacity: 10.0,
+                required_cores: 1,
+                priority_band: "silver".to_owned(),
+                ..Default::default()
+            }),
+            config: br#"{"bitrate":1}"#.to_vec(),
+            template: template(image),
+        }],
+        ..Default::default()
+    };
+    let stored = |published: &PublishedClient| {
+        published.with_mirror(|m| {
+            m.jobs.get("tmpl/0/encode").map(|v| {
+                let updates = v
+                    .history
+                    .iter()
+                    .filter(|e| matches!(e.history_entry, Some(HistoryEntry::JobUpdated(_))))
+                    .count();
+                (v.job.clone(), updates)
+            })
+        })
+    };
+
+    client
+        .register_bundle(bundle("norsk/media:1"))
+        .await
+        .expect("register");
+    until(&client, "the bundle with its template", |m| {
+        m.bundles
+            .get("tmpl")
+            .is_some_and(|b| b.jobs[0].template == template("norsk/media:1"))
+    })
+    .await;
+    let (job, updates) = stored(&published).expect("the stored job");
+    assert_eq!(updates, 0);
+    assert_eq!(job.services.len(), 1);
+    assert_eq!(job.services[0].name, "norsk");
+    assert_eq!(job.services[0].restart, ServiceRestart::OnFailure as i32);
+    let Some(Container::Docker(d)) = &job.services[0].container else {
+        panic!("a docker service: {:?}", job.services[0]);
+    };
+    assert_eq!(
+        d.container_url.as_ref().map(|u| u.url.as_str()),
+        Some("norsk/media:1")
+    );
+    assert_eq!(job.volumes, ["media"]);
+    // What the port stamps is the port's, whatever the template says.
+    assert_eq!(job.manager_configuration, r#"{"bitrate":1}"#);
+    assert!(tags::owned_by(&job.tags, OWNER));
+
+    // The same again: nothing to update.
+    client
+        .register_bundle(bundle("norsk/media:1"))
+        .await
+        .expect("register again");
+    assert_eq!(stored(&published).map(|(_, u)| u), Some(0));
+
+    // A new image: one UpdateJob, and the model's bundle follows.
+    client
+        .register_bundle(bundle("norsk/media:2"))
+        .await
+        .expect("register a change");
+    until(&client, "the bundle with its new template", |m| {
+        m.bundles
+            .get("tmpl")
+            .is_some_and(|b| b.jobs[0].template == template("norsk/media:2"))
+    })
+    .await;
+    let (job, updates) = stored(&published).expect("the stored job");
+    assert_eq!(updates, 1);
+    let Some(Container::Docker(d)) = &job.services[0].container else {
+        panic!("a docker service: {:?}", job.services[0]);
+    };
+    assert_eq!(
+        d.container_url.as_ref().map(|u| u.url.as_str()),
+        Some("norsk/media:2")
+    );
+
+    // A template that is not a job definition is refused with a reason.
+    let mut bad = bundle("x");
+    bad.jobs[0].template = vec![0xff, 0xff, 0xff];
+    let e = client.register_bundle(bad).await.expect_err("refused");
+    assert!(e.to_string().contains("template"), "{e}");
+}
