@@ -6,10 +6,14 @@
 #            notice_moved_before_deadline=…% notice_gaps=… flap_holdout_tested=… schedule_ahead_tested=…
 # A figure no test printed (its test failed, or does not exist) reads `missing`, and the script
 # then fails: every figure is a run.
+# Every test's output, with the figures behind the summary (gaps, hold-outs, times), is kept in
+# .tmp/test-fidelity.log.
 set -euo pipefail
-log=$(mktemp)
+mkdir -p .tmp
+log=.tmp/test-fidelity.log
+: >"$log"
 figures=$(mktemp)
-trap 'rm -f "$log" "$figures"' EXIT
+trap 'rm -f "$figures"' EXIT
 failed=()
 # Each test alone, its output uncaptured, so its figure line reaches the log whole.
 run() {

@@ -306,13 +306,13 @@ async fn a_flapping_node_is_held_out_one_two_and_four_times_the_base() {
     println!("fidelity-figure flap_holdout_tested=yes");
 }
 
-/// The on-prem pool's start latency in the schedule test's sim: with the operator's margin
-/// (a quarter of it, at least 10 s) a schedule applies 12 s ahead of its window.
-const SCHEDULE_START_DELAY_MS: i64 = 2_000;
-const SCHEDULE_LEAD: TimeDelta = TimeDelta::seconds(12);
+/// The aws-east pool's start latency in the schedule test's sim: with the operator's margin
+/// (a quarter of it, at least 10 s) a schedule applies 16 s ahead of its window.
+const SCHEDULE_START_DELAY_MS: i64 = 6_000;
+const SCHEDULE_LEAD: TimeDelta = TimeDelta::seconds(16);
 
 /// A spare schedule whose clock starts before its window: the target is created with no spares
-/// (the window opens at the next whole minute at least 25 s past its lead), the schedule applies
+/// (the window opens at the next whole minute at least 30 s past its lead), the schedule applies
 /// a lead ahead of the window, and by Manager's own record both spares were created no earlier
 /// than the lead and up before the window opened, and still up once it had.
 #[tokio::test]
@@ -333,7 +333,7 @@ async fn a_scheduled_spare_tier_is_up_when_its_window_opens() {
     apply_example_pools(&stack).await.unwrap();
 
     // The next whole minute with room for the target's first status before the lead begins.
-    let earliest = Utc::now() + SCHEDULE_LEAD + TimeDelta::seconds(25);
+    let earliest = Utc::now() + SCHEDULE_LEAD + TimeDelta::seconds(30);
     let opens = (earliest + TimeDelta::seconds(59))
         .with_second(0)
         .and_then(|t| t.with_nanosecond(0))
@@ -446,8 +446,13 @@ async fn a_scheduled_spare_tier_is_up_when_its_window_opens() {
         "{}",
         show(&t)
     );
+    let ahead_ms: Vec<i64> = spares
+        .iter()
+        .filter_map(|id| manager.nodes.get(id))
+        .map(|n| opens.timestamp_millis() - n.state_changed_at_ms)
+        .collect();
     eprintln!(
-        "fidelity: schedule {pattern:?} opens at {opens}; applied from {lead_begins}; spares {spares:?} up before it"
+        "fidelity: schedule {pattern:?} opens at {opens}; applied from {lead_begins}; spares {spares:?} started {ahead_ms:?} ms before it opened (Manager's record)"
     );
     println!("fidelity-figure schedule_ahead_tested=yes");
 }
@@ -515,7 +520,8 @@ async fn a_reclaim_notice_run_to_its_deadline_moves_every_job_before_the_node_go
             gaps += 1;
         }
         report.push(format!(
-            "{name} ({strategy:?}): moved before the deadline {in_time}, completed {completed:?}, {} gap(s), uncovered {} ms, starts {:?}",
+            "{name} ({strategy:?}): moved before the deadline {in_time}, completed {:?} ms before it, {} gap(s), uncovered {} ms, starts {:?}",
+            completed.map(|c| (deadline - c).num_milliseconds()),
             history.gaps,
             history.uncovered_ms,
             history
