@@ -103,6 +103,10 @@ pub struct Hold {
     /// open together soon).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub opens_at: Option<DateTime<Utc>>,
+    /// For a window: the one that opens then, as `<schedule> for <duration> (<time zone>)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub window: Option<String>,
     /// When the move was first held (kept while the holder changes).
     pub since: DateTime<Utc>,
     /// When the hold passed the operator's `disruption.holdWarnAfter` (a Warning Event and the

@@ -241,6 +241,38 @@ impl Fleet {
             })
     }
 
+    /// The window of `held_by`'s calendars that opens at `until` for `reason`, in words: which
+    /// window a held move waits for.
+    fn opening_window(
+        &self,
+        bands: &BandCalendars,
+        bundle_id: &str,
+        reason: VoluntaryReason,
+        hold: &WindowHold,
+    ) -> Option<String> {
+        if !hold.found || hold.unreadable.is_some() {
+            return None;
+        }
+        let f = self.bundles.get(bundle_id)?.as_ref()?;
+        hold.held_by.iter().find_map(|source| {
+            let calendar = match source {
+                WindowSource::Bundle => &f.calendar,
+                WindowSource::Band(b) => bands.get(*b),
+            };
+            let w = (calendar.windows().iter())
+                .filter(|w| w.covers(reason))
+                .find(|w| w.recurrence.open_at(hold.until).is_some())?;
+            let r = &w.recurrence;
+            let took = r.duration().to_std().unwrap_or_default();
+            Some(format!(
+                "{} for {} ({})",
+                r.schedule(),
+                humantime::format_duration(took),
+                r.time_zone()
+            ))
+        })
+    }
+
     /// Whether the bundle is known and Broken.
     fn is_broken(&self, bundle_id: &str) -> bool {
         self.bundles
@@ -729,7 +761,7 @@ pub(crate) async fn node_terminate_hold(
     ctx: &Arc<Context>,
     node_id: &str,
     reason: VoluntaryReason,
-) -> Result<Result<(), api::Hold>, Error> {
+) -> Result<Result<(), Box<api::Hold>>, Error> {
     // Each job on the node: its bundle and its name (its band's windows apply to it).
     let on_node: Vec<(String, String)> = ctx.manager.mirror().read(|m| {
         m.jobs_on(node_id)
@@ -764,7 +796,11 @@ pub(crate) async fn node_terminate_hold(
                 "{}; terminating node {node_id} would move its jobs",
                 window_message(&shown, reason, hold)
             );
-            return Err(window_hold_record(&shown, hold, message, now));
+            let bands = &ctx.settings.band_calendars;
+            let window = fleet.opening_window(bands, bundle, reason, hold);
+            return Err(Box::new(window_hold_record(
+                &shown, hold, window, message, now,
+            )));
         }
         let running = fleet.running(state);
         let mut ledger = fleet.ledger(mirror, state, &running);
@@ -807,7 +843,7 @@ pub(crate) async fn node_terminate_hold(
                         list(&down.0)
                     )
                 };
-                Err(budget_hold_record(&shown, broken, message, now))
+                Err(Box::new(budget_hold_record(&shown, broken, message, now)))
             }
         }
     }))
@@ -823,6 +859,7 @@ fn budget_hold_record(shown: &str, broken: bool, message: String, now: DateTime<
         },
         holder: format!("Bundle {shown}"),
         opens_at: None,
+        window: None,
         since: now,
         past_bound_at: None,
         proceeded_at: None,
@@ -834,6 +871,7 @@ fn budget_hold_record(shown: &str, broken: bool, message: String, now: DateTime<
 fn window_hold_record(
     shown: &str,
     hold: &WindowHold,
+    window: Option<String>,
     message: String,
     now: DateTime<Utc>,
 ) -> api::Hold {
@@ -860,6 +898,7 @@ fn window_hold_record(
         kind: api::HoldKind::DisruptionWindow,
         holder,
         opens_at: (hold.found && hold.unreadable.is_none()).then_some(hold.until),
+        window,
         since: now,
         past_bound_at: None,
         proceeded_at: None,
@@ -878,11 +917,12 @@ fn clip(message: String) -> String {
 /// What holds a waiting Migration, when a Broken bundle, a budget or windows do (the queue's
 /// own limits and a co-location group are not holds: they pass by themselves).
 pub(crate) fn migration_hold(
+    ctx: &Context,
     fleet: &Fleet,
     reason: &WaitReason<String>,
     message: &str,
-    now: DateTime<Utc>,
 ) -> Option<api::Hold> {
+    let now = ctx.clock.now();
     match reason {
         WaitReason::Budget { bundle, .. } => Some(budget_hold_record(
             &shown_bundle(bundle),
@@ -892,11 +932,11 @@ pub(crate) fn migration_hold(
         )),
         WaitReason::Window {
             bundle,
+            reason,
             until,
             held_by,
             found,
             unreadable,
-            ..
         } => {
             let hold = WindowHold {
                 until: *until,
@@ -904,9 +944,12 @@ pub(crate) fn migration_hold(
                 found: *found,
                 unreadable: unreadable.clone(),
             };
+            let bands = &ctx.settings.band_calendars;
+            let window = fleet.opening_window(bands, bundle, *reason, &hold);
             Some(window_hold_record(
                 &shown_bundle(bundle),
                 &hold,
+                window,
                 message.to_owned(),
                 now,
             ))

@@ -687,7 +687,7 @@ async fn terminate_drain(
     match super::disruption::node_terminate_hold(ctx, node_id, reason).await? {
         Ok(()) => super::drain::unheld(ctx, node_id),
         Err(hold) => {
-            if !super::drain::held_terminate(ctx, node, node_id, hold, when_held).await {
+            if !super::drain::held_terminate(ctx, node, node_id, *hold, when_held).await {
                 return Ok(Action::requeue(BLOCKED_POLL));
             }
         }

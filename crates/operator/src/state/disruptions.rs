@@ -223,6 +223,7 @@ mod tests {
             kind,
             holder: holder.into(),
             opens_at: None,
+            window: None,
             since: DateTime::UNIX_EPOCH,
             past_bound_at: None,
             proceeded_at: None,

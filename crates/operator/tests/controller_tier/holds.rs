@@ -219,6 +219,7 @@ async fn a_migration_held_by_a_window_says_when_it_opens_and_escalates_past_the_
         )
     );
     assert_eq!(held.opens_at, Some(held_at + Duration::from_secs(2 * 3600)));
+    assert_eq!(held.window.as_deref(), Some("0 14 * * * for 1h (UTC)"));
     assert_eq!(
         condition_of(&status.conditions, "Queued").1,
         "DisruptionWindow"

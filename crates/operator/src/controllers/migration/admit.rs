@@ -294,7 +294,7 @@ pub(super) async fn queue(
     status.source_node = Some(source.to_owned());
     let (reason_word, message, blocking) =
         disruption::describe_wait(position, &reason, mig.spec.job.replica);
-    let hold = disruption::migration_hold(&fleet, &reason, &message, now);
+    let hold = disruption::migration_hold(ctx, &fleet, &reason, &message);
     // The condition's reason names the holder's kind (a Broken bundle spends its budget).
     let reason_word = hold.as_ref().map_or(reason_word, |h| h.kind.as_str());
     let was = api::find_condition(&prev.conditions, "Queued")
