@@ -511,7 +511,8 @@ async fn running_pods(env: &automanager_e2e::TestEnv, manifests: &[String]) {
     }
 }
 
-/// The plugin's default route without flags: the chart's operator Pods, the leader Lease, a
+/// How `--from-operator` reaches the operator with no URL given (by default trace and what-if
+/// read the apiserver and need no Pod): the chart's operator Pods, the leader Lease, a
 /// port-forward to the holder's `debug` port. There is no kubelet here, so the port-forward
 /// itself fails; the error says which Pod and port the plugin chose, and each way it can go
 /// wrong before that is told apart.
@@ -548,7 +549,7 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
 
     // No operator Pod at all.
     fails(
-        &run(&["trace", "news"]),
+        &run(&["trace", "--from-operator", "news"]),
         1,
         "no operator Pod in namespace automanager-system with labels app.kubernetes.io/name=automanager,app.kubernetes.io/component=operator",
     );
@@ -563,7 +564,7 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
     )
     .await;
     fails(
-        &run(&["trace", "news"]),
+        &run(&["trace", "--from-operator", "news"]),
         1,
         "the debugging API of release automanager is off",
     );
@@ -591,7 +592,7 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
     )
     .await;
     fails(
-        &run(&["trace", "news"]),
+        &run(&["trace", "--from-operator", "news"]),
         1,
         "has no leader Lease yet and 2 running Pods",
     );
@@ -603,7 +604,7 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     fails(
-        &run(&["trace", "news"]),
+        &run(&["trace", "--from-operator", "news"]),
         1,
         "cannot reach the operator by port-forward to the operator's leader Pod in namespace automanager-system: port-forward to pod automanager-system/automanager-5d8c7b9f4-ddddd port 8082",
     );
@@ -611,7 +612,7 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(&dir, "b.yaml", &bundle("other", 1, "[onprem]", 1, ""));
     fails(
-        &run(&["what-if", "-f", &file]),
+        &run(&["what-if", "--from-operator", "-f", &file]),
         1,
         "port-forward to pod automanager-system/automanager-5d8c7b9f4-ddddd port 8082",
     );
@@ -631,13 +632,13 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
         .unwrap();
     assert!(out.success(), "{}", out.stderr);
     fails(
-        &run(&["trace", "news"]),
+        &run(&["trace", "--from-operator", "news"]),
         1,
         "names automanager-5d8c7b9f4-gone, which is not a running operator Pod",
     );
     // Another release's name.
     fails(
-        &run(&["trace", "news", "--operator-release", "team-b"]),
+        &run(&["trace", "--from-operator", "news", "--operator-release", "team-b"]),
         1,
         "no operator Pod of release team-b in namespace automanager-system",
     );
