@@ -1,8 +1,11 @@
 //! Seeded chaos schedules against the real stack (`automanager_e2e::chaos`): each seed draws a
 //! wave of Bundles and a fault schedule (node and zone kills, stream cuts, job crashes, sim
 //! restarts kept and wiped, operator kill -9, leader pauses, apiserver pauses and restarts,
-//! spec churn, Migrations, drains, cordons, pool edits), runs it on one shared stack reset
-//! before every seed, and checks the invariants throughout and once settled.
+//! spec churn, Migrations, drains, cordons, pool edits, reclaim notices alone and during held
+//! moves, a pool deleted before one of its nodes dies, and a foreign client's work in the same
+//! Manager), runs it on one shared stack reset before every seed, and checks the invariants
+//! throughout and once settled, with every touch of the foreign work and every job a notice's
+//! deadline caught on its node counted.
 //!
 //! Run with `make test-chaos` (not part of `make test`): `CHAOS_SEEDS=n` seeds from
 //! `CHAOS_SEED_FROM` (default 1), or `CHAOS_SEED=s` to replay one; docs/reliability.md.
