@@ -213,14 +213,17 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         wait_ready(&c, b).await;
     }
 
-    // 2. Every command through the plugin, no URL flag.
-    let out = run(&c, &["trace", "news-gold", "-o", "json", "-v"]);
+    // 2. Every command through the plugin, no URL flag (trace and what-if asked of the operator).
+    let out = run(
+        &c,
+        &["trace", "--from-operator", "news-gold", "-o", "json", "-v"],
+    );
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
     let t = out.json();
     assert_eq!(t["bundleId"], "default.news-gold");
     assert_eq!(t["replicas"].as_array().unwrap().len(), 2, "{t:#}");
-    let out = run(&c, &["trace", "news-gold"]);
+    let out = run(&c, &["trace", "--from-operator", "news-gold"]);
     ok(&out);
     assert!(
         out.stdout.contains("pools tried, in order"),
@@ -237,7 +240,15 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     .unwrap();
     let out = run(
         &c,
-        &["what-if", "-f", file.to_str().unwrap(), "-o", "json", "-v"],
+        &[
+            "what-if",
+            "--from-operator",
+            "-f",
+            file.to_str().unwrap(),
+            "-o",
+            "json",
+            "-v",
+        ],
     );
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
@@ -282,7 +293,17 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
         let (out, ms) = timed(&c, &["map", "-o", "json"]);
         ok(&out);
         map_ms.push(ms);
-        let (out, ms) = timed(&c, &["trace", "sports-silver", "-o", "json", "-v"]);
+        let (out, ms) = timed(
+            &c,
+            &[
+                "trace",
+                "--from-operator",
+                "sports-silver",
+                "-o",
+                "json",
+                "-v",
+            ],
+        );
         ok(&out);
         assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
         trace_ms.push(ms);
@@ -341,10 +362,22 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     assert!(out.success(), "{}", out.stderr);
     wait_ready(&c, "probe").await;
     wait_nodes_list(&c, "default/probe", 1).await;
-    let out = run(&c, &["trace", "probe", "-o", "json", "-v"]);
+    let out = run(
+        &c,
+        &["trace", "--from-operator", "probe", "-o", "json", "-v"],
+    );
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
-    let out = run(&c, &["what-if", "-f", file.to_str().unwrap(), "-v"]);
+    let out = run(
+        &c,
+        &[
+            "what-if",
+            "--from-operator",
+            "-f",
+            file.to_str().unwrap(),
+            "-v",
+        ],
+    );
     ok(&out);
     assert_eq!(
         answered_by(&out),
@@ -457,7 +490,10 @@ async fn the_plugin_reaches_the_leader_pod_with_no_url_also_after_a_leader_chang
     let by_service = out.json();
     assert_eq!(by_service["bundleId"], "default.routed");
     // The leader's trace, as the port-forward route has it: the same decisions.
-    let out = run(&c, &["trace", "routed", "-o", "json", "-v"]);
+    let out = run(
+        &c,
+        &["trace", "--from-operator", "routed", "-o", "json", "-v"],
+    );
     ok(&out);
     assert_eq!(answered_by(&out), format!("{NS}/{leader}"));
     let by_portforward = out.json();
