@@ -16,8 +16,6 @@ pub struct NodeBook {
     drains: HashMap<String, DrainStatus>,
     /// The ManagerNode generation the node controller last acted on.
     generations: HashMap<String, i64>,
-    /// Why a node's drain waits for a disruption budget (the `DisruptionBlocked` condition).
-    drain_blocked: HashMap<String, String>,
 }
 
 /// What a drain did so far, as its status counts it.
@@ -38,7 +36,6 @@ impl NodeBook {
             health,
             drains: HashMap::new(),
             generations: HashMap::new(),
-            drain_blocked: HashMap::new(),
         }
     }
 
@@ -73,23 +70,6 @@ impl NodeBook {
     /// The ManagerNode generation last acted on.
     pub fn generation(&self, node: &str) -> Option<i64> {
         self.generations.get(node).copied()
-    }
-
-    /// The drain of `node` waits for a budget, for `why`: true when that is news (not the
-    /// reason already recorded).
-    pub fn block_drain(&mut self, node: &str, why: String) -> bool {
-        let before = self.drain_blocked.insert(node.to_owned(), why);
-        before != self.drain_blocked.get(node).cloned()
-    }
-
-    /// The drain of `node` no longer waits: true when it did.
-    pub fn unblock_drain(&mut self, node: &str) -> bool {
-        self.drain_blocked.remove(node).is_some()
-    }
-
-    /// Why the drain of `node` waits, if it does.
-    pub fn drain_blocked(&self, node: &str) -> Option<String> {
-        self.drain_blocked.get(node).cloned()
     }
 
     /// Whether a drain of `node` is under way.
@@ -166,15 +146,5 @@ mod tests {
             Some(t1)
         );
         assert!(b.drain_status("m", 0, true, later).is_none());
-    }
-
-    #[test]
-    fn a_blocked_drain_is_news_once_per_reason() {
-        let mut b = book();
-        assert!(b.block_drain("n", "budget of a".into()));
-        assert!(!b.block_drain("n", "budget of a".into()));
-        assert!(b.block_drain("n", "budget of b".into()));
-        assert!(b.unblock_drain("n"));
-        assert!(!b.unblock_drain("n"));
     }
 }
