@@ -638,7 +638,13 @@ async fn the_plugin_finds_the_leader_pod_by_the_charts_labels_and_the_lease() {
     );
     // Another release's name.
     fails(
-        &run(&["trace", "--from-operator", "news", "--operator-release", "team-b"]),
+        &run(&[
+            "trace",
+            "--from-operator",
+            "news",
+            "--operator-release",
+            "team-b",
+        ]),
         1,
         "no operator Pod of release team-b in namespace automanager-system",
     );

@@ -125,7 +125,11 @@ async fn examples_run_over_the_published_api_and_another_client_s_job_is_never_t
             None => None,
         })
         .collect();
-    assert_eq!(images, ["registry.example.com/norsk/media:latest"], "{stored:?}");
+    assert_eq!(
+        images,
+        ["registry.example.com/norsk/media:latest"],
+        "{stored:?}"
+    );
     assert_eq!(
         stored.services[0].restart,
         service::ServiceRestart::OnFailure as i32
