@@ -32,13 +32,14 @@ if [ -z "$e2e" ]; then
 fi
 # The operator over the published API with our extension: which of its 8 RPCs it called (each
 # test prints the names its sim served; the union is counted).
-ext=$(cargo test -q -p automanager-e2e --test published_extension -- --nocapture 2>>"$log" | grep '^manager-api-ext-e2e ' || true)
+# (-q prints a test's progress dot on the line a parallel test's figures may follow.)
+ext=$(cargo test -q -p automanager-e2e --test published_extension -- --nocapture 2>>"$log" | grep -o 'manager-api-ext-e2e used=[A-Za-z,]*' || true)
 if [ -z "$ext" ]; then
   cat "$log" >&2
   echo "test-manager-api: the extension's end-to-end tests printed no figures" >&2
   exit 1
 fi
-ext_rpcs=$(sed -n 's/^manager-api-ext-e2e used=//p' <<<"$ext" | tr ',' '\n' | sed '/^$/d' | sort -u | wc -l)
+ext_rpcs=$(sed -n 's/^manager-api-ext-e2e used=//p' <<<"$ext" | tr ',' '\n' | sed '/^$/d' | sort -u | wc -l | tr -d ' ')
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<" $2"; }
 # A forced reconnect at 10k jobs / 2k nodes (the published client's bench).
 bench=$(cargo bench -q -p manager-client --bench published_mirror 2>>"$log" | grep '^published-mirror ' || true)
