@@ -20,5 +20,6 @@ pub mod probe;
 pub mod process_metrics;
 pub mod published_catalog;
 pub mod runtime;
+pub mod scope;
 pub mod settings;
 pub mod state;

@@ -22,9 +22,9 @@ pub struct Settings {
     pub rejection_window: Duration,
     pub status_write_interval: Duration,
     pub bundle_concurrency: u16,
-    pub watch_namespaces: Vec<String>,
-    /// This operator does the cluster-scoped work (see `OperatorConfig::cluster_scope`).
-    pub owns_cluster_scope: bool,
+    /// What this installation owns: its namespaces (`watchNamespaces`) and whether it does the
+    /// cluster-scoped work (`clusterScope`). Every "is this ours?" asks it.
+    pub scope: crate::scope::Scope,
     pub drain_parallelism: u16,
     /// The migration queue's limits (`migration.maxParallel`, `migration.maxParallelPerNode`).
     pub migration_limits: automanager_policy::migration_queue::Limits,
@@ -97,8 +97,7 @@ impl Settings {
             rejection_window: c.node_health.rejection_window,
             status_write_interval: c.status_write_interval,
             bundle_concurrency: c.concurrency.bundles.max(1),
-            watch_namespaces: c.watch_namespaces.clone(),
-            owns_cluster_scope: c.cluster_scope,
+            scope: crate::scope::Scope::new(c.watch_namespaces.clone(), c.cluster_scope),
             drain_parallelism: c.migration.drain_parallelism.max(1),
             migration_limits: automanager_policy::migration_queue::Limits {
                 global: usize::from(c.migration.max_parallel.max(1)),

@@ -1021,7 +1021,7 @@ async fn an_operator_without_the_cluster_scope_places_its_bundles_and_writes_not
     else {
         return;
     };
-    assert!(!h.settings.owns_cluster_scope);
+    assert!(!h.settings.scope.owns_cluster_scope());
     let target: automanager_api::HotSpareTarget = serde_json::from_value(serde_json::json!({
         "apiVersion": "automanager.norsk.io/v1alpha1", "kind": "HotSpareTarget",
         "metadata": {"name": "east-spares"},

@@ -127,15 +127,14 @@ impl Fleet {
     /// those of every Migration not ended, of `extra` bundle ids, and of the jobs on nodes
     /// being terminated.
     pub(crate) async fn gather(ctx: &Context, extra: &[String]) -> Result<Fleet, Error> {
-        let watched = &ctx.settings.watch_namespaces;
-        let migrations: Vec<Migration> = match watched.as_slice() {
-            [] => {
+        let migrations: Vec<Migration> = match ctx.settings.scope.namespaces() {
+            None => {
                 Api::<Migration>::all(ctx.client.clone())
                     .list(&ListParams::default())
                     .await?
                     .items
             }
-            namespaces => {
+            Some(namespaces) => {
                 let mut all = Vec::new();
                 for ns in namespaces {
                     all.extend(

@@ -109,8 +109,7 @@ impl Bundles<'_> {
     async fn get(&mut self, ns: &str, name: &str) -> Result<Option<&Bundle>, Error> {
         let key = (ns.to_owned(), name.to_owned());
         if !self.seen.contains_key(&key) {
-            let watched = self.ctx.settings.watch_namespaces.is_empty()
-                || self.ctx.settings.watch_namespaces.iter().any(|n| n == ns);
+            let watched = self.ctx.settings.scope.owns_namespace(ns);
             let found = if watched {
                 Api::<Bundle>::namespaced(self.ctx.client.clone(), ns)
                     .get_opt(name)

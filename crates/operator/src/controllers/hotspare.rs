@@ -41,7 +41,7 @@ impl super::Finalized for HotSpareTarget {
 
     /// Spares are provisioned and reported by the operator that owns the cluster scope.
     fn reconciled_here(ctx: &Context) -> bool {
-        ctx.settings.owns_cluster_scope
+        ctx.settings.scope.owns_cluster_scope()
     }
 
     fn api(&self, ctx: &Context) -> Result<Api<HotSpareTarget>, Error> {

@@ -43,14 +43,12 @@ pub(crate) fn watched_apis<K>(ctx: &Context) -> Vec<kube::Api<K>>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
 {
-    if ctx.settings.watch_namespaces.is_empty() {
-        vec![kube::Api::all(ctx.client.clone())]
-    } else {
-        ctx.settings
-            .watch_namespaces
+    match ctx.settings.scope.namespaces() {
+        None => vec![kube::Api::all(ctx.client.clone())],
+        Some(namespaces) => namespaces
             .iter()
             .map(|ns| kube::Api::namespaced(ctx.client.clone(), ns))
-            .collect()
+            .collect(),
     }
 }
 

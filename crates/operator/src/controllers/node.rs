@@ -326,7 +326,7 @@ impl MirrorSync {
             return;
         }
         let desired = self.observe();
-        if !self.ctx.settings.owns_cluster_scope {
+        if !self.ctx.settings.scope.owns_cluster_scope() {
             return;
         }
         let keep: HashSet<String> = desired.iter().map(|(n, _)| n.clone()).collect();
@@ -345,7 +345,7 @@ impl MirrorSync {
         let ctx = &self.ctx;
         let now = ctx.clock.now();
         let unhealthy_now = ctx.state().nodes_mut().unhealthy_nodes(now);
-        let owns = ctx.settings.owns_cluster_scope;
+        let owns = ctx.settings.scope.owns_cluster_scope();
         let (loads, written) = (&mut self.loads, &self.written);
         ctx.manager.mirror().read(|m| {
             if owns {
@@ -633,7 +633,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
             .set_generation(&node_id, node.metadata.generation);
         was
     });
-    if !ctx.settings.owns_cluster_scope {
+    if !ctx.settings.scope.owns_cluster_scope() {
         // The cordon is in the model for placement; its Events and drains are the owner's.
         return Ok(Action::await_change());
     }

@@ -38,7 +38,7 @@ pub async fn reconcile(pool: Arc<PlacementPool>, ctx: Arc<Context>) -> Result<Ac
 async fn pass(pool: &Arc<PlacementPool>, ctx: &Arc<Context>) -> Result<Action, Error> {
     let (pool, ctx) = (pool.clone(), ctx.clone());
     super::timed("placementpool", &ctx, async {
-        if !ctx.settings.owns_cluster_scope {
+        if !ctx.settings.scope.owns_cluster_scope() {
             // Another operator owns the pool's status and finalizer; this one only places into it.
             observe(&pool, &ctx);
             return Ok(Action::await_change());

@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use automanager_api::{self as api, Bundle, OnFailure, PriorityBand};
 use automanager_placement as pl;
-use automanager_policy::ids::BundleId;
 use automanager_policy::preempt::{self, NodeCandidate, RunningJob};
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
@@ -295,17 +294,12 @@ fn candidate_nodes(
 /// The Bundle of a victim, when it is one of ours whose bronze band drops (a Bundle that
 /// overrides bronze to `restart` would only restart the victim elsewhere).
 async fn droppable_bundle(ctx: &Context, bundle_id: &str) -> Result<Option<Bundle>, Error> {
-    let Some(id) = BundleId::parse(bundle_id) else {
+    // Another operator's bundles (one watching other namespaces on the same Manager) are not
+    // this one's to stop.
+    let Some(id) = ctx.settings.scope.our_bundle(bundle_id) else {
         return Ok(None);
     };
     let (ns, name) = id.object();
-    // Another operator's bundles (one watching other namespaces on the same Manager) are not
-    // this one's to stop.
-    if !ctx.settings.watch_namespaces.is_empty()
-        && !ctx.settings.watch_namespaces.iter().any(|w| w == ns)
-    {
-        return Ok(None);
-    }
     let bundle = Api::<Bundle>::namespaced(ctx.client.clone(), ns)
         .get_opt(name)
         .await?;

@@ -45,7 +45,7 @@ pub async fn run_reclaim(ctx: Arc<Context>) {
     let mut told: HashMap<String, String> = HashMap::new();
     loop {
         tokio::time::sleep(TICK).await;
-        if !ctx.settings.owns_cluster_scope || !ctx.manager_ready() {
+        if !ctx.settings.scope.owns_cluster_scope() || !ctx.manager_ready() {
             continue;
         }
         if let Err(e) = pass(&ctx, &mut told).await {
@@ -217,7 +217,8 @@ async fn observe_jobs(
     let mut migrations: HashMap<String, Vec<Migration>> = HashMap::new();
     let mut out = Vec::new();
     for (job, node_id) in on {
-        let Some(id) = mapping::BundleId::parse(&job.bundle_id) else {
+        // Another installation's jobs on the node are not this one's to move.
+        let Some(id) = ctx.settings.scope.our_bundle(&job.bundle_id) else {
             continue;
         };
         let (ns, name) = id.object();

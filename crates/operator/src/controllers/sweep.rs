@@ -27,6 +27,7 @@ use manager_proto as proto;
 
 use super::{Context, Error, is_final_answer};
 use crate::mapping;
+use crate::scope::Scope;
 
 /// The caches the sweep compares Manager's state with.
 pub struct Owners {
@@ -92,14 +93,10 @@ pub async fn sweep_once(
         return Ok(0);
     }
     let known = Known::from(owners);
-    let candidates = ctx.manager.mirror().read(|m| {
-        candidates(
-            m,
-            &known,
-            &ctx.settings.watch_namespaces,
-            ctx.settings.owns_cluster_scope,
-        )
-    });
+    let candidates = ctx
+        .manager
+        .mirror()
+        .read(|m| candidates(m, &known, &ctx.settings.scope));
     let now_ms = ctx.clock.now().timestamp_millis();
     let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
     let mut removed = 0;
@@ -150,13 +147,8 @@ impl From<&Owners> for Known {
 }
 
 /// Everything orphaned now, by the caches.
-fn candidates(
-    m: &MirrorState,
-    known: &Known,
-    watched: &[String],
-    owns_cluster_scope: bool,
-) -> Vec<Orphan> {
-    let ours = |id: &BundleId| watched.is_empty() || watched.iter().any(|n| n == id.object().0);
+fn candidates(m: &MirrorState, known: &Known, scope: &Scope) -> Vec<Orphan> {
+    let ours = |id: &BundleId| scope.owns_bundle(id);
     let mut out: Vec<Orphan> = m
         .bundles
         .keys()
@@ -177,11 +169,13 @@ fn candidates(
         let gone = match &owner {
             // Spares are the cluster scope owner's to keep or remove.
             NodeOwner::SpareTarget(name) => {
-                owns_cluster_scope && !known.spare_targets.contains(name)
+                scope.owns_cluster_scope() && !known.spare_targets.contains(name)
             }
             NodeOwner::BundleReplica(id) => ours(id) && !known.bundles.contains(id.as_str()),
             // Migrations are namespaced: with a narrowed watch another namespace's may exist.
-            NodeOwner::Migration(id) => watched.is_empty() && !known.migrations.contains(id),
+            NodeOwner::Migration(id) => {
+                scope.owns_every_namespace() && !known.migrations.contains(id)
+            }
         };
         let idle = !m
             .jobs_on(&node.node_id)
@@ -340,7 +334,7 @@ mod tests {
         m.nodes.insert("dead".into(), dead);
 
         let k = known(&["video.news"], &["live-target"]);
-        let mut all = candidates(&m, &k, &[], true);
+        let mut all = candidates(&m, &k, &Scope::default());
         all.sort();
         let want = vec![
             Orphan::Bundle(BundleId::parse("other.gone").unwrap_or_else(|| panic!())),
@@ -350,7 +344,7 @@ mod tests {
         ];
         assert_eq!(all, want);
         // Watching only `video`, another namespace's bundle is not the operator's to judge.
-        let scoped = candidates(&m, &k, &["video".to_owned()], false);
+        let scoped = candidates(&m, &k, &Scope::new(vec!["video".to_owned()], false));
         assert!(
             !scoped
                 .iter()
@@ -387,6 +381,6 @@ mod tests {
             ..Default::default()
         });
         let k = known(&["video.x"], &[]);
-        assert!(candidates(&m, &k, &[], true).is_empty());
+        assert!(candidates(&m, &k, &Scope::default()).is_empty());
     }
 }
