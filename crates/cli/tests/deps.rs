@@ -48,8 +48,10 @@ fn the_plugin_depends_on_the_api_and_pure_crates_only() {
         "{deps:#?}"
     );
     let mapping = manifest("../mapping/Cargo.toml");
+    // Manager's wire types (and prost, which encodes a job template) only with `wire`.
     assert!(mapping.contains("manager-proto = { path = \"../manager-proto\", optional = true }"));
-    assert!(mapping.contains("wire = [\"dep:manager-proto\"]"));
+    assert!(mapping.contains("prost = { workspace = true, optional = true }"));
+    assert!(mapping.contains("wire = [\"dep:manager-proto\", \"dep:prost\"]"));
 }
 
 /// kube's rustls client picks the process's crypto provider from rustls's features, and
