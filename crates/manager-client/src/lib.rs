@@ -67,7 +67,7 @@
 //!     jobs: vec![BundleJob {
 //!         job_name: "encode".into(),
 //!         requirements: Some(JobRequirements { required_capacity: 8.0, required_cores: 4, ..Default::default() }),
-//!         config: Vec::new(),
+//!         ..Default::default()
 //!     }],
 //!     ..Default::default()
 //! };
