@@ -17,19 +17,20 @@ use std::time::Duration;
 
 use automanager_api::{
     self as api, Bundle, ConsolidationMode, ConsolidationMove, ConsolidationNode,
-    ConsolidationStatus, ManagerNode, Migration, MigrationJobRef, MigrationSpec, PlacementPool,
+    ConsolidationStatus, ManagerNode, Migration, MigrationJobRef, PlacementPool,
 };
 use automanager_placement as pl;
 use automanager_policy::consolidation::{self as policy, BundleRules, PlacedJob};
 use automanager_policy::drain::MigrationOutcome;
 use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use manager_client::{ClientError, MirrorState};
 use manager_proto as proto;
 
+use super::move_request::{MoveName, MoveRequest, Requested, request_move};
 use super::{Context, Error, condition};
 use crate::mapping::{self, NodeOverlay};
 use crate::state::OperatorState;
@@ -737,52 +738,22 @@ async fn create_migration(
     let Some((ns, bundle)) = mapping::bundle_object(&m.bundle_id) else {
         return Ok(());
     };
-    let name = migration_name(node, &m.job_id);
-    let mig = Migration {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some(
-                [
-                    (
-                        api::CONSOLIDATION_NODE_LABEL.to_owned(),
-                        super::drain::node_label(node),
-                    ),
-                    (api::PURPOSE_LABEL.to_owned(), "consolidation".to_owned()),
-                ]
-                .into(),
-            ),
-            annotations: Some(
-                [(
-                    api::CONSOLIDATION_NODE_ANNOTATION.to_owned(),
-                    node.to_owned(),
-                )]
-                .into(),
-            ),
-            owner_references: owner.map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: MigrationSpec {
-            job: MigrationJobRef {
-                bundle,
-                replica: i32::try_from(m.replica).unwrap_or(i32::MAX),
-                job_name: m.job_name.clone(),
-            },
-            target_node: Some(m.target.clone()),
-            strategy: None,
-            abort: None,
-        },
-        status: None,
+    let job = MigrationJobRef {
+        bundle,
+        replica: i32::try_from(m.replica).unwrap_or(i32::MAX),
+        job_name: m.job_name.clone(),
     };
-    match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
-        .create(&PostParams::default(), &mig)
-        .await
-    {
-        Ok(_) => {
-            tracing::info!(node = %node, job = %m.job_id, target = %m.target, migration = %name, "consolidation: migrating job");
-            Ok(())
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
+    let req = MoveRequest::new(&ns, MoveName::Stable(migration_name(node, &m.job_id)), job)
+        .to(Some(m.target.clone()))
+        .label(
+            api::CONSOLIDATION_NODE_LABEL,
+            super::drain::node_label(node),
+        )
+        .label(api::PURPOSE_LABEL, "consolidation")
+        .annotate(api::CONSOLIDATION_NODE_ANNOTATION, node)
+        .owned_by(owner);
+    if let Requested::Created(name) = request_move(ctx, &req).await? {
+        tracing::info!(node = %node, job = %m.job_id, target = %m.target, migration = %name, "consolidation: migrating job");
     }
+    Ok(())
 }

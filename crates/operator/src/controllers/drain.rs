@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
-    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, MigrationSpec,
+    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase,
 };
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -22,6 +22,7 @@ use kube::{Resource, ResourceExt};
 use manager_client::ClientError;
 use manager_proto as proto;
 
+use super::move_request::{MoveName, MoveRequest, Requested, request_move};
 use super::{Context, Error};
 use crate::mapping;
 use crate::state::{DrainProgress, HeldMove, HoldNews};
@@ -437,39 +438,18 @@ async fn migrate(
         let Some((ns, bundle, replica, job_name)) = job_ref(ctx, job_id) else {
             continue;
         };
-        let name = migration_name(&node_object, job_id);
-        let mig = Migration {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(ns.clone()),
-                labels: Some([(api::DRAIN_NODE_LABEL.to_owned(), node_label(&node_object))].into()),
-                annotations: Some(
-                    [(api::DRAIN_NODE_ANNOTATION.to_owned(), node_object.clone())].into(),
-                ),
-                owner_references: node.controller_owner_ref(&()).map(|o| vec![o]),
-                ..Default::default()
-            },
-            spec: MigrationSpec {
-                job: MigrationJobRef {
-                    bundle,
-                    replica,
-                    job_name,
-                },
-                target_node: None,
-                strategy: None,
-                abort: None,
-            },
-            status: None,
+        let job = MigrationJobRef {
+            bundle,
+            replica,
+            job_name,
         };
-        match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
-            .create(&PostParams::default(), &mig)
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(node = %node_id, job = %job_id, migration = %name, "drain: migrating job");
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
+        let name = MoveName::Stable(migration_name(&node_object, job_id));
+        let req = MoveRequest::new(&ns, name, job)
+            .label(api::DRAIN_NODE_LABEL, node_label(&node_object))
+            .annotate(api::DRAIN_NODE_ANNOTATION, node_object.clone())
+            .owned_by(node.controller_owner_ref(&()));
+        if let Requested::Created(name) = request_move(ctx, &req).await? {
+            tracing::info!(node = %node_id, job = %job_id, migration = %name, "drain: migrating job");
         }
     }
     Ok(())

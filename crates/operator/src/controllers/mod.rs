@@ -12,6 +12,7 @@ pub mod drain;
 pub mod events;
 pub mod hotspare;
 pub mod migration;
+pub mod move_request;
 pub mod node;
 pub mod pool;
 pub mod preempt;

@@ -13,14 +13,15 @@
 //! `MigrationInProgress`, `WaitingForCapacity` or `RateLimited`; False with `SoftRulesHold`), a
 //! `RebalanceStarted` Event per Migration and `automanager_rebalances_total`.
 
-use automanager_api::{self as api, Bundle, Migration, MigrationJobRef, MigrationSpec};
+use automanager_api::{self as api, Bundle, Migration, MigrationJobRef};
 use automanager_placement as pl;
 use automanager_policy::rebalance::{self, At, Finding, Proposal, Verdict};
 use chrono::{DateTime, Utc};
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 
+use super::move_request::{MoveName, MoveRequest, Requested, request_move};
 use super::{Context, Error, now_ms};
 use crate::mapping;
 
@@ -269,34 +270,22 @@ async fn create(
     let ns = bundle.namespace().unwrap_or_default();
     let name = bundle.name_any();
     let prefix: String = name.chars().take(40).collect();
-    let mig = Migration {
-        metadata: ObjectMeta {
-            generate_name: Some(format!(
-                "{}-rebalance-",
-                prefix.trim_end_matches(['-', '.'])
-            )),
-            namespace: Some(ns.clone()),
-            labels: Some([(api::PURPOSE_LABEL.to_owned(), "rebalance".to_owned())].into()),
-            owner_references: bundle.controller_owner_ref(&()).map(|o| vec![o]),
-            ..Default::default()
-        },
-        spec: MigrationSpec {
-            job: MigrationJobRef {
-                bundle: name,
-                replica: i32::try_from(replica).unwrap_or(i32::MAX),
-                job_name: mv.job_name.clone(),
-            },
-            target_node: Some(mv.to.clone()),
-            // The job's declared strategy.
-            strategy: None,
-            abort: None,
-        },
-        status: None,
+    let fresh = MoveName::Fresh(format!(
+        "{}-rebalance-",
+        prefix.trim_end_matches(['-', '.'])
+    ));
+    let job = MigrationJobRef {
+        bundle: name,
+        replica: i32::try_from(replica).unwrap_or(i32::MAX),
+        job_name: mv.job_name.clone(),
     };
-    let created = Api::<Migration>::namespaced(ctx.client.clone(), &ns)
-        .create(&PostParams::default(), &mig)
-        .await?;
-    let created = created.name_any();
+    // The job's declared strategy.
+    let req = MoveRequest::new(&ns, fresh, job)
+        .to(Some(mv.to.clone()))
+        .label(api::PURPOSE_LABEL, "rebalance")
+        .owned_by(bundle.controller_owner_ref(&()));
+    let (Requested::Created(created) | Requested::Exists(created)) =
+        request_move(ctx, &req).await?;
     tracing::info!(namespace = %ns, bundle = %bundle.name_any(), replica, job = %mv.job_name, from = %mv.from, to = %mv.to, migration = %created, "rebalance: migrating job");
     Ok(created)
 }

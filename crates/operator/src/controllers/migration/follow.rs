@@ -7,12 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use automanager_api::{self as api, Bundle, Migration, MigrationJobRef, MigrationSpec};
+use automanager_api::{self as api, Bundle, Migration, MigrationJobRef};
 use automanager_policy::co_location;
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 
+use crate::controllers::move_request::{MoveName, MoveRequest, Requested, request_move};
 use crate::controllers::{Context, Error, drain};
 use crate::mapping;
 
@@ -65,14 +66,9 @@ pub(super) async fn create_followers(
             continue;
         }
         let follower = follower(mig, &name, job_id, target);
-        match Api::<Migration>::namespaced(ctx.client.clone(), &ns)
-            .create(&PostParams::default(), &follower)
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => continue,
-            Err(e) => return Err(e.into()),
-        }
+        let Requested::Created(follower_name) = request_move(ctx, &follower).await? else {
+            continue;
+        };
         tracing::info!(migration = %mig.name_any(), job = %name, to = %target, "co-located job follows");
         ctx.event(
             mig,
@@ -81,8 +77,7 @@ pub(super) async fn create_followers(
             "Migrate",
             format!(
                 "job {name} shares {}'s node by coLocateWith: Migration {} moves it to {target} too",
-                job.job_name,
-                follower.name_any()
+                job.job_name, follower_name
             ),
         )
         .await;
@@ -91,43 +86,31 @@ pub(super) async fn create_followers(
     Ok(created)
 }
 
-/// The Migration of `job_name` (Manager id `job_id`) to `target`, following `mig`.
-fn follower(mig: &Migration, job_name: &str, job_id: &str, target: &str) -> Migration {
-    let labels: BTreeMap<String, String> = mig
-        .labels()
-        .iter()
-        .filter(|(k, _)| {
-            [
-                api::PURPOSE_LABEL,
-                api::DRAIN_NODE_LABEL,
-                api::CONSOLIDATION_NODE_LABEL,
-            ]
-            .contains(&k.as_str())
-        })
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    Migration {
-        metadata: ObjectMeta {
-            name: Some(drain::named_migration("follow", &mig.name_any(), job_id)),
-            namespace: mig.namespace(),
-            labels: (!labels.is_empty()).then_some(labels),
-            annotations: Some([(FOLLOWS_ANNOTATION.to_owned(), mig.name_any())].into()),
-            owner_references: None,
-            ..Default::default()
-        },
-        spec: MigrationSpec {
-            job: MigrationJobRef {
-                bundle: mig.spec.job.bundle.clone(),
-                replica: mig.spec.job.replica,
-                job_name: job_name.to_owned(),
-            },
-            target_node: Some(target.to_owned()),
-            // The job's declared strategy.
-            strategy: None,
-            abort: None,
-        },
-        status: None,
+/// The move of `job_name` (Manager id `job_id`) to `target`, following `mig`: it keeps the
+/// first Migration's purpose and names it.
+fn follower(mig: &Migration, job_name: &str, job_id: &str, target: &str) -> MoveRequest {
+    let job = MigrationJobRef {
+        bundle: mig.spec.job.bundle.clone(),
+        replica: mig.spec.job.replica,
+        job_name: job_name.to_owned(),
+    };
+    let name = MoveName::Stable(drain::named_migration("follow", &mig.name_any(), job_id));
+    // The job's declared strategy.
+    let mut req = MoveRequest::new(&mig.namespace().unwrap_or_default(), name, job)
+        .to(Some(target.to_owned()))
+        .annotate(FOLLOWS_ANNOTATION, mig.name_any());
+    for (k, v) in mig.labels() {
+        if [
+            api::PURPOSE_LABEL,
+            api::DRAIN_NODE_LABEL,
+            api::CONSOLIDATION_NODE_LABEL,
+        ]
+        .contains(&k.as_str())
+        {
+            req = req.label(k, v.clone());
+        }
     }
+    req
 }
 
 #[cfg(test)]
@@ -151,7 +134,7 @@ mod tests {
             ]
             .into(),
         );
-        let f = follower(&first, "pkg", "live.news/1/pkg", "n2");
+        let f = follower(&first, "pkg", "live.news/1/pkg", "n2").migration();
         assert_eq!(f.spec.job.job_name, "pkg");
         assert_eq!(f.spec.job.replica, 1);
         assert_eq!(f.spec.target_node.as_deref(), Some("n2"));
