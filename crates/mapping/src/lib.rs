@@ -405,7 +405,9 @@ pub fn node(
         total_cores,
         used_cores: u32::try_from(usage.1).unwrap_or(0),
         capabilities,
-        cordoned: overlay.cordoned || overlay.consolidating,
+        // A node Manager will take (a reclaim notice) is no place for new work: nothing is
+        // placed, recovered or moved onto it, as on a cordoned node.
+        cordoned: overlay.cordoned || overlay.consolidating || n.reclaim_at_ms > 0,
         healthy: !overlay.unhealthy,
         spare,
         spare_band: if spare { spare_band } else { None },
@@ -484,6 +486,31 @@ mod tests {
         assert_eq!(ids_too_long(&fits, &spec), None);
         let long = bundle_id("default", &"b".repeat(250));
         assert!(ids_too_long(&long, &spec).is_some_and(|m| m.contains("more than the 253")));
+    }
+
+    #[cfg(feature = "wire")]
+    #[test]
+    fn a_node_under_a_reclaim_notice_takes_no_new_work() {
+        let n = proto::Node {
+            node_id: "n1".into(),
+            pool: "p".into(),
+            state: proto::NodeState::Started as i32,
+            inventory: Some(proto::NodeInventory {
+                capacity: 10.0,
+                cores: 4,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let open = node(&n, (0.0, 0), NodeOverlay::default(), None).unwrap_or_else(|| panic!());
+        assert!(!open.cordoned);
+        let noticed = proto::Node {
+            reclaim_at_ms: 1_700_000_000_000,
+            ..n
+        };
+        let closed =
+            node(&noticed, (0.0, 0), NodeOverlay::default(), None).unwrap_or_else(|| panic!());
+        assert!(closed.cordoned);
     }
 
     #[test]

@@ -8,13 +8,12 @@
 //! `purpose: reclaim`, never held by a disruption window; CreateNode for the early nodes);
 //! record (Events on the node when its plan changes).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::{
-    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, MigrationSpec,
-    PlacementPool,
+    self as api, Bundle, ManagerNode, Migration, MigrationJobRef, MigrationPhase, PlacementPool,
 };
 use automanager_policy::notice::{
     self, BudgetUse, FreeNode, LeftReason, MoveTimes, NoticeInput, NoticePlan, NoticedJob,
@@ -22,10 +21,11 @@ use automanager_policy::notice::{
 };
 use chrono::{TimeDelta, Utc};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use kube::runtime::events::EventType;
 use manager_proto as proto;
 
+use super::move_request::{MoveName, MoveRequest, Requested, request_move};
 use super::{Context, Error};
 use crate::mapping;
 
@@ -382,50 +382,31 @@ async fn act(
         let Some((_, place)) = jobs.iter().find(|(j, _)| j.job_id == m.job_id) else {
             continue;
         };
-        // The deadline marks it as a move that takes over the job's held Migration.
-        let mut annotations = BTreeMap::from([(
-            api::DEADLINE_ANNOTATION.to_owned(),
-            m.deadline
-                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        )]);
+        let job = MigrationJobRef {
+            bundle: place.bundle.clone(),
+            replica: place.replica,
+            job_name: place.job_name.clone(),
+        };
+        let name = MoveName::Stable(migration_name(&m.from, &m.job_id));
+        // The deadline marks it as a move that takes over the job's held Migration. The plan's
+        // destination is a capacity estimate: the Migration's own placement picks the node, so
+        // the Bundle's rules (other replicas, co-located jobs) hold for a reclaim move too.
+        let mut req = MoveRequest::new(&place.namespace, name, job)
+            .by(m.strategy)
+            .label(api::PURPOSE_LABEL, "reclaim")
+            .annotate(
+                api::DEADLINE_ANNOTATION,
+                m.deadline
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            );
         if let BudgetUse::Broken { reason } = &m.budget {
-            annotations.insert(
-                api::BUDGET_OVERRIDE_ANNOTATION.to_owned(),
+            req = req.annotate(
+                api::BUDGET_OVERRIDE_ANNOTATION,
                 reason.chars().take(1000).collect::<String>(),
             );
         }
-        let mig = Migration {
-            metadata: ObjectMeta {
-                name: Some(migration_name(&m.from, &m.job_id)),
-                namespace: Some(place.namespace.clone()),
-                labels: Some([(api::PURPOSE_LABEL.to_owned(), "reclaim".to_owned())].into()),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: MigrationSpec {
-                job: MigrationJobRef {
-                    bundle: place.bundle.clone(),
-                    replica: place.replica,
-                    job_name: place.job_name.clone(),
-                },
-                target_node: match &m.destination {
-                    notice::Destination::Node(id) => Some(id.clone()),
-                    notice::Destination::Provisioned { .. } => None,
-                },
-                strategy: Some(m.strategy),
-                abort: None,
-            },
-            status: None,
-        };
-        match Api::<Migration>::namespaced(ctx.client.clone(), &place.namespace)
-            .create(&PostParams::default(), &mig)
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(node = %m.from, job = %m.job_id, strategy = m.strategy.as_str(), deadline = %m.deadline, takes_over = ?place.held, "reclaim: moving job")
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
+        if let Requested::Created(_) = request_move(ctx, &req).await? {
+            tracing::info!(node = %m.from, job = %m.job_id, strategy = m.strategy.as_str(), deadline = %m.deadline, takes_over = ?place.held, "reclaim: moving job");
         }
     }
     for (pool, count) in &plan.provision {
