@@ -7,6 +7,8 @@ QUICKSTART_DIR ?= .tmp/quickstart
 
 # Areas add what `make test` needs first (an npm install, say) to TEST_PREREQS in their mk file.
 TEST_PREREQS += control-plane
+# How many end-to-end suites run side by side in `make test` (scripts/test-e2e-lanes.sh).
+E2E_LANES ?= 2
 
 crds: ## regenerate crds/*.yaml, the Helm chart's copy and docs/reference/crds.md from crates/api
 	$(CARGO) run -q -p automanager-api --bin crdgen -- crds
@@ -21,16 +23,23 @@ test: $(TEST_PREREQS) ## the whole test suite: unit, property, component and e2e
 	@mkdir -p .tmp
 	@echo "==> promtool for crates/operator/tests/alert_rules.rs, built in the background at nice 10 (log: .tmp/promtool-build.log; instant when cached)"
 	@(nice -n 10 tools/promtool/build.sh > .tmp/promtool-build.log 2>&1 &)
-	@echo "==> cargo test --workspace (control plane binaries: $(K8S_BIN))"
-	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test --workspace --no-fail-fast
+	@echo "==> cargo test: every crate but the end-to-end suites (control plane binaries: $(K8S_BIN))"
+	@status=0; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test --workspace --exclude automanager-e2e --no-fail-fast || status=$$?; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --lib || status=$$?; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" scripts/test-e2e-lanes.sh || status=$$?; \
+	exit $$status
 	@echo "==> demo smoke test (the README's first command, stopping once every bundle is Ready)"
 	$(MAKE) --no-print-directory demo-smoke DEMO_BUILD_ARGS="--workspace --bins --tests --examples"
 
 test-unit: ## tests that need no control plane
 	$(CARGO) test --workspace --exclude automanager-e2e --exclude testenv
 
-test-e2e: control-plane ## only the end-to-end suites
-	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --no-fail-fast
+test-e2e: control-plane ## only the end-to-end suites (E2E_LANES of them side by side)
+	@status=0; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --lib || status=$$?; \
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" scripts/test-e2e-lanes.sh || status=$$?; \
+	exit $$status
 
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
