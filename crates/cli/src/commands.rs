@@ -450,11 +450,25 @@ async fn what_if(
             status: 200,
             message: format!("an answer this plugin does not understand ({e}): {raw}"),
         })?;
+    show_what_if(g, obj, &spec, &namespace, &answer, &raw, cluster.as_ref()).await
+}
+
+/// Shows a what-if answer (`data` as it came, or rendered with the pools' packing when the
+/// cluster is at hand) and refuses when the bundle would not be admitted now.
+async fn show_what_if(
+    g: &GlobalArgs,
+    obj: &crate::input::SourceObject,
+    spec: &api::Bundle,
+    namespace: &str,
+    answer: &render::whatif::WhatIf,
+    data: &impl serde::Serialize,
+    cluster: Option<&Cluster>,
+) -> Result<(), CliError> {
     if g.output.is_data() {
-        print_data(&g.output, &raw, &[format!("bundle/{}", obj.name())])?;
+        print_data(&g.output, data, &[format!("bundle/{}", obj.name())])?;
     } else {
         let view = TraceView {
-            packing: match &cluster {
+            packing: match cluster {
                 Some(c) => packing(c).await,
                 None => BTreeMap::new(),
             },
@@ -462,7 +476,7 @@ async fn what_if(
             ..TraceView::default()
         };
         let name = format!("{namespace}/{}", obj.name());
-        write_out(&render::whatif::render(&name, &answer, &spec.spec, &view))?;
+        write_out(&render::whatif::render(&name, answer, &spec.spec, &view))?;
     }
     if answer.fits() {
         Ok(())
@@ -497,25 +511,7 @@ async fn what_if_here(
         now,
     );
     let answer = render::whatif::WhatIf { result, decisions };
-    if g.output.is_data() {
-        print_data(&g.output, &answer, &[format!("bundle/{}", obj.name())])?;
-    } else {
-        let view = TraceView {
-            packing: packing(&c).await,
-            wide: g.output == Output::Wide,
-            ..TraceView::default()
-        };
-        let name = format!("{namespace}/{}", obj.name());
-        write_out(&render::whatif::render(&name, &answer, &spec.spec, &view))?;
-    }
-    if answer.fits() {
-        Ok(())
-    } else {
-        Err(CliError::Refused(format!(
-            "bundle {namespace}/{} would not be admitted now",
-            obj.name()
-        )))
-    }
+    show_what_if(g, obj, spec, &namespace, &answer, &answer, Some(&c)).await
 }
 
 /// `trace` from the bundle's PlacementHistory, which the apiserver keeps: any operator replica
