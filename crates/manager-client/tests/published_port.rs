@@ -36,6 +36,27 @@ fn catalog_of(config: &SimConfig) -> PoolCatalog {
     catalog
 }
 
+/// manager-sim (with our extension or without it), the published client, and the operator's
+/// client over the port, after the first snapshot.
+async fn over_the_port(
+    config: &SimConfig,
+    extension: bool,
+) -> (manager_sim::SimHandle, Arc<PublishedClient>, ManagerClient) {
+    let sim = if extension {
+        Sim::start(config.clone()).await
+    } else {
+        Sim::start_without_extension(config.clone()).await
+    }
+    .expect("sim");
+    let published =
+        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
+    let port = PublishedPort::new(Arc::clone(&published), catalog_of(config), OWNER);
+    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
+        .expect("client over the port");
+    client.wait_ready(WAIT).await.expect("first snapshot");
+    (sim, published, client)
+}
+
 async fn until(client: &ManagerClient, what: &str, test: impl Fn(&MirrorState) -> bool) {
     client.wait_until(WAIT, test).await.unwrap_or_else(|e| {
         panic!(
@@ -50,15 +71,7 @@ async fn until(client: &ManagerClient, what: &str, test: impl Fn(&MirrorState) -
 async fn the_operator_s_client_runs_over_the_published_api() {
     let config = SimConfig::demo();
     // The published API alone: standard mode.
-    let sim = Sim::start_without_extension(config.clone())
-        .await
-        .expect("sim");
-    let published =
-        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
-    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
-    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
-        .expect("client over the port");
-    client.wait_ready(WAIT).await.expect("first snapshot");
+    let (sim, published, client) = over_the_port(&config, false).await;
     assert_eq!(client.features(), manager_client::ManagerFeatures::STANDARD);
 
     // The demo's physical nodes are the fixed pool's, with the capacity they declare.
@@ -278,13 +291,7 @@ async fn started(client: &ManagerClient, key: &str) {
 #[tokio::test]
 async fn warm_nodes_notices_and_migrations_go_through_our_extension() {
     let config = quick_power();
-    let sim = Sim::start(config.clone()).await.expect("sim");
-    let published =
-        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
-    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
-    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
-        .expect("client over the port");
-    client.wait_ready(WAIT).await.expect("first snapshot");
+    let (sim, published, client) = over_the_port(&config, true).await;
     assert_eq!(
         client.features(),
         manager_client::ManagerFeatures::ALL,
@@ -463,16 +470,7 @@ async fn a_job_template_is_stored_as_manager_s_job_and_only_a_change_updates_it(
     use manager_proto::api::common::service::{Container, ServiceRestart};
     use manager_proto::api::manager::job_history_entry::HistoryEntry;
 
-    let config = SimConfig::demo();
-    let sim = Sim::start_without_extension(config.clone())
-        .await
-        .expect("sim");
-    let published =
-        Arc::new(PublishedClient::connect(PublishedConfig::new(sim.endpoint())).expect("connect"));
-    let port = PublishedPort::new(Arc::clone(&published), catalog_of(&config), OWNER);
-    let client = ManagerClient::over(Arc::new(port), &ClientConfig::new(sim.endpoint()))
-        .expect("client over the port");
-    client.wait_ready(WAIT).await.expect("first snapshot");
+    let (_sim, published, client) = over_the_port(&SimConfig::demo(), false).await;
 
     // What automanager_mapping::job_template makes of a Bundle's template.
     let template = |image: &str| -> Vec<u8> {
