@@ -316,7 +316,7 @@ impl Metrics {
         );
         registry.register(
             "automanager_disruptions_blocked",
-            "Voluntary actions that waited because a bundle's disruption budget would be broken, by action (migration, drain, spareRotation); counted once per action and blocking bundle",
+            "Voluntary actions that waited for a bundle's disruption budget or its closed disruption windows, by action (migration, drain, spareRotation); counted once per action and blocking bundle",
             disruptions_blocked.clone(),
         );
         registry.register(
