@@ -526,10 +526,7 @@ async fn history(
     let b = bundle(&c, name).await?;
     let api: Api<api::PlacementHistory> = Api::namespaced(c.client.clone(), &c.namespace);
     let Some(found) = get_opt(&c.target, &api, name).await? else {
-        let phase = b
-            .status
-            .map(|s| format!("{:?}", s.phase))
-            .unwrap_or_else(|| "no status yet".into());
+        let phase = phase_of(&b);
         return Err(CliError::NotFound {
             kind: "placement history of bundle",
             name: format!("{}/{name}", c.namespace),
@@ -553,6 +550,14 @@ async fn history(
     Ok(())
 }
 
+/// A Bundle's phase as the "not found" hints show it.
+fn phase_of(b: &api::Bundle) -> String {
+    b.status
+        .as_ref()
+        .map(|s| format!("{:?}", s.phase))
+        .unwrap_or_else(|| "no status yet".into())
+}
+
 async fn trace(
     g: &GlobalArgs,
     name: &str,
@@ -566,10 +571,7 @@ async fn trace(
     let found = client.trace(&c.namespace, name).await?;
     say_route(g, &client)?;
     let Some(raw) = found else {
-        let phase = b
-            .status
-            .map(|s| format!("{:?}", s.phase))
-            .unwrap_or_else(|| "no status yet".into());
+        let phase = phase_of(&b);
         return Err(CliError::NotFound {
             kind: "placement trace of bundle",
             name: format!("{}/{name}", c.namespace),
