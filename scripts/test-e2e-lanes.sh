@@ -35,6 +35,8 @@ run_suite() {
   rc=0
   "$cargo" test -q -p automanager-e2e --test "$suite" -- --color never >"$out/$suite.log" 2>&1 || rc=$?
   echo "$suite $rc $(( $(date +%s) - start ))" >"$out/$suite.result"
+  # A line as each suite ends, so a long run shows progress; the outputs follow at the end.
+  echo "--- e2e suite $suite ended: exit $rc in $(( $(date +%s) - start ))s"
 }
 export -f run_suite
 export cargo out
