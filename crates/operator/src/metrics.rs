@@ -226,7 +226,251 @@ struct Inner {
     consolidation_terminated: Family<PoolLabels, Counter>,
     consolidation_abandoned: Family<PoolLabels, Counter>,
     consolidation_planned: Family<PoolLabels, Gauge>,
-    // The start time and build info live only in the registry: they are set once, below.
+    // The start time and build info live only in the registry: they are set once, at registration.
+}
+
+impl Inner {
+    /// Every metric, none registered yet. The held-moves series exist at 0 from the start, so
+    /// an alert on them reads 0 rather than no data.
+    fn unregistered() -> Self {
+        let held_moves = Family::<HeldLabels, Gauge>::default();
+        for kind in HELD_KINDS {
+            for reason in HELD_REASONS {
+                held_moves
+                    .get_or_create(&HeldLabels {
+                        kind: kind.into(),
+                        reason: reason.into(),
+                    })
+                    .set(0);
+            }
+        }
+        Inner {
+            registry: Registry::default(),
+            placements_attempted: Default::default(),
+            placements_succeeded: Default::default(),
+            placements_failed: Default::default(),
+            jobs_rejected: Default::default(),
+            bundles_broken: Default::default(),
+            jobs_dropped: Default::default(),
+            pool_nodes: Default::default(),
+            pool_max_nodes: Default::default(),
+            pool_used_capacity_ratio: Default::default(),
+            broken_bundles: Default::default(),
+            connection_state: Default::default(),
+            reconcile_duration: Family::new_with_constructor(reconcile_histogram),
+            migrations: Default::default(),
+            migration_phase_start: Default::default(),
+            migrations_seen: Mutex::new(HashMap::new()),
+            spare_seen: Mutex::new(HashSet::new()),
+            spares: Default::default(),
+            warm_spare_starts: Default::default(),
+            leader: Default::default(),
+            bundle_broken: Default::default(),
+            orphans_removed: Default::default(),
+            disruptions_blocked: Default::default(),
+            involuntary_disruptions: Default::default(),
+            preemptions: Default::default(),
+            jobs_preempted: Default::default(),
+            rebalances: Default::default(),
+            migrations_queued: Default::default(),
+            held_moves,
+            zone_degraded: Default::default(),
+            consolidation_terminated: Default::default(),
+            consolidation_abandoned: Default::default(),
+            consolidation_planned: Default::default(),
+        }
+    }
+}
+
+/// Registers the metrics of bundles, placements, restarts and drops, and the reconcilers' own timing.
+fn register_bundles(r: &mut Registry, m: &Inner) {
+    r.register(
+        "automanager_placements_attempted",
+        "Placement decisions attempted for a replica",
+        m.placements_attempted.clone(),
+    );
+    r.register(
+        "automanager_placements_succeeded",
+        "Placement decisions whose jobs were all started",
+        m.placements_succeeded.clone(),
+    );
+    r.register(
+        "automanager_placements_failed",
+        "Placement decisions that found no node or whose start failed",
+        m.placements_failed.clone(),
+    );
+    r.register(
+        "automanager_jobs_rejected",
+        "Job starts a node refused",
+        m.jobs_rejected.clone(),
+    );
+    r.register(
+        "automanager_bundle_breaks",
+        "Times a bundle was marked Broken after exceeding maxRestartsPerHour",
+        m.bundles_broken.clone(),
+    );
+    r.register(
+        "automanager_jobs_dropped",
+        "Jobs dropped after a failure because their band drops (bronze)",
+        m.jobs_dropped.clone(),
+    );
+    r.register(
+        "automanager_broken_bundles",
+        "Bundles Broken now (automanager_broken_bundle_info names them)",
+        m.broken_bundles.clone(),
+    );
+    r.register(
+        "automanager_broken_bundle_info",
+        "1 for each Bundle that is Broken, by bundle_namespace and bundle (the TypeScript library's brokenBundleIds); the series goes when it is retried or deleted",
+        m.bundle_broken.clone(),
+    );
+    r.register(
+        "automanager_preemptions",
+        "Recoveries that stopped bronze jobs on one node to make room (bands.<band>.preempt), by the recovering band",
+        m.preemptions.clone(),
+    );
+    r.register(
+        "automanager_jobs_preempted",
+        "Bronze jobs stopped (and dropped) to make room for a gold or silver recovery",
+        m.jobs_preempted.clone(),
+    );
+    r.register(
+        "automanager_involuntary_disruptions",
+        "Replicas taken down by failures the budget does not block, by cause (jobFailed, nodeLost)",
+        m.involuntary_disruptions.clone(),
+    );
+    r.register(
+        "automanager_reconcile_duration_seconds",
+        "Duration of one reconcile, by controller and result (ok or error)",
+        m.reconcile_duration.clone(),
+    );
+}
+
+/// Registers the metrics of pools, spares, zones, consolidation and the orphan sweep.
+fn register_fleet(r: &mut Registry, m: &Inner) {
+    r.register(
+        "automanager_pool_nodes",
+        "Nodes in the placement pool",
+        m.pool_nodes.clone(),
+    );
+    r.register(
+        "automanager_pool_max_nodes",
+        "The most nodes the placement pool may hold: an elastic pool's maxNodes, a fixed pool's node count; no series for an elastic pool without maxNodes",
+        m.pool_max_nodes.clone(),
+    );
+    r.register(
+        "automanager_pool_used_capacity_ratio",
+        "The placement pool's capacity in use, from 0 to 1",
+        m.pool_used_capacity_ratio.clone(),
+    );
+    r.register(
+        "automanager_spares",
+        "A HotSpareTarget's spares per tier (hot, warm) and state: ready (hot: running and empty; warm: stopped), pending (on their way) and the target in effect",
+        m.spares.clone(),
+    );
+    r.register(
+        "automanager_warm_spare_starts",
+        "Asks to start a warm (stopped) spare, by pool and result (started, or refused by Manager)",
+        m.warm_spare_starts.clone(),
+    );
+    r.register(
+        "automanager_zone_degraded",
+        "1 for each zone of a pool the zone brake holds (it lost more than the configured fraction of its nodes within the window): no node is provisioned into it; the series goes when it recovers",
+        m.zone_degraded.clone(),
+    );
+    r.register(
+        "automanager_consolidation_nodes_terminated",
+        "Nodes consolidation emptied and terminated, by pool",
+        m.consolidation_terminated.clone(),
+    );
+    r.register(
+        "automanager_consolidation_nodes_abandoned",
+        "Nodes consolidation began to empty and gave up on (a move failed, or a job landed there), by pool",
+        m.consolidation_abandoned.clone(),
+    );
+    r.register(
+        "automanager_consolidation_planned_nodes",
+        "Nodes the pool's last consolidation plan would empty (dryRun and enabled), by pool",
+        m.consolidation_planned.clone(),
+    );
+    r.register(
+        "automanager_orphans_removed",
+        "Manager bundles and nodes the orphan sweep removed because their custom resource was gone, by kind (bundle, node)",
+        m.orphans_removed.clone(),
+    );
+}
+
+/// Registers the metrics of Migrations and drains, and what holds them.
+fn register_moves(r: &mut Registry, m: &Inner) {
+    r.register(
+        "automanager_migrations",
+        "Migration objects by phase (final phases stay counted while the objects exist)",
+        m.migrations.clone(),
+    );
+    r.register(
+        "automanager_migration_phase_start_time_seconds",
+        "When a migration not yet in a final phase entered its current phase (Unix seconds)",
+        m.migration_phase_start.clone(),
+    );
+    r.register(
+        "automanager_migrations_queued",
+        "Migrations waiting in Pending for the migration queue (parallelism limits or a disruption budget)",
+        m.migrations_queued.clone(),
+    );
+    r.register(
+        "automanager_held_moves",
+        "Drains and Migrations (kind) held past disruption.holdWarnAfter now, by what holds them (reason: BrokenBundle, DisruptionBudget, DisruptionWindow)",
+        m.held_moves.clone(),
+    );
+    r.register(
+        "automanager_disruptions_blocked",
+        "Voluntary actions that waited for a bundle's disruption budget or its closed disruption windows, by action (migration, drain, spareRotation); counted once per action and blocking bundle",
+        m.disruptions_blocked.clone(),
+    );
+    r.register(
+        "automanager_rebalances",
+        "Migrations the rebalancer created to move a bundle back to where its soft rules hold",
+        m.rebalances.clone(),
+    );
+}
+
+/// Registers the connection, leadership, start time, build and process metrics.
+fn register_process(r: &mut Registry, m: &Inner) {
+    r.register(
+        "automanager_manager_connection_state",
+        "Connection to Manager, one-hot by state (1 = current state)",
+        m.connection_state.clone(),
+    );
+    r.register(
+        "automanager_leader",
+        "1 while this operator replica holds the leader lease, else 0",
+        m.leader.clone(),
+    );
+    let start_time_seconds = Gauge::<f64, AtomicU64>::default();
+    start_time_seconds.set(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    );
+    r.register(
+        "automanager_start_time_seconds",
+        "When this operator process started, in seconds since the Unix epoch (the TypeScript library's startedAt)",
+        start_time_seconds,
+    );
+    let build_info = Family::<BuildLabels, Gauge>::default();
+    build_info
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            revision: env!("AUTOMANAGER_REVISION").to_owned(),
+            rustc: env!("AUTOMANAGER_RUSTC").to_owned(),
+        })
+        .set(1);
+    r.register(
+        "automanager_build_info",
+        "1, with the operator's version, source revision and compiler as labels",
+        build_info,
+    );
+    r.register_collector(Box::new(crate::process_metrics::ProcessCollector));
 }
 
 /// The operator's metrics. Cheap to clone; clones share one registry.
@@ -250,264 +494,15 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every metric registered (connection state starts at `idle`).
     pub fn new() -> Self {
+        let mut inner = Inner::unregistered();
         let mut registry = Registry::default();
-        let placements_attempted = Counter::default();
-        let placements_succeeded = Counter::default();
-        let placements_failed = Counter::default();
-        let jobs_rejected = Counter::default();
-        let bundles_broken = Counter::default();
-        let jobs_dropped = Counter::default();
-        let pool_nodes = Family::<PoolLabels, Gauge>::default();
-        let pool_max_nodes = Family::<PoolLabels, Gauge>::default();
-        let pool_used_capacity_ratio = Family::<PoolLabels, Gauge<f64, AtomicU64>>::default();
-        let broken_bundles = Gauge::default();
-        let connection_state = Family::<StateLabels, Gauge>::default();
-        let reconcile_duration =
-            Family::<ReconcileLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                reconcile_histogram,
-            );
-        let migrations = Family::<PhaseLabels, Gauge>::default();
-        let migration_phase_start = Family::<MigrationLabels, Gauge<f64, AtomicU64>>::default();
-        let spares = Family::<SpareTierLabels, Gauge>::default();
-        let warm_spare_starts = Family::<StartLabels, Counter>::default();
-        let leader = Gauge::default();
-        let bundle_broken = Family::<BundleLabels, Gauge>::default();
-        let orphans_removed = Family::<KindLabels, Counter>::default();
-        let disruptions_blocked = Family::<ActionLabels, Counter>::default();
-        let involuntary_disruptions = Family::<CauseLabels, Counter>::default();
-        let preemptions = Family::<BandLabels, Counter>::default();
-        let jobs_preempted = Counter::default();
-        let rebalances = Counter::default();
-        let migrations_queued = Gauge::default();
-        let held_moves = Family::<HeldLabels, Gauge>::default();
-        for kind in HELD_KINDS {
-            for reason in HELD_REASONS {
-                held_moves
-                    .get_or_create(&HeldLabels {
-                        kind: kind.into(),
-                        reason: reason.into(),
-                    })
-                    .set(0);
-            }
-        }
-        let zone_degraded = Family::<ZoneLabels, Gauge>::default();
-        let consolidation_terminated = Family::<PoolLabels, Counter>::default();
-        let consolidation_abandoned = Family::<PoolLabels, Counter>::default();
-        let consolidation_planned = Family::<PoolLabels, Gauge>::default();
-        let start_time_seconds = Gauge::<f64, AtomicU64>::default();
-        let build_info = Family::<BuildLabels, Gauge>::default();
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION").to_owned(),
-                revision: env!("AUTOMANAGER_REVISION").to_owned(),
-                rustc: env!("AUTOMANAGER_RUSTC").to_owned(),
-            })
-            .set(1);
-        start_time_seconds.set(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-        );
-
-        registry.register(
-            "automanager_orphans_removed",
-            "Manager bundles and nodes the orphan sweep removed because their custom resource was gone, by kind (bundle, node)",
-            orphans_removed.clone(),
-        );
-        registry.register(
-            "automanager_disruptions_blocked",
-            "Voluntary actions that waited for a bundle's disruption budget or its closed disruption windows, by action (migration, drain, spareRotation); counted once per action and blocking bundle",
-            disruptions_blocked.clone(),
-        );
-        registry.register(
-            "automanager_involuntary_disruptions",
-            "Replicas taken down by failures the budget does not block, by cause (jobFailed, nodeLost)",
-            involuntary_disruptions.clone(),
-        );
-        registry.register(
-            "automanager_preemptions",
-            "Recoveries that stopped bronze jobs on one node to make room (bands.<band>.preempt), by the recovering band",
-            preemptions.clone(),
-        );
-        registry.register(
-            "automanager_jobs_preempted",
-            "Bronze jobs stopped (and dropped) to make room for a gold or silver recovery",
-            jobs_preempted.clone(),
-        );
-        registry.register(
-            "automanager_rebalances",
-            "Migrations the rebalancer created to move a bundle back to where its soft rules hold",
-            rebalances.clone(),
-        );
-        registry.register(
-            "automanager_migrations_queued",
-            "Migrations waiting in Pending for the migration queue (parallelism limits or a disruption budget)",
-            migrations_queued.clone(),
-        );
-        registry.register(
-            "automanager_held_moves",
-            "Drains and Migrations (kind) held past disruption.holdWarnAfter now, by what holds them (reason: BrokenBundle, DisruptionBudget, DisruptionWindow)",
-            held_moves.clone(),
-        );
-        registry.register(
-            "automanager_placements_attempted",
-            "Placement decisions attempted for a replica",
-            placements_attempted.clone(),
-        );
-        registry.register(
-            "automanager_placements_succeeded",
-            "Placement decisions whose jobs were all started",
-            placements_succeeded.clone(),
-        );
-        registry.register(
-            "automanager_placements_failed",
-            "Placement decisions that found no node or whose start failed",
-            placements_failed.clone(),
-        );
-        registry.register(
-            "automanager_jobs_rejected",
-            "Job starts a node refused",
-            jobs_rejected.clone(),
-        );
-        registry.register(
-            "automanager_bundle_breaks",
-            "Times a bundle was marked Broken after exceeding maxRestartsPerHour",
-            bundles_broken.clone(),
-        );
-        registry.register(
-            "automanager_jobs_dropped",
-            "Jobs dropped after a failure because their band drops (bronze)",
-            jobs_dropped.clone(),
-        );
-        registry.register(
-            "automanager_pool_nodes",
-            "Nodes in the placement pool",
-            pool_nodes.clone(),
-        );
-        registry.register(
-            "automanager_pool_max_nodes",
-            "The most nodes the placement pool may hold: an elastic pool's maxNodes, a fixed pool's node count; no series for an elastic pool without maxNodes",
-            pool_max_nodes.clone(),
-        );
-        registry.register(
-            "automanager_pool_used_capacity_ratio",
-            "The placement pool's capacity in use, from 0 to 1",
-            pool_used_capacity_ratio.clone(),
-        );
-        registry.register(
-            "automanager_broken_bundles",
-            "Bundles Broken now (automanager_broken_bundle_info names them)",
-            broken_bundles.clone(),
-        );
-        registry.register(
-            "automanager_manager_connection_state",
-            "Connection to Manager, one-hot by state (1 = current state)",
-            connection_state.clone(),
-        );
-        registry.register(
-            "automanager_reconcile_duration_seconds",
-            "Duration of one reconcile, by controller and result (ok or error)",
-            reconcile_duration.clone(),
-        );
-
-        registry.register(
-            "automanager_migrations",
-            "Migration objects by phase (final phases stay counted while the objects exist)",
-            migrations.clone(),
-        );
-        registry.register(
-            "automanager_migration_phase_start_time_seconds",
-            "When a migration not yet in a final phase entered its current phase (Unix seconds)",
-            migration_phase_start.clone(),
-        );
-        registry.register(
-            "automanager_spares",
-            "A HotSpareTarget's spares per tier (hot, warm) and state: ready (hot: running and empty; warm: stopped), pending (on their way) and the target in effect",
-            spares.clone(),
-        );
-        registry.register(
-            "automanager_warm_spare_starts",
-            "Asks to start a warm (stopped) spare, by pool and result (started, or refused by Manager)",
-            warm_spare_starts.clone(),
-        );
-        registry.register(
-            "automanager_leader",
-            "1 while this operator replica holds the leader lease, else 0",
-            leader.clone(),
-        );
-        registry.register(
-            "automanager_broken_bundle_info",
-            "1 for each Bundle that is Broken, by bundle_namespace and bundle (the TypeScript library's brokenBundleIds); the series goes when it is retried or deleted",
-            bundle_broken.clone(),
-        );
-        registry.register(
-            "automanager_consolidation_nodes_terminated",
-            "Nodes consolidation emptied and terminated, by pool",
-            consolidation_terminated.clone(),
-        );
-        registry.register(
-            "automanager_consolidation_nodes_abandoned",
-            "Nodes consolidation began to empty and gave up on (a move failed, or a job landed there), by pool",
-            consolidation_abandoned.clone(),
-        );
-        registry.register(
-            "automanager_consolidation_planned_nodes",
-            "Nodes the pool's last consolidation plan would empty (dryRun and enabled), by pool",
-            consolidation_planned.clone(),
-        );
-        registry.register(
-            "automanager_zone_degraded",
-            "1 for each zone of a pool the zone brake holds (it lost more than the configured fraction of its nodes within the window): no node is provisioned into it; the series goes when it recovers",
-            zone_degraded.clone(),
-        );
-        registry.register(
-            "automanager_start_time_seconds",
-            "When this operator process started, in seconds since the Unix epoch (the TypeScript library's startedAt)",
-            start_time_seconds.clone(),
-        );
-        registry.register(
-            "automanager_build_info",
-            "1, with the operator's version, source revision and compiler as labels",
-            build_info,
-        );
-        registry.register_collector(Box::new(crate::process_metrics::ProcessCollector));
-
+        register_bundles(&mut registry, &inner);
+        register_fleet(&mut registry, &inner);
+        register_moves(&mut registry, &inner);
+        register_process(&mut registry, &inner);
+        inner.registry = registry;
         let metrics = Metrics {
-            inner: Arc::new(Inner {
-                registry,
-                placements_attempted,
-                placements_succeeded,
-                placements_failed,
-                jobs_rejected,
-                bundles_broken,
-                jobs_dropped,
-                pool_nodes,
-                pool_max_nodes,
-                pool_used_capacity_ratio,
-                broken_bundles,
-                connection_state,
-                reconcile_duration,
-                migrations,
-                migration_phase_start,
-                migrations_seen: Mutex::new(HashMap::new()),
-                spare_seen: Mutex::new(HashSet::new()),
-                spares,
-                warm_spare_starts,
-                leader,
-                bundle_broken,
-                orphans_removed,
-                disruptions_blocked,
-                involuntary_disruptions,
-                preemptions,
-                jobs_preempted,
-                rebalances,
-                migrations_queued,
-                held_moves,
-                zone_degraded,
-                consolidation_terminated,
-                consolidation_abandoned,
-                consolidation_planned,
-            }),
+            inner: Arc::new(inner),
         };
         metrics.set_connection_state("idle");
         metrics
