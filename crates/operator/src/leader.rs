@@ -158,71 +158,15 @@ async fn elect<F: Future<Output = ()>>(
                     "leader election started"
                 );
                 let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.lease_namespace);
-                let mut check = tokio::time::interval(CHECK_EVERY);
-                check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                // Until when the lease is known to be ours (unix seconds), from the last read.
-                let mut valid_until: Option<i64> = None;
-                let stopping = loop {
-                    let held = *inner_rx.borrow_and_update();
-                    let leader = held && valid_until.is_some_and(|t| clock.now().timestamp() < t);
-                    match valid_until.filter(|_| leader) {
-                        Some(t) => fence.hold_for(Duration::from_secs(
-                            u64::try_from(t.saturating_sub(clock.now().timestamp())).unwrap_or(0),
-                        )),
-                        None => fence.close(),
-                    }
-                    if *tx.borrow() != leader {
-                        tracing::info!(identity, leader, "leadership changed");
-                    }
-                    let _ = tx.send(leader);
-                    tokio::select! {
-                        () = &mut shutdown => break true,
-                        changed = inner_rx.changed() => {
-                            if changed.is_err() {
-                                break false;
-                            }
-                            if *inner_rx.borrow() {
-                                valid_until = confirm(&leases, settings, identity).await.or(valid_until);
-                            }
-                        }
-                        _ = check.tick() => {
-                            if held {
-                                valid_until = confirm(&leases, settings, identity).await.or(valid_until);
-                            }
-                        }
-                    }
+                let lease = Held {
+                    leases: &leases,
+                    settings,
+                    identity,
+                    tx,
+                    fence,
                 };
-                // Stop acting first, then let go of the lease: closing the channel makes
-                // kube-lease-manager's task release it and return. Its release trusts its
-                // cached view of the Lease and would clear a lease someone else has taken
-                // since, so release only what a fresh read shows is still ours.
-                fence.close();
-                let _ = tx.send(false);
-                let abort = handle.abort_handle();
-                let ours = confirm(&leases, settings, identity)
-                    .await
-                    .is_some_and(|t| t > 0);
-                if !ours {
-                    abort.abort();
-                    tracing::info!(identity, "not holding the lease; nothing to release");
-                }
-                drop(inner_rx);
-                match tokio::time::timeout(RELEASE_TIMEOUT, handle).await {
-                    Ok(Ok(Ok(_))) if stopping => tracing::info!(identity, "lease released"),
-                    Ok(Ok(Ok(_))) => {
-                        tracing::warn!(identity, "lease manager stopped; restarting it")
-                    }
-                    Ok(Ok(Err(e))) => tracing::warn!(identity, error = %e, "lease manager failed"),
-                    Ok(Err(e)) if e.is_cancelled() => {}
-                    Ok(Err(e)) => tracing::warn!(identity, error = %e, "lease manager task failed"),
-                    Err(_) => {
-                        abort.abort();
-                        tracing::warn!(
-                            identity,
-                            "lease release timed out; the lease will lapse instead"
-                        );
-                    }
-                }
+                let stopping = lease.follow(&mut inner_rx, clock, &mut shutdown).await;
+                lease.release(inner_rx, handle, stopping).await;
                 if stopping {
                     return;
                 }
@@ -242,6 +186,104 @@ async fn elect<F: Future<Output = ()>>(
             () = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// One run of kube-lease-manager's task: what `elect` follows and then lets go of.
+struct Held<'a> {
+    leases: &'a Api<Lease>,
+    settings: &'a LeaderElectionConfig,
+    identity: &'a str,
+    tx: &'a watch::Sender<bool>,
+    fence: &'a Fence,
+}
+
+impl Held<'_> {
+    /// Publishes leadership as the lease manager reports it, confirmed by reading the Lease,
+    /// until `shutdown` (true) or the lease manager's task ends (false).
+    async fn follow<F: Future<Output = ()>>(
+        &self,
+        inner_rx: &mut watch::Receiver<bool>,
+        clock: &dyn Clock,
+        shutdown: &mut Pin<&mut F>,
+    ) -> bool {
+        let (settings, identity) = (self.settings, self.identity);
+        let mut check = tokio::time::interval(CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Until when the lease is known to be ours (unix seconds), from the last read.
+        let mut valid_until: Option<i64> = None;
+        loop {
+            let held = *inner_rx.borrow_and_update();
+            let leader = held && valid_until.is_some_and(|t| clock.now().timestamp() < t);
+            match valid_until.filter(|_| leader) {
+                Some(t) => self.fence.hold_for(Duration::from_secs(
+                    u64::try_from(t.saturating_sub(clock.now().timestamp())).unwrap_or(0),
+                )),
+                None => self.fence.close(),
+            }
+            if *self.tx.borrow() != leader {
+                tracing::info!(identity, leader, "leadership changed");
+            }
+            let _ = self.tx.send(leader);
+            tokio::select! {
+                () = &mut *shutdown => return true,
+                changed = inner_rx.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                    if *inner_rx.borrow() {
+                        valid_until = confirm(self.leases, settings, identity).await.or(valid_until);
+                    }
+                }
+                _ = check.tick() => {
+                    if held {
+                        valid_until = confirm(self.leases, settings, identity).await.or(valid_until);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops acting first, then lets go of the lease: closing the channel makes
+    /// kube-lease-manager's task release it and return. Its release trusts its cached view of
+    /// the Lease and would clear a lease someone else has taken since, so only what a fresh
+    /// read shows is still ours is released.
+    async fn release(
+        &self,
+        inner_rx: watch::Receiver<bool>,
+        handle: tokio::task::JoinHandle<
+            Result<kube_lease_manager::LeaseManager, LeaseManagerError>,
+        >,
+        stopping: bool,
+    ) {
+        let identity = self.identity;
+        self.fence.close();
+        let _ = self.tx.send(false);
+        let abort = handle.abort_handle();
+        let ours = confirm(self.leases, self.settings, identity)
+            .await
+            .is_some_and(|t| t > 0);
+        if !ours {
+            abort.abort();
+            tracing::info!(identity, "not holding the lease; nothing to release");
+        }
+        drop(inner_rx);
+        match tokio::time::timeout(RELEASE_TIMEOUT, handle).await {
+            Ok(Ok(Ok(_))) if stopping => tracing::info!(identity, "lease released"),
+            Ok(Ok(Ok(_))) => {
+                tracing::warn!(identity, "lease manager stopped; restarting it")
+            }
+            Ok(Ok(Err(e))) => tracing::warn!(identity, error = %e, "lease manager failed"),
+            Ok(Err(e)) if e.is_cancelled() => {}
+            Ok(Err(e)) => tracing::warn!(identity, error = %e, "lease manager task failed"),
+            Err(_) => {
+                abort.abort();
+                tracing::warn!(
+                    identity,
+                    "lease release timed out; the lease will lapse instead"
+                );
+            }
+        }
     }
 }
 
