@@ -3,7 +3,7 @@ CARGO ?= cargo
 K8S_BIN = $(shell tools/control-plane/build.sh)
 QUICKSTART_DIR ?= .tmp/quickstart
 
-.PHONY: crds test test-unit test-e2e lint fmt quickstart quickstart-down
+.PHONY: crds test test-unit test-e2e test-e2e-published test-e2e-standard lint fmt quickstart quickstart-down
 
 # Areas add what `make test` needs first (an npm install, say) to TEST_PREREQS in their mk file.
 TEST_PREREQS += control-plane
@@ -40,6 +40,19 @@ test-e2e: control-plane ## only the end-to-end suites (E2E_LANES of them side by
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --lib || status=$$?; \
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" scripts/test-e2e-lanes.sh || status=$$?; \
 	exit $$status
+
+# The suites that prove the operator's core over the published API alone (standard mode):
+# placement, recovery, drains, spares and Migrations (which say there that they need our extension).
+E2E_STANDARD_SUITES ?= operator migration spares published_api
+
+test-e2e-published: control-plane ## every end-to-end suite over Manager's published API with our extension
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" \
+	  AUTOMANAGER_E2E_MANAGER_API=published E2E_LANES_DIR=.tmp/e2e-lanes-published scripts/test-e2e-lanes.sh
+
+test-e2e-standard: control-plane ## the core end-to-end suites over Manager's published API alone (no extension: standard mode)
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" \
+	  AUTOMANAGER_E2E_MANAGER_API=published-standard E2E_LANES_DIR=.tmp/e2e-lanes-standard \
+	  E2E_SUITES="$(E2E_STANDARD_SUITES)" scripts/test-e2e-lanes.sh
 
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check

@@ -6,6 +6,9 @@
 # Why lanes: each suite starts its own control plane, simulator and operator and mostly waits on
 # timers and processes, so one after another leaves the CPUs idle; side by side they finish in a
 # fraction of the time. Each suite still runs its own tests as cargo does (libtest's threads).
+#
+# E2E_SUITES (space-separated suite names) runs those instead of every suite; the suites read
+# AUTOMANAGER_E2E_MANAGER_API (tests/e2e/src/stack.rs) from the environment, which this passes on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lanes=${E2E_LANES:-2}
@@ -24,6 +27,16 @@ tests = [t for t in pkg["targets"] if "test" in t["kind"] and not t.get("require
 tests.sort(key=lambda t: (-os.path.getsize(t["src_path"]), t["name"]))
 print("\n".join(t["name"] for t in tests))
 ')
+if [ -n "${E2E_SUITES:-}" ]; then
+  # Keep the size order, and refuse a name that is not a suite rather than skip it.
+  for want in $E2E_SUITES; do
+    if ! grep -qx "$want" <<<"$suites"; then
+      echo "e2e-lanes: E2E_SUITES names $want, which is not a suite without features" >&2
+      exit 1
+    fi
+  done
+  suites=$(grep -xF -f <(tr ' ' '\n' <<<"$E2E_SUITES" | grep .) <<<"$suites")
+fi
 if [ -z "$suites" ]; then
   echo "e2e-lanes: no suites found" >&2
   exit 1
@@ -41,7 +54,7 @@ run_suite() {
 export -f run_suite
 export cargo out
 
-echo "==> e2e suites in $lanes lanes: $(echo "$suites" | tr '\n' ' ')"
+echo "==> e2e suites in $lanes lanes (manager API: ${AUTOMANAGER_E2E_MANAGER_API:-default}): $(echo "$suites" | tr '\n' ' ')"
 started=$(date +%s)
 echo "$suites" | xargs -P "$lanes" -I{} bash -c 'run_suite "$@"' _ {} || true
 
@@ -58,5 +71,5 @@ for suite in $(echo "$suites" | sort); do
   [ "$rc" = 0 ] || failed+=("$suite")
 done
 total=$(echo "$suites" | wc -l)
-echo "e2e suites=$total lanes=$lanes failed=${#failed[@]} took_s=$(( $(date +%s) - started ))${failed:+ failed_suites=$(IFS=,; echo "${failed[*]}")}"
+echo "e2e suites=$total lanes=$lanes api=${AUTOMANAGER_E2E_MANAGER_API:-default} failed=${#failed[@]} took_s=$(( $(date +%s) - started ))${failed:+ failed_suites=$(IFS=,; echo "${failed[*]}")}"
 [ "${#failed[@]}" = 0 ]

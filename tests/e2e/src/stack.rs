@@ -13,6 +13,53 @@ use std::time::{Duration, Instant};
 
 use crate::{SetupError, TestEnv, env_with_crds, repo_root};
 
+/// Which of Manager's APIs a [`Stack`]'s operator speaks and its sim serves, chosen for every
+/// Stack of a test process by `AUTOMANAGER_E2E_MANAGER_API`: `v1` (our first API), `published`
+/// (Manager's published API with our extension) or `published-standard` (the published API
+/// alone, the sim started with `--no-extension`: the operator's standard mode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManagerApi {
+    V1,
+    Published,
+    PublishedStandard,
+}
+
+/// The environment variable that chooses [`ManagerApi`].
+pub const MANAGER_API_ENV: &str = "AUTOMANAGER_E2E_MANAGER_API";
+
+impl ManagerApi {
+    /// The API chosen by [`MANAGER_API_ENV`] (unset: [`ManagerApi::V1`]); panics on a value it
+    /// does not know, so a misspelt lane does not quietly run the default.
+    pub fn from_env() -> ManagerApi {
+        match std::env::var(MANAGER_API_ENV) {
+            Err(_) => ManagerApi::V1,
+            Ok(v) => ManagerApi::parse(&v).unwrap_or_else(|| {
+                panic!("{MANAGER_API_ENV}={v:?}: expected v1, published or published-standard")
+            }),
+        }
+    }
+
+    pub fn parse(v: &str) -> Option<ManagerApi> {
+        match v.trim() {
+            "" | "v1" => Some(ManagerApi::V1),
+            "published" => Some(ManagerApi::Published),
+            "published-standard" => Some(ManagerApi::PublishedStandard),
+            _ => None,
+        }
+    }
+
+    /// Whether the operator speaks the published API.
+    pub fn published(self) -> bool {
+        self != ManagerApi::V1
+    }
+
+    /// Whether the Manager serves what 1.0.384 lacks (warm nodes, the migration handshake,
+    /// reclaim notices): our first API does, the published one only with our extension.
+    pub fn extended(self) -> bool {
+        self != ManagerApi::PublishedStandard
+    }
+}
+
 /// The binaries the stack runs.
 pub struct Binaries {
     pub operator: PathBuf,
@@ -198,6 +245,9 @@ impl Drop for Proc {
 
 /// The running product.
 pub struct Stack {
+    /// The API the operator speaks and the sim serves ([`ManagerApi::from_env`], unless the
+    /// test's config names one).
+    pub api: ManagerApi,
     pub operator: Proc,
     pub sim: Proc,
     /// `http://127.0.0.1:PORT` of the simulated Manager.
@@ -354,13 +404,20 @@ impl Stack {
             .prefix("automanager-e2e-")
             .tempdir()
             .map_err(|e| SetupError(e.to_string()))?;
-        let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, sim_args)?;
+        let chosen = ManagerApi::from_env();
+        let mut sim_args: Vec<String> = sim_args.iter().map(|a| (*a).to_owned()).collect();
+        if chosen == ManagerApi::PublishedStandard && !sim_args.iter().any(|a| a == NO_EXTENSION) {
+            sim_args.push(NO_EXTENSION.to_owned());
+        }
+        let args: Vec<&str> = sim_args.iter().map(String::as_str).collect();
+        let (sim, sim_endpoint) = start_sim(dir.path(), sim_config, None, &args)?;
         let [http_port, debug_port] = free_ports()?;
         let mut config: serde_json::Map<String, serde_json::Value> = serde_saphyr::from_str(&format!(
             "manager: {{url: \"{sim_endpoint}\"}}\nhttp: {{bindAddress: \"127.0.0.1:{http_port}\", debugBindAddress: \"127.0.0.1:{debug_port}\"}}\nleaderElection: {{enabled: true, leaseNamespace: default}}\nstatusWriteInterval: 100ms\n"
         ))
         .map_err(|e| SetupError(e.to_string()))?;
         adjust(&mut config);
+        let api = choose_api(&mut config, chosen, &sim_args);
         let config_path = dir.path().join("operator.yaml");
         std::fs::write(
             &config_path,
@@ -368,6 +425,7 @@ impl Stack {
         )
         .map_err(|e| SetupError(e.to_string()))?;
         let mut stack = Stack {
+            api,
             operator: Proc {
                 name: "automanager-operator",
                 child: None,
@@ -376,7 +434,7 @@ impl Stack {
             sim,
             sim_endpoint,
             sim_config: sim_config.to_path_buf(),
-            sim_args: sim_args.iter().map(|a| (*a).to_owned()).collect(),
+            sim_args,
             sim_restarts: 0,
             operator_http: format!("http://127.0.0.1:{http_port}"),
             operator_debug_http: format!("http://127.0.0.1:{debug_port}"),
@@ -640,6 +698,48 @@ impl Stack {
             },
         )
         .await
+    }
+}
+
+/// The sim's argument that leaves our extension out.
+const NO_EXTENSION: &str = "--no-extension";
+
+/// Sets `manager.api` in the operator's config to `chosen`'s unless the test named one itself,
+/// and returns the API the stack then runs: a test that names its API (the published API's own
+/// suites) keeps it whatever the environment says.
+fn choose_api(
+    config: &mut serde_json::Map<String, serde_json::Value>,
+    chosen: ManagerApi,
+    sim_args: &[String],
+) -> ManagerApi {
+    let manager = config
+        .entry("manager")
+        .or_insert_with(|| serde_json::json!({}));
+    let Some(manager) = manager.as_object_mut() else {
+        return chosen;
+    };
+    let extended = !sim_args.iter().any(|a| a == NO_EXTENSION);
+    match manager.get("api").and_then(serde_json::Value::as_str) {
+        Some("published") if extended => ManagerApi::Published,
+        Some("published") => ManagerApi::PublishedStandard,
+        Some(_) => ManagerApi::V1,
+        None => {
+            // Named even for v1, so the stack runs what was chosen whatever the operator's
+            // own default is.
+            let name = if chosen.published() {
+                "published"
+            } else {
+                "v1"
+            };
+            manager.insert("api".into(), name.into());
+            if chosen.published() && extended {
+                ManagerApi::Published
+            } else if chosen.published() {
+                ManagerApi::PublishedStandard
+            } else {
+                ManagerApi::V1
+            }
+        }
     }
 }
 
