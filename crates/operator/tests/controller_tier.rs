@@ -17,6 +17,8 @@ mod common;
 mod consolidation;
 #[path = "controller_tier/finalizers.rs"]
 mod finalizers;
+#[path = "controller_tier/foreign.rs"]
+mod foreign;
 #[path = "controller_tier/holds.rs"]
 mod holds;
 #[path = "controller_tier/migrations.rs"]

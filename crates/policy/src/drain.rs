@@ -24,9 +24,14 @@
 //!   reclaim notice's move took the job over while the drain's waited) is that move's: the
 //!   drain creates no other Migration for it and never hands it to recovery.
 //! - **Jobs that belong to no Bundle** cannot be migrated by the operator (it knows neither their
-//!   rules nor their owner); they do not hold the drain up and stop with the node.
-//! - **Done** when no managed job is left on the node and no Migration is in flight: the node is
-//!   then terminated, like a `terminate` drain of an empty node.
+//!   rules nor their owner). One left by a Bundle of ours that is gone does not hold the drain up
+//!   and stops with the node.
+//! - **Another client's job is not ours to touch.** A job whose bundle id is not of the
+//!   operator's form (or is another installation's) is neither moved nor stopped, and the node
+//!   is not terminated under it: the drain waits, naming it, until its owner moves it.
+//! - **Done** when no managed job is left on the node, no Migration is in flight and no other
+//!   client's job runs there: the node is then terminated, like a `terminate` drain of an empty
+//!   node.
 //!
 //! Counting: `migrated` is the number of Completed Migrations, `fell_back` the number of jobs
 //! whose Migration failed (recovered or dropped by band, which the caller resolves).
@@ -45,6 +50,8 @@ pub struct DrainJob {
     /// for that move rather than start one the one-at-a-time rule would refuse, which would
     /// then hand the job to recovery in the middle of its move.
     pub moving: bool,
+    /// It is another client's (not of a Bundle of ours): the node is not terminated under it.
+    pub foreign: bool,
 }
 
 /// Where one of the drain's Migrations stands.
@@ -82,7 +89,10 @@ pub struct DrainPlan {
     pub fell_back: usize,
     /// Managed jobs still on the node.
     pub remaining: usize,
-    /// Nothing managed is left on the node and nothing is in flight: terminate the node.
+    /// Other clients' jobs on the node: the drain waits for them to leave.
+    pub foreign: Vec<String>,
+    /// Nothing managed is left on the node, nothing is in flight and no other client's job is
+    /// there: terminate the node.
     pub done: bool,
 }
 
@@ -148,7 +158,13 @@ pub fn plan_drain(
             _ => {}
         }
     }
-    plan.done = managed.is_empty() && plan.in_flight == 0;
+    plan.foreign = jobs_on_node
+        .iter()
+        .filter(|j| j.foreign && !j.managed)
+        .map(|j| j.job_id.clone())
+        .collect();
+    plan.foreign.sort();
+    plan.done = managed.is_empty() && plan.in_flight == 0 && plan.foreign.is_empty();
     plan
 }
 
@@ -168,6 +184,7 @@ mod tests {
             managed: true,
             running: true,
             moving: false,
+            foreign: false,
         }
     }
 
@@ -234,16 +251,38 @@ mod tests {
     }
 
     #[test]
-    fn unmanaged_jobs_neither_migrate_nor_hold_the_drain_up() {
+    fn jobs_left_by_a_gone_bundle_of_ours_neither_migrate_nor_hold_the_drain_up() {
         let jobs = [DrainJob {
-            job_id: "other/0/x".into(),
+            job_id: "ns.gone/0/x".into(),
             managed: false,
             running: true,
             moving: false,
+            foreign: false,
         }];
         let plan = plan_drain(&jobs, &[mig("a", MigrationOutcome::Completed)], 2);
         assert!(plan.migrate.is_empty());
         assert!(plan.done);
+    }
+
+    #[test]
+    fn another_clients_job_is_never_moved_and_keeps_the_node_from_termination() {
+        let theirs = DrainJob {
+            job_id: "their-bundle/0/x".into(),
+            managed: false,
+            running: true,
+            moving: false,
+            foreign: true,
+        };
+        let plan = plan_drain(
+            std::slice::from_ref(&theirs),
+            &[mig("a", MigrationOutcome::Completed)],
+            2,
+        );
+        assert!(plan.migrate.is_empty() && plan.fall_back.is_empty());
+        assert_eq!(plan.foreign, ["their-bundle/0/x"]);
+        assert!(!plan.done, "their job still runs there");
+        // Once its owner has moved it, the node is the drain's to terminate.
+        assert!(plan_drain(&[], &[mig("a", MigrationOutcome::Completed)], 2).done);
     }
 
     #[test]
@@ -318,17 +357,17 @@ mod tests {
         #[test]
         fn never_more_than_the_parallelism_in_flight_and_never_a_job_twice(
             states in proptest::collection::vec(
-                (any::<bool>(), outcome(), any::<bool>(), any::<bool>()),
+                (any::<bool>(), outcome(), any::<bool>(), any::<bool>(), any::<bool>()),
                 0..24,
             ),
             parallelism in 0usize..6,
         ) {
             let mut jobs = Vec::new();
             let mut migs = Vec::new();
-            for (i, (on_node, o, managed, running)) in states.iter().enumerate() {
+            for (i, (on_node, o, managed, running, foreign)) in states.iter().enumerate() {
                 let id = format!("j{i:02}");
                 if *on_node {
-                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed, running: *running, moving: false });
+                    jobs.push(DrainJob { job_id: id.clone(), managed: *managed, running: *running, moving: false, foreign: *foreign && !*managed });
                 }
                 if let Some(o) = o {
                     migs.push(mig(&id, *o));
@@ -347,7 +386,7 @@ mod tests {
                 prop_assert!(migs.iter().any(|m| &m.job_id == j && m.outcome == MigrationOutcome::Failed));
                 prop_assert!(jobs.iter().any(|d| &d.job_id == j));
             }
-            prop_assert_eq!(plan.done, plan.remaining == 0 && plan.in_flight == 0);
+            prop_assert_eq!(plan.done, plan.remaining == 0 && plan.in_flight == 0 && plan.foreign.is_empty());
         }
 
         #[test]

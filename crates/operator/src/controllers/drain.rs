@@ -178,6 +178,9 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
     migrate(node, node_id, ctx, &plan.migrate).await?;
     fall_back(node, ctx, &plan.fall_back).await?;
     let dropped = record(node_id, ctx, &mut seen, &plan).await?;
+    if !plan.foreign.is_empty() && plan.remaining == 0 && plan.in_flight == 0 {
+        waits_for_others(ctx, node, node_id, &plan.foreign).await;
+    }
     if plan.done {
         terminate(node, node_id, ctx, &plan, dropped).await?;
         return Ok(Action::await_change());
@@ -237,11 +240,13 @@ async fn observe<'a>(
             }
             None => (false, false),
         };
+        let foreign = is_foreign(ctx, &job_id);
         jobs.push(DrainJob {
             job_id,
             managed,
             running,
             moving,
+            foreign,
         });
     }
     let listed = drop_stale(ctx, drain_migrations(ctx, &node.name_any()).await?).await;
@@ -293,6 +298,51 @@ fn jobs_on(ctx: &Context, node_id: &str) -> Vec<(String, bool)> {
             })
             .collect()
     })
+}
+
+/// Whether a Manager job is another client's: its bundle id is not one this installation
+/// gives (`<namespace>.<name>` in a watched namespace). Not ours to move or stop, nor to
+/// terminate its node under.
+fn is_foreign(ctx: &Context, job_id: &str) -> bool {
+    ctx.manager.mirror().read(|m| {
+        m.jobs
+            .get(job_id)
+            .is_some_and(|j| ctx.settings.scope.our_bundle(&j.bundle_id).is_none())
+    })
+}
+
+/// The other clients' jobs Manager shows on the node (starting or running there), in id order:
+/// while there is one, a drain does not terminate the node.
+pub(crate) fn foreign_jobs_on(ctx: &Context, node_id: &str) -> Vec<String> {
+    let mut foreign: Vec<String> = jobs_on(ctx, node_id)
+        .into_iter()
+        .map(|(job_id, _)| job_id)
+        .filter(|job_id| is_foreign(ctx, job_id))
+        .collect();
+    foreign.sort();
+    foreign
+}
+
+/// A drain that has done its part waits for other clients' jobs to leave the node: a Warning
+/// Event names them (repeats are aggregated by the Event recorder).
+pub(crate) async fn waits_for_others(
+    ctx: &Context,
+    node: &ManagerNode,
+    node_id: &str,
+    foreign: &[String],
+) {
+    tracing::info!(node = %node_id, jobs = ?foreign, "drain waits: jobs of another client run on the node");
+    ctx.event(
+        node,
+        EventType::Warning,
+        "DrainWaitsForOtherClients",
+        "Drain",
+        format!(
+            "node {node_id} is not terminated while jobs that are not this operator's run there ({}); it stays cordoned, and the drain ends once their owner has moved or stopped them",
+            foreign.join(", ")
+        ),
+    )
+    .await;
 }
 
 /// The Migrations labelled with the drained node.

@@ -692,6 +692,13 @@ async fn terminate_drain(
             }
         }
     }
+    // Another client's job on the node is not ours to stop: the node waits for it, whatever
+    // `whenHeld` says.
+    let foreign = super::drain::foreign_jobs_on(ctx, node_id);
+    if !foreign.is_empty() {
+        super::drain::waits_for_others(ctx, node, node_id, &foreign).await;
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
     ctx.state()
         .nodes_mut()

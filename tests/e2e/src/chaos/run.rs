@@ -1515,9 +1515,10 @@ pub fn held_by_its_bundle(m: &serde_json::Value, holding: &BTreeMap<String, Hold
             .is_some_and(|b| holding.contains_key(b))
 }
 
-/// Whether a drain of `node` rightly waits on the schedule's holds: a job of a Bundle in
-/// `holding` still runs there and, for a `migrate` drain (which moves each job on its own),
-/// every job still there is such a one; a `terminate` drain waits for its holders as a whole.
+/// Whether a drain of `node` rightly waits: another client's job runs there (the node is not
+/// terminated under it), or on the schedule's holds: a job of a Bundle in `holding` still runs
+/// there and, for a `migrate` drain (which moves each job on its own), every job still there
+/// is such a one; a `terminate` drain waits for its holders as a whole.
 fn held_on(
     node: &str,
     terminate: bool,
@@ -1530,7 +1531,7 @@ fn held_on(
             .and_then(|r| r.strip_prefix('.'))
             .is_some_and(|name| holding.contains_key(name))
     };
-    let on: Vec<bool> = world
+    let running_there: Vec<&str> = world
         .jobs
         .iter()
         .filter(|j| {
@@ -1538,8 +1539,14 @@ fn held_on(
                 i.normal && i.node_id == node && i.state == reliability::InstanceState::Running
             })
         })
-        .map(|j| held(&j.bundle_id))
+        .map(|j| j.bundle_id.as_str())
         .collect();
+    // Another client's job (a bundle id not of the operator's `<namespace>.<name>` form) is
+    // not the operator's to stop: the drain rightly waits for it, whatever its mode.
+    if running_there.iter().any(|b| !reliability::operator_id(b)) {
+        return true;
+    }
+    let on: Vec<bool> = running_there.iter().map(|b| held(b)).collect();
     on.iter().any(|h| *h) && (terminate || on.iter().all(|h| *h))
 }
 
