@@ -325,36 +325,10 @@ fn describe(e: &ValidationError<'_>) -> Vec<Found> {
     let at = steps(e.instance_path());
     let instance: &Value = e.instance();
     let node = node_of(e);
-    let found = |at: Vec<Step>, rank: u8, message: String, suggestion: Option<String>| Found {
-        error: ConfigError {
-            path: render_path(&at),
-            message,
-            suggestion,
-        },
-        at,
-        rank,
-    };
     let one = |rank: u8, message: String| vec![found(at.clone(), rank, message, None)];
     match e.kind() {
         ValidationErrorKind::AdditionalProperties { unexpected } => {
-            let known: Vec<&str> = node
-                .and_then(|n| n.get("properties"))
-                .and_then(Value::as_object)
-                .map(|p| p.keys().map(String::as_str).collect())
-                .unwrap_or_default();
-            unexpected
-                .iter()
-                .map(|key| {
-                    let mut path = at.clone();
-                    path.push(Step::Key(key.chars().take(64).collect()));
-                    found(
-                        path,
-                        9,
-                        format!("unknown key (known here: {})", known.join(", ")),
-                        suggest(key, &known).map(str::to_owned),
-                    )
-                })
-                .collect()
+            unknown_keys(&at, node, unexpected)
         }
         ValidationErrorKind::Custom { message, .. } => one(8, message.clone()),
         ValidationErrorKind::MaxLength { limit } => one(
@@ -378,68 +352,15 @@ fn describe(e: &ValidationError<'_>) -> Vec<Found> {
         ValidationErrorKind::Enum { .. }
         | ValidationErrorKind::OneOfNotValid { .. }
         | ValidationErrorKind::AnyOf { .. }
-        | ValidationErrorKind::Constant { .. } => {
-            let allowed = node.map(allowed_values).unwrap_or_default();
-            if allowed.is_empty() {
-                return one(4, clip(&e.to_string()));
-            }
-            let words: Vec<&str> = allowed.iter().map(String::as_str).collect();
-            let (shown, suggestion) = match instance {
-                Value::String(s) => (
-                    format!("`{}`", s.chars().take(64).collect::<String>()),
-                    suggest(s, &words).map(str::to_owned),
-                ),
-                other => (kind(other).to_owned(), None),
-            };
-            vec![found(
-                at.clone(),
-                4,
-                format!("must be one of {}, not {shown}", words.join(", ")),
-                suggestion,
-            )]
-        }
+        | ValidationErrorKind::Constant { .. } => not_allowed(&at, node, e),
         ValidationErrorKind::Minimum { .. }
         | ValidationErrorKind::Maximum { .. }
         | ValidationErrorKind::ExclusiveMinimum { .. }
-        | ValidationErrorKind::ExclusiveMaximum { .. } => {
-            let bound = |k: &str| node.and_then(|n| n.get(k)).map(Value::to_string);
-            let negative = instance.as_f64().is_some_and(|f| f < 0.0);
-            let message = match (bound("minimum"), bound("maximum")) {
-                _ if negative => "must not be negative".to_owned(),
-                (Some(min), Some(max)) => {
-                    format!("must be between {min} and {max} (got {instance})")
-                }
-                (Some(min), None) => format!("must be at least {min} (got {instance})"),
-                (None, Some(max)) => format!("must be at most {max} (got {instance})"),
-                (None, None) => clip(&e.to_string()),
-            };
-            one(3, message)
-        }
+        | ValidationErrorKind::ExclusiveMaximum { .. } => one(3, out_of_range(node, e)),
         ValidationErrorKind::MaxItems { limit } => {
             one(3, format!("lists more than {limit} entries"))
         }
-        ValidationErrorKind::UniqueItems => {
-            let items = instance.as_array().map(Vec::as_slice).unwrap_or_default();
-            items
-                .iter()
-                .enumerate()
-                .filter(|(i, v)| items[..*i].contains(v))
-                .map(|(i, v)| {
-                    let mut path = at.clone();
-                    path.push(Step::Index(i));
-                    let shown = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
-                    found(
-                        path,
-                        3,
-                        format!(
-                            "`{}` is listed twice",
-                            shown.chars().take(64).collect::<String>()
-                        ),
-                        None,
-                    )
-                })
-                .collect()
-        }
+        ValidationErrorKind::UniqueItems => listed_twice(&at, instance),
         ValidationErrorKind::Required { property } => {
             let mut path = at.clone();
             path.push(Step::Key(property.as_str().unwrap_or_default().to_owned()));
@@ -447,6 +368,101 @@ fn describe(e: &ValidationError<'_>) -> Vec<Found> {
         }
         _ => one(1, clip(&e.to_string())),
     }
+}
+
+fn found(at: Vec<Step>, rank: u8, message: String, suggestion: Option<String>) -> Found {
+    Found {
+        error: ConfigError {
+            path: render_path(&at),
+            message,
+            suggestion,
+        },
+        at,
+        rank,
+    }
+}
+
+/// Each unexpected key, with the keys known there and the nearest of them.
+fn unknown_keys(at: &[Step], node: Option<&Value>, unexpected: &[String]) -> Vec<Found> {
+    let known: Vec<&str> = node
+        .and_then(|n| n.get("properties"))
+        .and_then(Value::as_object)
+        .map(|p| p.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    unexpected
+        .iter()
+        .map(|key| {
+            let mut path = at.to_vec();
+            path.push(Step::Key(key.chars().take(64).collect()));
+            found(
+                path,
+                9,
+                format!("unknown key (known here: {})", known.join(", ")),
+                suggest(key, &known).map(str::to_owned),
+            )
+        })
+        .collect()
+}
+
+/// A value outside an enum, a `oneOf`/`anyOf` or a constant: the values allowed there.
+fn not_allowed(at: &[Step], node: Option<&Value>, e: &ValidationError<'_>) -> Vec<Found> {
+    let allowed = node.map(allowed_values).unwrap_or_default();
+    if allowed.is_empty() {
+        return vec![found(at.to_vec(), 4, clip(&e.to_string()), None)];
+    }
+    let words: Vec<&str> = allowed.iter().map(String::as_str).collect();
+    let instance: &Value = e.instance();
+    let (shown, suggestion) = match instance {
+        Value::String(s) => (
+            format!("`{}`", s.chars().take(64).collect::<String>()),
+            suggest(s, &words).map(str::to_owned),
+        ),
+        other => (kind(other).to_owned(), None),
+    };
+    vec![found(
+        at.to_vec(),
+        4,
+        format!("must be one of {}, not {shown}", words.join(", ")),
+        suggestion,
+    )]
+}
+
+/// A number below or above its bounds, with the bounds.
+fn out_of_range(node: Option<&Value>, e: &ValidationError<'_>) -> String {
+    let instance: &Value = e.instance();
+    let bound = |k: &str| node.and_then(|n| n.get(k)).map(Value::to_string);
+    let negative = instance.as_f64().is_some_and(|f| f < 0.0);
+    match (bound("minimum"), bound("maximum")) {
+        _ if negative => "must not be negative".to_owned(),
+        (Some(min), Some(max)) => format!("must be between {min} and {max} (got {instance})"),
+        (Some(min), None) => format!("must be at least {min} (got {instance})"),
+        (None, Some(max)) => format!("must be at most {max} (got {instance})"),
+        (None, None) => clip(&e.to_string()),
+    }
+}
+
+/// Each repeated entry of a list whose entries must be unique, at its own index.
+fn listed_twice(at: &[Step], instance: &Value) -> Vec<Found> {
+    let items = instance.as_array().map(Vec::as_slice).unwrap_or_default();
+    items
+        .iter()
+        .enumerate()
+        .filter(|(i, v)| items[..*i].contains(v))
+        .map(|(i, v)| {
+            let mut path = at.to_vec();
+            path.push(Step::Index(i));
+            let shown = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            found(
+                path,
+                3,
+                format!(
+                    "`{}` is listed twice",
+                    shown.chars().take(64).collect::<String>()
+                ),
+                None,
+            )
+        })
+        .collect()
 }
 
 /// A validator message of a kind we do not word ourselves, cut short: it may quote the value.
