@@ -6,7 +6,7 @@ use std::path::Path;
 
 use automanager_policy::calendar::Recurrence;
 
-use super::{ConfigError, FileChecks, OperatorConfig, err};
+use super::{ConfigError, FileChecks, ManagerConfig, OperatorConfig, err};
 
 /// A check of one string: its error message and, maybe, a suggested spelling.
 pub(crate) type Check = fn(&str) -> Result<(), (String, Option<String>)>;
@@ -174,7 +174,13 @@ fn check_file(errors: &mut Vec<ConfigError>, path: &str, file: &Path) {
 /// the lease is renewed before it lapses.
 pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
     let mut errors = Vec::new();
-    let m = &c.manager;
+    manager_connection(&mut errors, &c.manager, files);
+    between_settings(&mut errors, c);
+    errors
+}
+
+/// Manager's URL, TLS and token: given, consistent with each other, and readable.
+fn manager_connection(errors: &mut Vec<ConfigError>, m: &ManagerConfig, files: FileChecks) {
     if m.url.trim().is_empty() {
         errors.push(err(
             "manager.url",
@@ -221,7 +227,7 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
         ];
         for (path, file) in named {
             if let Some(file) = file {
-                check_file(&mut errors, path, file);
+                check_file(errors, path, file);
             }
         }
         // The token as the operator will send it, when the file is there to read.
@@ -234,6 +240,10 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ));
         }
     }
+}
+
+/// Settings that are each valid alone but contradict another setting.
+fn between_settings(errors: &mut Vec<ConfigError>, c: &OperatorConfig) {
     if let Some(debug) = c.http.debug_bind_address
         && same_listener(debug, c.http.bind_address)
     {
@@ -291,7 +301,6 @@ pub(crate) fn typed(c: &OperatorConfig, files: FileChecks) -> Vec<ConfigError> {
             ),
         ));
     }
-    errors
 }
 
 /// Whether two listen addresses would collide: the same port on the same address, or on any
