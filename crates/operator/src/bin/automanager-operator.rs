@@ -17,7 +17,7 @@ use automanager_operator::clock::SystemClock;
 use automanager_operator::config::{ConfigOverrides, FileChecks, OperatorConfig, reference};
 use automanager_operator::controllers::Context;
 use automanager_operator::http::{self, Readiness};
-use automanager_operator::leader::run_leader_election;
+use automanager_operator::leader::{LeaderElection, run_leader_election};
 use automanager_operator::metrics::Metrics;
 use automanager_operator::runtime::{DebugState, run_controllers};
 use automanager_operator::settings::Settings;
@@ -191,25 +191,9 @@ fn config_command(command: ConfigCommand) -> ExitCode {
             chart_values: Some(path),
         } => {
             let fragment = automanager_operator::config::chart_values_schema();
-            let written = std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|file| {
-                    automanager_operator::config::splice_chart_values_schema(&file, &fragment)
-                })
-                .and_then(|file| std::fs::write(&path, file).map_err(|e| e.to_string()));
-            match written {
-                Ok(()) => {
-                    eprintln!(
-                        "automanager-operator: wrote the config schema into {}",
-                        path.display()
-                    );
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("automanager-operator: {}: {e}", path.display());
-                    ExitCode::FAILURE
-                }
-            }
+            rewrite(&path, "the config schema into ", |file| {
+                automanager_operator::config::splice_chart_values_schema(&file, &fragment)
+            })
         }
         ConfigCommand::Schema { chart_values: None } => {
             match serde_json::to_string_pretty(&automanager_operator::config::schema()) {
@@ -227,22 +211,9 @@ fn config_command(command: ConfigCommand) -> ExitCode {
             print!("{}", reference::markdown());
             ExitCode::SUCCESS
         }
-        ConfigCommand::Docs { write: Some(path) } => {
-            let written = std::fs::read_to_string(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|doc| reference::splice(&doc, &reference::markdown()))
-                .and_then(|doc| std::fs::write(&path, doc).map_err(|e| e.to_string()));
-            match written {
-                Ok(()) => {
-                    eprintln!("automanager-operator: wrote {}", path.display());
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("automanager-operator: {}: {e}", path.display());
-                    ExitCode::FAILURE
-                }
-            }
-        }
+        ConfigCommand::Docs { write: Some(path) } => rewrite(&path, "", |doc| {
+            reference::splice(&doc, &reference::markdown())
+        }),
         ConfigCommand::Check {
             file,
             overrides,
@@ -263,6 +234,29 @@ fn config_command(command: ConfigCommand) -> ExitCode {
                     ExitCode::from(2)
                 }
             }
+        }
+    }
+}
+
+/// Rewrites the generated part of the file at `path` with `splice`, and says which file (after
+/// `what`) it wrote or why it could not.
+fn rewrite(
+    path: &std::path::Path,
+    what: &str,
+    splice: impl FnOnce(String) -> Result<String, String>,
+) -> ExitCode {
+    let written = std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(splice)
+        .and_then(|file| std::fs::write(path, file).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => {
+            eprintln!("automanager-operator: wrote {what}{}", path.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("automanager-operator: {}: {e}", path.display());
+            ExitCode::FAILURE
         }
     }
 }
@@ -508,23 +502,8 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         debug_server,
     } = replica;
 
-    let mut is_leader = election.is_leader.clone();
-    tracing::info!(identity = %identity, "waiting for leadership");
     readiness.set_caches_synced(true);
-    readiness.set_leader(false);
-    metrics.set_leader(false);
-    tokio::select! {
-        r = is_leader.wait_for(|l| *l) => { if r.is_err() { return Ok(ExitCode::SUCCESS) } }
-        _ = stopped(&stop) => { manager.close().await; let _ = election.task.await; return Ok(ExitCode::SUCCESS) }
-    }
-    readiness.set_leader(true);
-    metrics.set_leader(true);
-    tracing::info!(identity = %identity, "leading: starting controllers");
-    if unless_stopped(stopped(&stop), wait_for_manager(&manager))
-        .await
-        .is_none()
-    {
-        tracing::info!("shutdown while waiting for Manager: controllers not started");
+    if !stand_by(&identity, &election, &manager, &readiness, &metrics, &stop).await {
         manager.close().await;
         let _ = election.task.await;
         return Ok(ExitCode::SUCCESS);
@@ -543,6 +522,37 @@ async fn run(config: OperatorConfig, identity: Option<String>) -> anyhow::Result
         let _ = tokio::task::spawn_blocking(move || debug_server.join()).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Stands by until this replica leads and Manager answers: true then, false when the process
+/// is to stop instead (a shutdown, or the election ended).
+async fn stand_by(
+    identity: &str,
+    election: &LeaderElection,
+    manager: &manager_client::ManagerClient,
+    readiness: &Readiness,
+    metrics: &Metrics,
+    stop: &watch::Receiver<bool>,
+) -> bool {
+    let mut is_leader = election.is_leader.clone();
+    tracing::info!(identity = %identity, "waiting for leadership");
+    readiness.set_leader(false);
+    metrics.set_leader(false);
+    tokio::select! {
+        r = is_leader.wait_for(|l| *l) => { if r.is_err() { return false } }
+        _ = stopped(stop) => return false,
+    }
+    readiness.set_leader(true);
+    metrics.set_leader(true);
+    tracing::info!(identity = %identity, "leading: starting controllers");
+    if unless_stopped(stopped(stop), wait_for_manager(manager))
+        .await
+        .is_none()
+    {
+        tracing::info!("shutdown while waiting for Manager: controllers not started");
+        return false;
+    }
+    true
 }
 
 /// What a replica runs whether it leads or stands by: the context the controllers will use,
