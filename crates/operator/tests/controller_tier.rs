@@ -27,6 +27,8 @@ mod migrations;
 mod nodes;
 #[path = "controller_tier/notices.rs"]
 mod notices;
+#[path = "controller_tier/pool_deletion.rs"]
+mod pool_deletion;
 #[path = "controller_tier/pools.rs"]
 mod pools;
 #[path = "controller_tier/rebalance.rs"]

@@ -537,7 +537,7 @@ impl MemoryApiserver {
                 "uid": format!("uid-{rv}"),
                 "resourceVersion": rv.to_string(),
                 "generation": 1,
-                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "creationTimestamp": stamp(rv),
             }}),
         );
         collection.insert(key, body.clone());
@@ -631,6 +631,7 @@ impl MemoryApiserver {
         );
         let mut store = self.store();
         store.resource_version += 1;
+        let at = stamp(store.resource_version);
         let rv = store.resource_version.to_string();
         let Some(collection) = store.objects.get_mut(&t.collection) else {
             return (404, status_body(404, "NotFound", "not found"));
@@ -643,13 +644,25 @@ impl MemoryApiserver {
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         if held {
-            obj["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:01Z");
+            if obj.pointer("/metadata/deletionTimestamp").is_none() {
+                obj["metadata"]["deletionTimestamp"] = json!(at);
+            }
             obj["metadata"]["resourceVersion"] = json!(rv);
             return (200, obj.clone());
         }
         let obj = collection.remove(&key).unwrap_or_default();
         (200, obj)
     }
+}
+
+/// A time for the write at resourceVersion `rv`: one second per write from 2026-01-01, so the
+/// order of creations and deletions shows in their timestamps as it would on a real apiserver.
+fn stamp(rv: u64) -> String {
+    let at = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .map(|t| t.to_utc())
+        .unwrap_or_default()
+        + chrono::Duration::seconds(i64::try_from(rv).unwrap_or(i64::MAX / 2));
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// Server-side apply of `patch` (one field manager, forced): its fields replace those there;

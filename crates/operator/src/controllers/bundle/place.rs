@@ -66,7 +66,8 @@ impl Pass<'_> {
         let Some(job_ids) = job_ids(rep) else {
             return Ok(Outcome::default());
         };
-        let (request, decision) = self.decide(ctx, rep, all, decided, &job_ids);
+        let heals = self.uses_a_pool_being_deleted(ctx, rep.r).await?;
+        let (request, decision) = self.decide(ctx, rep, all, decided, &job_ids, heals);
         let mut outcome = self.act_on(ctx, rep, &request, &decision, &job_ids).await?;
         outcome.preempted = crate::controllers::preempt::settle(
             ctx,
@@ -80,6 +81,35 @@ impl Pass<'_> {
         Ok(outcome)
     }
 
+    /// Whether the replica's pools include one being deleted that this Bundle already used:
+    /// it was created before the deletion began. Its jobs may then be placed on that pool's
+    /// existing nodes (nothing is provisioned there), whatever brought them down, so the
+    /// deletion, which waits on this Bundle, is not waiting on a Bundle it keeps down. A Bundle
+    /// created since is new there, and is kept out.
+    async fn uses_a_pool_being_deleted(&self, ctx: &Context, replica: u32) -> Result<bool, Error> {
+        let terminating: Vec<String> = {
+            let s = ctx.state();
+            (self.engine_bundle.pools_for_replica(replica).iter())
+                .filter(|p| s.model().pool(p).is_some_and(|p| p.terminating))
+                .cloned()
+                .collect()
+        };
+        let Some(created) = self.bundle.metadata.creation_timestamp.as_ref() else {
+            return Ok(false);
+        };
+        let pools = kube::Api::<api::PlacementPool>::all(ctx.client.clone());
+        for name in terminating {
+            let deleted = pools
+                .get_opt(&name)
+                .await?
+                .and_then(|p| p.metadata.deletion_timestamp);
+            if deleted.is_some_and(|d| created.0 < d.0) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     /// Policy's decision for the replica, reserved in the model and remembered for the trace
     /// under one hold of the state lock (acted on after it is released), with its request.
     fn decide(
@@ -89,6 +119,7 @@ impl Pass<'_> {
         all: &BTreeMap<u32, Vec<Seen>>,
         decided: &[pl::Position],
         job_ids: &HashMap<String, String>,
+        heals: bool,
     ) -> (pl::PlacementRequest, pl::Decision) {
         let made = ctx.with_mirror(|m, state| {
             let seen = jobs_at(m, all);
@@ -96,7 +127,9 @@ impl Pass<'_> {
                 bundle: &self.engine_bundle,
                 replica: rep.r,
                 jobs: rep.jobs,
-                recovery: rep.recovery,
+                // A user of a pool being deleted heals there like a recovery (existing nodes
+                // only), whether Manager failed its jobs or lost them.
+                recovery: rep.recovery || heals,
                 needs: &rep.plan.needs,
                 seen: &seen,
                 decided_elsewhere: decided,
