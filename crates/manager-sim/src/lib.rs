@@ -84,7 +84,7 @@ pub mod world;
 pub use behaviour::{AbortAt, BehaviourError, JobBehaviour, JobSocketConfig};
 pub use config::{SimConfig, SimSetup};
 pub use server::{
-    DefaultAgent, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle, SimOptions, SimService,
-    now_ms,
+    DefaultAgent, FAIL_JOB_ROLE_HEADER, FnAgent, JobAgent, JobEvents, Sim, SimError, SimHandle,
+    SimOptions, SimService, now_ms,
 };
 pub use socket_agent::{SocketAgent, SocketAgentError};

@@ -42,9 +42,13 @@ use crate::world::{
 /// Events per message while a resuming watcher catches up from the log.
 const CATCH_UP_BATCH: usize = 1024;
 /// How often a dirty world is written to the state dir.
-const PERSIST_EVERY: Duration = Duration::from_millis(250);
+pub(crate) const PERSIST_EVERY: Duration = Duration::from_millis(250);
 /// The file in the state dir.
 const STATE_FILE: &str = "manager-sim-state.json";
+/// SimAdmin's FailJob request metadata naming the role whose instance fails (a published
+/// job's; absent or empty: every live instance). Our first API's jobs fail their normal
+/// instance whatever it says.
+pub const FAIL_JOB_ROLE_HEADER: &str = "x-manager-sim-role";
 /// The heartbeat intervals a watcher may ask for (`WatchRequest.heartbeat_interval_ms`).
 const HEARTBEAT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
@@ -366,7 +370,10 @@ impl Inner {
     }
 }
 
-fn write_state(path: &std::path::Path, saved: &PersistedWorld) -> Result<(), SimError> {
+pub(crate) fn write_state(
+    path: &std::path::Path,
+    saved: &impl serde::Serialize,
+) -> Result<(), SimError> {
     let io = |what: &str| {
         let what = format!("{what} {}", path.display());
         move |source| SimError::Io { what, source }
@@ -978,6 +985,15 @@ impl Manager for SimService {
 /// SimAdmin over the sim's world, and the published API's service (its streams are cut too).
 struct AdminSvc(Arc<Inner>, Option<crate::published::PublishedService>);
 
+/// Adds the node ids of one world to another's, once each (both worlds hold the physical nodes).
+fn merge_ids(ids: &mut Vec<String>, more: Vec<String>) {
+    for id in more {
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
+}
+
 fn done(summary: String) -> Result<Response<AdminResponse>, Status> {
     tracing::info!(%summary, "chaos");
     Ok(Response::new(AdminResponse { summary }))
@@ -1034,7 +1050,27 @@ impl SimAdmin for AdminSvc {
         &self,
         req: Request<FailJobRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
+        // FailJobRequest predates roles; a published job's role travels as request metadata.
+        let role = match req.metadata().get(FAIL_JOB_ROLE_HEADER) {
+            Some(v) => v
+                .to_str()
+                .map_err(|_| {
+                    Status::invalid_argument(format!("{FAIL_JOB_ROLE_HEADER} must be ASCII"))
+                })?
+                .to_owned(),
+            None => String::new(),
+        };
         let req = req.into_inner();
+        // A job id only one world knows is that world's (the published world's ids are
+        // `namespace.name/replica/job`); unknown to both, our first API's world says NOT_FOUND.
+        let published = self
+            .1
+            .as_ref()
+            .and_then(|p| p.fail_job(&req.job_id, &role, &req.message));
+        if let Some(failed) = published {
+            let roles = failed?;
+            return done(format!("failed job {} ({})", req.job_id, roles.join(", ")));
+        }
         self.0
             .apply(|w, now| w.fail_job(&req.job_id, &req.message, now))
             .map_err(status)?;
@@ -1046,6 +1082,10 @@ impl SimAdmin for AdminSvc {
         req: Request<RejectNextRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let count = req.into_inner().count;
+        // Each world refuses its own next starts.
+        if let Some(p) = &self.1 {
+            p.reject_next(count);
+        }
         self.0.apply(|w, _| w.reject_next(count));
         done(format!("the next {count} starts will be rejected"))
     }
@@ -1074,6 +1114,9 @@ impl SimAdmin for AdminSvc {
         req: Request<SlowProvisionRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let ms = req.into_inner().delay_ms;
+        if let Some(p) = &self.1 {
+            p.slow_provision(ms)?;
+        }
         self.0.apply(|w, _| w.slow_provision(ms)).map_err(status)?;
         done(format!("elastic provisioning now takes {ms} ms"))
     }
@@ -1083,10 +1126,16 @@ impl SimAdmin for AdminSvc {
         req: Request<PartitionZoneRequest>,
     ) -> Result<Response<AdminResponse>, Status> {
         let req = req.into_inner();
-        let ids = self
+        // The zone is cut off in both worlds: each holds nodes of its own there.
+        let mut ids = match &self.1 {
+            Some(p) => p.partition_zone(&req.zone, req.heal)?,
+            None => Vec::new(),
+        };
+        let ours = self
             .0
             .apply(|w, now| w.partition_zone(&req.zone, req.heal, now))
             .map_err(status)?;
+        merge_ids(&mut ids, ours);
         let verb = if req.heal { "healed" } else { "partitioned" };
         done(format!(
             "{verb} zone {} ({} nodes: {})",
@@ -1101,10 +1150,16 @@ impl SimAdmin for AdminSvc {
         req: Request<KillZoneRequest>,
     ) -> Result<Response<KillZoneResponse>, Status> {
         let req = req.into_inner();
-        let node_ids = self
+        // The zone dies in both worlds: each holds nodes of its own there.
+        let mut node_ids = match &self.1 {
+            Some(p) => p.kill_zone(&req.zone, req.revive)?,
+            None => Vec::new(),
+        };
+        let ours = self
             .0
             .apply(|w, now| w.kill_zone(&req.zone, req.revive, now))
             .map_err(status)?;
+        merge_ids(&mut node_ids, ours);
         let summary = if req.revive {
             format!("zone {} revived: nodes come up there again", req.zone)
         } else {
@@ -1151,10 +1206,22 @@ impl SimAdmin for AdminSvc {
         let behaviour =
             JobBehaviour::from_proto(req.behaviour.as_ref()).map_err(behaviour_status)?;
         let text = behaviour.describe();
-        self.0
-            .agent
-            .set_behaviour(&req.job_id, behaviour)
-            .map_err(behaviour_status)?;
+        // The published world's jobs answer our extension's handshake in process, whatever
+        // agent answers for our first API's jobs: a job only the published world knows is
+        // its alone.
+        let published_job = match &self.1 {
+            Some(p) => {
+                p.set_migration_behaviour(&req.job_id, behaviour.clone())
+                    .map_err(behaviour_status)?;
+                p.has_job(&req.job_id) && lock(&self.0.shared).world.job(&req.job_id).is_none()
+            }
+            None => false,
+        };
+        match self.0.agent.set_behaviour(&req.job_id, behaviour) {
+            Ok(()) => {}
+            Err(BehaviourError::Unsupported) if published_job => {}
+            Err(e) => return Err(behaviour_status(e)),
+        }
         done(format!("job {} {text}", req.job_id))
     }
 
@@ -1163,6 +1230,9 @@ impl SimAdmin for AdminSvc {
         req: Request<JobHistoryRequest>,
     ) -> Result<Response<JobHistoryResponse>, Status> {
         let req = req.into_inner();
+        if let Some(h) = self.1.as_ref().and_then(|p| p.job_history(&req.job_id)) {
+            return h.map(Response::new);
+        }
         let g = lock(&self.0.shared);
         g.world
             .job_history(&req.job_id, now_ms())
@@ -1306,9 +1376,7 @@ impl Sim {
             move |r: Request<()>| authorize(t1.as_ref(), &r).map(|()| r),
         );
         let t3 = token.clone();
-        let published_service = crate::published::PublishedService::start(
-            crate::published::PublishedWorld::new(&config, now_ms()),
-        );
+        let published_service = crate::published::PublishedService::open(&config)?;
         let published = InterceptedService::new(
             published_service
                 .clone()
@@ -1348,6 +1416,7 @@ impl Sim {
             .add_service(admin);
         let mut stop = inner.shutdown.subscribe();
         let serve_inner = inner.clone();
+        let serve_published = published_service.clone();
         let task = tokio::spawn(async move {
             let timers = tokio::spawn(run_timers(serve_inner.clone()));
             let persister = tokio::spawn(run_persist(serve_inner.clone()));
@@ -1363,6 +1432,9 @@ impl Sim {
             persister.abort();
             if let Err(e) = serve_inner.persist_final() {
                 tracing::error!(error = %e, "final state write failed");
+            }
+            if let Err(e) = serve_published.persist_final() {
+                tracing::error!(error = %e, "final write of the published world failed");
             }
         });
         tracing::info!(%addr, "manager-sim serving");
@@ -1613,6 +1685,9 @@ impl Drop for SimHandle {
             self.begin_shutdown();
             if let Err(e) = self.inner.persist_final() {
                 tracing::error!(error = %e, "final state write failed");
+            }
+            if let Some(Err(e)) = self.published.as_ref().map(|p| p.persist_final()) {
+                tracing::error!(error = %e, "final write of the published world failed");
             }
         }
     }

@@ -128,6 +128,16 @@ impl JobAsk {
             | JobAsk::CutoverApply { migration_id, .. } => migration_id,
         }
     }
+
+    /// The job the ask goes to.
+    pub fn job_id(&self) -> &str {
+        match self {
+            JobAsk::GetState { job_id, .. }
+            | JobAsk::InitialState { job_id, .. }
+            | JobAsk::CutoverReady { job_id, .. }
+            | JobAsk::CutoverApply { job_id, .. } => job_id,
+        }
+    }
 }
 
 /// A job's answer to a [`JobAsk`] (the job → worker frames).
@@ -177,7 +187,7 @@ const MAX_HISTORY_STARTS: usize = 256;
 
 /// What the world saw of one job (see [`World::job_history`]).
 #[derive(Debug, Clone, Default)]
-struct JobRecord {
+pub(crate) struct JobRecord {
     starts: VecDeque<InstanceStart>,
     /// When the job first had a RUNNING instance.
     first_running_ms: Option<i64>,
@@ -191,14 +201,14 @@ struct JobRecord {
 }
 
 impl JobRecord {
-    fn note_start(&mut self, start: InstanceStart) {
+    pub(crate) fn note_start(&mut self, start: InstanceStart) {
         if self.starts.len() >= MAX_HISTORY_STARTS {
             self.starts.pop_front();
         }
         self.starts.push_back(start);
     }
 
-    fn note_running(&mut self, running: u32, now_ms: i64) {
+    pub(crate) fn note_running(&mut self, running: u32, now_ms: i64) {
         self.max_running = self.max_running.max(running);
         match (self.running, running) {
             (0, n) if n > 0 => {
@@ -216,7 +226,7 @@ impl JobRecord {
         self.running = running;
     }
 
-    fn to_proto(&self, now_ms: i64) -> JobHistoryResponse {
+    pub(crate) fn to_proto(&self, now_ms: i64) -> JobHistoryResponse {
         let open = self
             .uncovered_since_ms
             .map_or(0, |since| u64::try_from(now_ms - since).unwrap_or(0));

@@ -7,7 +7,7 @@
 //! manager-sim check-config FILE
 //! manager-sim chaos kill-node ID        --addr http://127.0.0.1:PORT [--token T]
 //! manager-sim chaos notice-node ID [--in SECONDS] [--reason R]
-//! manager-sim chaos fail-job ID [--message M]
+//! manager-sim chaos fail-job ID [--message M] [--role R]
 //! manager-sim chaos reject-next N
 //! manager-sim chaos cut-streams
 //! manager-sim chaos slow-provision MS
@@ -21,6 +21,13 @@
 //! `chaos job-history` injects nothing: it prints what the sim saw of a job
 //! (instance starts with their roles, time without a running instance) as
 //! one JSON object.
+//!
+//! Every fault reaches both of the sim's worlds: the one of our first API
+//! (`norsk.manager.v1`, job ids `bundle/replica/job`) and the one of Manager's
+//! published API (`norsk.api.manager`, job ids `namespace.name/replica/job`,
+//! nodes under the ids their callers chose). A job or node id only one world
+//! knows is that world's; a zone fault, `reject-next` and `slow-provision`
+//! apply to both.
 //!
 //! `serve` runs the jobs over the real job socket (one listener on
 //! 127.0.0.1:0 for every simulated node) unless `--no-job-socket`, which
@@ -104,8 +111,10 @@ enum Command {
         #[command(subcommand)]
         fault: Fault,
     },
-    /// Print how many calls of each Manager RPC a running sim has served, then
-    /// `mutating N`: the calls that asked Manager to change something.
+    /// Print how many calls of each Manager RPC a running sim has served (the
+    /// published API's as `norsk.api.manager/RPC`, our extension's as
+    /// `automanager.manager.extension.v1/RPC`), then `mutating N`: the calls
+    /// that asked Manager to change something.
     Calls {
         /// The sim's endpoint, e.g. http://127.0.0.1:6789.
         #[arg(
@@ -139,27 +148,35 @@ enum Fault {
         #[arg(long, default_value = "spot-interruption")]
         reason: String,
     },
-    /// Make a job's running instance fail.
+    /// Make a job's running instance fail (over the published API: it stops with
+    /// JOB_STOPPED_JOB_FAILED).
     FailJob {
-        /// Job id (`bundle/replica/job`).
+        /// Job id (`bundle/replica/job`; over the published API `namespace.name/replica/job`).
         id: String,
         /// Failure detail.
         #[arg(long, default_value = "")]
         message: String,
+        /// Over the published API: the role whose instance fails (default: every running
+        /// instance of the job).
+        #[arg(long, default_value = "")]
+        role: String,
     },
-    /// Refuse the next N job starts (0 clears).
+    /// Refuse the next N job starts (0 clears). Over the published API the start is
+    /// answered and its instance stops as failed before it ever runs.
     RejectNext {
         /// How many.
         n: u32,
     },
-    /// Close every open Watch stream.
+    /// Close every open Watch stream (and every published EventStream).
     CutStreams,
-    /// Set every elastic pool's provisioning delay.
+    /// Set every elastic pool's provisioning delay, for nodes created from now on.
     SlowProvision {
         /// Delay in milliseconds.
         ms: u64,
     },
-    /// Partition a zone (or heal it with --heal).
+    /// Partition a zone: its running nodes stop answering and their instances fail
+    /// (over the published API: the nodes stop for HEALTH_PING_TIME_EXCEEDED); --heal
+    /// brings them back, empty.
     PartitionZone {
         /// Zone name.
         zone: String,
@@ -177,9 +194,10 @@ enum Fault {
         revive: bool,
     },
     /// Script how a job answers its job socket during a handover (replaces
-    /// its earlier behaviour).
+    /// its earlier behaviour). Over the published API it is how the job answers
+    /// our extension's migration handshake.
     MigrationBehaviour {
-        /// Job id (`bundle/replica/job`).
+        /// Job id (`bundle/replica/job`; over the published API `namespace.name/replica/job`).
         job_id: String,
         #[command(subcommand)]
         behaviour: Behaviour,
@@ -187,7 +205,7 @@ enum Fault {
     /// Print what the sim saw of a job as JSON: every instance start with its
     /// role, and how long the job had no running instance. Injects nothing.
     JobHistory {
-        /// Job id (`bundle/replica/job`).
+        /// Job id (`bundle/replica/job`; over the published API `namespace.name/replica/job`).
         job_id: String,
     },
 }
@@ -443,13 +461,19 @@ async fn chaos(addr: String, token: Option<String>, fault: Fault) -> Result<(), 
                 })
                 .await
         }
-        Fault::FailJob { id, message } => {
-            client
-                .fail_job(FailJobRequest {
-                    job_id: id,
-                    message,
-                })
-                .await
+        Fault::FailJob { id, message, role } => {
+            let mut req = tonic::Request::new(FailJobRequest {
+                job_id: id,
+                message,
+            });
+            if !role.is_empty() {
+                let value = role
+                    .parse()
+                    .map_err(|_| "--role must be printable ASCII".to_owned())?;
+                req.metadata_mut()
+                    .insert(manager_sim::FAIL_JOB_ROLE_HEADER, value);
+            }
+            client.fail_job(req).await
         }
         Fault::RejectNext { n } => client.reject_next(RejectNextRequest { count: n }).await,
         Fault::CutStreams => client.cut_streams(CutStreamsRequest {}).await,

@@ -3,7 +3,9 @@
 //! world's snapshot closed by `InitialDataComplete` and then the live events, and a timer task
 //! starts nodes when their provisioning delay has passed.
 
+use std::path::PathBuf;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
@@ -18,9 +20,14 @@ use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::world::PublishedWorld;
-use crate::server::{lock, now_ms, status};
+use super::world::{PersistedPublished, PublishedWorld};
+use crate::behaviour::{BehaviourError, JobBehaviour};
+use crate::config::SimConfig;
+use crate::server::{PERSIST_EVERY, SimError, lock, now_ms, status, write_state};
 use crate::world::CommandError;
+
+/// The published world's file in the state dir (beside our first API's).
+pub const PUBLISHED_STATE_FILE: &str = "manager-sim-published.json";
 
 /// How many events a stream may have waiting beyond its snapshot before it is cut (its client
 /// then reconnects and reads a fresh snapshot).
@@ -41,6 +48,10 @@ struct Inner {
     /// Our extension's Watch streams.
     ext_streams: Mutex<Vec<ExtSink>>,
     timer: Arc<Notify>,
+    /// Where the world is kept (`--state-dir`), if anywhere.
+    state_file: Option<PathBuf>,
+    /// Changed since it was last written.
+    dirty: AtomicBool,
 }
 
 /// The published Manager service of manager-sim (see the module docs). Cloning shares it.
@@ -64,6 +75,46 @@ fn node_id(id: Option<NodeId>) -> String {
 impl PublishedService {
     /// A service over `world`, with its timer task (ended when the last clone is dropped).
     pub fn start(world: PublishedWorld) -> PublishedService {
+        PublishedService::start_kept(world, None)
+    }
+
+    /// The service of `config`: its world read back from `config.state_dir` when the sim kept
+    /// one there, else new; kept there from now on (at most every 250 ms, and by
+    /// [`PublishedService::persist_final`]).
+    pub fn open(config: &SimConfig) -> Result<PublishedService, SimError> {
+        let now = now_ms();
+        let Some(dir) = &config.state_dir else {
+            return Ok(PublishedService::start(PublishedWorld::new(config, now)));
+        };
+        std::fs::create_dir_all(dir).map_err(|source| SimError::Io {
+            what: format!("creating state dir {}", dir.display()),
+            source,
+        })?;
+        let path = dir.join(PUBLISHED_STATE_FILE);
+        let world = if path.exists() {
+            let corrupt = |message: String| SimError::CorruptState {
+                path: path.clone(),
+                message,
+            };
+            let text = std::fs::read(&path).map_err(|source| SimError::Io {
+                what: format!("reading {}", path.display()),
+                source,
+            })?;
+            let saved: PersistedPublished =
+                serde_json::from_slice(&text).map_err(|e| corrupt(e.to_string()))?;
+            let world = PublishedWorld::restore(config, saved, now).map_err(corrupt)?;
+            tracing::info!(path = %path.display(), "restored the published world");
+            world
+        } else {
+            PublishedWorld::new(config, now)
+        };
+        let svc = PublishedService::start_kept(world, Some(path));
+        svc.persist()?;
+        tokio::spawn(run_persist(Arc::downgrade(&svc.0)));
+        Ok(svc)
+    }
+
+    fn start_kept(world: PublishedWorld, state_file: Option<PathBuf>) -> PublishedService {
         let svc = PublishedService(Arc::new(Inner {
             world: Mutex::new(world),
             calls: Mutex::default(),
@@ -71,9 +122,21 @@ impl PublishedService {
             streams: Mutex::new(Vec::new()),
             ext_streams: Mutex::new(Vec::new()),
             timer: Arc::new(Notify::new()),
+            state_file,
+            dirty: AtomicBool::new(true),
         }));
         tokio::spawn(run_timer(Arc::downgrade(&svc.0), Arc::clone(&svc.0.timer)));
         svc
+    }
+
+    /// Writes the world to the state dir if it changed since the last write.
+    fn persist(&self) -> Result<(), SimError> {
+        persist(&self.0, false)
+    }
+
+    /// The last write of a stopping sim: always written.
+    pub fn persist_final(&self) -> Result<(), SimError> {
+        persist(&self.0, true)
     }
 
     /// Calls served per RPC of the published API (an RPC never called is absent).
@@ -132,6 +195,71 @@ impl PublishedService {
         Some(self.apply(|w, now| w.kill_node(id, now)))
     }
 
+    /// Whether this world holds job `id`.
+    pub fn has_job(&self, id: &str) -> bool {
+        lock(&self.0.world).has_job(id)
+    }
+
+    /// Fails job `id`'s instance under `role` (every live one when empty) if this world holds
+    /// the job (SimAdmin's FailJob); `None` when it does not. Answers the roles that failed.
+    pub fn fail_job(
+        &self,
+        id: &str,
+        role: &str,
+        message: &str,
+    ) -> Option<Result<Vec<String>, Status>> {
+        if !self.has_job(id) {
+            return None;
+        }
+        Some(self.apply(|w, now| w.fail_job(id, role, message, now)))
+    }
+
+    /// The next `count` starts are refused (SimAdmin's RejectNext).
+    pub fn reject_next(&self, count: u32) {
+        // Infallible: the closure's error type only fits `apply`.
+        let _ = self.apply(|w, _| {
+            w.reject_next(count);
+            Ok(())
+        });
+    }
+
+    /// Every elastic pool's provisioning delay (SimAdmin's SlowProvision).
+    pub fn slow_provision(&self, delay_ms: u64) -> Result<(), Status> {
+        self.apply(|w, _| w.slow_provision(delay_ms))
+    }
+
+    /// A zone dies, or is revived (SimAdmin's KillZone): the node ids killed.
+    pub fn kill_zone(&self, zone: &str, revive: bool) -> Result<Vec<String>, Status> {
+        self.apply(|w, now| w.kill_zone(zone, revive, now))
+    }
+
+    /// A zone is cut off, or healed (SimAdmin's PartitionZone): the node ids affected.
+    pub fn partition_zone(&self, zone: &str, heal: bool) -> Result<Vec<String>, Status> {
+        self.apply(|w, now| w.partition_zone(zone, heal, now))
+    }
+
+    /// How job `id` answers our extension's migration handshake from now on.
+    pub fn set_migration_behaviour(
+        &self,
+        id: &str,
+        behaviour: JobBehaviour,
+    ) -> Result<(), BehaviourError> {
+        lock(&self.0.world).set_migration_behaviour(id, behaviour)
+    }
+
+    /// What the sim saw of job `id` (SimAdmin's JobHistory) if this world saw it start;
+    /// `None` when it did not.
+    pub fn job_history(
+        &self,
+        id: &str,
+    ) -> Option<Result<manager_proto::JobHistoryResponse, Status>> {
+        let w = lock(&self.0.world);
+        if !w.has_job_history(id) {
+            return None;
+        }
+        Some(w.job_history(id, now_ms()).map_err(status))
+    }
+
     /// Runs a command at the current time and sends what it did to every open stream.
     fn apply<R>(
         &self,
@@ -141,6 +269,7 @@ impl PublishedService {
         let mut w = lock(&self.0.world);
         w.advance(now);
         let r = f(&mut w, now).map_err(status);
+        self.0.dirty.store(true, Ordering::Release);
         // Sent under the world's lock, so every stream sees events in the world's order and
         // none between its snapshot and its first live event is lost.
         flush(&self.0, &mut w, now);
@@ -150,23 +279,50 @@ impl PublishedService {
     }
 }
 
-/// Answers the handshake's asks as a cooperative job does, then sends what the world queued
-/// to every open stream of each API.
+/// Answers the handshake's asks as each job's behaviour says (cooperative unless SimAdmin set
+/// one), then sends what the world queued to every open stream of each API.
 fn flush(inner: &Inner, w: &mut PublishedWorld, now: i64) {
-    // Each answer raises at most one further ask, and a migration ends after four.
+    w.answer_asks(now);
+    let events = w.take_events();
+    let ext = w.take_ext_events();
+    if !events.is_empty() || !ext.is_empty() {
+        inner.dirty.store(true, Ordering::Release);
+    }
+    broadcast(inner, events);
+    send_all(&inner.ext_streams, ext);
+}
+
+fn persist(inner: &Inner, last: bool) -> Result<(), SimError> {
+    let Some(path) = &inner.state_file else {
+        return Ok(());
+    };
+    if !inner.dirty.swap(false, Ordering::AcqRel) && !last {
+        return Ok(());
+    }
+    let saved = lock(&inner.world).persisted();
+    let written = write_state(path, &saved);
+    if written.is_err() {
+        // Tried again at the next tick.
+        inner.dirty.store(true, Ordering::Release);
+    }
+    written
+}
+
+/// Writes the world when it changed, every [`PERSIST_EVERY`]; ends with the service.
+async fn run_persist(inner: std::sync::Weak<Inner>) {
+    let mut tick = tokio::time::interval(PERSIST_EVERY);
     loop {
-        let asks = w.take_asks();
-        if asks.is_empty() {
-            break;
-        }
-        for ask in asks {
-            w.migration_reply(&ask, crate::world::default_reply(&ask), now);
+        tick.tick().await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let written = tokio::task::spawn_blocking(move || persist(&strong, false)).await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "writing the published world failed"),
+            Err(e) => tracing::error!(error = %e, "the published world's writer panicked"),
         }
     }
-    let events = w.take_events();
-    broadcast(inner, events);
-    let ext = w.take_ext_events();
-    send_all(&inner.ext_streams, ext);
 }
 
 fn broadcast(inner: &Inner, events: Vec<EventStreamEvent>) {

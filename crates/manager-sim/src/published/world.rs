@@ -67,6 +67,11 @@ struct Node {
     /// How long its provider takes to start it from off, and to power it off.
     start_delay_ms: u64,
     stop_delay_ms: u64,
+    /// Its zone: a physical node's declared one, an OCI node's availability domain, an AWS
+    /// node's `automanager.norsk.io/zone` tag (or its pool's only zone); empty when unknown.
+    zone: String,
+    /// Cut off by `partition-zone`: reported stopped, kept, back on heal.
+    partitioned: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -87,6 +92,8 @@ struct Offer {
     provision_delay_ms: u64,
     start_delay_ms: u64,
     stop_delay_ms: u64,
+    /// Whether `slow-provision` reaches it (an elastic pool).
+    elastic: bool,
 }
 
 /// The published API's world (see the module docs).
@@ -99,6 +106,8 @@ pub struct PublishedWorld {
     events: Vec<EventStreamEvent>,
     /// What our extension adds: migrations, and what its Watch has to send.
     ext: ext::ExtState,
+    /// Faults SimAdmin injected, and what the sim saw of each job.
+    chaos: chaos::ChaosState,
 }
 
 fn ts(ms: i64) -> Option<Timestamp> {
@@ -148,7 +157,11 @@ fn checked_tags(tags: &BTreeMap<String, String>) -> Result<(), CommandError> {
     Ok(())
 }
 
+mod chaos;
 mod ext;
+mod persist;
+
+pub(crate) use persist::PersistedPublished;
 
 fn entry(e: HistoryEntry) -> JobHistoryEntry {
     JobHistoryEntry {
@@ -194,6 +207,8 @@ impl PublishedWorld {
                             notice: None,
                             start_delay_ms: 0,
                             stop_delay_ms: 0,
+                            zone: n.zone.clone(),
+                            partitioned: false,
                         },
                     );
                 }
@@ -219,6 +234,7 @@ impl PublishedWorld {
                     .stop_delay_ms
                     .or(config.timing.stop_delay_ms)
                     .unwrap_or(pool.kind.default_stop_delay_ms()),
+                elastic: pool.scale_out == crate::config::ScaleOutConfig::Elastic,
             });
         }
         world
@@ -241,13 +257,20 @@ impl PublishedWorld {
                 [n.ready_at_ms, off, n.notice.as_ref().map(|(at, _)| *at)]
             })
             .flatten()
+            .chain(self.chaos.next_reply_ms())
             .min()
     }
 
-    /// Starts the nodes whose provisioning delay has passed.
+    /// Starts the nodes whose provisioning delay has passed (a node due in a dead zone dies
+    /// instead), and hands the jobs' delayed answers to the handshake.
     pub fn advance(&mut self, now_ms: i64) {
+        let mut dying = Vec::new();
         for (id, node) in &mut self.nodes {
             if node.ready_at_ms.is_some_and(|t| t <= now_ms) {
+                if self.chaos.zone_dead(&node.zone) {
+                    dying.push(id.clone());
+                    continue;
+                }
                 node.ready_at_ms = None;
                 let aws = matches!(
                     node.meta.provider_metadata,
@@ -280,7 +303,11 @@ impl PublishedWorld {
                 }
             }
         }
+        for id in dying {
+            let _ = self.kill_node(&id, now_ms);
+        }
         self.advance_ext(now_ms);
+        self.deliver_replies(now_ms);
     }
 
     /// CreateAwsNode: a node under the caller's id, in an `aws` pool offering the region and
@@ -297,12 +324,23 @@ impl PublishedWorld {
             offer.start_delay_ms,
             offer.stop_delay_ms,
         );
+        // The AWS call names no zone: the launch template's subnet puts the node there, which
+        // the sim does not model, so it reads the zone its caller recorded in the tags.
+        let zone = req
+            .tags
+            .get(PHYSICAL_ZONE_TAG)
+            .cloned()
+            .or_else(|| match offer.zones.as_slice() {
+                [only] => Some(only.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
         let metadata = Metadata::Aws(AwsMetadata {
             instance_type: req.instance_type.clone(),
             region: req.region.clone(),
             architecture: 0,
         });
-        self.create_node(id, &req.tags, metadata, delay, now_ms)
+        self.create_node(id, &req.tags, metadata, delay, zone, now_ms)
     }
 
     /// CreateOciNode: a node under the caller's id, in an `oci` pool offering the shape (an
@@ -329,6 +367,7 @@ impl PublishedWorld {
             &req.tags,
             Metadata::Oci(Default::default()),
             delay,
+            req.availability_domain.clone(),
             now_ms,
         )
     }
@@ -367,6 +406,7 @@ impl PublishedWorld {
         tags: &BTreeMap<String, String>,
         metadata: Metadata,
         (delay_ms, start_delay_ms, stop_delay_ms): (u64, u64, u64),
+        zone: String,
         now_ms: i64,
     ) -> Result<(), CommandError> {
         checked_id("node_id", id)?;
@@ -398,6 +438,8 @@ impl PublishedWorld {
                 notice: None,
                 start_delay_ms,
                 stop_delay_ms,
+                zone,
+                partitioned: false,
             },
         );
         Ok(())
@@ -416,6 +458,11 @@ impl PublishedWorld {
         if node.power != ext::Power::On && node.power != ext::Power::Waking {
             // A warm node: the published stream reported it stopped already.
             self.forget_warm(id, now_ms);
+            return Ok(());
+        }
+        if node.partitioned {
+            // Reported stopped when it went silent, with its instances: it just goes.
+            self.nodes.remove(id);
             return Ok(());
         }
         self.events.push(ev(Event::NodeStopping(NodeStopping {
@@ -460,6 +507,11 @@ impl PublishedWorld {
         };
         if node.power != ext::Power::On && node.power != ext::Power::Waking {
             self.forget_warm(id, now_ms);
+            return Ok(());
+        }
+        if node.partitioned {
+            // Reported stopped when its zone was cut off: it never comes back.
+            self.nodes.remove(id);
             return Ok(());
         }
         self.events.push(ev(Event::NodeStopping(NodeStopping {
@@ -558,7 +610,8 @@ impl PublishedWorld {
         Ok(())
     }
 
-    /// StartJob: an instance of `job` under `role` on a running node.
+    /// StartJob: an instance of `job` under `role` on a running node. A start the worker
+    /// refuses (`reject-next`) is still answered `Empty`: its outcome is on the stream.
     pub fn start_job(
         &mut self,
         job: &str,
@@ -566,6 +619,17 @@ impl PublishedWorld {
         node: &str,
         now_ms: i64,
     ) -> Result<(), CommandError> {
+        self.start_instance(job, role, node, now_ms).map(|_| ())
+    }
+
+    /// StartJob's work: `Ok(false)` when the node's worker refused the start.
+    fn start_instance(
+        &mut self,
+        job: &str,
+        role: &str,
+        node: &str,
+        now_ms: i64,
+    ) -> Result<bool, CommandError> {
         checked_id("role", role)?;
         let Some(n) = self.nodes.get(node) else {
             return Err(CommandError::NotFound(format!("node {node}")));
@@ -580,9 +644,14 @@ impl PublishedWorld {
                 "node {node} is powered off"
             )));
         }
+        if n.partitioned {
+            return Err(CommandError::FailedPrecondition(format!(
+                "node {node} is not answering (its zone is partitioned)"
+            )));
+        }
         let meta = n.meta.clone();
         let running = n.running.clone();
-        let Some(stored) = self.jobs.get_mut(job) else {
+        let Some(stored) = self.jobs.get(job) else {
             return Err(CommandError::NotFound(format!("job {job}")));
         };
         if let Some(on) = stored.instances.get(role) {
@@ -590,6 +659,13 @@ impl PublishedWorld {
                 "job {job} already runs under role {role} on {on}"
             )));
         }
+        if self.chaos.take_rejection() {
+            self.refuse_start(job, role, meta, running, now_ms);
+            return Ok(false);
+        }
+        let Some(stored) = self.jobs.get_mut(job) else {
+            return Err(CommandError::NotFound(format!("job {job}")));
+        };
         stored.instances.insert(role.to_owned(), node.to_owned());
         stored.history.push(entry(HistoryEntry::JobProvisioned(
             JobHistoryJobProvisioned {
@@ -611,7 +687,8 @@ impl PublishedWorld {
         self.events.push(ev(Event::JobUpdated(JobUpdated {
             job_with_history: Some(with_history(stored)),
         })));
-        Ok(())
+        self.note_start(job, role, node, now_ms);
+        Ok(true)
     }
 
     /// StopJob: the instance of `job` under `role`, which must be on `node`.
@@ -692,6 +769,7 @@ impl PublishedWorld {
         self.events.push(ev(Event::JobUpdated(JobUpdated {
             job_with_history: Some(with_history(stored)),
         })));
+        self.note_running(job, now_ms);
         // A migration this instance took part in cannot go on.
         self.instance_gone(job, role, now_ms);
     }
@@ -735,6 +813,10 @@ impl PublishedWorld {
             let on_node = by_node.remove(id.as_str()).unwrap_or_default();
             if node.power != ext::Power::On && node.power != ext::Power::Waking {
                 // Stopped, as the published stream said: only our extension's Watch lists it.
+                continue;
+            }
+            if node.partitioned {
+                // Not answering: Manager has it as stopped until its zone heals.
                 continue;
             }
             let event = if node.physical {

@@ -14,6 +14,7 @@ use manager_proto::extension::{
 };
 use manager_proto::{MigrationParty, MigrationPhase, MigrationStrategy};
 
+use super::chaos::REFUSAL;
 use super::{
     CommandError, Event, HistoryEntry, JobHistoryJobRunning, JobHistoryJobStopped, JobId,
     JobUpdated, NodeMetadata, NodeStarting, NodeStopped, NodeStopping, PublishedWorld, checked_id,
@@ -32,7 +33,8 @@ const JOB_STOPPING_REQUESTED: i32 = 2;
 const MAX_NOTICE_MS: u64 = 86_400_000;
 
 /// A node's place in a warm stop and start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub(in crate::published) enum Power {
     /// Not warm: running or starting as the published stream says.
     On,
@@ -472,7 +474,10 @@ impl PublishedWorld {
             self.set_phase(id, MigrationPhase::TargetReady, now_ms);
             return self.answer(id, None);
         }
-        self.start_job(&job, &req.target_role, target, now_ms)?;
+        if !self.start_instance(&job, &req.target_role, target, now_ms)? {
+            let why = format!("node {target}'s worker refused the start: {REFUSAL}");
+            return self.answer(id, Some((TargetRejection::WorkerRefused, why)));
+        }
         self.set_phase(id, MigrationPhase::PreparingTarget, now_ms);
         if strategy == MigrationStrategy::Handover {
             self.ext.asks.push(JobAsk::InitialState {
@@ -508,8 +513,9 @@ impl PublishedWorld {
             MigrationStrategy::StopThenStart => {
                 self.set_phase(id, MigrationPhase::CuttingOver, now_ms);
                 self.stop_instance(&job, &m.source_role, JOB_STOPPING_REQUESTED, now_ms);
-                match self.start_job(&job, &m.target_role, &target, now_ms) {
-                    Ok(()) => self.complete(id, now_ms),
+                match self.start_instance(&job, &m.target_role, &target, now_ms) {
+                    Ok(true) => self.complete(id, now_ms),
+                    Ok(false) => self.abort(id, MigrationParty::Target, REFUSAL, now_ms),
                     Err(e) => self.abort(id, MigrationParty::Target, &e.to_string(), now_ms),
                 }
             }
@@ -636,7 +642,7 @@ impl PublishedWorld {
         self.emit_migration(id, now_ms);
     }
 
-    fn abort(&mut self, id: &str, by: MigrationParty, reason: &str, now_ms: i64) {
+    pub(super) fn abort(&mut self, id: &str, by: MigrationParty, reason: &str, now_ms: i64) {
         let Some(m) = self.ext.migrations.get_mut(id) else {
             return;
         };
@@ -660,6 +666,25 @@ impl PublishedWorld {
         {
             self.stop_instance(job, &m.target_role, JOB_STOPPING_REQUESTED, now_ms);
         }
+    }
+
+    /// Every migration, by id.
+    pub(super) fn ext_migrations(&self) -> impl Iterator<Item = &Migration> {
+        self.ext.migrations.values()
+    }
+
+    /// A migration read back from the state dir.
+    pub(super) fn restore_migration(&mut self, m: Migration) {
+        self.ext.migrations.insert(m.migration_id.clone(), m);
+    }
+
+    /// The migration in progress whose target is job `job`'s instance under `role`.
+    pub(super) fn migration_for_target(&self, job: &str, role: &str) -> Option<String> {
+        self.ext
+            .migrations
+            .values()
+            .find(|m| job_of(m) == job && m.target_role == role && !handshake::is_final(m.phase))
+            .map(|m| m.migration_id.clone())
     }
 
     /// An instance stopped: a migration it was part of aborts (by Manager), unless the stop is
