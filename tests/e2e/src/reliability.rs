@@ -37,7 +37,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::{WatchStreamExt, watcher};
 use manager_client::proto::sim_admin_client::SimAdminClient;
 use manager_client::proto::{self as pb, JobHistoryRequest};
-use manager_client::{ClientConfig, ManagerClient, MirrorState};
+use manager_client::{ManagerClient, MirrorState};
 
 use automanager_policy::orphans::{NodeOwner, node_owner};
 
@@ -1072,9 +1072,7 @@ fn status_jobs(status: &serde_json::Value) -> BTreeMap<(u32, String), StatusJob>
 }
 
 async fn mirror_of(endpoint: &str) -> Result<MirrorState, SetupError> {
-    let client = ManagerClient::connect(ClientConfig::new(endpoint))
-        .await
-        .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+    let client = crate::stack::manager_view(endpoint, crate::stack::ManagerApi::from_env()).await?;
     let ready = client.wait_ready(Duration::from_secs(30)).await;
     let state = client.mirror().state();
     client.close().await;
@@ -1225,9 +1223,9 @@ impl Monitor {
     /// Starts watching the sim at `endpoint`. Cordons are checked only as far as the test
     /// records them in [`Monitor::cordons`]; [`Monitor::start_on`] also watches for them.
     pub async fn start(endpoint: &str) -> Result<Monitor, SetupError> {
-        let client = ManagerClient::connect(ClientConfig::new(endpoint))
-            .await
-            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+        // In the API the stacks of this process speak.
+        let client =
+            crate::stack::manager_view(endpoint, crate::stack::ManagerApi::from_env()).await?;
         client
             .wait_ready(Duration::from_secs(30))
             .await

@@ -60,6 +60,52 @@ impl ManagerApi {
     }
 }
 
+/// The installation owner the stack's operator tags its Manager objects with over the
+/// published API (the operator's default `manager.owner`).
+pub const OWNER: &str = "automanager";
+
+/// A client of the sim at `endpoint` seeing Manager as the stack's operator does, over `api`:
+/// our first API's client, or the published client under the operator's port (the operator's
+/// owner; its pools as the sim's own pool records describe them). Either way its mirror holds
+/// the operator's nodes and jobs in the same terms, so checks read them alike.
+pub async fn manager_view(
+    endpoint: &str,
+    api: ManagerApi,
+) -> Result<manager_client::ManagerClient, SetupError> {
+    use manager_client::published::{CatalogPool, PoolCatalog, PublishedClient, PublishedConfig};
+    use manager_client::{ClientConfig, ManagerClient};
+    let config = ClientConfig::new(endpoint);
+    let connected = if api.published() {
+        // The pools: the sim serves our first API beside the published one, and its ListPools
+        // is its configuration's pools.
+        let v1 = ManagerClient::connect(config.clone())
+            .await
+            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+        let pools = v1.list_pools().await;
+        v1.close().await;
+        let catalog = PoolCatalog::new();
+        for pool in pools.map_err(|e| SetupError(format!("the sim's pools: {e}")))? {
+            catalog.upsert(CatalogPool {
+                pool,
+                ..Default::default()
+            });
+        }
+        let mut published = PublishedConfig::new(endpoint.to_owned());
+        published.connection = config.clone();
+        let client = PublishedClient::connect(published)
+            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+        let port = manager_client::published::PublishedPort::new(
+            std::sync::Arc::new(client),
+            catalog,
+            OWNER,
+        );
+        ManagerClient::over(std::sync::Arc::new(port), &config)
+    } else {
+        ManagerClient::connect(config).await
+    };
+    connected.map_err(|e| SetupError(format!("connecting to the sim: {e}")))
+}
+
 /// The binaries the stack runs.
 pub struct Binaries {
     pub operator: PathBuf,
@@ -141,11 +187,19 @@ pub fn cargo_build(narrow: &[&str]) -> Result<PathBuf, SetupError> {
 pub fn binaries() -> Result<&'static Binaries, SetupError> {
     static BINS: OnceLock<Result<Binaries, String>> = OnceLock::new();
     BINS.get_or_init(|| {
-        let profile_dir =
-            cargo_build(&["--bins", "-p", "automanager-operator", "-p", "manager-sim"])
-                .map_err(|e| e.0)?;
+        // Binaries built beforehand, so a run tests exactly those (say while the tree is being
+        // edited by others): `AUTOMANAGER_E2E_BIN_DIR` names their directory.
+        let profile_dir = match std::env::var_os("AUTOMANAGER_E2E_BIN_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => cargo_build(&["--bins", "-p", "automanager-operator", "-p", "manager-sim"])
+                .map_err(|e| e.0)?,
+        };
+        // A bench can run a build of the operator kept from another revision, to time old
+        // against new on the same stack.
+        let operator = std::env::var_os("AUTOMANAGER_OPERATOR_BIN")
+            .map_or_else(|| profile_dir.join("automanager-operator"), PathBuf::from);
         let bins = Binaries {
-            operator: profile_dir.join("automanager-operator"),
+            operator,
             sim: profile_dir.join("manager-sim"),
         };
         for b in [&bins.operator, &bins.sim] {
@@ -610,6 +664,34 @@ impl Stack {
                     .ok_or_else(|| SetupError(format!("manager-sim calls printed {l:?}")))
             })
             .collect()
+    }
+
+    /// How many nodes the operator asked the sim to create so far, in the stack's API
+    /// (`CreateNode`; over the published API `CreateAwsNode` and `CreateOciNode`).
+    pub fn node_creates(&self) -> Result<u64, SetupError> {
+        let calls = self.sim_calls()?;
+        let names: &[&str] = if self.api.published() {
+            &[
+                "norsk.api.manager/CreateAwsNode",
+                "norsk.api.manager/CreateOciNode",
+            ]
+        } else {
+            &["CreateNode"]
+        };
+        Ok(names.iter().filter_map(|n| calls.get(*n)).sum())
+    }
+
+    /// Manager's nodes as the stack's operator sees them, in the stack's API (a fresh client's
+    /// first snapshot): node id to its record, which carries its creation time.
+    pub async fn manager_nodes(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, manager_client::proto::Node>, SetupError> {
+        let client = manager_view(&self.sim_endpoint, self.api).await?;
+        let ready = client.wait_ready(Duration::from_secs(30)).await;
+        let nodes = client.mirror().read(|m| m.nodes.clone());
+        client.close().await;
+        ready.map_err(|e| SetupError(format!("the sim's snapshot: {e}")))?;
+        Ok(nodes.into_iter().collect())
     }
 
     /// `kubectl get <what> -o json`, parsed.

@@ -272,14 +272,7 @@ async fn a_crash_looping_job_cannot_provision_more_than_the_bound() {
     .await;
     stack.create(&zoned_pool()).await;
     let monitor = Monitor::start(&stack.sim_endpoint).await.unwrap();
-    let creates = |stack: &Stack| {
-        stack
-            .sim_calls()
-            .unwrap()
-            .get("CreateNode")
-            .copied()
-            .unwrap_or(0)
-    };
+    let creates = |stack: &Stack| stack.node_creates().unwrap();
     let before = creates(&stack);
     stack
         .create(&gold_bundle("looper").max_restarts_per_hour(Gold, 1000))
