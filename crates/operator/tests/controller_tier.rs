@@ -15,6 +15,8 @@ mod bundles;
 mod common;
 #[path = "controller_tier/consolidation.rs"]
 mod consolidation;
+#[path = "controller_tier/deadlines.rs"]
+mod deadlines;
 #[path = "controller_tier/finalizers.rs"]
 mod finalizers;
 #[path = "controller_tier/foreign.rs"]
@@ -418,7 +420,7 @@ async fn a_bundle_gains_its_finalizer_then_starts_on_manager_and_records_manager
         t.api.writes(),
         [
             format!("PATCH {BUNDLES}/news/status"),
-            format!("PATCH {HISTORIES}/news")
+            format!("POST {HISTORIES}")
         ]
     );
     let status = t.stored_bundle("news").status.expect("a status");
@@ -852,7 +854,7 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
         t.api.writes(),
         [
             format!("PATCH {BUNDLES}/news/status"),
-            format!("PATCH {HISTORIES}/news")
+            format!("POST {HISTORIES}")
         ],
         "the status, then the decision in the bundle's history"
     );
@@ -892,7 +894,7 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
         t.api.writes(),
         [
             format!("PATCH {BUNDLES}/late/status"),
-            format!("PATCH {HISTORIES}/late")
+            format!("POST {HISTORIES}")
         ],
         "the decision waited with the status"
     );

@@ -18,10 +18,10 @@
 //!   the budget blocks waits without holding a slot, and the migrations behind it may go.
 //!   One whose node is full waits too, and those behind it for other nodes may go; once the
 //!   global limit is reached everything else waits.
-//! - **Deadlines.** A move with a deadline is never held by the parallelism limits (the node
-//!   is taken at its deadline whatever the fleet's pace); it counts in them, so voluntary moves
-//!   wait behind it. Its budget is checked like any other's (the notice planner decides when a
-//!   deadline lets a move go past a budget, and such a move carries no budget here).
+//! - **Deadlines.** A move with a deadline is never held by the parallelism limits nor by its
+//!   bundle's budget: the node is taken at its deadline whatever the fleet's pace, and its
+//!   replica goes down then whether it moved or not, so waiting can only lose the job. It
+//!   counts in both, so voluntary moves wait behind it (its replica is down in the ledger).
 
 use std::collections::BTreeMap;
 
@@ -181,6 +181,11 @@ pub fn admit<B: Ord + Clone>(
             match &w.replica {
                 Some((bundle, replica)) => match ledger.take(bundle, *replica) {
                     Verdict::Allowed => None,
+                    // A deadline beats a budget: its replica is down from now on either way.
+                    Verdict::Blocked { .. } if !paced => {
+                        ledger.mark(bundle, *replica);
+                        None
+                    }
                     Verdict::Blocked {
                         down,
                         max_unavailable,
@@ -270,7 +275,7 @@ mod tests {
     }
 
     #[test]
-    fn a_deadline_move_still_answers_to_its_budget() {
+    fn a_deadline_move_beats_its_budget_and_takes_its_replica_down() {
         let mut ledger = Ledger::new();
         ledger.insert(
             "b".to_owned(),
@@ -286,18 +291,29 @@ mod tests {
                     running: true,
                     disrupted: true,
                 },
+                ReplicaStanding {
+                    replica: 2,
+                    running: true,
+                    disrupted: false,
+                },
             ],
         );
         let mut reclaim = w("reclaim", Purpose::Deadline, 0, "n1");
         reclaim.replica = Some(("b".to_owned(), 0));
-        let out = admit(&[], &[reclaim], limits(5, 5), &mut ledger);
-        assert!(matches!(
-            out[0].1,
-            Admission::Wait {
-                reason: WaitReason::Budget { .. },
-                ..
-            }
-        ));
+        let mut drain = w("drain", Purpose::Drain, 0, "n2");
+        drain.replica = Some(("b".to_owned(), 2));
+        let out = admit(&[], &[reclaim, drain], limits(5, 5), &mut ledger);
+        assert_eq!(out[0], ("reclaim".to_owned(), Admission::Begin));
+        assert!(
+            matches!(
+                &out[1].1,
+                Admission::Wait {
+                    reason: WaitReason::Budget { down, .. },
+                    ..
+                } if down.contains(&0)
+            ),
+            "{out:?}"
+        );
     }
 
     #[test]
