@@ -23,6 +23,54 @@ struct PendingPreemption {
     since: Instant,
 }
 
+/// What this leader knows a bundle's PlacementHistory holds, from its own last write (or the
+/// read that went with it): enough to add a decision with a patch of the new entries alone,
+/// conditional on `version`, instead of reading the object and writing it whole.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HistoryKnown {
+    /// The object's resourceVersion after that write; `None` when only the replicas' newest
+    /// decisions are known (the object is read before the next write).
+    pub version: Option<String>,
+    /// The object's replica entries in their order.
+    pub replicas: Vec<KnownReplica>,
+}
+
+/// One replica entry of a [`HistoryKnown`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnownReplica {
+    pub replica: u32,
+    /// How many decisions the entry holds.
+    pub decisions: usize,
+    /// Its newest decision.
+    pub newest: Option<api::DecisionRecord>,
+}
+
+impl HistoryKnown {
+    /// What `spec`, stored at `version`, holds.
+    pub fn of(spec: &api::PlacementHistorySpec, version: Option<String>) -> HistoryKnown {
+        HistoryKnown {
+            version,
+            replicas: spec
+                .replicas
+                .iter()
+                .map(|r| KnownReplica {
+                    replica: u32::try_from(r.replica).unwrap_or(u32::MAX),
+                    decisions: r.decisions.len(),
+                    newest: r.decisions.last().cloned(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The newest decision the object holds for `replica`.
+    pub fn newest(&self, replica: u32) -> Option<&api::DecisionRecord> {
+        self.replicas
+            .iter()
+            .find(|r| r.replica == replica)
+            .and_then(|r| r.newest.as_ref())
+    }
+}
+
 /// The per-bundle records. Every change goes through a named operation.
 #[derive(Debug)]
 pub struct BundleBook {
@@ -32,9 +80,10 @@ pub struct BundleBook {
     traces: HashMap<BundleName, BTreeMap<u32, LastDecision>>,
     /// Replicas whose last decision is not in the bundle's PlacementHistory yet.
     unwritten: HashMap<BundleName, BTreeSet<u32>>,
-    /// The summary of the last decision written to the PlacementHistory, per replica: a repeat
-    /// of it (a replica still waiting for the same node) is neither read back nor written.
-    written: HashMap<BundleName, BTreeMap<u32, api::DecisionRecord>>,
+    /// What this leader's last write left in each bundle's PlacementHistory: a repeat of a
+    /// replica's newest decision (a replica still waiting for the same node) is neither read
+    /// back nor written, and the next decision is added without reading the object first.
+    written: HashMap<BundleName, HistoryKnown>,
     /// Manager bundle ids currently Broken.
     broken: HashSet<String>,
     /// Preemptions made for a replica's recovery, by (Manager bundle id, replica), until the
@@ -118,34 +167,26 @@ impl BundleBook {
     }
 
     /// The last decisions of `bundle`'s replicas that its PlacementHistory does not hold yet,
-    /// copied out of the lock, each with the summary last written for its replica.
+    /// copied out of the lock (empty when there are none), with what this leader knows the
+    /// object holds.
     pub fn history_unwritten(
         &self,
         bundle: &BundleName,
-    ) -> Vec<(u32, LastDecision, Option<api::DecisionRecord>)> {
+    ) -> (Vec<(u32, LastDecision)>, Option<HistoryKnown>) {
         let (Some(replicas), Some(traces)) = (self.unwritten.get(bundle), self.traces.get(bundle))
         else {
-            return Vec::new();
+            return (Vec::new(), None);
         };
-        let written = self.written.get(bundle);
-        replicas
+        let pending = replicas
             .iter()
-            .filter_map(|r| {
-                let last = traces.get(r)?.clone();
-                Some((*r, last, written.and_then(|w| w.get(r)).cloned()))
-            })
-            .collect()
+            .filter_map(|r| Some((*r, traces.get(r)?.clone())))
+            .collect();
+        (pending, self.written.get(bundle).cloned())
     }
 
-    /// Replica `replica`'s decision `record` (made at `at`) is in the bundle's history: it is
-    /// written unless a newer decision was made meanwhile.
-    pub fn history_written(
-        &mut self,
-        bundle: &BundleName,
-        replica: u32,
-        at: DateTime<Utc>,
-        record: api::DecisionRecord,
-    ) {
+    /// Replica `replica`'s decision made at `at` is in the bundle's history (or needs no
+    /// write): it is written unless a newer decision was made meanwhile.
+    pub fn history_written(&mut self, bundle: &BundleName, replica: u32, at: DateTime<Utc>) {
         let newer = (self.traces.get(bundle))
             .and_then(|t| t.get(&replica))
             .is_some_and(|last| last.at > at);
@@ -155,10 +196,20 @@ impl BundleBook {
                 self.unwritten.remove(bundle);
             }
         }
-        self.written
-            .entry(bundle.clone())
-            .or_default()
-            .insert(replica, record);
+    }
+
+    /// What `bundle`'s PlacementHistory holds after this leader's write, or `None` when that is
+    /// not known any more (a write was refused: the next one reads the object first). Kept
+    /// only while the bundle is (a write that ends after it is forgotten keeps nothing).
+    pub fn history_known(&mut self, bundle: &BundleName, known: Option<HistoryKnown>) {
+        match known {
+            Some(k) if self.traces.contains_key(bundle) => {
+                self.written.insert(bundle.clone(), k);
+            }
+            _ => {
+                self.written.remove(bundle);
+            }
+        }
     }
 
     /// Notes on a replica's last decision which bronze jobs were stopped to make room for it.
@@ -317,42 +368,81 @@ mod tests {
     fn a_decision_waits_to_be_written_until_it_is_and_a_newer_one_keeps_waiting() {
         let mut b = BundleBook::new(Duration::from_millis(300));
         let name = ("ns".to_owned(), "b".to_owned());
-        assert!(b.history_unwritten(&name).is_empty());
+        assert!(b.history_unwritten(&name).0.is_empty());
         b.record_decision(name.clone(), 0, decision(1));
         b.record_decision(name.clone(), 1, decision(1));
-        let pending = b.history_unwritten(&name);
+        let (pending, known) = b.history_unwritten(&name);
         assert_eq!(pending.len(), 2);
-        assert!(pending.iter().all(|(_, _, written)| written.is_none()));
+        assert_eq!(known, None, "nothing written yet");
 
         // Replica 0 decided again while its first decision was being written.
         b.record_decision(name.clone(), 0, decision(2));
-        b.history_written(
-            &name,
-            0,
-            DateTime::from_timestamp(1, 0).unwrap_or_default(),
-            summary(),
-        );
-        b.history_written(
-            &name,
-            1,
-            DateTime::from_timestamp(1, 0).unwrap_or_default(),
-            summary(),
-        );
-        let pending = b.history_unwritten(&name);
+        let at = DateTime::from_timestamp(1, 0).unwrap_or_default();
+        b.history_written(&name, 0, at);
+        b.history_written(&name, 1, at);
+        let written = known_at("7");
+        b.history_known(&name, Some(written.clone()));
+        let (pending, known) = b.history_unwritten(&name);
         assert_eq!(
             pending.len(),
             1,
             "the newer decision of replica 0 still waits"
         );
         assert_eq!(pending[0].0, 0);
-        assert_eq!(
-            pending[0].2,
-            Some(summary()),
-            "with what was last written for it"
-        );
+        assert_eq!(known, Some(written), "with what the object holds");
+
+        b.history_known(&name, None);
+        assert_eq!(b.history_unwritten(&name).1, None, "read first next time");
 
         b.forget(&name, "ns.b");
-        assert!(b.history_unwritten(&name).is_empty());
+        assert!(b.history_unwritten(&name).0.is_empty());
+        b.history_known(&name, Some(known_at("8")));
+        assert_eq!(
+            b.written.get(&name),
+            None,
+            "a write that ends after the bundle is gone keeps nothing"
+        );
+    }
+
+    fn known_at(version: &str) -> HistoryKnown {
+        HistoryKnown {
+            version: Some(version.into()),
+            replicas: vec![KnownReplica {
+                replica: 0,
+                decisions: 1,
+                newest: Some(summary()),
+            }],
+        }
+    }
+
+    #[test]
+    fn what_a_history_holds_is_read_off_its_spec() {
+        let mut spec = api::PlacementHistorySpec::default();
+        let trace = |at| api::FullTrace {
+            decided_at: at,
+            leader: "l".into(),
+            recovery: false,
+            decision: None,
+            truncated: None,
+            preempted: None,
+        };
+        let mut second = summary();
+        second.reason = "again".into();
+        spec.record(1, summary(), trace(DateTime::UNIX_EPOCH));
+        spec.record(1, second.clone(), trace(DateTime::UNIX_EPOCH));
+        spec.record(3, summary(), trace(DateTime::UNIX_EPOCH));
+        let known = HistoryKnown::of(&spec, Some("9".into()));
+        assert_eq!(known.version.as_deref(), Some("9"));
+        assert_eq!(
+            known
+                .replicas
+                .iter()
+                .map(|r| (r.replica, r.decisions))
+                .collect::<Vec<_>>(),
+            [(1, 2), (3, 1)]
+        );
+        assert_eq!(known.newest(1), Some(&second));
+        assert_eq!(known.newest(0), None);
     }
 
     #[test]

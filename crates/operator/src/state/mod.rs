@@ -40,7 +40,7 @@ mod nodes;
 mod provisioning;
 mod wake;
 
-pub use bundles::BundleBook;
+pub use bundles::{BundleBook, HistoryKnown, KnownReplica};
 pub use disruptions::{AdmittedMigration, Disruptions, HeldMove, HoldNews};
 pub use nodes::{DrainProgress, NodeBook};
 pub use provisioning::Provisioning;
