@@ -2,16 +2,20 @@
 //! same port: nodes under ids their callers choose, stored jobs, instances under free-text roles,
 //! `JobSearch`, and an `EventStream` that opens with a snapshot closed by
 //! `InitialDataComplete`. Its world is its own: nodes and jobs made through one API are not seen
-//! through the other. SimAdmin's `kill-node`, `notice-node` and `cut-streams` reach it.
+//! through the other. Every SimAdmin fault reaches it, said as the published API says things
+//! (a crash is a stop with `JOB_STOPPED_JOB_FAILED`, a refused start an answered call whose
+//! instance stops as failed before it runs, a cut-off node one whose health pings stopped), and
+//! with `--state-dir` it is kept across a restart ([`PublishedService::open`]).
 //!
 //! Beside it, on the same port, [`ExtensionService`] serves our extension
 //! (`automanager.manager.extension.v1.ManagerExtension`) over the same world: warm nodes,
-//! reclaim notices and the migration handshake (its asks answered as a cooperative job with
-//! nothing to hand over answers; no job socket). [`crate::SimOptions::extension`] (`serve
-//! --no-extension`) leaves it out, so its calls answer `UNIMPLEMENTED`.
+//! reclaim notices and the migration handshake (its asks answered in process, as a cooperative
+//! job with nothing to hand over answers unless SimAdmin scripted the job; no job socket).
+//! [`crate::SimOptions::extension`] (`serve --no-extension`) leaves it out, so its calls answer
+//! `UNIMPLEMENTED`.
 //!
-//! Not simulated yet: persistence, pending jobs and the pending window, and capacity (1.0.384
-//! jobs carry no requirements).
+//! Not simulated yet: pending jobs and the pending window, and capacity (1.0.384 jobs carry no
+//! requirements).
 
 mod service;
 mod world;

@@ -2,7 +2,8 @@
 //! served beside the published `Manager` on the same port (unless the sim runs without it).
 //! The migration handshake asks the job nothing over a socket here: each ask gets the answer
 //! of a cooperative job with nothing to hand over ([`crate::world::default_reply`]), as
-//! [`crate::DefaultAgent`] answers for our first API.
+//! [`crate::DefaultAgent`] answers for our first API, unless SimAdmin's
+//! `SetMigrationBehaviour` scripted the job ([`super::PublishedWorld::answer_asks`]).
 
 use manager_proto::extension::manager_extension_server::{
     ManagerExtension, ManagerExtensionServer,
