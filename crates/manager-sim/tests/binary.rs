@@ -196,3 +196,57 @@ fn package_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| env!("CARGO_MANIFEST_DIR").into(), Into::into)
 }
+
+/// A job of the published world: `fail-job --role` fails only that role's instance,
+/// `job-history` reads it, and its migration behaviour is taken even without the job socket
+/// (the sim answers the published world's handshake itself).
+#[tokio::test]
+async fn the_chaos_cli_reaches_a_job_of_the_published_world() {
+    use manager_proto::api::common::{JobId, NodeId};
+    use manager_proto::api::manager::manager_client::ManagerClient;
+    use manager_proto::api::manager::{Job, StartJobRequest};
+
+    const JOB: &str = "ns.b/0/enc";
+    let (_child, addr) = serve(&["--no-job-socket"]);
+    let url = format!("http://{addr}");
+    let mut manager = ManagerClient::connect(url.clone()).await.unwrap();
+    manager
+        .create_job(Job {
+            job_id: Some(JobId {
+                job_id: JOB.to_owned(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    for (role, node) in [("primary", "onprem-a1"), ("backup", "onprem-b1")] {
+        manager
+            .start_job(StartJobRequest {
+                job_id: Some(JobId {
+                    job_id: JOB.to_owned(),
+                }),
+                role: role.to_owned(),
+                node_id: Some(NodeId {
+                    node_id: node.to_owned(),
+                }),
+            })
+            .await
+            .unwrap();
+    }
+
+    let (ok, out) = chaos(
+        &url,
+        &["fail-job", JOB, "--role", "backup", "--message", "gone"],
+    );
+    assert!(ok && out.contains("(backup)"), "{out}");
+    let (ok, out) = chaos(&url, &["job-history", JOB]);
+    assert!(ok, "{out}");
+    let h: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(h["starts"].as_array().map(Vec::len), Some(2), "{h}");
+    assert_eq!(h["running"], 1, "{h}");
+    assert_eq!(h["starts"][0]["role"], "normal", "{h}");
+    let (ok, out) = chaos(&url, &["fail-job", JOB, "--role", "backup"]);
+    assert!(!ok && out.contains("FailedPrecondition"), "{out}");
+    let (ok, out) = chaos(&url, &["migration-behaviour", JOB, "refuse-state"]);
+    assert!(ok && out.contains("refuses state"), "{out}");
+}
