@@ -21,6 +21,10 @@
 //! - **What cannot finish before T** (no room anywhere, or the target cannot be up and the move
 //!   done in time) is left to band recovery at T: gold and silver restart, bronze is dropped.
 //!   Replacements are provisioned early for those too, when a pool has room.
+//! - **Too little time is still a reason to move.** An `overlap` or `stopThenStart` job whose
+//!   room is up now moves now even when T is nearer than the time budgeted for its move: that
+//!   time is an upper bound, a move is often far quicker, and one that loses the race ends no
+//!   worse than the recovery at T would. A `handover` is begun only when it can finish.
 //!
 //! Pure: time is an argument; no I/O. Deterministic: the order of the inputs does not matter.
 
@@ -352,7 +356,11 @@ impl<'a> Planner<'a> {
             self.leave(job, LeftReason::NoCapacity);
             return;
         };
-        if ready_at + needed > deadline {
+        // Too little time by the estimate: an `overlap` or `stopThenStart` job whose room is up
+        // now is still moved now (the estimate is an upper bound, and a move that loses the
+        // race ends no worse than recovery at T); a handover is only begun when it can finish.
+        let try_anyway = ready_at <= self.now && job.strategy != MigrationStrategy::Handover;
+        if ready_at + needed > deadline && !try_anyway {
             let why = LeftReason::TooLate {
                 needed: (ready_at - self.now) + needed,
                 left: deadline - self.now,
@@ -706,6 +714,28 @@ mod tests {
     }
 
     #[test]
+    fn a_notice_shorter_than_a_move_still_moves_what_has_room_now_except_a_handover() {
+        let jobs = [
+            job("ov", "n", "a", 0, Gold, Overlap),
+            job("sts", "n", "b", 0, Silver, StopThenStart),
+            job("ho", "n", "c", 0, Gold, Handover),
+        ];
+        // Two seconds left; every move is budgeted longer than that.
+        let p = run(
+            &[noticed("n", 2)],
+            &jobs,
+            &[free("f", 100.0, true)],
+            &[],
+            &Ledger::new(),
+        );
+        let moved: Vec<&str> = p.moves.iter().map(|m| m.job_id.as_str()).collect();
+        assert_eq!(moved, ["ov", "sts"]);
+        assert_eq!(p.left.len(), 1);
+        assert_eq!(p.left[0].job_id, "ho");
+        assert!(matches!(p.left[0].why, LeftReason::TooLate { .. }));
+    }
+
+    #[test]
     fn budgets_hold_while_the_deadline_allows_and_are_broken_with_a_reason_when_not() {
         let mut ledger = Ledger::new();
         let up = |r| ReplicaStanding {
@@ -825,7 +855,7 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
-        /// Every job of a noticed node is answered once; moves finish before their deadline;
+        /// Every job of a noticed node is answered once; handovers finish before their deadline;
         /// no free node is promised more than its room; handovers go to job-socket nodes;
         /// gapless moves come before stop-then-start ones; provisioning fits the pools' room.
         #[test]
@@ -860,7 +890,9 @@ mod tests {
             prop_assert_eq!(answered.iter().copied().collect::<BTreeSet<_>>(), noticed_jobs);
             let mut used: BTreeMap<&str, f64> = BTreeMap::new();
             for m in &p.moves {
-                prop_assert!(t0() + times().of(m.strategy) <= m.deadline);
+                // A move that cannot finish by the estimate is only ever a try of a job that
+                // needs no handover.
+                prop_assert!(t0() + times().of(m.strategy) <= m.deadline || m.strategy != Handover);
                 if let Destination::Node(id) = &m.destination {
                     let j = jobs.iter().find(|j| j.job_id == m.job_id).unwrap();
                     *used.entry(id.as_str()).or_default() += j.capacity;
