@@ -1726,6 +1726,54 @@ mod tests {
         );
     }
 
+    /// A drain that waits for another client's job to leave its node (the operator does not
+    /// terminate a node under it) has its answer, in either mode; once only the operator's jobs
+    /// are left there, it is unfinished again.
+    #[test]
+    fn a_drain_waiting_on_another_clients_job_is_not_unfinished() {
+        let migrations = serde_json::json!({"items": []});
+        let nodes = |mode: &str| {
+            serde_json::json!({"items": [
+                {"metadata": {"name": "n"}, "spec": {"drain": {"mode": mode}},
+                 "status": {"state": "started", "drain": {"jobsRemaining": 1}}},
+            ]})
+        };
+        let on_n = |bundle_id: &str| reliability::JobFact {
+            bundle_id: bundle_id.into(),
+            replica: 0,
+            job_name: "enc".into(),
+            required_capacity: 1.0,
+            required_cores: 1,
+            instances: vec![reliability::InstanceFact {
+                node_id: "n".into(),
+                normal: true,
+                state: reliability::InstanceState::Running,
+                started_at_ms: 0,
+                reserved: None,
+            }],
+            max_running_ever: None,
+        };
+        let theirs = reliability::World {
+            jobs: vec![on_n("default-chaos-9000")],
+            ..Default::default()
+        };
+        let ours = reliability::World {
+            jobs: vec![on_n("default.b")],
+            ..Default::default()
+        };
+        for mode in ["migrate", "terminate"] {
+            assert!(
+                unfinished_moves(&migrations, &nodes(mode), &theirs, &BTreeMap::new()).is_empty(),
+                "{mode}"
+            );
+            assert_eq!(
+                unfinished_moves(&migrations, &nodes(mode), &ours, &BTreeMap::new()).len(),
+                1,
+                "{mode}"
+            );
+        }
+    }
+
     /// A Migration of replica 0 held by the budget while replica 1's bronze job was dropped
     /// has its answer; held while replica 1 runs, or with replica 1 only recovering (not
     /// dropped), it is unfinished.
