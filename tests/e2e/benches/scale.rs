@@ -44,6 +44,15 @@
 //!    is the client's latency p99; `wave_slowdown` = seconds of the waves with load ÷ seconds
 //!    of the waves without (throughput without ÷ with).
 //!
+//! **The placement history's cost.** From the first create until the writes stop after phase
+//! 1 (so a history written after its Bundle went Ready still counts), the apiserver's own
+//! `apiserver_request_total` and `apiserver_request_duration_seconds_sum` for
+//! `placementhistories`: `history_calls_per_bundle` (every verb) and
+//! `history_apiserver_ms_per_bundle` (the apiserver's time serving them), beside
+//! `bundle_calls_per_bundle` for the Bundles themselves. At the end, the sizes of 50 of the
+//! histories as the apiserver serves them (managedFields included): `history_bytes_p50`,
+//! `history_bytes_max`.
+//!
 //! `rss_mib` is the operator's peak `VmRSS` over the whole run (both processes), sampled every
 //! 250 ms. `SCALE_BUNDLES` and `SCALE_NODES` shrink the run for a quick check (the pools keep
 //! their 5:3:2 split).
@@ -56,8 +65,8 @@ use std::time::{Duration, Instant};
 use automanager_api::{Bundle, BundlePhase, ManagerNode};
 use automanager_e2e::bench::{
     FleetPool, GROUP, ReadyWatch, apiserver_writes, cpu_seconds, create_bundles, env_usize,
-    fleet_sim_config, load_average, of_group, operator_reconciles, percentile, rss_mib,
-    show_counts, sorted, total, writes_between,
+    fleet_sim_config, has_label, load_average, metric_sum, of_group, operator_reconciles,
+    percentile, rss_mib, show_counts, sorted, total, writes_between,
 };
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{SetupError, bench_main};
@@ -158,6 +167,71 @@ async fn writes_stop(client: &kube::Client, quiet: Duration) -> Result<(), Setup
         }
         last = now;
     }
+}
+
+/// The apiserver's own accounting of the requests for one resource of our group, from its
+/// `/metrics`: calls per verb and the seconds it spent serving them.
+#[derive(Default)]
+struct ResourceCost {
+    calls: BTreeMap<String, f64>,
+    seconds: f64,
+}
+
+impl ResourceCost {
+    async fn read(client: &kube::Client, resource: &str) -> ResourceCost {
+        let Ok(req) = http::Request::get("/metrics").body(Vec::new()) else {
+            return ResourceCost::default();
+        };
+        let Ok(text) = client.request_text(req).await else {
+            return ResourceCost::default();
+        };
+        let ours = |l: &str| has_label(l, "group", GROUP) && has_label(l, "resource", resource);
+        let mut calls = BTreeMap::new();
+        for verb in [
+            "GET", "LIST", "WATCH", "POST", "PUT", "PATCH", "APPLY", "DELETE",
+        ] {
+            let n = metric_sum(&text, "apiserver_request_total", |l| {
+                ours(l) && has_label(l, "verb", verb)
+            });
+            if n > 0.0 {
+                calls.insert(verb.to_owned(), n);
+            }
+        }
+        let seconds = metric_sum(&text, "apiserver_request_duration_seconds_sum", |l| {
+            ours(l) && !has_label(l, "verb", "WATCH")
+        });
+        ResourceCost { calls, seconds }
+    }
+
+    /// What `self` (read later) adds to `before`.
+    fn since(&self, before: &ResourceCost) -> ResourceCost {
+        ResourceCost {
+            calls: writes_between(&before.calls, &self.calls),
+            seconds: self.seconds - before.seconds,
+        }
+    }
+
+    fn total(&self) -> f64 {
+        total(&self.calls)
+    }
+}
+
+/// The sizes in bytes (as the apiserver serves them, managedFields included) of the
+/// PlacementHistories of up to `samples` bundles spread over `names`: (median, largest).
+async fn history_bytes(client: &kube::Client, names: &[String], samples: usize) -> (f64, f64) {
+    let step = (names.len() / samples.max(1)).max(1);
+    let mut sizes = Vec::new();
+    for n in names.iter().step_by(step) {
+        let path = format!("/apis/{GROUP}/v1alpha1/namespaces/default/placementhistories/{n}");
+        let Ok(req) = http::Request::get(path).body(Vec::new()) else {
+            continue;
+        };
+        if let Ok(text) = client.request_text(req).await {
+            sizes.push(text.len() as f64);
+        }
+    }
+    let sizes = sorted(sizes);
+    (percentile(&sizes, 0.5), percentile(&sizes, 1.0))
 }
 
 /// What the restart phase measured.
@@ -448,6 +522,8 @@ async fn run() -> Result<(), SetupError> {
         .map(|(i, n)| bundle(n, i))
         .collect::<Result<Vec<_>, _>>()?;
     let load_start = load_average();
+    let history_before = ResourceCost::read(&client, "placementhistories").await;
+    let bundles_before = ResourceCost::read(&client, "bundles").await;
     let operator_cpu = cpu_seconds(stack.operator.pid().unwrap_or(0));
     let started = Instant::now();
     let creating = tokio::spawn({
@@ -479,6 +555,22 @@ async fn run() -> Result<(), SetupError> {
     // 2. The operator restarted with nothing changed.
     eprintln!("bench-scale: waiting until status writes stop");
     writes_stop(&client, Duration::from_secs(5)).await?;
+    // Counted until the writes stopped: a history written after its Bundle is Ready still
+    // cost the ramp.
+    let history = ResourceCost::read(&client, "placementhistories")
+        .await
+        .since(&history_before);
+    let bundle_calls = ResourceCost::read(&client, "bundles")
+        .await
+        .since(&bundles_before);
+    let per_bundle = |x: f64| x / bundles as f64;
+    eprintln!(
+        "bench-scale: apiserver calls from the first create until writes stopped: placementhistories {} ({:.1} s served); bundles {} ({:.1} s served)",
+        show_counts(&history.calls),
+        history.seconds,
+        show_counts(&bundle_calls.calls),
+        bundle_calls.seconds
+    );
     eprintln!("bench-scale: restarting the operator");
     let r = restart(&mut stack, bundles, &rss).await?;
     let noop_writes: f64 = r.writes.values().fold(0.0, |a, b| a + b);
@@ -547,9 +639,10 @@ async fn run() -> Result<(), SetupError> {
         }
     }
     let latencies = sorted(latencies);
+    let (history_p50_bytes, history_max_bytes) = history_bytes(&client, &names, 50).await;
     let load_end = load_average();
     println!(
-        "scale bundles={bundles} nodes={nodes} ready_s={ready_s:.1} rss_mib={:.0} reconciles_per_node_event={reconciles:.0} restart_settle_s={:.1} noop_restart_writes={noop_writes:.0} whatif_p99_ms={:.1} wave_slowdown={:.2} create_s={create_s:.1} operator_cpu_ms_per_bundle={cpu_ms_per_bundle:.2} node_event_bundles={} node_event_jobs={} idle_reconciles={:.0} noop_restart_manager_calls={} noop_restart_events={:.0} whatif_p50_ms={:.1} whatif_max_ms={:.1} whatifs={} wave_bundles={wave_size} wave_s_without={without:.1} wave_s_with={with:.1} load_avg_start={load_start:.1} load_avg_end={load_end:.1}",
+        "scale bundles={bundles} nodes={nodes} ready_s={ready_s:.1} rss_mib={:.0} reconciles_per_node_event={reconciles:.0} restart_settle_s={:.1} noop_restart_writes={noop_writes:.0} whatif_p99_ms={:.1} wave_slowdown={:.2} create_s={create_s:.1} operator_cpu_ms_per_bundle={cpu_ms_per_bundle:.2} node_event_bundles={} node_event_jobs={} idle_reconciles={:.0} noop_restart_manager_calls={} noop_restart_events={:.0} whatif_p50_ms={:.1} whatif_max_ms={:.1} whatifs={} wave_bundles={wave_size} wave_s_without={without:.1} wave_s_with={with:.1} history_calls_per_bundle={:.2} history_apiserver_ms_per_bundle={:.2} bundle_calls_per_bundle={:.2} history_bytes_p50={history_p50_bytes:.0} history_bytes_max={history_max_bytes:.0} load_avg_start={load_start:.1} load_avg_end={load_end:.1}",
         rss.peak_mib(),
         r.settle_s,
         percentile(&latencies, 0.99),
@@ -562,6 +655,9 @@ async fn run() -> Result<(), SetupError> {
         percentile(&latencies, 0.5),
         percentile(&latencies, 1.0),
         latencies.len(),
+        per_bundle(history.total()),
+        per_bundle(history.seconds * 1000.0),
+        per_bundle(bundle_calls.total()),
     );
     Ok(())
 }
