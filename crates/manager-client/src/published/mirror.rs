@@ -83,6 +83,8 @@ pub struct InstanceView {
     pub at_ms: i64,
     /// `JobHistoryJobStopping.Reason` of the instance's last stop, kept through `JobStopped`.
     pub stop_reason: Option<i32>,
+    /// Whether it ran (`JobRunning`) since its latest start (`JobProvisioned`).
+    pub ran: bool,
 }
 
 /// How the stream last reported a job.
@@ -270,6 +272,13 @@ pub fn instances_of(history: &[JobHistoryEntry]) -> (BTreeMap<String, InstanceVi
             InstancePhase::Stopped => out.get(role).and_then(|i| i.stop_reason),
             InstancePhase::Provisioned | InstancePhase::Running => None,
         };
+        let ran = match phase {
+            InstancePhase::Provisioned => false,
+            InstancePhase::Running => true,
+            InstancePhase::Stopping | InstancePhase::Stopped => {
+                out.get(role).is_some_and(|i| i.ran)
+            }
+        };
         out.insert(
             role.clone(),
             InstanceView {
@@ -278,6 +287,7 @@ pub fn instances_of(history: &[JobHistoryEntry]) -> (BTreeMap<String, InstanceVi
                 phase,
                 at_ms: at.map_or(0, timestamp_ms),
                 stop_reason,
+                ran,
             },
         );
     }

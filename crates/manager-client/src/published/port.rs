@@ -294,10 +294,11 @@ impl PublishedPort {
             )));
         };
         if node.provider == ProviderKind::Cluster as i32 {
-            return Err(Status::failed_precondition(format!(
-                "node {} is a physical node: it is not Manager's to terminate",
-                req.node_id
-            )));
+            // A physical node is not Manager's to terminate. What a terminate asks of it is that
+            // its work goes: our instances on it are stopped and handed to recovery, as a
+            // terminated node's are; the node stays, for its owner.
+            self.stop_ours_on(&req.node_id).await?;
+            return Ok(TerminateNodeResponse { node: Some(node) });
         }
         match self.client.terminate_node(&req.node_id).await {
             Ok(()) | Err(crate::ClientError::NotFound(_)) => {}
@@ -306,6 +307,32 @@ impl PublishedPort {
         Ok(TerminateNodeResponse {
             node: Some(gone_node(node)),
         })
+    }
+
+    /// Stops every live instance of our jobs on `node_id`, each handed to recovery.
+    async fn stop_ours_on(&self, node_id: &str) -> Result<(), Status> {
+        let ours: Vec<(String, String)> = self.client.with_mirror(|m| {
+            m.jobs
+                .values()
+                .filter(|v| tags::owned_by(v.tags(), &self.owner))
+                .flat_map(|v| {
+                    v.live_instances()
+                        .filter(|i| i.node_id == node_id)
+                        .map(|i| (v.job_id().to_owned(), i.role.clone()))
+                })
+                .collect()
+        });
+        for (job_id, role) in ours {
+            self.overlay
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((job_id.clone(), role.clone()), StopReason::HandedToRecovery);
+            match self.client.stop_job(&job_id, &role, node_id).await {
+                Ok(()) | Err(crate::ClientError::NotFound(_)) => {}
+                Err(e) => return Err(status_of(e)),
+            }
+        }
+        Ok(())
     }
 
     async fn register_bundle(
@@ -451,23 +478,46 @@ impl PublishedPort {
         }
         let role = manager_proto::JobRole::try_from(req.role).unwrap_or_default();
         let role_name = published_role(role);
+        let asked_ms = now_ms();
         self.client
             .start_job(&req.job_id, role_name, &req.node_id)
             .await
             .map_err(status_of)?;
         let (job_id, node_id) = (req.job_id.clone(), req.node_id.clone());
+        let refused = || {
+            self.client.with_mirror(|m| {
+                m.jobs
+                    .get(&job_id)
+                    .is_some_and(|v| refused_since(v, role_name, &node_id, asked_ms))
+            })
+        };
         let model = self
             .settle(|m| {
-                m.jobs.get(&job_id).is_some_and(|j| {
-                    j.instances.iter().any(|i| {
-                        i.node_id == node_id
-                            && i.role == role as i32
-                            && (i.state == manager_proto::JobState::Starting as i32
-                                || i.state == manager_proto::JobState::Running as i32)
+                refused()
+                    || m.jobs.get(&job_id).is_some_and(|j| {
+                        j.instances.iter().any(|i| {
+                            i.node_id == node_id
+                                && i.role == role as i32
+                                && (i.state == manager_proto::JobState::Starting as i32
+                                    || i.state == manager_proto::JobState::Running as i32)
+                        })
                     })
-                })
             })
             .await;
+        // The published API answers every StartJob with Empty: a node that cannot run the job
+        // says so only in its history, as a stop for failure before it ever ran. That is the
+        // refusal our first API answers, and the operator counts it against the node.
+        if refused() {
+            return Ok(StartJobResponse {
+                accepted: false,
+                rejection_reason: RejectionReason::Unspecified as i32,
+                message: format!(
+                    "the job failed on node {} before it ever ran (a start Manager refused)",
+                    req.node_id
+                ),
+                job: model.jobs.get(&req.job_id).cloned(),
+            });
+        }
         Ok(StartJobResponse {
             accepted: true,
             rejection_reason: 0,
@@ -1073,6 +1123,14 @@ impl Feed {
             })
             .collect()
     }
+}
+
+/// Whether `view`'s instance under `role` on `node` is a start refused at or after
+/// `since_ms` ([`translate::refused`]).
+fn refused_since(view: &super::JobView, role: &str, node: &str, since_ms: i64) -> bool {
+    view.instances
+        .get(role)
+        .is_some_and(|i| i.node_id == node && i.at_ms >= since_ms && translate::refused(i))
 }
 
 fn now_ms() -> i64 {

@@ -233,6 +233,14 @@ pub fn gone_node(mut last: Node) -> Node {
     last
 }
 
+/// Whether the instance stopped for failure before it ever ran: the published API's only way
+/// to tell that a node refused a start (StartJob answers Empty).
+pub fn refused(i: &InstanceView) -> bool {
+    i.stop_reason == Some(stopping::JOB_FAILED)
+        && !i.ran
+        && matches!(i.phase, InstancePhase::Stopping | InstancePhase::Stopped)
+}
+
 fn instance_state(i: &InstanceView) -> (JobState, StopReason) {
     let failed = matches!(
         i.stop_reason,
@@ -293,6 +301,11 @@ pub fn port_job(view: &JobView, owner: &str, overlay: &StopOverlay) -> Option<Jo
         let Some(role) = port_role(&i.role) else {
             continue;
         };
+        if refused(i) {
+            // A start the node refused: never an instance, as our first API leaves such a
+            // job pending rather than failed (the start's answer says it was refused).
+            continue;
+        }
         let (istate, mut reason) = instance_state(i);
         if role == JobRole::MigrationTarget
             && matches!(i.phase, InstancePhase::Stopping | InstancePhase::Stopped)
@@ -489,6 +502,7 @@ mod tests {
             phase,
             at_ms: 5,
             stop_reason,
+            ran: phase != InstancePhase::Provisioned,
         }
     }
 
@@ -576,6 +590,28 @@ mod tests {
                 "{phase:?} {reason:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_start_that_failed_before_it_ran_is_a_refusal_and_leaves_the_job_pending() {
+        let b = bundle();
+        let stored = stored_job(&b, 0, &b.jobs[0], "me").expect("a job definition");
+        let mut refused = instance(tags::ROLE_NORMAL, InstancePhase::Stopped, Some(4));
+        refused.ran = false;
+        assert!(super::refused(&refused));
+        let job = port_job(
+            &view(stored.clone(), vec![refused]),
+            "me",
+            &StopOverlay::new(),
+        )
+        .expect("ours");
+        assert_eq!(job.state, JobState::Pending as i32);
+        assert!(job.instances.is_empty(), "{job:?}");
+        // One that ran and then failed is a failure for recovery.
+        let failed = instance(tags::ROLE_NORMAL, InstancePhase::Stopped, Some(4));
+        assert!(!super::refused(&failed));
+        let job = port_job(&view(stored, vec![failed]), "me", &StopOverlay::new()).expect("ours");
+        assert_eq!(job.state, JobState::Failed as i32);
     }
 
     #[test]
