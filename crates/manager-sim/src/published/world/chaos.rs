@@ -36,7 +36,7 @@ const JOB_STOPPING_JOB_FAILED: i32 = 4;
 const JOB_STOPPING_NODE_STOPPED: i32 = 0;
 /// The longest provisioning delay `slow-provision` takes (as our first API's world).
 const MAX_PROVISION_DELAY_MS: u64 = 3_600_000;
-/// What the handshake's target reports applied when a behaviour fails some participants: the
+/// What the handshake's target reports applied (less those a behaviour fails): the
 /// participants a simulated job on the job socket has.
 const PARTICIPANTS: [&str; 2] = crate::socket_agent::PARTICIPANTS;
 
@@ -124,7 +124,8 @@ fn scripted(ask: &JobAsk, b: &JobBehaviour) -> (JobReply, u64, Option<(Migration
             (JobReply::Abort(because(AbortAt::CutoverReady)), 0, None)
         }
         JobAsk::CutoverReady { .. } => (default_reply(ask), b.cutover_delay_ms, None),
-        JobAsk::CutoverApply { .. } if !b.fail_participants.is_empty() => {
+        JobAsk::CutoverApply { .. } => {
+            // The participants of a simulated job on the job socket, as it reports them.
             let (applied, failed) = b.apply_outcome(&PARTICIPANTS);
             let failed = failed
                 .into_iter()
@@ -916,6 +917,17 @@ mod tests {
             ext.iter()
                 .any(|e| matches!(&e.event, Some(Ext::Migration(_))))
         );
+    }
+
+    #[test]
+    fn a_cooperative_handover_reports_every_participant_applied() {
+        let mut w = world();
+        propose(&mut w, MigrationStrategy::Handover);
+        prepare_and_cut_over(&mut w, 1_000);
+        assert_eq!(phase(&w), P::Completed);
+        let m = migration(&w);
+        assert_eq!(m.applied, PARTICIPANTS);
+        assert!(m.failed.is_empty());
     }
 
     #[test]
