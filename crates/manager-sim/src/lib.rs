@@ -20,7 +20,8 @@
 //!   (a watcher that falls behind is cut with `RESOURCE_EXHAUSTED` instead of
 //!   growing memory), the bounded event log that lets a client resume, the
 //!   `--state-dir` persistence (a JSON file rewritten atomically at most every
-//!   250 ms and on shutdown), and the timer task.
+//!   250 ms and on shutdown; the published API's world keeps a file of its own
+//!   beside it), and the timer task.
 //! - [`config`]: the YAML file (see `examples/demo.yaml` and
 //!   `docs/manager-sim.md`); unknown keys are errors and every problem is
 //!   listed.
