@@ -374,6 +374,11 @@ impl Behaviours {
         }
     }
 
+    /// Replaces the configured rules (the overrides stay).
+    pub fn set_rules(&mut self, rules: Vec<BehaviourRule>) {
+        self.rules = rules;
+    }
+
     /// Replaces the job's behaviour. An explicit cooperative one also wins
     /// over the rules, so a test can make one matching job behave.
     pub fn set(&mut self, job_id: &str, behaviour: JobBehaviour) -> Result<(), BehaviourError> {

@@ -1653,6 +1653,15 @@ impl SimHandle {
         self.inner.stalled.send_replace(stalled);
     }
 
+    /// How the published world's jobs matching `rules` answer our extension's migration
+    /// handshake (the `jobSocket.behaviours` section of the sim's YAML), unless SimAdmin's
+    /// `SetMigrationBehaviour` says otherwise for a job. Nothing for a sim started in process.
+    pub fn set_published_behaviour_rules(&self, rules: Vec<crate::behaviour::BehaviourRule>) {
+        if let Some(p) = &self.published {
+            p.set_behaviour_rules(rules);
+        }
+    }
+
     /// Ends every open `EventStream` of the published API (its clients reconnect and read a new
     /// snapshot); how many were open. 0 for a sim started in process.
     pub fn cut_published_streams(&self) -> usize {

@@ -345,6 +345,8 @@ async fn run(cli: Cli) -> Result<(), String> {
             if realistic {
                 cfg.timing = manager_sim::config::TimingConfig::realistic();
             }
+            // The published world answers its handshake in process, with the same rules.
+            let rules = job_socket.behaviours.clone();
             let agent: std::sync::Arc<dyn manager_sim::JobAgent> = if no_job_socket {
                 std::sync::Arc::new(manager_sim::DefaultAgent)
             } else {
@@ -358,6 +360,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             let sim = Sim::start_with_options(cfg, agent, options)
                 .await
                 .map_err(|e| e.to_string())?;
+            sim.set_published_behaviour_rules(rules);
             if let Some(addr) = sim.addr() {
                 println!("manager-sim listening on {addr}");
             }

@@ -247,6 +247,11 @@ impl PublishedService {
         lock(&self.0.world).set_migration_behaviour(id, behaviour)
     }
 
+    /// The configuration's `jobSocket.behaviours` rules, for this world's jobs.
+    pub fn set_behaviour_rules(&self, rules: Vec<crate::behaviour::BehaviourRule>) {
+        lock(&self.0.world).set_behaviour_rules(rules);
+    }
+
     /// What the sim saw of job `id` (SimAdmin's JobHistory) if this world saw it start;
     /// `None` when it did not.
     pub fn job_history(

@@ -396,6 +396,12 @@ impl PublishedWorld {
         self.chaos.behaviours.set(job, behaviour)
     }
 
+    /// The `jobSocket.behaviours` rules of the sim's configuration: how the jobs they match
+    /// answer the handshake unless `set_migration_behaviour` said otherwise for one.
+    pub fn set_behaviour_rules(&mut self, rules: Vec<crate::behaviour::BehaviourRule>) {
+        self.chaos.behaviours.set_rules(rules);
+    }
+
     /// Answers every ask the handshake raised, as each job's behaviour says (a slow cutover's
     /// answer waits for its time: [`PublishedWorld::advance`] gives it).
     pub fn answer_asks(&mut self, now_ms: i64) {
@@ -917,6 +923,33 @@ mod tests {
             ext.iter()
                 .any(|e| matches!(&e.event, Some(Ext::Migration(_))))
         );
+    }
+
+    #[test]
+    fn a_configured_rule_scripts_the_jobs_it_matches_until_an_override() {
+        let mut w = world();
+        w.set_behaviour_rules(vec![crate::behaviour::BehaviourRule::new(
+            "j*",
+            JobBehaviour {
+                refuse_state: true,
+                ..Default::default()
+            },
+        )]);
+        propose(&mut w, MigrationStrategy::Handover);
+        assert_eq!(phase(&w), P::Aborted, "the rule refused the state");
+
+        let mut w = world();
+        w.set_behaviour_rules(vec![crate::behaviour::BehaviourRule::new(
+            "j*",
+            JobBehaviour {
+                refuse_state: true,
+                ..Default::default()
+            },
+        )]);
+        w.set_migration_behaviour("j", JobBehaviour::default())
+            .expect("set");
+        propose(&mut w, MigrationStrategy::Handover);
+        assert_eq!(phase(&w), P::StateReceived, "the override wins");
     }
 
     #[test]
