@@ -1,8 +1,8 @@
 //! What the operator's port over the published API ([`PublishedPort`], seen through the same
 //! [`ManagerClient`] and mirror the operator uses) makes of the published world's faults: a
-//! start refused by `reject-next` is answered as accepted and its job then shows as failed —
-//! the published API reports a start's outcome on the stream, so that is where a refusal
-//! reaches the Bundle's status — and so does an instance `fail-job` crashes.
+//! start refused by `reject-next` — answered `Empty` by the published API, its outcome a stop
+//! for failure before the instance ever ran — is the refusal our first API answers, and an
+//! instance `fail-job` crashes is a failed job.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use manager_client::published::{
     CatalogPool, PoolCatalog, PublishedClient, PublishedConfig, PublishedPort,
 };
-use manager_client::{ClientConfig, ManagerClient, MirrorState};
+use manager_client::{ClientConfig, ClientError, ManagerClient, MirrorState};
 use manager_proto::sim_admin_client::SimAdminClient;
 use manager_proto::{Bundle, BundleJob, FailJobRequest, JobRole, JobState, RejectNextRequest};
 use manager_sim::{Sim, SimConfig};
@@ -33,7 +33,7 @@ fn state_of(m: &MirrorState, job: &str) -> Option<JobState> {
 }
 
 #[tokio::test]
-async fn a_refused_start_and_a_crash_both_reach_the_port_as_a_failed_job() {
+async fn a_refused_start_is_a_refusal_and_a_crash_a_failed_job() {
     let config = SimConfig::demo();
     let sim = Sim::start(config.clone()).await.expect("sim");
     let catalog = PoolCatalog::new();
@@ -72,14 +72,15 @@ async fn a_refused_start_and_a_crash_both_reach_the_port_as_a_failed_job() {
         .reject_next(RejectNextRequest { count: 1 })
         .await
         .expect("armed");
-    client
+    let refused = client
         .start_job(&job, "onprem-a1", JobRole::Normal)
         .await
-        .expect("a refused start is answered as accepted");
-    until(&client, "the refused start failed", |m| {
-        state_of(m, &job) == Some(JobState::Failed)
-    })
-    .await;
+        .expect_err("refused");
+    assert!(
+        matches!(&refused, ClientError::Rejected { node_id, message, .. }
+            if node_id == "onprem-a1" && message.contains("before it ever ran")),
+        "{refused:?}"
+    );
     let history = admin
         .job_history(manager_proto::JobHistoryRequest {
             job_id: job.clone(),
