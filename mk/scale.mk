@@ -2,5 +2,5 @@
 # Not part of `make test`; figures in BENCHMARKS.md.
 .PHONY: bench-scale
 
-bench-scale: control-plane ## 10,000 bundles on 2,000 sim nodes (~12 min; SCALE_BUNDLES / SCALE_NODES shrink it): scale bundles=... nodes=... ready_s=... rss_mib=... reconciles_per_node_event=... restart_settle_s=... noop_restart_writes=... whatif_p99_ms=... wave_slowdown=...
+bench-scale: control-plane ## 10,000 bundles on 2,000 sim nodes (~12 min; SCALE_BUNDLES / SCALE_NODES shrink it): scale bundles=... nodes=... ready_s=... rss_mib=... reconciles_per_node_event=... restart_settle_s=... noop_restart_writes=... whatif_p99_ms=... wave_slowdown=... (then extra fields, history_calls_per_bundle=... among them)
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench scale

@@ -1,11 +1,15 @@
 //! The placement history on the real stack: decisions kept by the apiserver survive a leader
-//! failover, and `kubectl automanager trace` and `what-if` answer on a default install (no
-//! debugging port anywhere), through the apiserver only.
+//! failover, a leader adds to the history it wrote without reading it back, and `kubectl
+//! automanager trace` and `what-if` answer on a default install (no debugging port anywhere),
+//! through the apiserver only.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
+use automanager_e2e::bench::{GROUP, has_label, metric_sum};
 use automanager_e2e::plugin::{PluginOutput, run_through_apiserver};
 use automanager_e2e::stack::Stack;
 use automanager_e2e::{apply, apply_example_pools};
@@ -155,6 +159,86 @@ async fn trace_survives_leader_failover() {
         text.stdout
     );
     println!("fidelity-figure trace_after_failover=yes");
+}
+
+/// The apiserver's own count of requests for PlacementHistories, per verb.
+async fn history_requests(stack: &Stack) -> BTreeMap<&'static str, f64> {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = stack.env.client().request_text(req).await.unwrap();
+    ["GET", "POST", "PATCH", "APPLY", "PUT"]
+        .into_iter()
+        .map(|verb| {
+            let n = metric_sum(&text, "apiserver_request_total", |l| {
+                has_label(l, "group", GROUP)
+                    && has_label(l, "resource", "placementhistories")
+                    && has_label(l, "verb", verb)
+            });
+            (verb, n)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_leader_adds_to_the_history_it_wrote_without_reading_it() {
+    let stack = start_without_debug().await;
+    apply(&stack, BUNDLE).await;
+    let first_node = stack
+        .wait_for("the bundle placed", WAIT, || async {
+            Ok(ready_on(&stack).await)
+        })
+        .await
+        .unwrap();
+    let created = stack
+        .wait_for("the placement in a new history", WAIT, || async {
+            let calls = history_requests(&stack).await;
+            Ok((calls["POST"] >= 1.0).then_some(calls))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (created["GET"], created["APPLY"], created["PATCH"]),
+        (0.0, 0.0, 0.0),
+        "a new bundle's history is created, not read first: {created:?}"
+    );
+
+    stack.chaos(&["kill-node", &first_node]).unwrap();
+    let added = stack
+        .wait_for("the recovery added to the history", WAIT, || async {
+            let calls = history_requests(&stack).await;
+            Ok((calls["PATCH"] > created["PATCH"]).then_some(calls))
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        (added["GET"], added["APPLY"], added["POST"]),
+        (created["GET"], created["APPLY"], created["POST"]),
+        "the leader patched the history it wrote, without reading it or writing it whole"
+    );
+
+    let second_node = stack
+        .wait_for("the bundle recovered elsewhere", WAIT, || async {
+            Ok(ready_on(&stack).await.filter(|n| *n != first_node))
+        })
+        .await
+        .unwrap();
+    let history = stack
+        .get_json(&["placementhistory", "history", "-n", "default"])
+        .await
+        .unwrap();
+    let r0 = &history["spec"]["replicas"][0];
+    let decisions = r0["decisions"].as_array().cloned().unwrap_or_default();
+    assert_eq!(
+        decisions.first().map(|d| &d["nodes"][0]),
+        Some(&Value::from(first_node.as_str())),
+        "{history:#}"
+    );
+    let newest = decisions.last().unwrap();
+    assert_eq!(newest["recovery"], true, "{history:#}");
+    assert_eq!(newest["nodes"][0], second_node.as_str(), "{history:#}");
+    assert_eq!(
+        r0["lastTrace"]["decidedAt"], newest["decidedAt"],
+        "the newest in full: {history:#}"
+    );
 }
 
 #[tokio::test]
