@@ -48,7 +48,7 @@
 //! 1 (so a history written after its Bundle went Ready still counts), the apiserver's own
 //! `apiserver_request_total` and `apiserver_request_duration_seconds_sum` for
 //! `placementhistories`: `history_calls_per_bundle` (every verb) and
-//! `history_apiserver_ms_per_bundle` (the apiserver's time serving them), beside
+//! `history_apiserver_ms_per_bundle` (the apiserver's request latencies for them, summed), beside
 //! `bundle_calls_per_bundle` for the Bundles themselves. At the end, the sizes of 50 of the
 //! histories as the apiserver serves them (managedFields included): `history_bytes_p50`,
 //! `history_bytes_max`.
