@@ -761,8 +761,20 @@ fn node_of(
         node.reclaim_at_ms = n.deadline.as_ref().map_or(0, super::mirror::timestamp_ms);
         node.reclaim_reason = n.reason.clone();
     }
+    // With our extension's handshake Manager itself relays a handover to the job on any
+    // running node: each is a handover participant, as a worker with its job-socket listener
+    // up is over our first API.
+    if e.serves(feature::MIGRATION_HANDSHAKE)
+        && let Some(inv) = node.inventory.as_mut()
+        && !inv.capabilities.iter().any(|c| c == JOB_SOCKET)
+    {
+        inv.capabilities.push(JOB_SOCKET.to_owned());
+    }
     Some(node)
 }
+
+/// The capability of a node that can take part in a handover.
+const JOB_SOCKET: &str = "norsk.io/job-socket";
 
 /// Everything ours in `m`, as the port models it.
 fn model_of(
