@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use manager_client::proto as pb;
-use manager_client::{ClientConfig, ManagerClient, MirrorState};
+use manager_client::{ManagerClient, MirrorState};
 
 use crate::SetupError;
 
@@ -24,9 +24,9 @@ impl MaxSampler {
         endpoint: &str,
         count: impl Fn(&MirrorState) -> usize + Send + Sync + 'static,
     ) -> Result<Self, SetupError> {
-        let client = ManagerClient::connect(ClientConfig::new(endpoint))
-            .await
-            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+        // In the API the stacks of this process speak.
+        let client =
+            crate::stack::manager_view(endpoint, crate::stack::ManagerApi::from_env()).await?;
         client
             .wait_ready(Duration::from_secs(30))
             .await
