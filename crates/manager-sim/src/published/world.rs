@@ -72,6 +72,9 @@ struct Node {
     zone: String,
     /// Cut off by `partition-zone`: reported stopped, kept, back on heal.
     partitioned: bool,
+    /// Its worker runs a job-socket listener (its pool's `jobSocket`): a handover touching a
+    /// node without one aborts, as with our first API's socket agent.
+    job_socket: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -94,6 +97,8 @@ struct Offer {
     stop_delay_ms: u64,
     /// Whether `slow-provision` reaches it (an elastic pool).
     elastic: bool,
+    /// Its workers run a job-socket listener.
+    job_socket: bool,
 }
 
 /// The published API's world (see the module docs).
@@ -185,11 +190,14 @@ impl PublishedWorld {
                         (PHYSICAL_CAPACITY_TAG.to_owned(), n.capacity.to_string()),
                         (PHYSICAL_CORES_TAG.to_owned(), n.cores.to_string()),
                     ]);
-                    if !n.capabilities.is_empty() {
-                        tags.insert(
-                            PHYSICAL_CAPABILITIES_TAG.to_owned(),
-                            n.capabilities.join(","),
-                        );
+                    // A worker with a job-socket listener says so among its capabilities, as
+                    // our first API's workers advertise it.
+                    let mut capabilities = n.capabilities.clone();
+                    if pool.job_socket {
+                        capabilities.push(manager_proto::JOB_SOCKET_CAPABILITY.to_owned());
+                    }
+                    if !capabilities.is_empty() {
+                        tags.insert(PHYSICAL_CAPABILITIES_TAG.to_owned(), capabilities.join(","));
                     }
                     world.nodes.insert(
                         n.id.clone(),
@@ -209,6 +217,7 @@ impl PublishedWorld {
                             stop_delay_ms: 0,
                             zone: n.zone.clone(),
                             partitioned: false,
+                            job_socket: pool.job_socket,
                         },
                     );
                 }
@@ -235,6 +244,7 @@ impl PublishedWorld {
                     .or(config.timing.stop_delay_ms)
                     .unwrap_or(pool.kind.default_stop_delay_ms()),
                 elastic: pool.scale_out == crate::config::ScaleOutConfig::Elastic,
+                job_socket: pool.job_socket,
             });
         }
         world
@@ -340,7 +350,8 @@ impl PublishedWorld {
             region: req.region.clone(),
             architecture: 0,
         });
-        self.create_node(id, &req.tags, metadata, delay, zone, now_ms)
+        let job_socket = offer.job_socket;
+        self.create_node(id, &req.tags, metadata, delay, (zone, job_socket), now_ms)
     }
 
     /// CreateOciNode: a node under the caller's id, in an `oci` pool offering the shape (an
@@ -367,7 +378,7 @@ impl PublishedWorld {
             &req.tags,
             Metadata::Oci(Default::default()),
             delay,
-            req.availability_domain.clone(),
+            (req.availability_domain.clone(), offer.job_socket),
             now_ms,
         )
     }
@@ -406,7 +417,7 @@ impl PublishedWorld {
         tags: &BTreeMap<String, String>,
         metadata: Metadata,
         (delay_ms, start_delay_ms, stop_delay_ms): (u64, u64, u64),
-        zone: String,
+        (zone, job_socket): (String, bool),
         now_ms: i64,
     ) -> Result<(), CommandError> {
         checked_id("node_id", id)?;
@@ -440,6 +451,7 @@ impl PublishedWorld {
                 stop_delay_ms,
                 zone,
                 partitioned: false,
+                job_socket,
             },
         );
         Ok(())

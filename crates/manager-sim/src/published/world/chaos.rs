@@ -412,6 +412,22 @@ impl PublishedWorld {
                 return;
             }
             for ask in asks {
+                let node = match &ask {
+                    JobAsk::GetState { node_id, .. }
+                    | JobAsk::InitialState { node_id, .. }
+                    | JobAsk::CutoverReady { node_id, .. }
+                    | JobAsk::CutoverApply { node_id, .. } => node_id.clone(),
+                };
+                if self.nodes.get(&node).is_some_and(|n| !n.job_socket) {
+                    // Nothing there to ask: the side on that node aborts, as a job on our
+                    // first API's socket agent does.
+                    let why = format!(
+                        "node {node} has no job socket listener ({})",
+                        manager_proto::JOB_SOCKET_CAPABILITY
+                    );
+                    self.migration_reply(&ask, JobReply::Abort(why), now_ms);
+                    continue;
+                }
                 let b = self.chaos.behaviours.get(ask.job_id());
                 let (reply, delay_ms, abort_after) = scripted(&ask, &b);
                 if delay_ms > 0 {
@@ -950,6 +966,32 @@ mod tests {
             .expect("set");
         propose(&mut w, MigrationStrategy::Handover);
         assert_eq!(phase(&w), P::StateReceived, "the override wins");
+    }
+
+    #[test]
+    fn a_handover_touching_a_node_without_a_job_socket_listener_aborts_by_that_side() {
+        let tag = |w: &PublishedWorld| {
+            w.nodes["onprem-a1"]
+                .meta
+                .tags
+                .get("automanager.norsk.io/capabilities")
+                .cloned()
+                .unwrap_or_default()
+        };
+        assert!(tag(&world()).contains(manager_proto::JOB_SOCKET_CAPABILITY));
+        let mut config = SimConfig::demo();
+        for p in &mut config.pools {
+            if p.name == "onprem" {
+                p.job_socket = false;
+            }
+        }
+        let mut w = PublishedWorld::new(&config, 0);
+        assert!(!tag(&w).contains(manager_proto::JOB_SOCKET_CAPABILITY));
+        propose(&mut w, MigrationStrategy::Handover);
+        assert_eq!(phase(&w), P::Aborted);
+        let m = migration(&w);
+        assert_eq!(m.aborted_by, MigrationParty::Source as i32);
+        assert!(m.abort_reason.contains("no job socket listener"), "{m:?}");
     }
 
     #[test]

@@ -51,6 +51,12 @@ struct SavedNode {
     zone: String,
     #[serde(default)]
     partitioned: bool,
+    #[serde(default = "listening")]
+    job_socket: bool,
+}
+
+fn listening() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -110,6 +116,7 @@ impl PublishedWorld {
                     stop_delay_ms: n.stop_delay_ms,
                     zone: n.zone.clone(),
                     partitioned: n.partitioned,
+                    job_socket: n.job_socket,
                 })
                 .collect(),
             jobs: self
@@ -157,6 +164,7 @@ impl PublishedWorld {
                     stop_delay_ms: n.stop_delay_ms,
                     zone: n.zone,
                     partitioned: n.partitioned,
+                    job_socket: n.job_socket,
                 },
             );
         }
