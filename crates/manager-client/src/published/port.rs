@@ -761,10 +761,11 @@ fn node_of(
         node.reclaim_at_ms = n.deadline.as_ref().map_or(0, super::mirror::timestamp_ms);
         node.reclaim_reason = n.reason.clone();
     }
-    // With our extension's handshake Manager itself relays a handover to the job on any
-    // running node: each is a handover participant, as a worker with its job-socket listener
-    // up is over our first API.
+    // With our extension's handshake Manager itself relays a handover to the job: a node we
+    // created is a handover participant, as a worker with its job-socket listener up is over
+    // our first API. A physical node says in its capabilities tag whether it is one.
     if e.serves(feature::MIGRATION_HANDSHAKE)
+        && !view.physical
         && let Some(inv) = node.inventory.as_mut()
         && !inv.capabilities.iter().any(|c| c == JOB_SOCKET)
     {
