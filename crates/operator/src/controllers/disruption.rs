@@ -819,33 +819,45 @@ pub(crate) async fn node_terminate_hold(
             }
             Err((bundle, verdict)) => {
                 let down = match verdict {
-                    disruption::Verdict::Blocked { down, max_unavailable } => (down, max_unavailable),
+                    disruption::Verdict::Blocked {
+                        down,
+                        max_unavailable,
+                    } => (down, max_unavailable),
                     disruption::Verdict::Allowed => (Vec::new(), 0),
                 };
                 let shown = shown_bundle(&bundle);
                 let broken = fleet.is_broken(&bundle);
-                let message = if down.0.is_empty() {
-                    format!(
-                        "waiting for the disruption budget of Bundle {shown}: it allows {} replica(s) down at once (spec.disruption.maxUnavailableReplicas); terminating node {node_id} would take one down",
-                        down.1
-                    )
-                } else if broken {
-                    format!(
-                        "held by Bundle {shown}, which is Broken: replica(s) {} are down and are not restarted until it is retried (kubectl automanager retry), and its disruption budget allows {} down at once; terminating node {node_id} would take another down",
-                        list(&down.0),
-                        down.1
-                    )
-                } else {
-                    format!(
-                        "waiting for the disruption budget of Bundle {shown}: it allows {} replica(s) down at once and replica(s) {} are down or being moved; terminating node {node_id} would take another down",
-                        down.1,
-                        list(&down.0)
-                    )
-                };
+                let message = terminate_budget_message(&shown, broken, &down.0, down.1, node_id);
                 Err(Box::new(budget_hold_record(&shown, broken, message, now)))
             }
         }
     }))
+}
+
+/// Why a budget (or a Broken bundle) holds the terminate of `node_id`: `down` are the bundle's
+/// replicas down or being moved, `max` how many its budget allows down at once.
+fn terminate_budget_message(
+    shown: &str,
+    broken: bool,
+    down: &[u32],
+    max: u32,
+    node_id: &str,
+) -> String {
+    if down.is_empty() {
+        format!(
+            "waiting for the disruption budget of Bundle {shown}: it allows {max} replica(s) down at once (spec.disruption.maxUnavailableReplicas); terminating node {node_id} would take one down"
+        )
+    } else if broken {
+        format!(
+            "held by Bundle {shown}, which is Broken: replica(s) {} are down and are not restarted until it is retried (kubectl automanager retry), and its disruption budget allows {max} down at once; terminating node {node_id} would take another down",
+            list(down)
+        )
+    } else {
+        format!(
+            "waiting for the disruption budget of Bundle {shown}: it allows {max} replica(s) down at once and replica(s) {} are down or being moved; terminating node {node_id} would take another down",
+            list(down)
+        )
+    }
 }
 
 /// A hold by a bundle's budget, or by the bundle being Broken.

@@ -194,11 +194,9 @@ fn job_migrations(listed: &[Migration], place: &JobPlace, reclaim_name: &str) ->
     }
 }
 
-async fn observe_jobs(
-    ctx: &Context,
-    nodes: &[NoticedNode],
-) -> Result<Vec<(NoticedJob, JobPlace)>, Error> {
-    let on: Vec<(proto::Job, String)> = ctx.manager.mirror().read(|m| {
+/// The jobs of ours and others' holding capacity on each noticed node, with that node's id.
+fn running_on(ctx: &Context, nodes: &[NoticedNode]) -> Vec<(proto::Job, String)> {
+    ctx.manager.mirror().read(|m| {
         nodes
             .iter()
             .flat_map(|n| {
@@ -212,7 +210,27 @@ async fn observe_jobs(
                     .collect::<Vec<_>>()
             })
             .collect()
-    });
+    })
+}
+
+/// The move that held a job ended without taking it off the node: ours (`name`) is deleted to
+/// be made again (the next pass finds the name free once this deletion is through).
+async fn move_again(ctx: &Context, ns: &str, name: &str) -> Result<(), Error> {
+    match Api::<Migration>::namespaced(ctx.client.clone(), ns)
+        .delete(name, &DeleteParams::background())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn observe_jobs(
+    ctx: &Context,
+    nodes: &[NoticedNode],
+) -> Result<Vec<(NoticedJob, JobPlace)>, Error> {
+    let on = running_on(ctx, nodes);
     let mut bundles: HashMap<(String, String), Option<Bundle>> = HashMap::new();
     let mut migrations: HashMap<String, Vec<Migration>> = HashMap::new();
     let mut out = Vec::new();
@@ -255,16 +273,7 @@ async fn observe_jobs(
         let ours = migration_name(&node_id, &job.job_id);
         let moves = job_migrations(listed, &place, &ours);
         if moves.again {
-            // The move that held the job ended without taking it off the node: ours is made
-            // again (the next pass finds the name free once this deletion is through).
-            match Api::<Migration>::namespaced(ctx.client.clone(), ns)
-                .delete(&ours, &DeleteParams::background())
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
+            move_again(ctx, ns, &ours).await?;
             tracing::info!(node = %node_id, job = %job.job_id, migration = %ours, "reclaim: the move that held the job ended; moving it again");
         }
         let (in_flight, move_ended) = (moves.in_flight || moves.again, moves.ended);
