@@ -1,5 +1,5 @@
 # The operator: the demo and its figures.
-.PHONY: demo demo-smoke operator bench-e2e config-docs chart-schema
+.PHONY: demo demo-smoke operator bench-e2e bench-state config-docs chart-schema
 
 operator: ## build the operator binary
 	cargo build -p automanager-operator --bin automanager-operator
@@ -18,3 +18,6 @@ demo-smoke: control-plane ## run the demo to the point where the bundles are Rea
 
 bench-e2e: control-plane ## end-to-end Bundle throughput vs a client making the same four writes per bundle: e2e bundles=... ratio=... operator_cpu_ms_per_bundle=... rss_mib=...
 	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench e2e
+
+bench-state: ## who reaches the operator's state, counted from the source: state lock_sites_outside_state=... controllers_given_context=... migration_builders=... (bench figures not run here read not-measured)
+	scripts/bench-state.sh
