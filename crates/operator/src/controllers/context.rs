@@ -16,7 +16,7 @@ use crate::clock::SharedClock;
 use crate::mapping;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::state::{EngineSnapshot, OperatorState};
+use crate::state::{EngineSnapshot, OperatorState, State};
 
 /// Where the mirror pump and the controllers send "look at this object again".
 #[derive(Clone)]
@@ -102,7 +102,8 @@ pub struct Context {
     /// This replica's identity in leader election (its Pod's name when run as a Pod): what the
     /// placement history says made each decision.
     pub identity: String,
-    state: Mutex<OperatorState>,
+    /// The one state owner: every question and change is a method that locks inside.
+    pub state: State,
     pub snapshot: EngineSnapshot,
     pub wake: Wakers,
     receivers: Mutex<Option<WakeReceivers>>,
@@ -125,11 +126,11 @@ impl Context {
             },
         );
         let (wake, receivers) = wake_channels();
-        let state = OperatorState::new(&settings);
+        let state = State::new(&settings);
         Arc::new(Context {
             client,
             manager,
-            state: Mutex::new(state),
+            state,
             snapshot: EngineSnapshot::default(),
             settings,
             metrics,
@@ -145,7 +146,7 @@ impl Context {
     /// after the mirror's lock when both are needed). Poison-tolerant: a panic elsewhere must
     /// not wedge the operator.
     pub fn state(&self) -> MutexGuard<'_, OperatorState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock_all()
     }
 
     /// Runs `f` with the mirror read-locked and the state locked, in that order.
@@ -167,12 +168,12 @@ impl Context {
     /// Capacity came or went in `pool`: wakes the bundles waiting on it, its HotSpareTargets and
     /// its PlacementPool (its figures).
     pub fn wake_pool(&self, pool: &str) {
-        let state = self.state();
-        for b in state.wake().waiting_on(pool) {
-            self.wake.bundle(b.clone(), true);
+        let (bundles, targets) = self.state.waiters_of_pool(pool);
+        for b in bundles {
+            self.wake.bundle(b, true);
         }
-        for t in state.wake().spare_targets_of(pool) {
-            let _ = self.wake.spare_targets.send(t.clone());
+        for t in targets {
+            let _ = self.wake.spare_targets.send(t);
         }
         let _ = self.wake.pools.send(ObjectRef::new(pool));
     }
@@ -190,7 +191,7 @@ impl Context {
 
     /// Records whether a bundle is Broken and updates the gauges.
     pub fn set_broken(&self, bundle_id: &str, broken: bool) {
-        let count = self.state().bundles_mut().set_broken(bundle_id, broken);
+        let count = self.state.set_broken(bundle_id, broken);
         if let Some(count) = count {
             self.metrics
                 .set_broken_bundles(i64::try_from(count).unwrap_or(i64::MAX));

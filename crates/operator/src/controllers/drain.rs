@@ -155,7 +155,7 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         .and_then(|s| s.drain.as_ref())
         .and_then(|d| d.started_at)
         .unwrap_or_else(|| ctx.clock.now());
-    ctx.state().nodes_mut().begin_drain(node_id, 0, started_at);
+    ctx.state.begin_drain(node_id, 0, started_at);
     // The node is gone already: its jobs recover by band (Manager reports them lost), and
     // nothing holds the drain any more.
     let Some(mut seen) = observe(node, node_id, ctx).await? else {
@@ -454,7 +454,7 @@ pub(crate) async fn held_terminate(
     }
     let what = HeldMove::Drain(node_id.to_owned());
     super::disruption::proceed_held(ctx, &what);
-    ctx.state().disruptions_mut().allow_terminate(node_id);
+    ctx.state.allow_terminate(node_id);
     let h = &news.hold;
     tracing::warn!(node = %node_id, holder = %h.holder, reason = h.kind.as_str(), "held terminate drain proceeds (whenHeld: Proceed)");
     ctx.event(
@@ -548,7 +548,7 @@ async fn record(
             dropped += 1;
         }
     }
-    ctx.state().nodes_mut().record_drain_progress(
+    ctx.state.record_drain_progress(
         node_id,
         DrainProgress {
             migrated: plan.migrated,

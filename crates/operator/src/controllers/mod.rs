@@ -227,7 +227,7 @@ pub async fn reconcile_finalized<K: Finalized>(
     })
     .await;
     if result.is_ok() {
-        ctx.state().retries_mut().succeeded(&retry_key(
+        ctx.state.pass_succeeded(&retry_key(
             name.0,
             &name.1,
             std::any::type_name::<K>(),
@@ -294,7 +294,7 @@ pub fn error_policy<K: ResourceExt>(
 /// How long until a pass over `obj` that failed with `error` is tried again: its kind's
 /// back-off, grown by the object's failures in a row.
 pub fn retry_delay<K: ResourceExt>(ctx: &Context, obj: &K, error: &Error) -> Duration {
-    ctx.state().retries_mut().failed(
+    ctx.state.pass_failed(
         &retry_key(obj.namespace(), &obj.name_any(), std::any::type_name::<K>()),
         error.failure_kind(),
         ctx.clock.instant(),
@@ -309,7 +309,7 @@ fn retry_key(namespace: Option<String>, name: &str, type_name: &str) -> String {
 
 /// A pass over `obj` succeeded: a later failure starts its back-off afresh.
 pub fn pass_succeeded<K: ResourceExt>(ctx: &Context, obj: &K) {
-    ctx.state().retries_mut().succeeded(&retry_key(
+    ctx.state.pass_succeeded(&retry_key(
         obj.namespace(),
         &obj.name_any(),
         std::any::type_name::<K>(),

@@ -184,7 +184,7 @@ fn propose(
             .collect(),
         placed_siblings: Vec::new(),
     };
-    let decision = ctx.state().model().place(&request, now_ms(now));
+    let decision = ctx.state.place(&request, now_ms(now));
     match &decision.outcome {
         pl::Outcome::Placed { assignments, .. } => Some(Proposal {
             assignments: assignments
@@ -209,11 +209,7 @@ async fn act(
     now: DateTime<Utc>,
 ) -> Result<Finding, Error> {
     let count = u32::try_from(moves.len()).unwrap_or(u32::MAX);
-    if !ctx
-        .state()
-        .disruptions_mut()
-        .take_rebalance_moves(count, now)
-    {
+    if !ctx.state.take_rebalance_moves(count, now) {
         return Ok(Finding::RateLimited {
             replica,
             rules,

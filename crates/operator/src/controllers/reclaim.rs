@@ -362,7 +362,7 @@ async fn supply(ctx: &Context, now: chrono::DateTime<Utc>) -> Result<Vec<PoolSup
             u32::try_from(nodes).unwrap_or(u32::MAX),
         )
         .unwrap_or(u32::MAX)
-        .min(ctx.state().provisioning_mut().allowance(&name, now));
+        .min(ctx.state.provision_allowance(&name, now));
         out.push(PoolSupply {
             ready_in: TimeDelta::milliseconds(
                 i64::try_from(delays.get(&name).copied().unwrap_or(0)).unwrap_or(i64::MAX),
@@ -420,11 +420,7 @@ async fn act(
     }
     for (pool, count) in &plan.provision {
         for _ in 0..*count {
-            if !ctx
-                .state()
-                .provisioning_mut()
-                .take_request(pool, ctx.clock.now())
-            {
+            if !ctx.state.take_provision_request(pool, ctx.clock.now()) {
                 break;
             }
             let req = proto::CreateNodeRequest {
@@ -432,7 +428,7 @@ async fn act(
                 ..Default::default()
             };
             match super::create_node(ctx, &format!("reclaim/{pool}"), req).await {
-                Ok(node) => ctx.state().model_mut().add_provisioned(&node),
+                Ok(node) => ctx.state.add_provisioned(&node),
                 Err(Error::Manager(e)) if super::is_final_answer(&e) => {
                     tracing::warn!(pool = %pool, error = %e, "reclaim: early node refused");
                     break;

@@ -76,16 +76,7 @@ pub fn observe_losses(
             .count();
         let up = u32::try_from(up).unwrap_or(u32::MAX);
         tracing::info!(node = %n.node_id, pool = %n.pool, zone, up, "node lost");
-        if let Some(change) = s
-            .provisioning_mut()
-            .record_zone_loss(&n.pool, zone, up, now)
-        {
-            if let ZoneChange::Degraded(d) = &change {
-                s.model_mut()
-                    .set_provisioning_paused(&d.pool, &d.zone, true);
-            }
-            changes.push(change);
-        }
+        changes.extend(s.record_zone_loss(&n.pool, zone, up, now));
     }
     changes
 }
@@ -203,16 +194,7 @@ pub async fn run_zone_clock(ctx: Arc<Context>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let changes = {
-            let mut s = ctx.state();
-            let changes = s.provisioning_mut().tick_zone_brake(ctx.clock.now());
-            for c in &changes {
-                if let ZoneChange::Cleared { pool, zone } = c {
-                    s.model_mut().set_provisioning_paused(pool, zone, false);
-                }
-            }
-            changes
-        };
+        let changes = ctx.state.tick_zone_brake(ctx.clock.now());
         if !changes.is_empty() {
             announce(&ctx, changes).await;
         }

@@ -29,7 +29,7 @@ use automanager_placement as pl;
 use automanager_policy::node_health::NodeHealth;
 use automanager_policy::pass_failure::Retries;
 use automanager_policy::provision_budget::ProvisionBudget;
-use automanager_policy::zone_brake::ZoneBrake;
+use automanager_policy::zone_brake::{ZoneBrake, ZoneChange};
 
 use crate::model::ClusterModel;
 use crate::settings::Settings;
@@ -38,12 +38,14 @@ mod bundles;
 mod disruptions;
 mod nodes;
 mod provisioning;
+mod shared;
 mod wake;
 
 pub use bundles::{BundleBook, HistoryKnown, KnownReplica};
 pub use disruptions::{AdmittedMigration, Disruptions, HeldMove, HoldNews};
 pub use nodes::{DrainProgress, NodeBook};
 pub use provisioning::Provisioning;
+pub use shared::State;
 pub use wake::{Held, WakeIndex};
 
 /// How often at most the engine snapshot for what-if is refreshed while the engine changes.
@@ -163,6 +165,35 @@ impl OperatorState {
     /// Failed passes per object (the error policy's back-off).
     pub fn retries_mut(&mut self) -> &mut Retries {
         &mut self.retries
+    }
+
+    /// A node of `pool` in `zone` was lost with `up` nodes left there: the zone brake counts
+    /// it, and a zone it degrades is paused for provisioning in the placement model.
+    pub fn record_zone_loss(
+        &mut self,
+        pool: &str,
+        zone: &str,
+        up: u32,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<ZoneChange> {
+        let change = self.provisioning.record_zone_loss(pool, zone, up, now)?;
+        if let ZoneChange::Degraded(d) = &change {
+            self.model_mut()
+                .set_provisioning_paused(&d.pool, &d.zone, true);
+        }
+        Some(change)
+    }
+
+    /// Zones whose brake window passed quietly are released, and provisioning into each is
+    /// resumed in the placement model.
+    pub fn tick_zone_brake(&mut self, now: chrono::DateTime<chrono::Utc>) -> Vec<ZoneChange> {
+        let changes = self.provisioning.tick_zone_brake(now);
+        for c in &changes {
+            if let ZoneChange::Cleared { pool, zone } = c {
+                self.model_mut().set_provisioning_paused(pool, zone, false);
+            }
+        }
+        changes
     }
 }
 

@@ -1,0 +1,284 @@
+//! [`State`]: the one owner of [`OperatorState`] and its lock, in the manner of Karpenter's
+//! `state.Cluster`. Every question and every change is a method that takes the lock inside and
+//! returns plain values, so no caller holds the lock across its own logic, and a rule that spans
+//! books (a zone lost pauses provisioning into it in the placement model, ...) is one method
+//! here rather than stitched together by each caller.
+//!
+//! Lock order: a method here never takes the mirror's lock, so a caller may call one while it
+//! holds the mirror's read lock (`mirror().read(|m| ctx.state.sync_all(m))`), never the other
+//! way round.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use automanager_api::{Bundle, HotSpareTarget};
+use automanager_placement as pl;
+use automanager_policy::pass_failure::FailureKind;
+use automanager_policy::zone_brake::ZoneChange;
+use chrono::{DateTime, Utc};
+use kube::runtime::reflector::ObjectRef;
+
+use super::{EngineSnapshot, OperatorState};
+use crate::settings::Settings;
+
+/// The operator's in-memory state behind its own lock (see the module docs).
+pub struct State {
+    inner: Mutex<OperatorState>,
+}
+
+impl State {
+    pub fn new(settings: &Settings) -> Self {
+        State {
+            inner: Mutex::new(OperatorState::new(settings)),
+        }
+    }
+
+    /// Poison-tolerant: a panic elsewhere must not wedge the operator.
+    fn lock(&self) -> MutexGuard<'_, OperatorState> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The whole state under its lock, for the call sites not yet moved to a named operation
+    /// below; `make bench-state` counts each of them.
+    pub fn lock_all(&self) -> MutexGuard<'_, OperatorState> {
+        self.lock()
+    }
+
+    /// Publishes a new engine copy to `snapshot` when the model changed since the last one;
+    /// returns the copy retired a refresh ago, for the caller to drop (outside this lock).
+    #[must_use = "drop the retired copy outside the state's lock"]
+    pub fn refresh_snapshot(&self, snapshot: &EngineSnapshot) -> Option<Arc<pl::Engine>> {
+        snapshot.refresh(&mut self.lock())
+    }
+
+    // -- the placement model --
+
+    /// The engine's decision for `request` at `now_ms`, changing nothing.
+    pub fn place(&self, request: &pl::PlacementRequest, now_ms: u64) -> pl::Decision {
+        self.lock().model().place(request, now_ms)
+    }
+
+    /// Pools of `names` the model does not hold (their objects not loaded yet, or gone).
+    pub fn pools_unknown(&self, names: &[String]) -> Vec<String> {
+        let s = self.lock();
+        let engine = s.model().engine();
+        names
+            .iter()
+            .filter(|p| engine.pool_spec(p).is_none())
+            .cloned()
+            .collect()
+    }
+
+    /// A node we asked Manager for is on its way: it counts as capacity from now on.
+    pub fn add_provisioned(&self, node: &manager_client::proto::Node) {
+        self.lock().model_mut().add_provisioned(node);
+    }
+
+    // -- who to wake --
+
+    /// The Bundles waiting on capacity in `pool`, and the HotSpareTargets of `pool`.
+    pub fn waiters_of_pool(
+        &self,
+        pool: &str,
+    ) -> (Vec<ObjectRef<Bundle>>, Vec<ObjectRef<HotSpareTarget>>) {
+        let s = self.lock();
+        (
+            s.wake().waiting_on(pool).cloned().collect(),
+            s.wake().spare_targets_of(pool).cloned().collect(),
+        )
+    }
+
+    /// Whether a Migration of ours is known to move job `job_id`.
+    pub fn migration_moves_job(&self, job_id: &str) -> bool {
+        self.lock().wake().migration_of_job(job_id).is_some()
+    }
+
+    // -- bundles --
+
+    /// Records whether a bundle is Broken; the count of Broken bundles when it changed.
+    pub fn set_broken(&self, bundle_id: &str, broken: bool) -> Option<usize> {
+        self.lock().bundles_mut().set_broken(bundle_id, broken)
+    }
+
+    // -- nodes --
+
+    /// A drain of `node` began at `started_at` with `jobs` jobs to move.
+    pub fn begin_drain(&self, node: &str, jobs: usize, started_at: DateTime<Utc>) {
+        self.lock().nodes_mut().begin_drain(node, jobs, started_at);
+    }
+
+    /// How far the drain of `node` has come.
+    pub fn record_drain_progress(&self, node: &str, progress: super::DrainProgress) {
+        self.lock()
+            .nodes_mut()
+            .record_drain_progress(node, progress);
+    }
+
+    // -- disruptions --
+
+    /// A terminate of `node` may go ahead (its hold was waived, or it holds nothing).
+    pub fn allow_terminate(&self, node: &str) {
+        self.lock().disruptions_mut().allow_terminate(node);
+    }
+
+    /// Takes `moves` rebalancing moves from the budget at `now`; false when it has not enough.
+    pub fn take_rebalance_moves(&self, moves: u32, now: DateTime<Utc>) -> bool {
+        self.lock()
+            .disruptions_mut()
+            .take_rebalance_moves(moves, now)
+    }
+
+    // -- provisioning --
+
+    /// How many nodes `pool` may still be asked for at `now`.
+    pub fn provision_allowance(&self, pool: &str, now: DateTime<Utc>) -> u32 {
+        self.lock().provisioning_mut().allowance(pool, now)
+    }
+
+    /// Takes one node request for `pool` from the budget at `now`; false when it is spent.
+    pub fn take_provision_request(&self, pool: &str, now: DateTime<Utc>) -> bool {
+        self.lock().provisioning_mut().take_request(pool, now)
+    }
+
+    // -- zones: the brake and the model's paused zones together --
+
+    /// Whether node losses are counted at all.
+    pub fn zone_brake_enabled(&self) -> bool {
+        self.lock().provisioning().zone_brake_enabled()
+    }
+
+    /// Zones whose brake window passed quietly are released, and provisioning into each is
+    /// resumed in the placement model.
+    pub fn tick_zone_brake(&self, now: DateTime<Utc>) -> Vec<ZoneChange> {
+        self.lock().tick_zone_brake(now)
+    }
+
+    /// A node of `pool` in `zone` was lost with `up` nodes left there; a zone this degrades is
+    /// paused for provisioning in the placement model.
+    pub fn record_zone_loss(
+        &self,
+        pool: &str,
+        zone: &str,
+        up: u32,
+        now: DateTime<Utc>,
+    ) -> Option<ZoneChange> {
+        self.lock().record_zone_loss(pool, zone, up, now)
+    }
+
+    /// Whether provisioning into `zone` of `pool` is paused in the placement model.
+    pub fn provisioning_paused(&self, pool: &str, zone: &str) -> bool {
+        self.lock().model().engine().provisioning_paused(pool, zone)
+    }
+
+    /// Whether the zone brake holds `zone` of `pool` as degraded.
+    pub fn zone_degraded(&self, pool: &str, zone: &str) -> bool {
+        self.lock()
+            .provisioning()
+            .zone_brake()
+            .is_degraded(pool, zone)
+    }
+
+    // -- failed passes --
+
+    /// A pass over the object `key` failed with `kind` at `now`: how long until the next try.
+    pub fn pass_failed(&self, key: &str, kind: FailureKind, now: Instant) -> Duration {
+        self.lock().retries_mut().failed(key, kind, now)
+    }
+
+    /// A pass over the object `key` succeeded: a later failure starts its back-off afresh.
+    pub fn pass_succeeded(&self, key: &str) {
+        self.lock().retries_mut().succeeded(key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use automanager_policy::zone_brake::ZoneBrakeSettings;
+    use chrono::TimeDelta;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const POOLS: [&str; 2] = ["a", "b"];
+    const ZONES: [&str; 2] = ["z1", "z2"];
+
+    /// One thing that happens to the zones: a node lost (pool, zone, nodes left up), or time
+    /// passing by some seconds and the brake's clock ticking.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Lost(usize, usize, u32),
+        Tick(i64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            (0..POOLS.len(), 0..ZONES.len(), 0u32..4).prop_map(|(p, z, up)| Step::Lost(p, z, up)),
+            (1i64..400).prop_map(Step::Tick),
+        ]
+    }
+
+    fn braked() -> State {
+        State::new(&Settings {
+            zone_brake: Some(ZoneBrakeSettings {
+                lost_fraction: 0.5,
+                window: TimeDelta::seconds(300),
+                min_lost: 2,
+            }),
+            ..Settings::default()
+        })
+    }
+
+    proptest! {
+        /// The brake and the placement model never disagree: a zone is paused for provisioning
+        /// exactly while the brake holds it degraded, whatever losses and quiet times come.
+        #[test]
+        fn a_zone_is_paused_in_the_model_exactly_while_the_brake_holds_it(
+            steps in proptest::collection::vec(step(), 1..60)
+        ) {
+            let state = braked();
+            let mut now = DateTime::UNIX_EPOCH;
+            for s in steps {
+                match s {
+                    Step::Lost(p, z, up) => {
+                        let _ = state.record_zone_loss(POOLS[p], ZONES[z], up, now);
+                    }
+                    Step::Tick(secs) => {
+                        now += TimeDelta::seconds(secs);
+                        let _ = state.tick_zone_brake(now);
+                    }
+                }
+                for pool in POOLS {
+                    for zone in ZONES {
+                        prop_assert_eq!(
+                            state.provisioning_paused(pool, zone),
+                            state.zone_degraded(pool, zone),
+                            "pool {} zone {}", pool, zone
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn enough_losses_pause_a_zone_and_a_quiet_window_resumes_it() {
+        let state = braked();
+        let t0 = DateTime::UNIX_EPOCH;
+        assert!(state.record_zone_loss("a", "z1", 1, t0).is_none());
+        assert!(matches!(
+            state.record_zone_loss("a", "z1", 0, t0),
+            Some(ZoneChange::Degraded(_))
+        ));
+        assert!(state.provisioning_paused("a", "z1"));
+        assert!(!state.provisioning_paused("a", "z2"));
+        let cleared = state.tick_zone_brake(t0 + TimeDelta::seconds(301));
+        assert_eq!(
+            cleared,
+            vec![ZoneChange::Cleared {
+                pool: "a".into(),
+                zone: "z1".into()
+            }]
+        );
+        assert!(!state.provisioning_paused("a", "z1"));
+    }
+}
