@@ -14,17 +14,18 @@
 //! silver bundles on `hand` whose job declares `migration: {strategy: handover}`. The operator's
 //! gold `maxRestartsPerHour` is raised to 1,000 so 100 kills never trip the restart ceiling.
 //!
-//! **Gold recovery (sequential kills).** Before each kill the bench waits (in its own mirror of
-//! Manager, a `manager_client::ManagerClient`) until the target count of spares is live and the
-//! next gold job (round robin) runs; then `manager-sim chaos kill-node <its node>`. The figure is
-//! measured on **Manager's own clock**: from the killed node's `state_changed_at_ms` (the moment
-//! of its `NodeTerminated` event; the sim's kill emits the jobs' failure and the node's
-//! termination at that one instant) to the `updated_at_ms` of the first `JobUpdated` that shows
-//! the job `RUNNING` on another node. So it includes the operator noticing the failure, deciding,
-//! `StartJob`, and the sim's 20 ms job start (`job_start_delay_ms`, the floor); not the time the
-//! bench's own mirror takes to hear of it. The same interval as the bench's mirror saw it (change
-//! arrival times) is printed on stderr as a cross-check. `on_spare` counts recoveries that landed
-//! on a hot spare.
+//! **Gold recovery (sequential kills).** Before each kill the bench waits (in its own view of
+//! Manager, seen as the operator's port sees it over the API the stack runs: our first API or
+//! Manager's published one) until the target count of spares is live and the next gold job
+//! (round robin) runs; then `manager-sim chaos kill-node <its node>`. The figure is measured on
+//! **Manager's own clock**: from the job's failure on the killed node (its `updated_at_ms` as
+//! Manager stamped the stop; the sim's kill stops the node's jobs at the kill's instant, and the
+//! published API's node events carry no time) to the `updated_at_ms` of the first update that
+//! shows the job `RUNNING` on another node. So it includes the operator noticing the failure,
+//! deciding, `StartJob`, and the sim's 20 ms job start (`job_start_delay_ms`, the floor); not the
+//! time the bench's own view takes to hear of it. The same interval as the bench's view saw it
+//! (change arrival times) is printed on stderr as a cross-check. `on_spare` counts recoveries
+//! that landed on a hot spare.
 //!
 //! **Handover (sequential).** Each round creates a `Migration` (no target node: placement picks
 //! one in `hand`) for the next handover bundle and measures **from the create call to the
@@ -43,12 +44,19 @@ use automanager_e2e::SetupError;
 use automanager_e2e::bench::{
     apply, empty_spares, env_usize, err, is_spare, percentile as pct, settled_node, sorted,
 };
-use automanager_e2e::stack::Stack;
+use automanager_e2e::stack::{Stack, manager_view_with};
 use futures::StreamExt;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use manager_client::proto::{JobRole, JobState, NodeState};
 use manager_client::{ClientConfig, ManagerClient, MirrorChange};
+
+/// Now, in Unix milliseconds.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
 use tokio::sync::{broadcast, mpsc};
 
 const GOLD_BUNDLES: usize = 10;
@@ -193,6 +201,7 @@ async fn kill_and_wait(
         .ok_or_else(|| err(format!("{job_id} is not running")))?;
     // Subscribed before the kill, so no change of interest can be missed.
     let mut rx = client.subscribe();
+    let asked_ms = unix_ms();
     stack.chaos(&["kill-node", &node])?;
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut killed: Option<(i64, Instant)> = None;
@@ -201,8 +210,21 @@ async fn kill_and_wait(
             .await
             .map_err(|_| err(format!("{job_id} did not run again within {WAIT:?}")))?;
         match change {
+            // The job's failure on the dead node, stamped by Manager: both APIs report it at
+            // the kill's instant (the published one has no time on node events).
+            Ok(MirrorChange::JobUpserted(j))
+                if killed.is_none()
+                    && j.job_id == job_id
+                    && j.node_id == node
+                    && j.state != JobState::Running as i32 =>
+            {
+                killed = Some((j.updated_at_ms, Instant::now()));
+            }
             Ok(MirrorChange::NodeUpserted(n))
-                if n.node_id == node && n.state == NodeState::Terminated as i32 =>
+                if killed.is_none()
+                    && n.node_id == node
+                    && n.state == NodeState::Terminated as i32
+                    && n.state_changed_at_ms >= asked_ms =>
             {
                 killed = Some((n.state_changed_at_ms, Instant::now()));
             }
@@ -215,17 +237,9 @@ async fn kill_and_wait(
                 let seen = Instant::now();
                 // The node's event precedes the restart; read it from the mirror if it was
                 // coalesced away (a resync).
-                let (killed_ms, killed_seen) = match killed {
-                    Some(k) => k,
-                    None => {
-                        let ms = client
-                            .mirror()
-                            .node(&node)
-                            .map(|n| n.state_changed_at_ms)
-                            .ok_or_else(|| err(format!("node {node} vanished")))?;
-                        (ms, seen)
-                    }
-                };
+                // Neither was seen (coalesced away by a resync): the moment the bench asked
+                // for the kill, on the host's clock, which the sim's timestamps use too.
+                let (killed_ms, killed_seen) = killed.unwrap_or((asked_ms, seen));
                 let started_ms = j
                     .instances
                     .iter()
@@ -375,7 +389,7 @@ async fn run() -> Result<(), SetupError> {
 async fn measure(stack: &Stack, kills: usize, handovers: usize) -> Result<(), SetupError> {
     let mut config = ClientConfig::new(stack.sim_endpoint.clone());
     config.change_buffer = 1 << 20;
-    let client = ManagerClient::connect(config).await.map_err(err)?;
+    let client = manager_view_with(config, stack.api).await?;
     client.wait_ready(WAIT).await.map_err(err)?;
 
     apply(stack, POOLS).await?;

@@ -72,9 +72,18 @@ pub async fn manager_view(
     endpoint: &str,
     api: ManagerApi,
 ) -> Result<manager_client::ManagerClient, SetupError> {
+    manager_view_with(manager_client::ClientConfig::new(endpoint), api).await
+}
+
+/// [`manager_view`] with a client configuration of the caller's (its endpoint is the sim's),
+/// e.g. a bench's larger change buffer.
+pub async fn manager_view_with(
+    config: manager_client::ClientConfig,
+    api: ManagerApi,
+) -> Result<manager_client::ManagerClient, SetupError> {
+    use manager_client::ManagerClient;
     use manager_client::published::{CatalogPool, PoolCatalog, PublishedClient, PublishedConfig};
-    use manager_client::{ClientConfig, ManagerClient};
-    let config = ClientConfig::new(endpoint);
+    let endpoint = config.endpoint.clone();
     let connected = if api.published() {
         // The pools: the sim serves our first API beside the published one, and its ListPools
         // is its configuration's pools.
@@ -90,7 +99,7 @@ pub async fn manager_view(
                 ..Default::default()
             });
         }
-        let mut published = PublishedConfig::new(endpoint.to_owned());
+        let mut published = PublishedConfig::new(endpoint);
         published.connection = config.clone();
         let client = PublishedClient::connect(published)
             .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
