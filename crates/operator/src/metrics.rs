@@ -226,6 +226,8 @@ struct Inner {
     consolidation_terminated: Family<PoolLabels, Counter>,
     consolidation_abandoned: Family<PoolLabels, Counter>,
     consolidation_planned: Family<PoolLabels, Gauge>,
+    history_queued: Gauge,
+    history_write_failures: Counter,
     // The start time and build info live only in the registry: they are set once, at registration.
 }
 
@@ -278,12 +280,24 @@ impl Inner {
             consolidation_terminated: Default::default(),
             consolidation_abandoned: Default::default(),
             consolidation_planned: Default::default(),
+            history_queued: Default::default(),
+            history_write_failures: Default::default(),
         }
     }
 }
 
 /// Registers the metrics of bundles, placements, restarts and drops, and the reconcilers' own timing.
 fn register_bundles(r: &mut Registry, m: &Inner) {
+    r.register(
+        "automanager_placement_history_queued",
+        "Bundles whose PlacementHistory write waits or is in flight (written off the Bundle's path, after the Bundles' own writes)",
+        m.history_queued.clone(),
+    );
+    r.register(
+        "automanager_placement_history_write_failures",
+        "PlacementHistory writes that failed (each is tried again after a back-off, a few times; a write the lease fence refused is not counted)",
+        m.history_write_failures.clone(),
+    );
     r.register(
         "automanager_placements_attempted",
         "Placement decisions attempted for a replica",
@@ -560,6 +574,18 @@ impl Metrics {
                 cause: cause.into(),
             })
             .inc();
+    }
+
+    /// Bundles whose PlacementHistory write waits or is in flight.
+    pub fn set_history_queued(&self, count: usize) {
+        self.inner
+            .history_queued
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// A PlacementHistory write failed.
+    pub fn history_write_failed(&self) {
+        self.inner.history_write_failures.inc();
     }
 
     /// Migrations waiting in the queue after its last pass.
@@ -915,7 +941,9 @@ impl Metrics {
 mod tests {
     use super::*;
 
-    const NAMES: [&str; 29] = [
+    const NAMES: [&str; 31] = [
+        "automanager_placement_history_queued",
+        "automanager_placement_history_write_failures_total",
         "automanager_held_moves",
         "automanager_preemptions_total",
         "automanager_jobs_preempted_total",
@@ -960,6 +988,8 @@ mod tests {
         m.disruption_blocked("migration");
         m.involuntary_disruption("nodeLost");
         m.set_migrations_queued(2);
+        m.set_history_queued(3);
+        m.history_write_failed();
         m.preempted("gold", 2);
         m.rebalance_started();
         let text = m.encode();
@@ -970,6 +1000,8 @@ mod tests {
         assert!(text.contains("automanager_disruptions_blocked_total{action=\"migration\"} 1"));
         assert!(text.contains("automanager_involuntary_disruptions_total{cause=\"nodeLost\"} 1"));
         assert!(text.contains("automanager_migrations_queued 2"));
+        assert!(text.contains("automanager_placement_history_queued 3"));
+        assert!(text.contains("automanager_placement_history_write_failures_total 1"));
         assert!(text.contains("automanager_held_moves{kind=\"drain\",reason=\"BrokenBundle\"} 0"));
         m.set_held_moves([("migration", "DisruptionWindow", 3)]);
         assert!(

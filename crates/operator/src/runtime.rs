@@ -558,6 +558,14 @@ pub async fn run_controllers(
         },
     );
     tokio::join!(bundles, pools, nodes, spares, migrations);
+    // Decisions whose history is still queued: written now if the fence still allows it (a
+    // shutdown), refused at once if not (a lost lease).
+    if !ctx.history.flush(EVENT_FLUSH).await {
+        tracing::warn!(
+            bundles = ctx.history.pending(),
+            "stopping with placement histories not yet written"
+        );
+    }
     loops.abort();
     // Events the last reconciles queued are what a person reads about them: publish them
     // before going. A fenced (deposed) operator's writes are refused anyway, so this is short.

@@ -383,7 +383,14 @@ impl Tier {
         name: &str,
     ) -> Result<kube::runtime::controller::Action, controllers::Error> {
         let b = self.stored_bundle(name);
-        controllers::reconcile_finalized(Arc::new(b), self.ctx.clone()).await
+        let result = controllers::reconcile_finalized(Arc::new(b), self.ctx.clone()).await;
+        // The pass queued its decisions for the history's writer, which writes them on its own
+        // task; a pass here ends when that write has, so a test sees what the pass caused.
+        assert!(
+            self.ctx.history.idle(BOUND).await,
+            "the history's writer is idle"
+        );
+        result
     }
 
     /// Manager's jobs of the bundle `live/<name>`.

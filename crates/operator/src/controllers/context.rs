@@ -102,6 +102,9 @@ pub struct Context {
     /// This replica's identity in leader election (its Pod's name when run as a Pod): what the
     /// placement history says made each decision.
     pub identity: String,
+    /// The bundles' PlacementHistory writes, off the Bundle's path
+    /// ([`super::bundle::history_writer`]).
+    pub history: super::bundle::history_writer::HistoryWriter,
     /// The one state owner: every question and change is a method that locks inside.
     pub state: State,
     pub snapshot: EngineSnapshot,
@@ -137,6 +140,7 @@ impl Context {
             clock,
             events: events::EventQueue::new(recorder),
             identity: identity.to_owned(),
+            history: Default::default(),
             wake,
             receivers: Mutex::new(Some(receivers)),
         })

@@ -535,19 +535,54 @@ async fn a_job_restarted_alone_joins_the_running_job_co_located_with_it() {
     assert_eq!(on, node, "restarted beside pkg");
 }
 
+impl Tier {
+    /// The history of `live/name` once it satisfies `done`: its writer writes it on its own
+    /// task after the pass, so it is waited for, through the apiserver.
+    async fn history_once(
+        &self,
+        name: &str,
+        done: impl Fn(&api::PlacementHistory) -> bool,
+    ) -> api::PlacementHistory {
+        tokio::time::timeout(super::BOUND, async {
+            loop {
+                let h = self.api.get::<api::PlacementHistory>(Some("live"), name);
+                if let Some(h) = h.filter(|h| done(h)) {
+                    return h;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the history written")
+    }
+
+    /// The Bundle controller as busy as the history's writer yields to: a pass of each of
+    /// `bundles` (not stored) running.
+    fn passes_running(&self, bundles: &[&str], running: bool) {
+        for b in bundles {
+            let b = kube::runtime::reflector::ObjectRef::<Bundle>::new(b).within("live");
+            let mut state = self.ctx.state();
+            if running {
+                state.wake_mut().begin_pass(&b);
+            } else {
+                state.wake_mut().end_pass(&b);
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_placement_and_its_recovery_are_kept_in_the_bundles_history_with_who_made_them() {
     let t = Tier::start(|_| {}).await.with_example_pools().await;
     t.pair_bundle("news", PriorityBand::Silver);
     t.bundle_pass("news").await.expect("the finalizer pass");
-    t.bundle_pass("news").await.expect("the placing pass");
+    // The pass itself, without the tier's wait for the history's writer.
+    let b = std::sync::Arc::new(t.stored_bundle("news"));
+    controllers::reconcile_finalized(b, t.ctx.clone())
+        .await
+        .expect("the placing pass");
     t.running("news").await;
-    let history = || {
-        t.api
-            .get::<api::PlacementHistory>(Some("live"), "news")
-            .expect("a history")
-    };
-    let first = history();
+    let first = t.history_once("news", |_| true).await;
     assert_eq!(
         first.metadata.owner_references.unwrap_or_default()[0].name,
         "news",
@@ -574,11 +609,15 @@ async fn a_placement_and_its_recovery_are_kept_in_the_bundles_history_with_who_m
     );
 
     t.lose_node_of("news").await;
-    t.bundle_pass("news").await.expect("the recovery pass");
+    let b = std::sync::Arc::new(t.stored_bundle("news"));
+    controllers::reconcile_finalized(b, t.ctx.clone())
+        .await
+        .expect("the recovery pass");
 
-    let after = history();
+    let after = t
+        .history_once("news", |h| h.spec.replicas[0].decisions.len() == 2)
+        .await;
     let r0 = &after.spec.replicas[0];
-    assert_eq!(r0.decisions.len(), 2, "{r0:?}");
     let recovery = &r0.decisions[1];
     assert!(recovery.recovery);
     assert_eq!(recovery.outcome, api::PlacementOutcome::Placed);
@@ -586,4 +625,85 @@ async fn a_placement_and_its_recovery_are_kept_in_the_bundles_history_with_who_m
     let full = r0.last_trace.as_ref().expect("the newest in full");
     assert!(full.recovery);
     assert!(full.decision.is_some() && full.truncated.is_none());
+}
+
+#[tokio::test]
+async fn a_history_waits_while_the_bundles_are_busy_and_goes_once_it_waited_its_bound() {
+    use automanager_operator::controllers::bundle::history_writer::MAX_HOLD;
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    // Two passes of other bundles run: a quarter of the 8 slots (at least 2).
+    let others = ["a", "b"];
+    t.passes_running(&others, true);
+    t.api.clear_calls();
+
+    let b = std::sync::Arc::new(t.stored_bundle("news"));
+    controllers::reconcile_finalized(b, t.ctx.clone())
+        .await
+        .expect("the placing pass");
+    assert_eq!(
+        t.api.writes(),
+        [format!("PATCH {BUNDLES}/news/status")],
+        "the pass wrote its status and left its history queued"
+    );
+    assert_eq!(t.ctx.history.pending(), 1);
+    assert!(
+        t.ctx
+            .metrics
+            .encode()
+            .contains("automanager_placement_history_queued 1"),
+        "the queue's gauge"
+    );
+    assert!(
+        !t.ctx.history.idle(Duration::from_millis(300)).await,
+        "still held while the Bundles are busy"
+    );
+
+    // Held for its bound: written while the Bundles are still busy.
+    t.clock.advance(MAX_HOLD);
+    let h = t.history_once("news", |_| true).await;
+    assert_eq!(h.spec.replicas[0].decisions.len(), 1);
+    assert!(t.ctx.history.idle(super::BOUND).await);
+    assert!(
+        t.ctx
+            .metrics
+            .encode()
+            .contains("automanager_placement_history_queued 0")
+    );
+    t.passes_running(&others, false);
+}
+
+#[tokio::test]
+async fn a_history_write_that_fails_is_tried_again_after_its_back_off_and_counted() {
+    use automanager_operator::controllers::bundle::history_writer::RETRY_FIRST;
+    let t = Tier::start(|_| {}).await.with_example_pools().await;
+    t.pair_bundle("news", PriorityBand::Silver);
+    t.bundle_pass("news").await.expect("the finalizer pass");
+    t.api.refuse_next(Method::POST, "/placementhistories", 500);
+
+    let b = std::sync::Arc::new(t.stored_bundle("news"));
+    controllers::reconcile_finalized(b, t.ctx.clone())
+        .await
+        .expect("the placing pass");
+    tokio::time::timeout(super::BOUND, async {
+        while t.api.refused().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the first write refused");
+    assert_eq!(t.api.refused(), [format!("POST {HISTORIES} 500")]);
+    assert_eq!(t.ctx.history.pending(), 1, "queued again, for later");
+    assert!(
+        t.ctx
+            .metrics
+            .encode()
+            .contains("automanager_placement_history_write_failures_total 1")
+    );
+
+    t.clock.advance(RETRY_FIRST);
+    let h = t.history_once("news", |_| true).await;
+    assert_eq!(h.spec.replicas[0].decisions.len(), 1);
+    assert!(t.ctx.history.idle(super::BOUND).await);
 }

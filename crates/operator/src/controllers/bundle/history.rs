@@ -2,7 +2,8 @@
 //! to the object the apiserver keeps for the bundle, so `kubectl automanager trace` shows them
 //! after a restart or a failover, from any replica, without the operator's debugging port.
 //!
-//! Written only when a replica's decision differs from the newest the history holds (a replica
+//! Written by the [`super::history_writer`]'s task, off the Bundle's path and after the
+//! Bundles' own writes; only when a replica's decision differs from the newest the history holds (a replica
 //! waiting for the same node decides the same every pass: no read, no write), through the
 //! operator's fenced client (a replica that lost the lease writes nothing), and always
 //! conditional on the object being what the writer knows, so two writers never lose an entry.
@@ -18,24 +19,16 @@
 //! The operator does not watch these objects (at 10k bundles that would be their whole size in
 //! memory): it keeps per bundle only the version and each replica's newest summary.
 
-use automanager_api::{self as api, Bundle, PlacementHistory, PlacementHistorySpec};
+use automanager_api::{self as api, PlacementHistory, PlacementHistorySpec};
 use automanager_placement as pl;
 use chrono::{DateTime, Utc};
 use kube::Resource;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::controllers::{Context, Error, LastDecision, ns_name};
+use super::history_writer::{BundleName, Target};
+use crate::controllers::{Context, Error, LastDecision};
 use crate::state::HistoryKnown;
-
-/// Adds the decisions of `bundle`'s replicas its history does not hold yet. A failure is
-/// logged and the decisions stay to be written by a later pass: the history is for people,
-/// and never holds up a placement.
-pub(super) async fn write(ctx: &Context, bundle: &Bundle) {
-    if let Err(e) = try_write(ctx, bundle).await {
-        tracing::warn!(bundle = %bundle.metadata.name.as_deref().unwrap_or_default(), error = %e, "could not write the placement history");
-    }
-}
 
 /// A decision to add: its replica, when it was made, its summary and its full trace.
 struct New {
@@ -45,14 +38,17 @@ struct New {
     trace: api::FullTrace,
 }
 
-async fn try_write(ctx: &Context, bundle: &Bundle) -> Result<(), Error> {
-    let (ns, name) = ns_name(bundle)?;
-    let key = (ns.clone(), name.clone());
-    let (pending, known) = ctx.state().bundles().history_unwritten(&key);
+/// Adds the decisions of `bundle`'s replicas its history does not hold yet (called by the
+/// [`super::history_writer`], off the Bundle's path). On a failure the decisions stay in the
+/// bundle book, to be written by a later attempt: the history is for people, and never holds
+/// up a placement.
+pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> Result<(), Error> {
+    let (ns, name) = key.clone();
+    let (pending, known) = ctx.state().bundles().history_unwritten(key);
     if pending.is_empty() {
         return Ok(());
     }
-    let replicas = u32::try_from(bundle.spec.replicas).unwrap_or(0);
+    let replicas = target.replicas;
     let mut done = Vec::new();
     let mut new = Vec::new();
     for (r, last) in pending {
@@ -76,15 +72,15 @@ async fn try_write(ctx: &Context, bundle: &Bundle) -> Result<(), Error> {
     }
     if !new.is_empty() {
         let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), &ns);
-        let written = add(&api, bundle, &name, known.as_ref(), &new, replicas).await;
+        let written = add(&api, target, &name, known.as_ref(), &new).await;
         let written = match written {
             Ok(w) => w,
             Err(e) => {
-                ctx.state().bundles_mut().history_known(&key, None);
+                ctx.state().bundles_mut().history_known(key, None);
                 return Err(e);
             }
         };
-        ctx.state().bundles_mut().history_known(&key, Some(written));
+        ctx.state().bundles_mut().history_known(key, Some(written));
         tracing::debug!(bundle = %name, namespace = %ns, replicas = new.len(), "placement history written");
     }
     let mut state = ctx.state();
@@ -92,7 +88,7 @@ async fn try_write(ctx: &Context, bundle: &Bundle) -> Result<(), Error> {
         .into_iter()
         .chain(new.iter().map(|n| (n.replica, n.at)))
     {
-        state.bundles_mut().history_written(&key, r, at);
+        state.bundles_mut().history_written(key, r, at);
     }
     Ok(())
 }
@@ -101,12 +97,12 @@ async fn try_write(ctx: &Context, bundle: &Bundle) -> Result<(), Error> {
 /// and writes it whole; what the object holds after.
 async fn add(
     api: &Api<PlacementHistory>,
-    bundle: &Bundle,
+    target: &Target,
     name: &str,
     known: Option<&HistoryKnown>,
     new: &[New],
-    replicas: u32,
 ) -> Result<HistoryKnown, Error> {
+    let replicas = target.replicas;
     let written = if let Some((k, version)) = known.and_then(|k| Some((k, k.version.as_deref()?))) {
         let ops = patch_ops(k, version, new, replicas).map_err(kube::Error::SerdeError)?;
         let patch =
@@ -121,9 +117,9 @@ async fn add(
             }
             Err(e) => return Err(e.into()),
         }
-    } else if bundle.status.is_none() {
+    } else if target.first {
         match api
-            .create(&PostParams::default(), &object(bundle, name, new, replicas))
+            .create(&PostParams::default(), &object(target, name, new))
             .await
         {
             Ok(h) => Some(h),
@@ -136,7 +132,7 @@ async fn add(
     };
     let h = match written {
         Some(h) => h,
-        None => read_and_write(api, bundle, name, new, replicas).await?,
+        None => read_and_write(api, target, name, new).await?,
     };
     Ok(HistoryKnown::of(&h.spec, h.metadata.resource_version))
 }
@@ -144,10 +140,9 @@ async fn add(
 /// Reads the history and writes it whole with `new` added, conditional on the version read.
 async fn read_and_write(
     api: &Api<PlacementHistory>,
-    bundle: &Bundle,
+    target: &Target,
     name: &str,
     new: &[New],
-    replicas: u32,
 ) -> Result<PlacementHistory, Error> {
     let current = api.get_opt(name).await?;
     let version = current
@@ -159,8 +154,8 @@ async fn read_and_write(
             bundle: name.to_owned(),
             replicas: Vec::new(),
         });
-    add_to(&mut spec, new, replicas);
-    apply(api, bundle, name, version.as_deref(), &spec).await
+    add_to(&mut spec, new, target.replicas);
+    apply(api, target, name, version.as_deref(), &spec).await
 }
 
 /// `spec` with `new` added and only the bundle's replicas kept.
@@ -173,14 +168,14 @@ fn add_to(spec: &mut PlacementHistorySpec, new: &[New], replicas: u32) {
 }
 
 /// A new history of `new`, owned by the bundle (garbage-collected with it).
-fn object(bundle: &Bundle, name: &str, new: &[New], replicas: u32) -> PlacementHistory {
+fn object(target: &Target, name: &str, new: &[New]) -> PlacementHistory {
     let mut spec = PlacementHistorySpec {
         bundle: name.to_owned(),
         replicas: Vec::new(),
     };
-    add_to(&mut spec, new, replicas);
+    add_to(&mut spec, new, target.replicas);
     let mut h = PlacementHistory::new(name, spec);
-    h.metadata.owner_references = Some(bundle.controller_owner_ref(&()).into_iter().collect());
+    h.metadata.owner_references = Some(target.owner.clone().into_iter().collect());
     h
 }
 
@@ -244,14 +239,14 @@ fn patch_ops(
 /// conditional on `version` when there was one.
 async fn apply(
     api: &Api<PlacementHistory>,
-    bundle: &Bundle,
+    target: &Target,
     name: &str,
     version: Option<&str>,
     spec: &PlacementHistorySpec,
 ) -> Result<PlacementHistory, Error> {
     let mut metadata = serde_json::json!({
         "name": name,
-        "ownerReferences": bundle.controller_owner_ref(&()).into_iter().collect::<Vec<_>>(),
+        "ownerReferences": target.owner.iter().collect::<Vec<_>>(),
     });
     if let Some(v) = version {
         metadata["resourceVersion"] = serde_json::Value::String(v.to_owned());
@@ -266,9 +261,10 @@ async fn apply(
     Ok(api.patch(name, &params, &Patch::Apply(&patch)).await?)
 }
 
-/// Deletes `bundle`'s history (the garbage collector would, where one runs); a missing one is
-/// no error.
+/// Deletes `bundle`'s history (the garbage collector would, where one runs), and drops its
+/// queued write; a missing one is no error.
 pub(super) async fn delete(ctx: &Context, ns: &str, name: &str) {
+    ctx.history.forget(ctx, &(ns.to_owned(), name.to_owned()));
     let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), ns);
     match api.delete(name, &Default::default()).await {
         Ok(_) => {}

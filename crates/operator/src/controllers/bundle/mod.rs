@@ -29,6 +29,7 @@ use manager_client::MirrorState;
 use manager_proto as proto;
 
 pub mod history;
+pub mod history_writer;
 mod place;
 mod record;
 

@@ -1,8 +1,8 @@
 //! The pass's record: wait a moment for its starts to run, look again, build the status from
 //! what it saw and did ([`automanager_mapping::bundle_status`]), let the rebalancer look at a
 //! Ready bundle, note the pools it waits on, tell what happened in Events, and write the status
-//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]), then add the
-//! pass's decisions to the bundle's PlacementHistory. Every status write of a Bundle goes
+//! unless only starts about to run are left ([`automanager_policy::bundle_pass`]), then queue the
+//! bundle for its PlacementHistory's writer ([`super::history_writer`]). Every status write of a Bundle goes
 //! through [`write_status`] here.
 
 use std::collections::BTreeMap;
@@ -69,7 +69,8 @@ impl Pass<'_> {
             return Ok(Action::requeue(after));
         }
         write_status(ctx, self.bundle, &self.prev, status).await?;
-        super::history::write(ctx, self.bundle).await;
+        // The history is written by its own task, after the Bundles' own writes.
+        ctx.history.queue(ctx, self.bundle);
         let next = bundle_pass::next_look(
             recorded.phase,
             recorded.unplaceable,
