@@ -76,8 +76,9 @@ type InstanceKey = (String, String, i64, bool);
 /// one's touch.
 #[derive(Clone, Debug, Default)]
 pub struct ForeignBook {
-    /// Its bundles, with the generation it registered (or last saw changed).
-    bundles: BTreeMap<String, u64>,
+    /// Its bundles, with the generation it registered (or last saw changed); `None` until
+    /// Manager's state first shows one whose generation the call did not answer.
+    bundles: BTreeMap<String, Option<u64>>,
     /// Its bundles Manager's state has shown: only one seen can be found gone (the Watch may
     /// show a registration after the call that made it has returned).
     shown: BTreeSet<String>,
@@ -90,12 +91,20 @@ pub struct ForeignBook {
     seen: BTreeSet<InstanceKey>,
     judged: BTreeSet<InstanceKey>,
     touched: BTreeSet<String>,
+    /// Its bundles and instances Manager's state has shown, kept through a wipe.
+    shown_count: (usize, usize),
 }
 
 impl ForeignBook {
     /// It registered `bundle`, which Manager stored at `generation`.
     pub fn registered(&mut self, bundle: &str, generation: u64) {
-        self.bundles.insert(bundle.to_owned(), generation);
+        self.bundles.insert(bundle.to_owned(), Some(generation));
+    }
+
+    /// It stored `bundle` through a call that does not answer what Manager stored (the
+    /// published API's `CreateJob`): the first generation Manager's state shows is its own.
+    pub fn registered_unseen(&mut self, bundle: &str) {
+        self.bundles.insert(bundle.to_owned(), None);
     }
 
     /// It is about to ask for `job` to start on `node`.
@@ -137,6 +146,7 @@ impl ForeignBook {
         let touched = std::mem::take(&mut self.touched);
         *self = ForeignBook {
             touched,
+            shown_count: self.shown_count,
             ..ForeignBook::default()
         };
     }
@@ -150,15 +160,20 @@ impl ForeignBook {
     pub fn observe(&mut self, view: &View) {
         for (id, mine) in self.bundles.iter_mut() {
             match view.bundles.get(id) {
-                Some(g) if g != mine => {
-                    self.shown.insert(id.clone());
+                Some(g) if mine.is_none() => {
+                    self.shown_count.0 += usize::from(self.shown.insert(id.clone()));
+                    *mine = Some(*g);
+                }
+                Some(g) if *mine != Some(*g) => {
+                    self.shown_count.0 += usize::from(self.shown.insert(id.clone()));
                     self.touched.insert(format!(
-                        "bundle {id}: changed by another client (generation {mine} -> {g})"
+                        "bundle {id}: changed by another client (generation {} -> {g})",
+                        mine.unwrap_or_default()
                     ));
-                    *mine = *g;
+                    *mine = Some(*g);
                 }
                 Some(_) => {
-                    self.shown.insert(id.clone());
+                    self.shown_count.0 += usize::from(self.shown.insert(id.clone()));
                 }
                 None if self.shown.contains(id) && !self.deleting.contains(id) => {
                     self.touched
@@ -179,6 +194,7 @@ impl ForeignBook {
                     i.normal,
                 );
                 if self.seen.insert(key.clone()) {
+                    self.shown_count.1 += 1;
                     self.judge_start(&job.job_id, i);
                 }
                 let ended = matches!(i.state, InstanceState::Stopping | InstanceState::Ended);
@@ -233,6 +249,12 @@ impl ForeignBook {
                 self.touched.insert(format!("{id}: {why:?} on {node}"));
             }
         }
+    }
+
+    /// What of its work Manager's state has shown: `(bundles, instances)`, so a run tells a
+    /// client whose work never showed (nothing to touch) from one left alone.
+    pub fn shown(&self) -> (usize, usize) {
+        self.shown_count
     }
 
     /// Every touch seen, one line each.

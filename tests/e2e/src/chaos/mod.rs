@@ -29,11 +29,15 @@
 //!
 //! Beside the operator, a foreign client works in the same Manager ([`ForeignBundle`]): its own
 //! bundles registered and started through Manager's API when the seed starts, stopped, started
-//! again and deleted by the schedule. Its ids look like ours as far as our first API allows: that
-//! API has no owner tag, and the operator's rule (ours) is that a `<namespace>.<name>` bundle id is
-//! its own, so the foreign ids are `<namespace>-<name>`. Nothing of it may be touched by the
-//! operator ([`ledger::ForeignBook`]).
+//! again and deleted by the schedule. Over our first API its ids look like ours as far as that API
+//! allows: it has no owner tag, and the operator's rule (ours) is that a `<namespace>.<name>`
+//! bundle id is its own, so the foreign ids are `<namespace>-<name>`. Over Manager's published
+//! API it is a client of that API ([`foreign`]): stored jobs without the operator's owner tag, ids
+//! of the operator's own form (`<namespace>.<name>/<replica>/<job>`), the operator's role, nodes
+//! it did not create. Either way nothing of it may be touched by the operator
+//! ([`ledger::ForeignBook`]), as Manager's side shows it.
 
+pub mod foreign;
 pub mod ledger;
 pub mod run;
 

@@ -29,13 +29,14 @@ use kube::api::{
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use manager_client::proto::manager_client::ManagerClient as ManagerApi;
+use manager_client::proto::manager_client::ManagerClient as ManagerApi1;
 use manager_client::proto::{
     self as pb, CutStreamsRequest, DeleteBundleRequest, FailJobRequest, KillNodeRequest,
     NoticeNodeRequest, RegisterBundleRequest, StartJobRequest, StopJobRequest,
 };
-use manager_client::{ClientConfig, ManagerClient, MirrorState};
+use manager_client::{ManagerClient, MirrorState};
 
+use super::foreign::{self, PublishedForeign};
 use super::ledger::{DeadlineBook, ForeignBook, InstanceView, JobView, NodeView, StopWhy, View};
 use super::{
     ChaosConfig, FOREIGN_CAPACITY, Fault, ForeignBundle, Hold, JobRef, NAMESPACE, Phase, Replica,
@@ -46,7 +47,7 @@ use crate::bench::fleet_sim_config;
 use crate::reliability::{
     self, Monitor, Violations, check, explain_lost, observe, sim_admin, suite_settings,
 };
-use crate::stack::{Proc, Stack, free_port, http_get_at};
+use crate::stack::{ManagerApi, Proc, Stack, free_port, http_get_at, manager_view};
 
 /// How long a seed may take to settle after its last fault: well over ten times the longest
 /// settle seen on this fleet, short enough that a seed that never settles (a broken rule nothing
@@ -284,6 +285,9 @@ struct Fleet {
     paused: Option<usize>,
     /// The seed's books (new for every seed).
     books: Books,
+    /// The seed's foreign client, and its bundles' jobs by bundle.
+    foreign: Option<ForeignClient>,
+    foreign_jobs: BTreeMap<String, Vec<String>>,
     // Holds the sim's config and state directory; dropped after the stack.
     _dir: tempfile::TempDir,
 }
@@ -428,26 +432,29 @@ impl Books {
         }
     }
 
-    fn observe(&self, view: &View) {
-        self.foreign(|b| b.observe(view));
+    fn observe_deadlines(&self, view: &View) {
         if let Ok(mut b) = self.deadlines.lock() {
             b.observe(view);
         }
     }
 
-    /// (foreign touches, deadline misses, noticed nodes judged).
-    fn counts(&self) -> (BTreeSet<String>, BTreeSet<String>, usize) {
-        let touched = self
+    fn observe_foreign(&self, view: &View) {
+        self.foreign(|b| b.observe(view));
+    }
+
+    /// (foreign touches, deadline misses, noticed nodes judged, the foreign work shown).
+    fn counts(&self) -> (BTreeSet<String>, BTreeSet<String>, usize, (usize, usize)) {
+        let (touched, shown) = self
             .foreign
             .lock()
-            .map(|b| b.touched().clone())
+            .map(|b| (b.touched().clone(), b.shown()))
             .unwrap_or_default();
         let (misses, judged) = self
             .deadlines
             .lock()
             .map(|b| (b.misses().clone(), b.judged()))
             .unwrap_or_default();
-        (touched, misses, judged)
+        (touched, misses, judged, shown)
     }
 }
 
@@ -503,18 +510,25 @@ fn view_of(s: &MirrorState) -> View {
     }
 }
 
-/// Feeds the books every revision of Manager's state (through its own Watch) until stopped.
+/// Feeds the books every revision of Manager's state until stopped: the deadlines from a
+/// client seeing Manager as the operator does (its nodes, notices and jobs, in the stack's API),
+/// the foreign work from Manager's side in that API: over our first API the same Watch (it shows
+/// every bundle), over the published API a client of its own event stream, which shows every
+/// stored job whoever made it ([`foreign::foreign_view`]).
 struct LedgerWatch {
     client: ManagerClient,
     task: tokio::task::JoinHandle<()>,
+    published: Option<(Arc<PublishedForeign>, tokio::task::JoinHandle<()>)>,
     books: Books,
 }
 
 impl LedgerWatch {
-    async fn start(endpoint: &str, books: Books) -> Result<LedgerWatch, SetupError> {
-        let client = ManagerClient::connect(ClientConfig::new(endpoint))
-            .await
-            .map_err(|e| SetupError(format!("connecting to the sim: {e}")))?;
+    async fn start(
+        endpoint: &str,
+        api: ManagerApi,
+        books: Books,
+    ) -> Result<LedgerWatch, SetupError> {
+        let client = manager_view(endpoint, api).await?;
         client
             .wait_ready(WAIT)
             .await
@@ -522,9 +536,14 @@ impl LedgerWatch {
         let mirror = client.mirror().clone();
         let mut revisions = mirror.revisions();
         let fed = books.clone();
+        let v1 = !api.published();
         let task = tokio::spawn(async move {
             loop {
-                fed.observe(&mirror.read(view_of));
+                let view = mirror.read(view_of);
+                fed.observe_deadlines(&view);
+                if v1 {
+                    fed.observe_foreign(&view);
+                }
                 // A few revisions at a time: the books judge each instance once, and Manager
                 // keeps a stopped instance until its job starts again.
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -533,108 +552,264 @@ impl LedgerWatch {
                 }
             }
         });
+        let published = if api.published() {
+            let stream = PublishedForeign::connect(endpoint, WAIT)
+                .await
+                .map(Arc::new)
+                .map_err(|e| SetupError(format!("the sim's event stream: {e}")))?;
+            let mut changes = stream.subscribe();
+            let (reader, fed) = (Arc::clone(&stream), books.clone());
+            let task = tokio::spawn(async move {
+                loop {
+                    // Each job's whole history is in the view: a change missed while the
+                    // books were busy is read with the next one.
+                    fed.observe_foreign(&reader.view());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    match changes.recv().await {
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            });
+            Some((stream, task))
+        } else {
+            None
+        };
         Ok(LedgerWatch {
             client,
             task,
+            published,
             books,
         })
     }
 
     /// One last look, then the counts (see [`Books::counts`]).
-    async fn stop(self) -> (BTreeSet<String>, BTreeSet<String>, usize) {
+    async fn stop(self) -> (BTreeSet<String>, BTreeSet<String>, usize, (usize, usize)) {
         self.task.abort();
-        self.books.observe(&self.client.mirror().read(view_of));
+        let view = self.client.mirror().read(view_of);
+        self.books.observe_deadlines(&view);
+        match &self.published {
+            Some((stream, task)) => {
+                task.abort();
+                self.books.observe_foreign(&stream.view());
+                stream.close().await;
+            }
+            None => self.books.observe_foreign(&view),
+        }
         self.client.close().await;
         self.books.counts()
     }
 }
 
-/// A client of Manager's API (ours, `norsk.manager.v1`) at `endpoint`, for the foreign client.
-async fn manager_api(endpoint: &str) -> Result<ManagerApi<tonic::transport::Channel>, String> {
+/// The foreign client: over our first API its calls on a fresh channel each, over the
+/// published API one client of its own ([`PublishedForeign`]). Ids are the schedule's; each is
+/// sent and booked as [`foreign::wire_id`] says.
+enum ForeignClient {
+    V1 { endpoint: String },
+    Published(PublishedForeign),
+}
+
+impl ForeignClient {
+    async fn connect(endpoint: &str, api: ManagerApi) -> Result<ForeignClient, String> {
+        if api.published() {
+            Ok(ForeignClient::Published(
+                PublishedForeign::connect(endpoint, WAIT).await?,
+            ))
+        } else {
+            Ok(ForeignClient::V1 {
+                endpoint: endpoint.to_owned(),
+            })
+        }
+    }
+
+    fn wire(&self, id: &str) -> String {
+        foreign::wire_id(matches!(self, ForeignClient::Published(_)), id)
+    }
+
+    /// Starts `job` on `node`, noting it in `books` first.
+    async fn start(&self, books: &Books, job: &str, node: &str) -> Result<(), String> {
+        let job = self.wire(job);
+        books.foreign(|b| b.asked_start(&job, node));
+        let r = match self {
+            ForeignClient::V1 { endpoint } => v1_foreign_start(endpoint, &job, node).await,
+            ForeignClient::Published(p) => p.start(&job, node).await,
+        };
+        if r.is_err() {
+            books.foreign(|b| b.start_refused(&job, node));
+        }
+        r
+    }
+
+    /// Stops `job` where it runs.
+    async fn stop(&self, books: &Books, job: &str) -> Result<(), String> {
+        let job = self.wire(job);
+        match self {
+            ForeignClient::V1 { endpoint } => {
+                books.foreign(|b| b.asked_stop(&job));
+                let r = async {
+                    let mut m = manager_api(endpoint).await?;
+                    bounded(m.stop_job(StopJobRequest {
+                        job_id: job.clone(),
+                        role: pb::JobRole::Normal as i32,
+                        reason: pb::StopReason::Requested as i32,
+                    }))
+                    .await
+                    .map(drop)
+                }
+                .await;
+                if r.is_err() {
+                    books.foreign(|b| b.stop_refused(&job));
+                }
+                r
+            }
+            ForeignClient::Published(p) => {
+                // StopJob names the node: one the stream shows it on, or nothing to stop.
+                let Some(node) = p.live_node(&job) else {
+                    return Err(format!("{job} runs nowhere ({})", p.describe(&job)));
+                };
+                books.foreign(|b| b.asked_stop(&job));
+                let r = p.stop(&job, &node).await;
+                if r.is_err() {
+                    books.foreign(|b| b.stop_refused(&job));
+                }
+                r
+            }
+        }
+    }
+
+    /// Deletes `bundle` (over the published API, which has no bundles: stops and deletes each
+    /// of its jobs).
+    async fn delete(&self, books: &Books, bundle: &str, jobs: &[String]) -> Result<(), String> {
+        match self {
+            ForeignClient::V1 { endpoint } => {
+                books.foreign(|b| b.asked_delete(bundle));
+                let mut m = manager_api(endpoint).await?;
+                bounded(m.delete_bundle(DeleteBundleRequest {
+                    bundle_id: bundle.to_owned(),
+                }))
+                .await
+                .map(drop)
+            }
+            ForeignClient::Published(p) => {
+                let mut errors = Vec::new();
+                for job in jobs {
+                    let id = self.wire(job);
+                    books.foreign(|b| b.asked_delete(&id));
+                    if p.live_node(&id).is_some()
+                        && let Err(e) = self.stop(books, job).await
+                    {
+                        errors.push(format!("stopping {id}: {e}"));
+                    }
+                    if let Err(e) = p.delete(&id).await {
+                        errors.push(format!("deleting {id}: {e}"));
+                    }
+                }
+                if errors.is_empty() {
+                    Ok(())
+                } else {
+                    Err(errors.join("; "))
+                }
+            }
+        }
+    }
+
+    /// Stores every bundle (over the published API, every job) and starts each job on its node
+    /// (a start refused is said, not an error: the schedule goes on without it).
+    async fn start_all(&self, books: &Books, foreign: &[ForeignBundle]) -> Vec<String> {
+        let mut notes = Vec::new();
+        for b in foreign {
+            let stored = match self {
+                ForeignClient::V1 { endpoint } => v1_register(endpoint, books, b).await,
+                ForeignClient::Published(p) => {
+                    let mut r = Ok(());
+                    for (name, _) in &b.jobs {
+                        let id = self.wire(&b.job_id(name));
+                        match p.create(&id).await {
+                            Ok(()) => books.foreign(|book| book.registered_unseen(&id)),
+                            Err(e) => r = Err(format!("{id}: {e}")),
+                        }
+                    }
+                    r
+                }
+            };
+            if let Err(e) = stored {
+                notes.push(format!("foreign {}: not stored: {e}", b.id));
+                continue;
+            }
+            for (name, node) in &b.jobs {
+                if let Err(e) = self.start(books, &b.job_id(name), node).await {
+                    notes.push(format!(
+                        "foreign {}: not started on {node}: {e}",
+                        b.job_id(name)
+                    ));
+                }
+            }
+        }
+        notes
+    }
+
+    async fn close(&self) {
+        if let ForeignClient::Published(p) = self {
+            p.close().await;
+        }
+    }
+}
+
+/// A client of our first API at `endpoint`, for the foreign client.
+async fn manager_api(endpoint: &str) -> Result<ManagerApi1<tonic::transport::Channel>, String> {
     let channel = reliability::sim_channel(endpoint, CALL, "Manager")
         .await
         .map_err(|e| e.to_string())?;
-    Ok(ManagerApi::new(channel))
+    Ok(ManagerApi1::new(channel))
 }
 
-/// The foreign client starts `job` on `node`, noting it in `books` first.
-async fn foreign_start(endpoint: &str, books: &Books, job: &str, node: &str) -> Result<(), String> {
-    books.foreign(|b| b.asked_start(job, node));
-    let r = async {
-        let mut m = manager_api(endpoint).await?;
-        let answer = bounded(m.start_job(StartJobRequest {
-            job_id: job.to_owned(),
-            node_id: node.to_owned(),
-            role: pb::JobRole::Normal as i32,
-        }))
-        .await?
-        .into_inner();
-        if answer.accepted {
-            Ok(())
-        } else {
-            Err(format!("the worker refused it: {}", answer.message))
-        }
+/// Over our first API, the foreign client starts `job` on `node`.
+async fn v1_foreign_start(endpoint: &str, job: &str, node: &str) -> Result<(), String> {
+    let mut m = manager_api(endpoint).await?;
+    let answer = bounded(m.start_job(StartJobRequest {
+        job_id: job.to_owned(),
+        node_id: node.to_owned(),
+        role: pb::JobRole::Normal as i32,
+    }))
+    .await?
+    .into_inner();
+    if answer.accepted {
+        Ok(())
+    } else {
+        Err(format!("the worker refused it: {}", answer.message))
     }
-    .await;
-    if r.is_err() {
-        books.foreign(|b| b.start_refused(job, node));
-    }
-    r
 }
 
-/// The foreign client registers its bundles and starts their jobs (a start refused is said,
-/// not an error: the schedule goes on without it).
-async fn start_foreign(endpoint: &str, books: &Books, foreign: &[ForeignBundle]) -> Vec<String> {
-    let mut notes = Vec::new();
-    for b in foreign {
-        let bundle = pb::Bundle {
-            bundle_id: b.id.clone(),
-            replicas: 1,
-            jobs: b
-                .jobs
-                .iter()
-                .map(|(name, _)| pb::BundleJob {
-                    job_name: name.clone(),
-                    requirements: Some(pb::JobRequirements {
-                        required_capacity: f64::from(FOREIGN_CAPACITY),
-                        required_cores: 1,
-                        priority_band: "silver".to_owned(),
-                        ..Default::default()
-                    }),
+/// Over our first API, the foreign client registers bundle `b`.
+async fn v1_register(endpoint: &str, books: &Books, b: &ForeignBundle) -> Result<(), String> {
+    let bundle = pb::Bundle {
+        bundle_id: b.id.clone(),
+        replicas: 1,
+        jobs: b
+            .jobs
+            .iter()
+            .map(|(name, _)| pb::BundleJob {
+                job_name: name.clone(),
+                requirements: Some(pb::JobRequirements {
+                    required_capacity: f64::from(FOREIGN_CAPACITY),
+                    required_cores: 1,
+                    priority_band: "silver".to_owned(),
                     ..Default::default()
-                })
-                .collect(),
-            labels: [("client".to_owned(), "chaos-foreign".to_owned())].into(),
-            ..Default::default()
-        };
-        let registered = async {
-            let mut m = manager_api(endpoint).await?;
-            bounded(m.register_bundle(RegisterBundleRequest {
-                bundle: Some(bundle),
-            }))
-            .await
-        }
-        .await;
-        match registered {
-            Ok(answer) => {
-                let generation = answer.into_inner().bundle.map_or(0, |b| b.generation);
-                books.foreign(|book| book.registered(&b.id, generation));
-            }
-            Err(e) => {
-                notes.push(format!("foreign {}: not registered: {e}", b.id));
-                continue;
-            }
-        }
-        for (name, node) in &b.jobs {
-            if let Err(e) = foreign_start(endpoint, books, &b.job_id(name), node).await {
-                notes.push(format!(
-                    "foreign {}: not started on {node}: {e}",
-                    b.job_id(name)
-                ));
-            }
-        }
-    }
-    notes
+                }),
+                ..Default::default()
+            })
+            .collect(),
+        labels: [("client".to_owned(), "chaos-foreign".to_owned())].into(),
+        ..Default::default()
+    };
+    let mut m = manager_api(endpoint).await?;
+    let answer = bounded(m.register_bundle(RegisterBundleRequest {
+        bundle: Some(bundle),
+    }))
+    .await?;
+    let generation = answer.into_inner().bundle.map_or(0, |b| b.generation);
+    books.foreign(|book| book.registered(&b.id, generation));
+    Ok(())
 }
 
 /// A Migration of `job` named `name`, with `strategy` when given.
@@ -716,6 +891,8 @@ impl Fleet {
             held: [false; 2],
             paused: None,
             books: Books::default(),
+            foreign: None,
+            foreign_jobs: BTreeMap::new(),
             _dir: dir,
         })
     }
@@ -933,17 +1110,38 @@ impl Fleet {
         };
         let cordons = monitor.cordons();
         self.books = Books::default();
-        let ledger = match LedgerWatch::start(&self.stack.sim_endpoint, self.books.clone()).await {
-            Ok(l) => l,
+        let ledger =
+            match LedgerWatch::start(&self.stack.sim_endpoint, self.stack.api, self.books.clone())
+                .await
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    outcome.error = Some(format!("ledger: {e}"));
+                    monitor.stop().await;
+                    return outcome;
+                }
+            };
+        let foreign = match ForeignClient::connect(&self.stack.sim_endpoint, self.stack.api).await {
+            Ok(f) => f,
             Err(e) => {
-                outcome.error = Some(format!("ledger: {e}"));
+                outcome.error = Some(format!("the foreign client: {e}"));
                 monitor.stop().await;
+                ledger.stop().await;
                 return outcome;
             }
         };
-        for note in start_foreign(&self.stack.sim_endpoint, &self.books, &schedule.foreign).await {
+        for note in foreign.start_all(&self.books, &schedule.foreign).await {
             eprintln!("chaos seed={seed} {note}");
         }
+        self.foreign_jobs = schedule
+            .foreign
+            .iter()
+            .map(|b| {
+                let jobs = b.jobs.iter().map(|(name, _)| b.job_id(name)).collect();
+                (b.id.clone(), jobs)
+            })
+            .collect();
+        self.foreign = Some(foreign);
         let client = self.client();
         let bundles = api_of::<automanager_api::Bundle>(&client, true);
         let wave: Vec<serde_json::Value> = schedule
@@ -961,6 +1159,7 @@ impl Fleet {
             outcome.error = Some(format!("the wave was refused: {}", refused.join("; ")));
             monitor.stop().await;
             ledger.stop().await;
+            self.close_foreign().await;
             return outcome;
         }
         let t0 = Instant::now();
@@ -1016,11 +1215,12 @@ impl Fleet {
         outcome.settle = since.elapsed();
         outcome.unfinished = unfinished;
         let (seen, samples) = monitor.stop().await;
-        let (touched, misses, judged) = ledger.stop().await;
+        let (touched, misses, judged, (foreign_shown, foreign_instances)) = ledger.stop().await;
+        self.close_foreign().await;
         outcome.foreign_touched = touched;
         outcome.deadline_misses = misses;
         eprintln!(
-            "chaos seed={seed}: the monitor took {samples} samples; {}; {judged} noticed nodes went",
+            "chaos seed={seed}: the monitor took {samples} samples; {}; {judged} noticed nodes went; the foreign client's work showed {foreign_shown} stored and {foreign_instances} instances in Manager",
             self.moves().await
         );
         let mut v = v;
@@ -1028,6 +1228,12 @@ impl Fleet {
         outcome.violations = v;
         outcome.error = err;
         outcome
+    }
+
+    async fn close_foreign(&mut self) {
+        if let Some(f) = self.foreign.take() {
+            f.close().await;
+        }
     }
 
     /// Polls the invariants until nothing is broken and every Migration and drain has ended,
@@ -1153,41 +1359,21 @@ impl Fleet {
                 said(delete(&pools, pool).await)
             }
             (Fault::DeletePool { node, .. }, Phase::End) => said(kill(node.clone()).await),
-            (Fault::ForeignStop { job }, _) => {
-                books.foreign(|b| b.asked_stop(job));
-                let r = async {
-                    let mut m = manager_api(&endpoint).await?;
-                    bounded(m.stop_job(StopJobRequest {
-                        job_id: job.clone(),
-                        role: pb::JobRole::Normal as i32,
-                        reason: pb::StopReason::Requested as i32,
-                    }))
-                    .await
-                    .map(drop)
+            (Fault::ForeignStop { job }, _) => match &self.foreign {
+                Some(f) => said(f.stop(&books, job).await),
+                None => "no foreign client".to_owned(),
+            },
+            (Fault::ForeignStart { job, node }, _) => match &self.foreign {
+                Some(f) => said(f.start(&books, job, node).await),
+                None => "no foreign client".to_owned(),
+            },
+            (Fault::ForeignDelete { bundle }, _) => match &self.foreign {
+                Some(f) => {
+                    let jobs = self.foreign_jobs.get(bundle).cloned().unwrap_or_default();
+                    said(f.delete(&books, bundle, &jobs).await)
                 }
-                .await;
-                if r.is_err() {
-                    books.foreign(|b| b.stop_refused(job));
-                }
-                said(r)
-            }
-            (Fault::ForeignStart { job, node }, _) => {
-                said(foreign_start(&endpoint, &books, job, node).await)
-            }
-            (Fault::ForeignDelete { bundle }, _) => {
-                books.foreign(|b| b.asked_delete(bundle));
-                said(
-                    async {
-                        let mut m = manager_api(&endpoint).await?;
-                        bounded(m.delete_bundle(DeleteBundleRequest {
-                            bundle_id: bundle.clone(),
-                        }))
-                        .await
-                        .map(drop)
-                    }
-                    .await,
-                )
-            }
+                None => "no foreign client".to_owned(),
+            },
             (Fault::KillNode { node }, _) => said(
                 async {
                     let mut a = admin().await?;
