@@ -56,26 +56,11 @@ async fn pass(pool: &Arc<PlacementPool>, ctx: &Arc<Context>) -> Result<Action, E
     .await
 }
 
-/// Loads `spec` into the placement model; whether it changed. A changed spec may make what
-/// Manager refused acceptable: its refusals are forgotten, so the next ask is made.
-fn load(
-    state: &mut crate::state::OperatorState,
-    mirror: &manager_client::MirrorState,
-    spec: automanager_placement::PoolSpec,
-) -> Result<bool, automanager_placement::InputError> {
-    let name = spec.name.clone();
-    let changed = state.model_mut().upsert_pool(spec, mirror)?;
-    if changed {
-        state.provisioning_mut().pool_changed(&name);
-    }
-    Ok(changed)
-}
-
 /// Loads the pool into the placement model, and wakes the bundles waiting for it when it changed.
 fn observe(pool: &PlacementPool, ctx: &Context) {
     let name = pool.name_any();
     let spec = engine_pool(pool);
-    match ctx.with_mirror(|m, s| load(s, m, spec)) {
+    match ctx.manager.mirror().read(|m| ctx.state.load_pool(m, spec)) {
         Ok(true) => ctx.wake_pool(&name),
         Ok(false) => {}
         Err(e) => tracing::debug!(pool = %name, error = %e, "pool not loaded"),
@@ -209,8 +194,8 @@ struct Seen {
 /// it, what holds back new nodes, its figures and its degraded zones.
 async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
     let name = pool.name_any();
-    let loaded = ctx
-        .with_mirror(|m, s| load(s, m, engine_pool(pool)))
+    let loaded = (ctx.manager.mirror())
+        .read(|m| ctx.state.load_pool(m, engine_pool(pool)))
         .map_err(|e| e.to_string());
     let manager = match &loaded {
         Ok(_) if ctx.manager_ready() => managers_view(pool, ctx).await,
@@ -222,15 +207,11 @@ async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
         // woken too, and an unconditional wake would loop.
         ctx.wake_pool(&name);
     }
-    let (usage, degraded) = {
-        let s = ctx.state();
-        let usage = s.model().engine().pool_usage(&name);
-        let window = ctx.settings.zone_brake.map(|b| b.window);
-        let degraded = (s.provisioning().zone_brake().degraded_in(&name).into_iter())
-            .map(|d| super::zones::degraded_message(d, window))
-            .collect();
-        (usage, degraded)
-    };
+    let usage = ctx.state.pool_usage(&name);
+    let window = ctx.settings.zone_brake.map(|b| b.window);
+    let degraded = (ctx.state.degraded_zones(&name).iter())
+        .map(|d| super::zones::degraded_message(d, window))
+        .collect();
     Seen {
         loaded,
         manager,
@@ -395,9 +376,7 @@ fn manager_offer_changed(ctx: &Context, pool: &manager_client::proto::Pool) -> b
         .iter()
         .map(|t| t.instance_type.clone())
         .collect();
-    ctx.state()
-        .provisioning_mut()
-        .manager_offers(&pool.name, offered)
+    ctx.state.manager_offers(&pool.name, offered)
 }
 
 /// What the pool says about making new nodes: Manager's refusals that stand, and where it is
@@ -413,15 +392,10 @@ const AT_MAX_NODES: &str = "AtMaxNodes";
 fn provisioning_standing(ctx: &Context, pool: &PlacementPool) -> ProvisioningStanding {
     let name = pool.name_any();
     let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
-    let state = ctx.state();
-    let nodes = state
-        .model()
-        .engine()
-        .pool_usage(&name)
-        .map_or(0, |u| u.node_count);
+    let nodes = ctx.state.pool_usage(&name).map_or(0, |u| u.node_count);
     let max_nodes = pool.spec.max_nodes.map(|m| u32::try_from(m).unwrap_or(0));
     ProvisioningStanding {
-        refusals: state.provisioning().refusals_of(&name, &epoch),
+        refusals: ctx.state.refusals_of(&name, &epoch),
         max_nodes: MaxNodesStanding::of(max_nodes, nodes),
     }
 }
@@ -506,23 +480,7 @@ impl ProvisioningStanding {
 
 /// Forgets pools whose objects are gone (the store is the controller's cache).
 pub fn prune(ctx: &Context, existing: &[String]) {
-    let gone: Vec<String> = {
-        let mut state = ctx.state();
-        let gone: Vec<String> = state
-            .model()
-            .pools()
-            .into_iter()
-            .map(|p| p.name)
-            .filter(|p| !existing.contains(p))
-            .collect();
-        for p in &gone {
-            state.model_mut().remove_pool(p);
-            state.disruptions_mut().forget_consolidation(p);
-            state.provisioning_mut().pool_changed(p);
-        }
-        gone
-    };
-    for p in gone {
+    for p in ctx.state.prune_pools(existing) {
         ctx.metrics.remove_pool(&p);
     }
 }

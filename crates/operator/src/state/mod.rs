@@ -37,6 +37,7 @@ use crate::settings::Settings;
 mod bundles;
 mod disruptions;
 mod nodes;
+mod pools;
 mod provisioning;
 mod shared;
 mod wake;

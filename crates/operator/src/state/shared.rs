@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 use automanager_api::{Bundle, HotSpareTarget};
 use automanager_placement as pl;
 use automanager_policy::pass_failure::FailureKind;
-use automanager_policy::zone_brake::ZoneChange;
+use automanager_policy::provision_refusals::Refusal;
+use automanager_policy::zone_brake::{DegradedZone, ZoneChange};
 use chrono::{DateTime, Utc};
 use kube::runtime::reflector::ObjectRef;
+use manager_client::MirrorState;
 
 use super::{EngineSnapshot, OperatorState};
 use crate::settings::Settings;
@@ -67,6 +69,26 @@ impl State {
             .filter(|p| engine.pool_spec(p).is_none())
             .cloned()
             .collect()
+    }
+
+    /// What `pool` holds and uses, as the model counts it (`None` when it is not loaded).
+    pub fn pool_usage(&self, pool: &str) -> Option<pl::PoolUsage> {
+        self.lock().model().engine().pool_usage(pool)
+    }
+
+    /// Loads `spec` into the model as `mirror` shows its nodes; whether it changed (a change
+    /// forgets Manager's refusals for the pool).
+    pub fn load_pool(
+        &self,
+        mirror: &MirrorState,
+        spec: pl::PoolSpec,
+    ) -> Result<bool, pl::InputError> {
+        self.lock().load_pool(spec, mirror)
+    }
+
+    /// Forgets every pool not in `existing`; returns those forgotten.
+    pub fn prune_pools(&self, existing: &[String]) -> Vec<String> {
+        self.lock().prune_pools(existing)
     }
 
     /// A node we asked Manager for is on its way: it counts as capacity from now on.
@@ -135,6 +157,25 @@ impl State {
         self.lock().provisioning_mut().allowance(pool, now)
     }
 
+    /// Manager refused a node ask for good (for its `epoch`): no ask of that pool and instance
+    /// type is made again until the pool or Manager changes.
+    pub fn refused(&self, refusal: Refusal, epoch: &str) {
+        self.lock().provisioning_mut().refused(refusal, epoch);
+    }
+
+    /// Manager's refusals for `pool` that stand for its `epoch`.
+    pub fn refusals_of(&self, pool: &str, epoch: &str) -> Vec<Refusal> {
+        self.lock().provisioning().refusals_of(pool, epoch)
+    }
+
+    /// Tells the refusals what Manager offers for `pool` now; true when refusals were dropped
+    /// because that changed.
+    pub fn manager_offers(&self, pool: &str, instance_types: Vec<String>) -> bool {
+        self.lock()
+            .provisioning_mut()
+            .manager_offers(pool, instance_types)
+    }
+
     /// Takes one node request for `pool` from the budget at `now`; false when it is spent.
     pub fn take_provision_request(&self, pool: &str, now: DateTime<Utc>) -> bool {
         self.lock().provisioning_mut().take_request(pool, now)
@@ -168,6 +209,18 @@ impl State {
     /// Whether provisioning into `zone` of `pool` is paused in the placement model.
     pub fn provisioning_paused(&self, pool: &str, zone: &str) -> bool {
         self.lock().model().engine().provisioning_paused(pool, zone)
+    }
+
+    /// The zones of `pool` the brake holds as degraded.
+    pub fn degraded_zones(&self, pool: &str) -> Vec<DegradedZone> {
+        (self
+            .lock()
+            .provisioning()
+            .zone_brake()
+            .degraded_in(pool)
+            .into_iter())
+        .cloned()
+        .collect()
     }
 
     /// Whether the zone brake holds `zone` of `pool` as degraded.
@@ -217,6 +270,39 @@ mod tests {
         ]
     }
 
+    fn pool(name: &str, region: &str) -> pl::PoolSpec {
+        serde_json::from_value(
+            serde_json::json!({"name": name, "kind": "cluster", "region": region}),
+        )
+        .expect("a pool spec")
+    }
+
+    fn refusal(pool: &str) -> Refusal {
+        Refusal {
+            pool: pool.into(),
+            instance_type: "big".into(),
+            code: "InvalidArgument".into(),
+            message: "no such type".into(),
+        }
+    }
+
+    /// One thing that happens to the pools: one loaded (which pool, which region), Manager
+    /// refusing an ask in one, or the pools not in a set pruned.
+    #[derive(Debug, Clone)]
+    enum PoolStep {
+        Load(usize, usize),
+        Refused(usize),
+        Prune(Vec<bool>),
+    }
+
+    fn pool_step() -> impl Strategy<Value = PoolStep> {
+        prop_oneof![
+            (0..POOLS.len(), 0usize..2).prop_map(|(p, r)| PoolStep::Load(p, r)),
+            (0..POOLS.len()).prop_map(PoolStep::Refused),
+            proptest::collection::vec(any::<bool>(), POOLS.len()).prop_map(PoolStep::Prune),
+        ]
+    }
+
     fn braked() -> State {
         State::new(&Settings {
             zone_brake: Some(ZoneBrakeSettings {
@@ -255,6 +341,57 @@ mod tests {
                             "pool {} zone {}", pool, zone
                         );
                     }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        /// The model holds exactly the pools loaded and not pruned since; a refusal stands
+        /// until its pool is loaded changed or pruned, never longer.
+        #[test]
+        fn pools_and_their_refusals_come_and_go_together(
+            steps in proptest::collection::vec(pool_step(), 1..40)
+        ) {
+            let state = State::new(&Settings::default());
+            let mirror = MirrorState::default();
+            let mut loaded: [Option<usize>; 2] = [None; 2];
+            let mut refused = [false; 2];
+            for s in steps {
+                match s {
+                    PoolStep::Load(p, r) => {
+                        let changed = state.load_pool(&mirror, pool(POOLS[p], ZONES[r])).expect("valid");
+                        prop_assert_eq!(changed, loaded[p] != Some(r));
+                        if changed {
+                            refused[p] = false;
+                        }
+                        loaded[p] = Some(r);
+                    }
+                    PoolStep::Refused(p) => {
+                        state.refused(refusal(POOLS[p]), "e");
+                        refused[p] = true;
+                    }
+                    PoolStep::Prune(keep) => {
+                        let existing: Vec<String> = (POOLS.iter().zip(&keep))
+                            .filter(|(_, k)| **k)
+                            .map(|(p, _)| (*p).to_owned())
+                            .collect();
+                        let gone = state.prune_pools(&existing);
+                        for (i, p) in POOLS.iter().enumerate() {
+                            let was = loaded[i].is_some();
+                            prop_assert_eq!(gone.iter().any(|g| g == p), was && !keep[i]);
+                            if !keep[i] {
+                                loaded[i] = None;
+                                if was {
+                                    refused[i] = false;
+                                }
+                            }
+                        }
+                    }
+                }
+                for (i, p) in POOLS.iter().enumerate() {
+                    prop_assert_eq!(state.pool_usage(p).is_some(), loaded[i].is_some(), "pool {}", p);
+                    prop_assert_eq!(!state.refusals_of(p, "e").is_empty(), refused[i], "pool {}", p);
                 }
             }
         }
