@@ -62,12 +62,7 @@ async fn cleanup(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, 
     let name = target.name_any();
     // A pool waiting to be deleted no longer counts this target as a user.
     ctx.wake_pool_controller(&target.spec.pool);
-    {
-        let mut state = ctx.state();
-        let target_ref = kube::runtime::reflector::ObjectRef::from(target);
-        state.wake_mut().set_spare_target(&target_ref, None);
-        state.provisioning_mut().forget_spares(&name);
-    }
+    (ctx.state).set_spare_target(&kube::runtime::reflector::ObjectRef::from(target), None);
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
@@ -138,7 +133,7 @@ fn spare_node(n: &proto::Node, holds_jobs: bool) -> SpareNode {
 /// One pass: observe the pool and its spares, plan with the pure planner (braked by the pool's
 /// `maxNodes` and request rate), act on Manager, record status, conditions and Events.
 async fn apply(target: &HotSpareTarget, ctx: &Arc<Context>) -> Result<Action, Error> {
-    ctx.state().wake_mut().set_spare_target(
+    ctx.state.set_spare_target(
         &kube::runtime::reflector::ObjectRef::from(target),
         Some(&target.spec.pool),
     );
@@ -244,13 +239,10 @@ fn bounds(ctx: &Context, pool: &PlacementPool, nodes: &[SpareNode]) -> tiers::Ti
         pool_node_count(ctx, &name, nodes),
     );
     let now = ctx.clock.now();
-    let mut state = ctx.state();
-    let allowance = state.provisioning_mut().allowance(&name, now);
-    let degraded_zones: std::collections::BTreeSet<String> = (state.provisioning())
-        .zone_brake()
-        .degraded_in(&name)
+    let allowance = ctx.state.provision_allowance(&name, now);
+    let degraded_zones: std::collections::BTreeSet<String> = (ctx.state.degraded_zones(&name))
         .into_iter()
-        .map(|d| d.zone.clone())
+        .map(|d| d.zone)
         .collect();
     let zones = &pool.spec.zones;
     tiers::TierBounds {
@@ -266,19 +258,19 @@ fn bounds(ctx: &Context, pool: &PlacementPool, nodes: &[SpareNode]) -> tiers::Ti
 fn spare_nodes(target: &HotSpareTarget, ctx: &Context) -> Vec<SpareNode> {
     let pool = &target.spec.pool;
     let now = ctx.clock.instant();
-    ctx.with_mirror(|m, state| {
-        let book = state.provisioning_mut();
+    ctx.manager.mirror().read(|m| {
+        let claimed = ctx.state.claimed_warm_spares(now, CLAIM_GRACE);
         let mut nodes: Vec<SpareNode> = (m.nodes.values())
             .filter(|n| n.pool == *pool && mapping::spare_of(n).0)
             .map(|n| {
                 // A warm spare a recovery started counts as taken until the recovery had time
                 // to use it.
                 let (capacity, cores) = m.node_usage(&n.node_id);
-                let claimed = book.is_claimed(&n.node_id, now, CLAIM_GRACE);
+                let claimed = claimed.contains(&n.node_id);
                 spare_node(n, capacity > 0.0 || cores > 0 || claimed)
             })
             .collect();
-        let asked = book.spares_not_shown(&target.name_any(), now, CREATED_GRACE, |id| {
+        let asked = (ctx.state).spares_not_shown(&target.name_any(), now, CREATED_GRACE, |id| {
             nodes.iter().any(|s| s.node_id == id)
         });
         nodes.extend(asked.iter().map(|n| spare_node(n, false)));
@@ -442,11 +434,7 @@ async fn provision(
     let name = target.name_any();
     let req = spares::spare_provision_request(&name, &mapping::spare_target(&target.spec));
     for _ in 0..count {
-        if !ctx
-            .state()
-            .provisioning_mut()
-            .take_request(&req.pool, ctx.clock.now())
-        {
+        if !ctx.state.take_provision_request(&req.pool, ctx.clock.now()) {
             break;
         }
         let create = proto::CreateNodeRequest {
@@ -475,13 +463,7 @@ async fn provision(
             }
             Err(e) => return Err(e),
         };
-        {
-            let mut state = ctx.state();
-            state.model_mut().add_provisioned(&node);
-            state
-                .provisioning_mut()
-                .spare_asked(&name, node.clone(), ctx.clock.instant());
-        }
+        (ctx.state).spare_asked(&name, node.clone(), ctx.clock.instant());
         let note = format!(
             "asked for spare {} ({}) in pool {}",
             node.node_id, req.instance_type, req.pool
@@ -747,13 +729,9 @@ pub async fn start_warm_spare(
     pool: &str,
     bands: &[api::PriorityBand],
 ) -> Result<Option<String>, Error> {
-    let degraded: std::collections::BTreeSet<String> = ctx
-        .state()
-        .provisioning()
-        .zone_brake()
-        .degraded_in(pool)
+    let degraded: std::collections::BTreeSet<String> = (ctx.state.degraded_zones(pool))
         .into_iter()
-        .map(|d| d.zone.clone())
+        .map(|d| d.zone)
         .collect();
     let candidate = ctx.manager.mirror().read(|m| {
         m.nodes
@@ -770,9 +748,7 @@ pub async fn start_warm_spare(
         return Ok(None);
     };
     // Claimed before the call, so its target never sees it running unclaimed.
-    ctx.state()
-        .provisioning_mut()
-        .claim_warm(&node, ctx.clock.instant());
+    ctx.state.claim_warm(&node, ctx.clock.instant());
     match ctx.manager.start_node(&node).await {
         Ok(_) => {
             ctx.metrics.warm_spare_start(pool, true);

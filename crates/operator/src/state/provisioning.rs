@@ -158,11 +158,11 @@ impl Provisioning {
         self.warm_claimed.insert(node.to_owned(), now);
     }
 
-    /// Whether a recovery claimed `node` within `grace` of `now` (older claims are forgotten).
-    pub fn is_claimed(&mut self, node: &str, now: Instant, grace: Duration) -> bool {
+    /// The nodes a recovery claimed within `grace` of `now` (older claims are forgotten).
+    pub fn claimed(&mut self, now: Instant, grace: Duration) -> std::collections::HashSet<String> {
         self.warm_claimed
             .retain(|_, at| now.saturating_duration_since(*at) < grace);
-        self.warm_claimed.contains_key(node)
+        self.warm_claimed.keys().cloned().collect()
     }
 
     /// The zone brake, to ask which zones are degraded (a disabled brake holds none).

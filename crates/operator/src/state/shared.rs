@@ -115,6 +115,16 @@ impl State {
         self.lock().wake().migration_of_job(job_id).is_some()
     }
 
+    /// HotSpareTarget `target` keeps the spares of `pool` (`None`: it is gone, and the spares
+    /// it asked for are forgotten with it).
+    pub fn set_spare_target(&self, target: &ObjectRef<HotSpareTarget>, pool: Option<&str>) {
+        let mut s = self.lock();
+        s.wake_mut().set_spare_target(target, pool);
+        if pool.is_none() {
+            s.provisioning_mut().forget_spares(&target.name);
+        }
+    }
+
     // -- bundles --
 
     /// Records whether a bundle is Broken; the count of Broken bundles when it changed.
@@ -174,6 +184,41 @@ impl State {
         self.lock()
             .provisioning_mut()
             .manager_offers(pool, instance_types)
+    }
+
+    /// A spare for HotSpareTarget `target` was asked for: it counts as capacity in the model,
+    /// and as the target's until the mirror shows it (or `grace` passes, see
+    /// [`Self::spares_not_shown`]).
+    pub fn spare_asked(&self, target: &str, node: manager_client::proto::Node, now: Instant) {
+        let mut s = self.lock();
+        s.model_mut().add_provisioned(&node);
+        s.provisioning_mut().spare_asked(target, node, now);
+    }
+
+    /// The spares asked for `target` within `grace` of `now` that `shown` does not show yet.
+    pub fn spares_not_shown(
+        &self,
+        target: &str,
+        now: Instant,
+        grace: Duration,
+        shown: impl Fn(&str) -> bool,
+    ) -> Vec<manager_client::proto::Node> {
+        (self.lock().provisioning_mut()).spares_not_shown(target, now, grace, shown)
+    }
+
+    /// A recovery claims warm spare `node` at `now` (before starting it, so its target never
+    /// sees it running unclaimed).
+    pub fn claim_warm(&self, node: &str, now: Instant) {
+        self.lock().provisioning_mut().claim_warm(node, now);
+    }
+
+    /// The warm spares a recovery claimed within `grace` of `now`.
+    pub fn claimed_warm_spares(
+        &self,
+        now: Instant,
+        grace: Duration,
+    ) -> std::collections::HashSet<String> {
+        self.lock().provisioning_mut().claimed(now, grace)
     }
 
     /// Takes one node request for `pool` from the budget at `now`; false when it is spent.
@@ -395,6 +440,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_spare_asked_counts_in_its_pool_and_for_its_target_until_the_target_is_gone() {
+        let state = State::new(&Settings::default());
+        let mirror = MirrorState::default();
+        let mut spec = pool("a", "r");
+        spec.candidate_instance_types = vec![
+            serde_json::from_value(serde_json::json!({
+                "instanceType": "small", "totalCapacity": 10.0, "totalCores": 4
+            }))
+            .expect("an instance type"),
+        ];
+        state.load_pool(&mirror, spec).expect("valid");
+        let node = manager_client::proto::Node {
+            node_id: "s1".into(),
+            pool: "a".into(),
+            instance_type: "small".into(),
+            state: manager_client::proto::NodeState::Starting as i32,
+            ..Default::default()
+        };
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(60);
+        state.spare_asked("t", node, t0);
+        assert_eq!(state.pool_usage("a").map(|u| u.node_count), Some(1));
+        let ids = |v: Vec<manager_client::proto::Node>| {
+            v.into_iter().map(|n| n.node_id).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            ids(state.spares_not_shown("t", t0, grace, |_| false)),
+            ["s1"]
+        );
+        let target = ObjectRef::<HotSpareTarget>::new("t");
+        state.set_spare_target(&target, Some("a"));
+        assert_eq!(state.waiters_of_pool("a").1, vec![target.clone()]);
+        state.set_spare_target(&target, None);
+        assert!(state.waiters_of_pool("a").1.is_empty());
+        assert!(state.spares_not_shown("t", t0, grace, |_| false).is_empty());
     }
 
     #[test]
