@@ -251,12 +251,34 @@ async fn the_operator_s_client_runs_over_the_published_api() {
         .terminate_node("automanager-key-1")
         .await
         .expect("terminate");
-    until(&client, "the node terminated", |m| {
+    let terminated = |m: &MirrorState| {
         m.nodes
             .get("automanager-key-1")
-            .is_none_or(|n| n.state == NodeState::Terminated as i32)
+            .is_some_and(|n| n.state == NodeState::Terminated as i32)
+    };
+    until(&client, "the node terminated", terminated).await;
+    // Manager's published API forgets a terminated node; the next snapshot still shows it
+    // terminated, as our first API does, so the operator keeps its object for its retention.
+    let mut changes = client.subscribe();
+    assert_eq!(sim.cut_published_streams(), 1);
+    tokio::time::timeout(WAIT, async {
+        loop {
+            match changes.recv().await {
+                Ok(MirrorChange::Resynced { .. }) => return,
+                Ok(_) => {}
+                Err(e) => panic!("change feed: {e}"),
+            }
+        }
     })
-    .await;
+    .await
+    .expect("a resync after the cut");
+    assert!(
+        client.mirror().read(|m| terminated(m)),
+        "the terminated node is still there after a resync: {:?}",
+        client
+            .mirror()
+            .read(|m| m.nodes.get("automanager-key-1").cloned())
+    );
     client.close().await;
     published.close().await;
 }

@@ -116,6 +116,7 @@ pub struct PublishedPort {
     epoch: String,
     revision: Arc<AtomicU64>,
     overlay: Arc<Mutex<StopOverlay>>,
+    gone: GoneNodes,
     /// How long a call waits for its outcome to show on the stream before answering with the
     /// model as it is.
     echo_wait: Duration,
@@ -136,6 +137,7 @@ impl PublishedPort {
             epoch: format!("published-{:016x}", rand::random::<u64>()),
             revision: Arc::new(AtomicU64::new(1)),
             overlay: Arc::new(Mutex::new(StopOverlay::new())),
+            gone: GoneNodes::default(),
             echo_wait: Duration::from_secs(2),
         }
     }
@@ -146,7 +148,9 @@ impl PublishedPort {
     }
 
     fn model(&self) -> Model {
-        read_model(&self.client, &self.catalog, &self.owner, &self.overlay)
+        let mut model = read_model(&self.client, &self.catalog, &self.owner, &self.overlay);
+        self.gone.add_to(&mut model);
+        model
     }
 
     /// Waits (up to the echo wait) until `ready` holds of the model; answers the model then.
@@ -702,6 +706,7 @@ impl PublishedPort {
             epoch: self.epoch.clone(),
             revision: Arc::clone(&self.revision),
             overlay: Arc::clone(&self.overlay),
+            gone: self.gone.clone(),
         };
         tokio::spawn(async move { feed.run(req, tx).await });
         tokio_stream::wrappers::ReceiverStream::new(rx).boxed()
@@ -776,6 +781,53 @@ fn node_of(
 
 /// The capability of a node that can take part in a handover.
 const JOB_SOCKET: &str = "norsk.io/job-socket";
+
+/// How many nodes the published stream dropped the port keeps showing as terminated.
+const GONE_KEPT: usize = 1024;
+
+/// Nodes of ours the published stream dropped (a terminated node, a physical node that left),
+/// as the port last reported them. The published API forgets such a node, but every later
+/// snapshot of the port still shows it terminated, as our first API's Manager does: otherwise
+/// the next snapshot (any reconnect, any pool change) would make a just-terminated node vanish
+/// and the operator would remove its ManagerNode at once, not after `removeStoppedNodesAfter`.
+/// Bounded: past [`GONE_KEPT`] the node gone longest is forgotten.
+#[derive(Clone, Default)]
+struct GoneNodes(Arc<Mutex<BTreeMap<String, Node>>>);
+
+impl GoneNodes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Node>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn remember(&self, node: Node) {
+        let mut gone = self.lock();
+        gone.insert(node.node_id.clone(), node);
+        while gone.len() > GONE_KEPT {
+            let oldest = gone
+                .values()
+                .min_by_key(|n| n.state_changed_at_ms)
+                .map(|n| n.node_id.clone());
+            match oldest {
+                Some(id) => gone.remove(&id),
+                None => break,
+            };
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Adds to `model` each gone node it does not show live.
+    fn add_to(&self, model: &mut Model) {
+        for (id, node) in self.lock().iter() {
+            model
+                .nodes
+                .entry(id.clone())
+                .or_insert_with(|| node.clone());
+        }
+    }
+}
 
 /// Everything ours in `m`, as the port models it.
 fn model_of(
@@ -877,13 +929,16 @@ struct Feed {
     epoch: String,
     revision: Arc<AtomicU64>,
     overlay: Arc<Mutex<StopOverlay>>,
+    gone: GoneNodes,
 }
 
 type Sink = mpsc::Sender<Result<WatchResponse, Status>>;
 
 impl Feed {
     fn model(&self) -> Model {
-        read_model(&self.client, &self.catalog, &self.owner, &self.overlay)
+        let mut model = read_model(&self.client, &self.catalog, &self.owner, &self.overlay);
+        self.gone.add_to(&mut model);
+        model
     }
 
     async fn run(self, req: WatchRequest, tx: Sink) {
@@ -1027,14 +1082,24 @@ impl Feed {
         });
         match node {
             Some(node) if held.nodes.get(id) != Some(&node) => {
+                self.gone.forget(id);
                 held.nodes.insert(id.to_owned(), node.clone());
                 kinds.push(node_event(node));
             }
             Some(_) => {}
             None => {
-                if let Some(last) = held.nodes.remove(id) {
+                let last = held
+                    .nodes
+                    .get(id)
+                    .filter(|n| n.state != PortNodeState::Terminated as i32)
+                    .cloned();
+                if let Some(last) = last {
+                    let mut node = gone_node(last);
+                    node.state_changed_at_ms = now_ms();
+                    held.nodes.insert(id.to_owned(), node.clone());
+                    self.gone.remember(node.clone());
                     kinds.push(event::Kind::NodeTerminated(NodeTerminated {
-                        node: Some(gone_node(last)),
+                        node: Some(node),
                     }));
                 }
             }
