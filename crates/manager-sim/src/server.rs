@@ -1313,7 +1313,16 @@ impl Sim {
     pub async fn job_socket_agent(
         job_socket: crate::behaviour::JobSocketConfig,
     ) -> Result<Arc<dyn JobAgent>, SimError> {
-        let agent = crate::SocketAgent::start(job_socket)
+        let agent: Arc<dyn JobAgent> = Sim::socket_agent(job_socket).await?;
+        Ok(agent)
+    }
+
+    /// The real job socket with `job_socket`'s settings, for both worlds: our first API's
+    /// ([`Sim::start_with_agent`]) and the published one's ([`SimHandle::run_published_job_socket`]).
+    pub async fn socket_agent(
+        job_socket: crate::behaviour::JobSocketConfig,
+    ) -> Result<Arc<crate::SocketAgent>, SimError> {
+        crate::SocketAgent::start(job_socket)
             .await
             .map_err(|e| match e {
                 crate::socket_agent::SocketAgentError::Config(problems) => {
@@ -1323,8 +1332,7 @@ impl Sim {
                     what: "starting the job socket listener".to_owned(),
                     source: std::io::Error::other(e),
                 },
-            })?;
-        Ok(agent)
+            })
     }
 
     /// As [`Sim::start`], with a custom [`JobAgent`] answering migration asks.
@@ -1659,6 +1667,16 @@ impl SimHandle {
     pub fn set_published_behaviour_rules(&self, rules: Vec<crate::behaviour::BehaviourRule>) {
         if let Some(p) = &self.published {
             p.set_behaviour_rules(rules);
+        }
+    }
+
+    /// The published world's jobs speak the real job socket through `agent` (the one our first
+    /// API's jobs speak, so one listener stands for every worker of both worlds): its started
+    /// jobs run there, and our extension's handshake is relayed to them rather than answered
+    /// in process. Nothing for a sim started in process.
+    pub fn run_published_job_socket(&self, agent: Arc<crate::SocketAgent>) {
+        if let Some(p) = &self.published {
+            p.run_job_socket(agent);
         }
     }
 

@@ -90,6 +90,10 @@ pub enum SocketAgentError {
     Listener(#[from] ListenerError),
 }
 
+/// Reports a job's own `abort` between asks: (migration id, whether the source sent it,
+/// reason).
+pub type AbortSink = Arc<dyn Fn(&str, bool, &str) + Send + Sync>;
+
 /// A [`crate::JobAgent`] whose jobs speak the real job socket. See the
 /// module docs.
 pub struct SocketAgent {
@@ -114,6 +118,9 @@ struct Shared {
     state: Mutex<State>,
     connected: Notify,
     sink: Mutex<Option<JobEvents>>,
+    /// Where a job's own abort is reported besides our first API's world: the published
+    /// world's migrations (a migration id is one world's).
+    abort_sinks: Mutex<Vec<AbortSink>>,
     /// Jobs run as external processes instead of simulated tasks.
     exec: ExecJobs,
 }
@@ -152,6 +159,7 @@ impl SocketAgent {
             state: Mutex::new(State::default()),
             connected: Notify::new(),
             sink: Mutex::new(None),
+            abort_sinks: Mutex::new(Vec::new()),
             exec: ExecJobs::new(config.exec),
         });
         tokio::spawn(pump(Arc::downgrade(&shared), events));
@@ -180,6 +188,26 @@ impl SocketAgent {
             .get(job_id)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Whether `node_id`'s worker runs a job-socket listener, for a world that does not tell
+    /// the agent in our first API's events (the published one).
+    pub fn note_node(&self, node_id: &str, job_socket: bool) {
+        self.shared.note_node(node_id, job_socket);
+    }
+
+    /// Job `job_id`'s live instances, for a world that does not tell the agent in our first
+    /// API's events (the published one): `live` are the nodes any instance of it holds,
+    /// `running` those where its own instance runs (not a migration's target in progress).
+    /// A new running instance is registered and its job started; one no longer live is
+    /// forgotten and its job stopped.
+    pub fn sync_instances(&self, job_id: &str, live: &[&str], running: &[&str]) {
+        self.shared.sync_instances(job_id, live, running);
+    }
+
+    /// Reports a job's own abort between asks to `sink` too.
+    pub fn report_aborts_to(&self, sink: AbortSink) {
+        lock(&self.shared.abort_sinks).push(sink);
     }
 
     /// The socket key of the job's instance on `node_id`, if registered.
@@ -264,10 +292,17 @@ impl Shared {
     }
 
     fn note_inventory(&self, node_id: &str, capabilities: &[String]) {
+        self.note_node(
+            node_id,
+            capabilities.iter().any(|c| c == JOB_SOCKET_CAPABILITY),
+        );
+    }
+
+    fn note_node(&self, node_id: &str, job_socket: bool) {
         let mut st = lock(&self.state);
-        if capabilities.iter().any(|c| c == JOB_SOCKET_CAPABILITY) {
+        if job_socket {
             st.no_socket.remove(node_id);
-        } else {
+        } else if !st.no_socket.contains(node_id) {
             st.no_socket.insert(node_id.to_owned());
         }
     }
@@ -275,17 +310,25 @@ impl Shared {
     /// Registers running normal instances that are new; forgets instances
     /// that stopped, failed or left the job.
     fn sync_job(&self, job: &manager_proto::Job) {
-        let live: HashSet<&str> = job
+        let live: Vec<&str> = job
             .instances
             .iter()
             .filter(|i| holds(i.state))
             .map(|i| i.node_id.as_str())
             .collect();
-        self.forget_job(&job.job_id, |node| !live.contains(node));
-        for inst in &job.instances {
-            if inst.role == JobRole::Normal as i32 && inst.state == JobState::Running as i32 {
-                self.ensure_normal(&job.job_id, &inst.node_id);
-            }
+        let running: Vec<&str> = job
+            .instances
+            .iter()
+            .filter(|i| i.role == JobRole::Normal as i32 && i.state == JobState::Running as i32)
+            .map(|i| i.node_id.as_str())
+            .collect();
+        self.sync_instances(&job.job_id, &live, &running);
+    }
+
+    fn sync_instances(&self, job_id: &str, live: &[&str], running: &[&str]) {
+        self.forget_job(job_id, |node| !live.contains(&node));
+        for node in running {
+            self.ensure_normal(job_id, node);
         }
     }
 
@@ -599,8 +642,13 @@ impl Shared {
                             .and_then(|s| s.migration)
                             .is_some_and(|m| m.side == Side::Source);
                         let sink = lock(&self.sink).clone();
+                        let reason = reason.to_string_lossy();
                         if let Some(sink) = sink {
-                            sink.job_aborted(&migration_id, from_source, &reason.to_string_lossy());
+                            sink.job_aborted(&migration_id, from_source, &reason);
+                        }
+                        let others = lock(&self.abort_sinks).clone();
+                        for sink in others {
+                            sink(&migration_id, from_source, &reason);
                         }
                     }
                     (None, frame) => {

@@ -345,14 +345,21 @@ async fn run(cli: Cli) -> Result<(), String> {
             if realistic {
                 cfg.timing = manager_sim::config::TimingConfig::realistic();
             }
-            // The published world answers its handshake in process, with the same rules.
+            // Both worlds' jobs speak the one job socket; without it the published world
+            // answers its handshake in process, with the same rules.
             let rules = job_socket.behaviours.clone();
-            let agent: std::sync::Arc<dyn manager_sim::JobAgent> = if no_job_socket {
-                std::sync::Arc::new(manager_sim::DefaultAgent)
+            let socket = if no_job_socket {
+                None
             } else {
-                Sim::job_socket_agent(job_socket)
-                    .await
-                    .map_err(|e| e.to_string())?
+                Some(
+                    Sim::socket_agent(job_socket)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                )
+            };
+            let agent: std::sync::Arc<dyn manager_sim::JobAgent> = match &socket {
+                Some(s) => s.clone(),
+                None => std::sync::Arc::new(manager_sim::DefaultAgent),
             };
             let options = manager_sim::SimOptions {
                 extension: !no_extension,
@@ -361,6 +368,9 @@ async fn run(cli: Cli) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
             sim.set_published_behaviour_rules(rules);
+            if let Some(s) = socket {
+                sim.run_published_job_socket(s);
+            }
             if let Some(addr) = sim.addr() {
                 println!("manager-sim listening on {addr}");
             }

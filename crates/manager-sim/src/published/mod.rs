@@ -9,8 +9,10 @@
 //!
 //! Beside it, on the same port, [`ExtensionService`] serves our extension
 //! (`automanager.manager.extension.v1.ManagerExtension`) over the same world: warm nodes,
-//! reclaim notices and the migration handshake (its asks answered in process, as a cooperative
-//! job with nothing to hand over answers unless SimAdmin scripted the job; no job socket).
+//! reclaim notices and the migration handshake. Its asks go to the jobs over the real job socket
+//! when the sim runs one ([`PublishedService::run_job_socket`], as `serve` does unless
+//! `--no-job-socket`); otherwise they are answered in process, as a cooperative job with nothing
+//! to hand over answers unless SimAdmin scripted the job.
 //! [`crate::SimOptions::extension`] (`serve --no-extension`) leaves it out, so its calls answer
 //! `UNIMPLEMENTED`.
 //!

@@ -3,6 +3,7 @@
 //! world's snapshot closed by `InitialDataComplete` and then the live events, and a timer task
 //! starts nodes when their provisioning delay has passed.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,8 @@ use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use super::world::{PersistedPublished, PublishedWorld};
+use super::world::{PersistedPublished, PublishedWorld, SocketJob};
+use crate::SocketAgent;
 use crate::behaviour::{BehaviourError, JobBehaviour};
 use crate::config::SimConfig;
 use crate::server::{PERSIST_EVERY, SimError, lock, now_ms, status, write_state};
@@ -52,6 +54,16 @@ struct Inner {
     state_file: Option<PathBuf>,
     /// Changed since it was last written.
     dirty: AtomicBool,
+    /// The job socket the world's jobs speak, when the sim runs one
+    /// ([`PublishedService::run_job_socket`]); without it the handshake is answered in process.
+    job_socket: Mutex<Option<JobSocket>>,
+}
+
+/// The socket agent and what it was last told of the world, so only changes reach it.
+struct JobSocket {
+    agent: Arc<SocketAgent>,
+    jobs: BTreeMap<String, SocketJob>,
+    nodes: BTreeMap<String, bool>,
 }
 
 /// The published Manager service of manager-sim (see the module docs). Cloning shares it.
@@ -124,9 +136,38 @@ impl PublishedService {
             timer: Arc::new(Notify::new()),
             state_file,
             dirty: AtomicBool::new(true),
+            job_socket: Mutex::new(None),
         }));
         tokio::spawn(run_timer(Arc::downgrade(&svc.0), Arc::clone(&svc.0.timer)));
         svc
+    }
+
+    /// The world's jobs speak the real job socket through `agent`, as our first API's do: each
+    /// running instance's job is started on it (a configured process or a simulated job), and
+    /// the handshake's asks are relayed to it, each answer handed back to the world.
+    pub fn run_job_socket(&self, agent: Arc<SocketAgent>) {
+        let weak = Arc::downgrade(&self.0);
+        agent.report_aborts_to(Arc::new(
+            move |id: &str, from_source: bool, reason: &str| {
+                if let Some(inner) = weak.upgrade() {
+                    let mut w = lock(&inner.world);
+                    let now = now_ms();
+                    w.advance(now);
+                    w.migration_job_abort(id, from_source, reason, now);
+                    flush(&inner, &mut w, now);
+                }
+            },
+        ));
+        let mut w = lock(&self.0.world);
+        w.relay_asks();
+        *lock(&self.0.job_socket) = Some(JobSocket {
+            agent,
+            jobs: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+        });
+        let now = now_ms();
+        w.advance(now);
+        flush(&self.0, &mut w, now);
     }
 
     /// Writes the world to the state dir if it changed since the last write.
@@ -285,9 +326,11 @@ impl PublishedService {
 }
 
 /// Answers the handshake's asks as each job's behaviour says (cooperative unless SimAdmin set
-/// one), then sends what the world queued to every open stream of each API.
-fn flush(inner: &Inner, w: &mut PublishedWorld, now: i64) {
+/// one), or relays them to the jobs over their job socket, then sends what the world queued to
+/// every open stream of each API.
+fn flush(inner: &Arc<Inner>, w: &mut PublishedWorld, now: i64) {
     w.answer_asks(now);
+    relay(inner, w);
     let events = w.take_events();
     let ext = w.take_ext_events();
     if !events.is_empty() || !ext.is_empty() {
@@ -295,6 +338,49 @@ fn flush(inner: &Inner, w: &mut PublishedWorld, now: i64) {
     }
     broadcast(inner, events);
     send_all(&inner.ext_streams, ext);
+}
+
+/// Tells the job socket what changed in the world (instances started or gone, nodes with or
+/// without a listener) and hands it the handshake's asks; each answer comes back to the world
+/// under its lock, and what it raises is relayed in turn.
+fn relay(inner: &Arc<Inner>, w: &mut PublishedWorld) {
+    let agent = {
+        let mut socket = lock(&inner.job_socket);
+        let Some(socket) = socket.as_mut() else {
+            return;
+        };
+        let (jobs, nodes) = w.socket_view();
+        for (id, has) in &nodes {
+            if socket.nodes.get(id) != Some(has) {
+                socket.agent.note_node(id, *has);
+            }
+        }
+        socket.nodes = nodes.into_iter().collect();
+        for id in socket.jobs.keys().filter(|id| !jobs.contains_key(*id)) {
+            socket.agent.sync_instances(id, &[], &[]);
+        }
+        for (id, job) in &jobs {
+            if socket.jobs.get(id) != Some(job) {
+                let live: Vec<&str> = job.live.iter().map(String::as_str).collect();
+                let running: Vec<&str> = job.running.iter().map(String::as_str).collect();
+                socket.agent.sync_instances(id, &live, &running);
+            }
+        }
+        socket.jobs = jobs;
+        socket.agent.clone()
+    };
+    for ask in w.take_asks() {
+        let inner = Arc::clone(inner);
+        let agent = Arc::clone(&agent);
+        tokio::spawn(async move {
+            let reply = crate::JobAgent::answer(&*agent, ask.clone()).await;
+            let mut w = lock(&inner.world);
+            let now = now_ms();
+            w.advance(now);
+            w.migration_reply(&ask, reply, now);
+            flush(&inner, &mut w, now);
+        });
+    }
 }
 
 fn persist(inner: &Inner, last: bool) -> Result<(), SimError> {

@@ -77,6 +77,15 @@ struct Node {
     job_socket: bool,
 }
 
+/// One job's instances as a job-socket agent sees them ([`PublishedWorld::socket_view`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SocketJob {
+    /// The nodes any instance of the job holds.
+    pub live: Vec<String>,
+    /// The nodes where its own instance runs (not a migration's target in progress).
+    pub running: Vec<String>,
+}
+
 #[derive(Debug, Clone)]
 struct StoredJob {
     job: Job,
@@ -503,6 +512,33 @@ impl PublishedWorld {
                     .map(|(role, _)| (j.clone(), role.clone()))
             })
             .collect()
+    }
+
+    /// What runs where, as a job-socket agent needs it: per job, the nodes its instances hold
+    /// and those where its own instance runs (any role but the target of a migration in
+    /// progress); and per node, whether its worker runs a job-socket listener.
+    pub fn socket_view(&self) -> (BTreeMap<String, SocketJob>, Vec<(String, bool)>) {
+        let jobs = self
+            .jobs
+            .iter()
+            .filter(|(_, s)| !s.instances.is_empty())
+            .map(|(id, s)| {
+                let mut job = SocketJob::default();
+                for (role, node) in &s.instances {
+                    job.live.push(node.clone());
+                    if self.migration_for_target(id, role).is_none() {
+                        job.running.push(node.clone());
+                    }
+                }
+                (id.clone(), job)
+            })
+            .collect();
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|(id, n)| (id.clone(), n.job_socket))
+            .collect();
+        (jobs, nodes)
     }
 
     /// Whether the world holds node `id`.

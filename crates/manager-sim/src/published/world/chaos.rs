@@ -57,6 +57,9 @@ pub(in crate::published) struct ChaosState {
     behaviours: Behaviours,
     /// Answers a job gives later (a slow cutover): when, to what, what.
     replies: Vec<(i64, JobAsk, JobReply)>,
+    /// The jobs speak a real job socket: asks wait in the world for the service to relay them
+    /// ([`PublishedWorld::take_asks`]) rather than being answered here.
+    asks_relayed: bool,
 }
 
 impl ChaosState {
@@ -402,9 +405,20 @@ impl PublishedWorld {
         self.chaos.behaviours.set_rules(rules);
     }
 
+    /// From now on the handshake's asks are relayed to the jobs over their job socket by
+    /// whoever takes them ([`PublishedWorld::take_asks`]); [`PublishedWorld::answer_asks`]
+    /// leaves them be.
+    pub fn relay_asks(&mut self) {
+        self.chaos.asks_relayed = true;
+    }
+
     /// Answers every ask the handshake raised, as each job's behaviour says (a slow cutover's
-    /// answer waits for its time: [`PublishedWorld::advance`] gives it).
+    /// answer waits for its time: [`PublishedWorld::advance`] gives it). Nothing while the
+    /// asks are relayed to a job socket ([`PublishedWorld::relay_asks`]).
     pub fn answer_asks(&mut self, now_ms: i64) {
+        if self.chaos.asks_relayed {
+            return;
+        }
         // Each answer raises at most one further ask, and a migration ends after four.
         loop {
             let asks = self.take_asks();

@@ -668,6 +668,16 @@ impl PublishedWorld {
         }
     }
 
+    /// A job's own abort between asks (over its job socket): the migration aborts by that side.
+    pub fn migration_job_abort(&mut self, id: &str, from_source: bool, reason: &str, now_ms: i64) {
+        let by = if from_source {
+            MigrationParty::Source
+        } else {
+            MigrationParty::Target
+        };
+        self.abort(id, by, reason, now_ms);
+    }
+
     /// Every migration, by id.
     pub(super) fn ext_migrations(&self) -> impl Iterator<Item = &Migration> {
         self.ext.migrations.values()
