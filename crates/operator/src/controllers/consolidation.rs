@@ -32,8 +32,8 @@ use manager_proto as proto;
 
 use super::move_request::{MoveName, MoveRequest, Requested, request_move};
 use super::{Context, Error, condition};
-use crate::mapping::{self, NodeOverlay};
-use crate::state::OperatorState;
+use crate::mapping;
+use crate::state::State;
 
 /// How soon a pool with a node being emptied is looked at again.
 const STEP: Duration = Duration::from_secs(2);
@@ -137,7 +137,7 @@ fn switch_off(pool: &PlacementPool, ctx: &Context, prev: &ConsolidationStatus) {
     }
     let name = pool.name_any();
     ctx.metrics.set_consolidation_planned(&name, None);
-    ctx.state().disruptions_mut().forget_consolidation(&name);
+    ctx.state.forget_consolidation(&name);
 }
 
 /// The pool's `Consolidating` condition, now.
@@ -184,11 +184,8 @@ async fn observe_and_plan(
     let now = ctx.clock.now();
     let bundles = list_bundles(ctx).await?;
     let planned = plan(pool, ctx, spec, &bundles, now);
-    ctx.state().disruptions_mut().record_consolidation_plan(
-        &name,
-        ctx.clock.instant(),
-        pool.metadata.generation,
-    );
+    ctx.state
+        .record_consolidation_plan(&name, ctx.clock.instant(), pool.metadata.generation);
     let nodes = bounded_plan(&planned);
     if nodes != status.plan || status.planned_at.is_none() {
         status.planned_at = Some(now);
@@ -273,10 +270,7 @@ fn recent_plan(pool: &PlacementPool, ctx: &Context, status: &ConsolidationStatus
     if status.current_node.is_some() {
         return None;
     }
-    let (at, generation) = ctx
-        .state()
-        .disruptions()
-        .consolidation_planned(&pool.name_any())?;
+    let (at, generation) = ctx.state.consolidation_planned(&pool.name_any())?;
     let age = ctx.clock.instant().saturating_duration_since(at);
     if generation != pool.metadata.generation || age >= PLAN_EVERY {
         return None;
@@ -415,7 +409,7 @@ async fn finish(
 /// What `node` still holds: jobs holding capacity there, or a start in flight the engine
 /// knows of.
 fn left_on(ctx: &Context, node: &str) -> Vec<String> {
-    ctx.with_mirror(|m, s| {
+    ctx.manager.mirror().read(|m| {
         let mut left: Vec<String> = m
             .jobs
             .values()
@@ -427,9 +421,7 @@ fn left_on(ctx: &Context, node: &str) -> Vec<String> {
             .map(|j| j.job_id.clone())
             .collect();
         if left.is_empty()
-            && s.model()
-                .engine()
-                .node_view(node)
+            && (ctx.state.node_view(node))
                 .is_some_and(|v| v.used_capacity > 0.0 || v.used_cores > 0)
         {
             left.push("a start in flight".into());
@@ -504,21 +496,8 @@ fn release(ctx: &Context, node: &str) {
 }
 
 fn set_consolidating(ctx: &Context, node: &str, consolidating: bool) {
-    let changed = ctx.with_mirror(|m, s| {
-        let was = s.model().overlay(node);
-        if was.consolidating == consolidating {
-            return false;
-        }
-        s.model_mut().set_overlay(
-            node,
-            NodeOverlay {
-                consolidating,
-                ..was
-            },
-            m,
-        );
-        true
-    });
+    let changed =
+        (ctx.manager.mirror()).read(|m| ctx.state.set_consolidating(m, node, consolidating));
     if changed && let Some(pool) = ctx.manager.mirror().node(node).map(|n| n.pool) {
         ctx.wake_pool(&pool);
     }
@@ -549,14 +528,14 @@ fn plan(
 ) -> policy::Plan {
     let name = pool.name_any();
     let pool_spec = mapping::pool(&name, &pool.spec);
-    ctx.with_mirror(|m, s| {
+    ctx.manager.mirror().read(|m| {
         let ids: HashSet<&str> = m
             .nodes
             .values()
             .filter(|n| n.pool == name)
             .map(|n| n.node_id.as_str())
             .collect();
-        let (nodes, mut held) = pool_nodes(m, s, &name, spec, now);
+        let (nodes, mut held) = pool_nodes(m, &ctx.state, &name, spec, now);
         let bundle_ids: BTreeSet<&str> = ids
             .iter()
             .flat_map(|id| m.jobs_on(id))
@@ -580,7 +559,7 @@ fn plan(
 /// start in flight there (the engine holds what the mirror shows plus starts in flight).
 fn pool_nodes(
     m: &MirrorState,
-    s: &OperatorState,
+    s: &State,
     pool: &str,
     spec: &api::ConsolidationSpec,
     now: DateTime<Utc>,
@@ -589,10 +568,8 @@ fn pool_nodes(
     let now_ms = now.timestamp_millis();
     let mut held: BTreeMap<String, String> = BTreeMap::new();
     let mut nodes = Vec::new();
-    for n in m.nodes.values().filter(|n| n.pool == pool) {
-        let used = m.node_usage(&n.node_id);
-        let model = s.model();
-        let Some(spec) = mapping::node(n, used, model.overlay(&n.node_id), model.pool(pool)) else {
+    for (n, spec, view) in s.pool_nodes(m, pool) {
+        let Some(spec) = spec else {
             continue;
         };
         if now_ms.saturating_sub(n.created_at_ms) < min_age_ms {
@@ -601,7 +578,7 @@ fn pool_nodes(
                 "up for less than minNodeAgeSeconds".into(),
             );
         }
-        if let Some(v) = model.engine().node_view(&n.node_id)
+        if let Some(v) = view
             && (v.used_capacity > spec.used_capacity + 1e-6 || v.used_cores > spec.used_cores)
         {
             held.insert(n.node_id.clone(), "a start is in flight there".into());

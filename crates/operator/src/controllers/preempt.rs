@@ -34,7 +34,7 @@ use kube::runtime::events::EventType;
 
 use super::{Context, Error, is_final_answer, now_ms};
 use crate::mapping;
-use crate::state::OperatorState;
+use crate::state::State;
 use manager_client::MirrorState;
 
 /// How long a preemption made for a replica holds off another one for it: its victims' capacity
@@ -67,14 +67,12 @@ pub fn recovering_band(spec: &api::BundleSpec, jobs: &[String]) -> Option<Priori
 
 /// The preemption under way for this replica, if one is (made before and not yet placed).
 fn pending(ctx: &Context, bundle_id: &str, replica: u32) -> Option<api::Preemption> {
-    ctx.state()
-        .bundles_mut()
-        .pending_preemption(bundle_id, replica, ctx.clock.instant(), HOLD)
+    (ctx.state).pending_preemption(bundle_id, replica, ctx.clock.instant(), HOLD)
 }
 
 /// The replica's preemption after its placement, noted on its last decision for the trace:
 /// done when the replica `started` (returned once, for the trace), else the one `made` by this
-/// placement, else one made before and still under way. One hold of the state lock.
+/// placement, else one made before and still under way. One operation on the state.
 pub fn settle(
     ctx: &Context,
     bundle: &(String, String),
@@ -84,19 +82,7 @@ pub fn settle(
     made: Option<api::Preemption>,
 ) -> Option<api::Preemption> {
     let now = ctx.clock.instant();
-    let mut state = ctx.state();
-    let book = state.bundles_mut();
-    let preempted = if started {
-        book.preemption_placed(bundle_id, replica)
-    } else if made.is_some() {
-        made
-    } else {
-        book.pending_preemption(bundle_id, replica, now, HOLD)
-    };
-    if preempted.is_some() {
-        book.note_preempted(bundle, replica, preempted.clone());
-    }
-    preempted
+    (ctx.state).settle_preemption(bundle, bundle_id, replica, started, made, now, HOLD)
 }
 
 /// Preempts for `rec` when its band may and some node can be freed: `Some` is the preemption
@@ -179,12 +165,12 @@ fn choose(
     need: preempt::Need,
     excluded: &HashSet<String>,
 ) -> Option<(preempt::Preemption, HashMap<String, String>)> {
-    ctx.with_mirror(|m, state| {
+    ctx.manager.mirror().read(|m| {
         let (by_node, bundle_of) = bronze_jobs(m, rec, excluded);
         if by_node.is_empty() {
             return None;
         }
-        let candidates = candidate_nodes(m, state, rec, &by_node, &bundle_of)?;
+        let candidates = candidate_nodes(m, &ctx.state, rec, &by_node, &bundle_of)?;
         let choice = preempt::choose_victims(need, &candidates)?;
         Some((choice, bundle_of))
     })
@@ -251,13 +237,13 @@ fn bronze_jobs(
 /// when the dry run cannot cordon a node it chose.
 fn candidate_nodes(
     m: &MirrorState,
-    state: &OperatorState,
+    state: &State,
     rec: &Recovering<'_>,
     by_node: &BTreeMap<String, Vec<RunningJob>>,
     bundle_of: &HashMap<String, String>,
 ) -> Option<Vec<NodeCandidate>> {
     let all: HashSet<String> = bundle_of.keys().cloned().collect();
-    let mut dry = state.model().without_jobs(m, &all);
+    let mut dry = state.engine_without_jobs(m, &all);
     let mut candidates = Vec::new();
     while candidates.len() < MAX_CANDIDATE_NODES {
         let d = dry.place(rec.request, now_ms(rec.now));
@@ -277,8 +263,7 @@ fn candidate_nodes(
         let [node] = nodes.as_slice() else {
             continue;
         };
-        let (Some(jobs), Some(view)) = (by_node.get(*node), state.model().engine().node_view(node))
-        else {
+        let (Some(jobs), Some(view)) = (by_node.get(*node), state.node_view(node)) else {
             continue;
         };
         candidates.push(NodeCandidate {
@@ -323,7 +308,7 @@ async fn act(
     record: &api::Preemption,
 ) -> Result<(), Error> {
     // Recorded first: a pass that fails half-way still holds off a second preemption.
-    ctx.state().bundles_mut().record_preemption(
+    ctx.state.record_preemption(
         rec.bundle_id,
         rec.replica,
         record.clone(),

@@ -91,6 +91,61 @@ impl State {
         self.lock().prune_pools(existing)
     }
 
+    /// A copy of the engine in which `jobs` (Manager's ids) hold nothing, for a dry run.
+    pub fn engine_without_jobs(
+        &self,
+        mirror: &MirrorState,
+        jobs: &std::collections::HashSet<String>,
+    ) -> pl::Engine {
+        self.lock().model().without_jobs(mirror, jobs)
+    }
+
+    /// Node `id` as the placement model holds it now.
+    pub fn node_view(&self, id: &str) -> Option<pl::NodeView> {
+        self.lock().model().engine().node_view(id)
+    }
+
+    /// Each node of `pool` that `mirror` shows, as the model would take it in (with the
+    /// operator's overlay on it and the pool's spec), with the engine's view of it now (which
+    /// counts the starts in flight the mirror does not show yet).
+    pub fn pool_nodes<'m>(
+        &self,
+        mirror: &'m MirrorState,
+        pool: &str,
+    ) -> Vec<(
+        &'m manager_client::proto::Node,
+        Option<pl::NodeSpec>,
+        Option<pl::NodeView>,
+    )> {
+        let s = self.lock();
+        let model = s.model();
+        (mirror.nodes.values())
+            .filter(|n| n.pool == pool)
+            .map(|n| {
+                let used = mirror.node_usage(&n.node_id);
+                let spec =
+                    crate::mapping::node(n, used, model.overlay(&n.node_id), model.pool(pool));
+                (n, spec, model.engine().node_view(&n.node_id))
+            })
+            .collect()
+    }
+
+    /// Marks `node` as being emptied by consolidation (placement stops using it) or not;
+    /// whether that changed.
+    pub fn set_consolidating(&self, mirror: &MirrorState, node: &str, consolidating: bool) -> bool {
+        let mut s = self.lock();
+        let was = s.model().overlay(node);
+        if was.consolidating == consolidating {
+            return false;
+        }
+        let overlay = crate::mapping::NodeOverlay {
+            consolidating,
+            ..was
+        };
+        s.model_mut().set_overlay(node, overlay, mirror);
+        true
+    }
+
     /// A node we asked Manager for is on its way: it counts as capacity from now on.
     pub fn add_provisioned(&self, node: &manager_client::proto::Node) {
         self.lock().model_mut().add_provisioned(node);
@@ -132,6 +187,58 @@ impl State {
         self.lock().bundles_mut().set_broken(bundle_id, broken)
     }
 
+    /// The preemption made for this replica if it is still on its way (younger than `hold` at
+    /// `now`); an older one is forgotten.
+    pub fn pending_preemption(
+        &self,
+        bundle_id: &str,
+        replica: u32,
+        now: Instant,
+        hold: Duration,
+    ) -> Option<automanager_api::Preemption> {
+        (self.lock().bundles_mut()).pending_preemption(bundle_id, replica, now, hold)
+    }
+
+    /// A preemption was made for this replica at `now`.
+    pub fn record_preemption(
+        &self,
+        bundle_id: &str,
+        replica: u32,
+        record: automanager_api::Preemption,
+        now: Instant,
+    ) {
+        (self.lock().bundles_mut()).record_preemption(bundle_id, replica, record, now);
+    }
+
+    /// The replica's preemption after its placement, noted on its last decision for the trace:
+    /// done when the replica `started` (returned once, for the trace), else the one `made` by
+    /// this placement, else one made before and still under way (younger than `hold`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn settle_preemption(
+        &self,
+        bundle: &(String, String),
+        bundle_id: &str,
+        replica: u32,
+        started: bool,
+        made: Option<automanager_api::Preemption>,
+        now: Instant,
+        hold: Duration,
+    ) -> Option<automanager_api::Preemption> {
+        let mut s = self.lock();
+        let book = s.bundles_mut();
+        let preempted = if started {
+            book.preemption_placed(bundle_id, replica)
+        } else if made.is_some() {
+            made
+        } else {
+            book.pending_preemption(bundle_id, replica, now, hold)
+        };
+        if preempted.is_some() {
+            book.note_preempted(bundle, replica, preempted.clone());
+        }
+        preempted
+    }
+
     // -- nodes --
 
     /// A drain of `node` began at `started_at` with `jobs` jobs to move.
@@ -151,6 +258,21 @@ impl State {
     /// A terminate of `node` may go ahead (its hold was waived, or it holds nothing).
     pub fn allow_terminate(&self, node: &str) {
         self.lock().disruptions_mut().allow_terminate(node);
+    }
+
+    /// When `pool`'s consolidation last planned, and for which generation of the pool.
+    pub fn consolidation_planned(&self, pool: &str) -> Option<(Instant, Option<i64>)> {
+        self.lock().disruptions().consolidation_planned(pool)
+    }
+
+    /// `pool`'s consolidation planned at `at` for `generation` of the pool.
+    pub fn record_consolidation_plan(&self, pool: &str, at: Instant, generation: Option<i64>) {
+        (self.lock().disruptions_mut()).record_consolidation_plan(pool, at, generation);
+    }
+
+    /// `pool` no longer consolidates: its last plan is forgotten.
+    pub fn forget_consolidation(&self, pool: &str) {
+        self.lock().disruptions_mut().forget_consolidation(pool);
     }
 
     /// Takes `moves` rebalancing moves from the budget at `now`; false when it has not enough.
