@@ -348,6 +348,24 @@ impl<T: Serialize> fmt::Display for Shown<'_, T> {
 }
 
 /// Manager's id of job `job_name` of replica `replica` of Bundle `bundle` in [`NS`].
+/// Whether `node`'s drain completed, in terms that hold over either Manager API: none of our
+/// jobs is on it, and Manager ended it (terminated or stopped), or, for a node Manager does not
+/// terminate (a physical node over the published API), left it up to its owner, which the
+/// node's `Ready` condition says with reason `Drained`.
+pub fn drained(node: &ManagerNode) -> bool {
+    node.status.as_ref().is_some_and(|s| {
+        let ended = matches!(
+            s.state,
+            automanager_api::NodeState::Terminated | automanager_api::NodeState::Stopped
+        );
+        let left_to_owner = s.state == automanager_api::NodeState::Started
+            && s.job_count == 0
+            && automanager_api::find_condition(&s.conditions, "Ready")
+                .is_some_and(|c| c.is_true() && c.reason == "Drained");
+        s.drain.as_ref().is_some_and(|d| d.completed_at.is_some()) && (ended || left_to_owner)
+    })
+}
+
 pub fn job_id(bundle: &str, replica: i32, job_name: &str) -> String {
     format!("{NS}.{bundle}/{replica}/{job_name}")
 }
@@ -961,19 +979,9 @@ impl Stack {
         self.wait_for_condition(node, "Cordoned", status).await
     }
 
-    /// Waits until `node`'s drain completed and Manager stopped or terminated it.
+    /// Waits until `node`'s drain completed ([`drained`]).
     pub async fn wait_drained(&self, node: &str) -> ManagerNode {
-        self.wait_until(node, "to be drained", |n: &ManagerNode| {
-            n.status.as_ref().is_some_and(|s| {
-                s.drain.as_ref().is_some_and(|d| d.completed_at.is_some())
-                    && matches!(
-                        s.state,
-                        automanager_api::NodeState::Terminated
-                            | automanager_api::NodeState::Stopped
-                    )
-            })
-        })
-        .await
+        self.wait_until(node, "to be drained", drained).await
     }
 
     /// Every Event (`events.k8s.io/v1`) in the cluster.

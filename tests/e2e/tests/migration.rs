@@ -625,7 +625,7 @@ async fn a_migrate_drain_moves_every_job_and_drops_no_bronze_job() {
             show(&b)
         );
     }
-    // The node was emptied before it was terminated: no job stopped with it.
+    // The node was emptied before it ended (or was left to its owner): no job stopped with it.
     let events = stack.events_for("JobDropped").await;
     assert_eq!(events.len(), 0, "{events:#?}");
 }

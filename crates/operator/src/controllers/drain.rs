@@ -149,6 +149,10 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
     if !ctx.manager_ready() {
         return Err(ctx.manager_unavailable());
     }
+    // Emptied and left to its owner (a physical node Manager does not terminate): done.
+    if ctx.state().nodes().left_to_owner(node_id) {
+        return Ok(Action::await_change());
+    }
     let started_at = node
         .status
         .as_ref()
@@ -567,24 +571,43 @@ async fn terminate(
     plan: &DrainPlan,
     dropped: usize,
 ) -> Result<(), Error> {
-    match ctx.manager.terminate_node(node_id).await {
-        Ok(_) => {}
+    let left = match ctx.manager.terminate_node(node_id).await {
+        Ok(n) => left_up(ctx, node_id, &n),
         // Already on its way out (the mirror has not shown it yet): said once already.
         Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => return Ok(()),
         Err(e) => return Err(e.into()),
-    }
+    };
+    let end = if left {
+        LEFT_TO_OWNER
+    } else {
+        "was terminated"
+    };
     ctx.event(
         node,
         EventType::Normal,
         "Drained",
         "Drain",
         format!(
-            "node {node_id} is empty ({} jobs migrated, {} handed to band recovery of which {dropped} dropped) and was terminated",
+            "node {node_id} is empty ({} jobs migrated, {} handed to band recovery of which {dropped} dropped) and {end}",
             plan.migrated, plan.fell_back
         ),
     )
     .await;
     Ok(())
+}
+
+/// How a drain ends on a node Manager does not terminate.
+pub(crate) const LEFT_TO_OWNER: &str = "was left to its owner (Manager does not terminate a physical node): it stays up, cordoned while its drain is set";
+
+/// Whether Manager answered a terminate of `node_id` with the node still up (a physical node
+/// is its owner's: our jobs leave it, the node stays); the drain then completes once none of
+/// our jobs is on it.
+pub(crate) fn left_up(ctx: &Context, node_id: &str, answered: &proto::Node) -> bool {
+    let left = answered.state == proto::NodeState::Started as i32;
+    if left {
+        ctx.state().nodes_mut().leave_to_owner(node_id);
+    }
+    left
 }
 
 #[cfg(test)]

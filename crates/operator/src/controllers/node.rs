@@ -61,6 +61,14 @@ fn node_standing(status: &ManagerNodeStatus) -> (api::Standing, &'static str, St
         let msg = format!("draining: {} jobs remaining", d.jobs_remaining);
         return (Standing::Reconciling, "Draining", msg);
     }
+    if status.state == NodeState::Started && status.drain.is_some() {
+        // Drained, and Manager left it up: a physical node, its owner's.
+        let msg = format!(
+            "drained: none of our jobs is on it, and it {}",
+            super::drain::LEFT_TO_OWNER
+        );
+        return (Standing::Ready, "Drained", msg);
+    }
     let reported = format!("Manager reports the node {:?}", status.state).to_lowercase();
     match status.state {
         NodeState::Stopped => (Standing::Ready, "Stopped", reported),
@@ -642,6 +650,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     }
     let Some(drain) = node.spec.drain else {
         super::drain::unheld(ctx, &node_id);
+        ctx.state().nodes_mut().drain_withdrawn(&node_id);
         return Ok(Action::await_change());
     };
     if drain.mode == DrainMode::Migrate {
@@ -709,10 +718,20 @@ async fn terminate_drain(
             NodeState::Terminated | NodeState::Unreachable
         )
     });
-    if !gone {
-        ctx.manager.terminate_node(node_id).await?;
-    }
-    let note = format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band");
+    let left = if gone {
+        false
+    } else {
+        let answered = ctx.manager.terminate_node(node_id).await?;
+        super::drain::left_up(ctx, node_id, &answered)
+    };
+    let note = if left {
+        format!(
+            "node {node_id} cordoned; its {jobs} jobs were stopped and recover by band; it {}",
+            super::drain::LEFT_TO_OWNER
+        )
+    } else {
+        format!("node {node_id} cordoned and terminated; its {jobs} jobs recover by band")
+    };
     ctx.event(node, EventType::Normal, "Draining", "Drain", note)
         .await;
     Ok(Action::requeue(Duration::from_secs(10)))
@@ -797,9 +816,14 @@ mod tests {
                 "Draining",
             ),
             (
-                node(NodeState::Terminated, true, Some(drained)),
+                node(NodeState::Terminated, true, Some(drained.clone())),
                 S::Ready,
                 "Terminated",
+            ),
+            (
+                node(NodeState::Started, true, Some(drained)),
+                S::Ready,
+                "Drained",
             ),
             (node(NodeState::Stopped, true, None), S::Ready, "Stopped"),
             (

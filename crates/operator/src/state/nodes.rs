@@ -1,7 +1,7 @@
 //! What the operator remembers per Manager node: its health verdicts, its drain, the
 //! ManagerNode generation acted on, and why a drain waits.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use automanager_api::DrainStatus;
 use automanager_policy::node_health::{Episodes, HealthChange, NodeHealth};
@@ -16,6 +16,9 @@ pub struct NodeBook {
     drains: HashMap<String, DrainStatus>,
     /// The ManagerNode generation the node controller last acted on.
     generations: HashMap<String, i64>,
+    /// Drained nodes Manager answered a terminate of by leaving them up: a physical node is
+    /// its owner's, so its drain is complete once none of our jobs is on it.
+    left_to_owner: HashSet<String>,
 }
 
 /// What a drain did so far, as its status counts it.
@@ -36,6 +39,7 @@ impl NodeBook {
             health,
             drains: HashMap::new(),
             generations: HashMap::new(),
+            left_to_owner: HashSet::new(),
         }
     }
 
@@ -97,8 +101,30 @@ impl NodeBook {
         }
     }
 
+    /// Manager answered the drain's terminate of `node` by stopping our jobs on it and leaving
+    /// the node up, its owner's.
+    pub fn leave_to_owner(&mut self, node: &str) {
+        if self.drains.contains_key(node) {
+            self.left_to_owner.insert(node.to_owned());
+        }
+    }
+
+    /// Whether a drain of `node` ended with the node left to its owner.
+    pub fn left_to_owner(&self, node: &str) -> bool {
+        self.left_to_owner.contains(node)
+    }
+
+    /// The user took the drain off `node`: a node left to its owner is back in service, and a
+    /// later drain of it starts afresh. (A node Manager ended keeps its drain's record.)
+    pub fn drain_withdrawn(&mut self, node: &str) {
+        if self.left_to_owner.remove(node) {
+            self.drains.remove(node);
+        }
+    }
+
     /// The drain of `node` as its status shows it: `jobs_remaining` on it now, and complete
-    /// from `now` once the node has `ended`.
+    /// from `now` once the node has `ended`, or holds no job any more after Manager left it to
+    /// its owner.
     pub fn drain_status(
         &mut self,
         node: &str,
@@ -106,9 +132,10 @@ impl NodeBook {
         ended: bool,
         now: DateTime<Utc>,
     ) -> Option<DrainStatus> {
+        let left = self.left_to_owner.contains(node) && jobs_remaining == 0;
         let d = self.drains.get_mut(node)?;
         d.jobs_remaining = count(jobs_remaining);
-        if ended && d.completed_at.is_none() {
+        if (ended || left) && d.completed_at.is_none() {
             d.completed_at = Some(now);
         }
         Some(d.clone())
@@ -146,5 +173,29 @@ mod tests {
             Some(t1)
         );
         assert!(b.drain_status("m", 0, true, later).is_none());
+    }
+
+    #[test]
+    fn a_drain_left_to_the_owner_completes_once_empty_and_starts_afresh_after_withdrawal() {
+        let mut b = book();
+        let t0 = DateTime::UNIX_EPOCH;
+        let t1 = t0 + chrono::Duration::seconds(5);
+        b.leave_to_owner("n");
+        assert!(!b.left_to_owner("n"), "no drain, nothing left");
+        b.begin_drain("n", 2, t0);
+        b.leave_to_owner("n");
+        let d = b.drain_status("n", 1, false, t0).expect("draining");
+        assert_eq!(d.completed_at, None, "a job of ours is still on it");
+        let d = b.drain_status("n", 0, false, t1).expect("draining");
+        assert_eq!(d.completed_at, Some(t1));
+        b.drain_withdrawn("n");
+        assert!(!b.is_draining("n") && !b.left_to_owner("n"));
+        b.begin_drain("n", 1, t1);
+        let d = b.drain_status("n", 0, false, t1).expect("draining");
+        assert_eq!(d.completed_at, None, "a new drain, not yet answered");
+        // A node Manager ended keeps its drain's record when the drain is taken off.
+        b.drain_status("n", 0, true, t1);
+        b.drain_withdrawn("n");
+        assert!(b.is_draining("n"));
     }
 }
