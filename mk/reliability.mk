@@ -1,6 +1,6 @@
 # The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
 # Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
-.PHONY: test-reliability test-reliability4 test-soak test-chaos test-loaded
+.PHONY: test-reliability test-reliability4 test-soak test-chaos test-chaos-published test-loaded
 
 RELIABILITY_LOG ?= .tmp/reliability.log
 # Extra libtest arguments, e.g. a scenario name.
@@ -39,9 +39,12 @@ CHAOS_LOG ?= .tmp/chaos.log
 
 test-chaos: control-plane ## seeded chaos schedules on one shared stack (CHAOS_SEEDS=n from CHAOS_SEED_FROM, or CHAOS_SEED=s to replay one); one line per seed and a summary
 	@mkdir -p $(dir $(CHAOS_LOG))
-	@echo "==> cargo test -p automanager-e2e --features reliability --test chaos (CHAOS_SEEDS=$${CHAOS_SEEDS:-10} CHAOS_SEED_FROM=$${CHAOS_SEED_FROM:-1} CHAOS_SEED=$${CHAOS_SEED:-}; log: $(CHAOS_LOG))"
+	@echo "==> cargo test -p automanager-e2e --features reliability --test chaos (AUTOMANAGER_E2E_MANAGER_API=$${AUTOMANAGER_E2E_MANAGER_API:-v1} CHAOS_SEEDS=$${CHAOS_SEEDS:-10} CHAOS_SEED_FROM=$${CHAOS_SEED_FROM:-1} CHAOS_SEED=$${CHAOS_SEED:-}; log: $(CHAOS_LOG))"
 	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
 	  --test chaos -- --nocapture 2>&1 | tee $(CHAOS_LOG) || status=$$?; \
 	echo "==> summary"; \
 	grep -E '^chaos (run|seed=[0-9]+ faults=|summary)' $(CHAOS_LOG) || echo "no seed reported"; \
 	exit $$status
+
+test-chaos-published: ## test-chaos over Manager's published API with our extension (AUTOMANAGER_E2E_MANAGER_API=published; the same CHAOS_* settings)
+	@AUTOMANAGER_E2E_MANAGER_API=published $(MAKE) --no-print-directory test-chaos

@@ -3,8 +3,8 @@
 //! state before every seed.
 //!
 //! The reset is what makes a replay faithful: both operators are `kill -9`ed; every Bundle,
-//! Migration, ManagerNode, PlacementPool and HotSpareTarget is deleted with its finalizers
-//! stripped, and the operators' Lease; the sim is started again with its state directory
+//! Migration, PlacementHistory, ManagerNode, PlacementPool and HotSpareTarget is deleted with its
+//! finalizers stripped, and the operators' Lease; the sim is started again with its state directory
 //! emptied (every declared node back, no job, no bundle, a fresh start history and call
 //! count); the pools are created again as the fleet declares them; both operators start and
 //! the run waits until they are ready, every ManagerNode object exists and every pool counts
@@ -227,10 +227,11 @@ pub fn summary(outcomes: &[Outcome], took: Duration) -> String {
 pub async fn run(run: &RunConfig) -> Result<Vec<Outcome>, SetupError> {
     let started = Instant::now();
     println!(
-        "chaos run seeds={} first={} {}",
+        "chaos run seeds={} first={} {} api={}",
         run.seeds.len(),
         run.seeds.first().copied().unwrap_or(0),
-        run.chaos.describe()
+        run.chaos.describe(),
+        api_name(ManagerApi::from_env())
     );
     let mut fleet = Fleet::start(&run.chaos).await?;
     let mut outcomes = Vec::new();
@@ -1008,9 +1009,18 @@ impl Fleet {
         self.held = [false; 2];
         self.paused = None;
         let client = self.client();
-        use automanager_api::{Bundle, HotSpareTarget, ManagerNode, Migration, PlacementPool};
+        use automanager_api::{
+            Bundle, HotSpareTarget, ManagerNode, Migration, PlacementHistory, PlacementPool,
+        };
         wipe(&api_of::<Migration>(&client, true), "Migrations").await?;
         wipe(&api_of::<Bundle>(&client, true), "Bundles").await?;
+        // A Bundle's history is owned by it, but no garbage collector runs here: one left by
+        // an earlier seed's Bundle of the same name names that Bundle as its owner.
+        wipe(
+            &api_of::<PlacementHistory>(&client, true),
+            "PlacementHistories",
+        )
+        .await?;
         wipe(&api_of::<ManagerNode>(&client, false), "ManagerNodes").await?;
         wipe(&api_of::<PlacementPool>(&client, false), "PlacementPools").await?;
         wipe(&api_of::<HotSpareTarget>(&client, false), "HotSpareTargets").await?;
@@ -1553,7 +1563,9 @@ impl Fleet {
             outcome.error.as_deref().unwrap_or_default()
         );
         eprintln!(
-            "replay: CHAOS_SEED={} CHAOS_NODES={} CHAOS_BUNDLES={} CHAOS_WINDOW_S={} make test-chaos",
+            "replay: {}={} CHAOS_SEED={} CHAOS_NODES={} CHAOS_BUNDLES={} CHAOS_WINDOW_S={} make test-chaos",
+            crate::stack::MANAGER_API_ENV,
+            api_name(self.stack.api),
             outcome.seed,
             run.chaos.node_count(),
             run.chaos.bundles,
@@ -1815,6 +1827,15 @@ fn counted_lines(outcome: &Outcome) -> String {
         .iter()
         .map(|m| format!("deadline_miss: {m}\n"));
     touched.chain(missed).collect()
+}
+
+/// `api` as [`crate::stack::MANAGER_API_ENV`] names it.
+fn api_name(api: ManagerApi) -> &'static str {
+    match api {
+        ManagerApi::V1 => "v1",
+        ManagerApi::Published => "published",
+        ManagerApi::PublishedStandard => "published-standard",
+    }
 }
 
 fn name(i: usize) -> &'static str {
