@@ -261,10 +261,15 @@ async fn apply(
     Ok(api.patch(name, &params, &Patch::Apply(&patch)).await?)
 }
 
-/// Deletes `bundle`'s history (the garbage collector would, where one runs), and drops its
-/// queued write; a missing one is no error.
+/// How long a deletion waits for a write of the same history in flight.
+const FORGET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Deletes `bundle`'s history (the garbage collector would, where one runs), after dropping its
+/// queued write and waiting for one in flight; a missing one is no error.
 pub(super) async fn delete(ctx: &Context, ns: &str, name: &str) {
-    ctx.history.forget(ctx, &(ns.to_owned(), name.to_owned()));
+    ctx.history
+        .forget(ctx, &(ns.to_owned(), name.to_owned()), FORGET_WAIT)
+        .await;
     let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), ns);
     match api.delete(name, &Default::default()).await {
         Ok(_) => {}

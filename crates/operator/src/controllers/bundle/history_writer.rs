@@ -237,6 +237,11 @@ impl Queue {
         }
     }
 
+    /// Whether a write of `bundle` is in flight.
+    pub fn writing(&self, bundle: &BundleName) -> bool {
+        self.in_flight.contains_key(bundle)
+    }
+
     /// Bundles queued or being written.
     pub fn depth(&self) -> usize {
         self.entries.len() + self.in_flight.len()
@@ -280,14 +285,20 @@ impl HistoryWriter {
         self.wake.notify_one();
     }
 
-    /// `bundle` is gone: its queued write is dropped.
-    pub fn forget(&self, ctx: &Context, bundle: &BundleName) {
+    /// `bundle` is gone: its queued write is dropped, and a write of it in flight is waited
+    /// for (up to `within`), so that the history is not created again after its deletion.
+    pub async fn forget(&self, ctx: &Context, bundle: &BundleName, within: Duration) {
         let depth = {
             let mut q = self.queue_lock();
             q.forget(bundle);
             q.depth()
         };
         self.publish(ctx, depth);
+        let mut rx = self.depth.subscribe();
+        let settled = rx.wait_for(|_| !self.queue_lock().writing(bundle));
+        if tokio::time::timeout(within, settled).await.is_err() {
+            tracing::warn!(bundle = %bundle.1, namespace = %bundle.0, "a placement history write of a deleted bundle is still in flight");
+        }
     }
 
     /// Writes everything queued, without waiting for the Bundles to be quiet nor for a
@@ -499,7 +510,9 @@ mod tests {
         q.queue(a.clone(), target(1, false), t0);
         q.forget(&a);
         q.forget(&name("b"));
+        assert!(q.writing(&a), "its deletion waits for the write in flight");
         q.done(&a, t, Written::Failed { retry: true }, t0);
+        assert!(!q.writing(&a));
         assert_eq!(q.depth(), 0);
     }
 }
