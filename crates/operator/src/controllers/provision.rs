@@ -7,7 +7,7 @@ use manager_proto as proto;
 
 use super::{Context, Error, zones};
 use crate::mapping;
-use crate::state::OperatorState;
+use crate::state::{Keyed, NodeAsk, NotKeyed};
 
 /// Asks Manager for a node of `instance_type` in `pool` (zone optional) for whatever `tag` names,
 /// unless one asked for it is still on its way ([`provision_in_flight`]), and tells the engine a
@@ -23,29 +23,29 @@ pub async fn request_node(
     // One look at the mirror and the state: nothing can change between the checks and the
     // rate this ask takes.
     let (now, wall) = (ctx.clock.instant(), ctx.clock.now());
-    let spec = ctx.with_mirror(|m, state| {
+    let ask = ctx.manager.mirror().read(|m| {
         if provision_in_flight(m, &tag) {
-            return Ok(None);
+            return None;
         }
-        let Some(spec) = state.model().pool(pool).cloned() else {
-            return Ok(None);
-        };
+        let ask = ctx
+            .state
+            .admit_node_ask(&m.epoch, now, wall, &tag, pool, instance_type, zone);
+        Some(ask)
+    });
+    let spec = match ask {
+        None | Some(NodeAsk::PoolUnknown) => None,
+        Some(NodeAsk::Ask(spec)) => Some(spec),
         // A refused or backed-off ask takes nothing of the pool's rate.
-        if let Some(held) = provision_held(state, &m.epoch, now, &tag, pool, instance_type) {
-            return Err(held);
+        Some(NodeAsk::Held(hold)) => return Err(held_error(hold)),
+        Some(NodeAsk::ZoneDegraded) => {
+            tracing::info!(pool, zone = zone.unwrap_or_default(), tag = %tag, "zone degraded: not provisioning into it");
+            None
         }
-        if let Some(z) = zone
-            && state.provisioning().zone_brake().is_degraded(pool, z)
-        {
-            tracing::info!(pool, zone = z, tag = %tag, "zone degraded: not provisioning into it");
-            return Ok(None);
-        }
-        if !state.provisioning_mut().take_request(pool, wall) {
+        Some(NodeAsk::RateSpent) => {
             tracing::info!(pool, tag = %tag, "provisioning rate for the pool is used up this minute; asking later");
-            return Ok(None);
+            None
         }
-        Ok(Some(spec))
-    })?;
+    };
     let Some(spec) = spec else {
         return Ok(None);
     };
@@ -61,7 +61,7 @@ pub async fn request_node(
         request_id: String::new(),
     };
     let node = create_node(ctx, &tag, req).await?;
-    ctx.state().model_mut().add_provisioned(&node);
+    ctx.state.add_provisioned(&node);
     Ok(Some(node))
 }
 
@@ -74,33 +74,37 @@ pub async fn create_node(
     mut req: proto::CreateNodeRequest,
 ) -> Result<proto::Node, Error> {
     let now = ctx.clock.instant();
-    let key = ctx.with_mirror(|m, state| {
+    let keyed = ctx.manager.mirror().read(|m| {
+        ctx.state.key_node_ask(
+            m,
+            now,
+            intent,
+            &req.pool,
+            &req.instance_type,
+            |brake, zones| zones::provision_zone(m, brake, zones, &req.pool, &req.zone),
+            || format!("automanager-{:032x}", rand::random::<u128>()),
+        )
+    });
+    let key = match keyed {
+        Ok(Keyed { zone, key }) => {
+            req.zone = zone;
+            key
+        }
         // A pool being deleted gets no new node, for a replica or a spare.
-        if state.model().pool(&req.pool).is_some_and(|p| p.terminating) {
+        Err(NotKeyed::PoolTerminating) => {
             return Err(Error::ProvisioningPaused(format!(
                 "PlacementPool {} is being deleted: no new node is made in it",
                 req.pool
             )));
         }
-        if let Some(held) =
-            provision_held(state, &m.epoch, now, intent, &req.pool, &req.instance_type)
-        {
-            return Err(held);
-        }
-        req.zone = zones::provision_zone(m, state, &req.pool, &req.zone)
-            .map_err(Error::ProvisioningPaused)?;
-        Ok(state.provisioning_mut().request_key(
-            intent,
-            |key| m.nodes.values().any(|n| n.request_id == key),
-            now,
-            || format!("automanager-{:032x}", rand::random::<u128>()),
-        ))
-    })?;
+        Err(NotKeyed::Held(hold)) => return Err(held_error(hold)),
+        Err(NotKeyed::Zone(why)) => return Err(Error::ProvisioningPaused(why)),
+    };
     req.request_id.clone_from(&key);
     let (pool, instance_type) = (req.pool.clone(), req.instance_type.clone());
     match ctx.manager.create_node(req).await {
         Ok(node) => {
-            ctx.state().provisioning_mut().ask_answered(intent);
+            ctx.state.node_ask_answered(intent);
             Ok(node)
         }
         Err(e) => {
@@ -113,47 +117,31 @@ pub async fn create_node(
                 };
                 tracing::warn!(intent, pool = %pool, instance_type = %refusal.instance_type, error = %e, "Manager refused CreateNode; not asking again until the pool or Manager changes");
                 let epoch = ctx.manager.mirror().read(|m| m.epoch.clone());
-                ctx.state()
-                    .provisioning_mut()
-                    .refused(refusal.clone(), &epoch);
+                ctx.state.refused(refusal.clone(), &epoch);
                 // The pool's status says so too.
                 ctx.wake_pool_controller(&pool);
                 return Err(Error::ProvisioningRefused(refusal));
             }
             if outcome_unknown(&e) {
                 tracing::info!(intent, request_id = %key, error = %e, "CreateNode got no answer; the next ask repeats its key");
-                ctx.state().provisioning_mut().unanswered(intent, key, now);
+                ctx.state.node_ask_unanswered(intent, key, now);
             }
             if matches!(e, ClientError::Fenced(_) | ClientError::Closed) {
                 // Not Manager's answer: this operator may not write now.
                 return Err(e.into());
             }
             let message = e.to_string();
-            let retry_in = ctx
-                .state()
-                .provisioning_mut()
-                .ask_failed(intent, message.clone(), now);
+            let retry_in = ctx.state.node_ask_failed(intent, message.clone(), now);
             tracing::info!(intent, pool = %pool, error = %e, retry_in_ms = u64::try_from(retry_in.as_millis()).unwrap_or(u64::MAX), "CreateNode failed; asking again after a back-off");
             Err(Error::ProvisioningRetry { message, retry_in })
         }
     }
 }
 
-/// Why `intent` may not ask for a node of `instance_type` in `pool` now, as the error its
-/// caller reports: a refusal that stands (for Manager's `epoch`), or the back-off of its last
-/// failed ask.
-fn provision_held(
-    state: &mut OperatorState,
-    epoch: &str,
-    now: std::time::Instant,
-    intent: &str,
-    pool: &str,
-    instance_type: &str,
-) -> Option<Error> {
-    let hold = state
-        .provisioning_mut()
-        .hold(intent, pool, instance_type, epoch, now)?;
-    Some(match hold {
+/// Why an ask may not be made now, as the error its caller reports: a refusal that stands, or
+/// the back-off of its last failed ask.
+fn held_error(hold: Hold) -> Error {
+    match hold {
         Hold::Refused(r) => Error::ProvisioningRefused(r),
         Hold::BackingOff {
             remaining, message, ..
@@ -161,7 +149,7 @@ fn provision_held(
             message,
             retry_in: remaining,
         },
-    })
+    }
 }
 
 /// Manager's answers to CreateNode that no retry changes, as the code's CamelCase word: the

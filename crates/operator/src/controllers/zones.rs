@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use automanager_api::PlacementPool;
-use automanager_policy::zone_brake::{DegradedZone, ZoneChange};
+use automanager_policy::zone_brake::{DegradedZone, ZoneBrake, ZoneChange};
 use chrono::{DateTime, Utc};
 use kube::runtime::events::EventType;
 use manager_client::{MirrorChange, MirrorState};
@@ -148,22 +148,17 @@ pub fn degraded_message(d: &DegradedZone, window: Option<chrono::TimeDelta>) -> 
 /// is degraded.
 pub fn provision_zone(
     m: &MirrorState,
-    s: &OperatorState,
+    b: &ZoneBrake,
+    zones: &[String],
     pool: &str,
     requested: &str,
 ) -> Result<String, String> {
-    let b = s.provisioning().zone_brake();
     if !requested.is_empty() {
         return match b.degraded_in(pool).iter().find(|d| d.zone == requested) {
             Some(d) => Err(degraded_message(d, Some(b.settings().window))),
             None => Ok(requested.to_owned()),
         };
     }
-    let zones = s
-        .model()
-        .pool(pool)
-        .map(|p| p.zones.clone())
-        .unwrap_or_default();
     if zones.is_empty() || zones.iter().all(|z| b.recent_losses(pool, z) == 0) {
         // No zones named (Manager chooses, the brake cannot steer it), or nothing lost lately.
         return Ok(String::new());

@@ -34,6 +34,7 @@ use automanager_policy::zone_brake::{ZoneBrake, ZoneChange};
 use crate::model::ClusterModel;
 use crate::settings::Settings;
 
+mod asks;
 mod bundles;
 mod disruptions;
 mod nodes;
@@ -42,6 +43,7 @@ mod provisioning;
 mod shared;
 mod wake;
 
+pub use asks::{Keyed, NodeAsk, NotKeyed};
 pub use bundles::{BundleBook, HistoryKnown, KnownReplica};
 pub use disruptions::{AdmittedMigration, Disruptions, HeldMove, HoldNews};
 pub use nodes::{DrainProgress, NodeBook};

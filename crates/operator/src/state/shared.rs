@@ -36,7 +36,7 @@ impl State {
     }
 
     /// Poison-tolerant: a panic elsewhere must not wedge the operator.
-    fn lock(&self) -> MutexGuard<'_, OperatorState> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, OperatorState> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
