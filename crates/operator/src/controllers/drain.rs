@@ -150,7 +150,7 @@ pub async fn step(node: &ManagerNode, node_id: &str, ctx: &Arc<Context>) -> Resu
         return Err(ctx.manager_unavailable());
     }
     // Emptied and left to its owner (a physical node Manager does not terminate): done.
-    if ctx.state().nodes().left_to_owner(node_id) {
+    if ctx.state.left_to_owner(node_id) {
         return Ok(Action::await_change());
     }
     let started_at = node
@@ -605,7 +605,7 @@ pub(crate) const LEFT_TO_OWNER: &str = "was left to its owner (Manager does not 
 pub(crate) fn left_up(ctx: &Context, node_id: &str, answered: &proto::Node) -> bool {
     let left = answered.state == proto::NodeState::Started as i32;
     if left {
-        ctx.state().nodes_mut().leave_to_owner(node_id);
+        ctx.state.leave_to_owner(node_id);
     }
     left
 }

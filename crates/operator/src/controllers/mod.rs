@@ -227,11 +227,8 @@ pub async fn reconcile_finalized<K: Finalized>(
     })
     .await;
     if result.is_ok() {
-        ctx.state.pass_succeeded(&retry_key(
-            name.0,
-            &name.1,
-            std::any::type_name::<K>(),
-        ));
+        ctx.state
+            .pass_succeeded(&retry_key(name.0, &name.1, std::any::type_name::<K>()));
     }
     result
 }

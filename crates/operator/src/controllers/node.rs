@@ -352,7 +352,7 @@ impl MirrorSync {
     fn observe(&mut self) -> Vec<(String, ManagerNodeStatus)> {
         let ctx = &self.ctx;
         let now = ctx.clock.now();
-        let unhealthy_now = ctx.state().nodes_mut().unhealthy_nodes(now);
+        let unhealthy_now = ctx.state.unhealthy_nodes(now);
         let owns = ctx.settings.scope.owns_cluster_scope();
         let (loads, written) = (&mut self.loads, &self.written);
         ctx.manager.mirror().read(|m| {
@@ -457,13 +457,7 @@ impl MirrorSync {
 
 /// Keeps the node's health overlay in the placement model at `unhealthy`; answers the overlay.
 fn set_health(ctx: &Context, m: &MirrorState, node_id: &str, unhealthy: bool) -> NodeOverlay {
-    let mut state = ctx.state();
-    let mut overlay = state.model().overlay(node_id);
-    if overlay.unhealthy != unhealthy {
-        overlay.unhealthy = unhealthy;
-        state.model_mut().set_overlay(node_id, overlay, m);
-    }
-    overlay
+    ctx.state.set_health(m, node_id, unhealthy)
 }
 
 /// Whether the node has been stopped or terminated for longer than `removeStoppedNodesAfter`:
@@ -490,21 +484,16 @@ fn node_status(
     now: DateTime<Utc>,
 ) -> ManagerNodeStatus {
     let id = &n.node_id;
-    // What the node book says of the node, in one hold of the state lock.
-    let (mut status, generation) = {
-        let mut state = ctx.state();
-        let held = (state.disruptions()).held(&crate::state::HeldMove::Drain(id.clone()));
-        let book = state.nodes_mut();
-        let rejections = book.rejections(id);
-        let mut status = desired_status(n, load, overlay, rejections, held, prev, now);
-        if let Some(e) = book.episodes(id) {
-            status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
-            status.held_out_until = (e.held_until > now).then_some(e.held_until);
-        }
-        let gone = matches!(status.state, NodeState::Unreachable | NodeState::Terminated);
-        status.drain = book.drain_status(id, status.jobs.len(), gone, now);
-        (status, book.generation(id))
-    };
+    let record = ctx.state.node_record(id);
+    let held = record.drain_held;
+    let mut status = desired_status(n, load, overlay, record.rejections, held, prev, now);
+    if let Some(e) = record.episodes {
+        status.unhealthy_episodes = i32::try_from(e.count).unwrap_or(i32::MAX);
+        status.held_out_until = (e.held_until > now).then_some(e.held_until);
+    }
+    let gone = matches!(status.state, NodeState::Unreachable | NodeState::Terminated);
+    status.drain = (ctx.state).drain_status(id, status.jobs.len(), gone, now);
+    let generation = ctx.state.node_generation(id);
     status.observed_generation = generation;
     api::kstatus::observe_generation(&mut status.conditions, generation);
     let (standing, reason, message) = node_standing(&status);
@@ -569,18 +558,8 @@ async fn lifecycle_event(ctx: &Context, name: &str, status: &ManagerNodeStatus) 
 /// `NodeUnhealthy` Event on its ManagerNode (the library's `onNodeUnhealthy`).
 pub async fn record_rejection(ctx: &Context, node_id: &str) {
     let now = ctx.clock.now();
-    let became_unhealthy = ctx.with_mirror(|m, s| {
-        let change = s.nodes_mut().record_rejection(node_id, now);
-        if change != automanager_policy::node_health::HealthChange::BecameUnhealthy {
-            return false;
-        }
-        let overlay = NodeOverlay {
-            unhealthy: true,
-            ..s.model().overlay(node_id)
-        };
-        s.model_mut().set_overlay(node_id, overlay, m);
-        true
-    });
+    let became_unhealthy =
+        (ctx.manager.mirror()).read(|m| ctx.state.record_rejection(m, node_id, now));
     if !became_unhealthy {
         return;
     }
@@ -633,14 +612,9 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
         .filter(|id| !id.is_empty())
         .unwrap_or_else(|| node.name_any());
     let cordoned = node.spec.cordoned || node.spec.drain.is_some();
-    let was = ctx.with_mirror(|m, s| {
-        let was = s.model().overlay(&node_id);
-        s.model_mut()
-            .set_overlay(&node_id, NodeOverlay { cordoned, ..was }, m);
-        s.nodes_mut()
-            .set_generation(&node_id, node.metadata.generation);
-        was
-    });
+    let generation = node.metadata.generation;
+    let was =
+        (ctx.manager.mirror()).read(|m| ctx.state.apply_cordon(m, &node_id, cordoned, generation));
     if !ctx.settings.scope.owns_cluster_scope() {
         // The cordon is in the model for placement; its Events and drains are the owner's.
         return Ok(Action::await_change());
@@ -650,7 +624,7 @@ async fn apply(node: &ManagerNode, ctx: &Arc<Context>) -> Result<Action, Error> 
     }
     let Some(drain) = node.spec.drain else {
         super::drain::unheld(ctx, &node_id);
-        ctx.state().nodes_mut().drain_withdrawn(&node_id);
+        ctx.state.drain_withdrawn(&node_id);
         return Ok(Action::await_change());
     };
     if drain.mode == DrainMode::Migrate {
@@ -684,7 +658,7 @@ async fn terminate_drain(
     when_held: api::WhenHeld,
     ctx: &Arc<Context>,
 ) -> Result<Action, Error> {
-    if ctx.state().nodes().is_draining(node_id) {
+    if ctx.state.is_draining(node_id) {
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
     if !ctx.manager_ready() {
@@ -709,9 +683,7 @@ async fn terminate_drain(
         return Ok(Action::requeue(Duration::from_secs(5)));
     }
     let jobs = node.status.as_ref().map_or(0, |s| s.jobs.len());
-    ctx.state()
-        .nodes_mut()
-        .begin_drain(node_id, jobs, ctx.clock.now());
+    ctx.state.begin_drain(node_id, jobs, ctx.clock.now());
     let gone = ctx.manager.mirror().node(node_id).is_none_or(|n| {
         matches!(
             node_state(&n),
