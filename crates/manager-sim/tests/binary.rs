@@ -233,6 +233,20 @@ async fn the_chaos_cli_reaches_a_job_of_the_published_world() {
             .await
             .unwrap();
     }
+    // Both run once the sim's job start delay has passed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (ok, out) = chaos(&url, &["job-history", JOB]);
+        let h: serde_json::Value = serde_json::from_str(out.trim()).unwrap_or_default();
+        if ok && h["running"] == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never both running: {out}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     let (ok, out) = chaos(
         &url,

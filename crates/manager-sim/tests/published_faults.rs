@@ -269,7 +269,26 @@ async fn a_restarted_sim_s_event_stream_shows_the_same_published_world() {
         .start_job(start(JOB, "primary", "n1"))
         .await
         .expect("started");
-    let (before, _) = snapshot(&mut manager).await;
+    // The snapshot to compare is taken once the job runs (after the sim's job start delay).
+    let runs = |events: &[EventStreamEvent]| {
+        events.iter().any(|e| match &e.event {
+            Some(Event::JobActive(a)) => a.job_with_history.as_ref().is_some_and(|j| {
+                j.history_entry
+                    .iter()
+                    .any(|h| matches!(h.history_entry, Some(HistoryEntry::JobRunning(_))))
+            }),
+            _ => false,
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let before = loop {
+        let (events, _) = snapshot(&mut manager).await;
+        if runs(&events) {
+            break events;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job never ran");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     drop((stream, manager));
     sim.shutdown().await;
 

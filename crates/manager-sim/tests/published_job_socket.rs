@@ -118,10 +118,19 @@ async fn a_handover_over_our_extension_goes_through_the_job_socket() {
         .await
         .expect("job stored");
     start_when_up(&mut manager, "src", "primary").await;
-    // The started instance's job is registered on the socket under its normal path.
-    let key = agent
-        .instance_key(JOB, "src")
-        .expect("registered on the socket");
+    // The started instance's job is registered on the socket under its normal path once it
+    // runs (after the sim's job start delay).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let key = loop {
+        if let Some(key) = agent.instance_key(JOB, "src") {
+            break key;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never registered on the socket"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(key.role, "normal");
     let mut watch = ext
         .watch(WatchRequest {})

@@ -92,6 +92,9 @@ struct StoredJob {
     history: Vec<JobHistoryEntry>,
     /// Live instances: role → node.
     instances: BTreeMap<String, String>,
+    /// Instances provisioned and not yet running: role → when they run (`timing.jobStartDelayMs`
+    /// after their start).
+    starting: BTreeMap<String, i64>,
 }
 
 /// An elastic pool as the provider calls see it.
@@ -122,6 +125,9 @@ pub struct PublishedWorld {
     ext: ext::ExtState,
     /// Faults SimAdmin injected, and what the sim saw of each job.
     chaos: chaos::ChaosState,
+    /// How long a started instance takes to run (`timing.jobStartDelayMs`), as our first API's
+    /// world. A migration's target starts at once here.
+    job_start_delay_ms: u64,
 }
 
 fn ts(ms: i64) -> Option<Timestamp> {
@@ -187,7 +193,10 @@ impl PublishedWorld {
     /// The world of `config` at `now_ms`: its elastic pools as offers, its fixed pools' nodes
     /// connected.
     pub fn new(config: &SimConfig, now_ms: i64) -> Self {
-        let mut world = PublishedWorld::default();
+        let mut world = PublishedWorld {
+            job_start_delay_ms: config.timing.job_start_delay_ms,
+            ..PublishedWorld::default()
+        };
         for pool in &config.pools {
             if pool.kind == PoolKind::Cluster {
                 for n in &pool.nodes {
@@ -277,6 +286,11 @@ impl PublishedWorld {
             })
             .flatten()
             .chain(self.chaos.next_reply_ms())
+            .chain(
+                self.jobs
+                    .values()
+                    .flat_map(|s| s.starting.values().copied()),
+            )
             .min()
     }
 
@@ -325,6 +339,7 @@ impl PublishedWorld {
         for id in dying {
             let _ = self.kill_node(&id, now_ms);
         }
+        self.run_due_instances(now_ms);
         self.advance_ext(now_ms);
         self.deliver_replies(now_ms);
     }
@@ -526,7 +541,9 @@ impl PublishedWorld {
                 let mut job = SocketJob::default();
                 for (role, node) in &s.instances {
                     job.live.push(node.clone());
-                    if self.migration_for_target(id, role).is_none() {
+                    if !s.starting.contains_key(role)
+                        && self.migration_for_target(id, role).is_none()
+                    {
                         job.running.push(node.clone());
                     }
                 }
@@ -598,6 +615,7 @@ impl PublishedWorld {
                 timestamp: ts(now_ms),
             }))],
             instances: BTreeMap::new(),
+            starting: BTreeMap::new(),
         };
         self.events.push(ev(Event::JobActive(JobActive {
             job_with_history: Some(with_history(&stored)),
@@ -667,15 +685,75 @@ impl PublishedWorld {
         node: &str,
         now_ms: i64,
     ) -> Result<(), CommandError> {
-        self.start_instance(job, role, node, now_ms).map(|_| ())
+        self.start_instance_after(job, role, node, self.job_start_delay_ms, now_ms)
+            .map(|_| ())
     }
 
-    /// StartJob's work: `Ok(false)` when the node's worker refused the start.
+    /// The instances whose start delay has passed run.
+    fn run_due_instances(&mut self, now_ms: i64) {
+        let due: Vec<(String, String)> = self
+            .jobs
+            .iter()
+            .flat_map(|(id, s)| {
+                s.starting
+                    .iter()
+                    .filter(move |(_, at)| **at <= now_ms)
+                    .map(move |(role, _)| (id.clone(), role.clone()))
+            })
+            .collect();
+        for (job, role) in due {
+            self.instance_runs(&job, &role, now_ms);
+        }
+    }
+
+    /// Instance `role` of `job`, provisioned, runs now: its `JobRunning`.
+    fn instance_runs(&mut self, job: &str, role: &str, now_ms: i64) {
+        let Some(stored) = self.jobs.get_mut(job) else {
+            return;
+        };
+        stored.starting.remove(role);
+        let Some(node) = stored.instances.get(role).cloned() else {
+            return;
+        };
+        let (meta, running) = match self.nodes.get(&node) {
+            Some(n) => (Some(n.meta.clone()), n.running.clone()),
+            None => (None, None),
+        };
+        stored
+            .history
+            .push(entry(HistoryEntry::JobRunning(JobHistoryJobRunning {
+                timestamp: ts(now_ms),
+                role: role.to_owned(),
+                node_metadata: meta,
+                running_node_metadata: running,
+                service_port_mappings: BTreeMap::new(),
+            })));
+        self.events.push(ev(Event::JobUpdated(JobUpdated {
+            job_with_history: Some(with_history(stored)),
+        })));
+        self.note_running(job, now_ms);
+    }
+
+    /// A start that runs at once (a migration's target): `Ok(false)` when the node's worker
+    /// refused it.
     fn start_instance(
         &mut self,
         job: &str,
         role: &str,
         node: &str,
+        now_ms: i64,
+    ) -> Result<bool, CommandError> {
+        self.start_instance_after(job, role, node, 0, now_ms)
+    }
+
+    /// StartJob's work: the instance is provisioned now and runs `delay_ms` later; `Ok(false)`
+    /// when the node's worker refused the start.
+    fn start_instance_after(
+        &mut self,
+        job: &str,
+        role: &str,
+        node: &str,
+        delay_ms: u64,
         now_ms: i64,
     ) -> Result<bool, CommandError> {
         checked_id("role", role)?;
@@ -719,23 +797,24 @@ impl PublishedWorld {
             JobHistoryJobProvisioned {
                 timestamp: ts(now_ms),
                 role: role.to_owned(),
-                node_metadata: Some(meta.clone()),
-                running_node_metadata: running.clone(),
-            },
-        )));
-        stored
-            .history
-            .push(entry(HistoryEntry::JobRunning(JobHistoryJobRunning {
-                timestamp: ts(now_ms),
-                role: role.to_owned(),
                 node_metadata: Some(meta),
                 running_node_metadata: running,
-                service_port_mappings: BTreeMap::new(),
-            })));
-        self.events.push(ev(Event::JobUpdated(JobUpdated {
-            job_with_history: Some(with_history(stored)),
-        })));
+            },
+        )));
+        let at = now_ms.saturating_add(i64::try_from(delay_ms).unwrap_or(i64::MAX));
+        stored.starting.insert(role.to_owned(), at);
+        // A start counts when Manager accepts it, as in our first API's world; the time
+        // without a running instance ends when it runs.
         self.note_start(job, role, node, now_ms);
+        if delay_ms == 0 {
+            self.instance_runs(job, role, now_ms);
+            return Ok(true);
+        }
+        if let Some(stored) = self.jobs.get(job) {
+            self.events.push(ev(Event::JobUpdated(JobUpdated {
+                job_with_history: Some(with_history(stored)),
+            })));
+        }
         Ok(true)
     }
 
@@ -796,6 +875,7 @@ impl PublishedWorld {
         let Some(node) = stored.instances.remove(role) else {
             return;
         };
+        stored.starting.remove(role);
         let meta = self.nodes.get(&node).map(|n| n.meta.clone());
         stored
             .history
@@ -1078,6 +1158,53 @@ mod tests {
         assert_eq!(kinds(&w.take_events()), ["NodeStarted"]);
         w.start_job("j", "primary", "n1", 1_300).expect("started");
         assert_eq!(kinds(&w.take_events()), ["JobUpdated"]);
+    }
+
+    /// The history of role `role` of job `id`, as entry kinds.
+    fn steps(w: &PublishedWorld, id: &str, role: &str) -> Vec<&'static str> {
+        w.jobs[id]
+            .history
+            .iter()
+            .filter_map(|e| match e.history_entry.as_ref()? {
+                HistoryEntry::JobProvisioned(p) if p.role == role => Some("provisioned"),
+                HistoryEntry::JobRunning(r) if r.role == role => Some("running"),
+                HistoryEntry::JobStopping(s) if s.role == role => Some("stopping"),
+                HistoryEntry::JobStopped(s) if s.role == role => Some("stopped"),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_started_job_runs_after_the_start_delay_and_a_stop_meanwhile_ends_it() {
+        let mut config = SimConfig::demo();
+        config.timing.job_start_delay_ms = 20;
+        let mut w = PublishedWorld::new(&config, 1_000);
+        w.create_aws_node(&aws("n1"), 1_000).expect("created");
+        w.advance(1_200);
+        w.create_job(job("j"), 1_200).expect("stored");
+        w.create_job(job("k"), 1_200).expect("stored");
+        w.take_events();
+        w.start_job("j", "primary", "n1", 1_300).expect("started");
+        assert_eq!(steps(&w, "j", "primary"), ["provisioned"]);
+        assert_eq!(w.next_due_ms(), Some(1_320));
+        let (socket_jobs, _) = w.socket_view();
+        assert!(socket_jobs["j"].running.is_empty(), "not running yet");
+        w.advance(1_319);
+        assert!(w.take_events().len() == 1, "only the start's own update");
+        w.advance(1_320);
+        assert_eq!(kinds(&w.take_events()), ["JobUpdated"]);
+        assert_eq!(steps(&w, "j", "primary"), ["provisioned", "running"]);
+        assert_eq!(w.next_due_ms(), None);
+        // A stop before the instance runs ends it; it never runs later.
+        w.start_job("k", "primary", "n1", 1_400).expect("started");
+        w.stop_job("k", "primary", "n1", 1_405).expect("stopped");
+        w.advance(1_500);
+        assert_eq!(
+            steps(&w, "k", "primary"),
+            ["provisioned", "stopping", "stopped"]
+        );
+        assert_eq!(w.next_due_ms(), None);
     }
 
     #[test]

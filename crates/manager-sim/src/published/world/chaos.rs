@@ -514,10 +514,9 @@ impl PublishedWorld {
     }
 
     pub(super) fn note_running(&mut self, job: &str, now_ms: i64) {
-        let running = self
-            .jobs
-            .get(job)
-            .map_or(0, |s| u32::try_from(s.instances.len()).unwrap_or(u32::MAX));
+        let running = self.jobs.get(job).map_or(0, |s| {
+            u32::try_from(s.instances.len().saturating_sub(s.starting.len())).unwrap_or(u32::MAX)
+        });
         if let Some(r) = self.chaos.records.get_mut(job) {
             r.note_running(running, now_ms);
         }
@@ -540,8 +539,12 @@ mod tests {
     use crate::config::SimConfig;
     use crate::published::world::tests_kinds as kinds;
 
+    /// The demo's world with jobs that run as soon as they start, so each fault's timing is
+    /// the test's own (the start delay has its test in `world`).
     fn world() -> PublishedWorld {
-        PublishedWorld::new(&SimConfig::demo(), 0)
+        let mut config = SimConfig::demo();
+        config.timing.job_start_delay_ms = 0;
+        PublishedWorld::new(&config, 0)
     }
 
     /// An aws node `id` in `zone`, created at 0 and running from 1 000.

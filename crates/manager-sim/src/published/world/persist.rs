@@ -68,6 +68,9 @@ struct SavedJob {
     history: Vec<String>,
     /// Live instances: role → node.
     instances: BTreeMap<String, String>,
+    /// Those not yet running: role → when they run.
+    #[serde(default)]
+    starting: BTreeMap<String, i64>,
 }
 
 fn hex(m: &impl Message) -> String {
@@ -126,6 +129,7 @@ impl PublishedWorld {
                     job: hex(&s.job),
                     history: s.history.iter().map(hex).collect(),
                     instances: s.instances.clone(),
+                    starting: s.starting.clone(),
                 })
                 .collect(),
             hashes: self.hashes,
@@ -186,6 +190,7 @@ impl PublishedWorld {
                     job,
                     history,
                     instances: j.instances,
+                    starting: j.starting,
                 },
             );
         }
@@ -303,6 +308,7 @@ mod tests {
             job: "zz".to_owned(),
             history: Vec::new(),
             instances: BTreeMap::new(),
+            starting: BTreeMap::new(),
         });
         let err = PublishedWorld::restore(&config, saved, 0).expect_err("refused");
         assert!(err.contains("a job"), "{err}");
