@@ -55,6 +55,15 @@ async fn start_with_pair(name: &str) -> (Stack, Monitor, MaxSampler) {
     (stack, monitor, sampler)
 }
 
+/// When a drained node's work ended: Manager's stop of the node (`stoppedAt`), or, for a node
+/// Manager leaves up to its owner (a physical node over the published API), its drain's
+/// completion, once our last job on it was gone.
+fn work_ended_at(n: &ManagerNode) -> Option<DateTime<Utc>> {
+    let s = n.status.as_ref()?;
+    s.stopped_at
+        .or_else(|| s.drain.as_ref().and_then(|d| d.completed_at))
+}
+
 /// Cordons onprem-a2, runs the pair bundle (its replicas land on onprem-a1 and onprem-b1,
 /// different nodes being a hard rule), then makes new nodes slow to start.
 async fn pair_on_a1_and_b1(stack: &Stack, name: &str) {
@@ -125,10 +134,7 @@ async fn draining_both_nodes_of_a_pair_moves_one_replica_at_a_time() {
                 let message = n.condition_message("DisruptionBlocked").unwrap_or_default();
                 node_blocked.get_or_insert_with(|| message.to_owned());
             }
-            done &= n.status.as_ref().is_some_and(|s| {
-                s.drain.as_ref().is_some_and(|d| d.completed_at.is_some())
-                    && s.state != NodeState::Started
-            });
+            done &= automanager_e2e::scenario::drained(&n);
         }
         if done {
             break;
@@ -234,15 +240,11 @@ async fn a_terminate_drain_waits_until_the_other_replica_is_back() {
         .values()
         .find_map(|m| m.entered(Completed))
         .expect("the first move completed");
-    let stopped = b1
-        .status
-        .as_ref()
-        .and_then(|s| s.stopped_at)
-        .expect("stoppedAt");
+    let stopped = work_ended_at(&b1).expect("stoppedAt, or the drain's completion");
     // stoppedAt is Manager's clock in whole seconds at worst.
     assert!(
         stopped + chrono::TimeDelta::seconds(1) >= completed,
-        "onprem-b1 stopped at {stopped}, before the other replica's move completed at {completed}"
+        "onprem-b1's work ended at {stopped}, before the other replica's move completed at {completed}"
     );
     assert_eq!(
         b1.condition_status("DisruptionBlocked"),
