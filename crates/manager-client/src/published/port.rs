@@ -901,7 +901,13 @@ fn least_used_zone(model: &Model, pool: &str, zones: &[String]) -> String {
 
 fn rebuild_bundle(model: &Model, bundle_id: &str) -> Option<Bundle> {
     let empty = BTreeMap::new();
-    bundle_from_jobs(
+    let stored: BTreeSet<(u32, String)> = model
+        .jobs
+        .values()
+        .filter(|j| j.bundle_id == bundle_id)
+        .map(|j| (j.replica, j.job_name.clone()))
+        .collect();
+    let mut bundle = bundle_from_jobs(
         bundle_id,
         model
             .jobs
@@ -917,7 +923,11 @@ fn rebuild_bundle(model: &Model, bundle_id: &str) -> Option<Bundle> {
                         .map_or(&[][..], Vec::as_slice),
                 )
             }),
-    )
+    )?;
+    // Only the replicas Manager holds whole: a half-done registration reads as not done, so it
+    // is asked again.
+    bundle.replicas = translate::whole_replicas(&bundle, &stored);
+    Some(bundle)
 }
 
 /// One Watch stream's task: the snapshot, then the changes, until the published stream drops

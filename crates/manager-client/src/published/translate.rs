@@ -383,6 +383,22 @@ pub fn bundle_from_jobs<'a>(
     })
 }
 
+/// How many replicas of `bundle` Manager holds whole, counting from replica 0: each with every
+/// job name of the bundle in `stored` (replica, job name). The published API stores one job per
+/// call, so a registration cut off half-way (Manager unreachable between two calls) leaves a
+/// replica with some of its jobs only; counting it whole would make the rebuilt bundle equal to
+/// what was asked, and the missing jobs would never be asked for again.
+pub fn whole_replicas(bundle: &Bundle, stored: &std::collections::BTreeSet<(u32, String)>) -> u32 {
+    (0..bundle.replicas)
+        .take_while(|r| {
+            bundle
+                .jobs
+                .iter()
+                .all(|j| stored.contains(&(*r, j.job_name.clone())))
+        })
+        .count() as u32
+}
+
 /// The definition part of a stored job, encoded as the port carries a bundle job's template
 /// (`BundleJob.template`): everything but what the port stamps in (id, tags, description,
 /// configuration) and what Manager adds (hash, state, start time). Empty for a job stored
@@ -522,6 +538,27 @@ mod tests {
         let rebuilt = bundle_from_jobs("news", [(&job, &tags, &[][..])]).expect("a bundle");
         assert_eq!(rebuilt.replicas, 2);
         assert_eq!(rebuilt.jobs, b.jobs);
+    }
+
+    #[test]
+    fn a_replica_missing_one_of_its_jobs_is_not_whole() {
+        let mut b = bundle();
+        let mut second = b.jobs[0].clone();
+        second.job_name = "package".to_owned();
+        b.jobs.push(second);
+        let all: std::collections::BTreeSet<(u32, String)> = (0..b.replicas)
+            .flat_map(|r| b.jobs.iter().map(move |j| (r, j.job_name.clone())))
+            .collect();
+        assert_eq!(whole_replicas(&b, &all), b.replicas);
+        // Cut off after the first job of the last replica: that replica is not whole.
+        let last = b.replicas - 1;
+        let mut cut = all.clone();
+        cut.retain(|(r, name)| *r < last || *name == b.jobs[0].job_name);
+        assert_eq!(whole_replicas(&b, &cut), last);
+        // A replica missing before a whole one: only those before the gap count.
+        let mut gap = all;
+        gap.retain(|(r, _)| *r != 0);
+        assert_eq!(whole_replicas(&b, &gap), 0);
     }
 
     #[test]
