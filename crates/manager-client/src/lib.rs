@@ -102,3 +102,7 @@ pub use client::{
 pub use manager_proto as proto;
 pub use mirror::{Mirror, MirrorChange, MirrorState, SnapshotData};
 pub use port::{GrpcPort, InProcess, ManagerFeatures, ManagerPort, WatchStream};
+
+/// How a port's refusal to terminate a node begins when jobs of another client of the same
+/// Manager run on it (a `FAILED_PRECONDITION`): a drain waits for them rather than end them.
+pub const OTHER_CLIENTS_JOBS: &str = "jobs of another client run on the node";

@@ -247,6 +247,52 @@ async fn the_operator_s_client_runs_over_the_published_api() {
     let left = published.with_mirror(|m| m.jobs.keys().cloned().collect::<Vec<_>>());
     assert_eq!(left, ["news/1/encode"], "the foreign job is untouched");
 
+    // Another client's instance on a node we made: the terminate is refused, naming it, and
+    // neither the node nor that instance is touched.
+    published
+        .start_job("news/1/encode", "primary", "automanager-key-1")
+        .await
+        .expect("the other client's start");
+    let foreign_live = || {
+        published.with_mirror(|m| {
+            m.jobs
+                .get("news/1/encode")
+                .is_some_and(|v| v.live_instances().any(|i| i.node_id == "automanager-key-1"))
+        })
+    };
+    tokio::time::timeout(WAIT, async {
+        while !foreign_live() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the other client's instance in the mirror");
+    let refused = client.terminate_node("automanager-key-1").await;
+    assert!(
+        matches!(&refused, Err(ClientError::FailedPrecondition(m))
+            if m.contains(manager_client::OTHER_CLIENTS_JOBS) && m.ends_with("runs news/1/encode")),
+        "{refused:?}"
+    );
+    assert!(foreign_live(), "the other client's instance still runs");
+    assert!(
+        client.mirror().read(|m| m
+            .nodes
+            .get("automanager-key-1")
+            .is_some_and(|n| n.state == NodeState::Started as i32)),
+        "the node is still up"
+    );
+    published
+        .stop_job("news/1/encode", "primary", "automanager-key-1")
+        .await
+        .expect("the other client's stop");
+    tokio::time::timeout(WAIT, async {
+        while foreign_live() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the other client's instance gone");
+
     client
         .terminate_node("automanager-key-1")
         .await

@@ -304,6 +304,17 @@ impl PublishedPort {
             self.stop_ours_on(&req.node_id).await?;
             return Ok(TerminateNodeResponse { node: Some(node) });
         }
+        // Another client's instance on a node we made is not ours to end: the published
+        // model leaves other clients' jobs out, so the refusal is the operator's only sight of it.
+        let others = self.others_on(&req.node_id);
+        if !others.is_empty() {
+            return Err(Status::failed_precondition(format!(
+                "{}: node {} runs {}",
+                crate::OTHER_CLIENTS_JOBS,
+                req.node_id,
+                others.join(", ")
+            )));
+        }
         match self.client.terminate_node(&req.node_id).await {
             Ok(()) | Err(crate::ClientError::NotFound(_)) => {}
             Err(e) => return Err(status_of(e)),
@@ -311,6 +322,21 @@ impl PublishedPort {
         Ok(TerminateNodeResponse {
             node: Some(gone_node(node)),
         })
+    }
+
+    /// The jobs not this installation's with a live instance on `node_id`, in id order.
+    fn others_on(&self, node_id: &str) -> Vec<String> {
+        let mut others: Vec<String> = self.client.with_mirror(|m| {
+            m.jobs
+                .values()
+                .filter(|v| !tags::owned_by(v.tags(), &self.owner))
+                .filter(|v| v.live_instances().any(|i| i.node_id == node_id))
+                .map(|v| v.job_id().to_owned())
+                .collect()
+        });
+        others.sort();
+        others.dedup();
+        others
     }
 
     /// Stops every live instance of our jobs on `node_id`, each handed to recovery.

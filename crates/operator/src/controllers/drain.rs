@@ -573,6 +573,17 @@ async fn terminate(
 ) -> Result<(), Error> {
     let left = match ctx.manager.terminate_node(node_id).await {
         Ok(n) => left_up(ctx, node_id, &n),
+        // Over the published API other clients' jobs are out of the operator's view: Manager's
+        // port refuses the terminate and names them, and the drain waits as it does for those
+        // it sees.
+        Err(ClientError::FailedPrecondition(m))
+            if m.contains(manager_client::OTHER_CLIENTS_JOBS) =>
+        {
+            let named = m.rsplit(" runs ").next().unwrap_or_default();
+            let foreign: Vec<String> = named.split(", ").map(str::to_owned).collect();
+            waits_for_others(ctx, node, node_id, &foreign).await;
+            return Ok(());
+        }
         // Already on its way out (the mirror has not shown it yet): said once already.
         Err(ClientError::NotFound(_) | ClientError::FailedPrecondition(_)) => return Ok(()),
         Err(e) => return Err(e.into()),
