@@ -164,9 +164,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         ..prev.clone()
     };
     if plan::is_terminal(prev.phase) {
-        ctx.state()
-            .wake_mut()
-            .set_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
+        (ctx.state).track_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
         super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
         api::kstatus::observe_generation(&mut status.conditions, mig.metadata.generation);
         write_status(ctx, mig, &prev, status).await?;
@@ -368,7 +366,7 @@ impl<'a> Run<'a> {
         let (ns, name) = ns_name(mig)?;
         let (job_id, migration_id) = ids(ctx, mig, &ns, &status);
         // Manager's changes to this migration and its job wake this object (and only it).
-        ctx.state().wake_mut().set_migration(
+        ctx.state.track_migration(
             &kube::runtime::reflector::ObjectRef::from(mig),
             Some((migration_id.clone(), job_id.clone())),
         );

@@ -180,6 +180,16 @@ impl State {
         }
     }
 
+    /// Manager's changes to migration `ids` (Manager's migration id, the job's id) wake
+    /// `migration`; `None`: nothing does any more.
+    pub fn track_migration(
+        &self,
+        migration: &ObjectRef<automanager_api::Migration>,
+        ids: Option<(String, String)>,
+    ) {
+        self.lock().wake_mut().set_migration(migration, ids);
+    }
+
     // -- bundles --
 
     /// Records whether a bundle is Broken; the count of Broken bundles when it changed.

@@ -62,7 +62,7 @@ pub(super) async fn create_followers(
         let Some((job_id, _)) = running.get(&name) else {
             continue;
         };
-        if ctx.state().wake().migration_of_job(job_id).is_some() {
+        if ctx.state.migration_moves_job(job_id) {
             continue;
         }
         let follower = follower(mig, &name, job_id, target);

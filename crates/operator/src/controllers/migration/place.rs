@@ -49,22 +49,13 @@ impl Run<'_> {
         };
         // A pool whose object exists but is not loaded yet (operator start-up) is no reason to
         // abort, as for a Bundle: wait for it. A pool that does not exist still aborts.
-        let unknown: Vec<String> = {
-            let state = self.ctx.state();
-            let engine = state.model().engine();
-            request
-                .pools
-                .iter()
-                .filter(|p| engine.pool_spec(p).is_none())
-                .cloned()
-                .collect()
-        };
+        let unknown = self.ctx.state.pools_unknown(&request.pools);
         if crate::controllers::pool_not_loaded_yet(self.ctx, &unknown).await? {
             tracing::debug!(pools = ?unknown, "a pool of the job is not loaded yet; the target waits");
             return Ok(TargetChoice::Wait);
         }
         let now = now_ms(self.ctx.clock.now());
-        let decision = self.ctx.state().model().place(&request, now);
+        let decision = self.ctx.state.place(&request, now);
         self.target_from(decision).await
     }
 
