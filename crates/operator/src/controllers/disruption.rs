@@ -27,7 +27,7 @@ use manager_proto as proto;
 use super::{Context, Error};
 use crate::mapping;
 use crate::settings::BandCalendars;
-use crate::state::{AdmittedMigration, HeldMove, HoldNews, OperatorState};
+use crate::state::{Admit, AdmittedMigration, Disruptions, HeldMove, HoldNews, PastBound};
 
 /// What a bundle's budget needs: its replicas, budget and job names.
 #[derive(Debug, Clone)]
@@ -154,12 +154,13 @@ impl Fleet {
             .collect();
         wanted.extend(extra.iter().cloned());
         // The bundles of nodes being terminated and of Migrations admitted, in one look.
-        wanted.extend(ctx.with_mirror(|m, s| {
-            let book = s.disruptions();
-            (book.terminating())
-                .flat_map(|node| m.jobs_on(node).map(|j| j.bundle_id.clone()))
-                .chain(book.admitted().map(|(_, a)| a.bundle_id.clone()))
-                .collect::<Vec<_>>()
+        wanted.extend(ctx.manager.mirror().read(|m| {
+            ctx.state.read_disruptions(|book| {
+                (book.terminating())
+                    .flat_map(|node| m.jobs_on(node).map(|j| j.bundle_id.clone()))
+                    .chain(book.admitted().map(|(_, a)| a.bundle_id.clone()))
+                    .collect::<Vec<_>>()
+            })
         }));
         wanted.sort();
         wanted.dedup();
@@ -182,9 +183,8 @@ impl Fleet {
 
     /// The Migrations running now: those past `Pending` and not ended, by the list, and those
     /// this process admitted that the list does not show yet.
-    fn running(&self, state: &OperatorState) -> BTreeMap<String, AdmittedMigration> {
-        let mut out: BTreeMap<String, AdmittedMigration> = state
-            .disruptions()
+    fn running(&self, book: &Disruptions) -> BTreeMap<String, AdmittedMigration> {
+        let mut out: BTreeMap<String, AdmittedMigration> = book
             .admitted()
             .map(|(k, a)| (k.clone(), a.clone()))
             .collect();
@@ -284,7 +284,7 @@ impl Fleet {
     fn ledger(
         &self,
         mirror: &MirrorState,
-        state: &OperatorState,
+        book: &Disruptions,
         running: &BTreeMap<String, AdmittedMigration>,
     ) -> Ledger<String> {
         let mut ledger = Ledger::new();
@@ -303,10 +303,9 @@ impl Fleet {
                         .any(|a| a.bundle_id == *id && a.replica == r)
                         || f.jobs.iter().any(|name| {
                             mirror.job_of(id, r, name).is_some_and(|j| {
-                                j.instances.iter().any(|i| {
-                                    i.holds_capacity()
-                                        && state.disruptions().is_terminating(&i.node_id)
-                                })
+                                j.instances
+                                    .iter()
+                                    .any(|i| i.holds_capacity() && book.is_terminating(&i.node_id))
                             })
                         }),
                 })
@@ -337,9 +336,11 @@ pub(crate) async fn budget_ledger(
     bundles: &[String],
 ) -> Result<Ledger<String>, Error> {
     let fleet = Fleet::gather(ctx, bundles).await?;
-    Ok(ctx.with_mirror(|mirror, state| {
-        let running = fleet.running(state);
-        fleet.ledger(mirror, state, &running)
+    Ok(ctx.manager.mirror().read(|mirror| {
+        ctx.state.read_disruptions(|book| {
+            let running = fleet.running(book);
+            fleet.ledger(mirror, book, &running)
+        })
     }))
 }
 
@@ -390,7 +391,7 @@ fn group_wait(
         .groups
         .get(&mig.spec.job.job_name)?;
     let replica = u32::try_from(mig.spec.job.replica).unwrap_or(0);
-    let running = fleet.running(&ctx.state());
+    let running = ctx.state.read_disruptions(|book| fleet.running(book));
     if running.contains_key(me) {
         return None;
     }
@@ -436,7 +437,7 @@ fn window_wait(
         reason,
         ctx.clock.now(),
     )?;
-    if fleet.running(&ctx.state()).contains_key(me) {
+    if (ctx.state).read_disruptions(|book| fleet.running(book).contains_key(me)) {
         return None;
     }
     Some(Admission::Wait {
@@ -463,56 +464,72 @@ fn queue_answer(
     me: &String,
 ) -> (Admission<String>, usize) {
     let now = ctx.clock.now();
-    ctx.with_mirror(|mirror, state| {
-        let running = fleet.running(state);
-        if running.contains_key(me) {
-            // Admitted already (a status write that did not land): it keeps its slot.
-            return (Admission::Begin, 0);
-        }
-        let mut ledger = fleet.ledger(mirror, state, &running);
-        let held: Vec<queue::Running> = running
-            .values()
-            .map(|a| queue::Running {
-                source_node: a.source_node.clone(),
-                target_node: a.target_node.clone(),
-            })
-            .collect();
-        let mut waiting: Vec<queue::Waiting<String>> = fleet
-            .migrations
-            .iter()
-            .filter(|m| waits(m))
-            .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != *me)
-            .map(|m| waiting_entry(mirror, m, None, now))
-            .collect();
-        waiting.push(waiting_entry(mirror, mig, Some(source), now));
-        let answers = queue::admit(&held, &waiting, ctx.settings.migration_limits, &mut ledger);
-        let queued = answers
-            .iter()
-            .filter(|(_, a)| matches!(a, Admission::Wait { .. }))
-            .count();
-        let mine = answers
-            .into_iter()
-            .find(|(k, _)| k == me)
-            .map(|(_, a)| a)
-            .unwrap_or(Admission::Begin);
-        if mine == Admission::Begin {
-            let job = &mig.spec.job;
-            state.disruptions_mut().admit(
-                me.clone(),
-                AdmittedMigration {
-                    bundle_id: mapping::bundle_id(
-                        &mig.namespace().unwrap_or_default(),
-                        &job.bundle,
-                    ),
-                    replica: u32::try_from(job.replica).unwrap_or(0),
-                    job_name: job.job_name.clone(),
-                    source_node: source.to_owned(),
-                    target_node: mig.spec.target_node.clone(),
-                },
-            );
-        }
-        (mine, queued)
+    ctx.manager.mirror().read(|mirror| {
+        ctx.state.decide_disruption(|book| {
+            queue_decision(ctx, fleet, mig, source, me, mirror, book, now)
+        })
     })
+}
+
+/// [`queue_answer`] under the state's lock: the answer, and the admission to record.
+#[allow(clippy::too_many_arguments)]
+fn queue_decision(
+    ctx: &Context,
+    fleet: &Fleet,
+    mig: &Migration,
+    source: &str,
+    me: &String,
+    mirror: &MirrorState,
+    book: &Disruptions,
+    now: DateTime<Utc>,
+) -> ((Admission<String>, usize), Admit) {
+    let running = fleet.running(book);
+    if running.contains_key(me) {
+        // Admitted already (a status write that did not land): it keeps its slot.
+        return ((Admission::Begin, 0), Admit::Nothing);
+    }
+    let mut ledger = fleet.ledger(mirror, book, &running);
+    let held: Vec<queue::Running> = running
+        .values()
+        .map(|a| queue::Running {
+            source_node: a.source_node.clone(),
+            target_node: a.target_node.clone(),
+        })
+        .collect();
+    let mut waiting: Vec<queue::Waiting<String>> = fleet
+        .migrations
+        .iter()
+        .filter(|m| waits(m))
+        .filter(|m| key(&m.namespace().unwrap_or_default(), &m.name_any()) != *me)
+        .map(|m| waiting_entry(mirror, m, None, now))
+        .collect();
+    waiting.push(waiting_entry(mirror, mig, Some(source), now));
+    let answers = queue::admit(&held, &waiting, ctx.settings.migration_limits, &mut ledger);
+    let queued = answers
+        .iter()
+        .filter(|(_, a)| matches!(a, Admission::Wait { .. }))
+        .count();
+    let mine = answers
+        .into_iter()
+        .find(|(k, _)| k == me)
+        .map(|(_, a)| a)
+        .unwrap_or(Admission::Begin);
+    let admit = if mine == Admission::Begin {
+        let job = &mig.spec.job;
+        Admit::Migration(
+            me.clone(),
+            AdmittedMigration {
+                bundle_id: mapping::bundle_id(&mig.namespace().unwrap_or_default(), &job.bundle),
+                replica: u32::try_from(job.replica).unwrap_or(0),
+                job_name: job.job_name.clone(),
+                source_node: source.to_owned(),
+                target_node: mig.spec.target_node.clone(),
+            },
+        )
+    } else {
+        Admit::Nothing
+    };
+    ((mine, queued), admit)
 }
 
 fn waiting_entry(
@@ -560,10 +577,10 @@ fn waiting_entry(
 
 /// A Migration ended or went away: it holds no slot and takes no replica down any more.
 pub(crate) fn forget_migration(ctx: &Context, ns: &str, name: &str) {
-    ctx.state()
-        .disruptions_mut()
-        .forget_migration(&key(ns, name));
-    release_hold(ctx, &held_migration(ns, name));
+    let past = (ctx.state).forget_migration(&key(ns, name), &held_migration(ns, name));
+    if let Some(past) = past {
+        ctx.metrics.set_held_moves(held_counts(past));
+    }
 }
 
 /// The hold book's key of a Migration.
@@ -775,63 +792,85 @@ pub(crate) async fn node_terminate_hold(
     let bundles: Vec<String> = on_node.iter().map(|(b, _)| b.clone()).collect();
     let fleet = Fleet::gather(ctx, &bundles).await?;
     let now = ctx.clock.now();
-    Ok(ctx.with_mirror(|mirror, state| {
-        if state.disruptions().is_terminating(node_id) {
-            return Ok(());
-        }
-        let mut held: Vec<(&String, WindowHold)> = on_node
-            .iter()
-            .filter_map(|(b, job)| {
-                fleet
-                    .window_hold(&ctx.settings.band_calendars, b, job, reason, now)
-                    .map(|h| (b, h))
-            })
-            .collect();
-        // The hold that lasts longest is the one the node waits for.
-        held.sort_by_key(|(_, h)| std::cmp::Reverse(h.until));
-        if let Some((bundle, hold)) = held.first() {
-            let shown = shown_bundle(bundle);
-            let message = format!(
-                "{}; terminating node {node_id} would move its jobs",
-                window_message(&shown, reason, hold)
-            );
-            let bands = &ctx.settings.band_calendars;
-            let window = fleet.opening_window(bands, bundle, reason, hold);
-            return Err(Box::new(window_hold_record(
-                &shown, hold, window, message, now,
-            )));
-        }
-        let running = fleet.running(state);
-        let mut ledger = fleet.ledger(mirror, state, &running);
-        let wanted: Vec<(String, u32)> = mirror
-            .jobs_on(node_id)
-            .filter(|j| {
-                j.instances
-                    .iter()
-                    .any(|i| i.node_id == node_id && i.holds_capacity())
-            })
-            .map(|j| (j.bundle_id.clone(), j.replica))
-            .collect();
-        match ledger.take_all(&wanted) {
-            Ok(()) => {
-                state.disruptions_mut().allow_terminate(node_id);
-                Ok(())
-            }
-            Err((bundle, verdict)) => {
-                let down = match verdict {
-                    disruption::Verdict::Blocked {
-                        down,
-                        max_unavailable,
-                    } => (down, max_unavailable),
-                    disruption::Verdict::Allowed => (Vec::new(), 0),
-                };
-                let shown = shown_bundle(&bundle);
-                let broken = fleet.is_broken(&bundle);
-                let message = terminate_budget_message(&shown, broken, &down.0, down.1, node_id);
-                Err(Box::new(budget_hold_record(&shown, broken, message, now)))
-            }
-        }
+    // Allowed: the node is recorded as being terminated before the lock is released.
+    Ok(ctx.manager.mirror().read(|mirror| {
+        ctx.state.decide_disruption(|book| {
+            let answer =
+                terminate_answer(ctx, &fleet, &on_node, node_id, reason, mirror, book, now);
+            let admit = match answer {
+                Ok(()) => Admit::Terminate(node_id.to_owned()),
+                Err(_) => Admit::Nothing,
+            };
+            (answer, admit)
+        })
     }))
+}
+
+/// [`node_terminate_hold`]'s answer under the state's lock: `Ok` when the node may be
+/// terminated (or is being terminated already), else the hold.
+#[allow(clippy::too_many_arguments)]
+fn terminate_answer(
+    ctx: &Context,
+    fleet: &Fleet,
+    on_node: &[(String, String)],
+    node_id: &str,
+    reason: VoluntaryReason,
+    mirror: &MirrorState,
+    book: &Disruptions,
+    now: DateTime<Utc>,
+) -> Result<(), Box<api::Hold>> {
+    if book.is_terminating(node_id) {
+        return Ok(());
+    }
+    let mut held: Vec<(&String, WindowHold)> = on_node
+        .iter()
+        .filter_map(|(b, job)| {
+            fleet
+                .window_hold(&ctx.settings.band_calendars, b, job, reason, now)
+                .map(|h| (b, h))
+        })
+        .collect();
+    // The hold that lasts longest is the one the node waits for.
+    held.sort_by_key(|(_, h)| std::cmp::Reverse(h.until));
+    if let Some((bundle, hold)) = held.first() {
+        let shown = shown_bundle(bundle);
+        let message = format!(
+            "{}; terminating node {node_id} would move its jobs",
+            window_message(&shown, reason, hold)
+        );
+        let bands = &ctx.settings.band_calendars;
+        let window = fleet.opening_window(bands, bundle, reason, hold);
+        return Err(Box::new(window_hold_record(
+            &shown, hold, window, message, now,
+        )));
+    }
+    let running = fleet.running(book);
+    let mut ledger = fleet.ledger(mirror, book, &running);
+    let wanted: Vec<(String, u32)> = mirror
+        .jobs_on(node_id)
+        .filter(|j| {
+            j.instances
+                .iter()
+                .any(|i| i.node_id == node_id && i.holds_capacity())
+        })
+        .map(|j| (j.bundle_id.clone(), j.replica))
+        .collect();
+    match ledger.take_all(&wanted) {
+        Ok(()) => Ok(()),
+        Err((bundle, verdict)) => {
+            let down = match verdict {
+                disruption::Verdict::Blocked {
+                    down,
+                    max_unavailable,
+                } => (down, max_unavailable),
+                disruption::Verdict::Allowed => (Vec::new(), 0),
+            };
+            let shown = shown_bundle(&bundle);
+            let broken = fleet.is_broken(&bundle);
+            let message = terminate_budget_message(&shown, broken, &down.0, down.1, node_id);
+            Err(Box::new(budget_hold_record(&shown, broken, message, now)))
+        }
+    }
 }
 
 /// Why a budget (or a Broken bundle) holds the terminate of `node_id`: `down` are the bundle's
@@ -989,13 +1028,8 @@ where
         HeldMove::Drain(_) => ("Drain", "drain"),
         HeldMove::Migration(_) => ("Queue", "migration"),
     };
-    let news = {
-        let mut state = ctx.state();
-        let book = state.disruptions_mut();
-        let news = book.hold(what, hold, recorded, ctx.clock.now(), bound);
-        ctx.metrics.set_held_moves(held_counts(book));
-        news
-    };
+    let (news, past) = (ctx.state).hold_move(what, hold, recorded, ctx.clock.now(), bound);
+    ctx.metrics.set_held_moves(held_counts(past));
     let h = &news.hold;
     if news.new_holder {
         tracing::info!(action, holder = %h.holder, reason = h.kind.as_str(), "voluntary move held");
@@ -1031,27 +1065,22 @@ where
 
 /// `what` is no longer held: its hold is forgotten and the metric updated.
 pub(crate) fn release_hold(ctx: &Context, what: &HeldMove) -> bool {
-    let mut state = ctx.state();
-    let book = state.disruptions_mut();
-    let released = book.release(what);
-    if released {
-        ctx.metrics.set_held_moves(held_counts(book));
-    }
-    released
+    let Some(past) = ctx.state.release_move(what) else {
+        return false;
+    };
+    ctx.metrics.set_held_moves(held_counts(past));
+    true
 }
 
 /// A held drain went ahead (`whenHeld: Proceed`): its hold, marked, and the metric updated.
 pub(crate) fn proceed_held(ctx: &Context, what: &HeldMove) -> Option<api::Hold> {
-    let mut state = ctx.state();
-    let book = state.disruptions_mut();
-    let hold = book.proceed(what, ctx.clock.now());
-    ctx.metrics.set_held_moves(held_counts(book));
+    let (hold, past) = ctx.state.proceed_move(what, ctx.clock.now());
+    ctx.metrics.set_held_moves(held_counts(past));
     hold
 }
 
-fn held_counts(book: &crate::state::Disruptions) -> Vec<(&'static str, &'static str, usize)> {
-    book.past_bound()
-        .into_iter()
+fn held_counts(past: PastBound) -> Vec<(&'static str, &'static str, usize)> {
+    past.into_iter()
         .map(|((kind, reason), n)| (kind, reason.as_str(), n))
         .collect()
 }

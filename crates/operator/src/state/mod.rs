@@ -36,6 +36,7 @@ use crate::settings::Settings;
 
 mod asks;
 mod bundles;
+mod disruption_rules;
 mod disruptions;
 mod node_rules;
 mod nodes;
@@ -46,6 +47,7 @@ mod wake;
 
 pub use asks::{Keyed, NodeAsk, NotKeyed};
 pub use bundles::{BundleBook, HistoryKnown, KnownReplica};
+pub use disruption_rules::{Admit, PastBound};
 pub use disruptions::{AdmittedMigration, Disruptions, HeldMove, HoldNews};
 pub use node_rules::NodeRecord;
 pub use nodes::{DrainProgress, NodeBook};
