@@ -9,7 +9,8 @@
 //!   Bundle is Broken (the restart ceiling, waiting for the retry annotation), its spec is
 //!   invalid (Stalled, reason `InvalidSpec`: it never could run) or the job is `dropped` (a
 //!   bronze job, recorded in its status);
-//! - **overcapacity**: a node whose capacity-holding instances exceed its capacity or cores;
+//! - **overcapacity**: a running node whose capacity-holding instances exceed its capacity or
+//!   cores;
 //! - **orphans**: a bundle registered in Manager under one of the operator's ids whose Bundle
 //!   object is gone; a job with a live instance that no Bundle's spec asks for; a node the
 //!   operator created (its tags name the owner) for a Bundle or HotSpareTarget that is gone,
@@ -304,7 +305,10 @@ pub fn check_manager(world: &World) -> Violations {
             u.1 += i64::from(cores);
         }
     }
-    for n in world.nodes.iter().filter(|n| !n.terminated) {
+    // Only a running node has capacity to exceed. A node Manager stopped hearing from reports
+    // none while its instances' own stops are still on their way (the published API sends
+    // the node's stop first), and no placement lands on a node that does not run.
+    for n in world.nodes.iter().filter(|n| n.started && !n.terminated) {
         let (capacity, cores) = used.get(n.id.as_str()).copied().unwrap_or_default();
         if capacity > n.capacity + CAPACITY_EPSILON || cores > i64::from(n.cores) {
             v.overcapacity.insert(format!(
@@ -1585,6 +1589,11 @@ mod tests {
         let mut w = healthy();
         w.nodes[1].cores = 0;
         assert_eq!(check(&w).overcapacity.len(), 1);
+        // The same node once Manager stopped hearing from it: no capacity left, its instance's
+        // stop still on its way; nothing is over a capacity a dead node does not have.
+        w.nodes[1].started = false;
+        w.nodes[1].capacity = 0.0;
+        assert!(check(&w).overcapacity.is_empty());
 
         let mut w = healthy();
         w.nodes[0].capacity = 10.0;
