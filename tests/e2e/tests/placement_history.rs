@@ -279,3 +279,46 @@ async fn what_if_answers_with_debug_disabled() {
         out.stdout
     );
 }
+
+/// Where no garbage collector ran after a Bundle was deleted, its history is still there when a
+/// Bundle of the same name is created: the new Bundle's decisions replace it, under the new
+/// owner alone (an apply would add a second controller, which the apiserver refuses).
+#[tokio::test]
+async fn a_bundle_replaces_the_history_an_earlier_bundle_of_its_name_left() {
+    let stack = start_without_debug().await;
+    apply(
+        &stack,
+        "apiVersion: automanager.norsk.io/v1alpha1\nkind: PlacementHistory\nmetadata:\n  name: history\n  namespace: default\n  ownerReferences:\n    - {apiVersion: automanager.norsk.io/v1alpha1, kind: Bundle, name: history, uid: 00000000-0000-0000-0000-00000000dead, controller: true, blockOwnerDeletion: true}\nspec: {bundle: history, replicas: []}\n",
+    )
+    .await;
+    apply(&stack, BUNDLE).await;
+    let node = stack
+        .wait_for("the bundle placed", WAIT, || async {
+            Ok(ready_on(&stack).await)
+        })
+        .await
+        .unwrap();
+    let uid = stack
+        .get_json(&["bundle", "history", "-n", "default"])
+        .await
+        .unwrap()["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let history = stack
+        .wait_for("the history under the new bundle", WAIT, || async {
+            let h = stack
+                .get_json(&["placementhistory", "history", "-n", "default"])
+                .await?;
+            Ok((h["metadata"]["ownerReferences"][0]["uid"] == uid.as_str()).then_some(h))
+        })
+        .await
+        .unwrap();
+    let owners = history["metadata"]["ownerReferences"].as_array().unwrap();
+    assert_eq!(owners.len(), 1, "the new bundle alone: {history:#}");
+    let decisions = history["spec"]["replicas"][0]["decisions"]
+        .as_array()
+        .unwrap();
+    assert_eq!(decisions.len(), 1, "{history:#}");
+    assert_eq!(decisions[0]["nodes"][0], node.as_str(), "{history:#}");
+}

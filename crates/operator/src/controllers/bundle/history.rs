@@ -145,6 +145,15 @@ async fn read_and_write(
     new: &[New],
 ) -> Result<PlacementHistory, Error> {
     let current = api.get_opt(name).await?;
+    if let Some(stale) = current.as_ref().filter(|h| of_an_earlier_bundle(h, target)) {
+        // Left by an earlier Bundle of the same name (where no garbage collector runs, or
+        // before it ran): its decisions are not this Bundle's, and an apply would add this
+        // Bundle as a second controller beside the old one, which the apiserver refuses.
+        tracing::info!(bundle = %name, "placement history of an earlier bundle of the same name replaced");
+        let mut fresh = object(target, name, new);
+        fresh.metadata.resource_version = stale.metadata.resource_version.clone();
+        return Ok(api.replace(name, &PostParams::default(), &fresh).await?);
+    }
     let version = current
         .as_ref()
         .and_then(|h| h.metadata.resource_version.clone());
@@ -156,6 +165,16 @@ async fn read_and_write(
         });
     add_to(&mut spec, new, target.replicas);
     apply(api, target, name, version.as_deref(), &spec).await
+}
+
+/// Whether `history` has a controller other than the bundle `target` writes for: a Bundle of
+/// the same name deleted before it.
+fn of_an_earlier_bundle(history: &PlacementHistory, target: &Target) -> bool {
+    let Some(owner) = target.owner.as_ref() else {
+        return false;
+    };
+    (history.metadata.owner_references.iter().flatten())
+        .any(|r| r.controller == Some(true) && r.uid != owner.uid)
 }
 
 /// `spec` with `new` added and only the bundle's replicas kept.
@@ -333,6 +352,42 @@ pub fn trace(last: &LastDecision, leader: &str) -> api::FullTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owned_by(
+        uid: &str,
+    ) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+        Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "automanager.norsk.io/v1alpha1".into(),
+                kind: "Bundle".into(),
+                name: "news".into(),
+                uid: uid.into(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        )
+    }
+
+    #[test]
+    fn a_history_controlled_by_another_bundle_of_the_name_is_an_earlier_ones() {
+        let target = |uid: &str| Target {
+            owner: owned_by(uid),
+            replicas: 1,
+            first: false,
+        };
+        let mut h = PlacementHistory::new("news", PlacementHistorySpec::default());
+        h.metadata.owner_references = owned_by("old").map(|o| vec![o]);
+        assert!(of_an_earlier_bundle(&h, &target("new")));
+        assert!(!of_an_earlier_bundle(&h, &target("old")));
+        // No owner to compare with, or a history no Bundle controls: nothing to replace.
+        let unowned = Target {
+            owner: None,
+            ..target("new")
+        };
+        assert!(!of_an_earlier_bundle(&h, &unowned));
+        h.metadata.owner_references = None;
+        assert!(!of_an_earlier_bundle(&h, &target("new")));
+    }
 
     fn last(outcome: pl::Outcome) -> LastDecision {
         LastDecision {
