@@ -40,6 +40,7 @@ mod disruption_rules;
 mod disruptions;
 mod node_rules;
 mod nodes;
+mod pass_rules;
 mod pools;
 mod provisioning;
 mod shared;

@@ -340,10 +340,8 @@ impl HistoryWriter {
 /// Whether the Bundle controller is busy: a quarter of its slots (at least 2) run passes.
 fn busy(ctx: &Context) -> bool {
     let slots = ctx.bundle_slots();
-    let running = ctx
-        .state()
-        .wake_mut()
-        .slots(ctx.clock.instant(), slots)
+    let running = (ctx.state)
+        .bundle_pass_slots(ctx.clock.instant(), slots)
         .running;
     running >= (slots / 4).max(2)
 }

@@ -212,7 +212,7 @@ struct PassMark<'c> {
 
 impl<'c> PassMark<'c> {
     fn begin(ctx: &'c Context, pass: &Pass<'_>) -> Self {
-        ctx.state().wake_mut().begin_pass(&pass.bundle_ref);
+        ctx.state.begin_bundle_pass(&pass.bundle_ref);
         PassMark {
             ctx,
             bundle: pass.bundle_ref.clone(),
@@ -243,10 +243,8 @@ impl<'c> PassMark<'c> {
 
 impl Drop for PassMark<'_> {
     fn drop(&mut self) {
-        let again = self.ctx.with_mirror(|m, s| {
-            let held = s.wake_mut().end_pass(&self.bundle);
-            (held != Held::Nothing && self.moved_past(m)).then_some(held)
-        });
+        let again = (self.ctx.manager.mirror())
+            .read(|m| (self.ctx.state).end_bundle_pass(&self.bundle, || self.moved_past(m)));
         if let Some(held) = again {
             self.ctx
                 .wake

@@ -13,7 +13,6 @@ use automanager_api::{self as api, Bundle, BundlePhase, BundleStatus};
 use automanager_policy::bundle::{Need, ReplicaIntent, ReplicaPlan};
 use automanager_policy::bundle_pass::{self, Recorded};
 use automanager_policy::ledger::ReplicaKey;
-use automanager_policy::recovery_first;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -82,23 +81,15 @@ impl Pass<'_> {
     }
 
     /// While bundles that lost jobs wait for their pass, this pass's status write waits
-    /// ([`recovery_first`]): `Some(after)` to look again then instead of writing now.
+    /// ([`automanager_policy::recovery_first`]): `Some(after)` to look again then instead of
+    /// writing now.
     fn defer_status(&self, ctx: &Context, status: &BundleStatus) -> Option<Duration> {
-        let name = self.name();
-        let now = ctx.clock.instant();
-        let mut state = ctx.state();
-        let after = if *status == self.prev {
-            None
-        } else {
-            let slots = state.wake_mut().slots(now, ctx.bundle_slots());
-            let since = state.bundles().status_deferred_since(&name);
-            recovery_first::defer_status(slots, since, now)
-        };
-        match after {
-            Some(_) => state.bundles_mut().defer_status(&name, now),
-            None => state.bundles_mut().status_recorded(&name),
-        }
-        after
+        ctx.state.defer_bundle_status(
+            &self.name(),
+            *status != self.prev,
+            ctx.clock.instant(),
+            ctx.bundle_slots(),
+        )
     }
 
     /// Why the bundle is Broken, when a replica is past its restart ceiling.
@@ -155,9 +146,7 @@ impl Pass<'_> {
             waiting_on.sort();
             waiting_on.dedup();
         }
-        ctx.state()
-            .wake_mut()
-            .set_waiting(&self.bundle_ref, waiting_on);
+        ctx.state.set_bundle_waiting(&self.bundle_ref, waiting_on);
     }
 
     /// The pass's first placements in one `Placed` Event, and `BundleBroken` once.
@@ -415,18 +404,8 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
     if started.is_empty() {
         return;
     }
-    let bound = {
-        let mut state = ctx.state();
-        // Not while bundles that lost jobs queue for a pass: this one's slot is theirs sooner.
-        let slots = state
-            .wake_mut()
-            .slots(ctx.clock.instant(), ctx.bundle_slots());
-        if !recovery_first::settle_starts(slots) {
-            return;
-        }
-        state.bundles_mut().settle_bound()
-    };
-    let Some(bound) = bound else {
+    let Some(bound) = (ctx.state).start_settle_bound(ctx.clock.instant(), ctx.bundle_slots())
+    else {
         return;
     };
     let began = ctx.clock.instant();
@@ -447,7 +426,7 @@ async fn settle_starts(ctx: &Context, started: &[(&str, &(String, StartMark))]) 
         .await
         .ok()
         .map(|()| ctx.clock.instant().saturating_duration_since(began));
-    ctx.state().bundles_mut().record_settle(took);
+    ctx.state.record_start_settle(took);
 }
 
 /// Writes status by server-side apply, only when it changed.
