@@ -35,6 +35,7 @@ use crate::model::ClusterModel;
 use crate::settings::Settings;
 
 mod asks;
+mod bundle_rules;
 mod bundles;
 mod disruption_rules;
 mod disruptions;

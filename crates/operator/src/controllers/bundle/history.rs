@@ -44,7 +44,7 @@ struct New {
 /// up a placement.
 pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> Result<(), Error> {
     let (ns, name) = key.clone();
-    let (pending, known) = ctx.state().bundles().history_unwritten(key);
+    let (pending, known) = ctx.state.history_unwritten(key);
     if pending.is_empty() {
         return Ok(());
     }
@@ -70,26 +70,20 @@ pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> R
             });
         }
     }
+    let mut written = None;
     if !new.is_empty() {
         let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), &ns);
-        let written = add(&api, target, &name, known.as_ref(), &new).await;
-        let written = match written {
-            Ok(w) => w,
+        match add(&api, target, &name, known.as_ref(), &new).await {
+            Ok(w) => written = Some(w),
             Err(e) => {
-                ctx.state().bundles_mut().history_known(key, None);
+                ctx.state.history_write_failed(key);
                 return Err(e);
             }
-        };
-        ctx.state().bundles_mut().history_known(key, Some(written));
+        }
         tracing::debug!(bundle = %name, namespace = %ns, replicas = new.len(), "placement history written");
     }
-    let mut state = ctx.state();
-    for (r, at) in done
-        .into_iter()
-        .chain(new.iter().map(|n| (n.replica, n.at)))
-    {
-        state.bundles_mut().history_written(key, r, at);
-    }
+    done.extend(new.iter().map(|n| (n.replica, n.at)));
+    ctx.state.history_written(key, written, &done);
     Ok(())
 }
 

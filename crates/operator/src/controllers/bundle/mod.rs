@@ -343,13 +343,8 @@ impl<'a> Pass<'a> {
         }
         if self.retried {
             // A retry clears the ceiling (and, below, un-drops dropped jobs).
-            {
-                let mut state = ctx.state();
-                for r in 0..self.replicas() {
-                    let key = ReplicaKey::new(&self.bundle_id, r);
-                    state.bundles_mut().clear_restarts(&key, self.now);
-                }
-            }
+            ctx.state
+                .clear_restarts(&self.bundle_id, 0..self.replicas(), self.now);
             ctx.event(
                 self.bundle,
                 EventType::Normal,
@@ -462,17 +457,9 @@ impl<'a> Pass<'a> {
     /// keeps the bundle's jobs as this same read of the mirror shows them, so a change after
     /// it wakes the bundle again.
     fn observe(&self, ctx: &Context, mark: Option<&mut PassMark<'_>>) -> BTreeMap<u32, Vec<Seen>> {
+        ctx.state
+            .merge_restarts(&self.bundle_id, &self.prev.replicas, self.now);
         ctx.with_mirror(|m, state| {
-            for rs in &self.prev.replicas {
-                let Ok(r) = u32::try_from(rs.replica) else {
-                    continue;
-                };
-                state.bundles_mut().merge_restarts(
-                    &ReplicaKey::new(&self.bundle_id, r),
-                    rs.restart_times.iter().copied(),
-                    self.now,
-                );
-            }
             if let Some(mark) = mark {
                 mark.observed = Some(bundle_jobs(m, &self.bundle_id));
             }
@@ -586,10 +573,8 @@ impl<'a> Pass<'a> {
             .map(|(r, jobs)| {
                 let jobs: Vec<(ObservedJob, BandRule)> =
                     jobs.iter().map(|s| (s.job.clone(), s.band)).collect();
-                let restarts = ctx
-                    .state()
-                    .bundles()
-                    .restarts(&ReplicaKey::new(&self.bundle_id, *r), self.now);
+                let (restarts, _) =
+                    (ctx.state).restarts(&ReplicaKey::new(&self.bundle_id, *r), self.now);
                 let input = plan::ReplicaInput {
                     replica: *r,
                     jobs: &jobs,
@@ -621,8 +606,7 @@ impl<'a> Pass<'a> {
                     clear_restarts: true,
                     ..
                 } => {
-                    let key = ReplicaKey::new(&self.bundle_id, *r);
-                    ctx.state().bundles_mut().clear_restarts(&key, self.now);
+                    ctx.state.clear_restarts(&self.bundle_id, [*r], self.now);
                     Outcome::default()
                 }
                 ReplicaIntent::Place {
@@ -678,9 +662,7 @@ impl<'a> Pass<'a> {
             ctx.metrics.involuntary_disruption(cause);
         }
         let key = ReplicaKey::new(&self.bundle_id, rep.r);
-        ctx.state()
-            .bundles_mut()
-            .record_restart(&key, self.now, max_restarts);
+        ctx.state.record_restart(&key, self.now, max_restarts);
     }
 
     /// `handed_over`: it was stopped and handed to its band (a failed migration, a drain's
@@ -817,15 +799,8 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         .await;
     }
     history::delete(ctx, &ns, &name).await;
-    ctx.with_mirror(|m, state| {
-        state.model_mut().forget_bundle(&bundle_id, m);
-        state
-            .bundles_mut()
-            .forget(&(ns.clone(), name.clone()), &bundle_id);
-        state
-            .wake_mut()
-            .set_waiting(&ObjectRef::new(&name).within(&ns), Vec::new());
-    });
+    let bundle_ref = ObjectRef::new(&name).within(&ns);
+    (ctx.manager.mirror()).read(|m| ctx.state.forget_bundle(m, &bundle_ref, &bundle_id));
     ctx.set_broken(&bundle_id, false);
     Ok(Action::await_change())
 }

@@ -231,11 +231,7 @@ impl Pass<'_> {
         outcomes: &BTreeMap<u32, Outcome>,
         broken: Option<&str>,
     ) -> BundleStatus {
-        let remembered = ctx
-            .state()
-            .bundles()
-            .trace(&self.name())
-            .unwrap_or_default();
+        let remembered = ctx.state.last_decisions(&self.name());
         let none = Outcome::default();
         let replicas = ctx.manager.mirror().read(|m| {
             seen.iter()
@@ -284,14 +280,7 @@ impl Pass<'_> {
         rp: ReplicaPass<'s>,
     ) -> ReplicaFacts<'s> {
         let key = ReplicaKey::new(&self.bundle_id, rp.r);
-        let (restarts, restart_times) = {
-            let state = ctx.state();
-            let book = state.bundles();
-            (
-                book.restarts(&key, self.now),
-                book.restart_times(&key, self.now),
-            )
-        };
+        let (restarts, restart_times) = ctx.state.restarts(&key, self.now);
         let decided = rp.outcome.decision.as_ref().map(|(d, recovery)| Decided {
             decision: d,
             recovery: *recovery,
