@@ -42,6 +42,7 @@ mod disruptions;
 mod node_rules;
 mod nodes;
 mod pass_rules;
+mod placement_rules;
 mod pools;
 mod provisioning;
 mod shared;

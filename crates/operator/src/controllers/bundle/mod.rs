@@ -38,7 +38,7 @@ use record::write_status;
 use super::{Context, Error, is_final_answer, ns_name};
 use crate::mapping;
 use crate::model::StartMark;
-use crate::state::{Held, OperatorState};
+use crate::state::Held;
 
 /// How long a pass that registered a bundle waits for Manager's jobs to reach the mirror.
 const REGISTER_SETTLE: Duration = Duration::from_secs(2);
@@ -316,10 +316,7 @@ impl<'a> Pass<'a> {
             return Ok(Some(Action::await_change()));
         }
         // Static validation against the pools we know (pool references, capabilities, rules).
-        let errors = {
-            let pools = ctx.state().model().pools();
-            pl::validate_bundle(&self.engine_bundle, &pools, &[])
-        };
+        let errors = ctx.state.validate_bundle(&self.engine_bundle);
         if !errors.is_empty() {
             // A pool whose object exists but is not loaded yet (operator start-up) is not an error.
             let unknown: Vec<String> = errors
@@ -459,24 +456,36 @@ impl<'a> Pass<'a> {
     fn observe(&self, ctx: &Context, mark: Option<&mut PassMark<'_>>) -> BTreeMap<u32, Vec<Seen>> {
         ctx.state
             .merge_restarts(&self.bundle_id, &self.prev.replicas, self.now);
-        ctx.with_mirror(|m, state| {
+        ctx.manager.mirror().read(|m| {
             if let Some(mark) = mark {
                 mark.observed = Some(bundle_jobs(m, &self.bundle_id));
             }
-            (0..self.replicas())
-                .map(|r| (r, self.observe_replica(ctx, m, state, r)))
-                .collect()
+            let mut seen: BTreeMap<u32, Vec<Seen>> = (0..self.replicas())
+                .map(|r| (r, self.observe_replica(ctx, m, r)))
+                .collect();
+            // Starts Manager accepted that the mirror does not show yet, asked while this read
+            // of the mirror is held so the two agree.
+            let keys: Vec<pl::JobKey> = (seen.iter())
+                .flat_map(|(r, jobs)| jobs.iter().map(move |s| (*r, s)))
+                .map(|(r, s)| pl::JobKey {
+                    bundle_id: self.bundle_id.clone(),
+                    replica_index: r,
+                    job_name: s.job.job_name.clone(),
+                })
+                .collect();
+            let in_flight = ctx.state.starts_not_mirrored(&keys);
+            for (s, node) in seen.values_mut().flatten().zip(in_flight) {
+                if let Some(node) = node {
+                    s.job.start_in_flight = true;
+                    s.node_id = node;
+                }
+            }
+            seen
         })
     }
 
-    /// Replica `r`'s jobs as the mirror shows them, and as the model knows of starts in flight.
-    fn observe_replica(
-        &self,
-        ctx: &Context,
-        m: &MirrorState,
-        state: &OperatorState,
-        r: u32,
-    ) -> Vec<Seen> {
+    /// Replica `r`'s jobs as the mirror shows them.
+    fn observe_replica(&self, ctx: &Context, m: &MirrorState, r: u32) -> Vec<Seen> {
         let spec = &self.bundle.spec;
         let dropped_before = |job: &str| {
             self.prev
@@ -492,16 +501,6 @@ impl<'a> Pass<'a> {
                 let band = band_rule(ctx, spec, j);
                 let mut seen = observe_job(m, &self.bundle_id, r, &j.job_name, band);
                 seen.job.dropped_before = dropped_before(&j.job_name);
-                // Manager accepted a start the mirror does not show yet.
-                let key = pl::JobKey {
-                    bundle_id: self.bundle_id.clone(),
-                    replica_index: r,
-                    job_name: j.job_name.clone(),
-                };
-                if let Some(node) = state.model().started_not_mirrored(&key) {
-                    seen.job.start_in_flight = true;
-                    seen.node_id = node.to_owned();
-                }
                 seen
             })
             .collect()

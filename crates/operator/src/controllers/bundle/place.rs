@@ -87,13 +87,8 @@ impl Pass<'_> {
     /// deletion, which waits on this Bundle, is not waiting on a Bundle it keeps down. A Bundle
     /// created since is new there, and is kept out.
     async fn uses_a_pool_being_deleted(&self, ctx: &Context, replica: u32) -> Result<bool, Error> {
-        let terminating: Vec<String> = {
-            let s = ctx.state();
-            (self.engine_bundle.pools_for_replica(replica).iter())
-                .filter(|p| s.model().pool(p).is_some_and(|p| p.terminating))
-                .cloned()
-                .collect()
-        };
+        let terminating =
+            (ctx.state).terminating_pools(self.engine_bundle.pools_for_replica(replica));
         let Some(created) = self.bundle.metadata.creation_timestamp.as_ref() else {
             return Ok(false);
         };
@@ -121,7 +116,7 @@ impl Pass<'_> {
         job_ids: &HashMap<String, String>,
         heals: bool,
     ) -> (pl::PlacementRequest, pl::Decision) {
-        let made = ctx.with_mirror(|m, state| {
+        let made = ctx.manager.mirror().read(|m| {
             let seen = jobs_at(m, all);
             let ask = bundle_pass::Ask {
                 bundle: &self.engine_bundle,
@@ -134,19 +129,11 @@ impl Pass<'_> {
                 seen: &seen,
                 decided_elsewhere: decided,
             };
-            let mut book = state.model_mut().reserving(m, job_ids);
-            let made = bundle_pass::decide(&mut book, &ask, now_ms(self.now));
-            state.bundles_mut().record_decision(
-                self.name(),
-                rep.r,
-                crate::controllers::LastDecision {
-                    decision: made.decision.clone(),
-                    recovery: rep.recovery,
-                    at: self.now,
-                    preempted: None,
-                },
-            );
-            made
+            let now_ms = now_ms(self.now);
+            ctx.state
+                .decide_placement(m, job_ids, self.name(), rep.recovery, self.now, |book| {
+                    bundle_pass::decide(book, &ask, now_ms)
+                })
         });
         if let Some(e) = &made.unreserved {
             tracing::warn!(bundle = %self.bundle_id, replica = rep.r, error = %e, "could not reserve a placement");
@@ -280,19 +267,7 @@ impl Pass<'_> {
     ) {
         if let pl::Outcome::Unplaceable { jobs } = &decision.outcome {
             ctx.metrics.placement_failed();
-            let blocked = {
-                let state = ctx.state();
-                plan::unplaceable(r, jobs, &decision.trace.pools, |pool| {
-                    let bound = state.model().pool(pool).and_then(|p| p.max_nodes)?;
-                    // The nodes the engine counts against the bound.
-                    let nodes = state
-                        .model()
-                        .engine()
-                        .pool_usage(pool)
-                        .map_or(0, |u| u.node_count);
-                    Some(plan::MaxNodes { bound, nodes })
-                })
-            };
+            let blocked = ctx.state.unplaceable(r, jobs, &decision.trace.pools);
             if !is_condition(&self.prev, api::kstatus::STALLED, blocked.cause.reason()) {
                 let note = blocked.message.clone();
                 ctx.event(
@@ -358,7 +333,7 @@ impl Pass<'_> {
             match answer {
                 Ok(job) => {
                     let mark = StartMark::of(&job, &a.node);
-                    ctx.with_mirror(|m, s| s.model_mut().start_answered(&k, mark, m));
+                    (ctx.manager.mirror()).read(|m| ctx.state.start_answered(m, &k, mark));
                     out.started
                         .push((k, job_id.clone(), (a.node.clone(), mark)));
                 }
@@ -366,7 +341,7 @@ impl Pass<'_> {
                     reason, message, ..
                 }) => {
                     out.refused = true;
-                    ctx.with_mirror(|m, s| s.model_mut().abandon(&k, m));
+                    (ctx.manager.mirror()).read(|m| ctx.state.abandon_start(m, &k));
                     ctx.metrics.job_rejected();
                     crate::controllers::node::record_rejection(ctx, &a.node).await;
                     let note = format!("node {} refused {job_id}: {reason:?} {message}", a.node);
@@ -380,7 +355,7 @@ impl Pass<'_> {
                     .await;
                 }
                 Err(e) => {
-                    ctx.with_mirror(|m, s| s.model_mut().abandon(&k, m));
+                    (ctx.manager.mirror()).read(|m| ctx.state.abandon_start(m, &k));
                     out.error.get_or_insert(e);
                 }
             }
@@ -573,6 +548,6 @@ async fn roll_back(ctx: &Context, started: &[(pl::JobKey, String, (String, Start
         if let Err(e) = ctx.manager.stop_job(job_id, proto::JobRole::Normal).await {
             tracing::warn!(job = %job_id, error = %e, "could not roll back a partial replica start");
         }
-        ctx.with_mirror(|m, s| s.model_mut().abandon(k, m));
+        (ctx.manager.mirror()).read(|m| ctx.state.abandon_start(m, k));
     }
 }
