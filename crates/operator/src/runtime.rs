@@ -158,7 +158,7 @@ fn bundle_ref(bundle_id: &str) -> Option<ObjectRef<Bundle>> {
 /// wake-ups (see the module docs).
 pub async fn run_mirror_pump(ctx: Arc<Context>) {
     let mut rx = ctx.manager.subscribe();
-    ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
+    ctx.manager.mirror().read(|m| ctx.state.sync_all(m));
     loop {
         let first = match rx.recv().await {
             Ok(c) => Some(c),
@@ -181,28 +181,28 @@ pub async fn run_mirror_pump(ctx: Arc<Context>) {
                 Err(_) => break,
             }
         }
-        let mut lost_zones = Vec::new();
-        let mut wakes = ctx.with_mirror(|m, s| {
-            lost_zones = controllers::zones::observe_losses(
+        // The losses and the pools of nodes the mirror dropped are read from the model before
+        // it takes the batch in, all while the mirror is held at the batch.
+        let (mut wakes, lost_zones) = ctx.manager.mirror().read(|m| {
+            let lost_zones = controllers::zones::observe_losses(
                 &batch,
                 m,
-                s,
+                &ctx.state,
                 |n| ctx.manager.asked_to_terminate(n),
                 ctx.clock.now(),
             );
             let pool_of = |node: &str| {
-                m.nodes
-                    .get(node)
+                (m.nodes.get(node))
                     .map(|n| n.pool.clone())
-                    .or_else(|| s.model().engine().node_view(node).map(|v| v.pool))
+                    .or_else(|| ctx.state.node_pool(node))
             };
             let wakes = classify(&batch, m, pool_of);
             if wakes.everything || lagged {
-                s.model_mut().sync_all(m);
+                ctx.state.sync_all(m);
             } else {
-                s.model_mut().sync_nodes(m, wakes.nodes.iter().cloned());
+                ctx.state.sync_nodes(m, wakes.nodes.iter().cloned());
             }
-            wakes
+            (wakes, lost_zones)
         });
         wakes.everything |= lagged;
         deliver(&ctx, &wakes);
@@ -219,30 +219,18 @@ fn deliver(ctx: &Context, w: &Wakes) {
         let _ = ctx.wake.node_sync.try_send(());
         return;
     }
-    {
-        // A bundle in a pass now gets the change when the pass ends, unless it is that pass's
-        // own start coming up (see `WakeIndex::hold_for_pass`).
-        let mut state = ctx.state();
-        let now = ctx.clock.instant();
-        for b in &w.bundles {
-            let loss = w.lost_jobs.contains(b);
-            if let Some(r) = bundle_ref(b)
-                && !state.wake_mut().hold_for_pass(&r, loss)
-            {
-                if loss {
-                    // Its recovery goes before other passes' paperwork (`recovery_first`).
-                    state.wake_mut().lost_jobs(&r, now);
-                }
-                ctx.wake.bundle(r, loss);
-            }
-        }
+    // A bundle in a pass now gets the change when the pass ends, unless it is that pass's own
+    // start coming up (see `WakeIndex::hold_for_pass`).
+    let changed =
+        (w.bundles.iter()).filter_map(|b| Some((bundle_ref(b)?, w.lost_jobs.contains(b))));
+    for (r, loss) in ctx.state.bundle_jobs_changed(changed, ctx.clock.instant()) {
+        ctx.wake.bundle(r, loss);
     }
+    // `<bundle id>.r<replica>` or `migration.<id>`: whoever waits for that node.
+    let mut provisioned_for_migrations = Vec::new();
     for tag in &w.provisioned_for {
-        // `<bundle id>.r<replica>` or `migration.<id>`: whoever waits for that node.
         if let Some(id) = tag.strip_prefix("migration.") {
-            if let Some(m) = ctx.state().wake().migration_by_manager_id(id) {
-                let _ = ctx.wake.migrations.send(m.clone());
-            }
+            provisioned_for_migrations.push(id);
         } else if let Some((bundle, _)) = tag.rsplit_once(".r")
             && let Some(r) = bundle_ref(bundle)
         {
@@ -252,25 +240,18 @@ fn deliver(ctx: &Context, w: &Wakes) {
     for pool in &w.pools_capacity {
         ctx.wake_pool(pool);
     }
-    {
-        let state = ctx.state();
-        for pool in w.pools_jobs.difference(&w.pools_capacity) {
-            for t in state.wake().spare_targets_of(pool) {
-                let _ = ctx.wake.spare_targets.send(t.clone());
-            }
-            // The pool's used capacity moved; its controller debounces a burst into one pass.
-            ctx.wake_pool_controller(pool);
+    for pool in w.pools_jobs.difference(&w.pools_capacity) {
+        for t in ctx.state.spare_targets_of(pool) {
+            let _ = ctx.wake.spare_targets.send(t);
         }
-        for id in &w.migrations {
-            if let Some(m) = state.wake().migration_by_manager_id(id) {
-                let _ = ctx.wake.migrations.send(m.clone());
-            }
-        }
-        for job in &w.jobs {
-            if let Some(m) = state.wake().migration_of_job(job) {
-                let _ = ctx.wake.migrations.send(m.clone());
-            }
-        }
+        // The pool's used capacity moved; its controller debounces a burst into one pass.
+        ctx.wake_pool_controller(pool);
+    }
+    let manager_ids =
+        (provisioned_for_migrations.into_iter()).chain(w.migrations.iter().map(String::as_str));
+    let jobs = w.jobs.iter().map(String::as_str);
+    for m in ctx.state.migrations_concerned(manager_ids, jobs) {
+        let _ = ctx.wake.migrations.send(m);
     }
     if !w.nodes.is_empty() {
         let _ = ctx.wake.node_sync.try_send(());
@@ -779,7 +760,7 @@ async fn watch_connection(ctx: Arc<Context>) {
     loop {
         let state = *rx.borrow_and_update();
         if state == manager_client::ConnectionState::Ready {
-            ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
+            ctx.manager.mirror().read(|m| ctx.state.sync_all(m));
             let _ = ctx.wake.everything.send(());
         }
         if rx.changed().await.is_err() {
@@ -795,7 +776,7 @@ async fn publish_snapshots(ctx: Arc<Context>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let retired = ctx.snapshot.refresh(&mut ctx.state());
+        let retired = ctx.state.refresh_snapshot(&ctx.snapshot);
         drop(retired);
     }
 }
@@ -806,11 +787,7 @@ pub struct DebugState(pub Arc<Context>);
 impl crate::http::DebugApi for DebugState {
     fn trace(&self, namespace: &str, bundle: &str) -> Option<serde_json::Value> {
         // One entry cloned under the lock; the JSON is built after it is released.
-        let per_replica = self
-            .0
-            .state()
-            .bundles()
-            .trace(&(namespace.to_owned(), bundle.to_owned()))?;
+        let per_replica = (self.0.state).trace(&(namespace.to_owned(), bundle.to_owned()))?;
         Some(serde_json::json!({
             "namespace": namespace,
             "bundle": bundle,
@@ -842,7 +819,7 @@ impl crate::http::DebugApi for DebugState {
         let engine = match self.0.snapshot.get() {
             Some(e) => e,
             None => {
-                let retired = self.0.snapshot.refresh(&mut self.0.state());
+                let retired = self.0.state.refresh_snapshot(&self.0.snapshot);
                 drop(retired);
                 self.0
                     .snapshot

@@ -337,7 +337,7 @@ async fn without_the_cluster_scope_a_pool_is_placed_into_and_never_written() {
 
     assert_eq!(t.api.writes(), Vec::<String>::new());
     assert!(
-        t.ctx.state().model().pool("aws-east").is_some(),
+        t.ctx.state.pool_spec("aws-east").is_some(),
         "loaded for placement"
     );
 }
@@ -826,10 +826,7 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
     t.api.clear_calls();
     // The mirror pump woke another bundle whose job failed; its pass has not begun.
     let waiting = ObjectRef::<Bundle>::new("recovering").within("live");
-    t.ctx
-        .state()
-        .wake_mut()
-        .lost_jobs(&waiting, t.ctx.clock.instant());
+    let _ = (t.ctx.state).bundle_jobs_changed([(waiting.clone(), true)], t.ctx.clock.instant());
 
     t.bundle_pass("news").await.expect("the pass");
 
@@ -845,8 +842,8 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
     assert_eq!(t.api.writes(), Vec::<String>::new());
 
     // Its pass begins: the status is written.
-    t.ctx.state().wake_mut().begin_pass(&waiting);
-    t.ctx.state().wake_mut().end_pass(&waiting);
+    t.ctx.state.begin_bundle_pass(&waiting);
+    let _ = t.ctx.state.end_bundle_pass(&waiting, || false);
     let id = automanager_operator::mapping::bundle_id("live", "news");
     t.ctx
         .manager
@@ -871,10 +868,7 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
     t.bundle("late", 1, &["onprem"]);
     t.bundle_pass("late").await.expect("the finalizer pass");
     t.api.clear_calls();
-    t.ctx
-        .state()
-        .wake_mut()
-        .lost_jobs(&waiting, t.ctx.clock.instant());
+    let _ = (t.ctx.state).bundle_jobs_changed([(waiting.clone(), true)], t.ctx.clock.instant());
     t.bundle_pass("late").await.expect("the pass");
     let id = automanager_operator::mapping::bundle_id("live", "late");
     t.ctx
@@ -890,8 +884,8 @@ async fn while_bundles_that_lost_jobs_queue_a_pass_starts_its_jobs_and_writes_it
         .expect("the pass with Ready to write");
     assert_eq!(t.api.writes(), Vec::<String>::new());
     t.clock.advance(MAX_DEFER);
-    t.ctx.state().wake_mut().lost_jobs(
-        &ObjectRef::new("another").within("live"),
+    let _ = t.ctx.state.bundle_jobs_changed(
+        [(ObjectRef::new("another").within("live"), true)],
         t.ctx.clock.instant(),
     );
     t.bundle_pass("late")

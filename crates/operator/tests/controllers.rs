@@ -389,11 +389,7 @@ async fn refused_starts_mark_the_node_unhealthy_and_placement_goes_elsewhere() {
         .node_id
         .clone()
         .unwrap();
-    let unhealthy: Vec<String> = h
-        .ctx
-        .state()
-        .nodes_mut()
-        .unhealthy_nodes(chrono::Utc::now());
+    let unhealthy: Vec<String> = h.ctx.state.unhealthy_nodes(chrono::Utc::now());
     assert_eq!(unhealthy.len(), 1, "{unhealthy:?}");
     assert_ne!(unhealthy[0], node, "placement avoided the unhealthy node");
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());
@@ -790,14 +786,7 @@ async fn a_pool_in_use_is_not_deleted_until_its_bundles_and_spare_targets_are_go
     .expect("still there");
     assert!(p.metadata.deletion_timestamp.is_some());
     // Still in the placement model: the bundles that name it keep recovering into it.
-    assert!(
-        h.ctx
-            .state()
-            .model()
-            .pools()
-            .iter()
-            .any(|p| p.name == "aws-east")
-    );
+    assert!(h.ctx.state.pool_spec("aws-east").is_some());
     // Events are queued off the reconcile path: wait until the queue is published.
     assert!(h.ctx.events.flush(BOUND).await);
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(h.env.client());

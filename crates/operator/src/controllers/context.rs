@@ -1,8 +1,8 @@
 //! What every controller is handed: the [`Context`] (the clients, the settings, the clock, the
-//! state owner and its lock, the metrics, Events) and the [`Wakers`] the mirror pump and the
-//! controllers send "look at this object again" through.
+//! state owner, the metrics, Events) and the [`Wakers`] the mirror pump and the controllers send
+//! "look at this object again" through.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use automanager_api::{Bundle, HotSpareTarget, Migration, PlacementPool};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -16,7 +16,7 @@ use crate::clock::SharedClock;
 use crate::mapping;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
-use crate::state::{EngineSnapshot, OperatorState, State};
+use crate::state::{EngineSnapshot, State};
 
 /// Where the mirror pump and the controllers send "look at this object again".
 #[derive(Clone)]
@@ -144,21 +144,6 @@ impl Context {
             wake,
             receivers: Mutex::new(Some(receivers)),
         })
-    }
-
-    /// The one state owner's lock ([`crate::state`]: never held across an `.await`, and taken
-    /// after the mirror's lock when both are needed). Poison-tolerant: a panic elsewhere must
-    /// not wedge the operator.
-    pub fn state(&self) -> MutexGuard<'_, OperatorState> {
-        self.state.lock_all()
-    }
-
-    /// Runs `f` with the mirror read-locked and the state locked, in that order.
-    pub fn with_mirror<R>(
-        &self,
-        f: impl FnOnce(&manager_client::MirrorState, &mut OperatorState) -> R,
-    ) -> R {
-        self.manager.mirror().read(|m| f(m, &mut self.state()))
     }
 
     /// The wake receivers, once (the runtime takes them when controllers start).

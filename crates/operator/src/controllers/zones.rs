@@ -15,7 +15,7 @@ use manager_client::{MirrorChange, MirrorState};
 use manager_proto as proto;
 
 use super::Context;
-use crate::state::OperatorState;
+use crate::state::State;
 
 /// How often degraded zones are checked for a quiet window.
 const CLOCK: Duration = Duration::from_secs(1);
@@ -35,20 +35,25 @@ fn zone_of(n: &proto::Node) -> &str {
         .unwrap_or(n.zone.as_str())
 }
 
-/// Counts the nodes of `batch` that Manager lost: a node the placement model still holds as
-/// up that the mirror now shows stopped or terminated, without this operator having asked.
-/// Call before the model takes the batch in. Pauses provisioning into zones that trip the brake.
-pub fn observe_losses(
+/// A node Manager lost: its pool and zone, and how many nodes of that pool are left up there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLoss {
+    pub node: String,
+    pub pool: String,
+    pub zone: String,
+    pub up: u32,
+}
+
+/// The nodes of `batch` that Manager lost: a node the placement model holds (`held`) that the
+/// mirror `m` now shows stopped or terminated, without this operator having asked. Ask `held`
+/// before the model takes the batch in.
+pub fn lost_nodes(
     batch: &[MirrorChange],
     m: &MirrorState,
-    s: &mut OperatorState,
+    held: impl Fn(&str) -> bool,
     asked_to_terminate: impl Fn(&str) -> bool,
-    now: DateTime<Utc>,
-) -> Vec<ZoneChange> {
-    let mut changes = Vec::new();
-    if !s.provisioning().zone_brake_enabled() {
-        return changes;
-    }
+) -> Vec<NodeLoss> {
+    let mut lost = Vec::new();
     for c in batch {
         let MirrorChange::NodeUpserted(n) = c else {
             continue;
@@ -60,7 +65,7 @@ pub fn observe_losses(
         );
         if live(n.state)
             || stopped_on_request
-            || s.model().engine().node_view(&n.node_id).is_none()
+            || !held(&n.node_id)
             || asked_to_terminate(&n.node_id)
         {
             continue;
@@ -74,9 +79,38 @@ pub fn observe_losses(
             .values()
             .filter(|o| o.pool == n.pool && live(o.state) && zone_of(o) == zone)
             .count();
-        let up = u32::try_from(up).unwrap_or(u32::MAX);
-        tracing::info!(node = %n.node_id, pool = %n.pool, zone, up, "node lost");
-        changes.extend(s.record_zone_loss(&n.pool, zone, up, now));
+        lost.push(NodeLoss {
+            node: n.node_id.clone(),
+            pool: n.pool.clone(),
+            zone: zone.to_owned(),
+            up: u32::try_from(up).unwrap_or(u32::MAX),
+        });
+    }
+    lost
+}
+
+/// Counts the nodes of `batch` that Manager lost ([`lost_nodes`]) toward the zone brake, which
+/// pauses provisioning into a zone that trips it. Call before the model takes the batch in.
+pub fn observe_losses(
+    batch: &[MirrorChange],
+    m: &MirrorState,
+    state: &State,
+    asked_to_terminate: impl Fn(&str) -> bool,
+    now: DateTime<Utc>,
+) -> Vec<ZoneChange> {
+    if !state.zone_brake_enabled() {
+        return Vec::new();
+    }
+    let lost = lost_nodes(
+        batch,
+        m,
+        |node| state.node_pool(node).is_some(),
+        asked_to_terminate,
+    );
+    let mut changes = Vec::new();
+    for l in lost {
+        tracing::info!(node = %l.node, pool = %l.pool, zone = %l.zone, up = l.up, "node lost");
+        changes.extend(state.record_zone_loss(&l.pool, &l.zone, l.up, now));
     }
     changes
 }
@@ -193,5 +227,146 @@ pub async fn run_zone_clock(ctx: Arc<Context>) {
         if !changes.is_empty() {
             announce(&ctx, changes).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use automanager_placement as pl;
+    use automanager_policy::zone_brake::ZoneBrakeSettings;
+    use chrono::TimeDelta;
+
+    use super::*;
+    use crate::settings::Settings;
+
+    fn node(id: &str, zone: &str, state: proto::NodeState) -> proto::Node {
+        proto::Node {
+            node_id: id.into(),
+            pool: "a".into(),
+            zone: zone.into(),
+            instance_type: "small".into(),
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    fn mirror(nodes: &[proto::Node]) -> MirrorState {
+        let mut m = MirrorState::default();
+        for n in nodes {
+            m.nodes.insert(n.node_id.clone(), n.clone());
+        }
+        m
+    }
+
+    fn upserted(nodes: &[proto::Node]) -> Vec<MirrorChange> {
+        nodes
+            .iter()
+            .cloned()
+            .map(MirrorChange::NodeUpserted)
+            .collect()
+    }
+
+    fn pool() -> pl::PoolSpec {
+        serde_json::from_value(serde_json::json!({
+            "name": "a", "kind": "aws", "region": "r",
+            "candidateInstanceTypes": [
+                {"instanceType": "small", "totalCapacity": 10.0, "totalCores": 4}
+            ],
+        }))
+        .expect("a pool spec")
+    }
+
+    fn state(brake: bool) -> State {
+        State::new(&Settings {
+            zone_brake: brake.then_some(ZoneBrakeSettings {
+                lost_fraction: 0.5,
+                window: TimeDelta::seconds(300),
+                min_lost: 2,
+            }),
+            ..Settings::default()
+        })
+    }
+
+    #[test]
+    fn only_a_held_node_down_without_being_asked_is_lost() {
+        use proto::NodeState as S;
+        let batch = [
+            node("gone", "z1", S::Terminated),
+            node("stopped", "z1", S::Stopped),
+            node("spare", "z1", S::PoweredOff),
+            node("asked", "z1", S::Terminated),
+            node("unknown", "z1", S::Terminated),
+            node("no-zone", "", S::Terminated),
+            node("up", "z1", S::Started),
+            node("other-zone", "z2", S::Started),
+        ];
+        let m = mirror(&batch);
+        let lost = lost_nodes(&upserted(&batch), &m, |n| n != "unknown", |n| n == "asked");
+        let names: Vec<&str> = lost.iter().map(|l| l.node.as_str()).collect();
+        assert_eq!(names, ["gone", "stopped"]);
+        assert_eq!(
+            lost[0],
+            NodeLoss {
+                node: "gone".into(),
+                pool: "a".into(),
+                zone: "z1".into(),
+                up: 1,
+            },
+            "counted against the nodes of its pool and zone still up"
+        );
+    }
+
+    #[test]
+    fn nodes_the_model_held_lost_in_one_zone_pause_it_and_no_other() {
+        use proto::NodeState as S;
+        let state = state(true);
+        let up = [
+            node("n1", "z1", S::Started),
+            node("n2", "z1", S::Started),
+            node("n3", "z2", S::Started),
+        ];
+        let before = mirror(&up);
+        state.load_pool(&before, pool()).expect("valid");
+        state.sync_all(&before);
+
+        let down = [
+            node("n1", "z1", S::Terminated),
+            node("n2", "z1", S::Terminated),
+        ];
+        let after = mirror(&[down[0].clone(), down[1].clone(), up[2].clone()]);
+        let now = DateTime::UNIX_EPOCH;
+        let changes = observe_losses(&upserted(&down), &after, &state, |_| false, now);
+
+        assert!(
+            matches!(changes.as_slice(), [ZoneChange::Degraded(d)] if d.zone == "z1"),
+            "{changes:?}"
+        );
+        assert!(state.provisioning_paused("a", "z1"));
+        assert!(!state.provisioning_paused("a", "z2"));
+    }
+
+    #[test]
+    fn without_a_brake_no_loss_is_counted() {
+        use proto::NodeState as S;
+        let state = state(false);
+        let up = [node("n1", "z1", S::Started), node("n2", "z1", S::Started)];
+        let before = mirror(&up);
+        state.load_pool(&before, pool()).expect("valid");
+        state.sync_all(&before);
+
+        let down = [
+            node("n1", "z1", S::Terminated),
+            node("n2", "z1", S::Terminated),
+        ];
+        let changes = observe_losses(
+            &upserted(&down),
+            &mirror(&down),
+            &state,
+            |_| false,
+            DateTime::UNIX_EPOCH,
+        );
+
+        assert!(changes.is_empty());
+        assert!(!state.provisioning_paused("a", "z1"));
     }
 }

@@ -71,6 +71,12 @@ impl State {
         self.lock().bundles().trace(bundle).unwrap_or_default()
     }
 
+    /// The last decision per replica of `bundle` for `/debug/trace` (`None`: it made none this
+    /// operator remembers).
+    pub fn trace(&self, bundle: &BundleName) -> Option<BTreeMap<u32, LastDecision>> {
+        self.lock().bundles().trace(bundle)
+    }
+
     /// The last decisions of `bundle`'s replicas that its PlacementHistory does not hold yet,
     /// with what the history's writer knows the object holds.
     pub fn history_unwritten(

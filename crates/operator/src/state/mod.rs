@@ -1,18 +1,19 @@
 //! The operator's in-memory state, with one owner.
 //!
 //! Everything the controllers share that is not in Kubernetes or in Manager's mirror lives in
-//! one [`OperatorState`] behind one lock on the [`crate::controllers::Context`]. It is grouped by
-//! concern, in the manner of Karpenter's `state.Cluster` and Linkerd's policy `Index`: the
-//! placement model ([`ClusterModel`]), per-bundle records ([`BundleBook`]), per-node records
-//! ([`NodeBook`]), node requests ([`Provisioning`]), voluntary disruptions ([`Disruptions`]) and
-//! who to wake ([`WakeIndex`]). Every field is private; controllers ask and tell through named
-//! operations (`record_restart`, `begin_drain`, `take_request`, `admit`, ...), so an invariant of
-//! one concern is kept in one file.
+//! one [`OperatorState`] behind the one lock of [`State`], which the
+//! [`crate::controllers::Context`] holds. It is grouped by concern, in the manner of Karpenter's
+//! `state.Cluster` and Linkerd's policy `Index`: the placement model ([`ClusterModel`]),
+//! per-bundle records ([`BundleBook`]), per-node records ([`NodeBook`]), node requests
+//! ([`Provisioning`]), voluntary disruptions ([`Disruptions`]) and who to wake ([`WakeIndex`]).
+//! Every field is private; controllers ask and tell through named operations of [`State`]
+//! (`record_restart`, `begin_drain`, `take_request`, `admit`, ...), which lock inside, so an
+//! invariant of one concern is kept in one file and no guard leaves this module.
 //!
 //! - **Lock order.** A caller may hold the mirror's read lock and then take this one
-//!   (`Context::with_mirror` does both), never the other way round, and never holds this lock
-//!   across an `.await`: take it, read or change, drop it. Nothing else locks in between, so
-//!   no order can deadlock.
+//!   (`mirror().read(|m| ctx.state.sync_all(m))`), never the other way round, and never holds
+//!   this lock across an `.await`: take it, read or change, drop it. Nothing else locks in
+//!   between, so no order can deadlock.
 //! - **Durable policy state is not here alone.** Restart history is written to each Bundle's
 //!   status and merged back in at every reconcile, a drop is a job state in status, and a job
 //!   handed to its band's recovery is recorded by Manager as the instance's stop reason; so an
@@ -39,6 +40,7 @@ mod bundle_rules;
 mod bundles;
 mod disruption_rules;
 mod disruptions;
+mod mirror_rules;
 mod node_rules;
 mod nodes;
 mod pass_rules;
@@ -47,6 +49,7 @@ mod pools;
 mod provisioning;
 mod shared;
 mod wake;
+mod wake_rules;
 
 pub use asks::{Keyed, NodeAsk, NotKeyed};
 pub use bundles::{BundleBook, HistoryKnown, KnownReplica};
@@ -77,8 +80,8 @@ pub struct LastDecision {
 }
 
 /// Everything the controllers share that is not in Kubernetes or in Manager's mirror, with one
-/// owner: each concern is a record type with private fields and named operations, and
-/// controllers reach them only through the accessors below.
+/// owner: each concern is a record type with private fields and named operations, reached
+/// through the accessors below by [`State`]'s operations, which hold its lock.
 pub struct OperatorState {
     /// The placement engine kept in step with the mirror, pools and cordons.
     model: ClusterModel,
@@ -233,7 +236,7 @@ impl EngineSnapshot {
     /// Publishes a new copy of the engine when `state` changed since the last one. Returns the
     /// copy retired a refresh ago, for the caller to drop once it has released its locks.
     #[must_use = "drop the retired copy after releasing the state lock"]
-    pub fn refresh(&self, state: &mut OperatorState) -> Option<Arc<pl::Engine>> {
+    fn refresh(&self, state: &mut OperatorState) -> Option<Arc<pl::Engine>> {
         if !state.engine_changed {
             return None;
         }

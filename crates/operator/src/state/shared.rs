@@ -40,12 +40,6 @@ impl State {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The whole state under its lock, for the call sites not yet moved to a named operation
-    /// below; `make bench-state` counts each of them.
-    pub fn lock_all(&self) -> MutexGuard<'_, OperatorState> {
-        self.lock()
-    }
-
     /// Publishes a new engine copy to `snapshot` when the model changed since the last one;
     /// returns the copy retired a refresh ago, for the caller to drop (outside this lock).
     #[must_use = "drop the retired copy outside the state's lock"]
@@ -74,6 +68,11 @@ impl State {
     /// What `pool` holds and uses, as the model counts it (`None` when it is not loaded).
     pub fn pool_usage(&self, pool: &str) -> Option<pl::PoolUsage> {
         self.lock().model().engine().pool_usage(pool)
+    }
+
+    /// The spec of `pool` the model holds (`None` when it is not loaded).
+    pub fn pool_spec(&self, pool: &str) -> Option<pl::PoolSpec> {
+        self.lock().model().pool(pool).cloned()
     }
 
     /// Loads `spec` into the model as `mirror` shows its nodes; whether it changed (a change

@@ -561,11 +561,10 @@ impl Tier {
     fn passes_running(&self, bundles: &[&str], running: bool) {
         for b in bundles {
             let b = kube::runtime::reflector::ObjectRef::<Bundle>::new(b).within("live");
-            let mut state = self.ctx.state();
             if running {
-                state.wake_mut().begin_pass(&b);
+                self.ctx.state.begin_bundle_pass(&b);
             } else {
-                state.wake_mut().end_pass(&b);
+                let _ = self.ctx.state.end_bundle_pass(&b, || false);
             }
         }
     }

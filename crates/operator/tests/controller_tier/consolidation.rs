@@ -4,7 +4,7 @@
 use automanager_api::{
     ConsolidationStatus, Migration, MigrationPhase, PlacementPool, PlacementPoolStatus,
 };
-use automanager_operator::mapping::{self, NodeOverlay};
+use automanager_operator::mapping;
 use kube::ResourceExt;
 use manager_client::proto;
 
@@ -14,7 +14,10 @@ use super::common::condition_of;
 impl Tier {
     /// The placement model caught up with the mirror, as the mirror pump keeps it.
     pub(crate) fn sync_model(&self) {
-        self.ctx.with_mirror(|m, s| s.model_mut().sync_all(m));
+        self.ctx
+            .manager
+            .mirror()
+            .read(|m| self.ctx.state.sync_all(m));
     }
 
     /// Bundle `live/name`: one job of `capacity` declaring `overlap`, in aws-east, placed on a
@@ -76,10 +79,9 @@ impl Tier {
     }
 
     fn set_cordon(&self, node: &str, cordoned: bool) {
-        self.ctx.with_mirror(|m, s| {
-            let was = s.model().overlay(node);
-            s.model_mut()
-                .set_overlay(node, NodeOverlay { cordoned, ..was }, m);
+        let generation = self.ctx.state.node_generation(node);
+        (self.ctx.manager.mirror()).read(|m| {
+            self.ctx.state.apply_cordon(m, node, cordoned, generation);
         });
     }
 
@@ -169,7 +171,7 @@ async fn an_enabled_pool_empties_its_emptiest_node_through_migrations_then_termi
     let status = t.consolidation("aws-east");
     let node = status.current_node.clone().expect("a node being emptied");
     assert!(
-        t.ctx.state().model().overlay(&node).consolidating,
+        t.ctx.state.overlay(&node).consolidating,
         "placement keeps off it"
     );
     let migrations = t.consolidation_migrations();
@@ -208,7 +210,7 @@ async fn an_enabled_pool_empties_its_emptiest_node_through_migrations_then_termi
         condition_of(&t.pool_status("aws-east").conditions, "Consolidating").1,
         "NodeTerminated"
     );
-    assert!(!t.ctx.state().model().overlay(&node).consolidating);
+    assert!(!t.ctx.state.overlay(&node).consolidating);
     assert_eq!(t.events_with("NodeConsolidated").await, 1);
 }
 
@@ -236,7 +238,7 @@ async fn a_failed_move_gives_the_node_up_and_lets_placement_use_it_again() {
         message.contains(&format!("Migration {mig} ended Aborted")),
         "{message}"
     );
-    assert!(!t.ctx.state().model().overlay(&node).consolidating);
+    assert!(!t.ctx.state.overlay(&node).consolidating);
     assert!(
         t.api.writes().contains(&format!(
             "DELETE /apis/automanager.norsk.io/v1alpha1/namespaces/live/migrations/{mig}"
@@ -258,7 +260,7 @@ async fn switching_consolidation_off_gives_the_node_back_to_placement() {
 
     t.pool_pass("aws-east").await.expect("the pass");
 
-    assert!(!t.ctx.state().model().overlay(&node).consolidating);
+    assert!(!t.ctx.state.overlay(&node).consolidating);
     assert_eq!(t.pool_status("aws-east").consolidation, None);
     assert_eq!(
         condition_of(&t.pool_status("aws-east").conditions, "Consolidating").1,

@@ -304,7 +304,7 @@ async fn a_node_that_trips_unhealthy_again_and_again_is_held_out_longer_each_tim
     .await;
     let node = "onprem-a1";
     let status = || t.stored_node(node).and_then(|o| o.status).unwrap();
-    let avoided = || t.ctx.state().model().overlay(node).unhealthy;
+    let avoided = || t.ctx.state.overlay(node).unhealthy;
     // Two starts its workers refuse, as a Bundle pass records them.
     let trip = || async {
         controllers::node::record_rejection(&t.ctx, node).await;
@@ -458,7 +458,7 @@ async fn a_cordon_keeps_placement_off_the_node_and_says_so_once() {
     t.node_pass("onprem-a1").await.expect("a second pass");
 
     assert_eq!(next, Action::await_change());
-    assert!(t.ctx.state().model().overlay("onprem-a1").cordoned);
+    assert!(t.ctx.state.overlay("onprem-a1").cordoned);
     assert_eq!(
         t.api.writes(),
         Vec::<String>::new(),
@@ -471,7 +471,7 @@ async fn a_cordon_keeps_placement_off_the_node_and_says_so_once() {
     t.node_pass("onprem-a1")
         .await
         .expect("the uncordoning pass");
-    assert!(!t.ctx.state().model().overlay("onprem-a1").cordoned);
+    assert!(!t.ctx.state.overlay("onprem-a1").cordoned);
     assert_eq!(t.events_with("Uncordoned").await, 1);
 }
 

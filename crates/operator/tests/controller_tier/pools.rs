@@ -27,11 +27,7 @@ async fn while_manager_is_unreachable_a_pool_is_loaded_keeps_its_standing_and_as
     assert_eq!(status.observed_generation, pool.metadata.generation);
     assert_eq!(condition_of(&status.conditions, "Ready").0, "True");
     assert_eq!(
-        t.ctx
-            .state()
-            .model()
-            .pool("aws-east")
-            .and_then(|p| p.max_nodes),
+        t.ctx.state.pool_spec("aws-east").and_then(|p| p.max_nodes),
         Some(7),
         "the new spec is in the placement model"
     );

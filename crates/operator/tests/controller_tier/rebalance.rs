@@ -1,7 +1,7 @@
 //! The rebalancer and preemption, as the Bundle pass runs them.
 
 use automanager_api::{Bundle, Migration, PriorityBand};
-use automanager_operator::mapping::{self, NodeOverlay};
+use automanager_operator::mapping;
 use kube::ResourceExt;
 use manager_client::proto;
 
@@ -52,10 +52,9 @@ impl Tier {
     }
 
     fn cordon_in_model(&self, node: &str, cordoned: bool) {
-        self.ctx.with_mirror(|m, s| {
-            let was = s.model().overlay(node);
-            s.model_mut()
-                .set_overlay(node, NodeOverlay { cordoned, ..was }, m);
+        let generation = self.ctx.state.node_generation(node);
+        (self.ctx.manager.mirror()).read(|m| {
+            self.ctx.state.apply_cordon(m, node, cordoned, generation);
         });
     }
 
@@ -162,7 +161,7 @@ async fn the_fleets_rebalance_rate_holds_a_move_back() {
     t.news_breaking_same_zone().await;
     // The minute's one move is taken.
     let now = t.ctx.clock.now();
-    assert!(t.ctx.state().disruptions_mut().take_rebalance_moves(1, now));
+    assert!(t.ctx.state.take_rebalance_moves(1, now));
     t.cordon_in_model("onprem-a2", false);
 
     t.bundle_pass("news").await.expect("the pass");
