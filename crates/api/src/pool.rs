@@ -179,6 +179,55 @@ pub struct PlacementPoolSpec {
     /// `oci` pools over Manager's published API: the subnets nodes are created in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oci: Option<OciLaunch>,
+    /// How long a node of this pool takes from being asked for to running, in seconds, as its
+    /// owner knows it. Spare schedules apply this far ahead of their windows, and moves ahead
+    /// of a reclaim notice expect a new node of the pool up this long after asking. Manager's
+    /// published API reports no such time, so there this is the pool's start latency (absent:
+    /// none); over our first API the larger of this and what Manager reports counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub start_latency_seconds: Option<i32>,
+}
+
+/// A PlacementPool spec value the CRD's schema rules out, found by the operator (an object
+/// written before the rule, or past an apiserver that does not check it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolSpecError {
+    #[error(
+        "startLatencySeconds is {0}: it must be 0 to {max}",
+        max = PlacementPoolSpec::MAX_START_LATENCY_SECONDS
+    )]
+    StartLatencyOutOfRange(i32),
+}
+
+impl PlacementPoolSpec {
+    /// The largest `startLatencySeconds`.
+    pub const MAX_START_LATENCY_SECONDS: i32 = 3600;
+
+    /// The values the operator checks itself, beyond what the placement engine checks.
+    pub fn validate(&self) -> Result<(), PoolSpecError> {
+        match self.start_latency_seconds {
+            Some(s) if !(0..=Self::MAX_START_LATENCY_SECONDS).contains(&s) => {
+                Err(PoolSpecError::StartLatencyOutOfRange(s))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `startLatencySeconds`, when set and valid.
+    pub fn declared_start_latency(&self) -> Option<std::time::Duration> {
+        self.start_latency_seconds
+            .filter(|s| (0..=Self::MAX_START_LATENCY_SECONDS).contains(s))
+            .and_then(|s| u64::try_from(s).ok())
+            .map(std::time::Duration::from_secs)
+    }
+
+    /// How long a node of this pool takes from being asked for to running: the longer of
+    /// what Manager reports (`reported`) and what the pool declares.
+    pub fn start_latency(&self, reported: std::time::Duration) -> std::time::Duration {
+        self.declared_start_latency()
+            .map_or(reported, |declared| declared.max(reported))
+    }
 }
 
 /// Whether consolidation runs, only plans, or is off.
@@ -350,4 +399,79 @@ pub struct PlacementPoolStatus {
     #[serde(default)]
     #[schemars(length(max = 16), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn spec(start_latency_seconds: Option<i32>) -> PlacementPoolSpec {
+        serde_json::from_value(serde_json::json!({
+            "kind": "aws", "region": "eu-west-1", "scaleOut": "fixed",
+            "startLatencySeconds": start_latency_seconds,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_declared_start_latency_counts_when_manager_reports_less() {
+        let s = spec(Some(6));
+        assert_eq!(s.start_latency(Duration::ZERO), Duration::from_secs(6));
+        assert_eq!(
+            s.start_latency(Duration::from_millis(200)),
+            Duration::from_secs(6)
+        );
+    }
+
+    #[test]
+    fn manager_s_start_latency_counts_when_it_is_longer_than_the_declared_one() {
+        assert_eq!(
+            spec(Some(6)).start_latency(Duration::from_secs(30)),
+            Duration::from_secs(30)
+        );
+    }
+
+    #[test]
+    fn without_a_declared_start_latency_manager_s_counts() {
+        let s = spec(None);
+        assert_eq!(s.declared_start_latency(), None);
+        assert_eq!(
+            s.start_latency(Duration::from_secs(30)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(s.validate(), Ok(()));
+    }
+
+    #[test]
+    fn a_start_latency_outside_0_to_3600_seconds_is_invalid_and_not_used() {
+        for bad in [-1, 3601] {
+            let s = spec(Some(bad));
+            assert_eq!(
+                s.validate(),
+                Err(PoolSpecError::StartLatencyOutOfRange(bad))
+            );
+            assert_eq!(s.declared_start_latency(), None);
+            assert_eq!(
+                s.start_latency(Duration::from_secs(2)),
+                Duration::from_secs(2)
+            );
+        }
+        for good in [0, 3600] {
+            assert_eq!(spec(Some(good)).validate(), Ok(()));
+        }
+        assert_eq!(
+            PoolSpecError::StartLatencyOutOfRange(4000).to_string(),
+            "startLatencySeconds is 4000: it must be 0 to 3600"
+        );
+    }
+
+    #[test]
+    fn the_start_latency_is_written_as_start_latency_seconds() {
+        let v = serde_json::to_value(spec(Some(90))).unwrap();
+        assert_eq!(v["startLatencySeconds"], 90);
+        let v = serde_json::to_value(spec(None)).unwrap();
+        assert!(v.get("startLatencySeconds").is_none(), "{v}");
+    }
 }

@@ -1,7 +1,8 @@
 //! Against Manager's published API the pools are ours, not Manager's: this keeps the port's
 //! [`PoolCatalog`] equal to the cluster's PlacementPools (provider, region, zones, instance
 //! types with their capacity), so CreateNode asks for what a pool declares and a node's
-//! capacity is its instance type's.
+//! capacity is its instance type's. Manager reports no start latency there either: a pool's is
+//! the one it declares (`startLatencySeconds`), as both its provisioning and its start delay.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +25,9 @@ pub fn catalog_pool(name: &str, spec: &PlacementPoolSpec) -> CatalogPool {
         ScaleOut::Elastic => ProtoScaleOut::Elastic,
         ScaleOut::Fixed => ProtoScaleOut::Fixed,
     };
+    let start_latency_ms = spec
+        .declared_start_latency()
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     CatalogPool {
         pool: Pool {
             name: name.to_owned(),
@@ -44,7 +48,8 @@ pub fn catalog_pool(name: &str, spec: &PlacementPoolSpec) -> CatalogPool {
                 })
                 .collect(),
             can_stop: false,
-            ..Default::default()
+            provision_delay_ms: start_latency_ms,
+            start_delay_ms: start_latency_ms,
         },
         zone_launch: zone_launch(spec),
         default_launch: default_launch(spec),
@@ -133,7 +138,25 @@ mod tests {
             consolidation: None,
             aws: None,
             oci: None,
+            start_latency_seconds: None,
         }
+    }
+
+    #[test]
+    fn a_pool_s_declared_start_latency_is_both_its_provisioning_and_its_start_delay() {
+        let mut s = spec(PoolKind::Aws);
+        s.start_latency_seconds = Some(6);
+        let c = catalog_pool("east", &s);
+        assert_eq!(
+            (c.pool.provision_delay_ms, c.pool.start_delay_ms),
+            (6_000, 6_000)
+        );
+    }
+
+    #[test]
+    fn a_pool_without_a_declared_start_latency_reports_none() {
+        let c = catalog_pool("east", &spec(PoolKind::Aws));
+        assert_eq!((c.pool.provision_delay_ms, c.pool.start_delay_ms), (0, 0));
     }
 
     #[test]

@@ -275,6 +275,7 @@ pub fn elastic_pool(
             consolidation: None,
             aws: None,
             oci: None,
+            start_latency_seconds: None,
         },
     )
 }
@@ -322,6 +323,7 @@ pub fn fixed_pool(
             consolidation: None,
             aws: None,
             oci: None,
+            start_latency_seconds: None,
         },
     );
     Ok((path, placement_pool))

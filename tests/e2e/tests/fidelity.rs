@@ -306,8 +306,9 @@ async fn a_flapping_node_is_held_out_one_two_and_four_times_the_base() {
     println!("fidelity-figure flap_holdout_tested=yes");
 }
 
-/// The aws-east pool's start latency in the schedule test's sim: with the operator's margin
-/// (a quarter of it, at least 10 s) a schedule applies 16 s ahead of its window.
+/// The aws-east pool's start latency in the schedule test's sim, declared on its PlacementPool
+/// too (`startLatencySeconds`: Manager's published API reports none): with the operator's
+/// margin (a quarter of it, at least 10 s) a schedule applies 16 s ahead of its window.
 const SCHEDULE_START_DELAY_MS: i64 = 6_000;
 const SCHEDULE_LEAD: TimeDelta = TimeDelta::seconds(16);
 
@@ -331,6 +332,27 @@ async fn a_scheduled_spare_tier_is_up_when_its_window_opens() {
         .await
         .expect("stack");
     apply_example_pools(&stack).await.unwrap();
+    let declared = format!(
+        r#"{{"spec":{{"startLatencySeconds":{}}}}}"#,
+        SCHEDULE_START_DELAY_MS / 1_000
+    );
+    let out = (stack.env)
+        .run_kubectl([
+            "patch",
+            "placementpool",
+            "aws-east",
+            "--type",
+            "merge",
+            "-p",
+            &declared,
+        ])
+        .await
+        .unwrap();
+    assert!(
+        out.success(),
+        "declaring aws-east's start latency: {}",
+        out.stderr
+    );
 
     // The next whole minute with room for the target's first status before the lead begins.
     let earliest = Utc::now() + SCHEDULE_LEAD + TimeDelta::seconds(30);

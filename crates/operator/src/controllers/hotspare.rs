@@ -211,7 +211,7 @@ async fn observe(target: &HotSpareTarget, ctx: &Context) -> Result<Observed, Err
         return Ok(Observed::Stalled(Stall::ManagerUnavailable(why)));
     }
     let nodes = spare_nodes(target, ctx);
-    let sizes = match tier_sizes(ctx, target, &nodes).await {
+    let sizes = match tier_sizes(ctx, target, &pool, &nodes).await {
         Ok(sizes) => sizes,
         Err(message) => {
             let e = SpareSpecError::InvalidTier(message);
@@ -763,12 +763,13 @@ pub async fn start_warm_spare(
     }
 }
 
-/// The tier counts in effect now: the schedules applied ahead by the pool's start latency (as
-/// Manager reports it) and a margin ([`tiers::schedule_lead`]), else `hot` (or `targetCount`)
+/// The tier counts in effect now: the schedules applied ahead by the pool's start latency
+/// ([`start_latency`]) and a margin ([`tiers::schedule_lead`]), else `hot` (or `targetCount`)
 /// and `warm`. An error is a message for the `Stalled` condition.
 async fn tier_sizes(
     ctx: &Context,
     target: &HotSpareTarget,
+    pool: &PlacementPool,
     nodes: &[SpareNode],
 ) -> Result<tiers::TiersInEffect, String> {
     let spec = &target.spec;
@@ -810,7 +811,7 @@ async fn tier_sizes(
     let lead = if schedules.is_empty() {
         chrono::TimeDelta::zero()
     } else {
-        tiers::schedule_lead(start_latency(ctx, &spec.pool).await)
+        tiers::schedule_lead(start_latency(ctx, pool).await)
     };
     Ok(tiers::tiers_in_effect(
         &base,
@@ -822,21 +823,24 @@ async fn tier_sizes(
 }
 
 /// How long the pool takes to bring a spare up: the slower of starting a stopped node and
-/// provisioning a new one, as Manager reports them (a schedule starts that much early).
-async fn start_latency(ctx: &Context, pool: &str) -> chrono::TimeDelta {
-    match ctx.manager.list_pools().await {
+/// provisioning a new one as Manager reports them, or the pool's declared start latency when
+/// that is longer (a schedule starts that much early).
+async fn start_latency(ctx: &Context, pool: &PlacementPool) -> chrono::TimeDelta {
+    let name = pool.name_any();
+    let reported_ms = match ctx.manager.list_pools().await {
         Ok(pools) => pools
             .iter()
-            .find(|p| p.name == pool)
-            .map(|p| p.start_delay_ms.max(p.provision_delay_ms))
-            .map_or(chrono::TimeDelta::zero(), |ms| {
-                chrono::TimeDelta::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
-            }),
+            .find(|p| p.name == name)
+            .map_or(0, |p| p.start_delay_ms.max(p.provision_delay_ms)),
         Err(e) => {
-            tracing::info!(pool, error = %e, "pool start latency unknown: schedules apply on time");
-            chrono::TimeDelta::zero()
+            tracing::info!(pool = %name, error = %e, "Manager's pool start latency unknown: the declared one alone counts");
+            0
         }
-    }
+    };
+    let latency = pool
+        .spec
+        .start_latency(std::time::Duration::from_millis(reported_ms));
+    chrono::TimeDelta::from_std(latency).unwrap_or(chrono::TimeDelta::MAX)
 }
 
 /// Whether a spare may be terminated now. The planner only retires spares that hold no job,

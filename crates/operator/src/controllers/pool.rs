@@ -194,9 +194,13 @@ struct Seen {
 /// it, what holds back new nodes, its figures and its degraded zones.
 async fn look(pool: &PlacementPool, ctx: &Context) -> Seen {
     let name = pool.name_any();
-    let loaded = (ctx.manager.mirror())
-        .read(|m| ctx.state.load_pool(m, engine_pool(pool)))
-        .map_err(|e| e.to_string());
+    // A value the engine does not take (the start latency) is checked here, alike.
+    let loaded = match pool.spec.validate() {
+        Ok(()) => (ctx.manager.mirror())
+            .read(|m| ctx.state.load_pool(m, engine_pool(pool)))
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
     let manager = match &loaded {
         Ok(_) if ctx.manager_ready() => managers_view(pool, ctx).await,
         _ => policy::ManagerView::NotAsked,

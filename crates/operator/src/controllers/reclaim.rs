@@ -329,7 +329,8 @@ fn free_nodes(ctx: &Context, noticed: &BTreeSet<&str>) -> Vec<FreeNode> {
     })
 }
 
-/// What each elastic pool can add now, and how fast.
+/// What each elastic pool can add now, and how fast: Manager's provisioning delay, or the
+/// pool's declared start latency when that is longer.
 async fn supply(ctx: &Context, now: chrono::DateTime<Utc>) -> Result<Vec<PoolSupply>, Error> {
     let pools = Api::<PlacementPool>::all(ctx.client.clone())
         .list(&ListParams::default())
@@ -363,10 +364,9 @@ async fn supply(ctx: &Context, now: chrono::DateTime<Utc>) -> Result<Vec<PoolSup
         )
         .unwrap_or(u32::MAX)
         .min(ctx.state.provision_allowance(&name, now));
+        let reported = Duration::from_millis(delays.get(&name).copied().unwrap_or(0));
         out.push(PoolSupply {
-            ready_in: TimeDelta::milliseconds(
-                i64::try_from(delays.get(&name).copied().unwrap_or(0)).unwrap_or(i64::MAX),
-            ),
+            ready_in: TimeDelta::from_std(p.spec.start_latency(reported)).unwrap_or(TimeDelta::MAX),
             pool: name,
             node_capacity: t.total_capacity as f64,
             node_cores: u32::try_from(t.total_cores).unwrap_or(0),
