@@ -22,13 +22,13 @@
 use automanager_api::{self as api, PlacementHistory, PlacementHistorySpec};
 use automanager_placement as pl;
 use chrono::{DateTime, Utc};
-use kube::Resource;
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, Resource};
 use serde_json::{Value, json};
 
 use super::history_writer::{BundleName, Target};
-use crate::controllers::{Context, Error, LastDecision};
-use crate::state::HistoryKnown;
+use crate::controllers::{Error, LastDecision};
+use crate::state::{HistoryKnown, State};
 
 /// A decision to add: its replica, when it was made, its summary and its full trace.
 struct New {
@@ -38,13 +38,19 @@ struct New {
     trace: api::FullTrace,
 }
 
-/// Adds the decisions of `bundle`'s replicas its history does not hold yet (called by the
-/// [`super::history_writer`], off the Bundle's path). On a failure the decisions stay in the
-/// bundle book, to be written by a later attempt: the history is for people, and never holds
-/// up a placement.
-pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> Result<(), Error> {
+/// Adds the decisions of `bundle`'s replicas its history does not hold yet, as `leader` made
+/// them (called by the [`super::history_writer`], off the Bundle's path). On a failure the
+/// decisions stay in the bundle book, to be written by a later attempt: the history is for
+/// people, and never holds up a placement.
+pub(super) async fn write(
+    client: &Client,
+    state: &State,
+    leader: &str,
+    key: &BundleName,
+    target: &Target,
+) -> Result<(), Error> {
     let (ns, name) = key.clone();
-    let (pending, known) = ctx.state.history_unwritten(key);
+    let (pending, known) = state.history_unwritten(key);
     if pending.is_empty() {
         return Ok(());
     }
@@ -52,7 +58,7 @@ pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> R
     let mut done = Vec::new();
     let mut new = Vec::new();
     for (r, last) in pending {
-        let record = record(&last, &ctx.identity);
+        let record = record(&last, leader);
         let said = (known.as_ref())
             .and_then(|k| k.newest(r))
             .is_some_and(|w| w.same_decision(&record));
@@ -72,18 +78,18 @@ pub(super) async fn write(ctx: &Context, key: &BundleName, target: &Target) -> R
     }
     let mut written = None;
     if !new.is_empty() {
-        let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), &ns);
+        let api: Api<PlacementHistory> = Api::namespaced(client.clone(), &ns);
         match add(&api, target, &name, known.as_ref(), &new).await {
             Ok(w) => written = Some(w),
             Err(e) => {
-                ctx.state.history_write_failed(key);
+                state.history_write_failed(key);
                 return Err(e);
             }
         }
         tracing::debug!(bundle = %name, namespace = %ns, replicas = new.len(), "placement history written");
     }
     done.extend(new.iter().map(|n| (n.replica, n.at)));
-    ctx.state.history_written(key, written, &done);
+    state.history_written(key, written, &done);
     Ok(())
 }
 
@@ -274,16 +280,11 @@ async fn apply(
     Ok(api.patch(name, &params, &Patch::Apply(&patch)).await?)
 }
 
-/// How long a deletion waits for a write of the same history in flight.
-const FORGET_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// Deletes `bundle`'s history (the garbage collector would, where one runs), after dropping its
-/// queued write and waiting for one in flight; a missing one is no error.
-pub(super) async fn delete(ctx: &Context, ns: &str, name: &str) {
-    ctx.history
-        .forget(ctx, &(ns.to_owned(), name.to_owned()), FORGET_WAIT)
-        .await;
-    let api: Api<PlacementHistory> = Api::namespaced(ctx.client.clone(), ns);
+/// Deletes `bundle`'s history (the garbage collector would, where one runs); a missing one is
+/// no error. Called by [`super::history_writer::HistoryWriter::delete`], which first settles
+/// the writes of it.
+pub(super) async fn delete(client: &Client, (ns, name): &BundleName) {
+    let api: Api<PlacementHistory> = Api::namespaced(client.clone(), ns);
     match api.delete(name, &Default::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(s)) if s.code == 404 => {}

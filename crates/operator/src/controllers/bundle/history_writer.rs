@@ -51,6 +51,8 @@ pub const RETRY_FIRST: Duration = Duration::from_secs(1);
 pub const ATTEMPTS: u32 = 5;
 /// How often the task looks again when nothing woke it (a hold or a back-off ending).
 const TICK: Duration = Duration::from_millis(100);
+/// How long a deletion of a history waits for a write of it in flight.
+const FORGET_WAIT: Duration = Duration::from_secs(10);
 
 /// A bundle's `(namespace, name)`.
 pub type BundleName = (String, String);
@@ -286,9 +288,17 @@ impl HistoryWriter {
         self.wake.notify_one();
     }
 
+    /// `bundle` is gone: its history is deleted once its queued write is dropped and one in
+    /// flight was waited for (up to [`FORGET_WAIT`]), so that the history is not created again
+    /// after its deletion.
+    pub async fn delete(&self, ctx: &Context, bundle: &BundleName) {
+        self.forget(ctx, bundle, FORGET_WAIT).await;
+        super::history::delete(&ctx.client, bundle).await;
+    }
+
     /// `bundle` is gone: its queued write is dropped, and a write of it in flight is waited
-    /// for (up to `within`), so that the history is not created again after its deletion.
-    pub async fn forget(&self, ctx: &Context, bundle: &BundleName, within: Duration) {
+    /// for (up to `within`).
+    async fn forget(&self, ctx: &Context, bundle: &BundleName, within: Duration) {
         let depth = {
             let mut q = self.queue_lock();
             q.forget(bundle);
@@ -366,7 +376,8 @@ async fn run(ctx: Weak<Context>) {
 }
 
 async fn write_one(ctx: Arc<Context>, bundle: BundleName, target: Target) {
-    let result = super::history::write(&ctx, &bundle, &target).await;
+    let result =
+        super::history::write(&ctx.client, &ctx.state, &ctx.identity, &bundle, &target).await;
     let written = match &result {
         Ok(()) => Written::Ok,
         Err(e) => {

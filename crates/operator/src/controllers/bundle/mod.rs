@@ -797,7 +797,7 @@ async fn cleanup(bundle: &Bundle, ctx: &Arc<Context>) -> Result<Action, Error> {
         )
         .await;
     }
-    history::delete(ctx, &ns, &name).await;
+    (ctx.history).delete(ctx, &(ns.clone(), name.clone())).await;
     let bundle_ref = ObjectRef::new(&name).within(&ns);
     (ctx.manager.mirror()).read(|m| ctx.state.forget_bundle(m, &bundle_ref, &bundle_id));
     ctx.set_broken(&bundle_id, false);
