@@ -289,7 +289,7 @@ impl HistoryWriter {
     }
 
     /// `bundle` is gone: its history is deleted once its queued write is dropped and one in
-    /// flight was waited for (up to [`FORGET_WAIT`]), so that the history is not created again
+    /// flight was waited for (up to `FORGET_WAIT`), so that the history is not created again
     /// after its deletion.
     pub async fn delete(&self, ctx: &Context, bundle: &BundleName) {
         self.forget(ctx, bundle, FORGET_WAIT).await;
