@@ -312,12 +312,37 @@ pub fn check_manager(world: &World) -> Violations {
         let (capacity, cores) = used.get(n.id.as_str()).copied().unwrap_or_default();
         if capacity > n.capacity + CAPACITY_EPSILON || cores > i64::from(n.cores) {
             v.overcapacity.insert(format!(
-                "{}: capacity {capacity}/{}, cores {cores}/{}",
-                n.id, n.capacity, n.cores
+                "{}: capacity {capacity}/{}, cores {cores}/{}; holding: {}",
+                n.id,
+                n.capacity,
+                n.cores,
+                holding_on(world, &n.id)
             ));
         }
     }
     v
+}
+
+/// The instances holding capacity on `node`, for an overcapacity's message: each job, whether
+/// it is the job's normal instance or a migration target, its state and what it holds.
+fn holding_on(world: &World, node: &str) -> String {
+    let mut out = Vec::new();
+    for j in &world.jobs {
+        for i in (j.instances.iter()).filter(|i| i.node_id == node && i.state.holds_capacity()) {
+            let (capacity, cores) = i
+                .reserved
+                .unwrap_or((j.required_capacity, j.required_cores));
+            out.push(format!(
+                "{}/{}/{} {} {:?} {capacity}/{cores}",
+                j.bundle_id,
+                j.replica,
+                j.job_name,
+                if i.normal { "normal" } else { "target" },
+                i.state
+            ));
+        }
+    }
+    out.join(", ")
 }
 
 /// Every invariant: [`check_manager`], plus nothing lost and nothing orphaned (meaningful once

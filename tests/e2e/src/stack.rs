@@ -53,6 +53,18 @@ impl ManagerApi {
         self != ManagerApi::V1
     }
 
+    /// Whether Manager has pools of its own (our first API's ListPools), so a PlacementPool
+    /// can be unknown to it. The published API has none: every pool is the operator's own.
+    pub fn lists_pools(self) -> bool {
+        self == ManagerApi::V1
+    }
+
+    /// Whether Manager terminates a physical (fixed pool) node a drain asks it to: our first
+    /// API does; over the published API the node is its owner's, so a drain leaves it up.
+    pub fn terminates_physical_nodes(self) -> bool {
+        self == ManagerApi::V1
+    }
+
     /// Whether the Manager serves what 1.0.384 lacks (warm nodes, the migration handshake,
     /// reclaim notices): our first API does, the published one only with our extension.
     pub fn extended(self) -> bool {
@@ -300,9 +312,32 @@ impl Proc {
     }
 }
 
+/// Where a failing test's process logs are copied before its stack's directory goes:
+/// `AUTOMANAGER_E2E_KEEP_LOGS=DIR`.
+pub const KEEP_LOGS_ENV: &str = "AUTOMANAGER_E2E_KEEP_LOGS";
+
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
+        if std::thread::panicking()
+            && let Some(dir) = std::env::var_os(KEEP_LOGS_ENV)
+        {
+            // The stack's directory (a unique temporary one) tells two stacks' logs apart.
+            let stack = (self.log.parent().and_then(Path::file_name))
+                .map_or_else(|| "stack".into(), |n| n.to_string_lossy().into_owned());
+            let file = self.log.file_name().map_or_else(
+                || format!("{}.log", self.name),
+                |n| n.to_string_lossy().into_owned(),
+            );
+            let to = PathBuf::from(dir).join(format!("{stack}-{file}"));
+            if let Err(e) = std::fs::create_dir_all(to.parent().unwrap_or(Path::new(".")))
+                .and_then(|()| std::fs::copy(&self.log, &to))
+            {
+                eprintln!("could not keep {}: {e}", self.log.display());
+            } else {
+                eprintln!("kept {} as {}", self.name, to.display());
+            }
+        }
     }
 }
 
