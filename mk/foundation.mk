@@ -3,7 +3,7 @@ CARGO ?= cargo
 K8S_BIN = $(shell tools/control-plane/build.sh)
 QUICKSTART_DIR ?= .tmp/quickstart
 
-.PHONY: crds test test-unit test-e2e test-e2e-published test-e2e-standard lint fmt quickstart quickstart-down
+.PHONY: crds test test-unit test-e2e test-e2e-published test-e2e-v1 test-e2e-standard lint fmt quickstart quickstart-down
 
 # Areas add what `make test` needs first (an npm install, say) to TEST_PREREQS in their mk file.
 TEST_PREREQS += control-plane
@@ -46,9 +46,13 @@ test-e2e: control-plane ## only the end-to-end suites (E2E_LANES of them side by
 # that a Migration (stopThenStart) and a warm tier say there that they need our extension.
 E2E_STANDARD_SUITES ?= operator spares published_api
 
-test-e2e-published: control-plane ## every end-to-end suite over Manager's published API with our extension
+test-e2e-published: control-plane ## every end-to-end suite over Manager's published API with our extension (what `make test` runs)
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" \
 	  AUTOMANAGER_E2E_MANAGER_API=published E2E_LANES_DIR=.tmp/e2e-lanes-published scripts/test-e2e-lanes.sh
+
+test-e2e-v1: control-plane ## every end-to-end suite over our first API (norsk.manager.v1), while it is kept
+	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" \
+	  AUTOMANAGER_E2E_MANAGER_API=v1 E2E_LANES_DIR=.tmp/e2e-lanes-v1 scripts/test-e2e-lanes.sh
 
 test-e2e-standard: control-plane ## the core end-to-end suites over Manager's published API alone (no extension: standard mode)
 	AUTOMANAGER_K8S_BIN="$(K8S_BIN)" CARGO="$(CARGO)" E2E_LANES="$(E2E_LANES)" \

@@ -1,5 +1,7 @@
 # The reliability suite: faults against the real stack with the invariant checker (docs/reliability.md).
 # Not part of `make test`: each scenario takes minutes. RELIABILITY_BUNDLES sets the wave size.
+# Both run over our first API unless AUTOMANAGER_E2E_MANAGER_API says otherwise
+# (docs/manager-api.md says which scenarios pass over the published API).
 .PHONY: test-reliability test-reliability4 test-soak test-chaos test-chaos-published test-loaded
 
 RELIABILITY_LOG ?= .tmp/reliability.log
@@ -9,7 +11,7 @@ RELIABILITY_TEST_ARGS ?=
 test-reliability: control-plane ## fault scenarios (operator kill -9, zone outage, stream cuts, restart storm, hostile input, leader pause, deep config, sim restart, apiserver pause and restart, cordon, migration race, kill mid-handover, hostile objects, hostile peers, fleet load; the soak is `make test-soak`) with the invariant checker; one summary line per scenario
 	@mkdir -p $(dir $(RELIABILITY_LOG))
 	@echo "==> cargo test -p automanager-e2e --features reliability --test reliability (RELIABILITY_BUNDLES=$${RELIABILITY_BUNDLES:-200}; log: $(RELIABILITY_LOG))"
-	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
+	@status=0; AUTOMANAGER_E2E_MANAGER_API=$${AUTOMANAGER_E2E_MANAGER_API:-v1} AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
 	  --test reliability -- --test-threads=1 --nocapture $(RELIABILITY_TEST_ARGS) 2>&1 | tee $(RELIABILITY_LOG) || status=$$?; \
 	echo "==> summary"; \
 	lines=$$(grep -oE 'reliability scenario=.*' $(RELIABILITY_LOG) || true); \
@@ -40,7 +42,7 @@ CHAOS_LOG ?= .tmp/chaos.log
 test-chaos: control-plane ## seeded chaos schedules on one shared stack (CHAOS_SEEDS=n from CHAOS_SEED_FROM, or CHAOS_SEED=s to replay one); one line per seed and a summary
 	@mkdir -p $(dir $(CHAOS_LOG))
 	@echo "==> cargo test -p automanager-e2e --features reliability --test chaos (AUTOMANAGER_E2E_MANAGER_API=$${AUTOMANAGER_E2E_MANAGER_API:-v1} CHAOS_SEEDS=$${CHAOS_SEEDS:-10} CHAOS_SEED_FROM=$${CHAOS_SEED_FROM:-1} CHAOS_SEED=$${CHAOS_SEED:-}; log: $(CHAOS_LOG))"
-	@status=0; AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
+	@status=0; AUTOMANAGER_E2E_MANAGER_API=$${AUTOMANAGER_E2E_MANAGER_API:-v1} AUTOMANAGER_K8S_BIN="$(K8S_BIN)" $(CARGO) test -p automanager-e2e --features reliability \
 	  --test chaos -- --nocapture 2>&1 | tee $(CHAOS_LOG) || status=$$?; \
 	echo "==> summary"; \
 	grep -E '^chaos (run|seed=[0-9]+ faults=|summary)' $(CHAOS_LOG) || echo "no seed reported"; \

@@ -7,4 +7,5 @@ bench-spare-tiers: ## policy simulation on a fake clock, then bench-warm-recover
 	$(MAKE) --no-print-directory bench-warm-recovery
 
 bench-warm-recovery: control-plane ## a gold recovery that starts a warm spare vs provisioning, then inside a schedule's window vs a flat hot target: warm-recovery ... operator_share_p99_ms=...; spare-schedule gold_recovery_in_window_p99_ms=... flat_hot_p99_ms=...
-	AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench warm_recovery
+	@# Its reader of Manager is a client of our first API.
+	AUTOMANAGER_E2E_MANAGER_API=v1 AUTOMANAGER_K8S_BIN="$$(tools/control-plane/build.sh)" cargo bench -p automanager-e2e --bench warm_recovery

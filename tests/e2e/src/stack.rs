@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 use crate::{SetupError, TestEnv, env_with_crds, repo_root};
 
 /// Which of Manager's APIs a [`Stack`]'s operator speaks and its sim serves, chosen for every
-/// Stack of a test process by `AUTOMANAGER_E2E_MANAGER_API`: `v1` (our first API), `published`
-/// (Manager's published API with our extension) or `published-standard` (the published API
-/// alone, the sim started with `--no-extension`: the operator's standard mode).
+/// Stack of a test process by `AUTOMANAGER_E2E_MANAGER_API`: `published` (Manager's published
+/// API with our extension, the default), `published-standard` (the published API alone, the
+/// sim started with `--no-extension`: the operator's standard mode) or `v1` (our first API).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ManagerApi {
     V1,
@@ -28,11 +28,11 @@ pub enum ManagerApi {
 pub const MANAGER_API_ENV: &str = "AUTOMANAGER_E2E_MANAGER_API";
 
 impl ManagerApi {
-    /// The API chosen by [`MANAGER_API_ENV`] (unset: [`ManagerApi::V1`]); panics on a value it
-    /// does not know, so a misspelt lane does not quietly run the default.
+    /// The API chosen by [`MANAGER_API_ENV`] (unset: [`ManagerApi::Published`]); panics on a
+    /// value it does not know, so a misspelt lane does not quietly run the default.
     pub fn from_env() -> ManagerApi {
         match std::env::var(MANAGER_API_ENV) {
-            Err(_) => ManagerApi::V1,
+            Err(_) => ManagerApi::Published,
             Ok(v) => ManagerApi::parse(&v).unwrap_or_else(|| {
                 panic!("{MANAGER_API_ENV}={v:?}: expected v1, published or published-standard")
             }),
@@ -41,8 +41,8 @@ impl ManagerApi {
 
     pub fn parse(v: &str) -> Option<ManagerApi> {
         match v.trim() {
-            "" | "v1" => Some(ManagerApi::V1),
-            "published" => Some(ManagerApi::Published),
+            "v1" => Some(ManagerApi::V1),
+            "" | "published" => Some(ManagerApi::Published),
             "published-standard" => Some(ManagerApi::PublishedStandard),
             _ => None,
         }

@@ -152,11 +152,13 @@ pub struct TlsConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum ManagerApi {
-    /// Our own first API (`norsk.manager.v1`), which manager-sim serves with every feature.
-    #[default]
+    /// Our own first API (`norsk.manager.v1`), which only manager-sim serves; kept while the
+    /// move to the published API ends.
     V1,
     /// Manager's published API (`norsk.api.manager` 1.0.384): nodes and jobs under our tags,
-    /// pools from the PlacementPools; warm spares and the migration handshake are not served.
+    /// pools from the PlacementPools; warm spares and the migration handshake where Manager
+    /// also serves our extension, standard mode where it does not.
+    #[default]
     Published,
 }
 
@@ -226,7 +228,7 @@ impl Default for ManagerConfig {
     /// `url` is empty, which validation reports as missing.
     fn default() -> Self {
         ManagerConfig {
-            api: ManagerApi::V1,
+            api: ManagerApi::Published,
             owner: "automanager".to_owned(),
             url: String::new(),
             token_file: None,
