@@ -3,8 +3,11 @@
 //!
 //! The mirror is the truth about what runs where. Between a placement and the moment the mirror
 //! shows the started job, the job's capacity is held as an *in-flight* reservation so the next
-//! placement of a wave sees it. The invariant kept for every node N:
-//! `engine.used(N) = mirror usage(N) + Σ in-flight reservations on N not yet in the mirror`.
+//! placement of a wave sees it. A Migration's target is held the same way from the moment it
+//! is chosen until the mirror shows the job on it (a stop-then-start target starts only at the
+//! cutover, a phase or more after it was chosen). The invariant kept for every node N:
+//! `engine.used(N) = mirror usage(N) + Σ in-flight reservations and target holds on N not yet
+//! in the mirror`.
 
 use std::collections::{HashMap, HashSet};
 
@@ -25,6 +28,36 @@ struct Inflight {
     cores: u32,
     /// Set once StartJob answered: what the mirror must show for the start to be reflected.
     answered: Option<StartMark>,
+}
+
+/// A Migration's target node, chosen but not yet shown running the job by the mirror.
+#[derive(Debug, Clone, PartialEq)]
+struct TargetHold {
+    job_id: String,
+    node: String,
+    capacity: f64,
+    cores: u32,
+    /// The migration completed: the job moved there, so any instance of it the mirror shows
+    /// there (it may have stopped already) is the move.
+    completed: bool,
+}
+
+impl TargetHold {
+    /// Whether the mirror counts the job on the target, or no longer needs to: an instance of
+    /// it (either role) starting or running there (in any state once the move completed), or
+    /// the job gone.
+    fn reflected_in(&self, mirror: &MirrorState) -> bool {
+        mirror.jobs.get(&self.job_id).is_none_or(|j| {
+            j.instances.iter().any(|i| {
+                i.node_id == self.node
+                    && (self.completed
+                        || matches!(
+                            i.state(),
+                            manager_proto::JobState::Starting | manager_proto::JobState::Running
+                        ))
+            })
+        })
+    }
 }
 
 /// A start as Manager answered it: the time of Manager's record of the job and when the new
@@ -72,6 +105,8 @@ pub struct ClusterModel {
     pools: HashMap<String, pl::PoolSpec>,
     overlays: HashMap<String, NodeOverlay>,
     inflight: HashMap<pl::JobKey, Inflight>,
+    /// Migration targets held, by Manager's migration id.
+    targets: HashMap<String, TargetHold>,
 }
 
 impl ClusterModel {
@@ -81,6 +116,7 @@ impl ClusterModel {
             pools: HashMap::new(),
             overlays: HashMap::new(),
             inflight: HashMap::new(),
+            targets: HashMap::new(),
         }
     }
 
@@ -182,6 +218,8 @@ impl ClusterModel {
             self.inflight.remove(&key);
             self.engine.release_job(&key);
         }
+        self.targets
+            .retain(|_, t| !ids.contains(&t.node) || !t.reflected_in(mirror));
         for id in ids {
             let Some(node) = mirror.nodes.get(&id) else {
                 self.engine.remove_node(&id);
@@ -207,11 +245,13 @@ impl ClusterModel {
     /// A mirrored node as the engine sees it, with `used` (the mirror's usage) plus what is
     /// still in flight on it.
     fn node_spec(&self, node: &manager_proto::Node, mut used: (f64, i32)) -> Option<pl::NodeSpec> {
-        for f in self.inflight.values().filter(|f| f.node == node.node_id) {
-            used.0 += f.capacity;
+        let inflight = (self.inflight.values()).map(|f| (&f.node, f.capacity, f.cores));
+        let targets = (self.targets.values()).map(|t| (&t.node, t.capacity, t.cores));
+        for (_, capacity, cores) in inflight.chain(targets).filter(|f| *f.0 == node.node_id) {
+            used.0 += capacity;
             used.1 = used
                 .1
-                .saturating_add(i32::try_from(f.cores).unwrap_or(i32::MAX));
+                .saturating_add(i32::try_from(cores).unwrap_or(i32::MAX));
         }
         mapping::node(
             node,
@@ -341,6 +381,65 @@ impl ClusterModel {
             self.engine.release_job(key);
             self.sync_nodes(mirror, [f.node]);
         }
+    }
+
+    /// Migration `migration_id` chose `node` as the target of job `job_id`, which holds
+    /// `capacity` and `cores` there: held until the mirror shows the job on the node (or
+    /// [`Self::end_target`]). A target chosen again replaces the one held before.
+    pub fn hold_target(
+        &mut self,
+        migration_id: &str,
+        (job_id, node): (&str, &str),
+        (capacity, cores): (f64, u32),
+        mirror: &MirrorState,
+    ) {
+        let hold = TargetHold {
+            job_id: job_id.to_owned(),
+            node: node.to_owned(),
+            capacity,
+            cores,
+            completed: false,
+        };
+        if hold.reflected_in(mirror) {
+            self.end_target(migration_id, false, mirror);
+            return;
+        }
+        tracing::debug!(
+            migration = migration_id,
+            job = job_id,
+            node,
+            capacity,
+            cores,
+            "migration target held"
+        );
+        let before = self.targets.insert(migration_id.to_owned(), hold);
+        let nodes = before.map(|b| b.node).into_iter().chain([node.to_owned()]);
+        self.sync_nodes(mirror, nodes);
+    }
+
+    /// Migration `migration_id` ended. Aborted or failed, its target gives back what it held;
+    /// `completed`, the job moved there, and the target holds until the mirror shows it there
+    /// (the migration's record and the job's may reach the mirror in either order).
+    pub fn end_target(&mut self, migration_id: &str, completed: bool, mirror: &MirrorState) {
+        let node = if completed {
+            let Some(t) = self.targets.get_mut(migration_id) else {
+                return;
+            };
+            t.completed = true;
+            t.node.clone()
+        } else {
+            let Some(t) = self.targets.remove(migration_id) else {
+                return;
+            };
+            t.node
+        };
+        self.sync_nodes(mirror, [node]);
+    }
+
+    /// The node migration `migration_id`'s target holds capacity on, while the mirror does not
+    /// show the job there.
+    pub fn held_target(&self, migration_id: &str) -> Option<&str> {
+        self.targets.get(migration_id).map(|t| t.node.as_str())
     }
 
     /// Drops every in-flight reservation of a bundle (it was deleted).

@@ -70,6 +70,7 @@ pub async fn reconcile(mig: Arc<Migration>, ctx: Arc<Context>) -> Result<Requeue
     let Some(mig) = api.get_opt(&mig.name_any()).await?.map(Arc::new) else {
         ctx.metrics.forget_migration(&ns, &mig.name_any());
         super::disruption::forget_migration(&ctx, &ns, &mig.name_any());
+        end_target(&ctx, &mig);
         return Ok(Requeue::await_change());
     };
     observe(&ctx, &mig, &mig.status.clone().unwrap_or_default());
@@ -110,6 +111,7 @@ async fn cleanup(mig: &Migration, ctx: &Arc<Context>) -> Result<Requeue, Error> 
     if plan::is_terminal(phase) || phase == MigrationPhase::Pending {
         // A queue slot it was given but never wrote down goes with it.
         super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
+        end_target(ctx, mig);
         return Ok(Requeue::await_change());
     }
     apply(mig, ctx, true).await?;
@@ -166,6 +168,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
     if plan::is_terminal(prev.phase) {
         (ctx.state).track_migration(&kube::runtime::reflector::ObjectRef::from(mig), None);
         super::disruption::forget_migration(ctx, &ns_name(mig)?.0, &mig.name_any());
+        end_target(ctx, mig);
         api::kstatus::observe_generation(&mut status.conditions, mig.metadata.generation);
         write_status(ctx, mig, &prev, status).await?;
         return Ok(Requeue::await_change());
@@ -180,6 +183,7 @@ async fn apply(mig: &Migration, ctx: &Arc<Context>, deleting: bool) -> Result<Re
         Begin::Ended => return Ok(Requeue::await_change()),
         Begin::Queued => return Ok(Requeue::requeue(QUEUED_POLL)),
     };
+    run.keep_target_held();
     let result = run.drive(deleting).await;
     run.record_conditions(ctx.clock.now());
     let requeue = run.requeue();
@@ -227,6 +231,16 @@ fn waiting_for_manager(ctx: &Context, mig: &Migration, status: &mut MigrationSta
 
 fn timeouts(ctx: &Context) -> PhaseTimeouts {
     PhaseTimeouts::uniform(ctx.settings.migration_phase_timeout)
+}
+
+/// The target of a migration that ended (or whose object is gone) holds no more than the
+/// mirror shows, once the mirror shows a completed move.
+fn end_target(ctx: &Context, mig: &Migration) {
+    let status = mig.status.as_ref();
+    let id =
+        (status.and_then(|s| s.migration_id.clone())).unwrap_or_else(|| manager_migration_id(mig));
+    let completed = status.is_some_and(|s| s.phase == MigrationPhase::Completed);
+    (ctx.manager.mirror()).read(|m| ctx.state.end_migration_target(m, &id, completed));
 }
 
 /// Manager's migration id: unique per Migration object, and only `[A-Za-z0-9._-]`.
@@ -692,6 +706,10 @@ impl<'a> Run<'a> {
         self.machine = t.machine;
         if self.machine.is_ended() {
             super::disruption::forget_migration(self.ctx, &self.ns, &self.mig.name_any());
+            let completed = self.machine.phase() == MigrationPhase::Completed;
+            (self.ctx.manager.mirror()).read(|m| {
+                (self.ctx.state).end_migration_target(m, &self.migration_id, completed);
+            });
         }
         if t.entered.is_none() {
             return;

@@ -16,6 +16,7 @@ use kube::runtime::events::EventType;
 use super::Run;
 use crate::controllers::{Error, now_ms};
 use crate::mapping;
+use crate::state::Moving;
 
 /// Where the target goes, as far as placement can say now.
 enum TargetChoice {
@@ -31,6 +32,11 @@ impl Run<'_> {
     /// timeout bounds the wait).
     pub(super) async fn place_target(&self) -> Result<Option<MigrationEvent>, Error> {
         if let Some(node) = &self.mig.spec.target_node {
+            // A node named by the user (or by the job a follower follows) holds the job's room
+            // as a node the engine chose does, so no placement takes it before the job starts.
+            (self.ctx.manager.mirror()).read(|m| {
+                (self.ctx.state).hold_migration_target(m, &self.migration_id, &self.job_id, node)
+            });
             return Ok(Some(MigrationEvent::TargetPlaced { node: node.clone() }));
         }
         Ok(match self.choose_target().await? {
@@ -38,6 +44,22 @@ impl Run<'_> {
             TargetChoice::Wait => None,
             TargetChoice::Fail(reason) => Some(MigrationEvent::PlacementFailed { reason }),
         })
+    }
+
+    /// A migration under way whose target was chosen holds the job's room there until the
+    /// mirror shows the job on it, also when this process did not choose it (a restart, a
+    /// leader's hand-over).
+    pub(super) fn keep_target_held(&self) {
+        let Some(target) = self.machine.target_node() else {
+            return;
+        };
+        let held = self.ctx.state.migration_target_held(&self.migration_id);
+        if self.machine.is_ended() || self.job_id.is_empty() || held.as_deref() == Some(target) {
+            return;
+        }
+        (self.ctx.manager.mirror()).read(|m| {
+            (self.ctx.state).hold_migration_target(m, &self.migration_id, &self.job_id, target)
+        });
     }
 
     /// The placement engine's choice of a node other than the source: an existing node, a node
@@ -55,7 +77,16 @@ impl Run<'_> {
             return Ok(TargetChoice::Wait);
         }
         let now = now_ms(self.ctx.clock.now());
-        let decision = self.ctx.state.place(&request, now);
+        // Chosen and held at once: a stop-then-start target starts only at the cutover, and
+        // until the mirror shows it there nothing else keeps another placement off its room.
+        let moving = Moving {
+            migration_id: &self.migration_id,
+            job_id: &self.job_id,
+            job_name: &self.mig.spec.job.job_name,
+            source: self.machine.source_node().unwrap_or_default(),
+        };
+        let decision = (self.ctx.manager.mirror())
+            .read(|m| (self.ctx.state).place_migration_target(m, &request, now, moving));
         self.target_from(decision).await
     }
 
