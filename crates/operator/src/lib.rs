@@ -23,3 +23,5 @@ pub mod runtime;
 pub mod scope;
 pub mod settings;
 pub mod state;
+#[cfg(test)]
+mod test_fixtures;

@@ -232,31 +232,13 @@ pub async fn run_zone_clock(ctx: Arc<Context>) {
 
 #[cfg(test)]
 mod tests {
-    use automanager_placement as pl;
     use automanager_policy::zone_brake::ZoneBrakeSettings;
     use chrono::TimeDelta;
 
     use super::*;
     use crate::settings::Settings;
 
-    fn node(id: &str, zone: &str, state: proto::NodeState) -> proto::Node {
-        proto::Node {
-            node_id: id.into(),
-            pool: "a".into(),
-            zone: zone.into(),
-            instance_type: "small".into(),
-            state: state as i32,
-            ..Default::default()
-        }
-    }
-
-    fn mirror(nodes: &[proto::Node]) -> MirrorState {
-        let mut m = MirrorState::default();
-        for n in nodes {
-            m.nodes.insert(n.node_id.clone(), n.clone());
-        }
-        m
-    }
+    use crate::test_fixtures::{mirror_of as mirror, node_in as node, pool};
 
     fn upserted(nodes: &[proto::Node]) -> Vec<MirrorChange> {
         nodes
@@ -264,16 +246,6 @@ mod tests {
             .cloned()
             .map(MirrorChange::NodeUpserted)
             .collect()
-    }
-
-    fn pool() -> pl::PoolSpec {
-        serde_json::from_value(serde_json::json!({
-            "name": "a", "kind": "aws", "region": "r",
-            "candidateInstanceTypes": [
-                {"instanceType": "small", "totalCapacity": 10.0, "totalCores": 4}
-            ],
-        }))
-        .expect("a pool spec")
     }
 
     fn state(brake: bool) -> State {

@@ -91,24 +91,10 @@ mod tests {
     use super::*;
     use crate::settings::Settings;
 
-    fn pool() -> pl::PoolSpec {
-        serde_json::from_value(serde_json::json!({
-            "name": "a", "kind": "aws", "region": "r",
-            "candidateInstanceTypes": [
-                {"instanceType": "small", "totalCapacity": 10.0, "totalCores": 4}
-            ],
-        }))
-        .expect("a pool spec")
-    }
+    use crate::test_fixtures::pool;
 
     fn node(id: &str) -> proto::Node {
-        proto::Node {
-            node_id: id.into(),
-            pool: "a".into(),
-            instance_type: "small".into(),
-            state: proto::NodeState::Started as i32,
-            ..Default::default()
-        }
+        crate::test_fixtures::node_in(id, "", proto::NodeState::Started)
     }
 
     /// Job `name` of bundle `ns.b` (6 capacity, 1 core), its normal instance in `state` on

@@ -27,38 +27,15 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use automanager_placement as pl;
     use manager_client::proto;
 
     use super::*;
     use crate::settings::Settings;
 
-    fn pool() -> pl::PoolSpec {
-        serde_json::from_value(serde_json::json!({
-            "name": "a", "kind": "aws", "region": "r",
-            "candidateInstanceTypes": [
-                {"instanceType": "small", "totalCapacity": 10.0, "totalCores": 4}
-            ],
-        }))
-        .expect("a pool spec")
-    }
+    use crate::test_fixtures::{mirror_of as with, pool};
 
     fn node(id: &str, state: proto::NodeState) -> proto::Node {
-        proto::Node {
-            node_id: id.into(),
-            pool: "a".into(),
-            instance_type: "small".into(),
-            state: state as i32,
-            ..Default::default()
-        }
-    }
-
-    fn with(nodes: &[proto::Node]) -> MirrorState {
-        let mut m = MirrorState::default();
-        for n in nodes {
-            m.nodes.insert(n.node_id.clone(), n.clone());
-        }
-        m
+        crate::test_fixtures::node_in(id, "", state)
     }
 
     #[test]
