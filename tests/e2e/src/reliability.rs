@@ -885,14 +885,30 @@ pub fn suite_settings(c: &mut serde_json::Map<String, serde_json::Value>) {
 }
 
 /// Prints the lines of every log of the stack (operator, sim runs) that mention `needle`, at
-/// most 40 per log: what a failure message needs to say what happened to one job.
+/// most 40 per log: what a failure message needs to say what happened to one job. With
+/// `AUTOMANAGER_E2E_KEEP_LOGS=DIR` the logs are also copied there whole (a suite's shared stack
+/// outlives the failing scenario, so its logs are not kept when the scenario panics).
 pub fn print_log_lines(stack: &Stack, needle: &str) {
     let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
         return;
     };
+    let keep = std::env::var_os(crate::stack::KEEP_LOGS_ENV).map(std::path::PathBuf::from);
     for path in entries.flatten().map(|e| e.path()) {
         if path.extension().is_none_or(|e| e != "log") {
             continue;
+        }
+        if let (Some(dir), Some(stack_dir), Some(file)) =
+            (&keep, stack.dir.path().file_name(), path.file_name())
+        {
+            let to = dir.join(format!(
+                "{}-{}",
+                stack_dir.to_string_lossy(),
+                file.to_string_lossy()
+            ));
+            match std::fs::create_dir_all(dir).and_then(|()| std::fs::copy(&path, &to)) {
+                Ok(_) => eprintln!("kept {} as {}", path.display(), to.display()),
+                Err(e) => eprintln!("could not keep {}: {e}", path.display()),
+            }
         }
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
