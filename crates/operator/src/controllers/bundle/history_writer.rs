@@ -64,17 +64,24 @@ pub struct Target {
     pub owner: Option<OwnerReference>,
     /// Its replica count (the history keeps only those replicas).
     pub replicas: u32,
-    /// The bundle had no status when queued: nothing was ever recorded for it, so its history
-    /// is created without reading first.
+    /// The bundle's status showed no placement decision when queued: nothing was ever
+    /// recorded for it, so its history is created without reading first (a history a leader
+    /// before wrote all the same answers 409, and is then read).
     pub first: bool,
 }
 
 impl Target {
     pub fn of(bundle: &Bundle) -> Target {
+        // A status written before any decision (waiting for Manager or for a pool, say) has no
+        // job's last placement: still nothing recorded.
+        let decided = (bundle.status.iter())
+            .flat_map(|s| &s.replicas)
+            .flat_map(|r| &r.jobs)
+            .any(|j| j.last_placement.is_some());
         Target {
             owner: bundle.controller_owner_ref(&()),
             replicas: u32::try_from(bundle.spec.replicas).unwrap_or(0),
-            first: bundle.status.is_none(),
+            first: !decided,
         }
     }
 
@@ -414,6 +421,37 @@ fn is_fenced(e: &Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bundle_is_first_until_its_status_shows_a_placement_decision() {
+        let mut b = Bundle::new("news", serde_json::from_value(serde_json::json!({
+            "replicas": 1, "pools": ["a"],
+            "jobs": [{"jobName": "enc", "requirements": {"requiredCapacity": 1, "requiredCores": 1, "priorityBand": "gold"}}],
+        })).expect("a bundle spec"));
+        assert!(Target::of(&b).first, "no status yet");
+        let mut job = automanager_api::JobStatus {
+            job_name: "enc".into(),
+            ..Default::default()
+        };
+        b.status = Some(automanager_api::BundleStatus {
+            replicas: vec![automanager_api::ReplicaStatus {
+                jobs: vec![job.clone()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert!(Target::of(&b).first, "a status written before any decision");
+        job.last_placement = Some(
+            serde_json::from_value(serde_json::json!({
+                "decidedAt": "2026-01-01T00:00:00Z", "outcome": "placed",
+            }))
+            .expect("a trace summary"),
+        );
+        if let Some(s) = b.status.as_mut() {
+            s.replicas[0].jobs = vec![job];
+        }
+        assert!(!Target::of(&b).first, "a decision recorded");
+    }
 
     fn target(replicas: u32, first: bool) -> Target {
         Target {
