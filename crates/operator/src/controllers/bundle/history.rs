@@ -9,7 +9,8 @@
 //! conditional on the object being what the writer knows, so two writers never lose an entry.
 //! One request per write, at 10k bundles every extra one slows every Bundle's way to Ready:
 //!
-//! - a Bundle never recorded before (no status yet) gets its history created, with no read;
+//! - a Bundle never recorded before (no job's last placement in its status yet) gets its history
+//!   created, with no read;
 //! - a history this leader wrote last is patched with the new entries alone, conditional on
 //!   the resourceVersion its write returned (its traces are not sent again);
 //! - otherwise (the first write after start-up or a failover, or a create or patch refused
