@@ -74,13 +74,23 @@ struct Operator {
 
 impl Operator {
     fn start(manager_url: &str, leader_election: bool, apiserver_port: u16) -> Operator {
+        Self::start_over("published", manager_url, leader_election, apiserver_port)
+    }
+
+    /// [`Operator::start`] speaking Manager's API `api` (`manager.api`).
+    fn start_over(
+        api: &str,
+        manager_url: &str,
+        leader_election: bool,
+        apiserver_port: u16,
+    ) -> Operator {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = write_kubeconfig(dir.path(), apiserver_port);
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
             format!(
-                "manager:\n  url: {manager_url}\n  connectTimeout: 1s\nleaderElection:\n  enabled: {leader_election}\nhttp:\n  bindAddress: 127.0.0.1:0\n"
+                "manager:\n  api: {api}\n  url: {manager_url}\n  connectTimeout: 1s\nleaderElection:\n  enabled: {leader_election}\nhttp:\n  bindAddress: 127.0.0.1:0\n"
             ),
         )
         .unwrap();
@@ -233,7 +243,11 @@ async fn sigterm_while_the_controllers_wait_for_their_first_sync_stops_the_opera
     let apiserver = HungPeer::start();
     let url = sim.endpoint();
     let operator = tokio::task::spawn_blocking(move || {
-        let operator = Operator::start(&url, false, apiserver.port());
+        // Over our first API the controllers are the first to ask the apiserver anything.
+        // Over the published API the operator reads the PlacementPools (the pools Manager's
+        // nodes are matched against) before them, so a connection to the hung apiserver would
+        // not show that the controllers started.
+        let operator = Operator::start_over("v1", &url, false, apiserver.port());
         // Manager answers, so the controllers start; their watches wait on the hung
         // apiserver for a first list that never comes.
         operator.wait_for_line("leading: starting controllers");
