@@ -892,24 +892,11 @@ pub fn print_log_lines(stack: &Stack, needle: &str) {
     let Ok(entries) = std::fs::read_dir(stack.dir.path()) else {
         return;
     };
-    let keep = std::env::var_os(crate::stack::KEEP_LOGS_ENV).map(std::path::PathBuf::from);
     for path in entries.flatten().map(|e| e.path()) {
         if path.extension().is_none_or(|e| e != "log") {
             continue;
         }
-        if let (Some(dir), Some(stack_dir), Some(file)) =
-            (&keep, stack.dir.path().file_name(), path.file_name())
-        {
-            let to = dir.join(format!(
-                "{}-{}",
-                stack_dir.to_string_lossy(),
-                file.to_string_lossy()
-            ));
-            match std::fs::create_dir_all(dir).and_then(|()| std::fs::copy(&path, &to)) {
-                Ok(_) => eprintln!("kept {} as {}", path.display(), to.display()),
-                Err(e) => eprintln!("could not keep {}: {e}", path.display()),
-            }
-        }
+        crate::stack::keep_log(&path);
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
         eprintln!(

@@ -316,27 +316,32 @@ impl Proc {
 /// `AUTOMANAGER_E2E_KEEP_LOGS=DIR`.
 pub const KEEP_LOGS_ENV: &str = "AUTOMANAGER_E2E_KEEP_LOGS";
 
+/// Copies the log at `log` into `AUTOMANAGER_E2E_KEEP_LOGS`'s directory, when it is set, as
+/// `<stack directory>-<file>` (the stack's directory, a unique temporary one, tells two stacks'
+/// logs apart).
+pub fn keep_log(log: &Path) {
+    let Some(dir) = std::env::var_os(KEEP_LOGS_ENV).map(PathBuf::from) else {
+        return;
+    };
+    let name = |p: Option<&std::ffi::OsStr>| {
+        p.map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    };
+    let to = dir.join(format!(
+        "{}-{}",
+        name(log.parent().and_then(Path::file_name)),
+        name(log.file_name())
+    ));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::copy(log, &to)) {
+        Ok(_) => eprintln!("kept {} as {}", log.display(), to.display()),
+        Err(e) => eprintln!("could not keep {}: {e}", log.display()),
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
-        if std::thread::panicking()
-            && let Some(dir) = std::env::var_os(KEEP_LOGS_ENV)
-        {
-            // The stack's directory (a unique temporary one) tells two stacks' logs apart.
-            let stack = (self.log.parent().and_then(Path::file_name))
-                .map_or_else(|| "stack".into(), |n| n.to_string_lossy().into_owned());
-            let file = self.log.file_name().map_or_else(
-                || format!("{}.log", self.name),
-                |n| n.to_string_lossy().into_owned(),
-            );
-            let to = PathBuf::from(dir).join(format!("{stack}-{file}"));
-            if let Err(e) = std::fs::create_dir_all(to.parent().unwrap_or(Path::new(".")))
-                .and_then(|()| std::fs::copy(&self.log, &to))
-            {
-                eprintln!("could not keep {}: {e}", self.log.display());
-            } else {
-                eprintln!("kept {} as {}", self.name, to.display());
-            }
+        if std::thread::panicking() {
+            keep_log(&self.log);
         }
     }
 }
